@@ -1,0 +1,51 @@
+"""`octo-dist` command line: a thin dispatcher over the library.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` (which registers the
+subcommand and sets ``func``) and does its heavy imports (jax, wandb) inside the function it runs,
+so ``octo-dist check-env`` never pays for ``import jax``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from octo_dist import __version__
+
+# subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
+SUBCOMMANDS = {
+    "check-env": "octo_dist.envcheck.cli",
+    "smoke": "octo_dist.smoke.cli",
+    "launch": "octo_dist.jobs.cli",
+}
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="octo-dist",
+        description="Data-parallel multi-node fine-tuning of Octo under mpirun, on a pinned, checked JAX stack.",
+    )
+    parser.add_argument("--version", action="version", version=f"octo-dist {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in SUBCOMMANDS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if not module_name.startswith(e.name or "?"):
+                raise
+            continue  # TODO(skeleton): remove once every subcommand module exists
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return int(args.func(args) or 0)

@@ -1,0 +1,240 @@
+"""The pinned stack, read from env/stack.toml.
+
+Every consumer of a version (lock generation, `make env`, the image install script, `check-env`)
+goes through this module, so no pin is ever duplicated in code. The file is found next to the
+package in a checkout (``<repo>/env/stack.toml``), at ``$OCTO_DIST_MANIFEST`` when set (the images
+copy it to ``/opt/octo-dist/env/stack.toml`` and set that variable), or passed explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Mapping, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10, the production interpreter: tomli is in every lock.
+    import tomli as tomllib
+
+MANIFEST_ENV = "OCTO_DIST_MANIFEST"
+PROFILE_ENV = "OCTO_DIST_PROFILE"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MANIFEST = REPO_ROOT / "env" / "stack.toml"
+LOCK_DIR_NAME = "locks"
+
+
+class ManifestError(ValueError):
+    """The manifest is missing, malformed, or asked for a profile it does not define."""
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalisation: ``"Tensorflow_Datasets"`` -> ``"tensorflow-datasets"``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A requirement of another package that the lock deliberately breaks."""
+
+    package: str
+    version: str
+    required_by: str
+    required_spec: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectWheel:
+    """A distribution that is not on PyPI, pinned by exact version and URL."""
+
+    name: str
+    version: str
+    url: str
+    find_links: str = ""
+
+    @property
+    def public_version(self) -> str:
+        """``"0.4.20+cuda11.cudnn86"`` -> ``"0.4.20"``: what the PyPI-only lock resolves against."""
+        return self.version.split("+", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class GitDep:
+    """A git-only distribution pinned to a full commit SHA."""
+
+    name: str
+    url: str
+    commit: str
+    distribution: str
+
+    @property
+    def pip_spec(self) -> str:
+        return f"{self.distribution} @ git+{self.url}@{self.commit}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One installable stack: the common requirements plus the profile's own."""
+
+    name: str
+    description: str
+    python: str
+    platform: str
+    lock_pythons: tuple[str, ...]
+    gpu: bool
+    requirements: Mapping[str, str]
+    overrides: tuple[Override, ...]
+    direct: tuple[DirectWheel, ...]
+    by_python: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+
+    def requirements_for(self, python: str) -> dict[str, str]:
+        """Requirements for one ``major.minor`` Python: the profile's plus that Python's own."""
+        reqs = dict(self.requirements)
+        reqs.update(self.by_python.get(python, {}))
+        return reqs
+
+    def exact_pins(self, python: Optional[str] = None) -> dict[str, str]:
+        """Canonical name -> version for every ``==`` requirement, direct wheels included."""
+        reqs = self.requirements_for(python or self.python)
+        pins = {
+            name: spec[2:]
+            for name, spec in reqs.items()
+            if spec.startswith("==") and "," not in spec
+        }
+        for override in self.overrides:
+            pins[canonical_name(override.package)] = override.version
+        for wheel in self.direct:
+            pins[canonical_name(wheel.name)] = wheel.version
+        return pins
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    path: Path
+    profiles: Mapping[str, Profile]
+    git: tuple[GitDep, ...]
+    dev_requirements: Mapping[str, str]
+
+    @property
+    def env_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def lock_dir(self) -> Path:
+        return self.env_dir / LOCK_DIR_NAME
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles))
+            raise ManifestError(
+                f"unknown profile {name!r} in {self.path}; expected one of: {known} "
+                f"(e.g. `octo-dist check-env --profile cpu`)"
+            ) from None
+
+    def lock_path(self, profile: str, python: str, group: str = "") -> Path:
+        """``env/locks/cpu-py3.11.txt``; ``group="dev"`` gives ``cpu-py3.11-dev.txt``."""
+        suffix = f"-{group}" if group else ""
+        return self.lock_dir / f"{profile}-py{python}{suffix}.txt"
+
+
+def _requirements(table: Mapping[str, object], where: str) -> dict[str, str]:
+    out = {}
+    for name, spec in table.items():
+        if not isinstance(spec, str):
+            raise ManifestError(f"{where}.{name} must be a version string like '==1.2.3', got {spec!r}")
+        out[canonical_name(name)] = spec.replace(" ", "")
+    return out
+
+
+def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
+    """Build a :class:`Manifest` from the decoded TOML (pure; tests pass dicts)."""
+    if data.get("schema") != 1:
+        raise ManifestError(f"{path}: expected `schema = 1`, found {data.get('schema')!r}")
+    common = _requirements(data.get("common", {}).get("requirements", {}), "common.requirements")
+    common_by_python = {
+        py: _requirements(t.get("requirements", {}), f"common.by_python.{py}.requirements")
+        for py, t in data.get("common", {}).get("by_python", {}).items()
+    }
+    profiles = {}
+    for name, raw in data.get("profiles", {}).items():
+        # `inherit = ["numpy", ...]` takes only those common requirements (a slim test profile).
+        inherit = raw.get("inherit")
+        keep = None if inherit is None else {canonical_name(n) for n in inherit}
+        reqs = {n: s for n, s in common.items() if keep is None or n in keep}
+        reqs.update(_requirements(raw.get("requirements", {}), f"profiles.{name}.requirements"))
+        overrides = tuple(
+            Override(
+                package=canonical_name(o["package"]),
+                version=o["version"],
+                required_by=canonical_name(o["required_by"]),
+                required_spec=o["required_spec"],
+                reason=o["reason"],
+            )
+            for o in raw.get("overrides", [])
+        )
+        direct = tuple(
+            DirectWheel(name=canonical_name(n), version=d["version"], url=d["url"], find_links=d.get("find_links", ""))
+            for n, d in raw.get("direct", {}).items()
+        )
+        profiles[name] = Profile(
+            name=name,
+            description=raw.get("description", ""),
+            python=raw["python"],
+            platform=raw["platform"],
+            lock_pythons=tuple(raw.get("lock_pythons", [raw["python"]])),
+            gpu=bool(raw.get("gpu", False)),
+            requirements=reqs,
+            overrides=overrides,
+            direct=direct,
+            by_python={
+                py: {n: s for n, s in t.items() if keep is None or n in keep}
+                for py, t in common_by_python.items()
+            },
+        )
+    git = []
+    for name, raw in data.get("git", {}).items():
+        commit = raw.get("commit", "")
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise ManifestError(
+                f"{path}: git.{name}.commit must be a full 40-hex commit SHA, found {commit!r}; "
+                f"a branch or tag is not a pin"
+            )
+        git.append(GitDep(name=name, url=raw["url"], commit=commit, distribution=raw.get("distribution", name)))
+    dev = _requirements(data.get("dev", {}).get("requirements", {}), "dev.requirements")
+    return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev)
+
+
+def manifest_path(environ: Mapping[str, str] = os.environ, explicit: Optional[str] = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    if environ.get(MANIFEST_ENV):
+        return Path(environ[MANIFEST_ENV])
+    return DEFAULT_MANIFEST
+
+
+def load_manifest(path: Optional[os.PathLike] = None, environ: Mapping[str, str] = os.environ) -> Manifest:
+    """Read the manifest from ``path``, ``$OCTO_DIST_MANIFEST`` or the checkout's env/."""
+    p = Path(path) if path else manifest_path(environ)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"no manifest at {p}; expected env/stack.toml of an octo-dist checkout, or set "
+            f"{MANIFEST_ENV}=/path/to/env/stack.toml"
+        ) from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{p} is not valid TOML: {e}") from None
+    return parse_manifest(data, p)
+
+
+def default_profile(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The profile named by ``$OCTO_DIST_PROFILE`` (set in the images), else None."""
+    return environ.get(PROFILE_ENV) or None
