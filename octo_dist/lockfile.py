@@ -67,3 +67,49 @@ def parse_direct(text: str) -> dict[str, tuple[str, str]]:
 
 def unhashed(pins: Mapping[str, LockedPin]) -> list[str]:
     return sorted(name for name, pin in pins.items() if not pin.hashes)
+
+
+def lock_mismatches(
+    requirements: Mapping[str, str],
+    lock_text: str,
+    overrides: Mapping[str, str] = {},
+    direct: Mapping[str, tuple[str, str]] = {},
+) -> list[str]:
+    """Every way a lock disagrees with the manifest, as readable lines (empty when it agrees).
+
+    Args:
+        requirements: canonical name -> specifier from the manifest (``{"scipy": "==1.12.0"}``).
+        lock_text: the lock file's text.
+        overrides: canonical name -> version the lock must hold regardless of other requirements.
+        direct: canonical name -> (version, url) of non-PyPI wheels, expected in the lock's trailer
+            and absent from its hashed part.
+    """
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    pins = parse_lock(lock_text)
+    trailer = parse_direct(lock_text)
+    problems = []
+    for name, spec in sorted(requirements.items()):
+        if name in direct:
+            continue
+        pin = pins.get(name)
+        if pin is None:
+            problems.append(f"{name}: required {spec} by env/stack.toml, missing from the lock")
+        elif not SpecifierSet(spec).contains(Version(pin.version), prereleases=True):
+            problems.append(f"{name}: lock has {pin.version}, env/stack.toml requires {spec}")
+    for name, version in sorted(overrides.items()):
+        pin = pins.get(name)
+        if pin is None or pin.version != version:
+            found = pin.version if pin else "nothing"
+            problems.append(f"{name}: override to {version} in env/stack.toml, lock has {found}")
+    for name, (version, url) in sorted(direct.items()):
+        if name in pins:
+            problems.append(f"{name}: a non-PyPI wheel, yet the hashed part of the lock pins {pins[name].version}")
+        if trailer.get(name) != (version, url):
+            problems.append(f"{name}: expected trailer line '# {name}=={version} @ {url}', found {trailer.get(name)}")
+    for name in unhashed(pins):
+        problems.append(f"{name}: no --hash in the lock (pip --require-hashes would refuse it)")
+    if problems:
+        problems.append("fix: make lock   (regenerates env/locks/ from env/stack.toml)")
+    return problems

@@ -1,0 +1,88 @@
+"""env/stack.toml parsing: the rules every consumer of a pin relies on."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from octo_dist import manifest as mf
+
+RAW = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+
+
+def parse(data):
+    return mf.parse_manifest(data, Path("stack.toml"))
+
+
+def test_the_committed_manifest_pins_the_seed_fixes():
+    m = mf.load_manifest()
+    cuda = m.profile("cuda11")
+    pins = cuda.exact_pins("3.10")
+    assert pins["scipy"] == "1.12.0"  # scipy 1.13 removed scipy.linalg.tril
+    assert pins["nvidia-cudnn-cu11"] == "8.6.0.163"  # jaxlib cudnn86, not the 9.x jax[cuda11_pip] pulls
+    assert pins["jaxlib"] == "0.4.20+cuda11.cudnn86"
+    assert pins["jax"] == "0.4.20"
+    assert cuda.python == "3.10" and cuda.gpu
+    assert {d.name for d in m.git} == {"octo", "dlimp"}
+    assert m.profile("cpu").exact_pins("3.11")["jax"] == "0.4.22"
+
+
+def test_per_python_requirements_apply_to_their_python_only():
+    cpu = mf.load_manifest().profile("cpu")
+    assert cpu.requirements_for("3.10")["protobuf"] == "==3.20.3"
+    assert cpu.requirements_for("3.11")["protobuf"] == "==4.25.3"
+
+
+def test_inherit_takes_only_the_named_common_requirements():
+    p = mf.load_manifest().profile("jax020-cpu")
+    reqs = p.requirements_for("3.11")
+    assert reqs["jax"] == "==0.4.20" and reqs["flax"] == "==0.7.5"
+    assert "tensorflow" not in reqs and "wandb" not in reqs
+
+
+def test_a_branch_instead_of_a_commit_is_refused():
+    data = copy.deepcopy(RAW)
+    data["git"]["octo"]["commit"] = "main"
+    with pytest.raises(mf.ManifestError, match=r"git.octo.commit must be a full 40-hex commit SHA, found 'main'"):
+        parse(data)
+
+
+def test_short_sha_is_refused():
+    data = copy.deepcopy(RAW)
+    data["git"]["dlimp"]["commit"] = "5edaa46"
+    with pytest.raises(mf.ManifestError, match="full 40-hex"):
+        parse(data)
+
+
+def test_unknown_profile_names_the_known_ones():
+    with pytest.raises(mf.ManifestError, match=r"unknown profile 'cuda12'.*cpu, cuda11, jax020-cpu"):
+        mf.load_manifest().profile("cuda12")
+
+
+def test_wrong_schema_and_missing_file_are_clear(tmp_path):
+    with pytest.raises(mf.ManifestError, match="expected `schema = 1`, found 2"):
+        parse({"schema": 2})
+    with pytest.raises(mf.ManifestError, match=r"no manifest at .*nope.toml.*OCTO_DIST_MANIFEST"):
+        mf.load_manifest(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("schema = [")
+    with pytest.raises(mf.ManifestError, match="not valid TOML"):
+        mf.load_manifest(bad)
+
+
+def test_manifest_and_profile_come_from_the_environment(tmp_path):
+    assert mf.manifest_path({mf.MANIFEST_ENV: "/opt/octo-dist/env/stack.toml"}) == Path("/opt/octo-dist/env/stack.toml")
+    assert mf.manifest_path({}) == mf.DEFAULT_MANIFEST
+    assert mf.default_profile({mf.PROFILE_ENV: "cuda11"}) == "cuda11"
+    assert mf.default_profile({}) is None
+
+
+def test_canonical_names():
+    assert mf.canonical_name("Tensorflow_Datasets") == "tensorflow-datasets"
+    assert mf.canonical_name("ml.dtypes") == "ml-dtypes"
+
+
+def test_direct_wheel_public_version():
+    jaxlib = mf.load_manifest().profile("cuda11").direct[0]
+    assert jaxlib.public_version == "0.4.20"
+    assert jaxlib.url.endswith("jaxlib-0.4.20+cuda11.cudnn86-cp310-cp310-manylinux2014_x86_64.whl")
