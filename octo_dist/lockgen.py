@@ -66,17 +66,18 @@ def compile_lock(
 ) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        req = Path(tmp, "requirements.in")
+        req = Path(tmp, "env-stack.in")
         req.write_text("\n".join(requirements) + "\n")
         cmd = _uv() + [
-            "pip", "compile", str(req),
+            # Relative input names keep "# via -r env-stack.in" stable across runs (cwd=tmp).
+            "pip", "compile", req.name,
             "--python-version", python,
             "--python-platform", platform,
             "--generate-hashes",
             "--no-strip-extras",
             "--index-url", "https://pypi.org/simple",
             "--custom-compile-command", "make lock",
-            "--output-file", str(output),
+            "--output-file", str(output.resolve()),
             "--quiet",
         ]
         if exclude_newer:
@@ -85,16 +86,16 @@ def compile_lock(
         if overrides:
             ov = Path(tmp, "overrides.txt")
             ov.write_text("\n".join(overrides) + "\n")
-            cmd += ["--override", str(ov)]
+            cmd += ["--override", ov.name]
         constraints = list(constraints)
         if constraints:
             cs = Path(tmp, "constraints.txt")
             cs.write_text("\n".join(constraints) + "\n")
-            cmd += ["--constraint", str(cs)]
+            cmd += ["--constraint", cs.name]
         for name in no_emit:
             cmd += ["--no-emit-package", name]
         env = dict(os.environ, UV_NATIVE_TLS="1")
-        subprocess.run(cmd, check=True, env=env)
+        subprocess.run(cmd, check=True, env=env, cwd=tmp)
 
 
 def lock_profile(manifest: mf.Manifest, profile: mf.Profile, exclude_newer: str) -> list[Path]:
