@@ -17,8 +17,6 @@ from octo_dist import __version__
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
-    "smoke": "octo_dist.smoke.cli",
-    "launch": "octo_dist.jobs.cli",
 }
 
 EXIT_USAGE = 2
@@ -32,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"octo-dist {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if not module_name.startswith(e.name or "?"):
-                raise
-            continue  # TODO(skeleton): remove once every subcommand module exists
-        module.add_parser(sub)
+        importlib.import_module(module_name).add_parser(sub)
     return parser
 
 

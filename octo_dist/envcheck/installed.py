@@ -1,0 +1,56 @@
+"""What is installed: distributions found on a list of paths, first one wins (as for imports)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from importlib import metadata
+from typing import Iterable, Optional, Sequence
+
+from octo_dist.manifest import canonical_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Installed:
+    name: str
+    version: str
+    requires: tuple[str, ...]
+    location: str
+    direct_url: Optional[dict]  # PEP 610 direct_url.json, e.g. {"url": "...", "vcs_info": {"commit_id": "b14e..."}}
+
+
+def scan(paths: Optional[Sequence[str]] = None) -> dict[str, Installed]:
+    """Canonical name -> the first distribution of that name on ``paths`` (default ``sys.path``).
+
+    A fabricated site dir put first on PYTHONPATH shadows the venv's copy, exactly as it would
+    for ``import``; that is how the tests reproduce a broken environment.
+    """
+    found: dict[str, Installed] = {}
+    for path in paths if paths is not None else sys.path:
+        for dist in metadata.distributions(path=[path or "."]):
+            name = dist.metadata.get("Name")
+            if not name:
+                continue
+            key = canonical_name(name)
+            if key in found:
+                continue
+            raw = dist.read_text("direct_url.json")
+            try:
+                direct = json.loads(raw) if raw else None
+            except ValueError:
+                direct = None
+            found[key] = Installed(key, dist.version, tuple(dist.requires or ()), str(path), direct)
+    return found
+
+
+def versions(installed: dict[str, Installed]) -> dict[str, str]:
+    return {n: d.version for n, d in installed.items()}
+
+
+def site_dirs(installed: Iterable[Installed]) -> list[str]:
+    seen = []
+    for d in installed:
+        if d.location not in seen:
+            seen.append(d.location)
+    return seen

@@ -1,0 +1,34 @@
+"""Render check results: a table for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from octo_dist.envcheck.result import FAIL, OK, WARN, Check
+
+_MARK = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL"}
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def as_json(checks: Sequence[Check], profile: str) -> str:
+    return json.dumps({"profile": profile, "ok": exit_code(checks) == 0, "checks": [c.as_dict() for c in checks]}, indent=2)
+
+
+def as_table(checks: Sequence[Check], profile: str, verbose: bool = False) -> str:
+    """Problems in full (found / expected / fix); passing checks folded into one count unless verbose."""
+    lines = [f"octo-dist check-env  profile={profile}"]
+    shown = [c for c in checks if verbose or c.status != OK]
+    width = max((len(c.id) for c in shown), default=0)
+    for c in shown:
+        lines.append(f"  {_MARK[c.status]}  {c.id:<{width}}  found: {c.found}")
+        if c.status != OK:
+            lines.append(f"        {'':<{width}}  expected: {c.expected}")
+            if c.remedy:
+                lines.append(f"        {'':<{width}}  fix: {c.remedy}")
+    n = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL)}
+    lines.append(f"{n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failure(s)")
+    return "\n".join(lines)

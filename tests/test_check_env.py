@@ -1,0 +1,254 @@
+"""`octo-dist check-env` against fabricated broken environments, run for real in a subprocess.
+
+Each broken environment is a site dir put first on PYTHONPATH (so it shadows the venv, as it would
+for imports) holding the dist-info of the failure, plus a real shared library built with gcc that
+exports cudnnGetVersion, and a fake nvidia-smi on PATH. The manifest is the real one, with Python
+3.11 allowed for cuda11 (this machine has no Python 3.10 venv to spare).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from octo_dist import manifest as mf
+from octo_dist.envcheck import cudnn, rules
+
+REAL = mf.load_manifest()
+CUDA = REAL.profile("cuda11")
+
+
+def make_dist(site: Path, name: str, version: str, requires=(), commit=None):
+    d = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    d.mkdir(parents=True)
+    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    (d / "METADATA").write_text("\n".join(meta) + "\n")
+    if commit:
+        (d / "direct_url.json").write_text(json.dumps({"url": "https://github.com/x/y", "vcs_info": {"vcs": "git", "commit_id": commit}}))
+
+
+def build_cudnn(site: Path, version=8600, export=True):
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found")
+    lib = site / "nvidia" / "cudnn" / "lib"
+    lib.mkdir(parents=True)
+    src = lib / "fake.c"
+    body = f"size_t cudnnGetVersion(void) {{ return {version}; }}" if export else "int cudnnSomethingElse(void) { return 0; }"
+    src.write_text("#include <stddef.h>\n" + body + "\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libcudnn.so.8"), str(src)], check=True)
+
+
+@pytest.fixture
+def cuda_env(tmp_path):
+    """A complete, correct cuda11 environment (fabricated); tests break one thing each."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name, version in CUDA.exact_pins("3.11").items():
+        if name in ("octo", "dlimp"):
+            continue
+        make_dist(site, name, version)
+    for dep in REAL.git:
+        make_dist(site, dep.distribution, "0.1.0", commit=dep.commit)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n")
+    smi.chmod(0o755)
+    data = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+    data["profiles"]["cuda11"]["lock_pythons"] = ["3.10", "%d.%d" % sys.version_info[:2]]
+    manifest = tmp_path / "stack.toml"
+    manifest.write_text(_to_toml(data))
+    return site, bin_dir, manifest
+
+
+def _to_toml(data) -> str:
+    # Minimal TOML writer for the manifest's shapes (no TOML writer is in the lock).
+    out = []
+
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return json.dumps(v)
+
+    def table(prefix, t):
+        scalars = {k: v for k, v in t.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        if prefix:
+            out.append(f"[{prefix}]")
+        out.extend(f"{json.dumps(k)} = {val(v)}" for k, v in scalars.items())
+        for k, v in t.items():
+            key = f"{prefix}.{json.dumps(k)}" if prefix else json.dumps(k)
+            if isinstance(v, dict):
+                table(key, v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    out.append(f"[[{key}]]")
+                    out.extend(f"{json.dumps(a)} = {val(b)}" for a, b in item.items())
+
+    table("", data)
+    return "\n".join(out) + "\n"
+
+
+def run_check(site, bin_dir, manifest, *extra, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=str(site), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "CUDA_VISIBLE_DEVICES", "OCTO_DIST_PROFILE"):
+        env.pop(k, None)
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda11", "--manifest", str(manifest), "--json", *extra],
+                          capture_output=True, text=True, env=env, timeout=120)
+    report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+    return proc.returncode, {c["id"]: c for c in (report or {"checks": []})["checks"]}, proc
+
+
+def failing(checks):
+    return {i for i, c in checks.items() if c["status"] == "fail"}
+
+
+def test_correct_cuda11_environment_passes(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    rc, checks, proc = run_check(site, bin_dir, manifest)
+    assert failing(checks) == set(), proc.stdout
+    assert rc == 0
+    assert checks["cudnn.load"]["found"].startswith("8.6.0 from ")
+    assert checks["gpu.visible"]["found"] == "2 GPU(s)"
+
+
+def test_cudnn9_wheel_beside_cudnn86_jaxlib_fails_with_the_86_pin(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    shutil.rmtree(site / "nvidia_cudnn_cu11-8.6.0.163.dist-info")
+    make_dist(site, "nvidia-cudnn-cu11", "9.1.1.17")
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1
+    assert {"cudnn.wheel", "pin.nvidia-cudnn-cu11"} <= failing(checks)
+    assert "nvidia-cudnn-cu11==8.6.0.163" in checks["cudnn.wheel"]["remedy"]
+    assert "built against 8.6" in checks["cudnn.wheel"]["expected"]
+
+
+def test_loaded_cudnn_9_is_the_seeds_silent_cpu_fallback(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 90101)
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and "cudnn.load" in failing(checks)
+    assert checks["cudnn.load"]["found"].startswith("9.1.1 from ")
+    assert "nvidia-cudnn-cu11==8.6.0.163" in checks["cudnn.load"]["remedy"]
+
+
+def test_library_without_cudnnGetVersion_cannot_be_used(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, export=False)
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and "cudnn.load" in failing(checks)
+    assert "exports no cudnnGetVersion" in checks["cudnn.load"]["found"]
+
+
+def test_no_loadable_cudnn_fails(cuda_env):
+    site, bin_dir, manifest = cuda_env  # no library built at all
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and checks["cudnn.load"]["found"].startswith("cannot load libcudnn")
+    assert "Found cuDNN version 0" in checks["cudnn.load"]["expected"]
+
+
+def test_scipy_113_fails_with_the_tril_reason(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    shutil.rmtree(site / "scipy-1.12.0.dist-info")
+    make_dist(site, "scipy", "1.13.0")
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and {"rule.scipy-tril", "pin.scipy"} <= failing(checks)
+    assert "tril" in checks["rule.scipy-tril"]["expected"]
+    assert checks["rule.scipy-tril"]["remedy"] == "pip install --no-deps scipy==1.12.0"
+
+
+def test_jaxlib_older_than_jax_fails(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    shutil.rmtree(site / "jaxlib-0.4.20+cuda11.cudnn86.dist-info")
+    make_dist(site, "jaxlib", "0.4.19+cuda11.cudnn86")
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and "rule.jax-jaxlib" in failing(checks)
+    assert "jaxlib-0.4.20+cuda11.cudnn86" in checks["rule.jax-jaxlib"]["remedy"]
+
+
+def test_octo_at_another_commit_fails(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    shutil.rmtree(site / "octo-0.1.0.dist-info")
+    make_dist(site, "octo", "0.1.0", commit="0" * 40)
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and failing(checks) == {"git.octo"}
+    assert "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b" in checks["git.octo"]["remedy"]
+
+
+def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    shutil.rmtree(site / "jax-0.4.20.dist-info")
+    make_dist(site, "jax", "0.4.20", requires=["nvidia-cudnn-cu11>=8.8"])
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 0 and "intended" in checks["deps.consistent"]["found"]
+    make_dist(site, "somepkg", "1.0", requires=["numpy>=2"])
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and failing(checks) == {"deps.consistent"}
+    assert "somepkg 1.0 requires numpy>=2, found 1.24.3" in checks["deps.consistent"]["found"]
+
+
+def test_no_gpu_and_hidden_gpus(cuda_env, tmp_path):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    rc, checks, _ = run_check(site, bin_dir, manifest, env_extra={"CUDA_VISIBLE_DEVICES": "0"})
+    assert checks["gpu.cuda-visible-devices"]["status"] == "warn"
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found'\n")
+    rc, checks, _ = run_check(site, bin_dir, manifest)
+    assert rc == 1 and "gpu.visible" in failing(checks)
+
+
+def test_real_cpu_venv_passes_with_git_deps_as_warnings():
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    report = json.loads(proc.stdout)
+    checks = {c["id"]: c for c in report["checks"]}
+    assert proc.returncode == 0, proc.stdout
+    if checks["git.octo"]["status"] != "ok":
+        assert checks["git.octo"]["status"] == "warn" and checks["git.octo"]["found"] == "not installed"
+    assert checks["pin.jax"]["found"] == "0.4.22"
+
+
+def test_usage_errors_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda12"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown profile 'cuda12'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--manifest", str(tmp_path / "x.toml")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "no manifest at" in proc.stderr
+
+
+def test_fast_mode_does_not_import_jax():
+    code = ("import sys; from octo_dist.cli import main; rc = main(['check-env', '--profile', 'cpu', '--json']);"
+            "print('JAX_IMPORTED', 'jax' in sys.modules, 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert "JAX_IMPORTED False False" in out
+
+
+@pytest.mark.parametrize("raw,want", [(8600, "8.6.0"), (91000, "9.10.0"), (90101, "9.1.1"), (8907, "8.9.7")])
+def test_decode_cudnn_version(raw, want):
+    assert cudnn.decode_version(raw) == want
+
+
+def test_cudnn_tag_and_compatibility():
+    assert rules.cudnn_tag("0.4.20+cuda11.cudnn86") == (8, 6)
+    assert rules.cudnn_tag("0.4.22") is None
+    assert rules.cudnn_compatible((8, 6), "8.9.6.5") and not rules.cudnn_compatible((8, 6), "9.1.1.17")
+    assert not rules.cudnn_compatible((8, 6), "8.5.0.96")
+
+
+def test_proxy_without_no_proxy_for_the_coordinator_warns():
+    c = rules.check_proxy({"HTTPS_PROXY": "http://proxy:3128", "COORDINATOR_ADDRESS": "g0001:12345"})
+    assert c.status == "warn" and "g0001" in c.remedy
+    assert rules.check_proxy({"HTTPS_PROXY": "http://p:1", "NO_PROXY": "g0001,localhost", "COORDINATOR_ADDRESS": "g0001:1"}).status == "ok"
+    assert rules.check_proxy({}) is None
