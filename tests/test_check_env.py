@@ -252,3 +252,21 @@ def test_proxy_without_no_proxy_for_the_coordinator_warns():
     assert c.status == "warn" and "g0001" in c.remedy
     assert rules.check_proxy({"HTTPS_PROXY": "http://p:1", "NO_PROXY": "g0001,localhost", "COORDINATOR_ADDRESS": "g0001:1"}).status == "ok"
     assert rules.check_proxy({}) is None
+
+
+@pytest.mark.parametrize("cvd", ["", "-1", "NoDevFiles"])
+def test_cuda_visible_devices_hiding_every_gpu_fails(cuda_env, cvd):
+    site, bin_dir, manifest = cuda_env
+    build_cudnn(site, 8600)
+    rc, checks, _ = run_check(site, bin_dir, manifest, env_extra={"CUDA_VISIBLE_DEVICES": cvd})
+    assert rc == 1 and failing(checks) == {"gpu.cuda-visible-devices"}
+    assert checks["gpu.cuda-visible-devices"]["remedy"] == "unset CUDA_VISIBLE_DEVICES"
+
+
+def test_scan_reads_requirements_and_first_path_wins(tmp_path):
+    from octo_dist.envcheck import installed
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_dist(a, "scipy", "1.13.0", requires=["numpy >=1.22.4"])
+    make_dist(b, "scipy", "1.12.0")
+    found = installed.scan([str(a), str(b)])
+    assert found["scipy"].version == "1.13.0" and found["scipy"].requires == ("numpy >=1.22.4",)

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     python = "%d.%d" % sys.version_info[:2]
-    probe = cudnn.probe(installed.site_dirs(dists.values())) if profile.gpu else (None, None, "")
+    tag = rules.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
+    probe = cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None) if profile.gpu else (None, None, "")
     checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, _nvidia_smi() if profile.gpu else None)
     if args.deep:
         from octo_dist.envcheck.deep import run_deep

@@ -19,18 +19,21 @@ def decode_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 100}.{v % 100}"
 
 
-def candidates(site_dirs: Sequence[str]) -> list[str]:
-    """libcudnn.so* shipped by the nvidia-cudnn-cu11 wheel (``<site>/nvidia/cudnn/lib``), then the system's."""
+def candidates(site_dirs: Sequence[str], major: Optional[int] = None) -> list[str]:
+    """libcudnn.so* shipped by the nvidia-cudnn-cu11 wheel (``<site>/nvidia/cudnn/lib``), then the system's.
+
+    jaxlib opens ``libcudnn.so.<major>`` of the cuDNN it was built with (``cudnn86`` -> ``.so.8``).
+    """
     libs = []
     for site in site_dirs:
         libs += sorted(glob.glob(os.path.join(site, "nvidia", "cudnn", "lib", "libcudnn.so*")))
-    return libs + ["libcudnn.so.8", "libcudnn.so"]
+    return libs + ([f"libcudnn.so.{major}"] if major else []) + ["libcudnn.so"]
 
 
-def probe(site_dirs: Sequence[str]) -> tuple[Optional[str], Optional[str], str]:
+def probe(site_dirs: Sequence[str], major: Optional[int] = None) -> tuple[Optional[str], Optional[str], str]:
     """Return (library path, decoded version, error). Version None means it could not be loaded/read."""
     errors = []
-    for lib in candidates(site_dirs):
+    for lib in candidates(site_dirs, major):
         try:
             handle = ctypes.CDLL(lib)
         except OSError as e:

