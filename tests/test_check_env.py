@@ -270,3 +270,20 @@ def test_scan_reads_requirements_and_first_path_wins(tmp_path):
     make_dist(b, "scipy", "1.12.0")
     found = installed.scan([str(a), str(b)])
     assert found["scipy"].version == "1.13.0" and found["scipy"].requires == ("numpy >=1.22.4",)
+
+
+def test_deep_reports_the_backend_jax_really_ends_on():
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--deep", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["deep.backend"]["status"] == "ok"
+    assert checks["deep.backend"]["found"].startswith("cpu backend, 1 device(s)")
+
+
+def test_deep_fails_a_gpu_profile_that_ends_on_the_cpu():
+    from octo_dist.envcheck import deep
+    result = deep.parse_probe('noise\nOCTO_DIST_DEEP {"backend": "cpu", "devices": ["TFRT_CPU_0"]}\n')
+    check = deep.judge(result, "", CUDA)
+    assert check.status == "fail" and check.expected == "gpu backend"
+    broken = deep.judge(None, "Traceback ...\nAttributeError: module 'scipy.linalg' has no attribute 'tril'", CUDA)
+    assert broken.status == "fail" and "tril" in broken.found
