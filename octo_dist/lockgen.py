@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifest", help="path to env/stack.toml")
     args = parser.parse_args(argv)
     manifest = mf.load_manifest(args.manifest)
-    raw = mf.tomllib.loads(manifest.path.read_text())
-    exclude_newer = raw.get("project", {}).get("lock_exclude_newer", "")
+    exclude_newer = manifest.lock_exclude_newer
     names = args.profile or sorted(manifest.profiles)
     for name in names:
         lock_profile(manifest, manifest.profile(name), exclude_newer)

@@ -118,6 +118,7 @@ class Manifest:
     profiles: Mapping[str, Profile]
     git: tuple[GitDep, ...]
     dev_requirements: Mapping[str, str]
+    lock_exclude_newer: str = ""  # `make lock` ignores uploads after this instant: "2026-12-01T00:00:00Z"
 
     @property
     def env_dir(self) -> Path:
@@ -207,7 +208,8 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
             )
         git.append(GitDep(name=name, url=raw["url"], commit=commit, distribution=raw.get("distribution", name)))
     dev = _requirements(data.get("dev", {}).get("requirements", {}), "dev.requirements")
-    return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev)
+    return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev,
+                    lock_exclude_newer=data.get("project", {}).get("lock_exclude_newer", ""))
 
 
 def manifest_path(environ: Mapping[str, str] = os.environ, explicit: Optional[str] = None) -> Path:

@@ -32,6 +32,13 @@ def make_dist(site: Path, name: str, version: str, requires=(), commit=None):
         (d / "direct_url.json").write_text(json.dumps({"url": "https://github.com/x/y", "vcs_info": {"vcs": "git", "commit_id": commit}}))
 
 
+def replace_dist(site: Path, name: str, version: str, requires=(), commit=None):
+    """Swap the fabricated environment's copy of ``name`` for ``version``: one failure per test."""
+    for old in site.glob(f"{name.replace('-', '_')}-*.dist-info"):
+        shutil.rmtree(old)
+    make_dist(site, name, version, requires, commit)
+
+
 def build_cudnn(site: Path, version=8600, export=True):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
@@ -123,8 +130,7 @@ def test_correct_cuda11_environment_passes(cuda_env):
 def test_cudnn9_wheel_beside_cudnn86_jaxlib_fails_with_the_86_pin(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
-    shutil.rmtree(site / "nvidia_cudnn_cu11-8.6.0.163.dist-info")
-    make_dist(site, "nvidia-cudnn-cu11", "9.1.1.17")
+    replace_dist(site, "nvidia-cudnn-cu11", "9.1.1.17")
     rc, checks, _ = run_check(site, bin_dir, manifest)
     assert rc == 1
     assert {"cudnn.wheel", "pin.nvidia-cudnn-cu11"} <= failing(checks)
@@ -159,8 +165,7 @@ def test_no_loadable_cudnn_fails(cuda_env):
 def test_scipy_113_fails_with_the_tril_reason(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
-    shutil.rmtree(site / "scipy-1.12.0.dist-info")
-    make_dist(site, "scipy", "1.13.0")
+    replace_dist(site, "scipy", "1.13.0")
     rc, checks, _ = run_check(site, bin_dir, manifest)
     assert rc == 1 and {"rule.scipy-tril", "pin.scipy"} <= failing(checks)
     assert "tril" in checks["rule.scipy-tril"]["expected"]
@@ -170,8 +175,7 @@ def test_scipy_113_fails_with_the_tril_reason(cuda_env):
 def test_jaxlib_older_than_jax_fails(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
-    shutil.rmtree(site / "jaxlib-0.4.20+cuda11.cudnn86.dist-info")
-    make_dist(site, "jaxlib", "0.4.19+cuda11.cudnn86")
+    replace_dist(site, "jaxlib", "0.4.19+cuda11.cudnn86")
     rc, checks, _ = run_check(site, bin_dir, manifest)
     assert rc == 1 and "rule.jax-jaxlib" in failing(checks)
     assert "jaxlib-0.4.20+cuda11.cudnn86" in checks["rule.jax-jaxlib"]["remedy"]
@@ -180,8 +184,7 @@ def test_jaxlib_older_than_jax_fails(cuda_env):
 def test_octo_at_another_commit_fails(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
-    shutil.rmtree(site / "octo-0.1.0.dist-info")
-    make_dist(site, "octo", "0.1.0", commit="0" * 40)
+    replace_dist(site, "octo", "0.1.0", commit="0" * 40)
     rc, checks, _ = run_check(site, bin_dir, manifest)
     assert rc == 1 and failing(checks) == {"git.octo"}
     assert "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b" in checks["git.octo"]["remedy"]
@@ -190,8 +193,7 @@ def test_octo_at_another_commit_fails(cuda_env):
 def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
-    shutil.rmtree(site / "jax-0.4.20.dist-info")
-    make_dist(site, "jax", "0.4.20", requires=["nvidia-cudnn-cu11>=8.8"])
+    replace_dist(site, "jax", "0.4.20", requires=["nvidia-cudnn-cu11>=8.8"])
     rc, checks, _ = run_check(site, bin_dir, manifest)
     assert rc == 0 and "intended" in checks["deps.consistent"]["found"]
     make_dist(site, "somepkg", "1.0", requires=["numpy>=2"])

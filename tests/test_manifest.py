@@ -86,3 +86,7 @@ def test_direct_wheel_public_version():
     jaxlib = mf.load_manifest().profile("cuda11").direct[0]
     assert jaxlib.public_version == "0.4.20"
     assert jaxlib.url.endswith("jaxlib-0.4.20+cuda11.cudnn86-cp310-cp310-manylinux2014_x86_64.whl")
+
+
+def test_lock_cutoff_is_read_from_the_manifest():
+    assert mf.load_manifest().lock_exclude_newer == "2026-12-01T00:00:00Z"

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     name = args.profile or mf.default_profile()
     if not name:
         # No profile named: infer from the jaxlib build ("0.4.20+cuda11.cudnn86" -> cuda11).
-        name = "cuda11" if "+cuda" in dists.get("jaxlib", installed.Installed("", "", (), "", None)).version else "cpu"
+        jaxlib = dists.get("jaxlib")
+        name = "cuda11" if jaxlib and "+cuda" in jaxlib.version else "cpu"
     try:
         profile = manifest.profile(name)
     except mf.ManifestError as e:
