@@ -1,12 +1,8 @@
 """Launcher detection from recorded environments, and from a real `mpirun -np 2` of the venv's Open MPI 5."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from conftest import json_lines
 
 from octo_dist.launchers import LauncherError, detect
 from octo_dist.launchers import hostlists
@@ -86,15 +82,10 @@ def test_explicit_coordinator_always_wins():
 
 
 @pytest.mark.mpi
-def test_real_open_mpi5_mpirun_is_detected_on_every_rank():
-    mpirun = Path(sys.executable).parent / "mpirun"
-    if not mpirun.exists():
-        pytest.skip("no mpirun in this venv (cpu profile has one)")
+def test_real_open_mpi5_mpirun_is_detected_on_every_rank(mpirun):
     code = "import json, os; from octo_dist.launchers import detect; l = detect(os.environ); print(json.dumps(l.__dict__))"
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    proc = subprocess.run([str(mpirun), "--oversubscribe", "-np", "2", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = mpirun(2, "-c", code)
     assert proc.returncode == 0, proc.stderr
-    ranks = sorted((json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")), key=lambda d: d["rank"])
+    ranks = sorted(json_lines(proc.stdout), key=lambda d: d["rank"])
     assert [(d["launcher"], d["world_size"], d["rank"], d["local_rank"], d["local_size"]) for d in ranks] == \
         [("openmpi5", 2, 0, 0, 2), ("openmpi5", 2, 1, 1, 2)]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from octo_dist.envcheck import report
+
 EXIT_USAGE = 2
 
 
@@ -20,6 +22,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on")
     p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too")
+    p.add_argument("--no-gpu", action="store_true",
+                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test)")
+    p.add_argument("--launch", action="store_true",
+                   help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
+                        "runtime; rank 0 prints one line per rank and fails on a mismatch")
+    from octo_dist import runtime
+
+    runtime.argv_options(p)
     p.set_defaults(func=run)
     return p
 
@@ -36,7 +46,7 @@ def _nvidia_smi() -> Optional[str]:
 
 def run(args: argparse.Namespace) -> int:
     from octo_dist import manifest as mf
-    from octo_dist.envcheck import cudnn, installed, report, rules
+    from octo_dist.envcheck import cudnn, installed, rules
 
     try:
         manifest = mf.load_manifest(args.manifest)
@@ -57,12 +67,36 @@ def run(args: argparse.Namespace) -> int:
     python = "%d.%d" % sys.version_info[:2]
     tag = rules.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
     probe = cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None) if profile.gpu else (None, None, "")
-    checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, _nvidia_smi() if profile.gpu else None)
+    smi = _nvidia_smi() if profile.gpu and not args.no_gpu else None
+    checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
+    if args.no_gpu:
+        checks = [c for c in checks if not c.id.startswith("gpu.")]
+    if args.launch:
+        return _launch(args, profile, checks, smi)
     if args.deep:
         from octo_dist.envcheck.deep import run_deep
         checks.append(run_deep(profile, os.environ))
     print(report.as_json(checks, profile.name) if args.json else report.as_table(checks, profile.name, args.verbose))
     return report.exit_code(checks)
+
+
+def _launch(args, profile, checks, smi) -> int:
+    from octo_dist import coordinator, launchers, preflight, ranklog, runtime
+    from octo_dist.envcheck.result import FAIL
+
+    try:
+        launch = launchers.detect(os.environ, args.launcher)
+    except launchers.LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    ranklog.setup(launch.rank, launch.world_size)
+    if launch.rank == 0 and any(c.status == FAIL for c in checks):
+        print(report.as_table(checks, profile.name, args.verbose))
+    try:
+        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args))
+    except (runtime.StartupError, coordinator.CoordinatorError) as e:
+        print(f"octo-dist: error: {e}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,122 @@
+"""``octo-dist check-env --launch``: every rank checks itself, rank 0 prints one line per rank and the verdict.
+
+Run under the same launcher as training (``mpirun ... octo-dist check-env --launch``). It proves what the
+seed found out one failure at a time: every rank sees the same world and coordinator, the coordinator is
+reachable, JAX counts every process, ranks per node fit the node's GPUs, and every node's environment passes.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+from typing import Mapping, Optional, Sequence
+
+from octo_dist import coordinator as coord_mod
+from octo_dist import runtime
+from octo_dist.launchers import Launch
+from octo_dist.envcheck.result import FAIL, Check
+
+
+def gpus_listed(smi_output: Optional[str]) -> Optional[int]:
+    """GPUs in ``nvidia-smi -L`` output ("GPU 0: NVIDIA H200 (UUID: GPU-...)" per line); None if it did not run."""
+    if smi_output is None:
+        return None
+    return sum(1 for line in smi_output.splitlines() if line.startswith("GPU "))
+
+
+def rank_record(launch: Launch, coordinator: Optional[coord_mod.Coordinator], environ: Mapping[str, str],
+                checks: Sequence[Check], gpus_on_host: Optional[int], host: Optional[str] = None) -> dict:
+    """What one rank knows about itself before JAX starts."""
+    return {
+        "host": host or socket.gethostname(),
+        "launcher": launch.launcher,
+        "rank": launch.rank,
+        "world_size": launch.world_size,
+        "local_rank": launch.local_rank,
+        "local_size": launch.local_size,
+        "coordinator": coordinator.address if coordinator else None,
+        "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpus_on_host": gpus_on_host,
+        "env_failures": sorted(c.id for c in checks if c.status == FAIL),
+    }
+
+
+def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
+    """Everything that would make the job fail or silently misbehave; empty when the launch is sound."""
+    out = []
+    worlds = sorted({r["world_size"] for r in records})
+    if len(worlds) > 1:
+        out.append(f"ranks disagree about the world size: {worlds} (every rank must be started by one launcher)")
+    coordinators = sorted({str(r["coordinator"]) for r in records})
+    if len(coordinators) > 1:
+        out.append(f"ranks disagree about the coordinator: {coordinators} "
+                   f"(export COORDINATOR_ADDRESS to every rank, e.g. mpirun -x COORDINATOR_ADDRESS, or unset it everywhere)")
+    ranks = sorted(r["rank"] for r in records)
+    if ranks != list(range(len(records))):
+        out.append(f"ranks are {ranks}; expected 0..{len(records) - 1}, each once")
+    per_host = collections.Counter(r["host"] for r in records)
+    if gpu_profile:
+        for host, n in sorted(per_host.items()):
+            gpus = max((r["gpus_on_host"] or 0) for r in records if r["host"] == host)
+            if n > gpus:
+                out.append(f"{host}: {n} ranks but {gpus} GPU(s); expected at most one rank per GPU "
+                           f"(mpirun -npernode {gpus}, PBS mpiprocs={gpus}, srun --ntasks-per-node={gpus})")
+    for r in records:
+        if r["env_failures"]:
+            out.append(f"rank {r['rank']} on {r['host']}: check-env fails: {', '.join(r['env_failures'])} "
+                       f"(run octo-dist check-env there)")
+    return out
+
+
+def render(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str]) -> str:
+    hosts = sorted({r["host"] for r in records})
+    first = records[0]
+    where = f"{coordinator.address} ({coordinator.source})" if coordinator else "none (single process)"
+    lines = [f"octo-dist preflight: {len(records)} rank(s) on {len(hosts)} host(s), launcher {first['launcher']}, coordinator {where}"]
+    for r in sorted(records, key=lambda r: r["rank"]):
+        gpus = "-" if r["gpus_on_host"] is None else str(r["gpus_on_host"])
+        jax_part = f"  jax: process {r['jax']['process_index']}, {r['jax']['local_devices']} {r['jax']['platform']} device(s)" if "jax" in r else ""
+        lines.append(f"  rank {r['rank']:>3}  host {r['host']}  local {r['local_rank']}/{r['local_size']}  "
+                     f"gpus on host {gpus}  CUDA_VISIBLE_DEVICES={r['cuda_visible_devices'] or '(unset)'}  "
+                     f"coordinator {r['coordinator'] or '-'}{jax_part}  env: {','.join(r['env_failures']) or 'ok'}")
+    lines += [f"  FAIL  {p}" for p in found] or ["  ok    every rank agrees; start-up works"]
+    return "\n".join(lines)
+
+
+def _mpi_allgather(record: dict, launch: Launch) -> Optional[list]:
+    """Records of every rank through mpi4py, before JAX starts (so disagreement is reported, not a hang)."""
+    if launch.launcher not in coord_mod.MPI_LAUNCHERS or launch.world_size == 1:
+        return None
+    try:
+        from mpi4py import MPI
+    except Exception:
+        return None
+    if MPI.COMM_WORLD.Get_size() != launch.world_size:
+        return None
+    return MPI.COMM_WORLD.allgather(record)
+
+
+def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu_profile: bool,
+        smi_output: Optional[str], start_options: Mapping) -> int:
+    """On every rank; returns the same exit code everywhere (0 sound, 1 not)."""
+    from octo_dist.collectives import allgather_json
+
+    options = dict(start_options)
+    c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None))
+    record = rank_record(launch, c, environ, checks, gpus_listed(smi_output))
+    early = _mpi_allgather(record, launch)
+    if early is not None:
+        found = problems(early, gpu_profile)
+        if found:
+            if launch.rank == 0:
+                print(render(early, c, found), flush=True)
+            return 1
+    with runtime.distributed(coordinator=c, **options) as rt:
+        record["jax"] = {"process_index": rt.process_index, "local_devices": rt.local_device_count,
+                         "devices": rt.device_count, "platform": rt.platform}
+        records = allgather_json(record)
+        found = problems(records, gpu_profile)
+        if rt.is_main:
+            print(render(records, c, found), flush=True)
+        # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
+        return 1 if found else 0

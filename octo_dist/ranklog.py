@@ -1,0 +1,60 @@
+"""Logging and progress bars that know their rank: ``[rank 1/8 g0002] WARNING octo_dist.engine: ...``.
+
+INFO is shown on rank 0 only by default, warnings and errors from every rank (a failing node must be heard).
+``OCTO_DIST_LOG_ALL_RANKS=1`` (or ``all_ranks=True``) shows INFO everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Iterable, Optional, TextIO, TypeVar
+
+T = TypeVar("T")
+_HANDLER_FLAG = "_octo_dist_ranklog"
+
+
+def prefix(rank: int, world: int, host: Optional[str] = None) -> str:
+    return f"[rank {rank}/{world} {host or socket.gethostname()}]"
+
+
+def setup(rank: int, world: int, host: Optional[str] = None, *, level: int = logging.INFO,
+          all_ranks: Optional[bool] = None, stream: Optional[TextIO] = None) -> logging.Logger:
+    """Configure the root logger (and absl's, which Octo uses) for this rank; idempotent."""
+    if all_ranks is None:
+        all_ranks = os.environ.get("OCTO_DIST_LOG_ALL_RANKS", "") not in ("", "0")
+    effective = level if rank == 0 or all_ranks else max(level, logging.WARNING)
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, _HANDLER_FLAG, False)]:
+        root.removeHandler(h)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    setattr(handler, _HANDLER_FLAG, True)
+    handler.setFormatter(logging.Formatter(f"{prefix(rank, world, host)} %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(effective)
+    # jax logs every backend it could not load ("Unable to initialize backend 'tpu'") at INFO: noise on every run.
+    logging.getLogger("jax._src.xla_bridge").setLevel(max(effective, logging.WARNING))
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.INFO if effective <= logging.INFO else absl_logging.WARNING)
+        # absl's own handler would print a second, unprefixed copy of every record.
+        absl_handler = absl_logging.get_absl_handler()
+        if absl_handler in root.handlers:
+            root.removeHandler(absl_handler)
+    except ImportError:
+        pass
+    return root
+
+
+def progress(iterable: Iterable[T], rank: int, **tqdm_kwargs) -> Iterable[T]:
+    """A tqdm bar on rank 0; the bare iterable elsewhere (N bars interleaved in one job log are noise)."""
+    if rank != 0:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, **tqdm_kwargs)

@@ -1,0 +1,280 @@
+"""Start-up and shutdown of the JAX distributed runtime, from what the launcher says.
+
+    with runtime.distributed() as rt:       # under mpirun, srun, a PBS/SGE job, or plain python
+        ...                                 # rt.process_index, rt.process_count, rt.is_main
+
+Only public JAX is called (``jax.distributed.initialize(coordinator, num_processes, process_id,
+local_device_ids)``). What the seed learnt the hard way is checked here, before or right after start-up:
+
+* a backend touched before start-up makes 0.4.20 run N independent single-process jobs: refused;
+* CPU jax needs gloo collectives for more than one process, and jax <0.4.22 has none: refused by name;
+* ``jax.process_count()`` must equal the launcher's world size: otherwise an error naming the likely cause;
+* an unreachable coordinator ends with an error naming the address and timeout, not a 5-minute abort
+  whose message blames "missing heartbeats";
+* a rank that raises ends the whole job at once (MPI_Abort or exit 1) instead of waiting in shutdown's barrier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Iterator, Mapping, Optional
+
+from octo_dist import coordinator as coord_mod
+from octo_dist import launchers
+from octo_dist.launchers.base import Launch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300   # jax's own default for initialization_timeout
+JAX_TIMEOUT_GRACE_S = 15  # jax aborts the process at its timeout; ours fires first, with a useful message
+EXIT_STARTUP = 1
+DEVICE_MODES = ("one", "all")  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
+
+
+class StartupError(RuntimeError):
+    """The distributed runtime could not start as the launcher describes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    launch: Launch
+    coordinator: Optional[coord_mod.Coordinator]
+    host: str
+    platform: str  # "gpu" / "cpu", from the devices JAX ended up with
+    process_index: int
+    process_count: int
+    local_device_count: int
+    device_count: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.process_index == 0
+
+    def describe(self) -> str:
+        where = f", coordinator {self.coordinator.address} ({self.coordinator.source})" if self.coordinator else ""
+        return (f"{self.launch.launcher}: process {self.process_index}/{self.process_count} on {self.host}, "
+                f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}")
+
+
+_current: Optional[Runtime] = None
+
+
+def current() -> Optional[Runtime]:
+    return _current
+
+
+def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
+    """Whether JAX will pick a GPU backend: ``JAX_PLATFORMS="cpu"`` says no; else a CUDA jaxlib
+    (``"0.4.20+cuda11.cudnn86"``) says yes. Decided before the backend exists, which must not be touched yet."""
+    platforms = (environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or "").lower()
+    if platforms:
+        return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
+    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
+
+
+def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> Optional[list[int]]:
+    """GPU ids this process binds: ``[local_rank]`` for one GPU per process; None (all) for one process per node.
+
+    A launcher that already narrowed ``CUDA_VISIBLE_DEVICES`` to one GPU per rank ("3") leaves that GPU as id 0.
+    """
+    if mode not in DEVICE_MODES:
+        raise StartupError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
+    if mode == "all":
+        return None
+    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(visible) == 1:
+        return [0]
+    if visible and launch.local_rank >= len(visible):
+        raise StartupError(f"local rank {launch.local_rank} but CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} "
+                           f"shows {len(visible)} GPU(s): more ranks on this node than GPUs. Fix: mpirun -npernode {len(visible)}")
+    return [launch.local_rank]
+
+
+def _backends_initialized() -> bool:
+    # No public API says whether a backend exists. jax 0.4.22 has this function (its initialize() refuses too);
+    # 0.4.20 has only the dict, and there a touched backend silently gives N single-process runs.
+    from jax._src import xla_bridge
+
+    fn = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(fn()) if fn else bool(getattr(xla_bridge, "_backends", {}))
+
+
+def _enable_cpu_collectives(jax_version: str) -> None:
+    import jax
+
+    try:
+        jax.config.update("jax_cpu_enable_gloo_collectives", True)
+    except (AttributeError, KeyError):
+        raise StartupError(
+            f"jax {jax_version} on the CPU cannot run one computation across processes (no gloo collectives before "
+            f"0.4.22: 0.4.20 silently reports process_count()==1 in every rank). Expected the cpu profile's jax 0.4.22. "
+            f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile") from None
+
+
+def wait_for_coordinator(c: coord_mod.Coordinator, timeout_s: float, rank: int) -> None:
+    """Rank > 0: until the coordinator accepts TCP connections, at most ``timeout_s``; else a StartupError."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((c.host, c.port), timeout=min(2.0, max(timeout_s, 0.1))):
+                return
+        except socket.gaierror as e:
+            raise StartupError(f"rank {rank}: coordinator host {c.host!r} ({c.source}) does not resolve: {e}. "
+                               f"Fix: export COORDINATOR_ADDRESS=<rank 0's hostname or IP>:<port>") from None
+        except OSError as e:
+            last = e
+            time.sleep(0.25)
+    raise StartupError(
+        f"rank {rank}: coordinator {c.address} ({c.source}) did not accept connections within {timeout_s:g} s "
+        f"(last error: {last}). Likely: rank 0 failed before starting it (see its log), the address is not rank 0's "
+        f"node, or a firewall blocks port {c.port}. Fix: export COORDINATOR_ADDRESS=<rank 0 host>:<open port>, "
+        f"or raise the timeout (--init-timeout / OCTO_DIST_INIT_TIMEOUT)")
+
+
+def _watchdog(seconds: float, message: str) -> threading.Timer:
+    """Exit with ``message`` after ``seconds`` unless cancelled: jax's own timeout aborts with a misleading one."""
+    def fire():
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        os._exit(EXIT_STARTUP)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[float] = None,
+               devices: str = "one", use_mpi: bool = True, environ: Optional[Mapping[str, str]] = None) -> Runtime:
+    """Start JAX's distributed runtime as the launcher describes (a no-op start for a single process).
+
+    Args:
+      launcher: "auto" or a name from ``octo_dist.launchers.ORDER``.
+      coordinator: "host:port" (or a ``Coordinator``) overriding every other source.
+      timeout_s: how long start-up may take (default ``$OCTO_DIST_INIT_TIMEOUT`` or 300 s).
+      devices: "one" GPU per process (``local_device_ids=[local_rank]``) or "all" GPUs of the node per process.
+      use_mpi: let mpi4py broadcast rank 0's address when launched through MPI.
+      environ: the environment to read (default ``os.environ``).
+    """
+    global _current
+    environ = os.environ if environ is None else environ
+    if _current is not None:
+        raise StartupError("octo_dist.runtime.initialize() was already called in this process")
+    if timeout_s is None:
+        timeout_s = float(environ.get("OCTO_DIST_INIT_TIMEOUT", DEFAULT_TIMEOUT_S))
+    launch = launchers.detect(environ, launcher)
+
+    import jax
+    import jaxlib
+
+    if _backends_initialized():
+        raise StartupError(
+            "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
+            "jax.devices() or ran a computation at import time); jax 0.4.20 then runs every rank as an independent "
+            "single-process job. Fix: call octo_dist.runtime.initialize() before any JAX computation")
+    gpu = expects_gpu(jaxlib.__version__, environ)
+    c = coord_mod.resolve(environ, launch, explicit=coordinator, use_mpi=use_mpi)
+    if launch.world_size > 1:
+        assert c is not None
+        if not gpu:
+            _enable_cpu_collectives(jax.__version__)
+        ids = local_device_ids(launch, devices, environ) if gpu else None
+        log.info("starting %d processes: coordinator %s (%s), timeout %g s", launch.world_size, c.address, c.source, timeout_s)
+        started = time.monotonic()
+        if launch.rank != 0:
+            wait_for_coordinator(c, timeout_s, launch.rank)
+        remaining = max(timeout_s - (time.monotonic() - started), 1.0)
+        watchdog = _watchdog(remaining, 
+            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: jax.distributed.initialize did not complete "
+            f"within {timeout_s:g} s (coordinator {c.address}, {c.source}). Every rank must start with the same world size "
+            f"({launch.world_size}) and coordinator; a rank that is missing, crashed, or was given another address keeps "
+            f"the others waiting. Fix: check every rank's log; raise --init-timeout if nodes start slowly")
+        try:
+            jax.distributed.initialize(c.address, launch.world_size, launch.rank, local_device_ids=ids,
+                                       initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S))
+        except Exception as e:
+            raise StartupError(f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
+                               f"{launch.rank}) failed: {e}") from e
+        finally:
+            watchdog.cancel()
+
+    count = jax.process_count()
+    if count != launch.world_size or jax.process_index() != launch.rank:
+        cause = ("CPU jax before 0.4.22 runs each process alone" if not gpu else
+                 "the distributed runtime did not start (jax.distributed.initialize not reached?)")
+        raise StartupError(f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
+                           f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch")
+    devices_seen = jax.local_devices()
+    _current = Runtime(launch=launch, coordinator=c, host=socket.gethostname(), platform=devices_seen[0].platform,
+                       process_index=jax.process_index(), process_count=count,
+                       local_device_count=len(devices_seen), device_count=jax.device_count())
+    if gpu and _current.platform == "cpu":
+        log.warning("jaxlib %s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`", jaxlib.__version__)
+    return _current
+
+
+def shutdown() -> None:
+    """Leave the distributed runtime (waits for every rank, as jax.distributed.shutdown does)."""
+    global _current
+    if _current is not None and _current.process_count > 1:
+        import jax
+
+        jax.distributed.shutdown()
+    _current = None
+
+
+def abort(exc: BaseException, rank: int, world: int) -> None:
+    """End this job now: a rank that raised must not wait in shutdown's barrier while the others wait for it."""
+    sys.stderr.write(f"octo-dist: rank {rank}/{world} failed; aborting the job\n")
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(1)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def distributed(**kwargs) -> Iterator[Runtime]:
+    """``initialize(**kwargs)``, then always leave cleanly: shutdown on success, abort the job on an exception."""
+    rt = initialize(**kwargs)
+    try:
+        yield rt
+    except SystemExit as e:
+        if e.code not in (0, None) and rt.process_count > 1:
+            abort(e, rt.process_index, rt.process_count)
+        shutdown()
+        raise
+    except BaseException as e:
+        if rt.process_count > 1:
+            abort(e, rt.process_index, rt.process_count)
+        shutdown()
+        raise
+    else:
+        shutdown()
+
+
+def argv_options(parser) -> None:
+    """The start-up flags every multi-process subcommand shares."""
+    parser.add_argument("--launcher", default="auto", choices=["auto", *launchers.ORDER],
+                        help="who started the ranks (default: detect; order: %s)" % ", ".join(launchers.ORDER))
+    parser.add_argument("--coordinator", help="HOST:PORT of rank 0's coordination service (default: agreed automatically)")
+    parser.add_argument("--init-timeout", type=float, default=None,
+                        help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--devices-per-process", choices=DEVICE_MODES, default="one",
+                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank")
+
+
+def from_args(args) -> dict:
+    return dict(launcher=args.launcher, coordinator=args.coordinator, timeout_s=args.init_timeout,
+                devices=args.devices_per_process)

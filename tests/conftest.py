@@ -1,0 +1,42 @@
+"""Shared fixtures: the venv's real Open MPI 5 ``mpirun``, and an environment free of the caller's job."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAMS = REPO / "tests" / "programs"
+# Variables of an enclosing job (a CI runner inside SLURM, a developer inside qrsh) that would change detection.
+JOB_VARS = ("COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "PBS_NODEFILE", "PBS_JOBID", "SGE_JOB_HOSTLIST", "JOB_ID",
+            "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "PMI_SIZE",
+            "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "WANDB_MODE", "WANDB_API_KEY", "CUDA_VISIBLE_DEVICES")
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def json_lines(text: str) -> list:
+    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+
+
+@pytest.fixture
+def mpirun():
+    """``mpirun(np, *argv, env=..., timeout=...)``: the venv's mpirun over this Python; a CompletedProcess."""
+    exe = Path(sys.executable).parent / "mpirun"
+    if not exe.exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+
+    def run(np: int, *argv: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        cmd = [str(exe), "--oversubscribe", "-np", str(np), sys.executable, *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=REPO)
+
+    return run
