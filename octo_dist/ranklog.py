@@ -57,4 +57,6 @@ def progress(iterable: Iterable[T], rank: int, **tqdm_kwargs) -> Iterable[T]:
         from tqdm import tqdm
     except ImportError:
         return iterable
+    # A batch job's log is a file: a redraw every 0.1 s (tqdm's default) would fill it with carriage returns.
+    tqdm_kwargs.setdefault("mininterval", 0.1 if sys.stderr.isatty() else 30.0)
     return tqdm(iterable, **tqdm_kwargs)

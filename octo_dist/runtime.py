@@ -107,6 +107,17 @@ def _backends_initialized() -> bool:
     return bool(fn()) if fn else bool(getattr(xla_bridge, "_backends", {}))
 
 
+def _check_own_hostname_resolves(host: str) -> None:
+    """gloo (CPU collectives) binds to this host's name; an unresolvable one (a container named after its id)
+    crashes a rank without a word, so say it first."""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as e:
+        raise StartupError(f"this host's name {host!r} does not resolve ({e}); CPU collectives (gloo) bind to it. "
+                           f"Expected a name in DNS or /etc/hosts. Fix: add it to /etc/hosts, or start the container "
+                           f"with --hostname localhost") from None
+
+
 def _enable_cpu_collectives(jax_version: str) -> None:
     import jax
 
@@ -186,6 +197,7 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
     if launch.world_size > 1:
         assert c is not None
         if not gpu:
+            _check_own_hostname_resolves(socket.gethostname())
             _enable_cpu_collectives(jax.__version__)
         ids = local_device_ids(launch, devices, environ) if gpu else None
         log.info("starting %d processes: coordinator %s (%s), timeout %g s", launch.world_size, c.address, c.source, timeout_s)

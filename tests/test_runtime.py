@@ -245,3 +245,9 @@ def test_info_only_on_rank_0_warnings_everywhere_with_a_rank_prefix():
     assert out[0].endswith("tqdm\n") and out[1].endswith("list\n")  # one progress bar per job, on rank 0
     everywhere = run_python(["-c", code, "1"], clean_env(OCTO_DIST_LOG_ALL_RANKS="1")).stdout
     assert "[rank 1/4 g0001] INFO x: hello" in everywhere
+
+
+def test_an_unresolvable_own_hostname_is_named_before_gloo_crashes():
+    runtime._check_own_hostname_resolves("localhost")
+    with pytest.raises(runtime.StartupError, match=r"'no-such-host\.invalid' does not resolve.*--hostname localhost"):
+        runtime._check_own_hostname_resolves("no-such-host.invalid")

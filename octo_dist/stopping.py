@@ -1,0 +1,44 @@
+"""Stop cleanly when the scheduler says so: every rank agrees at a step boundary, saves, and exits 0.
+
+PBS and SLURM send SIGTERM to the job's processes at wall time (then SIGKILL after a grace period); SGE's
+``-notify`` sends SIGUSR1 before a suspend and SIGUSR2 before a kill. ``mpirun`` kills its ranks on SIGTERM within
+about 0.5 s (measured, Open MPI 5) but forwards SIGUSR1/SIGUSR2, so the job scripts (``octo-dist launch``) turn
+every one of these into SIGUSR1 for ``mpirun``, and ask for it themselves a margin before the wall time.
+
+A signal usually reaches some ranks before others, and a rank that stopped alone would leave the others in a
+collective forever; so a handler only records the signal, every rank passes its pending signal number into the
+next train step, and the step returns the largest over all ranks (``engine.Engine.step``): every rank sees the
+same value after the same step and they stop together, at no extra collective.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Iterable, Optional
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopSignal:
+    """Records SIGTERM/SIGUSR1/SIGUSR2 instead of dying; ``pending`` goes into every train step."""
+
+    def __init__(self, signals: Iterable[int] = SIGNALS):
+        self.received: Optional[int] = None
+        self._previous = {s: signal.signal(s, self._handle) for s in signals}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is None:
+            # Not a log call: logging from a signal handler can deadlock on the handler's lock.
+            self.received = signum
+
+    @property
+    def pending(self) -> int:
+        return self.received or 0
+
+    @staticmethod
+    def name(signum: int) -> str:
+        return signal.Signals(signum).name
+
+    def close(self) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)

@@ -1,0 +1,131 @@
+"""The training loop every job shares (the smoke job, Octo fine-tuning): resume, steps, stop signals, checkpoints.
+
+    result = train.fit(policy, optimizer, data, train.TrainConfig(steps=100, save_dir="runs/x"), tracker=tracker)
+
+Runs on every process after ``runtime.initialize``; the model only supplies ``init``/``loss`` (``policy.py``) and the
+data only this process's slice (``data.py``). Checkpoints hold the state (params, optimizer state, base RNG, step)
+and the data position, so a resumed run draws the same batches and dropout masks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Optional
+
+from octo_dist import checkpoint, ranklog
+from octo_dist.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    seed: int = 0
+    step_fn: str = "jit"
+    save_dir: Optional[str] = None
+    save_every: int = 0          # steps between checkpoints; 0 = only at the end and on a stop signal
+    resume: bool = False
+    max_to_keep: int = 3
+    log_every: int = 1
+
+
+@dataclasses.dataclass
+class FitResult:
+    start_step: int
+    end_step: int
+    losses: dict                 # step -> loss of the batch at that step (on every rank)
+    stopped_by: Optional[str]    # "SIGTERM", "SIGUSR1", ... when a stop signal ended the run early
+    params_digest: str           # engine.tree_digest of this rank's parameters
+    state: Any = None
+
+
+def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], directory) -> None:
+    """Refuse to continue a checkpoint made with another global batch, seed, model...: the losses would not match."""
+    saved = meta.get("fingerprint", {})
+    differ = {k: (saved.get(k), v) for k, v in fingerprint.items() if k in saved and saved[k] != v}
+    if differ:
+        found = ", ".join(f"{k}={old!r} (now {new!r})" for k, (old, new) in sorted(differ.items()))
+        raise CheckpointError(f"{directory} was written with {found}; expected the same settings to resume. "
+                              f"Fix: rerun with those settings, or start anew in another save directory")
+
+
+def resolve_start(ckpt, cfg: TrainConfig) -> Optional[int]:
+    """The checkpoint step to resume from (None: start at 0). Refuses to write over an earlier run's checkpoints."""
+    latest = ckpt.latest_step()
+    if latest is None:
+        if cfg.resume:
+            log.info("--resume: no checkpoint in %s yet; starting at step 0", ckpt.directory)
+        return None
+    if not cfg.resume:
+        raise CheckpointError(f"{ckpt.directory} already holds checkpoints (latest: step {latest}) and --resume was not "
+                              f"given; expected an empty or new directory. Fix: add --resume to continue that run, or "
+                              f"choose another save directory (nothing was overwritten)")
+    return latest
+
+
+def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
+        fingerprint: Optional[Mapping[str, Any]] = None,
+        on_step: Optional[Callable[[int, dict], None]] = None, stop=None) -> FitResult:
+    """Train ``cfg.steps`` steps in total (a resumed run does the remainder). Call on every process.
+
+    ``stop``: a ``stopping.StopSignal`` the caller installed before start-up, so that a wall-time signal during
+    start-up or compilation is honoured too (default: one installed here)."""
+    import jax
+
+    from octo_dist import engine, stopping
+
+    rank = jax.process_index()
+    fingerprint = dict(fingerprint or {})
+    ckpt = checkpoint.open_checkpoints(cfg.save_dir, cfg.max_to_keep)
+    owned = stop is None
+    stop = stop or stopping.StopSignal()
+    try:
+        resume_from = resolve_start(ckpt, cfg)
+        start = resume_from or 0
+        eng = engine.Engine(engine.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
+        batches = data.batches(start)
+        first = next(batches)
+        state = eng.init_state(policy, eng.global_batch(first), cfg.seed, params)
+        if resume_from is not None:
+            # The fresh state is the template (shapes, dtypes, shardings) the checkpoint is read into.
+            state, meta = ckpt.restore(resume_from, eng.abstract_state(state))
+            check_resumable(meta, fingerprint, ckpt.directory)
+            log.info("resumed from %s: step %d of %d", ckpt.directory / str(resume_from), start, cfg.steps)
+        batches = _prepend(first, batches)
+
+        losses: dict = {}
+        stopped_by = None
+        last_saved = resume_from
+        done = start
+        for step in ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"):
+            state, metrics = eng.step(state, eng.global_batch(next(batches)), stop.pending)
+            values = {k: float(v) for k, v in engine.to_host(metrics).items()}
+            agreed_signal = int(values.pop(engine.STOP))
+            losses[step] = values["loss"]
+            if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+                tracker.log(values, step)
+            if on_step is not None:
+                on_step(step, values)
+            done = step + 1
+            if agreed_signal:
+                stopped_by = stop.name(agreed_signal)
+                log.warning("stopping after step %d on %s: saving a checkpoint, then exiting 0", done, stopped_by)
+                break
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+                ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+                last_saved = done
+        if cfg.save_dir and last_saved != done:
+            ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+        return FitResult(start_step=start, end_step=done, losses=losses, stopped_by=stopped_by,
+                         params_digest=engine.tree_digest(state.params), state=state)
+    finally:
+        if owned:
+            stop.close()
+        ckpt.close()
+
+
+def _prepend(first, rest):
+    yield first
+    yield from rest

@@ -1,0 +1,24 @@
+"""Run twice by tests/test_engine.py with one cache directory: prints whether JAX hit its persistent cache.
+
+usage: python compile_cache.py DIR   (XLA_FLAGS must hold --xla_cpu_use_xla_runtime=true: JAX caches on the CPU
+only then, and that runtime cannot execute every op, so this program jits an elementwise function)
+"""
+
+import io
+import json
+import logging
+import sys
+
+from octo_dist import compile_cache
+
+captured = io.StringIO()
+handler = logging.StreamHandler(captured)
+logging.getLogger("jax._src.compiler").addHandler(handler)
+logging.getLogger("jax._src.compiler").setLevel(logging.DEBUG)
+
+compile_cache.enable(sys.argv[1], min_compile_secs=0)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+value = float(jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(8.0)).sum())
+print(json.dumps({"jax": jax.__version__, "value": value, "hit": "Persistent compilation cache hit" in captured.getvalue()}))

@@ -1,0 +1,80 @@
+"""Run by tests/test_engine.py in one process with forced host devices, on jax 0.4.20 (the production pin) and
+0.4.22: prints one JSON object of what it observed.
+
+usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 python sharding.py
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from octo_dist import data, engine
+from octo_dist.tiny_policy import TinyPolicy
+
+out = {"jax": jax.__version__, "devices": jax.device_count()}
+ndev = jax.device_count()
+tx = optax.adam(1e-3)
+
+
+def run(devices, step_fn, steps=2):
+    """Losses of ``steps`` steps on ``devices``; the engine and last state are kept for the checks below."""
+    eng = engine.Engine(engine.make_mesh(devices), policy.loss, tx, step_fn=step_fn)
+    src = data.SyntheticData(data.Spec(), 2 * ndev, 0, 1, len(devices))
+    state = eng.init_state(policy, eng.global_batch(src.batch(0)))
+    got = []
+    for s in range(steps):
+        batch = eng.global_batch(src.batch(s))
+        out.setdefault("batch_sharding", {})[step_fn] = str(batch["action"].sharding.spec)
+        # Any implicit host<->device copy inside the step (numpy sneaking in) raises here.
+        with jax.transfer_guard("disallow"):
+            state, metrics = eng.step(state, batch)
+        got.append(float(engine.to_host(metrics)["loss"]))
+    out.setdefault("replicated", {})[step_fn] = all(
+        x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(state.params))
+    return got, eng, state
+
+
+# The same global batches on 1 device and on every device, with jit and with shard_map: the same losses.
+# (Without dropout: shard_map draws masks per device, so with dropout its losses depend on the device count.)
+policy = TinyPolicy(dropout=0.0)
+out["losses"] = {"jit_one": run(jax.devices()[:1], "jit")[0], "shard_map_many": run(jax.devices(), "shard_map")[0]}
+out["losses"]["jit_many"], eng, state = run(jax.devices(), "jit")
+
+# Batch sizes at NDEV-1, NDEV, NDEV+1: the odd ones are refused before anything is compiled.
+out["batch_sizes"] = {}
+for b in (ndev - 1, ndev, ndev + 1):
+    try:
+        data.SyntheticData(data.Spec(), b, 0, 1, ndev)
+        out["batch_sizes"][b] = "ok"
+    except data.BatchSizeError as e:
+        out["batch_sizes"][b] = str(e)
+
+# numpy straight into the sharded step: an implicit transfer, refused under the guard.
+src = data.SyntheticData(data.Spec(), 2 * ndev, 0, 1, ndev)
+try:
+    with jax.transfer_guard("disallow"):
+        eng.step(state, src.batch(0))
+    out["numpy_input"] = "accepted"
+except Exception as e:  # noqa: BLE001 - the type differs across versions; the message is what matters
+    out["numpy_input"] = f"{type(e).__name__}: {e}"[:200]
+
+# shard_map's replication check: erf_inv (Octo's diffusion head) has a rule only from 0.4.22 on.
+def erf_loss(params, batch, rng, train):
+    return jnp.mean(jax.scipy.special.erfinv(jnp.tanh(params["w"] * batch["x"]))), {}
+
+x = {"x": np.linspace(-0.5, 0.5, ndev * 2, dtype=np.float32).reshape(ndev * 2, 1)}
+out["check_rep_default"] = engine.default_check_rep(jax.__version__)
+for check in (True, None):
+    key = "forced" if check else "default"
+    try:
+        e2 = engine.Engine(engine.make_mesh(), erf_loss, optax.sgd(0.1), step_fn="shard_map", check_rep=check)
+        st = e2.init_state(None, None, params={"w": np.ones((1,), np.float32)})
+        e2.step(st, e2.global_batch(x))
+        out.setdefault("erf_inv", {})[key] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out.setdefault("erf_inv", {})[key] = f"{type(e).__name__}: {e}"[:200]
+
+print(json.dumps(out))

@@ -1,0 +1,117 @@
+"""The engine on forced CPU devices in one process, on the production pin jax 0.4.20 and on 0.4.22; pure checks."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROGRAMS, REPO, clean_env, json_lines
+from octo_dist import data, engine
+
+JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"
+NDEV = 4
+
+
+def run_sharding(python) -> dict:
+    env = clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}")
+    proc = subprocess.run([str(python), str(PROGRAMS / "sharding.py")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json_lines(proc.stdout)[-1]
+
+
+@pytest.fixture(scope="module", params=["0.4.20", "0.4.22"])
+def observed(request):
+    if request.param == "0.4.20":
+        if not JAX020_PYTHON.exists():
+            pytest.skip("needs .venv-jax020 (make jax020-env)")
+        return run_sharding(JAX020_PYTHON)
+    return run_sharding(sys.executable)
+
+
+def close(a, b, rel=1e-5):
+    return all(abs(x - y) <= rel * max(abs(x), abs(y)) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_runs_on_the_pinned_version_with_forced_devices(observed):
+    assert observed["devices"] == NDEV
+    assert observed["jax"] in ("0.4.20", "0.4.22")
+
+
+def test_one_device_and_all_devices_give_the_same_losses(observed):
+    losses = observed["losses"]
+    assert close(losses["jit_one"], losses["jit_many"]), losses
+    assert close(losses["jit_one"], losses["shard_map_many"]), losses
+    assert losses["jit_one"][-1] < losses["jit_one"][0]  # it learns
+
+
+def test_inputs_are_batch_sharded_global_arrays_and_state_stays_replicated(observed):
+    assert observed["batch_sharding"] == {"jit": "PartitionSpec('batch',)", "shard_map": "PartitionSpec('batch',)"}
+    assert observed["replicated"] == {"jit": True, "shard_map": True}
+    # numpy handed to the sharded step is an implicit transfer: the seed's class of error, caught by the guard.
+    assert "Disallowed host-to-device transfer" in observed["numpy_input"]
+
+
+def test_batch_sizes_at_ndev_plus_minus_one(observed):
+    sizes = observed["batch_sizes"]
+    assert sizes[str(NDEV)] == "ok"
+    assert f"global batch {NDEV - 1} does not divide by the {NDEV} devices" in sizes[str(NDEV - 1)]
+    assert f"use a global batch of {NDEV} or {2 * NDEV}" in sizes[str(NDEV + 1)]
+
+
+def test_shard_map_replication_check_follows_the_jax_version(observed):
+    erf = observed["erf_inv"]
+    assert erf["default"] == "ok"
+    if observed["jax"] == "0.4.20":
+        assert observed["check_rep_default"] is False
+        assert "No replication rule for erf_inv" in erf["forced"]  # what the seed hit, and why check_rep=False
+    else:
+        assert observed["check_rep_default"] is True and erf["forced"] == "ok"
+
+
+# --- pure -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch,procs,devs,expected", [(8, 2, 2, 4), (8, 1, 4, 8), (16, 2, 8, 8), (8, 8, 8, 1)])
+def test_local_batch_size(batch, procs, devs, expected):
+    assert data.local_batch_size(batch, procs, devs) == expected
+
+
+@pytest.mark.parametrize("batch,devs", [(7, 2), (6, 4), (0, 2), (2, 4)])
+def test_batches_that_do_not_divide_are_refused(batch, devs):
+    with pytest.raises(data.BatchSizeError, match=f"expected .*multiple of {devs}"):
+        data.local_batch_size(batch, 2, devs)
+
+
+def test_synthetic_examples_do_not_depend_on_the_process_split():
+    whole = data.SyntheticData(data.Spec(), 8, 0, 1, 2).batch(3)
+    halves = [data.SyntheticData(data.Spec(), 8, p, 2, 2) for p in range(2)]
+    parts = [h.batch(3) for h in halves]
+    for a, b in ((whole["action"][:4], parts[0]["action"]), (whole["action"][4:], parts[1]["action"])):
+        assert (a == b).all()
+    assert [h.reads for h in halves] == [4, 4]  # each process made only its own examples
+    assert not (parts[0]["observation"]["image_primary"] == parts[1]["observation"]["image_primary"]).all()
+
+
+def test_version_and_check_rep_parsing():
+    assert engine.version_tuple("0.4.20+cuda11.cudnn86") == (0, 4, 20)
+    assert engine.default_check_rep("0.4.20") is False and engine.default_check_rep("0.4.22") is True
+
+
+@pytest.mark.parametrize("version", ["0.4.20", "0.4.22"])
+def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_process(version, tmp_path):
+    python = JAX020_PYTHON if version == "0.4.20" else Path(sys.executable)
+    if not python.exists():
+        pytest.skip("needs .venv-jax020 (make jax020-env)")
+    env = clean_env(XLA_FLAGS="--xla_cpu_use_xla_runtime=true")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([str(python), str(PROGRAMS / "compile_cache.py"), str(tmp_path / "cache")],
+                              capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json_lines(proc.stdout)[-1])
+    assert [r["jax"] for r in runs] == [version, version]
+    assert [r["hit"] for r in runs] == [False, True]  # 0.4.20 via initialize_cache, 0.4.22 via the config option
+    assert runs[0]["value"] == runs[1]["value"]
+    entries = [p.name for p in (tmp_path / "cache").iterdir()]
+    assert entries and not any(n.startswith("_temp_") for n in entries)

@@ -1,0 +1,190 @@
+"""The smoke job end to end under a real mpirun: N-process = 1-process equivalence, per-rank input counts,
+stop on a scheduler's signal, checkpoint, resume; and the pure verdicts behind them."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, clean_env
+from octo_dist import equivalence, smoke, train
+from octo_dist.checkpoint import CheckpointError, NoCheckpoints
+
+SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny"]
+
+
+# --- pure -----------------------------------------------------------------------------------------------
+
+def rec(losses, digests=("d", "d"), reads=(4, 4), ranks=2, devices=2):
+    return {"losses": {str(i): v for i, v in enumerate(losses)}, "digests": list(digests),
+            "reads_per_step": list(reads), "global_batch": 8, "ranks": ranks, "devices": devices}
+
+
+def test_equivalent_runs_pass_and_each_departure_is_named():
+    ref = rec([1.0, 0.5, 0.25])
+    assert equivalence.compare(ref, rec([1.0, 0.5000001, 0.25]), 2, 1e-5) == []
+    assert "step 1: loss 0.50002" in equivalence.compare(ref, rec([1.0, 0.50002, 0.25]), 2, 1e-5)[0]
+    assert "parameters differ across ranks" in equivalence.compare(ref, rec([1.0, 0.5, 0.25], ("a", "b")), 2, 1e-5)[0]
+    assert "expected 4 (global batch / 2)" in equivalence.compare(ref, rec([1.0, 0.5, 0.25], reads=(8, 8)), 2, 1e-5)[0]
+    assert "steps differ" in equivalence.compare(ref, rec([1.0, 0.5]), 2, 1e-5)[0]
+    assert equivalence.max_relative(ref, rec([1.0, 0.5, 0.2500025])) == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_verdict_names_ranks_devices_steps_and_losses():
+    r = dict(rec([0.83, 0.02]), model="tiny", local_devices=1, platform="cpu", steps=2, start_step=0, end_step=2,
+             stopped_by=None)
+    text = smoke.verdict(r)
+    assert "2 rank(s) x 1 cpu device(s) = 2 device(s), global batch 8 (4 per rank" in text
+    assert "steps 0 -> 2 of 2, loss 0.8300 -> 0.0200" in text and "identical on every rank" in text
+    assert "DIFFER across ranks" in smoke.verdict(dict(r, digests=["a", "b"]))
+
+
+def test_resuming_refuses_other_settings_and_fresh_runs_refuse_old_checkpoints(tmp_path):
+    train.check_resumable({"fingerprint": {"global_batch": 8, "seed": 0}}, {"global_batch": 8, "seed": 0}, tmp_path)
+    with pytest.raises(CheckpointError, match=r"global_batch=8 \(now 16\)"):
+        train.check_resumable({"fingerprint": {"global_batch": 8}}, {"global_batch": 16}, tmp_path)
+
+    class Saved(NoCheckpoints):
+        directory = tmp_path
+
+        def latest_step(self):
+            return 12
+
+    with pytest.raises(CheckpointError, match="latest: step 12.*add --resume"):
+        train.resolve_start(Saved(), train.TrainConfig(steps=20))
+    assert train.resolve_start(Saved(), train.TrainConfig(steps=20, resume=True)) == 12
+    assert train.resolve_start(NoCheckpoints(), train.TrainConfig(steps=20, resume=True)) is None
+
+
+# --- real processes -------------------------------------------------------------------------------------
+
+def mpirun_smoke(np_, *args, env=None, **popen):
+    exe = Path(sys.executable).parent / "mpirun"
+    if not exe.exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+    cmd = [str(exe), "--oversubscribe", "-np", str(np_), sys.executable, *SMOKE, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or clean_env(),
+                            cwd=REPO, **popen)
+
+
+def finish(proc, timeout=240):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_make_smoke_runs_two_ranks_and_matches_one_process():
+    # What a new user runs first; the env already exists here, so make only runs the job.
+    proc = subprocess.run(["make", "--no-print-directory", "smoke", "SMOKE_ARGS=--model tiny"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "1 rank(s) x 2 cpu device(s)" in out and "2 rank(s) x 1 cpu device(s) = 2 device(s)" in out
+    assert "read per rank per step: [4]" in out  # each rank read global batch / 2 examples per step
+    assert "steps 0 -> 20 of 20" in out
+    assert "equivalence: OK: 20 steps, 2 processes x 1 device match 1 process x 2 devices" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_shard_map_variant_is_equivalent_too(tmp_path):
+    proc = subprocess.run([sys.executable, *SMOKE, "--check-equivalence", "--np", "2", "--step-fn", "shard_map",
+                           "--steps", "4"], cwd=REPO, capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "equivalence: OK: 4 steps" in proc.stdout
+
+
+def wait_for(path: Path, proc, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the job ended before its first checkpoint: " + proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.2)
+
+
+def ranks_of(proc) -> list:
+    return [p for p in psutil.Process(proc.pid).children(recursive=True) if "octo_dist" in " ".join(p.cmdline())]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path):
+    # Enough steps (and a save every 4) that the signal lands well before the end on a fast machine.
+    steps = "120"
+    full = mpirun_smoke(2, "--steps", steps, "--record", str(tmp_path / "full.json"))
+    code, out, err = finish(full)
+    assert code == 0, err[-3000:]
+
+    ckpt = tmp_path / "ckpt"
+    job = mpirun_smoke(2, "--steps", steps, "--save-dir", str(ckpt), "--save-every", "4",
+                       "--record", str(tmp_path / "part.json"))
+    wait_for(ckpt / "4", job)
+    # What PBS and SLURM do at wall time: SIGTERM to every process of the job.
+    for p in ranks_of(job):
+        p.send_signal(signal.SIGTERM)
+    code, out, err = finish(job, timeout=120)
+    assert code == 0, err[-3000:]
+    part = json.loads((tmp_path / "part.json").read_text())
+    stop = part["end_step"]
+    assert part["stopped_by"] == "SIGTERM" and 4 <= stop < 120, part
+    assert (ckpt / str(stop)).is_dir()
+    assert "stopped by SIGTERM (checkpoint saved)" in out
+
+    resumed = mpirun_smoke(2, "--steps", steps, "--save-dir", str(ckpt), "--resume",
+                           "--record", str(tmp_path / "resumed.json"))
+    code, out, err = finish(resumed)
+    assert code == 0, err[-3000:]
+    again = json.loads((tmp_path / "resumed.json").read_text())
+    whole = json.loads((tmp_path / "full.json").read_text())
+    assert again["start_step"] == stop and again["end_step"] == 120
+    for k, loss in again["losses"].items():
+        assert loss == pytest.approx(whole["losses"][k], rel=1e-6), k
+    for k, loss in part["losses"].items():
+        assert loss == pytest.approx(whole["losses"][k], rel=1e-6), k
+    # Optimizer state, RNG and data position all came back: the final parameters are the same bits.
+    assert again["digests"][0] == whole["digests"][0]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigusr1_to_mpirun_sge_notify_stops_every_rank_and_a_half_written_checkpoint_is_ignored(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = mpirun_smoke(2, "--steps", "400", "--save-dir", str(ckpt), "--save-every", "3",
+                       "--record", str(tmp_path / "part.json"))
+    wait_for(ckpt / "3", job)
+    job.send_signal(signal.SIGUSR1)  # to mpirun itself, which forwards it to every rank
+    code, out, err = finish(job, timeout=120)
+    assert code == 0, err[-3000:]
+    stop = json.loads((tmp_path / "part.json").read_text())["end_step"]
+    assert "stopped by SIGUSR1" in out
+
+    # A kill mid-write leaves orbax's temporary directory: fabricate one past the last complete checkpoint.
+    torn = ckpt / f"{stop + 5}.orbax-checkpoint-tmp-1796280000000000"
+    (torn / "state").mkdir(parents=True)
+    (torn / "state" / "garbage").write_text("half written")
+    before = sorted(p.name for p in ckpt.iterdir() if p.name.isdigit())
+
+    # Without --resume the directory is left alone: refused before anything is compiled or written.
+    code, out, err = finish(mpirun_smoke(2, "--steps", "400", "--save-dir", str(ckpt)))
+    assert code == smoke.EXIT_USAGE, err[-3000:]
+    assert f"already holds checkpoints (latest: step {stop})" in err and "add --resume" in err
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == before
+
+    code, out, err = finish(mpirun_smoke(2, "--steps", str(stop + 2), "--save-dir", str(ckpt), "--resume"))
+    assert code == 0, err[-3000:]
+    assert f"steps {stop} -> {stop + 2} of {stop + 2}" in out
+    assert not torn.exists()
+
+
+@pytest.mark.mpi
+def test_a_global_batch_that_does_not_divide_is_refused_before_compiling():
+    code, out, err = finish(mpirun_smoke(2, "--global-batch", "7", "--steps", "2"), timeout=120)
+    assert code == smoke.EXIT_USAGE
+    assert "global batch 7 does not divide by the 2 devices" in err and "use a global batch of 6 or 8" in err
+    assert "train:" not in err  # not one step was started
