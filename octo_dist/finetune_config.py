@@ -1,0 +1,414 @@
+"""The fine-tune job's command line and configuration, checked before any rank starts: no Octo, no JAX here.
+
+    python scripts/finetune.py --config=scripts/configs/finetune_config.py:head_only,image_conditioned \
+        --config.pretrained_path=weights/octo-small --config.batch_size=256 --name=my_run --debug
+
+The flags are the fork's (``--config`` ml_collections file with ``--config.<field>=...`` overrides, ``--name``,
+``--debug``) plus ``--resume``. :func:`problems` checks what would otherwise fail minutes later on every rank: the
+pretrained checkpoint (a local directory with Octo's layout, or an ``hf://`` repository that is cached or reachable;
+compute nodes often have no internet) and the RLDS dataset directory. Octo module specs are written as plain dicts
+(:func:`module_spec`), what ``octo.utils.spec.ModuleSpec.create`` returns, so config files load without Octo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+
+FINETUNING_MODES = ("full", "head_only", "head_mlp_only")
+MODALITIES = ("image_conditioned", "language_conditioned", "multimodal")
+HF_PREFIX = "hf://"
+# What OctoModel.load_pretrained reads from a checkpoint directory, besides at least one <step>/ directory.
+CHECKPOINT_FILES = ("config.json", "example_batch.msgpack", "dataset_statistics.json")
+DEFAULT_HF_MODEL = "hf://rail-berkeley/octo-small"
+WEIGHTS_FIX = ("on a login node: make weights (downloads {hf} into weights/), "
+               "then --config.pretrained_path=weights/{leaf}")
+
+# probe(repo_id) -> None when the repository is usable (cached or reachable), else why not.
+HfProbe = Callable[[str], Optional[str]]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run; raised before the distributed runtime starts."""
+
+
+def module_spec(target: str, *args: Any, **kwargs: Any) -> dict:
+    """``"octo.model.components.tokenizers:ImageTokenizer"`` -> the dict ``ModuleSpec.create`` makes of it."""
+    if target.count(":") != 1:
+        raise ValueError(f"module spec {target!r}; expected 'package.module:name'")
+    module, name = target.split(":")
+    return {"module": module, "name": name, "args": tuple(args), "kwargs": dict(kwargs)}
+
+
+def parse_mode(config_string: str) -> Tuple[str, str]:
+    """``"head_only,image_conditioned"`` -> (finetuning mode, modality), as the fork's ``get_config`` accepts."""
+    parts = [p.strip() for p in config_string.split(",")]
+    if len(parts) != 2 or parts[0] not in FINETUNING_MODES or parts[1] not in MODALITIES:
+        raise ConfigError(f"config string {config_string!r}; expected '<mode>,<modality>' with mode one of "
+                          f"{FINETUNING_MODES} and modality one of {MODALITIES} "
+                          f"(e.g. --config=scripts/configs/finetune_config.py:head_only,image_conditioned)")
+    return parts[0], parts[1]
+
+
+def frozen_keys(mode: str) -> Optional[tuple]:
+    """Parameter patterns (fnmatch over '.'-joined paths) the optimizer leaves alone, per fine-tuning mode.
+
+    None means "the pretrained model's own ``optimizer.frozen_keys``" (the fork's ``full`` mode).
+    """
+    if mode == "full":
+        return None
+    if mode == "head_only":
+        return ("octo_transformer.*",)
+    if mode == "head_mlp_only":
+        return ("octo_transformer.*", "heads_*.map_head.probe", "heads_*.map_head.MultiHeadDotProductAttention_0.*")
+    raise ConfigError(f"finetuning_mode {mode!r}; expected one of {FINETUNING_MODES}")
+
+
+def tiny_model_config(action_horizon: int = 4, action_dim: int = 7, *, token_dim: int = 64, layers: int = 2) -> dict:
+    """A tiny Octo (the ``model`` entry of an Octo config) for smoke runs: one image tokenizer over
+    ``image_primary`` (observation and goal stacked, as Octo-Small), a diffusion action head as in the fork's
+    pretraining config, a 2-layer transformer of width 64. No text model, nothing to download. The image stem is
+    Octo's PatchEncoder (one 16x16 convolution): Octo-Small's SmallStem16 doubles the train step's compile time on
+    the CPU (measured 14 s vs 7 s here) and a smoke run is mostly compilation."""
+    return {
+        "observation_tokenizers": {
+            "primary": module_spec(
+                "octo.model.components.tokenizers:ImageTokenizer", obs_stack_keys=["image_primary"],
+                task_stack_keys=["image_primary"],
+                encoder=module_spec("octo.model.components.vit_encoders:PatchEncoder", patch_size=16,
+                                    num_features=token_dim)),
+        },
+        "task_tokenizers": {},
+        "heads": {
+            "action": module_spec(
+                "octo.model.components.action_heads:DiffusionActionHead", readout_key="readout_action",
+                use_map=False, action_horizon=action_horizon, action_dim=action_dim, n_diffusion_samples=1,
+                dropout_rate=0.0, hidden_dim=64, num_blocks=1, diffusion_steps=20),
+        },
+        "readouts": {"action": 1},
+        "token_embedding_size": token_dim,
+        "transformer_kwargs": {"num_layers": layers, "mlp_dim": 2 * token_dim, "num_attention_heads": 2,
+                               "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "add_position_embedding": False},
+        "max_horizon": 10,
+        "repeat_task_tokens": True,
+        "use_correct_attention": True,
+    }
+
+
+# --- the model config: the pretrained one, edited as the fork edits it ------------------------------------------
+
+def _flat_keys(d: Mapping, prefix: tuple = ()) -> dict:
+    """{("a", "b"): leaf}; an empty dict is a leaf (flax's keep_empty_nodes), so it survives a round trip."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_flat_keys(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _unflat(flat: Mapping[tuple, Any]) -> dict:
+    out: dict = {}
+    for keys, v in flat.items():
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = dict(v) if isinstance(v, Mapping) else v
+    return out
+
+
+def _update(target: dict, other: Mapping) -> dict:
+    # ConfigDict.update: nested dicts merge key by key; anything else replaces.
+    for k, v in other.items():
+        if isinstance(v, Mapping) and isinstance(target.get(k), dict):
+            _update(target[k], v)
+        else:
+            target[k] = _unflat(_flat_keys(v)) if isinstance(v, Mapping) else v
+    return target
+
+
+def edit_model_config(base: Mapping, delete: Optional[Mapping] = None, update: Optional[Mapping] = None) -> dict:
+    """The fork's ``config_delete_keys`` then ``update_config``, as plain dicts.
+
+    ``delete={"model": {"heads": {"action": None}}}`` removes every key whose dotted path starts with
+    ``model.heads.action`` (a prefix match, as the fork does); ``update`` then merges key by key.
+    """
+    flat = _flat_keys(base)
+    for d_key in _flat_keys(delete or {}):
+        prefix = ".".join(map(str, d_key))
+        for c_key in [c for c in flat if ".".join(map(str, c)).startswith(prefix)]:
+            del flat[c_key]
+    return _update(_unflat(flat), update or {})
+
+
+def resolve_frozen_keys(config: Mapping, model_config: Mapping) -> tuple:
+    """The optimizer's frozen keys: ``optimizer.frozen_keys`` if set (the fork's config string sets it per mode);
+    else the ``finetuning_mode``'s (so ``--config.finetuning_mode=head_only`` alone works); in ``full`` mode the
+    pretrained model's own ``optimizer.frozen_keys`` (Octo-Small freezes its T5 encoder: ``*hf_model*``)."""
+    explicit = (config.get("optimizer") or {}).get("frozen_keys")
+    if explicit is not None:
+        return tuple(explicit)
+    by_mode = frozen_keys(config.get("finetuning_mode", "full"))
+    if by_mode is not None:
+        return by_mode
+    return tuple((model_config.get("optimizer") or {}).get("frozen_keys") or ())
+
+
+# --- names and directories --------------------------------------------------------------------------------------
+
+def _flatten(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}_{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def format_name(name: str, config: Mapping) -> str:
+    """The fork's ``format_name_with_config``: ``"ft_{batch_size}_{finetuning_mode}"`` -> ``"ft_256_full"``.
+
+    Keys are a leaf's name or its full path joined by ``_`` (``{dataset_kwargs_name}``).
+    """
+    flat = _flatten(config)
+    values = {**{k.split("_")[-1]: v for k, v in flat.items()}, **flat}
+    try:
+        return name.format(**values)
+    except (KeyError, IndexError) as e:
+        raise ConfigError(f"--name={name!r} names {e} which is not a config field; expected fields like "
+                          f"{{batch_size}} or {{dataset_kwargs_name}}") from None
+
+
+def run_dir(config: Mapping, name: str) -> Optional[str]:
+    """``<save_dir>/<wandb.project>/<wandb.group>/<name>``, or None without a save_dir.
+
+    The fork appends a timestamp (a new directory each launch). Here the directory depends only on the flags, so a
+    job requeued after its wall time finds its own checkpoints (``--resume``), and a second run with the same name
+    is refused instead of mixed in.
+    """
+    if not config.get("save_dir"):
+        return None
+    wandb = config.get("wandb") or {}
+    parts = [str(config["save_dir"]), str(wandb.get("project") or "octo_finetune")]
+    if wandb.get("group"):
+        parts.append(str(wandb["group"]))
+    parts.append(format_name(name, config))
+    return os.path.join(*parts)
+
+
+def saved_steps(directory: str | Path) -> list:
+    """Finished checkpoint steps in an orbax directory (``3/``, ``6/``; half-written ``3.orbax-checkpoint-tmp-*``
+    directories are not steps)."""
+    d = Path(directory)
+    return sorted(int(c.name) for c in d.iterdir() if c.is_dir() and c.name.isdigit()) if d.is_dir() else []
+
+
+def resume_problem(train_state_dir: Optional[str], resume: bool) -> Optional[str]:
+    """Checkpoints already there without ``--resume``: refused before start-up (octo_dist.train refuses it too, but
+    only after every rank has loaded data and compiled the model)."""
+    steps = saved_steps(train_state_dir) if train_state_dir else []
+    if steps and not resume:
+        return (f"{train_state_dir} already holds checkpoints (latest: step {steps[-1]}) and --resume was not given; "
+                f"expected a new run directory. Fix: add --resume to continue that run, or pick another --name or "
+                f"--config.save_dir (nothing was overwritten)")
+    return None
+
+
+# --- checks over the config: what must exist before any rank compiles ------------------------------------------
+
+def _is_remote(path: str) -> bool:
+    # gs://bucket/... is read by tf.io.gfile; it cannot be checked without credentials and network.
+    return bool(re.match(r"^[a-z][a-z0-9+.-]*://", path)) and not path.startswith(HF_PREFIX)
+
+
+def checkpoint_problems(path: str | Path) -> list:
+    """What a local Octo checkpoint directory lacks (empty: ``OctoModel.load_pretrained`` can read it)."""
+    p = Path(path)
+    if not p.is_dir():
+        return [f"pretrained checkpoint {str(path)!r} is not a directory"]
+    missing = [f for f in CHECKPOINT_FILES if not (p / f).is_file()]
+    steps = sorted(int(c.name) for c in p.iterdir() if c.is_dir() and c.name.isdigit())
+    problems = []
+    if missing:
+        problems.append(f"pretrained checkpoint {str(path)!r} lacks {', '.join(missing)}")
+    if not steps:
+        problems.append(f"pretrained checkpoint {str(path)!r} has no <step>/ directory of parameters")
+    return problems
+
+
+def hf_repo(path: str) -> str:
+    """``"hf://rail-berkeley/octo-small"`` -> ``"rail-berkeley/octo-small"``."""
+    repo = path[len(HF_PREFIX):].strip("/")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ConfigError(f"pretrained_path {path!r}; expected hf://<owner>/<name>")
+    return repo
+
+
+def weights_fix(hf_path: str = DEFAULT_HF_MODEL) -> str:
+    return WEIGHTS_FIX.format(hf=hf_path, leaf=hf_path.rstrip("/").split("/")[-1])
+
+
+def hf_dependencies(model_config: Mapping) -> list:
+    """Hugging Face repositories a model config loads at start-up besides its weights: the text processor's
+    tokenizer (``HFTokenizer(tokenizer_name="t5-base")``) and language encoders (``LanguageTokenizer(encoder=...)``,
+    whose ``setup`` reads the encoder's config). Octo-Small needs ``t5-base`` for both."""
+    found = []
+    tp = model_config.get("text_processor") or {}
+    if isinstance(tp, Mapping) and (tp.get("kwargs") or {}).get("tokenizer_name"):
+        found.append(tp["kwargs"]["tokenizer_name"])
+    for spec in ((model_config.get("model") or {}).get("task_tokenizers") or {}).values():
+        if isinstance(spec, Mapping) and (spec.get("kwargs") or {}).get("encoder"):
+            found.append(spec["kwargs"]["encoder"])
+    return sorted(set(found))
+
+
+def _dependency_problems(path: str, model_config: Mapping, probe: HfProbe) -> list:
+    out = []
+    for repo in hf_dependencies(model_config):
+        why = probe(repo)
+        if why is not None:
+            out.append(f"pretrained model {path} loads {repo!r} from Hugging Face at start-up (tokenizer / encoder "
+                       f"config): not in the local cache and the Hub is unreachable ({why}). Fix: on a login node: "
+                       f"make weights (caches {repo} in ~/.cache/huggingface too), and export HF_HUB_OFFLINE=1 in "
+                       f"the job")
+    return out
+
+
+def pretrained_problems(config: Mapping, probe: HfProbe) -> list:
+    path = config.get("pretrained_path")
+    if not path:
+        if config.get("model_config"):
+            # A model from config (the smoke config): no weights; a text processor may still need a tokenizer.
+            model_config = edit_model_config(config["model_config"], config.get("config_delete_keys"),
+                                             config.get("update_config"))
+            return _dependency_problems("config.model_config", model_config, probe)
+        return [f"no model: --config.pretrained_path is unset and the config has no model_config. Fix: "
+                f"{weights_fix()}, or use scripts/configs/finetune_smoke_config.py for a tiny model from config"]
+    path = str(path)
+    if path.startswith(HF_PREFIX):
+        repo = hf_repo(path)
+        why = probe(repo)
+        if why is None:
+            return []
+        return [f"pretrained_path {path}: not in the local Hugging Face cache and the Hub is unreachable ({why}). "
+                f"Compute nodes often have no internet. Fix: {weights_fix(path)}"]
+    if _is_remote(path):
+        return []
+    found = checkpoint_problems(path)
+    if found:
+        found[-1] += (f". Expected a directory written by OctoModel.save_pretrained ({', '.join(CHECKPOINT_FILES)}, "
+                      f"<step>/). Fix: {weights_fix()}")
+        return found
+    try:
+        with open(Path(path) / "config.json") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"pretrained checkpoint {path!r}: config.json cannot be read ({e})"]
+    model_config = edit_model_config(saved, config.get("config_delete_keys"), config.get("update_config"))
+    return _dependency_problems(path, model_config, probe)
+
+
+def dataset_problems(dataset_kwargs: Mapping, smoke_fix: str = "make synthetic-data") -> list:
+    """Whether ``<data_dir>/<name>/<version>/dataset_info.json`` exists, as tfds.builder(name, data_dir) needs."""
+    name, data_dir = dataset_kwargs.get("name"), dataset_kwargs.get("data_dir")
+    if not name or not data_dir:
+        return [f"dataset_kwargs needs name and data_dir (got name={name!r}, data_dir={data_dir!r}). Fix: "
+                f"--config.dataset_kwargs.name=<rlds name> --config.dataset_kwargs.data_dir=<dir holding it>"]
+    data_dir = str(data_dir)
+    if _is_remote(data_dir):
+        return []
+    base, _, version = str(name).partition(":")
+    root = Path(data_dir) / base
+    infos = sorted(root.glob(f"{version or '*'}/dataset_info.json")) if root.is_dir() else []
+    if infos:
+        return []
+    from octo_dist.synthetic_rlds import NAME as SYNTHETIC
+
+    fix = (f"{smoke_fix} (writes it to runs/synthetic_rlds), or --config.dataset_kwargs.data_dir=<where you wrote it>"
+           if base == SYNTHETIC else
+           f"--config.dataset_kwargs.data_dir=<the directory that holds {base}/<version>/>")
+    where = ("does not exist" if not Path(data_dir).is_dir()
+             else f"has no {base}/{version or '<version>'}/dataset_info.json")
+    return [f"dataset {name!r}: data_dir {data_dir!r} (absolute: {Path(data_dir).absolute()}) {where}. Fix: {fix}"]
+
+
+def problems(config: Mapping, probe: HfProbe) -> list:
+    """Everything wrong with ``config`` that can be known before JAX starts, as sentences with a fix each."""
+    out = []
+    mode = config.get("finetuning_mode", "full")
+    if mode not in FINETUNING_MODES:
+        out.append(f"finetuning_mode {mode!r}; expected one of {FINETUNING_MODES}")
+    for key in ("batch_size", "num_steps"):
+        value = config.get(key)
+        if not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+            out.append(f"{key} {value!r}; expected a positive integer (--config.{key}=...)")
+    for key in ("log_interval", "save_interval"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            out.append(f"{key} {value!r}; expected a positive integer (--config.{key}=...)")
+    lr = (config.get("optimizer") or {}).get("learning_rate")
+    if isinstance(lr, Mapping) and lr.get("name") == "cosine":
+        # optax: "The cosine_decay_schedule requires positive decay_steps!", raised after the data is loaded.
+        warmup, decay = lr.get("warmup_steps", 0), lr.get("decay_steps", 0)
+        if not decay > warmup:
+            out.append(f"optimizer.learning_rate: a cosine schedule needs decay_steps ({decay}) > warmup_steps "
+                       f"({warmup}); decay_steps follows num_steps in the shipped configs. Fix: "
+                       f"--config.optimizer.learning_rate.warmup_steps=<fewer than {decay}> or more --config.num_steps")
+    if config.get("pretrained_step") is not None and str(config.get("pretrained_path", "")).startswith(HF_PREFIX):
+        out.append("pretrained_step is set with an hf:// pretrained_path; Octo loads only the latest step from the "
+                   "Hub. Fix: download it (make weights) and point pretrained_path at the local directory")
+    out += pretrained_problems(config, probe)
+    out += dataset_problems(config.get("dataset_kwargs") or {})
+    return out
+
+
+def validate(config: Mapping, probe: HfProbe) -> None:
+    """Raise ConfigError listing every problem (one per line) if there is any."""
+    found = problems(config, probe)
+    if found:
+        raise ConfigError("the fine-tune configuration cannot run:\n  - " + "\n  - ".join(found))
+
+
+# --- flags ------------------------------------------------------------------------------------------------------
+
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "scripts" / "configs" / "finetune_config.py")
+
+
+def define_flags(flag_values, argv: Sequence[str], default_config: str = DEFAULT_CONFIG) -> None:
+    """The fork's flags (``--config``, ``--name``, ``--debug``) and octo-dist's (``--resume``, ``--step_fn``...).
+
+    ``argv`` is needed at definition time: ml_collections registers one flag per ``--config.<field>=`` it sees.
+    """
+    from absl import flags
+    from ml_collections import config_flags
+
+    flags.DEFINE_string("name", "experiment", "Experiment name (may use {config_field}).", flag_values=flag_values)
+    flags.DEFINE_bool("debug", False, "Debug run: wandb disabled.", flag_values=flag_values)
+    flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the run directory.",
+                      flag_values=flag_values)
+    flags.DEFINE_enum("step_fn", "jit", ["jit", "shard_map"], "jit with shardings, or the seed's shard_map variant.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("compile_cache", None, "Persistent compilation cache dir (default $OCTO_DIST_COMPILE_CACHE).",
+                        flag_values=flag_values)
+    config_flags.DEFINE_config_file("config", default_config, "File path to the training hyperparameter configuration.",
+                                    flag_values=flag_values, lock_config=False, sys_argv=list(argv))
+
+
+def parse_flags(argv: Sequence[str], default_config: str = DEFAULT_CONFIG):
+    """argv (program name first) -> the parsed absl FlagValues (``.config``, ``.name``, ``.debug``, ``.resume``)."""
+    from absl import flags
+
+    fv = flags.FlagValues()
+    define_flags(fv, argv, default_config)
+    with warnings.catch_warnings():
+        # ml_collections loads the config file with importlib's deprecated load_module(): not ours to fix.
+        warnings.filterwarnings("ignore", message="the load_module", category=DeprecationWarning)
+        fv(list(argv))
+    return fv

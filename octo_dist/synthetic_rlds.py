@@ -1,0 +1,142 @@
+"""A small synthetic RLDS dataset, written by tensorflow_datasets as real TFRecord files, for the Octo smoke run.
+
+    python -m octo_dist.synthetic_rlds runs/synthetic_rlds      # what `make synthetic-data` runs
+
+It has the layout of the Bridge data the fork's default fine-tune config reads (``octo_dist_synthetic/1.0.0/``,
+``train`` and ``val`` splits), so the fork's own ``bridge_dataset_transform`` standardizes it and
+``make_single_dataset`` loads it with the same ``image_obs_keys={"primary": "image_0"}``,
+``proprio_obs_key="proprio"`` and ``language_key="language_instruction"``. Each step::
+
+    observation: {image_0: uint8[S, S, 3] (JPEG), state: float32[7]}
+    action: float32[7]        # 6 movement dims + gripper in {0, 1}; bridge_dataset_transform relabels the movement
+    language_instruction: str, is_first / is_last / is_terminal: bool, reward / discount: float32
+
+The state is a smooth random walk and the image's colour follows it, so a policy has something to learn. Only
+numpy and tensorflow_datasets are needed: writing it does not need Octo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+NAME = "octo_dist_synthetic"
+DATASET_VERSION = "1.0.0"
+ACTION_DIM = 7
+INSTRUCTIONS = ("pick up the red block", "open the drawer", "push the cup to the left", "wipe the table")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How much to write: ``train_episodes`` + ``val_episodes`` episodes of ``steps`` steps, ``image_size`` pixels."""
+    train_episodes: int = 16
+    val_episodes: int = 4
+    steps: int = 12
+    image_size: int = 64
+    seed: int = 0
+
+
+def episode(layout: Layout, index: int) -> dict:
+    """Episode ``index`` as plain numpy (the same bytes for the same layout, seed and index)."""
+    rng = np.random.default_rng([layout.seed, index])
+    n, s = layout.steps, layout.image_size
+    state = np.cumsum(0.05 * rng.standard_normal((n, ACTION_DIM)), axis=0).astype(np.float32)
+    state[:, -1] = (np.arange(n) < n // 2).astype(np.float32)                 # gripper open, then closed
+    action = np.concatenate([np.diff(state[:, :6], axis=0, append=state[-1:, :6]), state[:, -1:]], axis=1)
+    colour = (np.tanh(state[:, :3]) * 100 + 128).astype(np.uint8)            # (n, 3): the state shows in the image
+    ramp = np.linspace(0.5, 1.0, s, dtype=np.float32)[None, :, None, None]
+    images = (colour[:, None, None, :] * ramp).astype(np.uint8)             # (n, 1, s, 3) -> broadcast rows below
+    images = np.broadcast_to(images, (n, s, s, 3)).copy()
+    instruction = INSTRUCTIONS[index % len(INSTRUCTIONS)]
+    return {
+        "steps": [{
+            "observation": {"image_0": images[t], "state": state[t]},
+            "action": action[t].astype(np.float32),
+            "language_instruction": instruction,
+            "is_first": t == 0, "is_last": t == n - 1, "is_terminal": t == n - 1,
+            "reward": np.float32(t == n - 1), "discount": np.float32(1.0),
+        } for t in range(n)],
+        "episode_metadata": {"file_path": f"synthetic/episode_{index:05d}"},
+    }
+
+
+def _builder_class():
+    # Defined on first use: tensorflow_datasets registers a builder class by name when the class is created,
+    # and importing tensorflow is slow, so a plain `import octo_dist.synthetic_rlds` stays cheap.
+    import tensorflow_datasets as tfds
+
+    existing = globals().get("_BUILDER")
+    if existing is not None:
+        return existing
+
+    class OctoDistSynthetic(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version(DATASET_VERSION)
+        RELEASE_NOTES = {DATASET_VERSION: "Synthetic Bridge-layout RLDS episodes for the octo-dist smoke run."}
+
+        def __init__(self, *, layout: Layout = Layout(), **kwargs):
+            self._layout = layout
+            super().__init__(**kwargs)
+
+        def _info(self):
+            s = self._layout.image_size
+            scalar = lambda dtype: tfds.features.Scalar(dtype=dtype)
+            # DatasetInfo directly: dataset_info_from_configs looks for a README beside the defining module.
+            return tfds.core.DatasetInfo(builder=self, description=__doc__, features=tfds.features.FeaturesDict({
+                "steps": tfds.features.Dataset({
+                    "observation": tfds.features.FeaturesDict({
+                        "image_0": tfds.features.Image(shape=(s, s, 3), dtype=np.uint8, encoding_format="jpeg"),
+                        "state": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                    }),
+                    "action": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                    "language_instruction": tfds.features.Text(),
+                    "is_first": scalar(np.bool_), "is_last": scalar(np.bool_), "is_terminal": scalar(np.bool_),
+                    "reward": scalar(np.float32), "discount": scalar(np.float32),
+                }),
+                "episode_metadata": tfds.features.FeaturesDict({"file_path": tfds.features.Text()}),
+            }))
+
+        def _split_generators(self, dl_manager):
+            lay = self._layout
+            return {"train": self._generate_examples(range(lay.train_episodes)),
+                    "val": self._generate_examples(range(lay.train_episodes, lay.train_episodes + lay.val_episodes))}
+
+        def _generate_examples(self, indices) -> Iterator:
+            for i in indices:
+                yield f"episode_{i:05d}", episode(self._layout, i)
+
+    globals()["_BUILDER"] = OctoDistSynthetic
+    return OctoDistSynthetic
+
+
+def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
+    """Write the dataset under ``data_dir`` (kept if already there); returns ``data_dir/octo_dist_synthetic/1.0.0``."""
+    import tensorflow_datasets as tfds
+
+    data_dir = Path(data_dir).resolve()
+    builder = _builder_class()(layout=layout, data_dir=str(data_dir))
+    # Nothing is downloaded; without download_dir tfds would still create ~/tensorflow-datasets/downloads.
+    builder.download_and_prepare(download_dir=str(data_dir / "downloads"))
+    return data_dir / NAME / DATASET_VERSION
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m octo_dist.synthetic_rlds", description=__doc__.splitlines()[0])
+    p.add_argument("data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)")
+    p.add_argument("--train-episodes", type=int, default=Layout.train_episodes)
+    p.add_argument("--val-episodes", type=int, default=Layout.val_episodes)
+    p.add_argument("--steps", type=int, default=Layout.steps)
+    p.add_argument("--image-size", type=int, default=Layout.image_size)
+    p.add_argument("--seed", type=int, default=Layout.seed)
+    a = p.parse_args(argv)
+    out = write(a.data_dir, Layout(a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed))
+    print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Pretrained Octo weights on disk, for compute nodes without internet.
+
+    python -m octo_dist.weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
+
+``OctoModel.load_pretrained("hf://...")`` calls ``huggingface_hub.snapshot_download`` on every rank at start-up;
+on an ABCI compute node that fails (no route out), after the job has waited for its nodes. Run this once on a login
+node, then pass ``--config.pretrained_path=weights/octo-small``. The model's config names more Hugging Face
+repositories it reads at start-up (Octo-Small: ``t5-base``'s tokenizer and encoder config); their small files are
+put in the default HF cache, where ``transformers`` looks (set ``HF_HUB_OFFLINE=1`` in the job).
+:func:`probe` is the check the fine-tune job runs
+before starting: an ``hf://`` path is usable when it is in the local Hugging Face cache or the Hub answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from octo_dist.finetune_config import DEFAULT_HF_MODEL, HF_PREFIX, checkpoint_problems, hf_dependencies, hf_repo
+
+EXIT_FAILED = 1
+PROBE_TIMEOUT_S = 10.0
+# What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).
+DEPENDENCY_FILES = ["*.json", "*.model", "*.txt"]
+
+
+class WeightsError(RuntimeError):
+    pass
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    # requests' MaxRetryError messages run to several hundred characters; the cause is at the end.
+    if "Failed to resolve" in text:
+        text = "name resolution failed (no DNS / no route to huggingface.co)"
+    if len(text) > 300:  # whole sentences only
+        text = text[:300].rsplit(". ", 1)[0] + "."
+    return f"{type(e).__name__}: {text.rstrip('.')}"
+
+
+def probe(repo: str, timeout_s: float = PROBE_TIMEOUT_S, environ=os.environ) -> Optional[str]:
+    """None when ``repo`` ("rail-berkeley/octo-small") is in the local HF cache or the Hub answers; else why not."""
+    import huggingface_hub
+
+    try:
+        huggingface_hub.snapshot_download(repo, local_files_only=True)
+        return None
+    except Exception:
+        pass
+    if environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return "HF_HUB_OFFLINE is set"
+    try:
+        huggingface_hub.HfApi().model_info(repo, timeout=timeout_s)
+        return None
+    except Exception as e:
+        return _short(e)
+
+
+def download(source: str, local_dir: str | Path, snapshot: Optional[Callable[..., str]] = None) -> Path:
+    """Fetch ``hf://owner/name`` into ``local_dir`` and check it has Octo's checkpoint layout."""
+    if not source.startswith(HF_PREFIX):
+        raise WeightsError(f"source {source!r}; expected hf://<owner>/<name> (e.g. {DEFAULT_HF_MODEL})")
+    repo = hf_repo(source)
+    if snapshot is None:
+        import huggingface_hub
+
+        snapshot = huggingface_hub.snapshot_download
+    local_dir = Path(local_dir)
+    try:
+        snapshot(repo, local_dir=str(local_dir))
+    except Exception as e:
+        raise WeightsError(
+            f"could not download {source} into {local_dir}: {_short(e)}. Expected huggingface.co to be reachable: "
+            f"run `make weights` on a login node (ABCI compute nodes have no internet), behind the proxy if your "
+            f"site needs one (export HTTPS_PROXY=...). Or copy an Octo checkpoint directory (config.json, "
+            f"example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}") from None
+    found = checkpoint_problems(local_dir)
+    if found:
+        raise WeightsError(f"downloaded {source} into {local_dir}, but {'; '.join(found)}: not an Octo checkpoint?")
+    with open(local_dir / "config.json") as f:
+        dependencies = hf_dependencies(json.load(f))
+    for repo in dependencies:
+        # Into the default HF cache (~/.cache/huggingface, shared with compute nodes through $HOME), where
+        # transformers' from_pretrained(repo) looks: configs and tokenizer files only, not the encoder's weights.
+        try:
+            snapshot(repo, allow_patterns=DEPENDENCY_FILES)
+        except Exception as e:
+            raise WeightsError(f"{source} is in {local_dir}, but caching {repo!r} (its tokenizer / encoder config, "
+                               f"loaded at start-up) failed: {_short(e)}. Fix: rerun make weights where "
+                               f"huggingface.co is reachable") from None
+    return local_dir
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m octo_dist.weights", description=__doc__.splitlines()[0])
+    p.add_argument("source", nargs="?", default=DEFAULT_HF_MODEL, help=f"hf://owner/name (default {DEFAULT_HF_MODEL})")
+    p.add_argument("local_dir", nargs="?", help="where to put it (default weights/<name>)")
+    a = p.parse_args(argv)
+    local_dir = a.local_dir or os.path.join("weights", a.source.rstrip("/").split("/")[-1])
+    try:
+        out = download(a.source, local_dir)
+    except WeightsError as e:
+        print(f"octo-dist weights: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{a.source} -> {out}\nuse: --config.pretrained_path={out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The real Octo path at toy size: a tiny Octo from config (no pretrained weights, nothing downloaded) fine-tuned on
+the synthetic RLDS dataset (`make synthetic-data` writes it to runs/synthetic_rlds).
+
+    make synthetic-data
+    mpirun -np 2 python scripts/finetune.py --config=scripts/configs/finetune_smoke_config.py --debug \
+        --config.num_steps=3
+    mpirun -np 2 python scripts/finetune.py --config=scripts/configs/finetune_smoke_config.py --debug --resume
+                                                        # continues from the step-3 checkpoint to step 6
+
+Same fields as finetune_config.py, so the same overrides work.
+"""
+
+from ml_collections import ConfigDict
+from ml_collections.config_dict import FieldReference, placeholder
+
+from octo_dist.finetune_config import module_spec, tiny_model_config
+
+ACTION_HORIZON, ACTION_DIM = 4, 7
+
+
+def get_config(config_string="full"):
+    num_steps = FieldReference(6)  # the learning-rate schedule's decay_steps follows --config.num_steps
+    config = dict(
+        pretrained_path=placeholder(str),
+        pretrained_step=placeholder(int),
+        # What OctoModel.from_config gets instead of a pretrained model's config.json.
+        model_config=dict(model=tiny_model_config(ACTION_HORIZON, ACTION_DIM), text_processor=None),
+        batch_size=8,
+        shuffle_buffer_size=64,
+        num_steps=num_steps,
+        log_interval=1,
+        eval_interval=1000,
+        save_interval=3,
+        save_dir="runs/finetune-smoke",
+        seed=42,
+        wandb=dict(project="octo_finetune_smoke", group=placeholder(str), entity=placeholder(str)),
+        dataset_kwargs={
+            "name": "octo_dist_synthetic",
+            "data_dir": "runs/synthetic_rlds",
+            "image_obs_keys": {"primary": "image_0"},
+            "proprio_obs_key": "proprio",
+            "language_key": "language_instruction",
+            "action_proprio_normalization_type": "normal",
+            "action_normalization_mask": [True, True, True, True, True, True, False],
+            # The fork's own Bridge transform: the synthetic data has Bridge's layout.
+            "standardize_fn": module_spec("octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"),
+            "num_parallel_reads": 1,
+            "num_parallel_calls": 1,
+        },
+        modality="image_conditioned",
+        finetuning_mode=config_string,
+        window_size=2,
+        optimizer=dict(
+            learning_rate=dict(name="cosine", init_value=0.0, peak_value=3e-4, warmup_steps=1, decay_steps=num_steps,
+                               end_value=0.0),
+            weight_decay=0.01,
+            clip_gradient=1.0,
+            frozen_keys=None,
+            grad_accumulation_steps=None,
+        ),
+        traj_transform_kwargs=dict(
+            window_size=2,
+            action_horizon=ACTION_HORIZON,
+            goal_relabeling_strategy="uniform",
+            task_augment_strategy="delete_task_conditioning",
+            task_augment_kwargs=dict(keep_image_prob=1.0),
+            num_parallel_calls=1,
+        ),
+        frame_transform_kwargs=dict(
+            resize_size={"primary": (64, 64)},
+            image_augment_kwargs=dict(primary=dict(random_brightness=[0.1], augment_order=["random_brightness"])),
+            num_parallel_calls=1,
+        ),
+    )
+    return ConfigDict(config)

@@ -1,0 +1,373 @@
+"""Octo fine-tuning (issue 5): flags, config checks and their messages everywhere; the real Octo path where the fork
+is installed (``octo`` marker), under a real mpirun (``mpi``)."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, clean_env
+from octo_dist import finetune, finetune_config as fc, weights
+
+FINETUNE = str(REPO / "scripts" / "finetune.py")
+SMOKE_CONFIG = str(REPO / "scripts" / "configs" / "finetune_smoke_config.py")
+UNREACHABLE = lambda repo: "ConnectionError: name resolution failed"  # noqa: E731
+REACHABLE = lambda repo: None  # noqa: E731
+
+
+def parse(*args):
+    return fc.parse_flags(["finetune.py", *args])
+
+
+def smoke_cfg(data_dir, **over) -> dict:
+    cfg = parse(f"--config={SMOKE_CONFIG}").config.to_dict()
+    cfg["dataset_kwargs"]["data_dir"] = str(data_dir)
+    cfg.update(over)
+    return cfg
+
+
+def fake_dataset(root: Path, name="bridge_dataset", version="1.0.0") -> Path:
+    d = root / name / version
+    d.mkdir(parents=True)
+    (d / "dataset_info.json").write_text("{}")
+    return root
+
+
+def fake_checkpoint(root: Path, config: dict, files=fc.CHECKPOINT_FILES, step="5000") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (root / f).write_text(json.dumps(config) if f == "config.json" else "{}")
+    if step:
+        (root / step / "default").mkdir(parents=True)
+    return root
+
+
+OCTO_SMALL_LIKE = {"model": {"task_tokenizers": {"language": fc.module_spec(
+    "octo.model.components.tokenizers:LanguageTokenizer", encoder="t5-base", finetune_encoder=False)}},
+    "text_processor": fc.module_spec("octo.data.utils.text_processing:HFTokenizer", tokenizer_name="t5-base"),
+    "optimizer": {"frozen_keys": ["*hf_model*"]}}
+
+
+# --- the fork's flags -----------------------------------------------------------------------------------------
+
+def test_the_forks_flags_override_the_default_config():
+    fv = parse("--config.pretrained_path=hf://rail-berkeley/octo-small", "--config.batch_size=128",
+               "--config.num_steps=10", "--config.save_dir=/tmp/ckpt", "--config.wandb.group=g7",
+               "--config.dataset_kwargs.data_dir=/data/bridge", "--name=ft_{batch_size}", "--debug")
+    c = fv.config
+    assert (c.pretrained_path, c.batch_size, c.num_steps, c.save_dir, c.wandb.group) == \
+        ("hf://rail-berkeley/octo-small", 128, 10, "/tmp/ckpt", "g7")
+    assert c.dataset_kwargs.data_dir == "/data/bridge" and fv.name == "ft_{batch_size}" and fv.debug
+    # The fork's FieldReference: the schedule's decay follows --config.num_steps.
+    assert c.optimizer.learning_rate.decay_steps == 10
+    assert not fv.resume and fv.step_fn == "jit"
+
+
+def test_defaults_match_the_forks_default_config():
+    c = parse().config
+    assert (c.finetuning_mode, c.modality, c.batch_size, c.num_steps, c.seed) == ("full", "multimodal", 256, 50000, 42)
+    assert c.optimizer.frozen_keys is None and c.wandb.project == "octo_finetune"
+    assert c.dataset_kwargs.standardize_fn.to_dict() == {"module": "octo.data.oxe.oxe_standardization_transforms",
+                                               "name": "bridge_dataset_transform", "args": (), "kwargs": {}}
+
+
+@pytest.mark.parametrize("string, frozen", [
+    ("full,image_conditioned", None),
+    ("head_only,multimodal", ("octo_transformer.*",)),
+    ("head_mlp_only,language_conditioned", ("octo_transformer.*", "heads_*.map_head.probe",
+                                            "heads_*.map_head.MultiHeadDotProductAttention_0.*")),
+])
+def test_the_config_string_picks_the_finetuning_mode(string, frozen):
+    c = parse(f"--config={fc.DEFAULT_CONFIG}:{string}").config
+    assert c.finetuning_mode == string.split(",")[0] and c.modality == string.split(",")[1]
+    assert (tuple(c.optimizer.frozen_keys) if c.optimizer.frozen_keys else None) == frozen
+
+
+def test_a_bad_config_string_exits_2_naming_the_choices(capsys):
+    assert finetune.main(["finetune.py", f"--config={fc.DEFAULT_CONFIG}:everything,multimodal"]) == 2
+    err = capsys.readouterr().err
+    assert "expected '<mode>,<modality>' with mode one of ('full', 'head_only', 'head_mlp_only')" in err
+
+
+def test_frozen_keys_come_from_the_optimizer_then_the_mode_then_the_pretrained_model():
+    explicit = {"optimizer": {"frozen_keys": ["a.*"]}, "finetuning_mode": "head_only"}
+    assert fc.resolve_frozen_keys(explicit, {}) == ("a.*",)
+    assert fc.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "head_only"}, {}) == ("octo_transformer.*",)
+    assert fc.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "full"}, OCTO_SMALL_LIKE) == ("*hf_model*",)
+    assert fc.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "full"}, {}) == ()
+
+
+def test_config_delete_keys_removes_by_prefix_then_update_config_merges():
+    base = {"model": {"heads": {"action": {"kwargs": {"action_dim": 7}}, "action_extra": 1}, "readouts": {"action": 1}},
+            "text_processor": {"name": "HFTokenizer"}, "empty": {}}
+    got = fc.edit_model_config(base, delete={"model": {"heads": {"action": None}}, "text_processor": None},
+                               update={"model": {"heads": {"action": {"kwargs": {"action_dim": 14}}}},
+                                       "text_processor": None})
+    # "action" is a prefix of "action_extra" too: the fork deletes by dotted-path prefix.
+    assert got == {"model": {"heads": {"action": {"kwargs": {"action_dim": 14}}}, "readouts": {"action": 1}},
+                   "text_processor": None, "empty": {}}
+    assert base["model"]["heads"]["action"]["kwargs"]["action_dim"] == 7  # the pretrained config is not modified
+
+
+def test_run_dir_is_stable_across_launches_and_names_format_from_the_config():
+    cfg = {"save_dir": "/ckpt", "batch_size": 256, "wandb": {"project": "p", "group": "g"},
+           "dataset_kwargs": {"name": "bridge_dataset"}}
+    assert fc.run_dir(cfg, "ft_{batch_size}_{dataset_kwargs_name}") == "/ckpt/p/g/ft_256_bridge_dataset"
+    assert fc.run_dir({**cfg, "wandb": {"project": "p"}}, "x") == "/ckpt/p/x"
+    assert fc.run_dir({**cfg, "save_dir": None}, "x") is None
+    with pytest.raises(fc.ConfigError, match=r"--name='ft_\{lr\}' names 'lr' which is not a config field"):
+        fc.run_dir(cfg, "ft_{lr}")
+
+
+def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path):
+    state = tmp_path / "train_state"
+    (state / "3").mkdir(parents=True)
+    (state / "6.orbax-checkpoint-tmp-17").mkdir()           # half-written: not a step
+    assert fc.saved_steps(state) == [3]
+    problem = fc.resume_problem(str(state), resume=False)
+    assert "already holds checkpoints (latest: step 3) and --resume was not given" in problem
+    assert "add --resume" in problem and "--config.save_dir" in problem
+    assert fc.resume_problem(str(state), resume=True) is None
+    assert fc.resume_problem(str(tmp_path / "new"), resume=False) is None and fc.resume_problem(None, False) is None
+
+
+def test_each_process_and_each_resume_point_gets_its_own_data_seed():
+    seeds = {finetune.data_seed(42, p, s) for p in range(4) for s in (0, 3000)}
+    assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
+    assert finetune.data_seed(42, 1, 0) == finetune.data_seed(42, 1, 0)
+
+
+# --- config checks: clear errors before anything starts ----------------------------------------------------------
+
+def test_an_unreachable_hf_path_names_make_weights(tmp_path):
+    cfg = parse("--config.pretrained_path=hf://rail-berkeley/octo-small",
+                f"--config.dataset_kwargs.data_dir={fake_dataset(tmp_path)}").config.to_dict()
+    (problem,) = fc.problems(cfg, UNREACHABLE)
+    assert problem.startswith("pretrained_path hf://rail-berkeley/octo-small: not in the local Hugging Face cache")
+    assert "(ConnectionError: name resolution failed)" in problem
+    assert "make weights" in problem and "--config.pretrained_path=weights/octo-small" in problem
+    assert fc.problems(cfg, REACHABLE) == []
+
+
+def test_a_missing_or_incomplete_local_checkpoint_says_what_is_missing(tmp_path):
+    data = fake_dataset(tmp_path / "data")
+    cfg = parse(f"--config.pretrained_path={tmp_path / 'nowhere'}", f"--config.dataset_kwargs.data_dir={data}").config
+    (problem,) = fc.problems(cfg.to_dict(), REACHABLE)
+    assert f"pretrained checkpoint '{tmp_path / 'nowhere'}' is not a directory" in problem and "make weights" in problem
+
+    partial = fake_checkpoint(tmp_path / "partial", {}, files=("config.json",), step=None)
+    got = fc.problems({**cfg.to_dict(), "pretrained_path": str(partial)}, REACHABLE)
+    assert got[0].endswith("lacks example_batch.msgpack, dataset_statistics.json")
+    assert "has no <step>/ directory of parameters" in got[1]
+
+
+def test_a_local_checkpoint_whose_tokenizer_cannot_be_loaded_is_refused(tmp_path):
+    ckpt = fake_checkpoint(tmp_path / "octo-small", OCTO_SMALL_LIKE)
+    cfg = {**parse(f"--config.dataset_kwargs.data_dir={fake_dataset(tmp_path / 'data')}").config.to_dict(),
+           "pretrained_path": str(ckpt)}
+    asked = []
+    (problem,) = fc.problems(cfg, lambda repo: asked.append(repo) or "HF_HUB_OFFLINE is set")
+    assert asked == ["t5-base"]
+    assert "loads 't5-base' from Hugging Face at start-up" in problem and "export HF_HUB_OFFLINE=1" in problem
+    assert fc.problems(cfg, REACHABLE) == []
+    # config_delete_keys / update_config can drop the language tokenizer and text processor: nothing is needed then.
+    cfg["config_delete_keys"] = {"model": {"task_tokenizers": None}}
+    cfg["update_config"] = {"text_processor": None}
+    assert fc.problems(cfg, UNREACHABLE) == []
+
+
+def test_a_missing_dataset_names_the_directory_and_the_fix(tmp_path):
+    cfg = parse("--config.pretrained_path=hf://rail-berkeley/octo-small",
+                f"--config.dataset_kwargs.data_dir={tmp_path / 'nodata'}").config.to_dict()
+    (problem,) = fc.problems(cfg, REACHABLE)
+    assert f"dataset 'bridge_dataset': data_dir '{tmp_path / 'nodata'}'" in problem and "does not exist" in problem
+    assert "--config.dataset_kwargs.data_dir=<the directory that holds bridge_dataset/<version>/>" in problem
+
+    (tmp_path / "empty").mkdir()
+    (problem,) = fc.problems(smoke_cfg(tmp_path / "empty"), REACHABLE)
+    assert "has no octo_dist_synthetic/<version>/dataset_info.json" in problem and "make synthetic-data" in problem
+
+
+def test_batch_size_and_steps_must_be_positive_integers(tmp_path):
+    cfg = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), batch_size=0, num_steps=2.5)
+    got = fc.problems(cfg, REACHABLE)
+    assert got == ["batch_size 0; expected a positive integer (--config.batch_size=...)",
+                   "num_steps 2.5; expected a positive integer (--config.num_steps=...)"]
+
+
+def test_a_cosine_schedule_shorter_than_its_warmup_is_refused(tmp_path):
+    cfg = parse(f"--config={SMOKE_CONFIG}", "--config.num_steps=1").config.to_dict()
+    cfg["dataset_kwargs"]["data_dir"] = str(fake_dataset(tmp_path, "octo_dist_synthetic"))
+    (problem,) = fc.problems(cfg, REACHABLE)
+    assert problem.startswith("optimizer.learning_rate: a cosine schedule needs decay_steps (1) > warmup_steps (1)")
+    assert fc.problems(parse(f"--config={SMOKE_CONFIG}", "--config.num_steps=2",
+                             f"--config.dataset_kwargs.data_dir={tmp_path}").config.to_dict(), REACHABLE) == []
+
+
+def test_the_script_refuses_an_unreachable_hf_path_before_any_rank_starts(tmp_path):
+    # HF_HUB_OFFLINE: no network attempt, the same outcome as a compute node without a route out.
+    env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, FINETUNE, "--config.pretrained_path=hf://rail-berkeley/octo-small",
+                           f"--config.dataset_kwargs.data_dir={tmp_path / 'nodata'}"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "octo-dist finetune: error: the fine-tune configuration cannot run:" in proc.stderr
+    assert "hf://rail-berkeley/octo-small: not in the local Hugging Face cache and the Hub is unreachable " \
+           "(HF_HUB_OFFLINE is set)" in proc.stderr
+    assert "dataset 'bridge_dataset'" in proc.stderr
+    # Refused before the runtime: no JAX, no Octo, no TensorFlow was started.
+    assert "rank 0/" not in proc.stderr and "tensorflow" not in proc.stderr.lower()
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.mpi
+def test_every_rank_stops_with_the_message_under_mpirun(mpirun, tmp_path):
+    env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    proc = mpirun(2, FINETUNE, f"--config={SMOKE_CONFIG}", f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}",
+                  env=env, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("dataset 'octo_dist_synthetic'") >= 1 and "make synthetic-data" in proc.stderr
+    assert "jax.distributed" not in proc.stderr
+
+
+# --- make weights -----------------------------------------------------------------------------------------------
+
+def test_weights_download_failure_says_to_run_it_on_a_login_node(tmp_path):
+    def offline(repo, **kw):
+        raise OSError("[Errno -2] Name or service not known")
+
+    with pytest.raises(weights.WeightsError) as e:
+        weights.download("hf://rail-berkeley/octo-small", tmp_path / "w", snapshot=offline)
+    assert "could not download hf://rail-berkeley/octo-small" in str(e.value)
+    assert "run `make weights` on a login node" in str(e.value)
+    with pytest.raises(weights.WeightsError, match="expected hf://<owner>/<name>"):
+        weights.download("rail-berkeley/octo-small", tmp_path / "w", snapshot=offline)
+
+
+def test_weights_download_also_caches_the_tokenizer_the_model_loads(tmp_path):
+    calls = []
+
+    def snapshot(repo, local_dir=None, allow_patterns=None):
+        calls.append((repo, local_dir, allow_patterns))
+        if local_dir:
+            fake_checkpoint(Path(local_dir), OCTO_SMALL_LIKE)
+
+    out = weights.download("hf://rail-berkeley/octo-small", tmp_path / "octo-small", snapshot=snapshot)
+    assert out == tmp_path / "octo-small"
+    assert calls == [("rail-berkeley/octo-small", str(tmp_path / "octo-small"), None),
+                     ("t5-base", None, weights.DEPENDENCY_FILES)]
+
+
+def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
+    env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, "-m", "octo_dist.weights", "hf://rail-berkeley/octo-small",
+                           str(tmp_path / "w")], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("octo-dist weights: error: could not download hf://rail-berkeley/octo-small into ")
+    assert "login node" in proc.stderr
+
+
+# --- the synthetic RLDS dataset (tensorflow_datasets, no Octo) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    from octo_dist import synthetic_rlds
+
+    root = tmp_path_factory.mktemp("rlds")
+    synthetic_rlds.write(root, synthetic_rlds.Layout(train_episodes=6, val_episodes=2, steps=6, image_size=32))
+    return root
+
+
+def test_synthetic_dataset_is_rlds_in_tfrecord_files(synthetic):
+    import tensorflow_datasets as tfds
+
+    from octo_dist import synthetic_rlds
+
+    version_dir = synthetic / synthetic_rlds.NAME / synthetic_rlds.DATASET_VERSION
+    assert sorted(p.name for p in version_dir.glob("*.tfrecord*")) == [
+        "octo_dist_synthetic-train.tfrecord-00000-of-00001", "octo_dist_synthetic-val.tfrecord-00000-of-00001"]
+    builder = tfds.builder_from_directory(str(version_dir))
+    assert {k: v.num_examples for k, v in builder.info.splits.items()} == {"train": 6, "val": 2}
+    episode = next(iter(tfds.as_numpy(builder.as_dataset(split="train").take(1))))
+    steps = list(episode["steps"])
+    assert len(steps) == 6 and steps[0]["is_first"] and steps[-1]["is_last"] and not steps[-1]["is_first"]
+    image = steps[0]["observation"]["image_0"]
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8
+    assert steps[0]["observation"]["state"].shape == (7,) and steps[0]["action"].shape == (7,)
+    assert set(float(s["action"][-1]) for s in steps) <= {0.0, 1.0}   # a binary gripper, as Bridge's
+    assert steps[0]["language_instruction"] in [s.encode() for s in synthetic_rlds.INSTRUCTIONS]
+
+
+def test_the_smoke_config_finds_the_synthetic_dataset(synthetic):
+    assert fc.problems(smoke_cfg(synthetic), UNREACHABLE) == []
+
+
+# --- with Octo ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.octo
+def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shapes(synthetic):
+    pytest.importorskip("octo")
+    from octo_dist import octo_policy
+
+    cfg = smoke_cfg(synthetic, seed=0)
+    source = finetune.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)
+    batch = next(source.batches(0))
+    spec = octo_policy.SMOKE_SPEC
+    assert batch["observation"]["image_primary"].shape == (3, spec.horizon, spec.image_size, spec.image_size, 3)
+    assert batch["task"]["image_primary"].shape == (3, spec.image_size, spec.image_size, 3)
+    assert batch["action"].shape == (3, spec.horizon, spec.action_horizon, spec.action_dim)
+    assert batch["action_pad_mask"].shape == batch["action"].shape
+    assert "dataset_name" not in batch and "language_instruction" not in batch["task"]  # no text processor
+    assert source.dataset_statistics["action"]["mean"].shape == (7,)
+
+
+@pytest.mark.octo
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synthetic, tmp_path):
+    pytest.importorskip("octo")
+    args = [FINETUNE, f"--config={SMOKE_CONFIG}", "--debug", f"--config.dataset_kwargs.data_dir={synthetic}",
+            f"--config.save_dir={tmp_path}", "--name=smoke_{batch_size}"]
+    run_dir = tmp_path / "octo_finetune_smoke" / "smoke_8"
+
+    first = mpirun(2, *args, "--config.num_steps=2", timeout=900)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert first.stdout.count("octo-dist finetune: 2 process(es), 2 device(s), global batch 8 (4 per process); "
+                              "steps 0 -> 2 of 2") == 1
+    assert "[rank 1/2" not in first.stderr.replace("[rank 1/2 vm] WARNING", "")  # INFO from rank 0 only
+    assert (run_dir / "train_state" / "2" / "state").is_dir() and (run_dir / "2" / "default").is_dir()
+
+    again = mpirun(2, *args, "--config.num_steps=2", timeout=300)
+    assert again.returncode == 2
+    assert "already holds checkpoints (latest: step 2) and --resume was not given" in again.stderr
+    assert "rank 0/" not in again.stderr   # refused before start-up: nothing loaded or compiled
+
+    resumed = mpirun(2, *args, "--config.num_steps=4", "--resume", timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from" in resumed.stderr and "steps 2 -> 4 of 4" in resumed.stdout
+    assert (run_dir / "train_state" / "4").is_dir() and (run_dir / "4" / "default").is_dir()
+
+    # The run directory is also an Octo checkpoint: load_pretrained reads the fine-tuned model...
+    import jax
+    from octo.model.octo_model import OctoModel
+
+    model = OctoModel.load_pretrained(str(run_dir))
+    assert model.config["window_size"] == 2 and model.dataset_statistics["action"]["mean"].shape == (7,)
+
+    # ...and a new fine-tune starts from it (one process): head_only leaves the transformer as it was loaded.
+    # Relative paths on purpose: orbax refuses them ("Checkpoint path should be absolute") unless made absolute.
+    head = subprocess.run([sys.executable, FINETUNE, f"--config={SMOKE_CONFIG}", "--debug",
+                           f"--config.pretrained_path={run_dir.relative_to(tmp_path)}",
+                           "--config.finetuning_mode=head_only", f"--config.dataset_kwargs.data_dir={synthetic}",
+                           "--config.save_dir=head", "--config.num_steps=3"],  # the learning rate is 0 at step 0
+                          capture_output=True, text=True, timeout=900, env=clean_env(), cwd=tmp_path)
+    assert head.returncode == 0, head.stderr[-4000:]
+    tuned = OctoModel.load_pretrained(str(tmp_path / "head" / "octo_finetune_smoke" / "experiment"))
+    same = jax.tree_util.tree_map(np.array_equal, model.params, tuned.params)
+    assert all(jax.tree_util.tree_leaves(same["octo_transformer"]))
+    assert not all(jax.tree_util.tree_leaves(same["heads_action"]))
