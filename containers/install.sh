@@ -7,7 +7,9 @@
 # octo-dist itself, and prints `pip freeze` into the log.
 #
 # usage: containers/install.sh PROFILE PREFIX [--editable] [--skip-git|--require-git] [--no-self]
-#   PYTHON   interpreter to create PREFIX from (default: python3); its X.Y picks the lock file
+#   PYTHON        interpreter to create PREFIX from (default: python3); its X.Y picks the lock file
+#   OCTO_DIST_CA  a CA bundle for pip and git, for a TLS-intercepting proxy. Images pass it as a build
+#                 secret (/run/secrets/ca), so it is used for this run and never stored in a layer.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -27,12 +29,31 @@ py_mm=$("$prefix/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2
 lock="$src/env/locks/$profile-py$py_mm.txt"
 if [ ! -f "$lock" ]; then
   echo "error: no lock for profile '$profile' on Python $py_mm (looked for $lock)" >&2
-  echo "  available: $(cd "$src/env/locks" && ls -- *.txt | grep -v -- '-dev.txt' | tr '\n' ' ')" >&2
+  available=()
+  for f in "$src"/env/locks/*.txt; do
+    case $f in *-dev.txt) ;; *) available+=("${f##*/}") ;; esac
+  done
+  echo "  available: ${available[*]}" >&2
   echo "  fix: PYTHON=python3.10 $0 $profile $prefix   (or add $py_mm to lock_pythons in env/stack.toml and run make lock)" >&2
   exit 1
 fi
 
+if [ -n "${OCTO_DIST_CA:-}" ]; then
+  if [ -s "$OCTO_DIST_CA" ]; then
+    export PIP_CERT=$OCTO_DIST_CA GIT_SSL_CAINFO=$OCTO_DIST_CA
+  else
+    # An optional build secret that was not passed: the default trust store it is.
+    echo "octo-dist: OCTO_DIST_CA=$OCTO_DIST_CA is missing or empty; using the default CA bundle" >&2
+  fi
+fi
+
 echo "octo-dist: installing profile '$profile' for Python $py_mm from ${lock#"$src"/}"
+# The lock's own hash in the build log: which lock an image was built from, not just its name.
+sha256sum "$lock"
 "$prefix/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
   --require-hashes --no-deps -r "$lock"
-PYTHONPATH="$src" "$prefix/bin/python" -m octo_dist.install --profile "$profile" --source "$src" "$@"
+# From $src: `python -m` puts the working directory first on sys.path, so another checkout's octo_dist
+# there would otherwise read that checkout's manifest instead of the one being installed.
+prefix_python=$(cd "$prefix" && pwd)/bin/python
+cd "$src"
+PYTHONPATH="$src" "$prefix_python" -m octo_dist.install --profile "$profile" --source "$src" "$@"

@@ -109,8 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     git.add_argument("--require-git", action="store_true", help="fail when a git dependency cannot be installed")
     args = parser.parse_args(argv)
 
-    manifest = mf.load_manifest(args.manifest)
-    profile = manifest.profile(args.profile)
+    try:
+        # Refuses a git dependency pinned to a branch, tag or short SHA: the image build stops here.
+        manifest = mf.load_manifest(args.manifest)
+        profile = manifest.profile(args.profile)
+    except mf.ManifestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     python = sys.executable
     if not args.only_git:
         install_direct(profile, python)

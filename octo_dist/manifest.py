@@ -77,6 +77,26 @@ class GitDep:
 
 
 @dataclasses.dataclass(frozen=True)
+class BaseImage:
+    """A container base image pinned by tag (for people) and digest (what engines pull)."""
+
+    name: str         # the profiles' `image_base`: "cuda11"
+    repository: str   # "docker.io/nvidia/cuda"
+    tag: str          # "11.8.0-base-ubuntu22.04"
+    digest: str       # "sha256:79e5b2cf…" (64 hex)
+
+    @property
+    def tagged(self) -> str:
+        """``docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04``: the OCI ``base.name`` label."""
+        return f"{self.repository}:{self.tag}"
+
+    @property
+    def pinned(self) -> str:
+        """``docker.io/nvidia/cuda@sha256:…``: what FROM pulls (no engine but Docker takes tag and digest at once)."""
+        return f"{self.repository}@{self.digest}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     """One installable stack: the common requirements plus the profile's own."""
 
@@ -90,6 +110,7 @@ class Profile:
     overrides: tuple[Override, ...]
     direct: tuple[DirectWheel, ...]
     by_python: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    image_base: str = ""  # key into [images]: the base image of this profile's container target, if any
 
     def requirements_for(self, python: str) -> dict[str, str]:
         """Requirements for one ``major.minor`` Python: the profile's plus that Python's own."""
@@ -119,6 +140,7 @@ class Manifest:
     git: tuple[GitDep, ...]
     dev_requirements: Mapping[str, str]
     lock_exclude_newer: str = ""  # `make lock` ignores uploads after this instant: "2026-12-01T00:00:00Z"
+    images: Mapping[str, BaseImage] = dataclasses.field(default_factory=dict)
 
     @property
     def env_dir(self) -> Path:
@@ -197,6 +219,7 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
                 py: {n: s for n, s in t.items() if keep is None or n in keep}
                 for py, t in common_by_python.items()
             },
+            image_base=raw.get("image_base", ""),
         )
     git = []
     for name, raw in data.get("git", {}).items():
@@ -208,8 +231,31 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
             )
         git.append(GitDep(name=name, url=raw["url"], commit=commit, distribution=raw.get("distribution", name)))
     dev = _requirements(data.get("dev", {}).get("requirements", {}), "dev.requirements")
+    images = {name: _base_image(name, raw, path) for name, raw in data.get("images", {}).items()}
+    for profile in profiles.values():
+        if profile.image_base and profile.image_base not in images:
+            raise ManifestError(
+                f"{path}: profiles.{profile.name}.image_base = {profile.image_base!r}, but there is no "
+                f"[images.{profile.image_base}]; expected one of: {', '.join(sorted(images)) or '(none)'}"
+            )
     return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev,
-                    lock_exclude_newer=data.get("project", {}).get("lock_exclude_newer", ""))
+                    lock_exclude_newer=data.get("project", {}).get("lock_exclude_newer", ""), images=images)
+
+
+def _base_image(name: str, raw: Mapping[str, str], path: Path) -> BaseImage:
+    missing = [k for k in ("repository", "tag", "digest") if not raw.get(k)]
+    if missing:
+        raise ManifestError(f"{path}: [images.{name}] lacks {', '.join(missing)}; expected repository, tag and digest")
+    # A tag alone is not a pin: it is re-pushed (nvidia/cuda tags are rebuilt for OS security updates).
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", raw["digest"]):
+        raise ManifestError(
+            f"{path}: images.{name}.digest must be 'sha256:' and 64 hex, found {raw['digest']!r}; "
+            f"`make refresh-digests` writes it where a registry is reachable"
+        )
+    # "localhost:5000/base" is a registry port, "ubuntu:22.04" a tag in the wrong field.
+    if "@" in raw["repository"] or ":" in raw["repository"].rsplit("/", 1)[-1]:
+        raise ManifestError(f"{path}: images.{name}.repository must hold no tag or digest, found {raw['repository']!r}")
+    return BaseImage(name=name, repository=raw["repository"], tag=raw["tag"], digest=raw["digest"])
 
 
 def manifest_path(environ: Mapping[str, str] = os.environ, explicit: Optional[str] = None) -> Path:

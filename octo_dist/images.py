@@ -1,0 +1,512 @@
+"""The container definitions (``Dockerfile``, ``singularity.def``) checked against env/stack.toml.
+
+Both definitions pin their base image and run ``containers/install.sh`` for a profile; env/ is the
+one place those pins are decided. This module reads the definitions as text and reports every place
+where they disagree with the manifest or drop something the images promise (non-root user, the
+profile in the environment, no baked secrets, ``PYTHONNOUSERSITE=1`` ...). It is pure over file text
+and a :class:`~octo_dist.manifest.Manifest`, so tests fabricate a drifted copy and see it reported.
+
+``python -m octo_dist.images check`` runs it on the checkout (``make docker`` and ``make sif`` do so
+before building); ``python -m octo_dist.images refresh-digests`` re-resolves the base digests where
+a registry is reachable (``make refresh-digests``).
+
+Conventions the checks rely on, written in both definitions:
+
+* Dockerfile: global ``ARG <KEY>_BASE_REPO / _TAG / _DIGEST`` per ``[images.<key>]`` (``CUDA11_BASE_DIGEST``),
+  a final stage named after each profile (``--target cuda11``), ``FROM <repo>@<digest>`` (no engine but
+  Docker accepts a tag and a digest in one reference, so the tag travels in a label).
+* singularity.def: ``From: <repo>@<digest>`` and the same labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+from octo_dist import __version__
+from octo_dist import manifest as mf
+
+DOCKERFILE = "Dockerfile"
+SINGULARITY_DEF = "singularity.def"
+INSTALL_SCRIPT = "containers/install.sh"
+IMAGE_PREFIX = "/opt/octo-dist"                      # venv, env/ and (build only) the source live here
+IMAGE_MANIFEST = f"{IMAGE_PREFIX}/env/stack.toml"   # what OCTO_DIST_MANIFEST points at in every image
+PROFILE_LABEL = "io.github.octo-dist.profile"
+REQUIRED_LABELS = (
+    "org.opencontainers.image.source",
+    "org.opencontainers.image.revision",
+    "org.opencontainers.image.version",
+    "org.opencontainers.image.base.name",
+    "org.opencontainers.image.base.digest",
+    PROFILE_LABEL,
+)
+# Names that must never be set at build time: credentials come in with `docker run -e` / SINGULARITYENV_.
+SECRET_NAME = re.compile(r"(API_KEY|TOKEN|PASSWORD|SECRET)$|^(PIP_CERT|SSL_CERT_FILE|REQUESTS_CA_BUNDLE|GIT_SSL_CAINFO)$")
+SINGULARITY_SECTIONS = ("files", "post", "environment", "runscript", "test", "labels", "help")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One disagreement: where, what was found, what env/ or the image contract expects, how to fix it."""
+
+    where: str     # "Dockerfile target cuda11" / "singularity.def %environment"
+    found: str
+    expected: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: found {self.found}; expected {self.expected}\n  fix: {self.fix}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dockerfile
+# ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    keyword: str   # "RUN", upper case
+    args: str      # the rest of the logical line, continuations joined: "--mount=type=secret,id=ca ..."
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    base: str      # as written: "${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST}" or an earlier stage's name
+    name: str      # "cuda11"; "" when unnamed
+    instructions: tuple[Instruction, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dockerfile:
+    args: Mapping[str, str]          # global ARG defaults, before the first FROM: {"CUDA11_BASE_TAG": "11.8.0-..."}
+    stages: tuple[Stage, ...]
+
+    def stage(self, name: str) -> Optional[Stage]:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+def target_base(df: Dockerfile, target: str) -> str:
+    """The external image target ``cuda11`` is built on, ARGs substituted: ``docker.io/nvidia/cuda@sha256:...``."""
+    return substitute(_chain(df, target)[1], df.args)
+
+
+def target_runs(df: Dockerfile, target: str) -> list[str]:
+    """Every RUN whose output can reach ``target`` (its stages and those it ``COPY --from``s)."""
+    return [i.args for s in _reachable(df, target) for i in s.instructions if i.keyword == "RUN"]
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Join ``\\`` continuations and drop comments and blank lines (comment lines inside a RUN included)."""
+    out, cur = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not cur):
+            continue
+        if line.endswith("\\"):
+            cur += line[:-1] + " "
+            continue
+        out.append((cur + line).strip())
+        cur = ""
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def parse_dockerfile(text: str) -> Dockerfile:
+    """Split a Dockerfile into global ARG defaults and stages (enough for the checks; not a full parser)."""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    cur: Optional[tuple[str, str, list]] = None
+    for line in _logical_lines(text):
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "FROM":
+            if cur:
+                stages.append(Stage(cur[0], cur[1], tuple(cur[2])))
+            words = [w for w in rest.split() if not w.startswith("--platform")]
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else ""
+            cur = (words[0], name, [])
+        elif cur is None:
+            if keyword == "ARG":
+                key, _, default = rest.partition("=")
+                args[key.strip()] = default.strip().strip('"')
+        else:
+            cur[2].append(Instruction(keyword, rest))
+    if cur:
+        stages.append(Stage(cur[0], cur[1], tuple(cur[2])))
+    return Dockerfile(args=args, stages=tuple(stages))
+
+
+def substitute(value: str, variables: Mapping[str, str]) -> str:
+    """``${X}`` and ``$X`` from ``variables``; unknown ones stay as written (so a finding shows them)."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), value)
+
+
+def _chain(df: Dockerfile, name: str) -> tuple[list[Stage], str]:
+    """The stages from ``name`` down to its external base, and that base as written."""
+    chain, seen, stage = [], set(), df.stage(name)
+    while stage is not None and stage.name not in seen:
+        seen.add(stage.name)
+        chain.append(stage)
+        parent = df.stage(stage.base)
+        if parent is None:
+            return chain, stage.base
+        stage = parent
+    return chain, ""
+
+
+def _reachable(df: Dockerfile, name: str) -> list[Stage]:
+    """Every stage whose output can end up in target ``name``: its chain and what ``COPY --from`` pulls in."""
+    out: list[Stage] = []
+    todo = [name]
+    while todo:
+        for stage in _chain(df, todo.pop())[0]:
+            if stage in out:
+                continue
+            out.append(stage)
+            for ins in stage.instructions:
+                m = re.search(r"--from=(\S+)", ins.args) if ins.keyword == "COPY" else None
+                if m and df.stage(m.group(1)):
+                    todo.append(m.group(1))
+    return out
+
+
+def _key_values(args: str) -> dict[str, str]:
+    """``LABEL a=1 "b"="two words"`` / ``ENV A=1 B=2`` -> dict (the legacy ``ENV A 1`` form too)."""
+    words = shlex.split(args)
+    if len(words) >= 2 and "=" not in words[0]:
+        return {words[0]: " ".join(words[1:])}
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def _env_of(stages: Iterable[Stage], keyword: str) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for stage in reversed(list(stages)):  # base first, so the target's own value wins
+        for ins in stage.instructions:
+            if ins.keyword == keyword:
+                merged.update(_key_values(ins.args))
+    return merged
+
+
+def install_runs(commands: Iterable[str], profile: str) -> list[str]:
+    """The commands that run ``containers/install.sh <profile> ...``."""
+    pat = re.compile(r"(^|[\s/])" + re.escape(INSTALL_SCRIPT) + r"\s+" + re.escape(profile) + r"\s")
+    return [c for c in commands if pat.search(c + " ")]
+
+
+def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = None,
+                     version: str = __version__) -> list[Finding]:
+    """Every disagreement between a Dockerfile's targets and the manifest's image profiles.
+
+    Args:
+        text: the Dockerfile.
+        manifest: env/stack.toml, parsed.
+        source: the checkout, to check that the lock each target installs exists (skipped when None).
+        version: octo-dist's version, which the ``VERSION`` default (the version label) must equal.
+    """
+    df = parse_dockerfile(text)
+    findings: list[Finding] = []
+    if df.args.get("VERSION") != version:
+        findings.append(Finding(f"{DOCKERFILE} ARG VERSION", repr(df.args.get("VERSION")),
+                                f"{version!r} (octo_dist.__version__)", f"ARG VERSION={version}"))
+    fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
+    for image in manifest.images.values():
+        key = image.name.upper().replace("-", "_")
+        for suffix, want in (("REPO", image.repository), ("TAG", image.tag), ("DIGEST", image.digest)):
+            got = df.args.get(f"{key}_BASE_{suffix}")
+            if got != want:
+                findings.append(Finding(f"{DOCKERFILE} ARG {key}_BASE_{suffix}", repr(got),
+                                        f"{want!r} (env/stack.toml [images.{image.name}] {suffix.lower()})", fix_pins))
+    for profile in (p for p in manifest.profiles.values() if p.image_base):
+        where = f"{DOCKERFILE} target {profile.name}"
+        image = manifest.images[profile.image_base]
+        if df.stage(profile.name) is None:
+            findings.append(Finding(where, f"no stage named {profile.name!r} (stages: "
+                                    f"{', '.join(s.name for s in df.stages if s.name) or 'none'})",
+                                    f"a final stage `FROM ... AS {profile.name}` for `--target {profile.name}`",
+                                    f"add the stage; `make docker PROFILE={profile.name}` builds it"))
+            continue
+        chain, base = _chain(df, profile.name)
+        resolved = substitute(base, df.args)
+        if resolved != image.pinned:
+            findings.append(Finding(where, f"base image {base!r} = {resolved!r}",
+                                    f"{image.pinned!r} (env/stack.toml [images.{image.name}])", fix_pins))
+        env = _env_of(chain, "ENV")
+        if env.get(mf.PROFILE_ENV) != profile.name:
+            findings.append(Finding(where, f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}", repr(profile.name),
+                                    f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage"))
+        if env.get(mf.MANIFEST_ENV) != IMAGE_MANIFEST:
+            findings.append(Finding(where, f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}", repr(IMAGE_MANIFEST),
+                                    f"COPY env/ to {IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={IMAGE_MANIFEST}`"))
+        labels = {k: substitute(v, df.args) for k, v in _env_of(chain, "LABEL").items()}
+        for label in REQUIRED_LABELS:
+            if label not in labels:
+                findings.append(Finding(where, f"no LABEL {label}", "the OCI labels source, revision, version, "
+                                        "base.name, base.digest and the profile", f"add `LABEL {label}=...`"))
+        for label, want in (("org.opencontainers.image.base.name", image.tagged),
+                            ("org.opencontainers.image.base.digest", image.digest), (PROFILE_LABEL, profile.name)):
+            if label in labels and labels[label] != want:
+                findings.append(Finding(where, f"LABEL {label}={labels[label]!r}", repr(want), fix_pins))
+        reach = _reachable(df, profile.name)
+        if not install_runs(target_runs(df, profile.name), profile.name):
+            findings.append(Finding(where, f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
+                                    "the one install script, for this target's profile",
+                                    f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git"))
+        users = [i.args.split(":")[0].strip() for s in reversed(chain) for i in s.instructions if i.keyword == "USER"]
+        if not users or users[-1] in ("root", "0"):
+            findings.append(Finding(where, f"USER {users[-1] if users else '(none: root)'}", "a non-root user",
+                                    "`USER octo` after the install, in the final stage"))
+        cmds = [i.args for s in chain for i in s.instructions if i.keyword == "CMD"]
+        if not cmds or not re.search(r"octo-dist\W+check-env", cmds[0]):
+            findings.append(Finding(where, f"CMD {cmds[0] if cmds else '(none)'}", '["octo-dist", "check-env"]',
+                                    'CMD ["octo-dist", "check-env"]'))
+        for stage in reach:
+            for ins in stage.instructions:
+                if ins.keyword in ("ENV", "ARG"):
+                    names = _key_values(ins.args) if ins.keyword == "ENV" else {ins.args.split("=")[0].strip(): ""}
+                    for name in names:
+                        if SECRET_NAME.search(name):
+                            findings.append(Finding(f"{where} (stage {stage.name or stage.base})",
+                                                    f"{ins.keyword} {name}", "no credential or CA set at build time",
+                                                    "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
+                                                    "build secret (RUN --mount=type=secret,id=ca)"))
+        if source is not None:
+            findings += _lock_findings(where, profile, source)
+    return findings
+
+
+def _lock_findings(where: str, profile: mf.Profile, source: Path) -> list[Finding]:
+    lock = source / "env" / mf.LOCK_DIR_NAME / f"{profile.name}-py{profile.python}.txt"
+    if lock.is_file():
+        return []
+    return [Finding(where, f"no lock {lock.relative_to(source)}",
+                    f"the lock for the image's Python {profile.python}", "make lock")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# singularity.def
+# ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+    header: Mapping[str, str]             # {"bootstrap": "docker", "from": "docker.io/nvidia/cuda@sha256:..."}
+    sections: Mapping[str, list[str]]      # "post" -> its lines, as written
+
+
+def parse_definition(text: str) -> Definition:
+    """Header keywords and ``%section`` bodies of a Singularity/Apptainer definition (one stage)."""
+    header: dict[str, str] = {}
+    sections: dict[str, list[str]] = {}
+    current: Optional[str] = None
+    for line in text.splitlines():
+        m = re.match(r"%(\w+)", line)
+        if m:
+            current = m.group(1).lower()
+            sections.setdefault(current, [])
+        elif current is not None:
+            sections[current].append(line)
+        elif ":" in line and not line.lstrip().startswith("#"):
+            key, _, value = line.partition(":")
+            header[key.strip().lower()] = value.split("#", 1)[0].strip()
+    return Definition(header=header, sections=sections)
+
+
+def shell_body(lines: Sequence[str]) -> str:
+    """Section text without comment lines, continuations joined (what a shell would run)."""
+    return "\n".join(_logical_lines("\n".join(lines)))
+
+
+def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda11",
+                     source: Optional[Path] = None, version: str = __version__) -> list[Finding]:
+    """Every disagreement between singularity.def and the manifest's ``profile_name`` (the GPU image)."""
+    d = parse_definition(text)
+    profile = manifest.profile(profile_name)
+    image = manifest.images[profile.image_base]
+    findings: list[Finding] = []
+    w = SINGULARITY_DEF
+    fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
+    if d.header.get("bootstrap", "").lower() != "docker":
+        findings.append(Finding(f"{w} header", f"Bootstrap: {d.header.get('bootstrap')!r}", "'docker'", "Bootstrap: docker"))
+    if d.header.get("from") != image.pinned:
+        findings.append(Finding(f"{w} header", f"From: {d.header.get('from')!r}",
+                                f"{image.pinned!r} (env/stack.toml [images.{image.name}])", fix_pins))
+    for section in SINGULARITY_SECTIONS:
+        if not [l for l in d.sections.get(section, []) if l.strip()]:
+            findings.append(Finding(f"{w} %{section}", "no such section, or an empty one",
+                                    f"every one of %{', %'.join(SINGULARITY_SECTIONS)}", f"add %{section}"))
+    files = {l.split()[0].rstrip("/") for l in d.sections.get("files", []) if l.strip() and not l.strip().startswith("#")}
+    for needed in ("env", "containers", "octo_dist", "scripts", "pyproject.toml"):
+        if needed not in files:
+            findings.append(Finding(f"{w} %files", f"no {needed}", "env/, containers/, octo_dist/, scripts/ and "
+                                    "pyproject.toml copied in (the install script installs from them)",
+                                    f"`{needed} {IMAGE_PREFIX}/{needed}` under %files"))
+    post = shell_body(d.sections.get("post", []))
+    installs = install_runs(post.splitlines(), profile.name)
+    if not installs:
+        findings.append(Finding(f"{w} %post", f"no `{INSTALL_SCRIPT} {profile.name} ...`",
+                                "the one install script, for the GPU profile",
+                                f"{IMAGE_PREFIX}/{INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git"))
+    elif not all("--require-git" in c for c in installs):
+        findings.append(Finding(f"{w} %post", installs[0], "--require-git (an image without octo is not an image)",
+                                "add --require-git"))
+    env_body = shell_body(d.sections.get("environment", []))
+    env = dict(re.findall(r"(?:export\s+)?(\w+)=(\S*)", env_body))
+    for name, want in ((mf.PROFILE_ENV, profile.name), ("PYTHONNOUSERSITE", "1"), (mf.MANIFEST_ENV, IMAGE_MANIFEST)):
+        if env.get(name, "").strip("\"'") != want:
+            findings.append(Finding(f"{w} %environment", f"{name}={env.get(name)!r}", repr(want),
+                                    f"`export {name}={want}` in %environment"))
+    # --nv binds the host driver's libraries and points LD_LIBRARY_PATH at them; overwriting it here hides them.
+    if "LD_LIBRARY_PATH" in env:
+        findings.append(Finding(f"{w} %environment", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
+                                "no LD_LIBRARY_PATH (singularity --nv sets it to the bound driver libraries)",
+                                "remove it; the CUDA libraries come from the nvidia-*-cu11 wheels, found by jaxlib"))
+    for name in env:
+        if SECRET_NAME.search(name):
+            findings.append(Finding(f"{w} %environment", name, "no credentials in the image",
+                                    f"pass it at run time: SINGULARITYENV_{name}=... or --env-file"))
+    runscript = shell_body(d.sections.get("runscript", []))
+    if not re.search(r"\bexec\b.*\bocto-dist\b", runscript):
+        findings.append(Finding(f"{w} %runscript", repr(runscript), '`exec octo-dist "$@"`', 'exec octo-dist "$@"'))
+    test = shell_body(d.sections.get("test", []))
+    if not re.search(r"octo-dist\s+check-env\b.*--no-gpu", test):
+        findings.append(Finding(f"{w} %test", repr(test), "`octo-dist check-env --no-gpu` (build hosts have no GPU)",
+                                "octo-dist check-env --no-gpu"))
+    labels = dict(l.strip().split(None, 1) for l in d.sections.get("labels", [])
+                  if l.strip() and not l.strip().startswith("#") and len(l.split()) > 1)
+    for label in REQUIRED_LABELS:
+        if label not in labels:
+            findings.append(Finding(f"{w} %labels", f"no {label}", "the OCI labels and the profile", f"add {label}"))
+    for label, want in (("org.opencontainers.image.base.name", image.tagged),
+                        ("org.opencontainers.image.base.digest", image.digest), (PROFILE_LABEL, profile.name),
+                        ("org.opencontainers.image.version", version)):
+        if label in labels and labels[label] != want:
+            findings.append(Finding(f"{w} %labels", f"{label} {labels[label]}", want,
+                                    f"`{label} {want}` under %labels"))
+    if source is not None:
+        findings += _lock_findings(w, profile, source)
+    return findings
+
+
+def check_checkout(source: Path = mf.REPO_ROOT, manifest: Optional[mf.Manifest] = None) -> list[Finding]:
+    """Both definitions of a checkout against its env/stack.toml."""
+    manifest = manifest or mf.load_manifest(source / "env" / "stack.toml")
+    gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
+    findings = check_dockerfile((source / DOCKERFILE).read_text(), manifest, source)
+    for name in gpu:
+        findings += check_definition((source / SINGULARITY_DEF).read_text(), manifest, name, source)
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------------
+# make refresh-digests
+# ---------------------------------------------------------------------------------------------------
+
+Resolver = Callable[[str], str]
+
+
+class RefreshError(RuntimeError):
+    """A digest could not be resolved (no tool, or no registry reachable)."""
+
+
+def manifest_digest(raw: bytes) -> str:
+    """The digest a registry serves a manifest (or index) under: sha256 of its exact bytes."""
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def registry_resolver(which: Callable[[str], Optional[str]] = shutil.which) -> Resolver:
+    """Resolve ``repo:tag`` to the digest of what the tag points at now, with crane or skopeo."""
+    crane, skopeo = which("crane"), which("skopeo")
+    if not (crane or skopeo):
+        raise RefreshError(
+            "refresh-digests found neither crane nor skopeo on PATH; expected one of them to ask the registry "
+            "which digest each tag in env/stack.toml [images] points at now.\n"
+            "  fix: apt-get install skopeo (or install crane), on a machine that reaches the registry, "
+            "then `make refresh-digests`"
+        )
+
+    def resolve(ref: str) -> str:
+        # skopeo: the index (multi-arch manifest list) itself, hashed as served -- the digest `FROM x@...` pulls.
+        cmd = [crane, "digest", ref] if crane else [skopeo, "inspect", "--raw", f"docker://{ref}"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise RefreshError(f"{' '.join(cmd)} timed out after 120 s; is a registry reachable from here?") from None
+        if res.returncode != 0:
+            tail = res.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise RefreshError(
+                f"could not resolve {ref}: `{' '.join(cmd)}` exited {res.returncode}: {tail[0]}\n"
+                f"  expected: a registry reachable from this machine (no registry is reachable on CI here)\n"
+                f"  fix: run `make refresh-digests` where docker.io answers, or set HTTPS_PROXY"
+            )
+        return res.stdout.decode().strip() if crane else manifest_digest(res.stdout)
+
+    return resolve
+
+
+def refreshed(manifest: mf.Manifest, resolve: Resolver) -> dict[str, str]:
+    """Old digest -> new digest for every base image whose tag now points elsewhere."""
+    changes = {}
+    for image in manifest.images.values():
+        new = resolve(image.tagged)
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", new):
+            raise RefreshError(f"resolving {image.tagged} gave {new!r}; expected 'sha256:' and 64 hex")
+        if new != image.digest:
+            changes[image.digest] = new
+    return changes
+
+
+def rewrite(text: str, changes: Mapping[str, str]) -> str:
+    """Swap every old digest for its new one (digests are unique strings, so a plain replace is exact)."""
+    for old, new in changes.items():
+        text = text.replace(old, new)
+    return text
+
+
+def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
+    """Re-resolve every base image and rewrite env/stack.toml and both definitions; return the changes."""
+    manifest = mf.load_manifest(source / "env" / "stack.toml")
+    changes = refreshed(manifest, resolve)
+    for name in ("env/stack.toml", DOCKERFILE, SINGULARITY_DEF):
+        path = source / name
+        text = path.read_text()
+        new = rewrite(text, changes)
+        if new != text:
+            path.write_text(new)
+    return changes
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m octo_dist.images", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("check", "refresh-digests"))
+    parser.add_argument("--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)")
+    args = parser.parse_args(argv)
+    source = Path(args.source)
+    try:
+        if args.command == "refresh-digests":
+            changes = refresh_digests(source, registry_resolver())
+            for old, new in changes.items():
+                print(f"{old} -> {new}")
+            print(f"refresh-digests: {len(changes)} base image digest(s) changed" +
+                  ("; rebuild the images" if changes else ""))
+        findings = check_checkout(source)
+    except (RefreshError, mf.ManifestError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for f in findings:
+        print(f"error: {f}", file=sys.stderr)
+    if findings:
+        print(f"{len(findings)} disagreement(s) between the image definitions and env/stack.toml", file=sys.stderr)
+        return 1
+    print(f"{DOCKERFILE} and {SINGULARITY_DEF} agree with env/stack.toml")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
