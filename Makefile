@@ -25,7 +25,7 @@ OCTO_DIST := $(VENV)/bin/octo-dist
 JAX020_VENV ?= .venv-jax020
 JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
-.PHONY: help env dev-env jax020-env git-deps lock check-env test smoke bench-check-env clean-env
+.PHONY: help env dev-env jax020-env git-deps lock check-env test smoke bench-check-env bench-engine clean-env
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -60,13 +60,121 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# The 2-rank data-parallel smoke job (issue 4) is not built yet; until it is, `make smoke` builds the
-# env and checks it, as the foundation issue allows.
-smoke: $(ENV_STAMP) ## build the cpu env if missing and check it (the 2-rank smoke job replaces this)
-	$(OCTO_DIST) check-env --profile $(PROFILE)
+# The main job on its embedded default: 2 ranks under the venv's mpirun, checked against 1 process x 2 devices
+# on the same global batches (octo-dist smoke --check-equivalence runs both). SMOKE_ARGS adds flags.
+SMOKE_ARGS ?=
+smoke: $(ENV_STAMP) ## build the cpu env if missing, run the 2-rank smoke job under mpirun, compare with 1 process
+	$(OCTO_DIST) smoke --check-equivalence --np 2 $(SMOKE_ARGS)
+
+# ---- Octo fine-tuning (issue 5) --------------------------------------------------------------------------
+# Compute nodes often have no internet: `make weights` on a login node puts HF_MODEL in WEIGHTS_DIR (and the
+# tokenizer files its config names in ~/.cache/huggingface); jobs then use --config.pretrained_path=WEIGHTS_DIR.
+HF_MODEL ?= hf://rail-berkeley/octo-small
+WEIGHTS_DIR ?= weights/$(notdir $(HF_MODEL))
+SYNTHETIC_DATA ?= runs/synthetic_rlds
+FINETUNE_SMOKE_ARGS ?=
+# Open MPI refuses root without these (containers, CI); harmless for everyone else.
+MPIRUN_ROOT_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+.PHONY: weights synthetic-data finetune-smoke
+
+weights: $(ENV_STAMP) ## download HF_MODEL (octo-small) into WEIGHTS_DIR on a login node (needs huggingface.co)
+	$(VENV)/bin/python -m octo_dist.weights $(HF_MODEL) $(WEIGHTS_DIR)
+
+synthetic-data: $(ENV_STAMP) ## write the small synthetic RLDS dataset (TFRecords) to SYNTHETIC_DATA
+	$(VENV)/bin/python -m octo_dist.synthetic_rlds $(SYNTHETIC_DATA)
+
+finetune-smoke: synthetic-data ## 2-rank Octo fine-tune of a tiny model on it under mpirun (needs octo: make git-deps)
+	rm -rf runs/finetune-smoke
+	$(MPIRUN_ROOT_ENV) $(VENV)/bin/mpirun --oversubscribe -np 2 $(VENV)/bin/python scripts/finetune.py \
+	  --config=scripts/configs/finetune_smoke_config.py --debug --config.dataset_kwargs.data_dir=$(SYNTHETIC_DATA) \
+	  $(FINETUNE_SMOKE_ARGS)
 
 bench-check-env: $(ENV_STAMP) ## median wall time of check-env vs `import jax`, side by side
 	$(VENV)/bin/python bench/check_env.py
 
+bench-engine: $(ENV_STAMP) ## step time of 2 processes x 1 device vs 1 process x 2 devices, side by side
+	$(VENV)/bin/python bench/engine.py
+
 clean-env: ## remove $(VENV)
 	rm -rf $(VENV)
+
+.PHONY: job-examples
+job-examples: ## re-render scripts/jobs/*.sh with `octo-dist launch` (stdlib only; a test keeps them identical)
+	PYTHONPATH=. $(PYTHON) -m octo_dist.jobs.examples scripts/jobs
+
+# ---- container images (Dockerfile targets cpu/cuda11, singularity.def) --------------------------------
+# DOCKER can be podman or `buildah` (build-compatible). Behind a TLS-intercepting proxy, CA_SECRET=<bundle>
+# passes its CA as a build secret (never a layer). SIF_TMPDIR: node-local disk on ABCI ($PBS_LOCALDIR).
+DOCKER ?= docker
+IMAGE ?= octo-dist
+CA_SECRET ?=
+SIF ?= octo-dist.sif
+SIF_TMPDIR ?= $${PBS_LOCALDIR:-/tmp}
+REVISION = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+CA_SECRET_ARG = --secret id=ca,src=$(CA_SECRET)
+DOCKER_BUILD = $(DOCKER) build --build-arg REVISION=$(REVISION) $(if $(CA_SECRET),$(CA_SECRET_ARG))
+
+.PHONY: images-check docker docker-smoke sif refresh-digests
+
+images-check: ## check Dockerfile and singularity.def against env/stack.toml (base digests, profile, install)
+	PYTHONPATH=. $(PYTHON) -m octo_dist.images check
+
+docker: images-check ## build image $(IMAGE):$(PROFILE) (Dockerfile target cpu or cuda11)
+	$(DOCKER_BUILD) --target $(PROFILE) -t $(IMAGE):$(PROFILE) .
+
+docker-smoke: ## build the cpu image and run the 2-rank smoke job in it under the image's mpirun
+	$(MAKE) docker PROFILE=cpu
+	$(DOCKER) run --rm $(IMAGE):cpu mpirun --oversubscribe -np 2 octo-dist smoke
+
+sif: images-check ## build $(SIF) from singularity.def with --fakeroot (singularity or apptainer)
+	@tool=$$(command -v singularity || command -v apptainer) || { \
+	  echo "error: make sif needs singularity or apptainer on PATH; found neither." >&2; \
+	  echo "  fix: on ABCI, \`module load singularitypro\`; elsewhere install SingularityCE 4.x or Apptainer" >&2; \
+	  exit 1; }; \
+	tmp=$(SIF_TMPDIR); mkdir -p "$$tmp"; \
+	echo "building $(SIF) with $$tool (temp dir $$tmp)"; \
+	OCTO_DIST_REVISION=$(REVISION) SINGULARITY_TMPDIR="$$tmp" APPTAINER_TMPDIR="$$tmp" \
+	  "$$tool" build --fakeroot $(SIF) singularity.def
+
+refresh-digests: ## re-resolve the base image digests in env/stack.toml + both definitions (needs crane/skopeo and a registry)
+	PYTHONPATH=. $(PYTHON) -m octo_dist.images refresh-digests
+
+# The cpu image built for real where no registry and no Docker engine exist (CI here, opt-in: tests marked
+# `buildah`, OCTO_DIST_BUILDAH=1): a Debian 12 base made with debootstrap (python3 = 3.11, so the cpu-py3.11
+# lock), the same Dockerfile with only the base ARGs overridden, git deps skipped (no GitHub). Root, vfs, chroot.
+BUILDAH ?= buildah --storage-driver vfs
+LOCAL_BASE ?= localhost/octo-dist-local-base
+LOCAL_SUITE ?= bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+LOCAL_CA ?= $${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+LOCAL_TMP ?= /var/tmp
+
+.PHONY: docker-local-base docker-local docker-local-smoke
+
+docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with debootstrap + buildah (root; no registry needed)
+	@for t in debootstrap buildah; do command -v $$t >/dev/null || { \
+	  echo "error: make docker-local-base needs $$t; found none on PATH. fix: apt-get install -y buildah debootstrap (as root)" >&2; \
+	  exit 1; }; done
+	tmp=$$(mktemp -d $(LOCAL_TMP)/octo-dist-base.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+	debootstrap --variant=minbase $(LOCAL_SUITE) "$$tmp/rootfs" $(DEBIAN_MIRROR); \
+	tar -C "$$tmp/rootfs" -cf "$$tmp/rootfs.tar" .; \
+	ctr=$$($(BUILDAH) from scratch); \
+	$(BUILDAH) add "$$ctr" "$$tmp/rootfs.tar" /; \
+	$(BUILDAH) config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$$ctr"; \
+	$(BUILDAH) commit --rm "$$ctr" $(LOCAL_BASE):$(LOCAL_SUITE)
+
+docker-local: ## build $(IMAGE):cpu-local from the Dockerfile on that base, with buildah (the proxy CA as a build secret)
+	@digest=$$($(BUILDAH) images --digests --format '{{.Digest}}' $(LOCAL_BASE):$(LOCAL_SUITE) 2>/dev/null) || { \
+	  echo "error: no local base $(LOCAL_BASE):$(LOCAL_SUITE); fix: make docker-local-base" >&2; exit 1; }; \
+	set -x; $(BUILDAH) bud --isolation chroot --target cpu \
+	  --build-arg CPU_BASE_REPO=$(LOCAL_BASE) --build-arg CPU_BASE_TAG=$(LOCAL_SUITE) --build-arg CPU_BASE_DIGEST="$$digest" \
+	  --build-arg GIT_DEPS=--skip-git --build-arg REVISION=$(REVISION) \
+	  --secret id=ca,src=$(LOCAL_CA) -t $(IMAGE):cpu-local .
+
+# --hostname localhost: buildah names the container after its id, which nothing resolves; JAX's coordinator
+# and gloo need a hostname that resolves (Docker writes it into /etc/hosts, buildah run does not).
+docker-local-smoke: docker-local ## build $(IMAGE):cpu-local, run check-env and the 2-rank smoke job in it
+	ctr=$$($(BUILDAH) from $(IMAGE):cpu-local); trap '$(BUILDAH) rm "$$ctr" >/dev/null' EXIT; \
+	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- octo-dist check-env; \
+	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- mpirun --oversubscribe -np 2 octo-dist smoke

@@ -17,6 +17,8 @@ from octo_dist import __version__
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
+    "smoke": "octo_dist.smoke",
+    "launch": "octo_dist.jobs.cli",
 }
 
 EXIT_USAGE = 2
