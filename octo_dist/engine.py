@@ -17,7 +17,6 @@ there; 0.4.22 has one and keeps the check.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Tuple
 

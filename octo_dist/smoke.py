@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
 
 from octo_dist import runtime
 
@@ -53,6 +52,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+class ModelError(ValueError):
+    """--model octo where octo cannot be imported."""
+
+
 def pick_model(name: str):
     """(policy, data spec, what was used and why)."""
     from octo_dist import data
@@ -69,10 +72,6 @@ def pick_model(name: str):
         policy, spec = octo_policy.smoke_policy()
         return policy, spec, "octo (tiny config from OctoModel.from_config)"
     return TinyPolicy(), data.Spec(), "tiny"
-
-
-class ModelError(ValueError):
-    pass
 
 
 def verdict(rec: dict) -> str:
@@ -95,6 +94,8 @@ def verdict(rec: dict) -> str:
 def run_job(args) -> int:
     """On every rank, inside the distributed runtime."""
     from octo_dist import ranklog, stopping
+    from octo_dist.checkpoint import CheckpointError
+    from octo_dist.data import BatchSizeError
 
     with runtime.distributed(**runtime.from_args(args)) as rt:
         # Right after start-up, not before: jax.distributed.initialize installs TSL's own SIGTERM handler (its
@@ -104,12 +105,7 @@ def run_job(args) -> int:
         ranklog.setup(rt.process_index, rt.process_count)
         try:
             return _train(args, rt, stop)
-        except (ValueError, RuntimeError) as e:
-            from octo_dist.checkpoint import CheckpointError
-            from octo_dist.data import BatchSizeError
-
-            if not isinstance(e, (BatchSizeError, CheckpointError, ModelError)):
-                raise
+        except (BatchSizeError, CheckpointError, ModelError) as e:
             # The same on every rank (a shared directory, the same flags): refuse together, shut down cleanly.
             if rt.is_main:
                 print(f"octo-dist smoke: error: {e}", file=sys.stderr, flush=True)

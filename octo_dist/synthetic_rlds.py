@@ -115,8 +115,6 @@ def _builder_class():
 
 def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
     """Write the dataset under ``data_dir`` (kept if already there); returns ``data_dir/octo_dist_synthetic/1.0.0``."""
-    import tensorflow_datasets as tfds
-
     data_dir = Path(data_dir).resolve()
     builder = _builder_class()(layout=layout, data_dir=str(data_dir))
     # Nothing is downloaded; without download_dir tfds would still create ~/tensorflow-datasets/downloads.

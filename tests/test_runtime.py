@@ -1,10 +1,7 @@
 """Distributed start-up: coordinator choice, device binding, tracking and preflight, pure and under a real mpirun."""
 
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -20,7 +20,7 @@ def _read(path: str) -> str:
 
 def expand_nodelist(spec: str) -> list[str]:
     """SLURM's compressed node list: ``"node[001-003,007],gpu5"`` -> node001..node003, node007, gpu5."""
-    hosts, i = [], 0
+    hosts = []
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec):
         m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
         if not m:
