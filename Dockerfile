@@ -6,7 +6,7 @@
 #   make docker-smoke                  (cpu image, 2-rank smoke job under the image's mpirun)
 #
 # Every pin comes from env/: the base images below must equal env/stack.toml [images] (tests and
-# `make docker` check it: python -m octo_dist.images check), and containers/install.sh installs the
+# `make docker` check it: python -m octo_dist.stack.imagedefs check), and containers/install.sh installs the
 # profile's hashed lock. Behind a TLS-intercepting proxy pass its CA as a build secret, never a layer:
 #   docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt --target cpu .
 # Credentials (WANDB_API_KEY) are never built in: pass them at run time (docker run -e WANDB_API_KEY).

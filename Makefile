@@ -49,7 +49,7 @@ $(JAX020_STAMP): env/locks/jax020-cpu-py$(PY_MM).txt containers/install.sh
 	touch $@
 
 git-deps: $(ENV_STAMP) ## install the git-only packages (octo, dlimp) at their pinned commits; needs GitHub
-	$(VENV)/bin/python -m octo_dist.install --profile $(PROFILE) --only-git
+	$(VENV)/bin/python -m octo_dist.stack.install --profile $(PROFILE) --only-git
 
 lock: $(DEV_STAMP) ## regenerate env/locks/ from env/stack.toml (needs PyPI)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/python scripts/lock.py
@@ -79,15 +79,15 @@ MPIRUN_ROOT_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 .PHONY: weights synthetic-data finetune-smoke
 
 weights: $(ENV_STAMP) ## download HF_MODEL (octo-small) into WEIGHTS_DIR on a login node (needs huggingface.co)
-	$(VENV)/bin/python -m octo_dist.weights $(HF_MODEL) $(WEIGHTS_DIR)
+	$(VENV)/bin/python -m octo_dist.apps.finetune.weights $(HF_MODEL) $(WEIGHTS_DIR)
 
 synthetic-data: $(ENV_STAMP) ## write the small synthetic RLDS dataset (TFRecords) to SYNTHETIC_DATA
-	$(VENV)/bin/python -m octo_dist.synthetic_rlds $(SYNTHETIC_DATA)
+	$(VENV)/bin/python -m octo_dist.apps.finetune.synthetic_rlds $(SYNTHETIC_DATA)
 
 finetune-smoke: synthetic-data ## 2-rank Octo fine-tune of a tiny model on it under mpirun (needs octo: make git-deps)
 	rm -rf runs/finetune-smoke
 	$(MPIRUN_ROOT_ENV) $(VENV)/bin/mpirun --oversubscribe -np 2 $(VENV)/bin/python scripts/finetune.py \
-	  --config=scripts/configs/finetune_smoke_config.py --debug --config.dataset_kwargs.data_dir=$(SYNTHETIC_DATA) \
+	  --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug --config.dataset_kwargs.data_dir=$(SYNTHETIC_DATA) \
 	  $(FINETUNE_SMOKE_ARGS)
 
 bench-check-env: $(ENV_STAMP) ## median wall time of check-env vs `import jax`, side by side
@@ -118,7 +118,7 @@ DOCKER_BUILD = $(DOCKER) build --build-arg REVISION=$(REVISION) $(if $(CA_SECRET
 .PHONY: images-check docker docker-smoke sif refresh-digests
 
 images-check: ## check Dockerfile and singularity.def against env/stack.toml (base digests, profile, install)
-	PYTHONPATH=. $(PYTHON) -m octo_dist.images check
+	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs check
 
 docker: images-check ## build image $(IMAGE):$(PROFILE) (Dockerfile target cpu or cuda11)
 	$(DOCKER_BUILD) --target $(PROFILE) -t $(IMAGE):$(PROFILE) .
@@ -138,7 +138,7 @@ sif: images-check ## build $(SIF) from singularity.def with --fakeroot (singular
 	  "$$tool" build --fakeroot $(SIF) singularity.def
 
 refresh-digests: ## re-resolve the base image digests in env/stack.toml + both definitions (needs crane/skopeo and a registry)
-	PYTHONPATH=. $(PYTHON) -m octo_dist.images refresh-digests
+	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs refresh-digests
 
 # The cpu image built for real where no registry and no Docker engine exist (CI here, opt-in: tests marked
 # `buildah`, OCTO_DIST_BUILDAH=1): a Debian 12 base made with debootstrap (python3 = 3.11, so the cpu-py3.11

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from octo_dist import equivalence
+from octo_dist.apps.smoke import equivalence
 
 
 def measure(a, step_fn: str, tmp: Path) -> dict:

@@ -3,7 +3,7 @@
 #
 # The one install path for every consumer: `make env` (a checkout, editable), the Dockerfile and
 # singularity.def (an image, --require-git), and CI (a temporary prefix). The hashed lock goes first,
-# then `python -m octo_dist.install` adds what the lock cannot hold (non-PyPI wheels, git deps) and
+# then `python -m octo_dist.stack.install` adds what the lock cannot hold (non-PyPI wheels, git deps) and
 # octo-dist itself, and prints `pip freeze` into the log.
 #
 # usage: containers/install.sh PROFILE PREFIX [--editable] [--skip-git|--require-git] [--no-self]
@@ -56,4 +56,4 @@ sha256sum "$lock"
 # there would otherwise read that checkout's manifest instead of the one being installed.
 prefix_python=$(cd "$prefix" && pwd)/bin/python
 cd "$src"
-PYTHONPATH="$src" "$prefix_python" -m octo_dist.install --profile "$profile" --source "$src" "$@"
+PYTHONPATH="$src" "$prefix_python" -m octo_dist.stack.install --profile "$profile" --source "$src" "$@"

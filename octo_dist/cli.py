@@ -17,7 +17,7 @@ from octo_dist import __version__
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
-    "smoke": "octo_dist.smoke",
+    "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
 }
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from octo_dist.lockgen import main  # noqa: E402
+from octo_dist.stack.lockgen import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

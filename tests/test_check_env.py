@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 from octo_dist.envcheck import cudnn, rules
 
 REAL = mf.load_manifest()
@@ -25,7 +25,7 @@ CUDA = REAL.profile("cuda11")
 def make_dist(site: Path, name: str, version: str, requires=(), commit=None):
     d = site / f"{name.replace('-', '_')}-{version}.dist-info"
     d.mkdir(parents=True)
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     (d / "METADATA").write_text("\n".join(meta) + "\n")
     if commit:

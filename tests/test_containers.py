@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist import images
-from octo_dist import manifest as mf
+from octo_dist.stack import imagedefs as images
+from octo_dist.stack import manifest as mf
 
 REPO = mf.REPO_ROOT
 BIN = Path(sys.executable).parent
@@ -126,7 +126,7 @@ def test_shellcheck_is_live(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The definitions against env/ (octo_dist.images), and against each other
+# The definitions against env/ (octo_dist.stack.imagedefs), and against each other
 # ---------------------------------------------------------------------------------------------------
 
 def test_the_committed_definitions_agree_with_env():

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROGRAMS, REPO, clean_env, json_lines
-from octo_dist import data, engine
+from helpers import PROGRAMS, REPO, clean_env, json_lines
+from octo_dist.engine import data
+from octo_dist.engine import parallel as engine
 
 JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"
 NDEV = 4

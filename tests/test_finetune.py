@@ -10,11 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, clean_env
-from octo_dist import finetune, finetune_config as fc, weights
+from helpers import REPO, clean_env
+from octo_dist.apps.finetune import app as finetune
+from octo_dist.apps.finetune import config as fc
+from octo_dist.policies import octo_spec
+from octo_dist.apps.finetune import weights
 
 FINETUNE = str(REPO / "scripts" / "finetune.py")
-SMOKE_CONFIG = str(REPO / "scripts" / "configs" / "finetune_smoke_config.py")
+SMOKE_CONFIG = str(REPO / "octo_dist" / "apps" / "finetune" / "configs" / "finetune_smoke_config.py")
 UNREACHABLE = lambda repo: "ConnectionError: name resolution failed"  # noqa: E731
 REACHABLE = lambda repo: None  # noqa: E731
 
@@ -46,9 +49,9 @@ def fake_checkpoint(root: Path, config: dict, files=fc.CHECKPOINT_FILES, step="5
     return root
 
 
-OCTO_SMALL_LIKE = {"model": {"task_tokenizers": {"language": fc.module_spec(
+OCTO_SMALL_LIKE = {"model": {"task_tokenizers": {"language": octo_spec.module_spec(
     "octo.model.components.tokenizers:LanguageTokenizer", encoder="t5-base", finetune_encoder=False)}},
-    "text_processor": fc.module_spec("octo.data.utils.text_processing:HFTokenizer", tokenizer_name="t5-base"),
+    "text_processor": octo_spec.module_spec("octo.data.utils.text_processing:HFTokenizer", tokenizer_name="t5-base"),
     "optimizer": {"frozen_keys": ["*hf_model*"]}}
 
 
@@ -265,7 +268,7 @@ def test_weights_download_also_caches_the_tokenizer_the_model_loads(tmp_path):
 
 def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
     env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    proc = subprocess.run([sys.executable, "-m", "octo_dist.weights", "hf://rail-berkeley/octo-small",
+    proc = subprocess.run([sys.executable, "-m", "octo_dist.apps.finetune.weights", "hf://rail-berkeley/octo-small",
                            str(tmp_path / "w")], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 1
     assert proc.stderr.startswith("octo-dist weights: error: could not download hf://rail-berkeley/octo-small into ")
@@ -276,7 +279,7 @@ def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from octo_dist import synthetic_rlds
+    from octo_dist.apps.finetune import synthetic_rlds
 
     root = tmp_path_factory.mktemp("rlds")
     synthetic_rlds.write(root, synthetic_rlds.Layout(train_episodes=6, val_episodes=2, steps=6, image_size=32))
@@ -286,7 +289,7 @@ def synthetic(tmp_path_factory):
 def test_synthetic_dataset_is_rlds_in_tfrecord_files(synthetic):
     import tensorflow_datasets as tfds
 
-    from octo_dist import synthetic_rlds
+    from octo_dist.apps.finetune import synthetic_rlds
 
     version_dir = synthetic / synthetic_rlds.NAME / synthetic_rlds.DATASET_VERSION
     assert sorted(p.name for p in version_dir.glob("*.tfrecord*")) == [
@@ -312,7 +315,7 @@ def test_the_smoke_config_finds_the_synthetic_dataset(synthetic):
 @pytest.mark.octo
 def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shapes(synthetic):
     pytest.importorskip("octo")
-    from octo_dist import octo_policy
+    from octo_dist.policies import octo as octo_policy
 
     cfg = smoke_cfg(synthetic, seed=0)
     source = finetune.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)

@@ -1,4 +1,4 @@
-"""The allgather fix (octo_dist.gather) without Octo: raw ``process_allgather`` vs the helper, on the pinned JAX
+"""The allgather fix (octo_dist.policies.gather) without Octo: raw ``process_allgather`` vs the helper, on the pinned JAX
 versions. jax 0.4.20 (production pin) in one process with forced CPU devices; jax 0.4.22 under a real mpirun."""
 
 import subprocess
@@ -6,8 +6,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, REPO, clean_env, json_lines
-from octo_dist import gather
+from helpers import PROGRAMS, REPO, clean_env, json_lines
+from octo_dist.policies import gather
 
 GATHER = str(PROGRAMS / "gather.py")
 JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"

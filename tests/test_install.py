@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist import install
-from octo_dist import manifest as mf
+from octo_dist.stack import install
+from octo_dist.stack import manifest as mf
 
 
 def _git(*args, cwd):

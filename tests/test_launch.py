@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env
+from helpers import REPO, clean_env
 from octo_dist import cli
 from octo_dist.jobs import examples, render, spec
 from octo_dist.jobs.cli import parse

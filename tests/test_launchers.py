@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import json_lines
+from helpers import json_lines
 
 from octo_dist.launchers import LauncherError, detect
 from octo_dist.launchers import hostlists

@@ -1,11 +1,10 @@
 """The committed locks agree with env/stack.toml, and the checker that says so can fail."""
 
-from pathlib import Path
 
 import pytest
 
-from octo_dist import manifest as mf
-from octo_dist.lockfile import lock_mismatches, parse_direct, parse_lock
+from octo_dist.stack import manifest as mf
+from octo_dist.stack.lockfile import lock_mismatches, parse_direct, parse_lock
 
 MANIFEST = mf.load_manifest()
 LOCK_CASES = [(p.name, py) for p in MANIFEST.profiles.values() for py in p.lock_pythons]

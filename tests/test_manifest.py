@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 
 RAW = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
 

@@ -1,4 +1,4 @@
-"""The Octo policy adapter (octo_dist.octo_policy): the tiny Octo of ``smoke --model octo``, its loss, merging
+"""The Octo policy adapter (octo_dist.policies.octo): the tiny Octo of ``smoke --model octo``, its loss, merging
 pretrained parameters, and 2 processes reproducing 1 process x 2 devices with it. Needs the fork (``octo``)."""
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, clean_env
+from helpers import REPO, clean_env
 
 pytest.importorskip("octo")
 pytestmark = pytest.mark.octo
@@ -17,7 +17,8 @@ def test_tiny_octo_policy_inits_and_its_loss_trains():
     import jax
     import optax
 
-    from octo_dist import data, octo_policy
+    from octo_dist.engine import data
+    from octo_dist.policies import octo as octo_policy
 
     policy, spec = octo_policy.smoke_policy()
     assert policy.name == "octo" and spec == octo_policy.example_spec()

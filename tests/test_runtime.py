@@ -5,9 +5,11 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, REPO, clean_env, json_lines
-from octo_dist import coordinator as coord
-from octo_dist import preflight, runtime, tracking
+from helpers import PROGRAMS, REPO, clean_env, json_lines
+from octo_dist.launchers import coordinator as coord
+from octo_dist.envcheck import launch as preflight
+from octo_dist.dist import runtime
+from octo_dist.dist import tracking
 from octo_dist.envcheck.result import FAIL, OK, Check
 from octo_dist.launchers import Launch
 
@@ -37,17 +39,17 @@ def test_a_malformed_explicit_address_is_refused(bad):
 def test_node_list_host_and_a_port_every_rank_derives_from_the_job_id():
     env = {"PBS_NODEFILE": "/var/spool/pbs/aux/12345.pbs1", "PBS_JOBID": "12345.pbs1"}
     hosts = "g0003\ng0003\ng0007\ng0007\n"
-    a = coord.resolve(env, launch(world=4, rank=0, local_size=2), use_mpi=False, read=lambda p: hosts)
-    b = coord.resolve(env, launch(world=4, rank=3, local_rank=1, local_size=2), use_mpi=False, read=lambda p: hosts)
+    a = coord.resolve(env, launch(world=4, rank=0, local_size=2), read=lambda p: hosts)
+    b = coord.resolve(env, launch(world=4, rank=3, local_rank=1, local_size=2), read=lambda p: hosts)
     assert a == b and a.host == "g0003" and 20000 <= a.port < 40000
     assert a.port == coord.port_for_job("12345.pbs1") != coord.port_for_job("12346.pbs1")
     assert "PBS_NODEFILE" in a.source
 
 
 def test_one_node_without_node_list_uses_loopback_and_several_nodes_need_an_address():
-    assert coord.resolve({}, launch(world=2, local_size=2), use_mpi=False).host == "127.0.0.1"
+    assert coord.resolve({}, launch(world=2, local_size=2)).host == "127.0.0.1"
     with pytest.raises(coord.CoordinatorError, match="export COORDINATOR_ADDRESS"):
-        coord.resolve({}, launch(world=8, local_size=4), use_mpi=False)
+        coord.resolve({}, launch(world=8, local_size=4))
 
 
 def test_single_process_needs_no_coordinator():
@@ -131,13 +133,13 @@ def run_python(code_or_args, env, python=sys.executable, timeout=120):
 
 
 def test_single_process_starts_and_stops_without_a_coordinator():
-    proc = run_python("from octo_dist import runtime\nwith runtime.distributed() as rt: print(rt.describe())", clean_env())
+    proc = run_python("from octo_dist.dist import runtime\nwith runtime.distributed() as rt: print(rt.describe())", clean_env())
     assert proc.returncode == 0, proc.stderr
     assert "single: process 0/1" in proc.stdout and "cpu device" in proc.stdout
 
 
 def test_a_backend_touched_before_start_up_is_refused():
-    code = "import jax; jax.devices()\nfrom octo_dist import runtime\nruntime.initialize()"
+    code = "import jax; jax.devices()\nfrom octo_dist.dist import runtime\nruntime.initialize()"
     proc = run_python(code, clean_env())
     assert proc.returncode != 0 and "a JAX backend was initialised before octo_dist" in proc.stderr
 
@@ -146,7 +148,7 @@ def test_a_backend_touched_before_start_up_is_refused():
 def test_cpu_jax_0_4_20_with_several_processes_is_refused_by_name():
     env = clean_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0",
                     OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS="127.0.0.1:29999")
-    proc = run_python("from octo_dist import runtime\nruntime.initialize(use_mpi=False)", env, python=JAX020_PYTHON)
+    proc = run_python("from octo_dist.dist import runtime\nruntime.initialize(use_mpi=False)", env, python=JAX020_PYTHON)
     assert proc.returncode != 0
     assert "jax 0.4.20 on the CPU cannot run one computation across processes" in proc.stderr
 
@@ -232,7 +234,7 @@ def test_check_env_launch_fails_when_ranks_disagree_about_the_coordinator(mpirun
 # --- rank-aware logging ---------------------------------------------------------------------------------
 
 def test_info_only_on_rank_0_warnings_everywhere_with_a_rank_prefix():
-    code = ("import io, logging, sys\nfrom octo_dist import ranklog\n"
+    code = ("import io, logging, sys\nfrom octo_dist.dist import ranklog\n"
             "s = io.StringIO()\nranklog.setup(int(sys.argv[1]), 4, host='g0001', stream=s)\n"
             "logging.getLogger('x').info('hello'); logging.getLogger('x').warning('careful')\n"
             "print(s.getvalue(), end=''); print(type(ranklog.progress([1], int(sys.argv[1]))).__name__)")

@@ -11,9 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, clean_env
-from octo_dist import equivalence, smoke, train
-from octo_dist.checkpoint import CheckpointError, NoCheckpoints
+from helpers import REPO, clean_env
+from octo_dist.apps.smoke import equivalence
+from octo_dist.apps.smoke import app as smoke
+from octo_dist.engine import train
+from octo_dist.engine.checkpoint import CheckpointError, NoCheckpoints
 
 SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny"]
 

@@ -27,7 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--launch", action="store_true",
                    help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
                         "runtime; rank 0 prints one line per rank and fails on a mismatch")
-    from octo_dist import runtime
+    from octo_dist.dist import runtime
 
     runtime.argv_options(p)
     p.set_defaults(func=run)
@@ -45,7 +45,7 @@ def _nvidia_smi() -> Optional[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octo_dist import manifest as mf
+    from octo_dist.stack import manifest as mf
     from octo_dist.envcheck import cudnn, installed, rules
 
     try:
@@ -81,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args, profile, checks, smi) -> int:
-    from octo_dist import coordinator, launchers, preflight, ranklog, runtime
+    from octo_dist.launchers import coordinator
+    from octo_dist import launchers
+    from octo_dist.envcheck import launch as preflight
+    from octo_dist.dist import ranklog
+    from octo_dist.dist import runtime
     from octo_dist.envcheck.result import FAIL
 
     try:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Mapping, Optional
 
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 from octo_dist.envcheck.result import FAIL, OK, Check
 
 _PROBE = r"""

@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 from typing import Iterable, Optional, Sequence
 
-from octo_dist.manifest import canonical_name
+from octo_dist.stack.manifest import canonical_name
 
 
 @dataclasses.dataclass(frozen=True)

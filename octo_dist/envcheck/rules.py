@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 from octo_dist.envcheck.installed import Installed
 from octo_dist.envcheck.result import FAIL, OK, WARN, Check
 

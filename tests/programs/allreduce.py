@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from octo_dist import ranklog, runtime
+from octo_dist.dist import ranklog
+from octo_dist.dist import runtime
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--init-timeout", type=float, default=60)
@@ -37,7 +38,7 @@ with runtime.distributed(timeout_s=args.init_timeout) as rt:
     expected = float(sum((i + 1.0) * jax.local_device_count() for i in range(rt.process_count)))
     tracker_id = None
     if args.wandb_dir:
-        from octo_dist import tracking
+        from octo_dist.dist import tracking
 
         tracker = tracking.make_tracker(rt.process_index, project="octo-dist-test", dir=args.wandb_dir,
                                         config={"world": rt.process_count, "wandb_api_key": "leak?"}, launch=rt.launch)

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 
-from octo_dist import compile_cache
+from octo_dist.dist import compile_cache
 
 captured = io.StringIO()
 handler = logging.StreamHandler(captured)

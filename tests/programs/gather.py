@@ -1,5 +1,5 @@
 """Run by tests/test_gather.py, alone (forced CPU devices) or under mpirun: what ``process_allgather`` makes of an
-Octo-shaped example batch, raw and through ``octo_dist.gather``; one JSON line per rank.
+Octo-shaped example batch, raw and through ``octo_dist.policies.gather``; one JSON line per rank.
 
 usage: gather.py [--global-batch B]
 
@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from octo_dist import runtime
+from octo_dist.dist import runtime
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--global-batch", type=int, default=4)
@@ -23,7 +23,7 @@ with runtime.distributed(timeout_s=60) as rt:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh
 
-    from octo_dist import gather
+    from octo_dist.policies import gather
 
     local_b = args.global_batch // rt.process_count
     first = rt.process_index * local_b

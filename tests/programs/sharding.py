@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from octo_dist import data, engine
-from octo_dist.tiny_policy import TinyPolicy
+from octo_dist.engine import data
+from octo_dist.engine import parallel as engine
+from octo_dist.policies.tiny import TinyPolicy
 
 out = {"jax": jax.__version__, "devices": jax.device_count()}
 ndev = jax.device_count()

@@ -2,9 +2,9 @@
 the synthetic RLDS dataset (`make synthetic-data` writes it to runs/synthetic_rlds).
 
     make synthetic-data
-    mpirun -np 2 python scripts/finetune.py --config=scripts/configs/finetune_smoke_config.py --debug \
+    mpirun -np 2 python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug \
         --config.num_steps=3
-    mpirun -np 2 python scripts/finetune.py --config=scripts/configs/finetune_smoke_config.py --debug --resume
+    mpirun -np 2 python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug --resume
                                                         # continues from the step-3 checkpoint to step 6
 
 Same fields as finetune_config.py, so the same overrides work.
@@ -13,7 +13,7 @@ Same fields as finetune_config.py, so the same overrides work.
 from ml_collections import ConfigDict
 from ml_collections.config_dict import FieldReference, placeholder
 
-from octo_dist.finetune_config import module_spec, tiny_model_config
+from octo_dist.policies.octo_spec import module_spec, tiny_model_config
 
 ACTION_HORIZON, ACTION_DIM = 4, 7
 

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from octo_dist import manifest as mf
-from octo_dist.lockfile import parse_lock
+from octo_dist.stack import manifest as mf
+from octo_dist.stack.lockfile import parse_lock
 
 DEV_PROFILE = "cpu"
 

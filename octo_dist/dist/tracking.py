@@ -103,7 +103,7 @@ def make_tracker(rank: int, *, project: str, run_id: Optional[str] = None, group
     environ = os.environ if environ is None else environ
     mode = resolve_mode(environ, mode)
     if broadcast is None:
-        from octo_dist.collectives import broadcast_str as broadcast
+        from octo_dist.dist.collectives import broadcast_str as broadcast
     agreed = broadcast(run_id or environ.get("WANDB_RUN_ID") or (new_run_id() if rank == 0 else None))
     if rank != 0 or mode == "disabled":
         return NoopTracker(agreed)

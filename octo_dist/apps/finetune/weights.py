@@ -1,6 +1,6 @@
 """Pretrained Octo weights on disk, for compute nodes without internet.
 
-    python -m octo_dist.weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
+    python -m octo_dist.apps.finetune.weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
 
 ``OctoModel.load_pretrained("hf://...")`` calls ``huggingface_hub.snapshot_download`` on every rank at start-up;
 on an ABCI compute node that fails (no route out), after the job has waited for its nodes. Run this once on a login
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from octo_dist.finetune_config import DEFAULT_HF_MODEL, HF_PREFIX, checkpoint_problems, hf_dependencies, hf_repo
+from octo_dist.apps.finetune.config import DEFAULT_HF_MODEL, HF_PREFIX, checkpoint_problems, hf_dependencies, hf_repo
 
 EXIT_FAILED = 1
 PROBE_TIMEOUT_S = 10.0
@@ -96,7 +96,7 @@ def download(source: str, local_dir: str | Path, snapshot: Optional[Callable[...
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m octo_dist.weights", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m octo_dist.apps.finetune.weights", description=__doc__.splitlines()[0])
     p.add_argument("source", nargs="?", default=DEFAULT_HF_MODEL, help=f"hf://owner/name (default {DEFAULT_HF_MODEL})")
     p.add_argument("local_dir", nargs="?", help="where to put it (default weights/<name>)")
     a = p.parse_args(argv)

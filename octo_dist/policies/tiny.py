@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from octo_dist.data import Spec
+from octo_dist.engine.data import Spec
 
 
 class Block(nn.Module):

@@ -1,6 +1,6 @@
 """A small synthetic RLDS dataset, written by tensorflow_datasets as real TFRecord files, for the Octo smoke run.
 
-    python -m octo_dist.synthetic_rlds runs/synthetic_rlds      # what `make synthetic-data` runs
+    python -m octo_dist.apps.finetune.synthetic_rlds runs/synthetic_rlds      # what `make synthetic-data` runs
 
 It has the layout of the Bridge data the fork's default fine-tune config reads (``octo_dist_synthetic/1.0.0/``,
 ``train`` and ``val`` splits), so the fork's own ``bridge_dataset_transform`` standardizes it and
@@ -67,7 +67,7 @@ def episode(layout: Layout, index: int) -> dict:
 
 def _builder_class():
     # Defined on first use: tensorflow_datasets registers a builder class by name when the class is created,
-    # and importing tensorflow is slow, so a plain `import octo_dist.synthetic_rlds` stays cheap.
+    # and importing tensorflow is slow, so a plain `import octo_dist.apps.finetune.synthetic_rlds` stays cheap.
     import tensorflow_datasets as tfds
 
     existing = globals().get("_BUILDER")
@@ -123,7 +123,7 @@ def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m octo_dist.synthetic_rlds", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0])
     p.add_argument("data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)")
     p.add_argument("--train-episodes", type=int, default=Layout.train_episodes)
     p.add_argument("--val-episodes", type=int, default=Layout.val_episodes)

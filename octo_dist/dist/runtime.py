@@ -27,9 +27,10 @@ import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
-from octo_dist import coordinator as coord_mod
+from octo_dist.launchers import coordinator as coord_mod
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
+from octo_dist.dist import mpi
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
     global _current
     environ = os.environ if environ is None else environ
     if _current is not None:
-        raise StartupError("octo_dist.runtime.initialize() was already called in this process")
+        raise StartupError("octo_dist.dist.runtime.initialize() was already called in this process")
     if timeout_s is None:
         timeout_s = float(environ.get("OCTO_DIST_INIT_TIMEOUT", DEFAULT_TIMEOUT_S))
     launch = launchers.detect(environ, launcher)
@@ -191,9 +192,9 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
         raise StartupError(
             "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
             "jax.devices() or ran a computation at import time); jax 0.4.20 then runs every rank as an independent "
-            "single-process job. Fix: call octo_dist.runtime.initialize() before any JAX computation")
+            "single-process job. Fix: call octo_dist.dist.runtime.initialize() before any JAX computation")
     gpu = expects_gpu(jaxlib.__version__, environ)
-    c = coord_mod.resolve(environ, launch, explicit=coordinator, use_mpi=use_mpi)
+    c = coord_mod.resolve(environ, launch, explicit=coordinator, broadcast=mpi.broadcaster(launch) if use_mpi else None)
     if launch.world_size > 1:
         assert c is not None
         if not gpu:

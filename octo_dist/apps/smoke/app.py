@@ -17,9 +17,9 @@ import os
 import sys
 import time
 
-from octo_dist import runtime
+from octo_dist.dist import runtime
 
-log = logging.getLogger("octo_dist.smoke")
+log = logging.getLogger("octo_dist.apps.smoke.app")
 
 MODELS = ("auto", "tiny", "octo")
 EXIT_USAGE = 2
@@ -58,12 +58,12 @@ class ModelError(ValueError):
 
 def pick_model(name: str):
     """(policy, data spec, what was used and why)."""
-    from octo_dist import data
-    from octo_dist.tiny_policy import TinyPolicy
+    from octo_dist.engine import data
+    from octo_dist.policies.tiny import TinyPolicy
 
     if name in ("auto", "octo"):
         try:
-            from octo_dist import octo_policy
+            from octo_dist.policies import octo as octo_policy
         except ImportError as e:
             if name == "octo":
                 raise ModelError(f"--model octo, but octo cannot be imported ({e}); expected the pinned fork. "
@@ -93,9 +93,10 @@ def verdict(rec: dict) -> str:
 
 def run_job(args) -> int:
     """On every rank, inside the distributed runtime."""
-    from octo_dist import ranklog, stopping
-    from octo_dist.checkpoint import CheckpointError
-    from octo_dist.data import BatchSizeError
+    from octo_dist.dist import ranklog
+    from octo_dist.dist import stopping
+    from octo_dist.engine.checkpoint import CheckpointError
+    from octo_dist.engine.data import BatchSizeError
 
     with runtime.distributed(**runtime.from_args(args)) as rt:
         # Right after start-up, not before: jax.distributed.initialize installs TSL's own SIGTERM handler (its
@@ -115,7 +116,11 @@ def run_job(args) -> int:
 def _train(args, rt, stop) -> int:
     import optax
 
-    from octo_dist import collectives, compile_cache, data, tracking, train
+    from octo_dist.dist import collectives
+    from octo_dist.dist import compile_cache
+    from octo_dist.engine import data
+    from octo_dist.dist import tracking
+    from octo_dist.engine import train
 
     compile_cache.enable(args.compile_cache)
     policy, spec, model_note = pick_model(args.model)
@@ -160,7 +165,7 @@ def _train(args, rt, stop) -> int:
 
 def main(args) -> int:
     if args.check_equivalence:
-        from octo_dist import equivalence
+        from octo_dist.apps.smoke import equivalence
 
         return equivalence.main(args)
     return run_job(args)

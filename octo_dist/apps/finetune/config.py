@@ -1,13 +1,13 @@
 """The fine-tune job's command line and configuration, checked before any rank starts: no Octo, no JAX here.
 
-    python scripts/finetune.py --config=scripts/configs/finetune_config.py:head_only,image_conditioned \
+    python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_config.py:head_only,image_conditioned \
         --config.pretrained_path=weights/octo-small --config.batch_size=256 --name=my_run --debug
 
 The flags are the fork's (``--config`` ml_collections file with ``--config.<field>=...`` overrides, ``--name``,
 ``--debug``) plus ``--resume``. :func:`problems` checks what would otherwise fail minutes later on every rank: the
 pretrained checkpoint (a local directory with Octo's layout, or an ``hf://`` repository that is cached or reachable;
 compute nodes often have no internet) and the RLDS dataset directory. Octo module specs are written as plain dicts
-(:func:`module_spec`), what ``octo.utils.spec.ModuleSpec.create`` returns, so config files load without Octo.
+(:func:`octo_dist.policies.octo_spec.module_spec`), what ``octo.utils.spec.ModuleSpec.create`` returns, so config files load without Octo.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+
 
 FINETUNING_MODES = ("full", "head_only", "head_mlp_only")
 MODALITIES = ("image_conditioned", "language_conditioned", "multimodal")
@@ -36,21 +37,13 @@ class ConfigError(ValueError):
     """The configuration cannot run; raised before the distributed runtime starts."""
 
 
-def module_spec(target: str, *args: Any, **kwargs: Any) -> dict:
-    """``"octo.model.components.tokenizers:ImageTokenizer"`` -> the dict ``ModuleSpec.create`` makes of it."""
-    if target.count(":") != 1:
-        raise ValueError(f"module spec {target!r}; expected 'package.module:name'")
-    module, name = target.split(":")
-    return {"module": module, "name": name, "args": tuple(args), "kwargs": dict(kwargs)}
-
-
 def parse_mode(config_string: str) -> Tuple[str, str]:
     """``"head_only,image_conditioned"`` -> (finetuning mode, modality), as the fork's ``get_config`` accepts."""
     parts = [p.strip() for p in config_string.split(",")]
     if len(parts) != 2 or parts[0] not in FINETUNING_MODES or parts[1] not in MODALITIES:
         raise ConfigError(f"config string {config_string!r}; expected '<mode>,<modality>' with mode one of "
                           f"{FINETUNING_MODES} and modality one of {MODALITIES} "
-                          f"(e.g. --config=scripts/configs/finetune_config.py:head_only,image_conditioned)")
+                          f"(e.g. --config=octo_dist/apps/finetune/configs/finetune_config.py:head_only,image_conditioned)")
     return parts[0], parts[1]
 
 
@@ -66,37 +59,6 @@ def frozen_keys(mode: str) -> Optional[tuple]:
     if mode == "head_mlp_only":
         return ("octo_transformer.*", "heads_*.map_head.probe", "heads_*.map_head.MultiHeadDotProductAttention_0.*")
     raise ConfigError(f"finetuning_mode {mode!r}; expected one of {FINETUNING_MODES}")
-
-
-def tiny_model_config(action_horizon: int = 4, action_dim: int = 7, *, token_dim: int = 64, layers: int = 2) -> dict:
-    """A tiny Octo (the ``model`` entry of an Octo config) for smoke runs: one image tokenizer over
-    ``image_primary`` (observation and goal stacked, as Octo-Small), a diffusion action head as in the fork's
-    pretraining config, a 2-layer transformer of width 64. No text model, nothing to download. The image stem is
-    Octo's PatchEncoder (one 16x16 convolution): Octo-Small's SmallStem16 doubles the train step's compile time on
-    the CPU (measured 14 s vs 7 s here) and a smoke run is mostly compilation."""
-    return {
-        "observation_tokenizers": {
-            "primary": module_spec(
-                "octo.model.components.tokenizers:ImageTokenizer", obs_stack_keys=["image_primary"],
-                task_stack_keys=["image_primary"],
-                encoder=module_spec("octo.model.components.vit_encoders:PatchEncoder", patch_size=16,
-                                    num_features=token_dim)),
-        },
-        "task_tokenizers": {},
-        "heads": {
-            "action": module_spec(
-                "octo.model.components.action_heads:DiffusionActionHead", readout_key="readout_action",
-                use_map=False, action_horizon=action_horizon, action_dim=action_dim, n_diffusion_samples=1,
-                dropout_rate=0.0, hidden_dim=64, num_blocks=1, diffusion_steps=20),
-        },
-        "readouts": {"action": 1},
-        "token_embedding_size": token_dim,
-        "transformer_kwargs": {"num_layers": layers, "mlp_dim": 2 * token_dim, "num_attention_heads": 2,
-                               "dropout_rate": 0.0, "attention_dropout_rate": 0.0, "add_position_embedding": False},
-        "max_horizon": 10,
-        "repeat_task_tokens": True,
-        "use_correct_attention": True,
-    }
 
 
 # --- the model config: the pretrained one, edited as the fork edits it ------------------------------------------
@@ -211,7 +173,7 @@ def saved_steps(directory: str | Path) -> list:
 
 
 def resume_problem(train_state_dir: Optional[str], resume: bool) -> Optional[str]:
-    """Checkpoints already there without ``--resume``: refused before start-up (octo_dist.train refuses it too, but
+    """Checkpoints already there without ``--resume``: refused before start-up (octo_dist.engine.train refuses it too, but
     only after every rank has loaded data and compiled the model)."""
     steps = saved_steps(train_state_dir) if train_state_dir else []
     if steps and not resume:
@@ -290,7 +252,7 @@ def pretrained_problems(config: Mapping, probe: HfProbe) -> list:
                                              config.get("update_config"))
             return _dependency_problems("config.model_config", model_config, probe)
         return [f"no model: --config.pretrained_path is unset and the config has no model_config. Fix: "
-                f"{weights_fix()}, or use scripts/configs/finetune_smoke_config.py for a tiny model from config"]
+                f"{weights_fix()}, or use octo_dist/apps/finetune/configs/finetune_smoke_config.py for a tiny model from config"]
     path = str(path)
     if path.startswith(HF_PREFIX):
         repo = hf_repo(path)
@@ -329,7 +291,7 @@ def dataset_problems(dataset_kwargs: Mapping, smoke_fix: str = "make synthetic-d
     infos = sorted(root.glob(f"{version or '*'}/dataset_info.json")) if root.is_dir() else []
     if infos:
         return []
-    from octo_dist.synthetic_rlds import NAME as SYNTHETIC
+    from octo_dist.apps.finetune.synthetic_rlds import NAME as SYNTHETIC
 
     fix = (f"{smoke_fix} (writes it to runs/synthetic_rlds), or --config.dataset_kwargs.data_dir=<where you wrote it>"
            if base == SYNTHETIC else
@@ -378,7 +340,7 @@ def validate(config: Mapping, probe: HfProbe) -> None:
 
 # --- flags ------------------------------------------------------------------------------------------------------
 
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "scripts" / "configs" / "finetune_config.py")
+DEFAULT_CONFIG = str(Path(__file__).resolve().parent / "configs" / "finetune_config.py")
 
 
 def define_flags(flag_values, argv: Sequence[str], default_config: str = DEFAULT_CONFIG) -> None:

@@ -4,10 +4,10 @@ Both definitions pin their base image and run ``containers/install.sh`` for a pr
 one place those pins are decided. This module reads the definitions as text and reports every place
 where they disagree with the manifest or drop something the images promise (non-root user, the
 profile in the environment, no baked secrets, ``PYTHONNOUSERSITE=1`` ...). It is pure over file text
-and a :class:`~octo_dist.manifest.Manifest`, so tests fabricate a drifted copy and see it reported.
+and a :class:`~octo_dist.stack.manifest.Manifest`, so tests fabricate a drifted copy and see it reported.
 
-``python -m octo_dist.images check`` runs it on the checkout (``make docker`` and ``make sif`` do so
-before building); ``python -m octo_dist.images refresh-digests`` re-resolves the base digests where
+``python -m octo_dist.stack.imagedefs check`` runs it on the checkout (``make docker`` and ``make sif`` do so
+before building); ``python -m octo_dist.stack.imagedefs refresh-digests`` re-resolves the base digests where
 a registry is reachable (``make refresh-digests``).
 
 Conventions the checks rely on, written in both definitions:
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from octo_dist import __version__
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 
 DOCKERFILE = "Dockerfile"
 SINGULARITY_DEF = "singularity.def"
@@ -483,7 +483,7 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m octo_dist.images", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("check", "refresh-digests"))
     parser.add_argument("--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)")
     args = parser.parse_args(argv)

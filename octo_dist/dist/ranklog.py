@@ -1,4 +1,4 @@
-"""Logging and progress bars that know their rank: ``[rank 1/8 g0002] WARNING octo_dist.engine: ...``.
+"""Logging and progress bars that know their rank: ``[rank 1/8 g0002] WARNING octo_dist.engine.parallel: ...``.
 
 INFO is shown on rank 0 only by default, warnings and errors from every rank (a failing node must be heard).
 ``OCTO_DIST_LOG_ALL_RANKS=1`` (or ``all_ranks=True``) shows INFO everywhere.

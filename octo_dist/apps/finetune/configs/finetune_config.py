@@ -1,6 +1,6 @@
 """octo-dist's default fine-tune config, modelled on the fork's scripts/configs/finetune_config.py (TMats/octo).
 
-    --config=scripts/configs/finetune_config.py:<mode>,<modality>
+    --config=octo_dist/apps/finetune/configs/finetune_config.py:<mode>,<modality>
         mode: full | head_only | head_mlp_only; modality: image_conditioned | language_conditioned | multimodal
 
 Every field can be overridden on the command line (--config.batch_size=128). Differences from the fork:
@@ -13,7 +13,8 @@ Config files load without Octo: module specs are written as the plain dicts Modu
 from ml_collections import ConfigDict
 from ml_collections.config_dict import FieldReference, placeholder
 
-from octo_dist.finetune_config import frozen_keys, module_spec, parse_mode
+from octo_dist.apps.finetune.config import frozen_keys, parse_mode
+from octo_dist.policies.octo_spec import module_spec
 
 
 def get_config(config_string="full,multimodal"):

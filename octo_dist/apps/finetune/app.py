@@ -16,7 +16,7 @@ differs is what the seed had to discover:
   ``(B, ...)`` instead of stacking a process axis (the seed's "horizon must be <= max_horizon");
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
-  logging are ``octo_dist.train``'s; start-up and shutdown are ``octo_dist.runtime``'s;
+  logging are ``octo_dist.engine.train``'s; start-up and shutdown are ``octo_dist.dist.runtime``'s;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -35,10 +35,11 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-from octo_dist import finetune_config as fc
-from octo_dist import runtime, tracking
+from octo_dist.apps.finetune import config as fc
+from octo_dist.dist import runtime
+from octo_dist.dist import tracking
 
-log = logging.getLogger("octo_dist.finetune")
+log = logging.getLogger("octo_dist.apps.finetune.app")
 
 EXIT_CONFIG = 2
 TRAIN_STATE_DIR = "train_state"
@@ -89,7 +90,7 @@ class OctoData:
 
         stats = self._build().dataset_statistics if self.process_index == 0 else None
         if process_count > 1:
-            multihost_utils.sync_global_devices("octo_dist.finetune: dataset statistics written")
+            multihost_utils.sync_global_devices("octo_dist.apps.finetune.app: dataset statistics written")
         return stats if stats is not None else self._build().dataset_statistics
 
     def batches(self, start_step: int = 0) -> Iterator[dict]:
@@ -140,14 +141,14 @@ def _json_default(o):
 def run(config, *, name: str = "experiment", debug: bool = False, resume: bool = False, step_fn: str = "jit",
         compile_cache: Optional[str] = None, probe: Optional[fc.HfProbe] = None,
         runtime_kwargs: Optional[Mapping[str, Any]] = None) -> int:
-    """Fine-tune as ``config`` (a ConfigDict or dict shaped like scripts/configs/finetune_config.py) says.
+    """Fine-tune as ``config`` (a ConfigDict or dict shaped like octo_dist/apps/finetune/configs/finetune_config.py) says.
 
     Call on every rank. Returns the exit code: 0 done (or stopped by a signal after saving), 2 a configuration
     that cannot run (printed once, before anything is compiled).
     """
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     if probe is None:
-        from octo_dist import weights
+        from octo_dist.apps.finetune import weights
 
         probe = weights.probe
     try:
@@ -160,15 +161,16 @@ def run(config, *, name: str = "experiment", debug: bool = False, resume: bool =
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
         print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
-    from octo_dist import ranklog, stopping
+    from octo_dist.dist import ranklog
+    from octo_dist.dist import stopping
 
     with runtime.distributed(**dict(runtime_kwargs or {})) as rt:
         # After start-up (jax.distributed.initialize installs TSL's own SIGTERM handler), before the model loads
         # and compiles: a scheduler's signal from here on stops the job at its first step.
         stop = stopping.StopSignal()
         ranklog.setup(rt.process_index, rt.process_count)
-        from octo_dist.checkpoint import CheckpointError
-        from octo_dist.data import BatchSizeError
+        from octo_dist.engine.checkpoint import CheckpointError
+        from octo_dist.engine.data import BatchSizeError
 
         try:
             return _finetune(cfg, rt, name=name, debug=debug, resume=resume, step_fn=step_fn,
@@ -191,9 +193,12 @@ def _finetune(cfg: dict, rt, *, name: str, debug: bool, resume: bool, step_fn: s
     from octo.utils.spec import ModuleSpec
     from octo.utils.train_utils import check_config_diff, create_optimizer
 
-    from octo_dist import compile_cache as cc
-    from octo_dist import data, engine, gather, train
-    from octo_dist.octo_policy import OctoPolicy
+    from octo_dist.dist import compile_cache as cc
+    from octo_dist.engine import data
+    from octo_dist.engine import parallel as engine
+    from octo_dist.policies import gather
+    from octo_dist.engine import train
+    from octo_dist.policies.octo import OctoPolicy
 
     cc.enable(compile_cache)
     local_batch = data.local_batch_size(int(cfg["batch_size"]), rt.process_count, rt.device_count)

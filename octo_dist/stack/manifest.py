@@ -22,7 +22,7 @@ else:  # Python 3.10, the production interpreter: tomli is in every lock.
 
 MANIFEST_ENV = "OCTO_DIST_MANIFEST"
 PROFILE_ENV = "OCTO_DIST_PROFILE"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO_ROOT / "env" / "stack.toml"
 LOCK_DIR_NAME = "locks"
 

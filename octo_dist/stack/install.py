@@ -2,7 +2,7 @@
 
 ``containers/install.sh`` (run by ``make env``, the Dockerfile and singularity.def alike) first
 installs ``env/locks/<profile>-py<X.Y>.txt`` with ``--require-hashes --no-deps``, then runs
-``python -m octo_dist.install`` with the new environment's interpreter for the rest:
+``python -m octo_dist.stack.install`` with the new environment's interpreter for the rest:
 
 1. direct wheels that are not on PyPI (``jaxlib 0.4.20+cuda11.cudnn86`` from JAX's CUDA release
    page), by exact version and URL, without dependencies (the lock already holds them);
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from octo_dist import manifest as mf
+from octo_dist.stack import manifest as mf
 
 Runner = Callable[[Sequence[str]], int]
 
@@ -97,7 +97,7 @@ def install_self(source: Path, python: str, editable: bool, run: Runner = _run) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m octo_dist.install", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.install", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True)
     parser.add_argument("--manifest", help="env/stack.toml (default: the checkout's)")
     parser.add_argument("--source", default=str(mf.REPO_ROOT), help="octo-dist source tree to install")

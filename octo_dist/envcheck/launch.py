@@ -11,8 +11,8 @@ import collections
 import socket
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import coordinator as coord_mod
-from octo_dist import runtime
+from octo_dist.launchers import coordinator as coord_mod
+from octo_dist.dist import runtime
 from octo_dist.launchers import Launch
 from octo_dist.envcheck.result import FAIL, Check
 
@@ -83,28 +83,16 @@ def render(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinat
     return "\n".join(lines)
 
 
-def _mpi_allgather(record: dict, launch: Launch) -> Optional[list]:
-    """Records of every rank through mpi4py, before JAX starts (so disagreement is reported, not a hang)."""
-    if launch.launcher not in coord_mod.MPI_LAUNCHERS or launch.world_size == 1:
-        return None
-    try:
-        from mpi4py import MPI
-    except Exception:
-        return None
-    if MPI.COMM_WORLD.Get_size() != launch.world_size:
-        return None
-    return MPI.COMM_WORLD.allgather(record)
-
-
 def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu_profile: bool,
         smi_output: Optional[str], start_options: Mapping) -> int:
     """On every rank; returns the same exit code everywhere (0 sound, 1 not)."""
-    from octo_dist.collectives import allgather_json
+    from octo_dist.dist import mpi
+    from octo_dist.dist.collectives import allgather_json
 
     options = dict(start_options)
-    c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None))
+    c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None), broadcast=mpi.broadcaster(launch))
     record = rank_record(launch, c, environ, checks, gpus_listed(smi_output))
-    early = _mpi_allgather(record, launch)
+    early = mpi.allgather(record, launch)
     if early is not None:
         found = problems(early, gpu_profile)
         if found:

@@ -16,7 +16,7 @@ import dataclasses
 import re
 from typing import Mapping
 
-from octo_dist.manifest import canonical_name
+from octo_dist.stack.manifest import canonical_name
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")

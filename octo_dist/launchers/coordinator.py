@@ -82,25 +82,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def mpi_broadcast(launch: Launch, pick: Callable[[], str]) -> Optional[str]:
-    """Rank 0's ``pick()`` on every rank through mpi4py, or None (with a warning) when MPI cannot be used."""
-    try:
-        from mpi4py import MPI
-    except Exception as e:  # ImportError, or RuntimeError from MPI_Init when the image's MPI does not match the host's
-        log.warning("mpi4py unavailable (%s: %s); falling back to the launcher's environment", type(e).__name__, e)
-        return None
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() != launch.world_size:
-        # A host mpirun the image's MPI does not understand makes every rank a singleton world of 1.
-        log.warning("mpi4py sees a world of %d, the launcher %d (MPI mismatch between host and image?); "
-                    "falling back to the launcher's environment", comm.Get_size(), launch.world_size)
-        return None
-    return comm.bcast(pick() if comm.Get_rank() == 0 else None, root=0)
-
-
-def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None, use_mpi: bool = True,
+def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
+            broadcast: Optional[Callable[[Callable[[], str]], Optional[str]]] = None,
             read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
-    """The coordinator every rank agrees on, or None for a single process. ``explicit``: "host:port" or a Coordinator."""
+    """The coordinator every rank agrees on, or None for a single process.
+
+    Args:
+      explicit: "host:port" or a Coordinator, winning over everything.
+      broadcast: step 2, ``broadcast(pick)`` returning rank 0's ``pick()`` on every rank or None when it cannot
+        (``octo_dist.dist.mpi.broadcaster``); None skips step 2.
+    """
     if isinstance(explicit, Coordinator):
         return explicit
     if explicit:
@@ -110,8 +101,8 @@ def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None, use_mp
             return parse_address(environ[var], var)
     if launch.world_size == 1:
         return None
-    if use_mpi and launch.launcher in MPI_LAUNCHERS and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0"):
-        address = mpi_broadcast(launch, lambda: f"{socket.gethostname()}:{free_port()}")
+    if broadcast and launch.launcher in MPI_LAUNCHERS and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0"):
+        address = broadcast(lambda: f"{socket.gethostname()}:{free_port()}")
         if address:
             return Coordinator(address, "mpi4py broadcast from rank 0")
     found = from_environment(environ, launch, read)

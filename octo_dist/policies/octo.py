@@ -15,8 +15,8 @@ from octo.model.octo_model import OctoModel
 from octo.model.octo_module import OctoModule
 from octo.utils.train_utils import merge_params
 
-from octo_dist import data
-from octo_dist.finetune_config import tiny_model_config
+from octo_dist.engine import data
+from octo_dist.policies.octo_spec import tiny_model_config
 
 # The smoke job's Octo-shaped batches for the tiny config: 64x64 primary images, a window of 2, 4 x 7 actions.
 SMOKE_SPEC = data.Spec(image_size=64, horizon=2, action_horizon=4, action_dim=7)

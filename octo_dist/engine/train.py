@@ -13,8 +13,9 @@ import dataclasses
 import logging
 from typing import Any, Callable, Mapping, Optional
 
-from octo_dist import checkpoint, ranklog
-from octo_dist.checkpoint import CheckpointError
+from octo_dist.engine import checkpoint
+from octo_dist.dist import ranklog
+from octo_dist.engine.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
     start-up or compilation is honoured too (default: one installed here)."""
     import jax
 
-    from octo_dist import engine, stopping
+    from octo_dist.engine import parallel as engine
+    from octo_dist.dist import stopping
 
     rank = jax.process_index()
     fingerprint = dict(fingerprint or {})

@@ -1,0 +1,119 @@
+"""The package's layers, enforced from its imports (every import, lazy ones inside functions included).
+
+``octo_dist/`` reads bottom-up: the pinned stack, the cluster (launchers, job scripts), the process runtime, the
+engine, the policies, the environment checks, then the applications and the CLI on top. A layer may import
+itself and the layers listed for it below, nothing else: nothing runs back up, models never see an application,
+and the host-side layers (which run on a login node's bare Python) never pull in jax, numpy or mpi4py.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+PACKAGE = "octo_dist"
+# layer -> the other layers it may import (it may always import itself and the top-level octo_dist/__init__).
+ALLOWED = {
+    "stack": set(),
+    "launchers": set(),
+    "jobs": {"launchers"},
+    "dist": {"launchers", "stack"},
+    "engine": {"dist"},
+    "policies": {"engine", "dist"},
+    "envcheck": {"stack", "launchers", "dist"},
+    "apps": {"policies", "engine", "dist", "launchers", "stack", "envcheck", "jobs"},
+}
+# Third-party modules a layer must never import: the host-side layers run on a bare Python (ABCI's login nodes,
+# `octo-dist launch`), and the engine must not know Octo exists (policies/ adapts it).
+FORBIDDEN = {
+    "stack": {"jax", "jaxlib", "numpy", "mpi4py", "flax", "optax", "octo"},
+    "launchers": {"jax", "jaxlib", "numpy", "mpi4py", "flax", "optax", "octo"},
+    "jobs": {"jax", "jaxlib", "numpy", "mpi4py", "flax", "optax", "octo"},
+    "engine": {"octo"},
+}
+
+
+def imported_modules(source: str, module: str) -> list[str]:
+    """Every module a file imports, with relative imports made absolute (``module`` is the file's dotted name)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")[: -node.level]
+                base = ".".join(parts + ([base] if base else []))
+            # `from octo_dist.engine import train` imports octo_dist.engine.train: count the names as submodules too.
+            out += [base] + [f"{base}.{a.name}" for a in node.names if base.startswith(PACKAGE)]
+    return out
+
+
+def layer_of(dotted: str) -> str | None:
+    """``"octo_dist.engine.train"`` -> ``"engine"``; top-level modules (cli, __main__) and outsiders -> None."""
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == PACKAGE and len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else None
+
+
+def violations(package_dir: Path) -> list[str]:
+    """One line per import that breaks the layer rules, for the package rooted at ``package_dir``."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent).with_suffix("")
+        module = ".".join(rel.parts)
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        seen = set()  # `from octo_dist.x import a, b` names x, x.a and x.b: one finding per file and layer
+        for imported in imported_modules(path.read_text(), module):
+            top = imported.split(".")[0]
+            if top in FORBIDDEN.get(layer, ()) and top not in seen:
+                seen.add(top)
+                found.append(f"{rel}.py imports {imported}: {layer}/ must not import {top}")
+            target = layer_of(imported) if top == PACKAGE else None
+            if target and target != layer and target not in ALLOWED[layer] and target not in seen:
+                seen.add(target)
+                found.append(f"{rel}.py imports {imported}: {layer}/ may import only {sorted(ALLOWED[layer]) or 'itself'}")
+    return found
+
+
+def test_the_package_has_one_directory_per_layer():
+    dirs = {p.name for p in (REPO / PACKAGE).iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert dirs == set(ALLOWED)
+    loose = {p.name for p in (REPO / PACKAGE).glob("*.py")}
+    assert loose == {"__init__.py", "__main__.py", "cli.py"}
+
+
+def test_no_import_breaks_a_layer_rule():
+    assert violations(REPO / PACKAGE) == []
+
+
+@pytest.mark.parametrize("layer, line, expected", [
+    ("engine", "from octo_dist.apps.smoke import app\n", "engine/ may import only ['dist']"),
+    ("dist", "def f():\n    from octo_dist.engine import train\n", "dist/ may import only ['launchers', 'stack']"),
+    ("stack", "def f():\n    import jax\n", "stack/ must not import jax"),
+    ("launchers", "from mpi4py import MPI\n", "launchers/ must not import mpi4py"),
+    ("engine", "import octo.model\n", "engine/ must not import octo"),
+    ("policies", "from ..apps.finetune import config\n", "policies/ may import only ['dist', 'engine']"),
+])
+def test_a_fabricated_back_import_is_reported(tmp_path, layer, line, expected):
+    copy = tmp_path / PACKAGE
+    shutil.copytree(REPO / PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / layer / "bad.py").write_text(line)
+    found = violations(copy)
+    assert len(found) == 1 and found[0].startswith(f"{PACKAGE}/{layer}/bad.py imports") and expected in found[0]
+
+
+def test_pyflakes_finds_nothing():
+    """No unused imports or names, no undefined ones, in the package, its scripts, tests and benchmarks."""
+    pytest.importorskip("pyflakes", reason="pyflakes is in the dev lock: make dev-env")
+    proc = subprocess.run([sys.executable, "-m", "pyflakes", "octo_dist", "scripts", "tests", "bench"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
