@@ -25,7 +25,7 @@ OCTO_DIST := $(VENV)/bin/octo-dist
 JAX020_VENV ?= .venv-jax020
 JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
-.PHONY: help env dev-env jax020-env git-deps lock check-env test smoke bench-check-env bench-engine clean-env
+.PHONY: help env dev-env jax020-env git-deps lock check-env test test-repeat smoke bench-check-env bench-engine clean-env
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -59,6 +59,14 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Flakiness is a defect: run the tests that start several processes N times in a row, stopping at the first
+# failure; HOGS=2 keeps that many CPU-bound processes busy beside them (a loaded machine), stopped afterwards.
+N ?= 5
+HOGS ?= 0
+REPEAT_MARKERS ?= mpi
+test-repeat: $(DEV_STAMP) $(JAX020_STAMP) ## run the REPEAT_MARKERS (mpi) tests N=5 times in a row beside HOGS=0 CPU hogs
+	$(VENV)/bin/python tests/repeat.py --times $(N) --hogs $(HOGS) -- -m '$(REPEAT_MARKERS)' $(PYTEST_ARGS)
 
 # The main job on its embedded default: 2 ranks under the venv's mpirun, checked against 1 process x 2 devices
 # on the same global batches (octo-dist smoke --check-equivalence runs both). SMOKE_ARGS adds flags.

@@ -2,7 +2,11 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
@@ -22,3 +26,51 @@ def clean_env(**extra: str) -> dict:
 
 def json_lines(text: str) -> list:
     return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+
+
+# Each rank's stdout and stderr go to files of their own: the lines of several ranks sharing one pipe interleave,
+# even mid-line (under PYTHONUNBUFFERED=1 `print` writes the text and the newline separately), so no test may parse
+# them from mpirun's stdout. `exec` keeps the rank's pid, so signals and `psutil` see the real process.
+RANK_OUTPUT = 'exec "$@" >"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.out" 2>"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.err"'
+# mpirun start-up on a loaded 2-core machine (another job's 2 CPU hogs beside it) takes a few seconds per rank
+# before JAX even imports: tests give it minutes, not the seconds it takes on a quiet machine.
+MPI_TIMEOUT = 300
+
+
+def tail(text: str, n: int = 2000) -> str:
+    return text[-n:] if len(text) > n else text
+
+
+def run_mpirun(exe: Path, np: int, argv: Sequence[str], *, out_dir: Path, env: Optional[dict] = None,
+               timeout: float = MPI_TIMEOUT, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``mpirun -np N python ARGV`` with every rank's output in ``out_dir/<rank>.out|.err``.
+
+    The result's ``stdout`` / ``stderr`` are the ranks' files concatenated in rank order, then mpirun's own output:
+    deterministic, whatever the scheduling. ``result.ranks[i]`` is ``(stdout, stderr)`` of rank i. On a timeout the
+    whole job is killed and the test fails naming what it waited for and the tail of every rank's output.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(env or clean_env(), OCTO_DIST_TEST_RANK_DIR=str(out_dir))
+    cmd = [str(exe), "--oversubscribe", "-np", str(np), "bash", "-c", RANK_OUTPUT, "rank-output", sys.executable, *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        own_out, own_err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        own_out, own_err = proc.communicate()
+        timed_out = True
+    ranks = [tuple(_read(out_dir / f"{r}.{kind}") for kind in ("out", "err")) for r in range(np)]
+    if timed_out:
+        detail = "\n".join(f"--- rank {r} stdout:\n{tail(o)}\n--- rank {r} stderr:\n{tail(e)}" for r, (o, e) in enumerate(ranks))
+        raise AssertionError(f"waited {timeout:.0f} s for `mpirun -np {np} python {' '.join(map(str, argv))}` to exit; "
+                             f"it did not (killed)\n{detail}\n--- mpirun stderr:\n{tail(own_err)}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, "".join(o for o, _ in ranks) + own_out,
+                                         "".join(e for _, e in ranks) + own_err)
+    result.ranks = ranks
+    return result
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -63,7 +63,7 @@ def test_a_batch_that_does_not_divide_by_the_local_devices_is_refused_on_jax_0_4
 
 @pytest.mark.mpi
 def test_two_processes_stack_raw_but_the_helper_gives_the_global_batch_on_both_ranks(mpirun):
-    proc = mpirun(2, GATHER, "--global-batch", "6", timeout=180)
+    proc = mpirun(2, GATHER, "--global-batch", "6")
     assert proc.returncode == 0, proc.stderr[-3000:]
     outs = sorted(json_lines(proc.stdout), key=lambda o: o["rank"])
     assert [o["rank"] for o in outs] == [0, 1] and all(o["world"] == 2 for o in outs)
