@@ -10,14 +10,17 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
-# Variables of an enclosing job (a CI runner inside SLURM, a developer inside qrsh) that would change detection.
-JOB_VARS = ("COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "PBS_NODEFILE", "PBS_JOBID", "SGE_JOB_HOSTLIST", "JOB_ID",
-            "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "PMI_SIZE",
-            "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "WANDB_MODE", "WANDB_API_KEY", "CUDA_VISIBLE_DEVICES")
+# Variables of an enclosing job (a CI runner inside a SLURM step, a developer inside qrsh or torchrun) that would
+# change launcher detection in the processes tests start: dropped by name and by prefix.
+JOB_VARS = ("COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "JOB_ID", "PE_HOSTFILE", "RANK", "WORLD_SIZE",
+            "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+            "WANDB_MODE", "WANDB_API_KEY", "CUDA_VISIBLE_DEVICES")
+JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "SLURM_", "PALS_", "PBS_", "SGE_", "JSM_", "LSB_", "HOROVOD_",
+                "OCTO_DIST_")
 
 
 def clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(JOB_PREFIXES)}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.update(extra)
