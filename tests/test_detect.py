@@ -96,6 +96,30 @@ def test_detect_runs_on_python_3_9(name, code):
                 record["local_size"]) == DETECTED[name]
 
 
+EVERY_ENV = """
+import json, sys
+from pathlib import Path
+from octo_dist.launchers import cli
+out = {}
+for path in sorted(Path(sys.argv[1]).glob("*.env")):
+    try:
+        out[path.stem] = cli.describe(cli.read_env_file(path.read_text()))
+    except ValueError as e:  # LauncherError
+        out[path.stem] = "refused: " + str(e)
+    except RuntimeError as e:  # CoordinatorError
+        out[path.stem] = "no coordinator: " + str(e)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@pytest.mark.skipif(not PYTHON39.exists(), reason="no CPython 3.9 at " + str(PYTHON39))
+def test_python_3_9_answers_every_environment_as_this_python_does():
+    answers = [json.loads(subprocess.run([python, "-c", EVERY_ENV, str(ENVS)], capture_output=True, text=True,
+                                         env=clean_env(), cwd=REPO, timeout=120, check=True).stdout)
+               for python in (str(PYTHON39), sys.executable)]
+    assert answers[0] == answers[1] and len(answers[0]) == len(DETECTED) + len(REFUSED)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("python", [sys.executable, str(PYTHON39)], ids=["venv", "py3.9"])
 def test_detect_under_a_real_mpirun(tmp_path, python):

@@ -93,8 +93,10 @@ def check(c: Coordinator, rank: int, resolver: Resolver = socket.getaddrinfo) ->
                    f"host's ({here}), but rank 0 runs the coordination service")
         if c.explicit:
             return message + "; continuing since it was set explicitly (NAT or a port-forward?)"
+        why = ("this host's name resolves to an address that is not its own (check /etc/hosts)"
+               if c.source.startswith("mpi4py") else "the launcher placed rank 0 on another node than the list's first")
         raise CoordinatorError(
-            f"{message}; expected rank 0 on the first node of the list (the launcher placed it elsewhere). "
+            f"{message}: {why}; expected the coordinator host to be rank 0's. "
             f"Fix: {SET_IT}, e.g. COORDINATOR_ADDRESS={here}:{c.port}")
     why = port_in_use(c.port)
     if why:
