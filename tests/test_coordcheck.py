@@ -59,7 +59,8 @@ def test_a_host_that_does_not_resolve_is_refused_on_every_rank():
 
 def test_a_derived_host_that_is_not_rank_0s_is_refused_an_explicit_one_warns():
     other = "192.0.2.77:23456"  # TEST-NET-1: never an address of this machine
-    with pytest.raises(CoordinatorError, match="none of them this host's.*placed rank 0 on another node.*expected the coordinator host to be rank 0's"):
+    refused = "none of them this host's.*placed rank 0 on another node.*expected the coordinator host to be rank 0's"
+    with pytest.raises(CoordinatorError, match=refused):
         coordcheck.check(Coordinator(other, "first host of PBS_NODEFILE, port from the job id"), rank=0)
     assert "continuing since it was set explicitly" in coordcheck.check(Coordinator(other, "COORDINATOR_ADDRESS"), 0)
     assert coordcheck.check(Coordinator(other, "first host of PBS_NODEFILE, port from the job id"), rank=1) is None

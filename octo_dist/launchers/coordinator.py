@@ -121,7 +121,8 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def from_environment(environ: Mapping[str, str], launch: Launch, read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
+def from_environment(environ: Mapping[str, str], launch: Launch,
+                     read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
     """Steps 3-6: a host derived from the launch and the scheduler, and the job's port; None when none applies.
 
     Raises:
@@ -131,7 +132,8 @@ def from_environment(environ: Mapping[str, str], launch: Launch, read: hostlists
     if launch.local_size == launch.world_size:
         return Coordinator(f"127.0.0.1:{port}", "all ranks on this node, port from the job id")
     if launch.nodes:
-        return Coordinator(f"{_bracket(launch.nodes[0])}:{port}", f"first host of {launch.nodes_source}, port from the job id")
+        return Coordinator(f"{_bracket(launch.nodes[0])}:{port}",
+                           f"first host of {launch.nodes_source}, port from the job id")
     unreadable: Optional[str] = None
     try:
         nodes = hostlists.node_list(environ, read)

@@ -5,7 +5,8 @@ PMI_RANK, PMI_SIZE, PMI_FD (or PMI_PORT + PMI_ID), MPI_LOCALRANKID and MPI_LOCAL
 is the same Hydra and sets the same names. Other PMI launchers name the local pair differently: Cray PMI
 (``PMI_LOCAL_RANK`` / ``PMI_LOCAL_SIZE``, see ``pals.py``), MVAPICH (``MV2_COMM_WORLD_LOCAL_*``).
 
-``srun --mpi=pmi2`` also sets PMI_RANK and PMI_SIZE; there the Slurm step has the per-node counts and wins
+``srun --mpi=pmi2`` also sets PMI_RANK and PMI_SIZE (Slurm ``src/plugins/mpi/pmi2/mpi_pmi2.c``); there the Slurm step
+has the per-node counts and wins
 (``__init__.py`` checks both name the same rank).
 """
 
@@ -30,8 +31,9 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     world = int_var(environ, SIZE, "pmi")
     lr, ls = first(environ, *LOCAL_RANK_VARS), first(environ, *LOCAL_SIZE_VARS)
     if (lr is None) != (ls is None) or (lr is None and world > 1):
+        local = ", ".join(shown(environ, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS)) or "none set"
         raise refuse(f"pmi: {RANK}={environ[RANK]}, {SIZE}={world} but the local rank/size pair is "
-                     f"{'incomplete' if lr or ls else 'missing'} ({', '.join(shown(environ, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS)) or 'none set'})",
+                     f"{'incomplete' if lr or ls else 'missing'} ({local})",
                      f"one of {'/'.join(LOCAL_RANK_VARS)} with its size, as Hydra's mpiexec sets them "
                      "(without them every rank would bind GPU 0)",
                      f"{FIX}; with another PMI launcher, export MPI_LOCALRANKID and MPI_LOCALNRANKS per rank")
