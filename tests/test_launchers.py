@@ -159,6 +159,15 @@ def test_selection_by_name_and_its_errors():
     with pytest.raises(LauncherError, match="unknown launcher 'lsf'"):
         detect({}, "lsf")
     assert detect({}, "single").launcher == "single"
+    assert detect(env("slurm-sbatch-script"), "single").job_id == "123456"
+
+
+def test_forcing_a_single_process_under_a_launcher_of_several_is_refused():
+    with pytest.raises(LauncherError, match=r"--launcher single, but Open MPI 5.0.8 \(PRRTE\) mpirun started 2 processes"):
+        detect(env("openmpi5-np2-rank1"), "single")
+    with pytest.raises(LauncherError, match="Slurm srun step 2 of job 123456 started 8 processes"):
+        detect(env("slurm-srun-heterogeneous"), "single")
+    assert detect(env("slurm-salloc-interactive-step"), "single").world_size == 1
 
 
 @pytest.mark.parametrize("change,message", [

@@ -56,6 +56,19 @@ def _auto(environ: Mapping[str, str]) -> Launch:
     return _single(environ)
 
 
+def _refuse_single_among_many(environ: Mapping[str, str]) -> None:
+    """``--launcher single`` under a launcher that started several processes would run N independent jobs."""
+    try:
+        launch = _auto(environ)
+    except LauncherError:
+        return  # the variables are broken or unsupported: forcing one process is then the user's explicit choice
+    if launch.world_size > 1:
+        raise refuse(f"--launcher single, but {launch.detail or launch.launcher} started {launch.world_size} processes "
+                     f"(this is rank {launch.rank}; read from {', '.join(launch.variables)})",
+                     "one process when forcing --launcher single (otherwise each rank trains alone on the full batch)",
+                     "drop --launcher single to train as one job, or run one process without the launcher")
+
+
 ORDER: Dict[str, Detector] = {"openmpi": openmpi.detect, "pals": pals.detect, "pmi": pmi.detect,
                               "slurm": slurm.detect, "single": _single}
 
@@ -75,6 +88,8 @@ def detect(environ: Mapping[str, str], name: str = "auto") -> Launch:
         return _auto(environ)
     if name not in ORDER:
         raise refuse(f"unknown launcher {name!r}", f"auto or one of: {', '.join(ORDER)}", "pass --launcher auto")
+    if name == "single":
+        _refuse_single_among_many(environ)
     found = ORDER[name](environ)
     if found is None:
         raise refuse(f"--launcher {name} was asked for, but its environment variables are not set in this process",
