@@ -70,6 +70,9 @@ def test_detect_json_on_refusal_and_a_coordinator_that_cannot_be_found(capsys, t
     assert code == 2 and "no coordinator address" in err and "Fix: export COORDINATOR_ADDRESS" in err
     code, out, err = run_detect(capsys, "--env-file", str(tmp_path / "absent.env"))
     assert code == 2 and "--env-file" in err and "cannot be read" in err
+    code, out, err = run_detect(capsys, "--env-file", str(ENVS / "slurm-sbatch-script.env"),
+                                "--output", str(tmp_path / "no" / "dir" / "d-{rank}.json"))
+    assert code == 2 and "d-0.json cannot be written" in err and err.count("\n") == 1
 
 
 def test_detect_text_output_names_the_source_of_each_answer(capsys):

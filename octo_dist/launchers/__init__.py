@@ -38,8 +38,8 @@ def _slurm_own_pmi(environ: Mapping[str, str]) -> Optional[Launch]:
         return None
     if pmi.SIZE in environ and environ[pmi.SIZE] != environ.get(slurm.STEP_NUM_TASKS):
         return None
-    if openmpi.RANK in environ or pals.RANK in environ or any(v in environ for v in pmi.LOCAL_RANK_VARS[:1]):
-        return None  # Hydra or PALS set their own local variables: they are the launcher
+    if openmpi.RANK in environ or pals.RANK in environ or pmi.HYDRA_LOCAL_RANK in environ:
+        return None  # Open MPI, PALS or Hydra set their own variables: they are the launcher, srun only ran daemons
     return slurm.detect(environ)
 
 

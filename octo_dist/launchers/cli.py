@@ -141,8 +141,13 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(record, indent=None if args.output else 2) if args.json or args.output else None
     if args.output:
         path = args.output.replace("{rank}", str(record.get("rank", _rank_guess(environ))))
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        try:
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            print(f"octo-dist detect: error: --output {path} cannot be written ({e.strerror or e}); expected a file in "
+                  f"an existing, writable directory. Fix: mkdir -p {os.path.dirname(path) or '.'}", file=sys.stderr)
+            return octo_dist.EXIT_USAGE
     if code == 0 or args.json:
         print(text if args.json else as_text(record))
     return code

@@ -18,7 +18,8 @@ from octo_dist.launchers.base import Launch, first, half_pair, int_var, refuse, 
 
 RANK = "PMI_RANK"                   # "3"
 SIZE = "PMI_SIZE"                   # "8"
-LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "MPI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")  # "1"
+HYDRA_LOCAL_RANK = "MPI_LOCALRANKID"  # "1": set by Hydra's proxy, never by srun
+LOCAL_RANK_VARS = (HYDRA_LOCAL_RANK, "PMI_LOCAL_RANK", "MPI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")  # "1"
 LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "MPI_LOCAL_NRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")  # "4"
 INTEL_MARKERS = ("I_MPI_ROOT", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_PIN")  # set by Intel MPI's env script / launcher
 FIX = "start every rank with mpiexec (mpiexec -n N -ppn <GPUs per node> octo-dist ...); do not export PMI_* yourself"
