@@ -141,8 +141,6 @@ def parse_node_file(text: str, var: str) -> List[str]:
     return out
 
 
-unique_hosts = parse_node_file  # the name the earlier API used
-
 
 def node_list(environ: Mapping[str, str], read: Reader = _read) -> Optional[Tuple[str, List[str]]]:
     """(source variable, hosts) from the first scheduler node list present, else None.
