@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, clean_env
+from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
 
 from octo_dist import cli
@@ -18,7 +19,7 @@ PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 MPIRUN = Path(sys.executable).parent / "mpirun"
 FIELDS = {"schema", "octo_dist_version", "host", "python", "ok", "launcher", "detail", "rank", "world_size",
           "local_rank", "local_size", "job_id", "step_id", "nodes", "nodes_source", "coordinator",
-          "coordinator_source", "nodes_problem", "note", "variables"}
+          "coordinator_source", "coordinator_check", "nodes_problem", "note", "variables"}
 
 # name -> (coordinator address or None, a piece of its source)
 COORDINATORS = {
@@ -141,6 +142,23 @@ def test_detect_under_a_real_mpirun(tmp_path, python):
     # both ranks agree on the fallback coordinator, derived from PRRTE's namespace
     assert records[0]["coordinator"] == records[1]["coordinator"] and records[0]["coordinator"].startswith("127.0.0.1:")
     assert records[0]["job_id"].startswith("prterun-") and records[0]["python"] == records[1]["python"]
+    assert records[0]["coordinator_check"].startswith("not checked: rank 0 picks its own host")
+
+
+def test_detect_checks_the_coordinator_it_would_use(tmp_path):
+    """Live (no --env-file): a COORDINATOR_ADDRESS whose port another process holds is refused on rank 0 only."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(holder.stdout.readline())
+        base = dict(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS=f"127.0.0.1:{port}")
+        runs = [subprocess.run([sys.executable, "-m", "octo_dist", "detect", "--json"], capture_output=True, text=True,
+                               env=clean_env(**base, OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_LOCAL_RANK=r), cwd=REPO,
+                               timeout=120) for r in ("0", "1")]
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert runs[0].returncode == 2 and f"port {port} cannot be listened on" in runs[0].stderr
+    assert runs[1].returncode == 0 and json.loads(runs[1].stdout)["coordinator_check"] == "ok"
 
 
 @pytest.mark.mpi

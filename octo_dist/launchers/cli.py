@@ -19,7 +19,7 @@ from typing import Dict, Mapping, Optional
 
 import octo_dist
 from octo_dist import launchers
-from octo_dist.launchers import coordinator, hostlists
+from octo_dist.launchers import coordcheck, coordinator, hostlists
 from octo_dist.launchers.base import LauncherError, refuse
 
 SCHEMA = 1  # bump when a field changes meaning or goes away; adding fields keeps it
@@ -86,6 +86,20 @@ def describe(environ: Mapping[str, str], launcher: str = "auto") -> Dict[str, ob
     return record
 
 
+def check_here(record: Mapping[str, object]) -> Optional[str]:
+    """The start-up check of the coordinator, run in this process: ``"ok"``, a warning, or why it is not checked.
+
+    Raises:
+      CoordinatorError: the host does not resolve; on rank 0, a derived host not this one's, or a port in use.
+    """
+    address, source = record["coordinator"], str(record["coordinator_source"])
+    if source.startswith("mpi4py"):
+        return "not checked: rank 0 picks its own host and a free port at start-up"
+    if not address:
+        return None
+    return coordcheck.check(coordinator.Coordinator(str(address), source), int(record["rank"])) or "ok"
+
+
 def _header() -> Dict[str, object]:
     return {"schema": SCHEMA, "octo_dist_version": octo_dist.__version__, "host": socket.gethostname(),
             "python": platform.python_version()}
@@ -103,6 +117,8 @@ def as_text(record: Mapping[str, object]) -> str:
     ]
     if record.get("job_id"):
         lines.append(f"job          {record['job_id']}" + (f" step {record['step_id']}" if record.get("step_id") else ""))
+    if record.get("coordinator_check"):
+        lines.append(f"check        {record['coordinator_check']}")
     if record.get("nodes_problem"):
         lines.append(f"node list    {record['nodes_problem']}")
     if record.get("note"):
@@ -132,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                              "a file holding `env` output (NAME=value lines)",
                              "env > recorded.env, then octo-dist detect --env-file recorded.env")
         record = {**_header(), "ok": True, **describe(environ, args.launcher)}
+        record["coordinator_check"] = None if args.env_file else check_here(record)
         code = 0
     except (LauncherError, coordinator.CoordinatorError) as e:
         message = str(e).replace("\n", " ")
