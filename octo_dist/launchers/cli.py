@@ -1,4 +1,4 @@
-"""``octo-dist detect``: what this process's launcher says, without starting JAX or MPI.
+"""octo-dist detect: what this process's launcher says, without starting JAX or MPI.
 
     mpirun -np 2 octo-dist detect --json --output 'detect-{rank}.json'   # each rank writes its own file
     srun --ntasks-per-node=4 octo-dist detect
