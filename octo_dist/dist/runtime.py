@@ -28,6 +28,7 @@ import traceback
 from typing import Iterator, Mapping, Optional
 
 from octo_dist.launchers import coordinator as coord_mod
+from octo_dist.launchers import coordcheck
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.dist import mpi
@@ -197,6 +198,9 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
     c = coord_mod.resolve(environ, launch, explicit=coordinator, broadcast=mpi.broadcaster(launch) if use_mpi else None)
     if launch.world_size > 1:
         assert c is not None
+        warning = coordcheck.check(c, launch.rank)  # resolves; rank 0: its own host, port free (else XLA segfaults)
+        if warning:
+            log.warning(warning)
         if not gpu:
             _check_own_hostname_resolves(socket.gethostname())
             _enable_cpu_collectives(jax.__version__)

@@ -2,77 +2,156 @@
 
 In order:
 
-1. explicit: ``COORDINATOR_ADDRESS`` / ``JAX_COORDINATOR_ADDRESS`` (the seed's job file), or ``--coordinator``;
+1. explicit: ``--coordinator``, else COORDINATOR_ADDRESS / JAX_COORDINATOR_ADDRESS (``g0001:23456``,
+   ``10.1.0.5:23456``, ``[fd00::5]:23456``);
 2. MPI: rank 0 picks its hostname and a free port and broadcasts them with mpi4py. mpi4py is optional at run
    time: a host MPI that does not match the image's gives an import error or a singleton world, and we
-   fall back to (3) with a warning;
-3. the first host of the scheduler's node list (PBS_NODEFILE, SGE_JOB_HOSTLIST, SLURM_JOB_NODELIST), else
-   127.0.0.1 when every rank is on this node, with a port derived from the job id so every rank computes the
-   same one without talking.
+   fall back to what follows, with a warning;
+3. every rank on this node (local size = world size): 127.0.0.1 (no node file needed, no DNS);
+4. the launch's own node list, rank 0's node first (a Slurm step's SLURM_STEP_NODELIST, so a step on part of the
+   allocation, or one of two concurrent steps, uses its own first node);
+5. the scheduler's node list (PBS_NODEFILE, SGE_JOB_HOSTLIST, PE_HOSTFILE, LSB_DJOB_HOSTFILE, SLURM_JOB_NODELIST);
+   a node file that cannot be read here (a host spool file inside a container) is skipped when a later source
+   answers, and reported otherwise;
+6. what the launcher publishes about its own node: Open MPI 4's OMPI_MCA_orte_hnp_uri (mpirun's address).
 
-Single-process runs need no coordinator.
+Steps 3-6 derive the port from the job id (and the Slurm step id), so every rank computes the same one without
+talking. An address derived in 4-6 is a guess about where rank 0 runs: rank 0 verifies it names this host, and
+that the port is free, before JAX starts (``coordcheck.py``). Single-process runs need no coordinator.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import socket
 import zlib
 from typing import Callable, Mapping, Optional
 
-from octo_dist.launchers import hostlists, scheduler
+from octo_dist.launchers import hostlists, openmpi, scheduler
 from octo_dist.launchers.base import Launch
 
 log = logging.getLogger(__name__)
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # derived ports fall in 20000..39999, below Linux's ephemeral range
 DEFAULT_PORT = 61234                 # no job id at all: every rank still agrees, but two such jobs on a node collide
-MPI_LAUNCHERS = ("openmpi4", "openmpi5", "pmi")
+MPI_LAUNCHERS = ("openmpi4", "openmpi5", "pmi", "pals")
+EXPLICIT_SOURCES = ("--coordinator",) + hostlists.COORDINATOR_VARS
+SET_IT = ("export COORDINATOR_ADDRESS=<rank 0's host>:<free port> for every rank (mpirun -x COORDINATOR_ADDRESS; "
+          "srun passes the environment on)")
 
 
 class CoordinatorError(RuntimeError):
-    """No coordinator address could be agreed."""
+    """No coordinator address could be agreed, or the one given is unusable."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Coordinator:
-    address: str  # "g0001:23456"
+    address: str  # "g0001:23456", "[fd00::5]:23456": what jax.distributed.initialize gets
     source: str   # how it was chosen, for the start-up line: "COORDINATOR_ADDRESS", "mpi4py broadcast", ...
 
     @property
     def host(self) -> str:
-        return self.address.rsplit(":", 1)[0]
+        """The host without IPv6 brackets: ``"[::1]:23456"`` -> ``"::1"`` (what getaddrinfo takes)."""
+        host = self.address.rsplit(":", 1)[0]
+        return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
     @property
     def port(self) -> int:
         return int(self.address.rsplit(":", 1)[1])
 
+    @property
+    def explicit(self) -> bool:
+        """Chosen by the user rather than derived (rank 0 then only warns when it names another host)."""
+        return self.source in EXPLICIT_SOURCES
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6, text.split("%", 1)[0])
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
 
 def parse_address(address: str, source: str) -> Coordinator:
-    """``"host:port"`` -> Coordinator; anything else is refused with the expected form."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise CoordinatorError(f"{source}={address!r} is not HOST:PORT (expected e.g. g0001:23456)")
-    return Coordinator(address, source)
+    """``"host:port"`` or ``"[v6]:port"`` -> Coordinator; anything else is refused with the expected form.
+
+    ``"g0001:23456"``, ``"10.1.0.5:23456"`` and ``"[::1]:23456"`` are accepted; ``"g0001:99999"`` (no such port),
+    ``"::1:23456"`` (ambiguous: brackets needed), ``"g0001"`` and ``"http://g0001:1"`` are not.
+    """
+    def bad(why: str) -> CoordinatorError:
+        return CoordinatorError(
+            f"{source}={address!r} is not HOST:PORT ({why}); expected e.g. g0001:23456, 10.1.0.5:23456 or "
+            f"[fd00::5]:23456 with a port from 1 to 65535. Fix: set {source} to rank 0's host and a free port")
+
+    if address.strip().startswith("[") and "]:" not in address:
+        raise bad("no ':PORT' after the bracketed address")
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host:
+        raise bad("no host before ':'" if sep else "no ':PORT'")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad(f"port {port!r} is not a number from 1 to 65535")
+    if host.startswith("["):
+        if not (host.endswith("]") and _is_ipv6(host[1:-1])):
+            raise bad(f"{host!r} is not a bracketed IPv6 address")
+    elif ":" in host and _is_ipv6(host):
+        raise bad("an IPv6 address needs brackets: [addr]:port")
+    elif not _HOSTNAME.fullmatch(host):
+        raise bad(f"{host!r} is not a host name or address")
+    return Coordinator(address.strip(), source)
 
 
-def port_for_job(job: Optional[str]) -> int:
-    """A port every rank derives from the job id alone: ``"12345.pbs1"`` -> 20000 + crc32 % 20000."""
+def port_for_job(job: Optional[str], step: Optional[str] = None) -> int:
+    """A port every rank derives from the job id alone: ``"12345.pbs1"`` -> 20000 + crc32 % 20000.
+
+    A Slurm step id makes two concurrent steps of one job (``"123456"`` step 0 and step 1) pick different ports.
+    """
     if not job:
         return DEFAULT_PORT
-    return PORT_BASE + zlib.crc32(job.encode()) % PORT_SPAN
+    key = job if step is None else f"{job}.{step}"
+    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
 
 
-def from_environment(environ: Mapping[str, str], launch: Launch, read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
-    """Step 3: node list host (or 127.0.0.1 on one node) + the job's port; None when neither applies."""
-    port = port_for_job(scheduler.job_id(environ, launch))
-    nodes = hostlists.node_list(environ, read)
-    if nodes and nodes[1]:
-        var, hosts = nodes
-        return Coordinator(f"{hosts[0]}:{port}", f"first host of {var}, port from the job id")
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def from_environment(environ: Mapping[str, str], launch: Launch,
+                     read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
+    """Steps 3-6: a host derived from the launch and the scheduler, and the job's port; None when none applies.
+
+    Raises:
+      CoordinatorError: a node file is named but unreadable and nothing later answers; a node list is malformed.
+    """
+    port = port_for_job(scheduler.job_id(environ, launch), launch.step_id)
     if launch.local_size == launch.world_size:
         return Coordinator(f"127.0.0.1:{port}", "all ranks on this node, port from the job id")
+    if launch.nodes:
+        return Coordinator(f"{_bracket(launch.nodes[0])}:{port}",
+                           f"first host of {launch.nodes_source}, port from the job id")
+    unreadable: Optional[str] = None
+    try:
+        nodes = hostlists.node_list(environ, read)
+    except hostlists.NodeFileError as e:
+        nodes, unreadable = None, str(e)
+    except hostlists.NodeListError as e:
+        raise CoordinatorError(str(e)) from None
+    if nodes and nodes[1]:
+        var, hosts = nodes
+        return Coordinator(f"{_bracket(hosts[0])}:{port}", f"first host of {var}, port from the job id")
+    published = openmpi.published_host(environ)
+    if published:
+        host, how = published
+        if unreadable:
+            log.warning("%s; using %s instead", unreadable, how)
+        return Coordinator(f"{_bracket(host)}:{port}", f"{how}, port from the job id")
+    if unreadable:
+        raise CoordinatorError(unreadable)
     return None
 
 
@@ -91,6 +170,10 @@ def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
       explicit: "host:port" or a Coordinator, winning over everything.
       broadcast: step 2, ``broadcast(pick)`` returning rank 0's ``pick()`` on every rank or None when it cannot
         (``octo_dist.dist.mpi.broadcaster``); None skips step 2.
+      read: reads a node file (tests pass a fake; the real one opens the path).
+
+    Raises:
+      CoordinatorError: a malformed explicit address, or several nodes and no way to find rank 0's (found/expected/fix).
     """
     if isinstance(explicit, Coordinator):
         return explicit
@@ -108,7 +191,8 @@ def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
     found = from_environment(environ, launch, read)
     if found is None:
         raise CoordinatorError(
-            f"{launch.launcher}: {launch.world_size} ranks over several nodes, but no coordinator address: mpi4py is not "
-            f"usable and no node list (PBS_NODEFILE, SGE_JOB_HOSTLIST, SLURM_JOB_NODELIST) is set. "
-            f"Fix: export COORDINATOR_ADDRESS=<first node>:<free port> for every rank (mpirun -x COORDINATOR_ADDRESS)")
+            f"{launch.launcher}: {launch.world_size} ranks over several nodes ({launch.local_size} on this one), but no "
+            f"coordinator address: mpi4py is not usable, no node list is set (SLURM_STEP_NODELIST, PBS_NODEFILE, "
+            f"SGE_JOB_HOSTLIST, PE_HOSTFILE, SLURM_JOB_NODELIST) and the launcher publishes no host of its own "
+            f"(Open MPI 5 and MPICH do not); expected one of them. Fix: {SET_IT}")
     return found

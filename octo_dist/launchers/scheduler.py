@@ -1,17 +1,25 @@
-"""The batch scheduler's job id: groups the wandb runs of one job and seeds the coordinator port."""
+"""The batch scheduler around the launch: its job id, and what a job script without a launcher is.
+
+A PBS, Grid Engine or LSF job script runs once, on the first node; only a launcher (mpirun, mpiexec, srun) started
+inside it makes ranks. So a process that sees a scheduler's variables but no launcher's is one process, and says so.
+"""
 
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from octo_dist.launchers.base import Launch
+from octo_dist.launchers.base import Launch, shown
 
 # Tried in order; the first one set names the job.
 JOB_ID_VARS = (
     "PBS_JOBID",      # "12345.pbs1" (ABCI 3.0, PBS Professional)
-    "JOB_ID",         # "9876543" (SGE, ABCI 2.0)
+    "JOB_ID",         # "9876543" (Grid Engine, ABCI 2.0)
     "SLURM_JOB_ID",   # "123456"
+    "LSB_JOBID",      # "4242" (IBM LSF)
 )
+SCHEDULERS = {"PBS_JOBID": "PBS", "JOB_ID": "Grid Engine", "SLURM_JOB_ID": "Slurm", "LSB_JOBID": "LSF"}
+# Grid Engine's JOB_ID is a common name; only count it as a job with Grid Engine's own variables beside it.
+SGE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
 
 
 def job_id(environ: Mapping[str, str], launch: Optional[Launch] = None) -> Optional[str]:
@@ -20,3 +28,17 @@ def job_id(environ: Mapping[str, str], launch: Optional[Launch] = None) -> Optio
         if environ.get(var):
             return environ[var]
     return launch.job_id if launch is not None else None
+
+
+def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
+    """A PBS, Grid Engine or LSF job script without a launcher: one process (Slurm's is ``slurm.allocation``)."""
+    for var in ("PBS_JOBID", "JOB_ID", "LSB_JOBID"):
+        if not environ.get(var):
+            continue
+        if var == "JOB_ID" and not any(m in environ for m in SGE_MARKERS):
+            continue
+        name = SCHEDULERS[var]
+        return Launch(launcher="single", world_size=1, rank=0, local_rank=0, local_size=1, job_id=environ[var],
+                      detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
+                      variables=shown(environ, var, "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "NSLOTS"))
+    return None
