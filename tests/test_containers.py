@@ -235,7 +235,7 @@ def test_a_drifted_definition_is_reported(name, tmp_path):
 
 def test_a_moved_pin_in_env_fails_both_definitions():
     # The other direction: env/ moves on (a refreshed digest), the definitions do not.
-    data = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+    data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
     data["images"]["cuda11"]["digest"] = NEW_DIGEST
     moved = mf.parse_manifest(data, Path("stack.toml"))
     docker = images.check_dockerfile(DOCKERFILE, moved)
@@ -253,7 +253,7 @@ def test_a_finding_says_what_was_found_expected_and_the_fix():
 
 
 def test_manifest_refuses_a_base_image_without_a_digest():
-    data = copy.deepcopy(mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text()))
+    data = copy.deepcopy(mf.loads(mf.DEFAULT_MANIFEST.read_text()))
     data["images"]["cuda11"]["digest"] = "11.8.0-base-ubuntu22.04"
     with pytest.raises(mf.ManifestError, match=r"images.cuda11.digest must be 'sha256:' and 64 hex, found '11.8.0"):
         mf.parse_manifest(data, Path("stack.toml"))

@@ -9,9 +9,8 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.envcheck import report
-
-EXIT_USAGE = 2
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -100,7 +99,7 @@ def _launch(args, profile, checks, smi) -> int:
         return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args))
     except (runtime.StartupError, coordinator.CoordinatorError) as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -278,15 +278,16 @@ def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = 
                                                     "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
                                                     "build secret (RUN --mount=type=secret,id=ca)"))
         if source is not None:
-            findings += _lock_findings(where, profile, source)
+            findings += _lock_findings(where, profile, manifest, source)
     return findings
 
 
-def _lock_findings(where: str, profile: mf.Profile, source: Path) -> list[Finding]:
-    lock = source / "env" / mf.LOCK_DIR_NAME / f"{profile.name}-py{profile.python}.txt"
+def _lock_findings(where: str, profile: mf.Profile, manifest: mf.Manifest, source: Path) -> list[Finding]:
+    lock = manifest.lock_path(profile.name, profile.python)
     if lock.is_file():
         return []
-    return [Finding(where, f"no lock {lock.relative_to(source)}",
+    shown = lock.relative_to(source) if lock.is_relative_to(source) else lock
+    return [Finding(where, f"no lock {shown}",
                     f"the lock for the image's Python {profile.python}", "make lock")]
 
 
@@ -390,7 +391,7 @@ def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda
             findings.append(Finding(f"{w} %labels", f"{label} {labels[label]}", want,
                                     f"`{label} {want}` under %labels"))
     if source is not None:
-        findings += _lock_findings(w, profile, source)
+        findings += _lock_findings(w, profile, manifest, source)
     return findings
 
 
