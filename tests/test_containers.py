@@ -175,6 +175,42 @@ def test_singularity_and_docker_cuda11_share_base_install_script_and_lock():
     assert (REPO / "env/locks/cuda11-py3.10.txt").is_file() and MANIFEST.profile("cuda11").python == "3.10"
 
 
+def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not():
+    df = images.parse_dockerfile(DOCKERFILE)
+    sif = images.parse_definition(DEFINITION)
+    cuda_chain = [r for r in images.target_runs(df, "cuda11") if images.INFINIBAND_RUN.search(r)]
+    assert cuda_chain and not [r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)]
+    assert images.INFINIBAND_RUN.search(images.shell_body(sif.sections["post"]))
+    assert images.check_os_packages((REPO / "containers/os-packages.sh").read_text()) == []
+    assert set(images.INFINIBAND_PACKAGES) == {"libibverbs1", "ibverbs-providers", "librdmacm1"}
+
+
+def test_os_packages_without_a_verbs_package_is_reported():
+    script = (REPO / "containers/os-packages.sh").read_text()
+    findings = images.check_os_packages(mutate(script, "infiniband=(libibverbs1 ", "infiniband=("))
+    assert found(findings, "os-packages.sh", "libibverbs1"), findings
+    assert found(images.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array")
+
+
+def test_os_packages_script_takes_infiniband_and_refuses_anything_else(tmp_path):
+    # Run it for real up to apt-get: a fake apt-get/dpkg-query records the package list.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("apt-get", "dpkg-query"):
+        (fake / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {tmp_path}/calls\n')
+        (fake / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    script = str(REPO / "containers/os-packages.sh")
+    subprocess.run(["bash", script, "runtime", "--infiniband"], env=env, check=True, capture_output=True)
+    installed = [l for l in (tmp_path / "calls").read_text().splitlines() if l.startswith("apt-get install")]
+    assert installed and all(p in installed[0].split() for p in images.INFINIBAND_PACKAGES), installed
+    (tmp_path / "calls").unlink()
+    subprocess.run(["bash", script, "runtime"], env=env, check=True, capture_output=True)
+    assert "libibverbs1" not in (tmp_path / "calls").read_text()
+    bad = subprocess.run(["bash", script, "runtime", "--ib"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 DOCKER_DRIFTS = {
     # name: (old text, new text, where the finding must be, what it must say)
     "base digest": ("ARG CUDA11_BASE_DIGEST=sha256:79e5", "ARG CUDA11_BASE_DIGEST=sha256:00e5",
@@ -195,6 +231,8 @@ DOCKER_DRIFTS = {
     "label tag": ('base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}"', 'base.name="${CPU_BASE_REPO}:latest"',
                   "target cpu", "docker.io/library/ubuntu:22.04"),
     "version": ("ARG VERSION=0.1.0", "ARG VERSION=0.0.9", "ARG VERSION", "octo_dist.__version__"),
+    "no InfiniBand in the GPU image": ("os-packages.sh runtime --infiniband", "os-packages.sh runtime",
+                                       "target cuda11", "libibverbs1"),
 }
 
 
@@ -221,6 +259,7 @@ DEF_DRIFTS = {
     "no env copied": ("    env /opt/octo-dist/env\n", "", "%files", "no env"),
     "label digest": ("base.digest sha256:79e5", "base.digest sha256:00e5", "%labels", "base.digest"),
     "no help": ("%help\n", "%comments\n", "%help", "no such section"),
+    "no InfiniBand": ("os-packages.sh build --infiniband", "os-packages.sh build", "%post", "libibverbs1"),
 }
 
 
@@ -284,7 +323,8 @@ def copy_definitions(dest: Path) -> Path:
     (dest / "env").mkdir(parents=True)
     shutil.copy(REPO / "env" / "stack.toml", dest / "env" / "stack.toml")
     shutil.copytree(REPO / "env" / "locks", dest / "env" / "locks")
-    for name in ("Dockerfile", "singularity.def"):
+    (dest / "containers").mkdir()
+    for name in ("Dockerfile", "singularity.def", "containers/os-packages.sh"):
         shutil.copy(REPO / name, dest / name)
     return dest
 
