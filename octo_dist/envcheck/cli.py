@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.envcheck import report
@@ -33,19 +31,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _nvidia_smi() -> Optional[str]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        return subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
 def run(args: argparse.Namespace) -> int:
     from octo_dist.stack import manifest as mf
-    from octo_dist.envcheck import cudnn, installed, rules
+    from octo_dist.envcheck import cudnn, gpus, installed, rules
+    from octo_dist.stack import builds
 
     try:
         manifest = mf.load_manifest(args.manifest)
@@ -57,16 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if not name:
         # No profile named: infer from the jaxlib build ("0.4.20+cuda11.cudnn86" -> cuda11).
         jaxlib = dists.get("jaxlib")
-        name = "cuda11" if jaxlib and "+cuda" in jaxlib.version else "cpu"
+        name = "cuda11" if jaxlib and builds.is_cuda_jaxlib(jaxlib.version) else "cpu"
     try:
         profile = manifest.profile(name)
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     python = "%d.%d" % sys.version_info[:2]
-    tag = rules.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
+    tag = builds.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
     probe = cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None) if profile.gpu else (None, None, "")
-    smi = _nvidia_smi() if profile.gpu and not args.no_gpu else None
+    smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
     checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
     if args.no_gpu:
         checks = [c for c in checks if not c.id.startswith("gpu.")]
