@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
+    "validate": "octo_dist.apps.validate.app",
 }
 
 EXIT_USAGE = 2

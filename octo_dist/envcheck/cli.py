@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.deep:
         from octo_dist.envcheck.deep import run_deep
         checks.append(run_deep(profile, os.environ))
-    print(report.as_json(checks, profile.name) if args.json else report.as_table(checks, profile.name, args.verbose))
+    print(report.as_json(checks, profile.name, report.context(profile.gpu)) if args.json else report.as_table(checks, profile.name, args.verbose))
     return report.exit_code(checks)
 
 
