@@ -138,7 +138,7 @@ def test_cudnn9_wheel_beside_cudnn86_jaxlib_fails_with_the_86_pin(cuda_env):
     assert "built against 8.6" in checks["cudnn.wheel"]["expected"]
 
 
-def test_loaded_cudnn_9_is_the_seeds_silent_cpu_fallback(cuda_env):
+def test_loaded_cudnn_9_is_the_silent_cpu_fallback(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 90101)
     rc, checks, _ = run_check(site, bin_dir, manifest)
@@ -303,3 +303,16 @@ def test_a_broken_manifest_is_a_one_line_usage_error(tmp_path, edit):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(bad) in proc.stderr
+
+
+def test_json_report_says_where_and_with_what_it_was_made():
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    import octo_dist
+    import platform
+    import socket
+
+    assert report["octo_dist_version"] == octo_dist.__version__ and report["schema"] == 1
+    assert report["host"] == socket.gethostname() and report["python"] == platform.python_version()
+    assert report["profile"] == "cpu" and report["gpu"] is False and report["checks"]

@@ -54,7 +54,7 @@ def test_hadolint_is_clean_on_the_dockerfile():
 
 
 def test_hadolint_is_live(tmp_path):
-    # The seed Dockerfile's habits: an untagged base and unpinned apt packages. hadolint must object.
+    # Common Dockerfile habits: an untagged base and unpinned apt packages. hadolint must object.
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu\nRUN apt-get update && apt-get install -y curl\n")
     res = subprocess.run([tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True)
@@ -447,7 +447,7 @@ def test_install_script_refuses_an_unpinned_git_dependency(offline_prefix, tmp_p
     stack = src / "env" / "stack.toml"
     stack.write_text(mutate(stack.read_text(), 'commit = "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b"', 'commit = "main"'))
     res = run_install(src, offline_prefix, "--skip-git")  # even skipped, an unpinned one stops the build
-    assert res.returncode == 1
+    assert res.returncode == 2  # a manifest the build refuses: a usage error
     assert "git.octo.commit must be a full 40-hex commit SHA, found 'main'" in res.stderr
     assert "--- pip freeze ---" not in res.stdout
 

@@ -14,7 +14,7 @@ def parse(data):
     return mf.parse_manifest(data, Path("stack.toml"))
 
 
-def test_the_committed_manifest_pins_the_seed_fixes():
+def test_the_committed_manifest_pins_the_known_fixes():
     m = mf.load_manifest()
     cuda = m.profile("cuda11")
     pins = cuda.exact_pins("3.10")

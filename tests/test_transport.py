@@ -132,3 +132,20 @@ def test_the_preflight_table_shows_the_hcas(tmp_path):
     recs = records(tmp_path, ["h1", "h2"], lambda r: transport.facts(root, {"NCCL_IB_DISABLE": "1"}, []))
     text = preflight.render(recs, None, preflight.problems(recs, True))
     assert "infiniband: 8 HCA(s), NCCL would use sockets" in text and "FAIL  rank 0 on h1" in text
+
+
+@pytest.mark.mpi
+def test_check_env_launch_json_prints_the_per_rank_records_on_rank_0(mpirun):
+    import json
+    import platform
+
+    import octo_dist
+
+    proc = mpirun(2, "-m", "octo_dist", "check-env", "--launch", "--profile", "cpu", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)  # rank 0 alone writes to stdout
+    assert report["octo_dist_version"] == octo_dist.__version__ and report["schema"] == 1
+    assert report["python"] == platform.python_version() and report["host"] and report["profile"] == "cpu"
+    assert report["ok"] and report["problems"] == [] and report["coordinator"]["address"]
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert all(r["jax"]["platform"] == "cpu" and r["world_size"] == 2 for r in report["ranks"])

@@ -16,14 +16,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Exit 0: nothing fails; 1: something fails; 2: usage error.")
     p.add_argument("--profile", help="cuda11, cpu, ... (default: $OCTO_DIST_PROFILE, else cuda11 when jaxlib is a CUDA build, else cpu)")
     p.add_argument("--manifest", help="env/stack.toml to check against (default: $OCTO_DIST_MANIFEST or the checkout's)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on")
-    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too")
+    p.add_argument("--json", action="store_true", help="machine-readable output; with --launch, the per-rank records (default: a table)")
+    p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on (default: off)")
+    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too (default: only problems)")
     p.add_argument("--no-gpu", action="store_true",
-                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test)")
+                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test) (default: off)")
     p.add_argument("--launch", action="store_true",
                    help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
-                        "runtime; rank 0 prints one line per rank and fails on a mismatch")
+                        "runtime; rank 0 prints one line per rank and fails on a mismatch (default: off)")
     from octo_dist.dist import runtime
 
     runtime.argv_options(p)
@@ -82,10 +82,11 @@ def _launch(args, profile, checks, smi) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     ranklog.setup(launch.rank, launch.world_size)
-    if launch.rank == 0 and any(c.status == FAIL for c in checks):
+    if launch.rank == 0 and any(c.status == FAIL for c in checks) and not args.json:
         print(report.as_table(checks, profile.name, args.verbose))
     try:
-        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args))
+        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args),
+                             json_output=args.json, ctx=dict(report.context(profile.gpu), profile=profile.name))
     except (runtime.StartupError, coordinator.CoordinatorError) as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -9,6 +9,7 @@ passes, and, across hosts with InfiniBand, nothing sends NCCL to TCP sockets (``
 from __future__ import annotations
 
 import collections
+import json
 import socket
 from typing import Mapping, Optional, Sequence
 
@@ -84,6 +85,14 @@ def render(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinat
     return "\n".join(lines)
 
 
+def as_json(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str],
+            ctx: Optional[Mapping] = None) -> str:
+    """The preflight for programs: ``{..ctx, "ok": false, "problems": [...], "coordinator": {...}, "ranks": [...]}``."""
+    return json.dumps({**(ctx or {}), "ok": not found, "problems": list(found),
+                       "coordinator": {"address": coordinator.address, "source": coordinator.source} if coordinator else None,
+                       "ranks": sorted(records, key=lambda r: r["rank"])}, indent=1, sort_keys=False)
+
+
 def _ib_part(facts: Optional[Mapping]) -> str:
     if not facts or not facts.get("ib_devices"):
         return ""
@@ -92,8 +101,10 @@ def _ib_part(facts: Optional[Mapping]) -> str:
 
 
 def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu_profile: bool,
-        smi_output: Optional[str], start_options: Mapping, sys_root: str = "/") -> int:
-    """On every rank; returns the same exit code everywhere (0 sound, 1 not)."""
+        smi_output: Optional[str], start_options: Mapping, sys_root: str = "/", json_output: bool = False,
+        ctx: Optional[Mapping] = None) -> int:
+    """On every rank; returns the same exit code everywhere (0 sound, 1 not). Rank 0 alone prints, as a table or
+    (``json_output``) as :func:`as_json` with ``ctx`` (version, schema, host, python) on top."""
     from octo_dist.dist import mpi
     from octo_dist.dist.collectives import allgather_json
 
@@ -106,7 +117,7 @@ def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu
         found = problems(early, gpu_profile)
         if found:
             if launch.rank == 0:
-                print(render(early, c, found), flush=True)
+                print(as_json(early, c, found, ctx) if json_output else render(early, c, found), flush=True)
             return 1
     with runtime.distributed(coordinator=c, **options) as rt:
         record["jax"] = {"process_index": rt.process_index, "local_devices": rt.local_device_count,
@@ -114,6 +125,6 @@ def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu
         records = allgather_json(record)
         found = problems(records, gpu_profile)
         if rt.is_main:
-            print(render(records, c, found), flush=True)
+            print(as_json(records, c, found, ctx) if json_output else render(records, c, found), flush=True)
         # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
         return 1 if found else 0

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from octo_dist import __version__
+from octo_dist import EXIT_FAILED, EXIT_USAGE, __version__
 from octo_dist.stack import manifest as mf
 
 DOCKERFILE = "Dockerfile"
@@ -518,7 +518,9 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("check", "refresh-digests"))
+    parser.add_argument("command", choices=("check", "refresh-digests"),
+                        help="check: both definitions against env/stack.toml; refresh-digests: re-resolve the base "
+                             "image digests (needs crane or skopeo), then check")
     parser.add_argument("--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)")
     args = parser.parse_args(argv)
     source = Path(args.source)
@@ -530,14 +532,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"refresh-digests: {len(changes)} base image digest(s) changed" +
                   ("; rebuild the images" if changes else ""))
         findings = check_checkout(source)
-    except (RefreshError, mf.ManifestError) as e:
+    except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except RefreshError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if findings:
         print(f"{len(findings)} disagreement(s) between the image definitions and env/stack.toml", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"{DOCKERFILE} and {SINGULARITY_DEF} agree with env/stack.toml")
     return 0
 
