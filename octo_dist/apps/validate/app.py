@@ -1,12 +1,12 @@
-"""``octo-dist validate`` (``make validate-gpu``): is this node, and this job, fit for training?
+"""octo-dist validate (make validate-gpu): is this node, and this job, fit for training?
 
     octo-dist validate                                            # one GPU node: environment + scaling
     mpirun -npernode 8 -hostfile $PBS_NODEFILE octo-dist validate # across nodes: NCCL transport + all-reduce
 
-Without a launcher (one process): ``check-env --deep`` (JAX on the GPU backend, cuDNN loaded), then the smoke job
-on one GPU and on every GPU of the node at the same per-GPU batch, with the scaling efficiency. Under ``mpirun``
-(several processes): every rank's fast ``check-env`` and JAX backend, the all-reduce bandwidth of a fixed-size
-buffer, and the network NCCL actually chose between hosts (from its ``NCCL_DEBUG=INFO`` log, one file per rank).
+Without a launcher (one process): check-env --deep (JAX on the GPU backend, cuDNN loaded), then the smoke job
+on one GPU and on every GPU of the node at the same per-GPU batch, with the scaling efficiency. Under mpirun
+(several processes): every rank's fast check-env and JAX backend, the all-reduce bandwidth of a fixed-size
+buffer, and the network NCCL actually chose between hosts (from its NCCL_DEBUG=INFO log, one file per rank).
 On the CPU the GPU-only steps are skipped and say so. Rank 0 prints the report; exit 0 when nothing failed, 1
 when something did, 2 on a usage error.
 """

@@ -71,7 +71,7 @@ def judge(one: Mapping, every: Mapping, min_efficiency: float, judged: bool) -> 
 def run(environ: Mapping[str, str], gpus: Sequence[str], cpu_devices: int, per_device_batch: int, steps: int,
         model: str, min_efficiency: float, timeout_s: float) -> Step:
     """On GPUs: GPU ``gpus[0]`` alone vs every GPU. On the CPU: 1 vs ``cpu_devices`` forced host devices."""
-    env = {k: v for k, v in environ.items() if k not in ("OCTO_DIST_LOG_ALL_RANKS",)}
+    env = dict(environ)
     if gpus:
         one_env = dict(env, CUDA_VISIBLE_DEVICES=gpus[0])
         all_env, n = env, len(gpus)
