@@ -29,6 +29,10 @@ FABRICATED = [
     'dotted.key = "v"\n"quoted key" = 1\n\'lit key\' = 2\n[x]\ny.z = 3\n',
     "crlf = 1\r\n[t]\r\nk = \"v\"\r\n",
     'inherit = ["numpy", "ml-dtypes"]\ngpu = "false"\nlock_pythons = "3.11"\n',
+    '[a.b]\nx = 1\n[a]\ny = 2\n',                              # a super-table after its sub-table
+    '[[a]]\nx = 1\n[a.b]\ny = 2\n[[a]]\nx = 3\n',                # a sub-table of the last array element
+    'x = "a#b" # c\n[ spaced . "q" ]\nz = 1\na = [\n]\nb = ["x",\n "y" # c\n , "z"]\n',
+    '',
 ]
 
 
@@ -46,7 +50,8 @@ def test_fabricated_documents_read_the_same_as_with_tomllib(text):
 @pytest.mark.parametrize("text,message", [
     ('a = {x = 1}\n', "inline tables are outside the TOML subset"),
     ('a = """x"""\n', "multi-line strings are outside"),
-    ('a = 1979-05-27\n', "dates, inf and nan are outside"),
+    ('a = 1979-05-27\n', "dates, inf, nan and 0x/0o/0b integers are outside"),
+    ('a = 0x1F\n', "0x/0o/0b integers are outside"),
     ('a = "open\n', "unterminated string"),
     ('a = 1\na = 2\n', "key 'a' is defined twice"),
     ('[t]\n[t]\n', r"\[t\] is defined twice"),

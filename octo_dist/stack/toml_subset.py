@@ -204,8 +204,8 @@ class _Reader:
             self.pos = m.end()
             return float(m.group(0).replace("_", ""))
         found = self.text[self.pos:].splitlines()[0][:40] if self.pos < len(self.text) else ""
-        raise self.error(f"expected a string, number, boolean or array, found {found!r} (dates, inf and nan are "
-                         f"outside the TOML subset octo-dist reads without tomllib)")
+        raise self.error(f"expected a string, number, boolean or array, found {found!r} (dates, inf, nan and "
+                         f"0x/0o/0b integers are outside the TOML subset octo-dist reads without tomllib)")
 
     def basic_string(self) -> str:
         self.pos += 1
