@@ -105,6 +105,8 @@ def test_lock_cutoff_is_read_from_the_manifest():
     (("images", "cuda11", "tag"), 11, r"images.cuda11.tag must be a string, found 11 \(integer\)"),
     (("profiles", "cuda11", "overrides"), [{"package": "x"}], r"profiles.cuda11.overrides\[0\].version is missing"),
     (("common", "by_python", "3.10"), 1, r'common.by_python."3.10" must be a table'),
+    (("profiles", "cpu", "lock_pythons"), [], r'profiles.cpu.lock_pythons is empty; expected at least one Python'),
+    (("profiles", "cpu", "gpu"), 1, r"profiles.cpu.gpu must be true or false, found 1 \(integer\)"),
 ])
 def test_the_manifest_is_validated_by_type_naming_the_file_and_key(path, value, message):
     data = copy.deepcopy(RAW)

@@ -16,6 +16,8 @@ Conventions the checks rely on, written in both definitions:
   a final stage named after each profile (``--target cuda11``), ``FROM <repo>@<digest>`` (no engine but
   Docker accepts a tag and a digest in one reference, so the tag travels in a label).
 * singularity.def: ``From: <repo>@<digest>`` and the same labels.
+* GPU images (the ``cuda11`` target, singularity.def) run ``containers/os-packages.sh ... --infiniband``, whose
+  ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`: without rdma-core's userland NCCL uses TCP sockets.
 """
 
 from __future__ import annotations

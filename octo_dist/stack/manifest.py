@@ -184,8 +184,8 @@ class _Fields:
     def __init__(self, table: Any, where: str, path: Path):
         self.path, self.where = path, where
         if not isinstance(table, dict):
-            raise ManifestError(f"{path}: {where or 'the document'} must be {_KINDS[dict]} "
-                                f"([{where}]), found {_shown(table)}")
+            raise ManifestError(f"{path}: {where or 'the document'} must be {_KINDS[dict]}"
+                                f"{f' ([{where}])' if where else ''}, found {_shown(table)}")
         self.table = table
 
     def key(self, key: str) -> str:
@@ -259,12 +259,16 @@ def _profile(name: str, raw: _Fields, common: Mapping[str, str],
         for n, d in raw.sub("direct").tables().items()
     )
     python = raw.get("python", str)
+    lock_pythons = raw.strings("lock_pythons", [python])
+    if not lock_pythons:
+        raise ManifestError(f"{raw.path}: {raw.key('lock_pythons')} is empty; expected at least one Python, "
+                            f"e.g. lock_pythons = [\"{python}\"]")
     return Profile(
         name=name,
         description=raw.get("description", str, ""),
         python=python,
         platform=raw.get("platform", str),
-        lock_pythons=raw.strings("lock_pythons", [python]),
+        lock_pythons=lock_pythons,
         gpu=raw.get("gpu", bool, False),
         requirements=reqs,
         overrides=tuple(overrides),
