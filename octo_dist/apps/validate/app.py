@@ -207,14 +207,16 @@ def across_steps(records: Sequence[Mapping], gpu_profile: bool) -> list:
     return steps
 
 
-def across(args, launch, environ: Mapping[str, str]) -> int:
+def across(args, environ: Mapping[str, str]) -> int:
     """Every rank: fast check-env, start the runtime with NCCL logging to a file, all-reduce, gather, rank 0 reports."""
     from octo_dist.apps.validate import allreduce, nccl_log
     from octo_dist.dist import collectives
 
     result, _ = check_env(args, deep=False, environ=environ)
-    env_failures = sorted(c["id"] for c in (result or {"checks": []})["checks"] if c["status"] == "fail") \
-        if result else ["check-env did not run"]
+    if result is None:
+        env_failures = ["check-env did not run"]
+    else:
+        env_failures = sorted(c["id"] for c in result["checks"] if c["status"] == "fail")
     gpu_profile = bool(result and result.get("gpu"))
     log_dir = args.nccl_log_dir or tempfile.mkdtemp(prefix="octo-dist-nccl-")
     os.makedirs(log_dir, exist_ok=True)
@@ -263,7 +265,7 @@ def main(args) -> int:
         print(f"octo-dist validate: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if launch.world_size > 1:
-        return across(args, launch, environ)
+        return across(args, environ)
     context, steps = node(args, environ)
     _emit(args, context, steps)
     return EXIT_FAILED if any(s.status == FAIL for s in steps) else 0
