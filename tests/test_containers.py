@@ -471,3 +471,29 @@ def test_buildah_builds_the_cpu_image_and_check_env_passes_in_it():
     assert "--- pip freeze ---" in out and "octo-dist: installing profile 'cpu' for Python 3.11" in out
     assert "octo-dist check-env  profile=cpu" in out and "0 failure(s)" in out
     assert re.search(r"octo-dist smoke: .*2 rank\(s\)", out) and "parameters identical on every rank" in out
+
+
+def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
+    """The build-time line of the cuda11 target and the .sif's %test, run here against a libibverbs built with gcc."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found")
+    df = images.parse_dockerfile(DOCKERFILE)
+    docker = [r for r in images.target_runs(df, "cuda11") if "load_verbs" in r]
+    sif = [l.strip() for l in images.parse_definition(DEFINITION).sections["test"] if "load_verbs" in l]
+    assert len(docker) == 1 and len(sif) == 1 and docker[0] == sif[0]
+    assert not [r for r in images.target_runs(df, "cpu") if "load_verbs" in r]
+    command = docker[0].replace("/opt/octo-dist/venv/bin/python", sys.executable)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "verbs.c").write_text("void **ibv_get_device_list(int *n) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libibverbs.so.1"), str(tmp_path / "verbs.c")], check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    ok = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(lib)), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    from octo_dist.envcheck import transport
+
+    if transport.load_verbs() is None:
+        return  # this host has rdma-core itself: the failing case cannot be fabricated by hiding a directory
+    missing = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(tmp_path / "none")),
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "libibverbs.so.1" in missing.stderr
