@@ -110,9 +110,13 @@ LABEL org.opencontainers.image.title="octo-dist (cuda11)" \
       org.opencontainers.image.base.digest="${CUDA11_BASE_DIGEST}" \
       io.github.octo-dist.profile="cuda11"
 COPY containers/os-packages.sh /tmp/os-packages.sh
-RUN bash /tmp/os-packages.sh runtime && rm /tmp/os-packages.sh \
+# --infiniband: rdma-core's libibverbs1, ibverbs-providers, librdmacm1, so NCCL uses the InfiniBand HCAs between
+# nodes instead of TCP sockets.
+RUN bash /tmp/os-packages.sh runtime --infiniband && rm /tmp/os-packages.sh \
     && useradd --create-home --uid 1000 --shell /bin/bash octo
 COPY --from=build-cuda11 /opt/octo-dist/venv /opt/octo-dist/venv
+# Stop the build if the verbs library NCCL opens does not load (it would fall back to TCP between nodes).
+RUN /opt/octo-dist/venv/bin/python -c 'import sys; from octo_dist.envcheck import transport; sys.exit(transport.load_verbs())'
 COPY env/ /opt/octo-dist/env/
 # LD_LIBRARY_PATH is left as the base sets it: jaxlib finds cuDNN/cuBLAS in the nvidia-*-cu11 wheels itself.
 ENV OCTO_DIST_PROFILE=cuda11 \

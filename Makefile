@@ -111,6 +111,20 @@ clean-env: ## remove $(VENV)
 job-examples: ## re-render scripts/jobs/*.sh with `octo-dist launch` (stdlib only; a test keeps them identical)
 	PYTHONPATH=. $(PYTHON) -m octo_dist.jobs.examples scripts/jobs
 
+# ---- validation on the first GPU node ------------------------------------------------------------------
+# One process: check-env --deep, then the smoke job on 1 GPU vs every GPU of the node (scaling efficiency).
+# VALIDATE_MPIRUN set: the same command again under that launcher (NCCL network between nodes, all-reduce).
+# From the image: make validate-gpu VALIDATE_CMD="singularity exec --nv octo-dist.sif octo-dist" \
+#   VALIDATE_MPIRUN="mpirun -npernode 8 -hostfile $$PBS_NODEFILE"
+VALIDATE_CMD ?= $(OCTO_DIST)
+VALIDATE_MPIRUN ?=
+VALIDATE_ARGS ?=
+
+.PHONY: validate-gpu
+validate-gpu: $(if $(filter $(OCTO_DIST),$(VALIDATE_CMD)),$(ENV_STAMP)) ## on a GPU node: check-env --deep, 1 vs all GPUs; VALIDATE_MPIRUN="mpirun ...": NCCL across nodes
+	$(VALIDATE_CMD) validate $(VALIDATE_ARGS)
+	$(if $(VALIDATE_MPIRUN),$(MPIRUN_ROOT_ENV) $(VALIDATE_MPIRUN) $(VALIDATE_CMD) validate $(VALIDATE_ARGS))
+
 # ---- container images (Dockerfile targets cpu/cuda11, singularity.def) --------------------------------
 # DOCKER can be podman or `buildah` (build-compatible). Behind a TLS-intercepting proxy, CA_SECRET=<bundle>
 # passes its CA as a build secret (never a layer). SIF_TMPDIR: node-local disk on ABCI ($PBS_LOCALDIR).

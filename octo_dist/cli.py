@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
     "detect": "octo_dist.launchers.cli",
+    "validate": "octo_dist.apps.validate.app",
 }
 
 EXIT_USAGE = 2

@@ -66,7 +66,7 @@ def cuda_env(tmp_path):
     smi = bin_dir / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n")
     smi.chmod(0o755)
-    data = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+    data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
     data["profiles"]["cuda11"]["lock_pythons"] = ["3.10", "%d.%d" % sys.version_info[:2]]
     manifest = tmp_path / "stack.toml"
     manifest.write_text(_to_toml(data))
@@ -138,7 +138,7 @@ def test_cudnn9_wheel_beside_cudnn86_jaxlib_fails_with_the_86_pin(cuda_env):
     assert "built against 8.6" in checks["cudnn.wheel"]["expected"]
 
 
-def test_loaded_cudnn_9_is_the_seeds_silent_cpu_fallback(cuda_env):
+def test_loaded_cudnn_9_is_the_silent_cpu_fallback(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 90101)
     rc, checks, _ = run_check(site, bin_dir, manifest)
@@ -289,3 +289,30 @@ def test_deep_fails_a_gpu_profile_that_ends_on_the_cpu():
     assert check.status == "fail" and check.expected == "gpu backend"
     broken = deep.judge(None, "Traceback ...\nAttributeError: module 'scipy.linalg' has no attribute 'tril'", CUDA)
     assert broken.status == "fail" and "tril" in broken.found
+
+
+@pytest.mark.parametrize("edit", [("gpu = true", 'gpu = "false"'), ("[profiles.cpu]\n", "profiles = 3\n[x]\n"),
+                                  ("schema = 1", "schema = [")])
+def test_a_broken_manifest_is_a_one_line_usage_error(tmp_path, edit):
+    bad = tmp_path / "stack.toml"
+    text = mf.DEFAULT_MANIFEST.read_text()
+    assert text.count(edit[0]) == 1
+    bad.write_text(text.replace(*edit))
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--manifest", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert str(bad) in proc.stderr
+
+
+def test_json_report_says_where_and_with_what_it_was_made():
+    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    import octo_dist
+    import platform
+    import socket
+
+    assert report["octo_dist_version"] == octo_dist.__version__ and report["schema"] == 1
+    assert report["host"] == socket.gethostname() and report["python"] == platform.python_version()
+    assert report["profile"] == "cpu" and report["gpu"] is False and report["checks"]

@@ -54,7 +54,7 @@ def test_hadolint_is_clean_on_the_dockerfile():
 
 
 def test_hadolint_is_live(tmp_path):
-    # The seed Dockerfile's habits: an untagged base and unpinned apt packages. hadolint must object.
+    # Common Dockerfile habits: an untagged base and unpinned apt packages. hadolint must object.
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu\nRUN apt-get update && apt-get install -y curl\n")
     res = subprocess.run([tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True)
@@ -175,6 +175,42 @@ def test_singularity_and_docker_cuda11_share_base_install_script_and_lock():
     assert (REPO / "env/locks/cuda11-py3.10.txt").is_file() and MANIFEST.profile("cuda11").python == "3.10"
 
 
+def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not():
+    df = images.parse_dockerfile(DOCKERFILE)
+    sif = images.parse_definition(DEFINITION)
+    cuda_chain = [r for r in images.target_runs(df, "cuda11") if images.INFINIBAND_RUN.search(r)]
+    assert cuda_chain and not [r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)]
+    assert images.INFINIBAND_RUN.search(images.shell_body(sif.sections["post"]))
+    assert images.check_os_packages((REPO / "containers/os-packages.sh").read_text()) == []
+    assert set(images.INFINIBAND_PACKAGES) == {"libibverbs1", "ibverbs-providers", "librdmacm1"}
+
+
+def test_os_packages_without_a_verbs_package_is_reported():
+    script = (REPO / "containers/os-packages.sh").read_text()
+    findings = images.check_os_packages(mutate(script, "infiniband=(libibverbs1 ", "infiniband=("))
+    assert found(findings, "os-packages.sh", "libibverbs1"), findings
+    assert found(images.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array")
+
+
+def test_os_packages_script_takes_infiniband_and_refuses_anything_else(tmp_path):
+    # Run it for real up to apt-get: a fake apt-get/dpkg-query records the package list.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("apt-get", "dpkg-query"):
+        (fake / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {tmp_path}/calls\n')
+        (fake / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    script = str(REPO / "containers/os-packages.sh")
+    subprocess.run(["bash", script, "runtime", "--infiniband"], env=env, check=True, capture_output=True)
+    installed = [l for l in (tmp_path / "calls").read_text().splitlines() if l.startswith("apt-get install")]
+    assert installed and all(p in installed[0].split() for p in images.INFINIBAND_PACKAGES), installed
+    (tmp_path / "calls").unlink()
+    subprocess.run(["bash", script, "runtime"], env=env, check=True, capture_output=True)
+    assert "libibverbs1" not in (tmp_path / "calls").read_text()
+    bad = subprocess.run(["bash", script, "runtime", "--ib"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 DOCKER_DRIFTS = {
     # name: (old text, new text, where the finding must be, what it must say)
     "base digest": ("ARG CUDA11_BASE_DIGEST=sha256:79e5", "ARG CUDA11_BASE_DIGEST=sha256:00e5",
@@ -195,6 +231,8 @@ DOCKER_DRIFTS = {
     "label tag": ('base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}"', 'base.name="${CPU_BASE_REPO}:latest"',
                   "target cpu", "docker.io/library/ubuntu:22.04"),
     "version": ("ARG VERSION=0.1.0", "ARG VERSION=0.0.9", "ARG VERSION", "octo_dist.__version__"),
+    "no InfiniBand in the GPU image": ("os-packages.sh runtime --infiniband", "os-packages.sh runtime",
+                                       "target cuda11", "libibverbs1"),
 }
 
 
@@ -221,6 +259,7 @@ DEF_DRIFTS = {
     "no env copied": ("    env /opt/octo-dist/env\n", "", "%files", "no env"),
     "label digest": ("base.digest sha256:79e5", "base.digest sha256:00e5", "%labels", "base.digest"),
     "no help": ("%help\n", "%comments\n", "%help", "no such section"),
+    "no InfiniBand": ("os-packages.sh build --infiniband", "os-packages.sh build", "%post", "libibverbs1"),
 }
 
 
@@ -235,7 +274,7 @@ def test_a_drifted_definition_is_reported(name, tmp_path):
 
 def test_a_moved_pin_in_env_fails_both_definitions():
     # The other direction: env/ moves on (a refreshed digest), the definitions do not.
-    data = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+    data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
     data["images"]["cuda11"]["digest"] = NEW_DIGEST
     moved = mf.parse_manifest(data, Path("stack.toml"))
     docker = images.check_dockerfile(DOCKERFILE, moved)
@@ -253,7 +292,7 @@ def test_a_finding_says_what_was_found_expected_and_the_fix():
 
 
 def test_manifest_refuses_a_base_image_without_a_digest():
-    data = copy.deepcopy(mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text()))
+    data = copy.deepcopy(mf.loads(mf.DEFAULT_MANIFEST.read_text()))
     data["images"]["cuda11"]["digest"] = "11.8.0-base-ubuntu22.04"
     with pytest.raises(mf.ManifestError, match=r"images.cuda11.digest must be 'sha256:' and 64 hex, found '11.8.0"):
         mf.parse_manifest(data, Path("stack.toml"))
@@ -284,7 +323,8 @@ def copy_definitions(dest: Path) -> Path:
     (dest / "env").mkdir(parents=True)
     shutil.copy(REPO / "env" / "stack.toml", dest / "env" / "stack.toml")
     shutil.copytree(REPO / "env" / "locks", dest / "env" / "locks")
-    for name in ("Dockerfile", "singularity.def"):
+    (dest / "containers").mkdir()
+    for name in ("Dockerfile", "singularity.def", "containers/os-packages.sh"):
         shutil.copy(REPO / name, dest / name)
     return dest
 
@@ -407,7 +447,7 @@ def test_install_script_refuses_an_unpinned_git_dependency(offline_prefix, tmp_p
     stack = src / "env" / "stack.toml"
     stack.write_text(mutate(stack.read_text(), 'commit = "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b"', 'commit = "main"'))
     res = run_install(src, offline_prefix, "--skip-git")  # even skipped, an unpinned one stops the build
-    assert res.returncode == 1
+    assert res.returncode == 2  # a manifest the build refuses: a usage error
     assert "git.octo.commit must be a full 40-hex commit SHA, found 'main'" in res.stderr
     assert "--- pip freeze ---" not in res.stdout
 
@@ -431,3 +471,29 @@ def test_buildah_builds_the_cpu_image_and_check_env_passes_in_it():
     assert "--- pip freeze ---" in out and "octo-dist: installing profile 'cpu' for Python 3.11" in out
     assert "octo-dist check-env  profile=cpu" in out and "0 failure(s)" in out
     assert re.search(r"octo-dist smoke: .*2 rank\(s\)", out) and "parameters identical on every rank" in out
+
+
+def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
+    """The build-time line of the cuda11 target and the .sif's %test, run here against a libibverbs built with gcc."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found")
+    df = images.parse_dockerfile(DOCKERFILE)
+    docker = [r for r in images.target_runs(df, "cuda11") if "load_verbs" in r]
+    sif = [l.strip() for l in images.parse_definition(DEFINITION).sections["test"] if "load_verbs" in l]
+    assert len(docker) == 1 and len(sif) == 1 and docker[0] == sif[0]
+    assert not [r for r in images.target_runs(df, "cpu") if "load_verbs" in r]
+    command = docker[0].replace("/opt/octo-dist/venv/bin/python", sys.executable)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "verbs.c").write_text("void **ibv_get_device_list(int *n) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libibverbs.so.1"), str(tmp_path / "verbs.c")], check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    ok = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(lib)), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    from octo_dist.envcheck import transport
+
+    if transport.load_verbs() is None:
+        return  # this host has rdma-core itself: the failing case cannot be fabricated by hiding a directory
+    missing = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(tmp_path / "none")),
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "libibverbs.so.1" in missing.stderr

@@ -32,7 +32,7 @@ def local_repo(tmp_path_factory):
 
 
 def _manifest(url: str, commit: str) -> mf.Manifest:
-    data = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+    data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
     data["git"] = {"tinypkg": {"url": url, "commit": commit, "distribution": "tinypkg"}}
     return mf.parse_manifest(data, Path("stack.toml"))
 

@@ -34,7 +34,7 @@ def test_dev_lock_is_disjoint_from_runtime_and_satisfies_dev_requirements(python
     assert lock_mismatches(MANIFEST.dev_requirements, dev_text) == []
 
 
-def test_cuda11_lock_holds_the_seed_fixes():
+def test_cuda11_lock_holds_the_known_fixes():
     text = MANIFEST.lock_path("cuda11", "3.10").read_text()
     pins = parse_lock(text)
     assert pins["nvidia-cudnn-cu11"].version == "8.6.0.163"

@@ -7,14 +7,14 @@ import pytest
 
 from octo_dist.stack import manifest as mf
 
-RAW = mf.tomllib.loads(mf.DEFAULT_MANIFEST.read_text())
+RAW = mf.loads(mf.DEFAULT_MANIFEST.read_text())
 
 
 def parse(data):
     return mf.parse_manifest(data, Path("stack.toml"))
 
 
-def test_the_committed_manifest_pins_the_seed_fixes():
+def test_the_committed_manifest_pins_the_known_fixes():
     m = mf.load_manifest()
     cuda = m.profile("cuda11")
     pins = cuda.exact_pins("3.10")
@@ -90,3 +90,39 @@ def test_direct_wheel_public_version():
 
 def test_lock_cutoff_is_read_from_the_manifest():
     assert mf.load_manifest().lock_exclude_newer == "2026-12-01T00:00:00Z"
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("profiles", "cuda11", "gpu"), "false", r"stack.toml: profiles.cuda11.gpu must be true or false, found 'false' "
+                                             r"\(string\) \(write gpu = false\)"),
+    (("profiles", "cpu", "lock_pythons"), "3.11", r"profiles.cpu.lock_pythons must be an array, found '3.11' \(string\)"),
+    (("profiles", "cpu", "lock_pythons"), ["3.11", 3.12], r"profiles.cpu.lock_pythons must be an array of strings, found 3.12"),
+    (("profiles", "cpu", "python"), 3.1, r"profiles.cpu.python must be a string, found 3.1 \(float\)"),
+    (("profiles", "cpu"), "x", r"profiles.cpu must be a table"),
+    (("profiles",), [1], r"profiles must be a table"),
+    (("common", "requirements", "numpy"), 1.24, r"common.requirements.numpy must be a version string"),
+    (("git", "octo", "url"), None, r"git.octo.url is missing; expected a string"),
+    (("images", "cuda11", "tag"), 11, r"images.cuda11.tag must be a string, found 11 \(integer\)"),
+    (("profiles", "cuda11", "overrides"), [{"package": "x"}], r"profiles.cuda11.overrides\[0\].version is missing"),
+    (("common", "by_python", "3.10"), 1, r'common.by_python."3.10" must be a table'),
+    (("profiles", "cpu", "lock_pythons"), [], r'profiles.cpu.lock_pythons is empty; expected at least one Python'),
+    (("profiles", "cpu", "gpu"), 1, r"profiles.cpu.gpu must be true or false, found 1 \(integer\)"),
+])
+def test_the_manifest_is_validated_by_type_naming_the_file_and_key(path, value, message):
+    data = copy.deepcopy(RAW)
+    table = data
+    for key in path[:-1]:
+        table = table[key]
+    if value is None:
+        del table[path[-1]]
+    else:
+        table[path[-1]] = value
+    with pytest.raises(mf.ManifestError, match=message):
+        parse(data)
+
+
+def test_gpu_must_be_a_boolean_in_the_file_too(tmp_path):
+    bad = tmp_path / "stack.toml"
+    bad.write_text(mf.DEFAULT_MANIFEST.read_text().replace("gpu = true", 'gpu = "false"'))
+    with pytest.raises(mf.ManifestError, match=rf"{bad}: profiles.cuda11.gpu must be true or false"):
+        mf.load_manifest(bad)

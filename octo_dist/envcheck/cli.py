@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
+from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.envcheck import report
-
-EXIT_USAGE = 2
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -19,14 +16,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Exit 0: nothing fails; 1: something fails; 2: usage error.")
     p.add_argument("--profile", help="cuda11, cpu, ... (default: $OCTO_DIST_PROFILE, else cuda11 when jaxlib is a CUDA build, else cpu)")
     p.add_argument("--manifest", help="env/stack.toml to check against (default: $OCTO_DIST_MANIFEST or the checkout's)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on")
-    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too")
+    p.add_argument("--json", action="store_true", help="machine-readable output; with --launch, the per-rank records (default: a table)")
+    p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on (default: off)")
+    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too (default: only problems)")
     p.add_argument("--no-gpu", action="store_true",
-                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test)")
+                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test) (default: off)")
     p.add_argument("--launch", action="store_true",
                    help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
-                        "runtime; rank 0 prints one line per rank and fails on a mismatch")
+                        "runtime; rank 0 prints one line per rank and fails on a mismatch (default: off)")
     from octo_dist.dist import runtime
 
     runtime.argv_options(p)
@@ -34,19 +31,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _nvidia_smi() -> Optional[str]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        return subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
 def run(args: argparse.Namespace) -> int:
     from octo_dist.stack import manifest as mf
-    from octo_dist.envcheck import cudnn, installed, rules
+    from octo_dist.envcheck import cudnn, gpus, installed, rules
+    from octo_dist.stack import builds
 
     try:
         manifest = mf.load_manifest(args.manifest)
@@ -58,16 +46,16 @@ def run(args: argparse.Namespace) -> int:
     if not name:
         # No profile named: infer from the jaxlib build ("0.4.20+cuda11.cudnn86" -> cuda11).
         jaxlib = dists.get("jaxlib")
-        name = "cuda11" if jaxlib and "+cuda" in jaxlib.version else "cpu"
+        name = "cuda11" if jaxlib and builds.is_cuda_jaxlib(jaxlib.version) else "cpu"
     try:
         profile = manifest.profile(name)
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     python = "%d.%d" % sys.version_info[:2]
-    tag = rules.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
+    tag = builds.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
     probe = cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None) if profile.gpu else (None, None, "")
-    smi = _nvidia_smi() if profile.gpu and not args.no_gpu else None
+    smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
     checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
     if args.no_gpu:
         checks = [c for c in checks if not c.id.startswith("gpu.")]
@@ -76,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.deep:
         from octo_dist.envcheck.deep import run_deep
         checks.append(run_deep(profile, os.environ))
-    print(report.as_json(checks, profile.name) if args.json else report.as_table(checks, profile.name, args.verbose))
+    print(report.as_json(checks, profile.name, report.context(profile.gpu)) if args.json else report.as_table(checks, profile.name, args.verbose))
     return report.exit_code(checks)
 
 
@@ -94,13 +82,14 @@ def _launch(args, profile, checks, smi) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     ranklog.setup(launch.rank, launch.world_size)
-    if launch.rank == 0 and any(c.status == FAIL for c in checks):
+    if launch.rank == 0 and any(c.status == FAIL for c in checks) and not args.json:
         print(report.as_table(checks, profile.name, args.verbose))
     try:
-        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args))
+        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args),
+                             json_output=args.json, ctx=dict(report.context(profile.gpu), profile=profile.name))
     except (runtime.StartupError, coordinator.CoordinatorError) as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

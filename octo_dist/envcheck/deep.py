@@ -32,7 +32,7 @@ def parse_probe(stdout: str) -> Optional[dict]:
 
 
 def judge(result: Optional[dict], stderr: str, profile: mf.Profile) -> Check:
-    """Pure: a GPU profile that ends on the CPU backend is the seed's silent fallback."""
+    """Pure: a GPU profile that ends on the CPU backend is JAX's silent fallback (a cuDNN it cannot load)."""
     if result is None:
         tail = stderr.strip().splitlines()[-1:] or ["no output"]
         return Check("deep.backend", FAIL, f"`import jax` failed: {tail[0]}", "jax imports", f"make env PROFILE={profile.name}")

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import sys
 from importlib import metadata
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from octo_dist.stack.manifest import canonical_name
 
@@ -62,7 +62,8 @@ def _header(text: str) -> dict[str, list[str]]:
     return fields
 
 
-def versions(installed: dict[str, Installed]) -> dict[str, str]:
+def versions(installed: Mapping[str, Installed]) -> dict[str, str]:
+    """Canonical name -> version: ``{"jaxlib": "0.4.20+cuda11.cudnn86", ...}``."""
     return {n: d.version for n, d in installed.items()}
 
 

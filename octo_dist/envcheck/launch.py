@@ -1,32 +1,30 @@
 """``octo-dist check-env --launch``: every rank checks itself, rank 0 prints one line per rank and the verdict.
 
 Run under the same launcher as training (``mpirun ... octo-dist check-env --launch``). It proves what the
-seed found out one failure at a time: every rank sees the same world and coordinator, the coordinator is
-reachable, JAX counts every process, ranks per node fit the node's GPUs, and every node's environment passes.
+multi-node runs otherwise find out one failure at a time: every rank sees the same world and coordinator, the
+coordinator is reachable, JAX counts every process, ranks per node fit the node's GPUs, every node's environment
+passes, and, across hosts with InfiniBand, nothing sends NCCL to TCP sockets (``transport.py``).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import socket
 from typing import Mapping, Optional, Sequence
 
 from octo_dist.launchers import coordinator as coord_mod
 from octo_dist.dist import runtime
 from octo_dist.launchers import Launch
+from octo_dist.envcheck import transport
+from octo_dist.envcheck.gpus import count as gpus_listed
 from octo_dist.envcheck.result import FAIL, Check
 
 
-def gpus_listed(smi_output: Optional[str]) -> Optional[int]:
-    """GPUs in ``nvidia-smi -L`` output ("GPU 0: NVIDIA H200 (UUID: GPU-...)" per line); None if it did not run."""
-    if smi_output is None:
-        return None
-    return sum(1 for line in smi_output.splitlines() if line.startswith("GPU "))
-
-
 def rank_record(launch: Launch, coordinator: Optional[coord_mod.Coordinator], environ: Mapping[str, str],
-                checks: Sequence[Check], gpus_on_host: Optional[int], host: Optional[str] = None) -> dict:
-    """What one rank knows about itself before JAX starts."""
+                checks: Sequence[Check], gpus_on_host: Optional[int], host: Optional[str] = None,
+                transport_facts: Optional[Mapping] = None) -> dict:
+    """What one rank knows about itself before JAX starts (``transport_facts``: :func:`transport.facts`)."""
     return {
         "host": host or socket.gethostname(),
         "launcher": launch.launcher,
@@ -38,6 +36,7 @@ def rank_record(launch: Launch, coordinator: Optional[coord_mod.Coordinator], en
         "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
         "gpus_on_host": gpus_on_host,
         "env_failures": sorted(c.id for c in checks if c.status == FAIL),
+        "transport": dict(transport_facts) if transport_facts is not None else None,
     }
 
 
@@ -65,6 +64,8 @@ def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
         if r["env_failures"]:
             out.append(f"rank {r['rank']} on {r['host']}: check-env fails: {', '.join(r['env_failures'])} "
                        f"(run octo-dist check-env there)")
+    if gpu_profile:
+        out += transport.problems(records)
     return out
 
 
@@ -78,26 +79,45 @@ def render(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinat
         jax_part = f"  jax: process {r['jax']['process_index']}, {r['jax']['local_devices']} {r['jax']['platform']} device(s)" if "jax" in r else ""
         lines.append(f"  rank {r['rank']:>3}  host {r['host']}  local {r['local_rank']}/{r['local_size']}  "
                      f"gpus on host {gpus}  CUDA_VISIBLE_DEVICES={r['cuda_visible_devices'] or '(unset)'}  "
-                     f"coordinator {r['coordinator'] or '-'}{jax_part}  env: {','.join(r['env_failures']) or 'ok'}")
+                     f"coordinator {r['coordinator'] or '-'}{jax_part}  env: {','.join(r['env_failures']) or 'ok'}"
+                     f"{_ib_part(r.get('transport'))}")
     lines += [f"  FAIL  {p}" for p in found] or ["  ok    every rank agrees; start-up works"]
     return "\n".join(lines)
 
 
+def as_json(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str],
+            ctx: Optional[Mapping] = None) -> str:
+    """The preflight for programs: ``{..ctx, "ok": false, "problems": [...], "coordinator": {...}, "ranks": [...]}``."""
+    return json.dumps({**(ctx or {}), "ok": not found, "problems": list(found),
+                       "coordinator": {"address": coordinator.address, "source": coordinator.source} if coordinator else None,
+                       "ranks": sorted(records, key=lambda r: r["rank"])}, indent=1, sort_keys=False)
+
+
+def _ib_part(facts: Optional[Mapping]) -> str:
+    if not facts or not facts.get("ib_devices"):
+        return ""
+    ok = not facts.get("verbs_error") and not facts.get("socket_settings")
+    return f"  infiniband: {len(facts['ib_devices'])} HCA(s), {'verbs ok' if ok else 'NCCL would use sockets'}"
+
+
 def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu_profile: bool,
-        smi_output: Optional[str], start_options: Mapping) -> int:
-    """On every rank; returns the same exit code everywhere (0 sound, 1 not)."""
+        smi_output: Optional[str], start_options: Mapping, sys_root: str = "/", json_output: bool = False,
+        ctx: Optional[Mapping] = None) -> int:
+    """On every rank; returns the same exit code everywhere (0 sound, 1 not). Rank 0 alone prints, as a table or
+    (``json_output``) as :func:`as_json` with ``ctx`` (version, schema, host, python) on top."""
     from octo_dist.dist import mpi
     from octo_dist.dist.collectives import allgather_json
 
     options = dict(start_options)
     c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None), broadcast=mpi.broadcaster(launch))
-    record = rank_record(launch, c, environ, checks, gpus_listed(smi_output))
+    net = transport.facts(sys_root, environ) if gpu_profile else None
+    record = rank_record(launch, c, environ, checks, gpus_listed(smi_output), transport_facts=net)
     early = mpi.allgather(record, launch)
     if early is not None:
         found = problems(early, gpu_profile)
         if found:
             if launch.rank == 0:
-                print(render(early, c, found), flush=True)
+                print(as_json(early, c, found, ctx) if json_output else render(early, c, found), flush=True)
             return 1
     with runtime.distributed(coordinator=c, **options) as rt:
         record["jax"] = {"process_index": rt.process_index, "local_devices": rt.local_device_count,
@@ -105,6 +125,6 @@ def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu
         records = allgather_json(record)
         found = problems(records, gpu_profile)
         if rt.is_main:
-            print(render(records, c, found), flush=True)
+            print(as_json(records, c, found, ctx) if json_output else render(records, c, found), flush=True)
         # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
         return 1 if found else 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Mapping, Optional, Sequence
 
 from packaging.markers import default_environment
@@ -10,7 +9,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from octo_dist.stack import manifest as mf
-from octo_dist.envcheck.installed import Installed
+from octo_dist.stack.builds import cudnn_tag
+from octo_dist.envcheck import gpus as gpu_list
+from octo_dist.envcheck.installed import Installed, versions as installed_versions
 from octo_dist.envcheck.result import FAIL, OK, WARN, Check
 
 ENV_FIX = "make env PROFILE={profile}"
@@ -65,15 +66,6 @@ def check_jax_jaxlib(versions: Mapping[str, str], profile: mf.Profile) -> Option
                  "" if ok else _pin_remedy(profile, "jaxlib", want))
 
 
-_CUDNN_TAG = re.compile(r"cudnn(\d)(\d+)")
-
-
-def cudnn_tag(jaxlib_version: str) -> Optional[tuple[int, int]]:
-    """``"0.4.20+cuda11.cudnn86"`` -> ``(8, 6)``; a CPU jaxlib -> None."""
-    m = _CUDNN_TAG.search(jaxlib_version.partition("+")[2])
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def cudnn_compatible(built: tuple[int, int], version: str) -> bool:
     """Same major, minor >= the one jaxlib was built with (8.6 build: 8.6 and 8.9 load, 9.1 does not)."""
     parts = [int(p) for p in version.split(".")[:2]]
@@ -93,7 +85,7 @@ def check_cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optio
 
 
 def check_cudnn_load(versions: Mapping[str, str], profile: mf.Profile, probe: tuple) -> Optional[Check]:
-    """``probe`` is cudnn.probe()'s (library, version, error). Unloadable = the seed's "Found cuDNN version 0"."""
+    """``probe`` is cudnn.probe()'s (library, version, error). Unloadable: JAX says "Found cuDNN version 0" and runs on the CPU."""
     if not profile.gpu:
         return None
     lib, version, error = probe
@@ -178,7 +170,7 @@ def check_gpus(environ: Mapping[str, str], smi_output: Optional[str], profile: m
     """``smi_output`` is ``nvidia-smi -L``'s stdout ("GPU 0: NVIDIA H200 (UUID: ...)"), None if it did not run."""
     if not profile.gpu:
         return []
-    gpus = [l for l in (smi_output or "").splitlines() if l.startswith("GPU ")]
+    gpus = gpu_list.listed(smi_output) or []
     checks = [Check("gpu.visible", OK if gpus else FAIL, f"{len(gpus)} GPU(s)" if smi_output is not None else "nvidia-smi not found",
                     ">= 1 GPU from nvidia-smi -L",
                     "" if gpus else "run on a GPU node (qsub/qrsh); in a container use `singularity exec --nv`")]
@@ -212,7 +204,7 @@ def check_proxy(environ: Mapping[str, str]) -> Optional[Check]:
 
 def run_fast(profile: mf.Profile, manifest: mf.Manifest, python: str, installed: Mapping[str, Installed],
              environ: Mapping[str, str], cudnn_probe: tuple, smi_output: Optional[str]) -> list[Check]:
-    versions = {n: d.version for n, d in installed.items()}
+    versions = installed_versions(installed)
     checks: list[Optional[Check]] = [check_python(profile, python)]
     checks += check_pins(profile, python, versions)
     checks += [check_scipy_tril(versions, profile), check_jax_jaxlib(versions, profile),

@@ -16,6 +16,8 @@ Conventions the checks rely on, written in both definitions:
   a final stage named after each profile (``--target cuda11``), ``FROM <repo>@<digest>`` (no engine but
   Docker accepts a tag and a digest in one reference, so the tag travels in a label).
 * singularity.def: ``From: <repo>@<digest>`` and the same labels.
+* GPU images (the ``cuda11`` target, singularity.def) run ``containers/os-packages.sh ... --infiniband``, whose
+  ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`: without rdma-core's userland NCCL uses TCP sockets.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from octo_dist import __version__
+from octo_dist import EXIT_FAILED, EXIT_USAGE, __version__
 from octo_dist.stack import manifest as mf
 
 DOCKERFILE = "Dockerfile"
 SINGULARITY_DEF = "singularity.def"
 INSTALL_SCRIPT = "containers/install.sh"
+OS_PACKAGES_SCRIPT = "containers/os-packages.sh"
+# rdma-core's userland, from the OS: NCCL dlopens libibverbs.so.1, which loads the mlx5 provider from
+# ibverbs-providers; librdmacm1 for RDMA connection management. Without them NCCL logs `NET/IB : No device
+# found` and all-reduces over TCP sockets between nodes. Every GPU image installs them.
+INFINIBAND_PACKAGES = ("libibverbs1", "ibverbs-providers", "librdmacm1")
+INFINIBAND_RUN = re.compile(r"os-packages\.sh\s+(build|runtime)\s+--infiniband\b")
 IMAGE_PREFIX = "/opt/octo-dist"                      # venv, env/ and (build only) the source live here
 IMAGE_MANIFEST = f"{IMAGE_PREFIX}/env/stack.toml"   # what OCTO_DIST_MANIFEST points at in every image
 PROFILE_LABEL = "io.github.octo-dist.profile"
@@ -259,6 +267,12 @@ def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = 
             findings.append(Finding(where, f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
                                     "the one install script, for this target's profile",
                                     f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git"))
+        if profile.gpu and not any(INFINIBAND_RUN.search(i.args) for s in chain for i in s.instructions
+                                   if i.keyword == "RUN"):
+            findings.append(Finding(where, "no RUN of `os-packages.sh runtime --infiniband` in its stages",
+                                    f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                                    "else NCCL runs over TCP sockets between nodes",
+                                    "RUN bash /tmp/os-packages.sh runtime --infiniband"))
         users = [i.args.split(":")[0].strip() for s in reversed(chain) for i in s.instructions if i.keyword == "USER"]
         if not users or users[-1] in ("root", "0"):
             findings.append(Finding(where, f"USER {users[-1] if users else '(none: root)'}", "a non-root user",
@@ -278,15 +292,16 @@ def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = 
                                                     "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
                                                     "build secret (RUN --mount=type=secret,id=ca)"))
         if source is not None:
-            findings += _lock_findings(where, profile, source)
+            findings += _lock_findings(where, profile, manifest, source)
     return findings
 
 
-def _lock_findings(where: str, profile: mf.Profile, source: Path) -> list[Finding]:
-    lock = source / "env" / mf.LOCK_DIR_NAME / f"{profile.name}-py{profile.python}.txt"
+def _lock_findings(where: str, profile: mf.Profile, manifest: mf.Manifest, source: Path) -> list[Finding]:
+    lock = manifest.lock_path(profile.name, profile.python)
     if lock.is_file():
         return []
-    return [Finding(where, f"no lock {lock.relative_to(source)}",
+    shown = lock.relative_to(source) if lock.is_relative_to(source) else lock
+    return [Finding(where, f"no lock {shown}",
                     f"the lock for the image's Python {profile.python}", "make lock")]
 
 
@@ -356,6 +371,11 @@ def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda
     elif not all("--require-git" in c for c in installs):
         findings.append(Finding(f"{w} %post", installs[0], "--require-git (an image without octo is not an image)",
                                 "add --require-git"))
+    if profile.gpu and not INFINIBAND_RUN.search(post):
+        findings.append(Finding(f"{w} %post", "no `os-packages.sh build --infiniband`",
+                                f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                                "else NCCL runs over TCP sockets between nodes",
+                                f"bash {IMAGE_PREFIX}/{OS_PACKAGES_SCRIPT} build --infiniband"))
     env_body = shell_body(d.sections.get("environment", []))
     env = dict(re.findall(r"(?:export\s+)?(\w+)=(\S*)", env_body))
     for name, want in ((mf.PROFILE_ENV, profile.name), ("PYTHONNOUSERSITE", "1"), (mf.MANIFEST_ENV, IMAGE_MANIFEST)):
@@ -390,15 +410,31 @@ def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda
             findings.append(Finding(f"{w} %labels", f"{label} {labels[label]}", want,
                                     f"`{label} {want}` under %labels"))
     if source is not None:
-        findings += _lock_findings(w, profile, source)
+        findings += _lock_findings(w, profile, manifest, source)
     return findings
 
 
+def check_os_packages(text: str) -> list[Finding]:
+    """``containers/os-packages.sh`` installs every InfiniBand package for ``--infiniband``.
+
+    The script holds them as one bash array: ``infiniband=(libibverbs1 ibverbs-providers librdmacm1)``.
+    """
+    m = re.search(r"^infiniband=\(([^)]*)\)", text, re.M)
+    have = m.group(1).split() if m else []
+    missing = [p for p in INFINIBAND_PACKAGES if p not in have]
+    if not missing:
+        return []
+    return [Finding(OS_PACKAGES_SCRIPT, f"infiniband=({' '.join(have)})" if m else "no infiniband=(...) array",
+                    f"every one of {', '.join(INFINIBAND_PACKAGES)}",
+                    f"infiniband=({' '.join(INFINIBAND_PACKAGES)}) in {OS_PACKAGES_SCRIPT}")]
+
+
 def check_checkout(source: Path = mf.REPO_ROOT, manifest: Optional[mf.Manifest] = None) -> list[Finding]:
-    """Both definitions of a checkout against its env/stack.toml."""
+    """Both definitions and the OS package script of a checkout against its env/stack.toml."""
     manifest = manifest or mf.load_manifest(source / "env" / "stack.toml")
     gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
-    findings = check_dockerfile((source / DOCKERFILE).read_text(), manifest, source)
+    findings = check_os_packages((source / OS_PACKAGES_SCRIPT).read_text())
+    findings += check_dockerfile((source / DOCKERFILE).read_text(), manifest, source)
     for name in gpu:
         findings += check_definition((source / SINGULARITY_DEF).read_text(), manifest, name, source)
     return findings
@@ -484,7 +520,9 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("check", "refresh-digests"))
+    parser.add_argument("command", choices=("check", "refresh-digests"),
+                        help="check: both definitions against env/stack.toml; refresh-digests: re-resolve the base "
+                             "image digests (needs crane or skopeo), then check")
     parser.add_argument("--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)")
     args = parser.parse_args(argv)
     source = Path(args.source)
@@ -496,14 +534,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"refresh-digests: {len(changes)} base image digest(s) changed" +
                   ("; rebuild the images" if changes else ""))
         findings = check_checkout(source)
-    except (RefreshError, mf.ManifestError) as e:
+    except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except RefreshError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if findings:
         print(f"{len(findings)} disagreement(s) between the image definitions and env/stack.toml", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"{DOCKERFILE} and {SINGULARITY_DEF} agree with env/stack.toml")
     return 0
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from octo_dist import EXIT_USAGE
 from octo_dist.stack import manifest as mf
 
 Runner = Callable[[Sequence[str]], int]
@@ -98,15 +99,15 @@ def install_self(source: Path, python: str, editable: bool, run: Runner = _run) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.install", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", required=True)
-    parser.add_argument("--manifest", help="env/stack.toml (default: the checkout's)")
-    parser.add_argument("--source", default=str(mf.REPO_ROOT), help="octo-dist source tree to install")
-    parser.add_argument("--editable", action="store_true", help="editable install (make env)")
-    parser.add_argument("--no-self", action="store_true", help="do not install octo-dist itself")
-    parser.add_argument("--only-git", action="store_true", help="only the git dependencies (make git-deps)")
+    parser.add_argument("--profile", required=True, help="profile of env/stack.toml to install (required: cpu, cuda11, ...)")
+    parser.add_argument("--manifest", help="env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)")
+    parser.add_argument("--source", default=str(mf.REPO_ROOT), help="octo-dist source tree to install (default: this checkout)")
+    parser.add_argument("--editable", action="store_true", help="editable install (make env) (default: a regular install)")
+    parser.add_argument("--no-self", action="store_true", help="do not install octo-dist itself (default: install it)")
+    parser.add_argument("--only-git", action="store_true", help="only the git dependencies (make git-deps) (default: everything)")
     git = parser.add_mutually_exclusive_group()
-    git.add_argument("--skip-git", action="store_true", help="do not try the git dependencies")
-    git.add_argument("--require-git", action="store_true", help="fail when a git dependency cannot be installed")
+    git.add_argument("--skip-git", action="store_true", help="do not try the git dependencies (default: try, warn when unreachable)")
+    git.add_argument("--require-git", action="store_true", help="fail when a git dependency cannot be installed (default: warn)")
     args = parser.parse_args(argv)
 
     try:
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = manifest.profile(args.profile)
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     python = sys.executable
     if not args.only_git:
         install_direct(profile, python)

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from octo_dist import EXIT_USAGE
 from octo_dist.stack import manifest as mf
 from octo_dist.stack.lockfile import parse_lock
 
@@ -137,12 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="make lock", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", action="append", help="lock only this profile (repeatable)")
-    parser.add_argument("--manifest", help="path to env/stack.toml")
+    parser.add_argument("--profile", action="append", help="lock only this profile (repeatable) (default: every profile)")
+    parser.add_argument("--manifest", help="path to env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)")
     args = parser.parse_args(argv)
-    manifest = mf.load_manifest(args.manifest)
-    exclude_newer = manifest.lock_exclude_newer
-    names = args.profile or sorted(manifest.profiles)
-    for name in names:
-        lock_profile(manifest, manifest.profile(name), exclude_newer)
+    try:
+        manifest = mf.load_manifest(args.manifest)
+        profiles = [manifest.profile(name) for name in args.profile or sorted(manifest.profiles)]
+    except mf.ManifestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for profile in profiles:
+        lock_profile(manifest, profile, manifest.lock_exclude_newer)
     return 0

@@ -11,14 +11,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10, the production interpreter: tomli is in every lock.
-    import tomli as tomllib
+from octo_dist.stack import toml_subset
+
+try:  # Python 3.11+
+    import tomllib as _toml  # novermin (guarded: 3.11+ only)
+except ImportError:  # 3.10 in the images has tomli (in every lock); ABCI's system 3.9 has neither
+    try:
+        import tomli as _toml
+    except ImportError:
+        _toml = None
 
 MANIFEST_ENV = "OCTO_DIST_MANIFEST"
 PROFILE_ENV = "OCTO_DIST_PROFILE"
@@ -166,72 +170,139 @@ class Manifest:
         return self.lock_dir / f"{profile}-py{python}{suffix}.txt"
 
 
-def _requirements(table: Mapping[str, object], where: str) -> dict[str, str]:
+_MISSING = object()
+_KINDS: Dict[type, str] = {str: "a string", bool: "true or false", int: "an integer", dict: "a table", list: "an array"}
+
+
+class _Fields:
+    """Typed reads from one TOML table, naming the file and the key in every refusal.
+
+    ``tomllib`` gives whatever the file says: ``gpu = "false"`` is a non-empty string (true to ``bool()``) and
+    ``lock_pythons = "3.11"`` iterates as ``"3", ".", "1", "1"``. Each read here insists on the TOML type.
+    """
+
+    def __init__(self, table: Any, where: str, path: Path):
+        self.path, self.where = path, where
+        if not isinstance(table, dict):
+            raise ManifestError(f"{path}: {where or 'the document'} must be {_KINDS[dict]}"
+                                f"{f' ([{where}])' if where else ''}, found {_shown(table)}")
+        self.table = table
+
+    def key(self, key: str) -> str:
+        return f"{self.where}.{_quoted(key)}" if self.where else _quoted(key)
+
+    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        value = self.table.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise ManifestError(f"{self.path}: {self.key(key)} is missing; expected {_KINDS[kind]}")
+            return default
+        # bool is an int in Python; TOML keeps them apart.
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ManifestError(f"{self.path}: {self.key(key)} must be {_KINDS[kind]}, found {_shown(value)}"
+                                + (f' (write {key} = {str(value).lower()})' if kind is bool and
+                                   str(value).lower() in ("true", "false") else ""))
+        return value
+
+    def strings(self, key: str, default: Any = _MISSING) -> Optional[tuple]:
+        value = self.get(key, list, default)
+        if value is None:
+            return None
+        bad = [v for v in value if not isinstance(v, str)]
+        if bad:
+            raise ManifestError(f"{self.path}: {self.key(key)} must be an array of strings, found {_shown(bad[0])} in it")
+        return tuple(value)
+
+    def sub(self, key: str) -> "_Fields":
+        return _Fields(self.get(key, dict, {}), self.key(key), self.path)
+
+    def tables(self) -> Dict[str, "_Fields"]:
+        """Every value of this table, each of which must itself be a table."""
+        return {name: _Fields(self.get(name, dict), self.key(name), self.path) for name in self.table}
+
+
+def _quoted(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f'"{key}"'
+
+
+def _shown(value: Any) -> str:
+    kind = {str: "string", bool: "boolean", int: "integer", float: "float", dict: "table", list: "array"}
+    return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
+
+
+def _requirements(fields: _Fields) -> dict[str, str]:
     out = {}
-    for name, spec in table.items():
+    for name, spec in fields.table.items():
         if not isinstance(spec, str):
-            raise ManifestError(f"{where}.{name} must be a version string like '==1.2.3', got {spec!r}")
+            raise ManifestError(f"{fields.path}: {fields.key(name)} must be a version string like '==1.2.3', "
+                                f"found {_shown(spec)}")
         out[canonical_name(name)] = spec.replace(" ", "")
     return out
 
 
+def _profile(name: str, raw: _Fields, common: Mapping[str, str],
+             common_by_python: Mapping[str, Mapping[str, str]]) -> Profile:
+    # `inherit = ["numpy", ...]` takes only those common requirements (a slim test profile).
+    inherit = raw.strings("inherit", None)
+    keep = None if inherit is None else {canonical_name(n) for n in inherit}
+    reqs = {n: s for n, s in common.items() if keep is None or n in keep}
+    reqs.update(_requirements(raw.sub("requirements")))
+    overrides = []
+    for i, o in enumerate(raw.get("overrides", list, [])):
+        o = _Fields(o, f"{raw.key('overrides')}[{i}]", raw.path)
+        overrides.append(Override(package=canonical_name(o.get("package", str)), version=o.get("version", str),
+                                  required_by=canonical_name(o.get("required_by", str)),
+                                  required_spec=o.get("required_spec", str), reason=o.get("reason", str)))
+    direct = tuple(
+        DirectWheel(name=canonical_name(n), version=d.get("version", str), url=d.get("url", str),
+                    find_links=d.get("find_links", str, ""))
+        for n, d in raw.sub("direct").tables().items()
+    )
+    python = raw.get("python", str)
+    lock_pythons = raw.strings("lock_pythons", [python])
+    if not lock_pythons:
+        raise ManifestError(f"{raw.path}: {raw.key('lock_pythons')} is empty; expected at least one Python, "
+                            f"e.g. lock_pythons = [\"{python}\"]")
+    return Profile(
+        name=name,
+        description=raw.get("description", str, ""),
+        python=python,
+        platform=raw.get("platform", str),
+        lock_pythons=lock_pythons,
+        gpu=raw.get("gpu", bool, False),
+        requirements=reqs,
+        overrides=tuple(overrides),
+        direct=direct,
+        by_python={py: {n: s for n, s in t.items() if keep is None or n in keep} for py, t in common_by_python.items()},
+        image_base=raw.get("image_base", str, ""),
+    )
+
+
 def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
-    """Build a :class:`Manifest` from the decoded TOML (pure; tests pass dicts)."""
+    """Build a :class:`Manifest` from the decoded TOML (pure; tests pass dicts).
+
+    Raises:
+        ManifestError: a key missing or of the wrong TOML type (file and key named), or a pin that is not one.
+    """
+    top = _Fields(dict(data), "", path)
     if data.get("schema") != 1:
         raise ManifestError(f"{path}: expected `schema = 1`, found {data.get('schema')!r}")
-    common = _requirements(data.get("common", {}).get("requirements", {}), "common.requirements")
-    common_by_python = {
-        py: _requirements(t.get("requirements", {}), f"common.by_python.{py}.requirements")
-        for py, t in data.get("common", {}).get("by_python", {}).items()
-    }
-    profiles = {}
-    for name, raw in data.get("profiles", {}).items():
-        # `inherit = ["numpy", ...]` takes only those common requirements (a slim test profile).
-        inherit = raw.get("inherit")
-        keep = None if inherit is None else {canonical_name(n) for n in inherit}
-        reqs = {n: s for n, s in common.items() if keep is None or n in keep}
-        reqs.update(_requirements(raw.get("requirements", {}), f"profiles.{name}.requirements"))
-        overrides = tuple(
-            Override(
-                package=canonical_name(o["package"]),
-                version=o["version"],
-                required_by=canonical_name(o["required_by"]),
-                required_spec=o["required_spec"],
-                reason=o["reason"],
-            )
-            for o in raw.get("overrides", [])
-        )
-        direct = tuple(
-            DirectWheel(name=canonical_name(n), version=d["version"], url=d["url"], find_links=d.get("find_links", ""))
-            for n, d in raw.get("direct", {}).items()
-        )
-        profiles[name] = Profile(
-            name=name,
-            description=raw.get("description", ""),
-            python=raw["python"],
-            platform=raw["platform"],
-            lock_pythons=tuple(raw.get("lock_pythons", [raw["python"]])),
-            gpu=bool(raw.get("gpu", False)),
-            requirements=reqs,
-            overrides=overrides,
-            direct=direct,
-            by_python={
-                py: {n: s for n, s in t.items() if keep is None or n in keep}
-                for py, t in common_by_python.items()
-            },
-            image_base=raw.get("image_base", ""),
-        )
+    common_fields = top.sub("common")
+    common = _requirements(common_fields.sub("requirements"))
+    common_by_python = {py: _requirements(t.sub("requirements")) for py, t in common_fields.sub("by_python").tables().items()}
+    profiles = {name: _profile(name, raw, common, common_by_python) for name, raw in top.sub("profiles").tables().items()}
     git = []
-    for name, raw in data.get("git", {}).items():
-        commit = raw.get("commit", "")
+    for name, raw in top.sub("git").tables().items():
+        commit = raw.get("commit", str, "")
         if not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise ManifestError(
                 f"{path}: git.{name}.commit must be a full 40-hex commit SHA, found {commit!r}; "
                 f"a branch or tag is not a pin"
             )
-        git.append(GitDep(name=name, url=raw["url"], commit=commit, distribution=raw.get("distribution", name)))
-    dev = _requirements(data.get("dev", {}).get("requirements", {}), "dev.requirements")
-    images = {name: _base_image(name, raw, path) for name, raw in data.get("images", {}).items()}
+        git.append(GitDep(name=name, url=raw.get("url", str), commit=commit,
+                          distribution=raw.get("distribution", str, name)))
+    dev = _requirements(top.sub("dev").sub("requirements"))
+    images = {name: _base_image(name, raw, path) for name, raw in top.sub("images").tables().items()}
     for profile in profiles.values():
         if profile.image_base and profile.image_base not in images:
             raise ManifestError(
@@ -239,13 +310,14 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
                 f"[images.{profile.image_base}]; expected one of: {', '.join(sorted(images)) or '(none)'}"
             )
     return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev,
-                    lock_exclude_newer=data.get("project", {}).get("lock_exclude_newer", ""), images=images)
+                    lock_exclude_newer=top.sub("project").get("lock_exclude_newer", str, ""), images=images)
 
 
-def _base_image(name: str, raw: Mapping[str, str], path: Path) -> BaseImage:
-    missing = [k for k in ("repository", "tag", "digest") if not raw.get(k)]
+def _base_image(name: str, fields: _Fields, path: Path) -> BaseImage:
+    missing = [k for k in ("repository", "tag", "digest") if not fields.table.get(k)]
     if missing:
         raise ManifestError(f"{path}: [images.{name}] lacks {', '.join(missing)}; expected repository, tag and digest")
+    raw = {k: fields.get(k, str) for k in ("repository", "tag", "digest")}
     # A tag alone is not a pin: it is re-pushed (nvidia/cuda tags are rebuilt for OS security updates).
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", raw["digest"]):
         raise ManifestError(
@@ -277,10 +349,21 @@ def load_manifest(path: Optional[os.PathLike] = None, environ: Mapping[str, str]
             f"{MANIFEST_ENV}=/path/to/env/stack.toml"
         ) from None
     try:
-        data = tomllib.loads(raw.decode())
-    except tomllib.TOMLDecodeError as e:
+        data = loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors
         raise ManifestError(f"{p} is not valid TOML: {e}") from None
     return parse_manifest(data, p)
+
+
+def loads(text: str, reader: Optional[Callable[[str], Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """Decode the manifest's TOML: ``tomllib`` (3.11+) or ``tomli`` where present, else the subset reader.
+
+    The subset reader is what ABCI's system Python 3.9 uses for ``make sif``/``make docker``; a test keeps it
+    equal to ``tomllib`` on the committed manifest.
+    """
+    if reader is None:
+        reader = _toml.loads if _toml is not None else toml_subset.loads
+    return reader(text)
 
 
 def default_profile(environ: Mapping[str, str] = os.environ) -> Optional[str]:

@@ -1,0 +1,34 @@
+"""What a jaxlib version string says about its build: the one place that decides "is this a CUDA jaxlib".
+
+Samples: ``"0.4.20+cuda11.cudnn86"`` (JAX's CUDA 11 wheel, built against cuDNN 8.6), ``"0.4.22"`` (PyPI's CPU
+wheel), ``"0.4.20+rocm5.7"``. Pure string functions, standard library only (the launch and image steps run on
+a login node's bare Python).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Tuple
+
+_CUDNN_TAG = re.compile(r"cudnn(\d)(\d+)")
+
+
+def local_tag(jaxlib_version: str) -> str:
+    """``"0.4.20+cuda11.cudnn86"`` -> ``"cuda11.cudnn86"``; a CPU wheel -> ``""``."""
+    return jaxlib_version.partition("+")[2]
+
+
+def is_cuda_jaxlib(jaxlib_version: str) -> bool:
+    """A jaxlib built for CUDA: its local tag starts with ``cuda`` (``0.4.20+cuda11.cudnn86``)."""
+    return local_tag(jaxlib_version).startswith("cuda")
+
+
+def is_gpu_jaxlib(jaxlib_version: str) -> bool:
+    """A jaxlib built for a GPU, CUDA or ROCm (``0.4.20+rocm5.7``)."""
+    return local_tag(jaxlib_version).startswith(("cuda", "rocm"))
+
+
+def cudnn_tag(jaxlib_version: str) -> Optional[Tuple[int, int]]:
+    """``"0.4.20+cuda11.cudnn86"`` -> ``(8, 6)``: the cuDNN it was built against; a CPU jaxlib -> None."""
+    m = _CUDNN_TAG.search(local_tag(jaxlib_version))
+    return (int(m.group(1)), int(m.group(2))) if m else None
