@@ -168,3 +168,38 @@ def test_a_half_written_step_and_a_set_aside_one_are_not_steps(tmp_path):
     assert ck.set_aside(tmp_path / "5").name == "5.damaged"
     (tmp_path / "5").mkdir()
     assert ck.set_aside(tmp_path / "5").name == "5.damaged.2"
+
+
+# --- the whole job: 2 ranks under the venv's mpirun ----------------------------------------------------------
+
+SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny", "--save-every", "5"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resume(mpirun, tmp_path):
+    """The reported failure, end to end: step 10's kernel chunk deleted, then ``--resume`` to step 20. It used to
+    resume from the damaged step 10 (the kernel read as zeros), exit 0 with other parameters, and prune step 5."""
+    damaged, intact = tmp_path / "damaged", tmp_path / "intact"
+    first = mpirun(2, *SMOKE, "--steps", "10", "--save-dir", str(damaged))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(ck.step_dirs(damaged)) == [5, 10]
+    shutil.copytree(damaged, intact)
+    shutil.rmtree(intact / "10")                  # the reference: the same run, with only the intact step 5
+    remove(chunk(damaged / "10"))
+
+    runs = {}
+    for name, d in (("damaged", damaged), ("intact", intact)):
+        p = mpirun(2, *SMOKE, "--steps", "20", "--save-dir", str(d), "--resume", "--record", str(tmp_path / f"{name}.json"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), p.ranks[0][1])
+    rec, rank0_err = runs["damaged"]
+    ref, _ = runs["intact"]
+    assert rec["start_step"] == ref["start_step"] == 5 and rec["end_step"] == 20
+    assert rec["digests"] == ref["digests"] and len(set(rec["digests"])) == 1
+    assert rec["losses"] == ref["losses"]
+    warnings = [l for l in rank0_err.splitlines() if "is damaged" in l]
+    assert len(warnings) == 1 and "checkpoint step 10" in warnings[0] and "0.0.0.0 is missing" in warnings[0]
+    assert (damaged / "10.damaged").is_dir()
+    assert sorted(ck.step_dirs(damaged)) == [10, 15, 20]
+    assert all(ck.verify(damaged / str(s), s) is None for s in (10, 15, 20))

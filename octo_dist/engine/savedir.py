@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from octo_dist.engine.checkpoint import CheckpointError
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".octo-dist.lock"
@@ -44,8 +46,9 @@ OVERHEAD_BYTES = 1 << 20
 JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")   # "12345.pbs1", "123456", "9876543" (SGE)
 
 
-class SaveDirError(RuntimeError):
-    """A save directory a run cannot use: one line with what was found, what was expected, and the fix."""
+class SaveDirError(CheckpointError):
+    """A save directory a run cannot use: one line with what was found, what was expected, and the fix. A kind of
+    ``CheckpointError``, so the jobs that report those in one line (exit 2) report these too."""
 
 
 # --- writable ------------------------------------------------------------------------------------------------
