@@ -78,11 +78,23 @@ def test_without_a_stop_signal_close_puts_the_previous_handlers_back():
     assert [signal.getsignal(s) for s in stopping.SIGNALS] == before
 
 
+def signal_all(procs, *signals) -> None:
+    import psutil
+
+    for s in signals:
+        for p in procs:
+            try:
+                p.send_signal(s)
+            except psutil.NoSuchProcess:     # already exited: nothing left to disturb
+                pass
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path):
-    """SIGUSR1 to every rank, then (once rank 0 says it is stopping) SIGTERM and SIGUSR1 again to every rank: the job
-    still saves a verified checkpoint, prints its verdict and exits 0."""
+    """SIGUSR1 to every rank, then (once rank 0 says it is stopping) SIGTERM and SIGUSR1 again to every rank, and
+    again and again from its verdict until every rank has exited: the job still saves a verified checkpoint, prints
+    its verdict and exits 0."""
     psutil = pytest.importorskip("psutil")
     from octo_dist.engine import checkpoint as ck
 
@@ -108,12 +120,16 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
             assert job.poll() is None and time.monotonic() < deadline, \
                 f"waited 300 s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
             time.sleep(0.02)
-        for s in (signal.SIGTERM, signal.SIGUSR1):
-            for p in procs:
-                try:
-                    p.send_signal(s)
-                except psutil.NoSuchProcess:     # already exited: nothing left to disturb
-                    pass
+        signal_all(procs, signal.SIGTERM, signal.SIGUSR1)      # while it saves
+        while "octo-dist smoke:" not in (ranks / "0.out").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, \
+                f"waited 300 s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
+            time.sleep(0.02)
+        # Then through the whole shutdown (the runtime's, the interpreter's), until every rank has exited.
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+            assert time.monotonic() < deadline, "waited 300 s for the ranks to exit"
+            signal_all(procs, signal.SIGTERM, signal.SIGUSR1)
+            time.sleep(0.02)
         _, mpirun_err = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
