@@ -73,6 +73,7 @@ DAMAGE = {
     "flipped byte in a chunk": (lambda d: flip_byte(chunk(d)), "params.patch.kernel/0.0.0.0 does not match its checksum"),
     "truncated chunk": (lambda d: truncate(chunk(d)), "params.patch.kernel/0.0.0.0 is "),
     "missing array metadata": (lambda d: remove(d / "state" / "params.patch.kernel" / ".zarray"), ".zarray is missing"),
+    "missing sharding metadata": (lambda d: remove(d / "state" / "_sharding"), "state/_sharding is missing"),
     "missing tree metadata": (lambda d: remove(d / "state" / "_METADATA"), "state/_METADATA is missing"),
     "flipped byte in meta": (lambda d: flip_byte(d / "meta" / "metadata"), "meta/metadata does not match"),
     "missing meta": (lambda d: remove(d / "meta"), "meta/metadata is missing"),

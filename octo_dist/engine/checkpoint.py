@@ -242,26 +242,27 @@ class Checkpoints:
         )
 
     def _agree(self, on_main):
-        """``on_main()`` run by process 0 alone, its JSON result on every process (an error too: raised everywhere)."""
+        """``on_main()`` run by process 0 alone, its JSON result on every process; an error there is raised on every
+        process as a ``CheckpointError`` (one process failing alone would leave the others in a collective)."""
         import jax
 
         from octo_dist.dist import collectives
 
-        if jax.process_count() == 1:
-            return on_main()
         reply = None
         if self._main:
             try:
-                reply = json.dumps({"ok": on_main()})
+                reply = {"ok": on_main()}
             except CheckpointError as e:
-                reply = json.dumps({"error": str(e)})
-            except Exception as e:  # noqa: BLE001 -- any failure here must reach the other processes, not hang them
-                reply = json.dumps({"error": f"checking {self.directory} on process 0 failed "
-                                             f"({type(e).__name__}: {e})"})
-        got = json.loads(collectives.broadcast_str(reply, max_bytes=1 << 16))
-        if "error" in got:
-            raise CheckpointError(got["error"])
-        return got["ok"]
+                reply = {"error": str(e)}
+            except Exception as e:  # noqa: BLE001 -- reported on every process, with what failed
+                reply = {"error": f"checkpoint directory {self.directory}: {type(e).__name__}: {e}; expected a "
+                                  f"writable, readable save directory. Fix: check the file system and its free space, "
+                                  f"then rerun with --resume"}
+        if jax.process_count() > 1:
+            reply = json.loads(collectives.broadcast_str(json.dumps(reply) if self._main else None, max_bytes=1 << 16))
+        if "error" in reply:
+            raise CheckpointError(reply["error"])
+        return reply["ok"]
 
     def latest_step(self) -> Optional[int]:
         """The newest verified step (damaged newer ones were set aside when the directory was opened)."""
@@ -272,8 +273,8 @@ class Checkpoints:
         step_dir = self.directory / str(step)
         self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
         self._manager.wait_until_finished()   # ends in orbax's barrier: every process's files are in place
-        if self._main:
-            write_manifest(step_dir, step)
+        # Shared, so that a failure here (a full disk) stops every process instead of leaving them in the next save.
+        self._agree(lambda: str(write_manifest(step_dir, step)))
         self._latest = step
         self._verified.add(step)
         self._trusted.add(step)
