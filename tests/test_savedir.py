@@ -278,4 +278,5 @@ def test_prepare_in_one_process_locks_and_a_second_prepare_is_refused(tmp_path):
 def test_first_problem_names_the_other_ranks():
     assert savedir.first_problem([{"rank": 0, "problem": None}, {"rank": 1, "problem": None}]) is None
     reports = [{"rank": 0, "problem": None}, {"rank": 1, "problem": "x"}, {"rank": 2, "problem": "y"}]
-    assert savedir.first_problem(reports) == "x (ranks 2 too)"
+    assert savedir.first_problem(reports) == "x (rank 2 too)"
+    assert savedir.first_problem(reports + [{"rank": 3, "problem": "z"}]) == "x (ranks 2, 3 too)"

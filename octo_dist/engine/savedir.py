@@ -267,7 +267,9 @@ def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
     if not bad:
         return None
     others = [r["rank"] for r in bad[1:]]
-    return bad[0]["problem"] + (f" (ranks {', '.join(map(str, others))} too)" if others else "")
+    if not others:
+        return bad[0]["problem"]
+    return bad[0]["problem"] + f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)"
 
 
 def prepare(directory: Optional[str], state_bytes: Optional[int] = None, *,
