@@ -9,6 +9,13 @@ A signal usually reaches some ranks before others, and a rank that stopped alone
 collective forever; so a handler only records the signal, every rank passes its pending signal number into the
 next train step, and the step returns the largest over all ranks (``engine.Engine.step``): every rank sees the
 same value after the same step and they stop together, at no extra collective.
+
+Once stopping, the job only saves and exits, so further stop signals are ignored: schedulers and impatient users
+repeat them (SGE's ``-notify`` then the kill, ``scancel`` twice, a second ``qdel``), and a second SIGTERM or
+SIGUSR1 arriving while the checkpoint is written or the process shuts down would otherwise end it with 143/138
+(the default action: ``close()`` restores it, and so does Python's own shutdown for every Python-level handler).
+The first signal therefore sets ``SIG_IGN`` for all of them, which stays in force through interpreter shutdown.
+SIGKILL (a scheduler's last word after its grace period) cannot be ignored and still ends the job.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ class StopSignal:
         if self.received is None:
             # Not a log call: logging from a signal handler can deadlock on the handler's lock.
             self.received = signum
+            for s in self._previous:
+                signal.signal(s, signal.SIG_IGN)
 
     @property
     def pending(self) -> int:
@@ -40,5 +49,8 @@ class StopSignal:
         return signal.Signals(signum).name
 
     def close(self) -> None:
+        """Put back the handlers found at install time, unless a stop signal came: then keep ignoring them."""
+        if self.received is not None:
+            return
         for s, previous in self._previous.items():
             signal.signal(s, previous)

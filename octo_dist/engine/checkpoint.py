@@ -1,25 +1,197 @@
-"""Checkpoints with orbax, safe on several hosts: every process calls ``save``; orbax lets process 0 alone create,
-finalise and prune directories, each process writes only the shards it owns (replicated arrays: process 0), and a
-save is atomic: written under ``<step>.orbax-checkpoint-tmp-<n>`` and renamed when complete, so a job killed
-mid-write leaves the previous checkpoints intact and the half-written one is ignored (and removed on restart).
+"""Checkpoints with orbax that are verified before they are trusted, safe on several hosts.
+
+Every process calls ``save``; orbax lets process 0 alone create and finalise directories, each process writes only
+the shards it owns (replicated arrays: process 0), and a save is atomic: written under
+``<step>.orbax-checkpoint-tmp-<n>`` and renamed when complete (half-written ones are removed on restart).
+
+Orbax 0.4.4 with ``use_ocdbt=False`` keeps no checksum of its own: a zarr chunk that is deleted reads back as
+zeros, a flipped byte as garbage or NaN, and both restore "successfully". So once a step is complete on every
+process, process 0 hashes every file of it into ``<step>/checksums.json`` (written last, atomically)::
+
+    {"format": 1, "step": 10, "algorithm": "sha256",
+     "files": {"state/params.patch.kernel/0.0.0.0": {"size": 1536, "sha256": "9f2c..."}, "meta/metadata": ...}}
+
+A step without that record (the job was killed between orbax's rename and the record, e.g. SIGTERM to a bare
+``mpirun``), or whose files differ from it (missing, truncated, changed, added), is *damaged*. On opening a
+directory process 0 verifies the steps newest first, moves each damaged newer step aside to ``<step>.damaged``
+(kept for inspection; orbax ignores the name) with one warning naming the step and what is wrong, and every
+process resumes from the newest verified step. Pruning (``max_to_keep``) is done here, not by orbax, so that it
+runs only after the new step's record is written and never removes the newest verified step.
 
 ``NoCheckpoints`` is the stand-in when no save directory is configured.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
 STATE, META = "state", "meta"
+MANIFEST = "checksums.json"
+MANIFEST_FORMAT = 1
+DAMAGED_SUFFIX = ".damaged"
+_CHUNK = 1 << 20
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be resumed from as asked."""
 
+
+# --- checksums: pure functions over a step directory ---------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digests(step_dir: Path) -> Dict[str, dict]:
+    """``{"state/params.x/0.0.0.0": {"size": n, "sha256": hex}, ...}`` for every file under ``step_dir`` but the
+    record itself, paths relative to ``step_dir`` with ``/`` separators."""
+    return {rel: {"size": path.stat().st_size, "sha256": _sha256(path)} for rel, path in _files(step_dir)}
+
+
+def write_manifest(step_dir: Path, step: int) -> Path:
+    """Hash ``step_dir`` into its ``checksums.json``: written to a temporary name, flushed, then renamed, so the
+    record exists only complete and only after every file it covers."""
+    record = {"format": MANIFEST_FORMAT, "step": step, "algorithm": "sha256", "files": file_digests(step_dir)}
+    final = step_dir / MANIFEST
+    tmp = step_dir / f"{MANIFEST}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=0, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(step_dir)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory; the rename is still ordered after the data
+        pass
+    finally:
+        os.close(fd)
+
+
+def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
+    """None when ``step_dir`` holds exactly the files its record names, with their sizes and checksums; else what
+    is wrong, as a phrase: ``"state/params.patch.kernel/0.0.0.0 is missing"``."""
+    if not step_dir.is_dir():
+        return f"{step_dir} is not a directory"
+    manifest = step_dir / MANIFEST
+    if not manifest.is_file():
+        return (f"it has no {MANIFEST} (the save did not finish: the job was killed while writing it, or it was "
+                f"written by an octo-dist without checksums)")
+    try:
+        record = json.loads(manifest.read_text())
+        expected = record["files"]
+        if record.get("format") != MANIFEST_FORMAT or not isinstance(expected, dict):
+            raise ValueError(f"format {record.get('format')!r}, expected {MANIFEST_FORMAT}")
+        if step is not None and record.get("step") != step:
+            raise ValueError(f"it records step {record.get('step')!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its {MANIFEST} cannot be read ({type(e).__name__}: {e})"
+    try:
+        found = {rel: path for rel, path in _files(step_dir)}
+    except OSError as e:
+        return f"it cannot be listed ({e})"
+    problems = [f"{rel} is missing" for rel in sorted(set(expected) - set(found))]
+    problems += [f"{rel} was not part of the save" for rel in sorted(set(found) - set(expected))]
+    for rel in sorted(set(expected) & set(found)):
+        want = expected[rel]
+        try:
+            size = found[rel].stat().st_size
+            if size != want["size"]:
+                problems.append(f"{rel} is {size} bytes, expected {want['size']} (truncated or overwritten)")
+            elif _sha256(found[rel]) != want["sha256"]:
+                problems.append(f"{rel} does not match its checksum (its content changed after the save)")
+        except OSError as e:
+            problems.append(f"{rel} cannot be read ({e.strerror or e})")
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
+    return "; ".join(problems[:3]) + more
+
+
+def _files(step_dir: Path):
+    for path in sorted(step_dir.rglob("*")):
+        rel = path.relative_to(step_dir).as_posix()
+        if (path.is_file() or path.is_symlink()) and rel != MANIFEST and not rel.startswith(MANIFEST + "."):
+            yield rel, path
+
+
+# --- which steps a directory holds ---------------------------------------------------------------------------
+
+def step_dirs(directory: Path) -> Dict[int, Path]:
+    """Finalised orbax step directories: ``{5: D/5, 10: D/10}`` (``10.orbax-checkpoint-tmp-…`` and
+    ``10.damaged`` are not steps)."""
+    if not directory.is_dir():
+        return {}
+    return {int(p.name): p for p in directory.iterdir() if p.name.isdigit() and p.is_dir()}
+
+
+def set_aside(step_dir: Path) -> Path:
+    """Rename a damaged step out of orbax's sight (``10`` -> ``10.damaged``, ``10.damaged.2``...) and return where."""
+    target = step_dir.with_name(step_dir.name + DAMAGED_SUFFIX)
+    n = 1
+    while target.exists():
+        n += 1
+        target = step_dir.with_name(f"{step_dir.name}{DAMAGED_SUFFIX}.{n}")
+    step_dir.rename(target)
+    return target
+
+
+def scan(directory: Path) -> dict:
+    """On one process: verify the steps newest first, set each damaged one aside until a verified one is found.
+
+    Returns ``{"latest": 10 or None, "recorded": [steps at or below it that have a checksum record],
+    "damaged": [[step, problem, moved_to], ...]}``; the caller logs and shares it."""
+    steps = step_dirs(directory)
+    latest, damaged = None, []
+    for step in sorted(steps, reverse=True):
+        problem = verify(steps[step], step)
+        if problem is None:
+            latest = step
+            break
+        try:
+            moved = str(set_aside(steps[step]))
+        except OSError as e:
+            raise CheckpointError(
+                f"checkpoint step {step} in {directory} is damaged ({problem}) and cannot be moved aside ({e}); "
+                f"expected a writable save directory. Fix: move {steps[step]} out of {directory} and rerun") from None
+        damaged.append([step, problem, moved])
+    recorded = sorted(s for s in steps if latest is not None and s <= latest and (steps[s] / MANIFEST).is_file())
+    return {"latest": latest, "recorded": recorded, "damaged": damaged}
+
+
+def keep_window(trusted: List[int], max_to_keep: Optional[int]) -> List[int]:
+    """The steps pruning keeps: the newest ``max_to_keep`` of the trusted (recorded or saved) ones, always
+    including the newest. ``None``/0: all."""
+    trusted = sorted(set(trusted))
+    return trusted if not max_to_keep else trusted[-max_to_keep:]
+
+
+def to_prune(steps: List[int], trusted: List[int], max_to_keep: Optional[int]) -> List[int]:
+    """Steps older than every kept one (damaged or not): never the newest trusted step, never a newer one."""
+    window = keep_window(trusted, max_to_keep)
+    return [s for s in sorted(steps) if window and s < window[0]]
+
+
+# --- the checkpointers ---------------------------------------------------------------------------------------
 
 class NoCheckpoints:
     directory = None
@@ -38,35 +210,93 @@ class NoCheckpoints:
 
 
 class Checkpoints:
-    """``<directory>/<step>/{state,meta}``: the train state (sharded arrays) and JSON metadata (data position...)."""
+    """``<directory>/<step>/{state,meta,checksums.json}``: the train state (sharded arrays), JSON metadata (data
+    position...) and the checksums of both. Opening it is collective (every process, the same directory)."""
 
     def __init__(self, directory: str, max_to_keep: int = 3):
+        import jax
         import orbax.checkpoint as ocp
 
         self.directory = Path(directory).absolute()
+        self.max_to_keep = max_to_keep
         self._ocp = ocp
+        self._main = jax.process_index() == 0
+        found = self._agree(lambda: scan(self.directory))
+        for step, problem, moved in found["damaged"]:
+            if self._main:
+                log.warning("checkpoint step %d in %s is damaged: %s; moved it to %s, resuming from %s", step,
+                            self.directory, problem, moved,
+                            f"step {found['latest']}, the newest verified one" if found["latest"] is not None
+                            else "nothing (no verified checkpoint left)")
+        self._latest: Optional[int] = found["latest"]
+        self._verified = {found["latest"]} if found["latest"] is not None else set()
+        self._trusted = set(found["recorded"]) | self._verified
         self._manager = ocp.CheckpointManager(
             self.directory,
             # use_ocdbt=False: orbax 0.4.4 merges OCDBT per-process files with a tensorstore call
             # (KvStore.experimental_copy_range_to) that the tensorstore the stack allows (0.1.45, held by
             # ml-dtypes 0.2.0) lacks; the plain per-array layout needs no merge.
             {STATE: ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)), META: ocp.Checkpointer(ocp.JsonCheckpointHandler())},
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True),
+            # max_to_keep=None: orbax would prune right after its rename, before the new step's checksums exist.
+            options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, cleanup_tmp_directories=True),
         )
 
+    def _agree(self, on_main):
+        """``on_main()`` run by process 0 alone, its JSON result on every process; an error there is raised on every
+        process as a ``CheckpointError`` (one process failing alone would leave the others in a collective)."""
+        import jax
+
+        from octo_dist.dist import collectives
+
+        reply = None
+        if self._main:
+            try:
+                reply = {"ok": on_main()}
+            except CheckpointError as e:
+                reply = {"error": str(e)}
+            except Exception as e:  # noqa: BLE001 -- reported on every process, with what failed
+                reply = {"error": f"checkpoint directory {self.directory}: {type(e).__name__}: {e}; expected a "
+                                  f"writable, readable save directory. Fix: check the file system and its free space, "
+                                  f"then rerun with --resume"}
+        if jax.process_count() > 1:
+            reply = json.loads(collectives.broadcast_str(json.dumps(reply) if self._main else None, max_bytes=1 << 16))
+        if "error" in reply:
+            raise CheckpointError(reply["error"])
+        return reply["ok"]
+
     def latest_step(self) -> Optional[int]:
-        return self._manager.latest_step()
+        """The newest verified step (damaged newer ones were set aside when the directory was opened)."""
+        return self._latest
 
     def save(self, step: int, state, meta: Mapping[str, Any]) -> None:
         """Collective: every process calls it at the same step."""
+        step_dir = self.directory / str(step)
         self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
-        self._manager.wait_until_finished()
-        log.info("checkpoint saved: %s", self.directory / str(step))
+        self._manager.wait_until_finished()   # ends in orbax's barrier: every process's files are in place
+        # Shared, so that a failure here (a full disk) stops every process instead of leaving them in the next save.
+        self._agree(lambda: str(write_manifest(step_dir, step)))
+        self._latest = step
+        self._verified.add(step)
+        self._trusted.add(step)
+        # Decided from what every process knows alike (no file system reads), so all of them prune the same steps.
+        for old in to_prune(self._manager.all_steps(), sorted(self._trusted), self.max_to_keep):
+            self._manager.delete(old)    # collective; process 0 removes the directory
+            self._trusted.discard(old)
+        log.info("checkpoint saved: %s", step_dir)
 
     def restore(self, step: int, abstract_state) -> Tuple[Any, dict]:
-        """The state at ``step`` laid out like ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves with shardings)."""
+        """The state at ``step`` laid out like ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves with shardings),
+        after its checksums are verified (once per step and process lifetime)."""
         import jax
 
+        if step not in self._verified:
+            problem = self._agree(lambda: verify(self.directory / str(step), step))
+            if problem is not None:
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} is damaged: {problem}; expected files matching its "
+                    f"{MANIFEST}. Fix: move {self.directory / str(step)} aside and rerun with --resume (the newest "
+                    f"verified step is used)")
+            self._verified.add(step)
         restore_args = self._ocp.checkpoint_utils.construct_restore_args(
             abstract_state, jax.tree_util.tree_map(lambda x: x.sharding, abstract_state))
         restored = self._manager.restore(step, items={STATE: abstract_state, META: None},

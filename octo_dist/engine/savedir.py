@@ -1,0 +1,322 @@
+"""Checks on a save directory before any step is trained: every rank can write to it, it has room for the run's
+checkpoints, and no other run is using it.
+
+    claim = savedir.prepare("runs/x", state_bytes=savedir.state_nbytes(abstract_state))   # every rank
+    try:
+        ...train, save...
+    finally:
+        claim.release()
+
+Without these, an unwritable directory is found at the first save (with ``--save-every 0``, after the whole run),
+a full disk leaves a half-written step, and two jobs on one directory delete each other's half-written steps
+(orbax removes ``*.orbax-checkpoint-tmp-*`` on start) and prune each other's checkpoints.
+
+The lock is a file, ``<directory>/.octo-dist.lock``, created atomically (``link(2)`` of a complete file, which
+also works on NFS) by process 0 and holding who owns it::
+
+    {"host": "g0001", "pid": 41235, "job_id": "12345.pbs1", "started": 1733230000.0}
+
+The holder touches it every ``HEARTBEAT_S`` seconds. A lock is *stale*, and is taken over with a warning, when its
+process is gone (same host, no such pid) or when it was not touched for ``STALE_AFTER_S`` seconds (a job on
+another host that died without removing it: a crashed node, SIGKILL at the end of a wall time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from octo_dist.engine.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".octo-dist.lock"
+HEARTBEAT_S = 60
+STALE_AFTER_S = 15 * 60      # 15 heartbeats missed: no live holder is that late, even on a loaded file server
+COPIES = 2                   # room for the checkpoint being written while the previous one is still kept
+OVERHEAD = 1.05              # zarr/orbax metadata and chunk headers; chunks are compressed, so this is an upper bound
+OVERHEAD_BYTES = 1 << 20
+JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")   # "12345.pbs1", "123456", "9876543" (SGE)
+
+
+class SaveDirError(CheckpointError):
+    """A save directory a run cannot use: one line with what was found, what was expected, and the fix. A kind of
+    ``CheckpointError``, so the jobs that report those in one line (exit 2) report these too."""
+
+
+# --- writable ------------------------------------------------------------------------------------------------
+
+def probe_writable(directory: Path, who: str) -> Optional[str]:
+    """Create ``directory`` if needed and write, flush and remove a probe file in it. None if that worked, else the
+    one-line problem (``who``: ``"rank 1 on g0002"``)."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        return (f"save directory {directory} is a file, not a directory; expected a directory (or a path to create). "
+                f"Fix: pass another --save-dir, or move the file away")
+    probe = directory / f".octo-dist-probe.{socket.gethostname()}.{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"octo-dist write probe\n")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        return (f"save directory {directory} is not writable from {who} ({e.strerror or e}); expected a directory "
+                f"every rank can create files in. Fix: pass a --save-dir on a writable shared file system "
+                f"(e.g. under /groups/gxx00000), or fix its permissions (chmod u+w {directory})")
+    return None
+
+
+# --- free space ----------------------------------------------------------------------------------------------
+
+def state_nbytes(tree) -> int:
+    """Bytes of a state's arrays: ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape``) or real arrays."""
+    import jax
+    import numpy as np
+
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+               for leaf in jax.tree_util.tree_leaves(tree) if hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+
+
+def checkpoint_nbytes(state_bytes: int) -> int:
+    """An upper bound for one checkpoint of a state of ``state_bytes``."""
+    return int(state_bytes * OVERHEAD) + OVERHEAD_BYTES
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged user can still write where ``directory`` is (or would be created)."""
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def space_problem(directory, free: int, state_bytes: int, copies: int = COPIES) -> Optional[str]:
+    """None when ``free`` bytes hold ``copies`` checkpoints of a ``state_bytes`` state; else the one-line problem."""
+    need = copies * checkpoint_nbytes(state_bytes)
+    if free >= need:
+        return None
+    return (f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} ({copies} checkpoints "
+            f"of {_size(checkpoint_nbytes(state_bytes))} each for this run's state). Fix: free space there (old runs, "
+            f"*.damaged steps), or pass a --save-dir on a larger file system")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- the run lock --------------------------------------------------------------------------------------------
+
+def job_id(environ: Mapping[str, str]) -> Optional[str]:
+    """The scheduler's job id (``PBS_JOBID=12345.pbs1`` -> ``"12345.pbs1"``), None outside a job."""
+    return next((environ[v] for v in JOB_ID_VARS if environ.get(v)), None)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
+
+
+def stale_reason(holder: Mapping[str, Any], age_s: float, host: str, alive: Callable[[int], bool],
+                 stale_after_s: float = STALE_AFTER_S) -> Optional[str]:
+    """Why a lock is stale (its process is gone; not refreshed for too long), or None while its holder may live.
+
+    ``holder``: the lock's JSON; ``age_s``: seconds since it was last touched; ``host``: this host's name."""
+    pid = holder.get("pid")
+    if holder.get("host") == host and isinstance(pid, int) and not alive(pid):
+        return f"its process (pid {pid} on this host) is gone"
+    if age_s > stale_after_s:
+        return f"it was last refreshed {age_s / 60:.0f} min ago (a live run refreshes it every {HEARTBEAT_S} s)"
+    return None
+
+
+def describe_holder(holder: Mapping[str, Any]) -> str:
+    started = holder.get("started")
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, job {holder.get('job_id') or 'none'}, since {since}"
+
+
+class RunLock:
+    """The exclusive lock of one run on one save directory (see the module docstring)."""
+
+    def __init__(self, directory, job: Optional[str] = None, *, host: Optional[str] = None,
+                 stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S):
+        self.path = Path(directory) / LOCK_NAME
+        self.holder = {"host": host or socket.gethostname(), "pid": os.getpid(), "job_id": job, "started": time.time()}
+        self.stale_after_s = stale_after_s
+        self.heartbeat_s = heartbeat_s
+        self.taken_over: Optional[dict] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock, or raise ``SaveDirError`` naming the run that holds it. Takes over a stale one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mine = json.dumps(self.holder, sort_keys=True)
+        tmp = self.path.with_name(f"{LOCK_NAME}.{self.holder['host']}.{os.getpid()}.tmp")
+        tmp.write_text(mine)
+        try:
+            for _ in range(5):
+                try:
+                    os.link(tmp, self.path)      # atomic and fails if the lock exists; the content is complete
+                    break
+                except FileExistsError:
+                    self._take_over_if_stale()
+            else:
+                raise SaveDirError(f"could not take the lock {self.path} in 5 tries (other runs keep taking it); "
+                                   f"expected one run per save directory. Fix: choose another --save-dir")
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._thread = threading.Thread(target=self._heartbeat, name="octo-dist-lock", daemon=True)
+        self._thread.start()
+        return self
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            raw = self.path.read_text()
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return                                # released meanwhile: try again
+        try:
+            holder = json.loads(raw)
+            if not isinstance(holder, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            holder = {}                           # unreadable: only its age can make it stale
+        reason = stale_reason(holder, age, self.holder["host"], pid_alive, self.stale_after_s)
+        if reason is None:
+            raise SaveDirError(
+                f"save directory {self.path.parent} is in use by another run ({describe_holder(holder)}; lock "
+                f"{self.path}); expected one run per save directory. Fix: wait for that run to end, or pass another "
+                f"--save-dir; if that run is dead, remove {self.path}")
+        # Rename, then check it is still the lock judged stale: another run may have taken it over meanwhile.
+        aside = self.path.with_name(f"{LOCK_NAME}.stale.{self.holder['host']}.{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if aside.read_text() != raw:
+            try:
+                os.link(aside, self.path)         # put the live lock back (fails only if a third run took it)
+            except FileExistsError:
+                pass
+            aside.unlink(missing_ok=True)
+            return
+        aside.unlink(missing_ok=True)
+        self.taken_over = holder
+        log.warning("took over the lock of save directory %s from a dead run (%s): %s", self.path.parent,
+                    describe_holder(holder), reason)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                os.utime(self.path)
+            except OSError as e:
+                log.warning("cannot refresh the lock %s (%s); another run may take this save directory over",
+                            self.path, e)
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            try:
+                if json.loads(self.path.read_text()) == self.holder:
+                    self.path.unlink()
+            except (OSError, ValueError):
+                pass
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class NoClaim:
+    """What ranks other than 0 hold (and every rank when no save directory is configured)."""
+
+    def release(self) -> None:
+        pass
+
+
+# --- every rank at once --------------------------------------------------------------------------------------
+
+def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """From every rank's ``{"rank": r, "problem": str | None}``: the first problem, naming how many ranks share it."""
+    bad = [r for r in reports if r.get("problem")]
+    if not bad:
+        return None
+    others = [r["rank"] for r in bad[1:]]
+    if not others:
+        return bad[0]["problem"]
+    return bad[0]["problem"] + f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)"
+
+
+def prepare(directory: Optional[str], state_bytes: Optional[int] = None, *,
+            environ: Mapping[str, str] = os.environ, copies: int = COPIES):
+    """Collective: every rank probes ``directory``; process 0 also checks its free space (when ``state_bytes`` is
+    given) and takes the run lock. Every rank raises the same ``SaveDirError`` if any check failed on any rank.
+
+    Returns the claim to ``release()`` at the end of the run (``RunLock`` on process 0, ``NoClaim`` elsewhere)."""
+    if not directory:
+        return NoClaim()
+    import jax
+
+    from octo_dist.dist import collectives
+
+    rank = jax.process_index()
+    directory = Path(directory).absolute()
+    problem = probe_writable(directory, f"rank {rank} on {socket.gethostname()}")
+    claim: Any = NoClaim()
+    if rank == 0 and problem is None:
+        if state_bytes is not None:
+            problem = space_problem(directory, free_bytes(directory), state_bytes, copies)
+        if problem is None:
+            try:
+                claim = RunLock(directory, job_id(environ)).acquire()
+            except SaveDirError as e:
+                problem = str(e)
+            except OSError as e:
+                problem = (f"cannot take the lock {directory / LOCK_NAME} ({e}); expected a writable save directory. "
+                           f"Fix: pass another --save-dir")
+    verdict = first_problem(collectives.allgather_json({"rank": rank, "problem": problem}))
+    if verdict is not None:
+        claim.release()
+        raise SaveDirError(verdict)
+    return claim
+
+
+def check_space(directory: Optional[str], state_bytes: int, copies: int = COPIES) -> None:
+    """Collective: process 0 checks the free space for ``copies`` checkpoints; every rank raises if it is short."""
+    if not directory:
+        return
+    import jax
+
+    from octo_dist.dist import collectives
+
+    problem = None
+    if jax.process_index() == 0:
+        problem = space_problem(Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies)
+    verdict = first_problem(collectives.allgather_json({"rank": jax.process_index(), "problem": problem}))
+    if verdict is not None:
+        raise SaveDirError(verdict)

@@ -1,0 +1,206 @@
+"""Checkpoints you can trust: real orbax checkpoints written through octo_dist.engine.checkpoint (JAX on the CPU, one
+process), damaged the ways a file system, a full disk or a killed job damages them, then reopened.
+
+Each damage must be reported (a warning naming the step and what is wrong), the damaged step must never be used,
+and the restore must give exactly the previous verified step's arrays (bit-identical)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from octo_dist.engine import checkpoint as ck  # noqa: E402
+from octo_dist.engine.checkpoint import CheckpointError, Checkpoints  # noqa: E402
+
+
+def state_at(step: int) -> dict:
+    """A small train-state-like tree whose every value depends on ``step``."""
+    rng = np.random.default_rng(step)
+    return {"params": {"patch": {"kernel": jax.numpy.asarray(rng.standard_normal((2, 3, 4, 5), dtype=np.float32)),
+                                 "bias": jax.numpy.asarray(rng.standard_normal(5, dtype=np.float32))}},
+            "step": jax.numpy.asarray(np.int32(step))}
+
+
+def abstract(tree):
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def host(tree) -> list:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def assert_bit_identical(a, b):
+    for x, y in zip(host(a), host(b), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def save_steps(directory: Path, steps, max_to_keep: int = 3) -> None:
+    c = Checkpoints(str(directory), max_to_keep)
+    for s in steps:
+        c.save(s, state_at(s), {"data_position": s})
+    c.close()
+
+
+def chunk(step_dir: Path) -> Path:
+    """The one data chunk of the 4-D kernel, as in ``rm D/10/state/params.patch.kernel/0.0.0.0``."""
+    return step_dir / "state" / "params.patch.kernel" / "0.0.0.0"
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+# damage name -> (what to do to step 10's directory, a phrase the warning must contain)
+DAMAGE = {
+    "missing array chunk": (lambda d: remove(chunk(d)), "params.patch.kernel/0.0.0.0 is missing"),
+    "flipped byte in a chunk": (lambda d: flip_byte(chunk(d)), "params.patch.kernel/0.0.0.0 does not match its checksum"),
+    "truncated chunk": (lambda d: truncate(chunk(d)), "params.patch.kernel/0.0.0.0 is "),
+    "missing array metadata": (lambda d: remove(d / "state" / "params.patch.kernel" / ".zarray"), ".zarray is missing"),
+    "missing sharding metadata": (lambda d: remove(d / "state" / "_sharding"), "state/_sharding is missing"),
+    "missing tree metadata": (lambda d: remove(d / "state" / "_METADATA"), "state/_METADATA is missing"),
+    "flipped byte in meta": (lambda d: flip_byte(d / "meta" / "metadata"), "meta/metadata does not match"),
+    "missing meta": (lambda d: remove(d / "meta"), "meta/metadata is missing"),
+    "missing state": (lambda d: remove(d / "state"), "state/"),
+    "an added file": (lambda d: (d / "state" / "params.patch.kernel" / "0.0.0.1").write_bytes(b"x"), "was not part of"),
+    "no checksum record (torn save)": (lambda d: remove(d / ck.MANIFEST), f"no {ck.MANIFEST}"),
+    "unreadable checksum record": (lambda d: truncate(d / ck.MANIFEST), "cannot be read"),
+}
+
+
+def test_the_layout_the_damage_cases_aim_at(tmp_path):
+    save_steps(tmp_path, [10])
+    d = tmp_path / "10"
+    assert chunk(d).is_file() and (d / "state" / "_METADATA").is_file() and (d / "meta" / "metadata").is_file()
+    record = json.loads((d / ck.MANIFEST).read_text())
+    assert record["step"] == 10 and "state/params.patch.kernel/0.0.0.0" in record["files"]
+    assert ck.verify(d, 10) is None
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_newest_step_is_reported_set_aside_and_the_previous_verified_one_restored(tmp_path, caplog, damage):
+    save_steps(tmp_path, [5, 10])
+    do, phrase = DAMAGE[damage]
+    do(tmp_path / "10")
+
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        c = Checkpoints(str(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "checkpoint step 10" in warnings[0] and phrase in warnings[0] and "resuming from step 5" in warnings[0]
+    assert c.latest_step() == 5
+    restored, meta = c.restore(5, abstract(state_at(0)))
+    assert_bit_identical(restored, state_at(5))
+    assert meta == {"data_position": 5}
+    # The damaged step is kept for inspection, out of orbax's sight; the run can save step 10 afresh.
+    assert (tmp_path / "10.damaged").is_dir() and not (tmp_path / "10").exists()
+    c.save(10, state_at(10), {"data_position": 10})
+    c.close()
+    again = Checkpoints(str(tmp_path))
+    assert again.latest_step() == 10
+    assert_bit_identical(again.restore(10, abstract(state_at(0)))[0], state_at(10))
+    again.close()
+
+
+def test_every_step_damaged_leaves_nothing_to_resume_from(tmp_path, caplog):
+    save_steps(tmp_path, [5, 10])
+    remove(chunk(tmp_path / "10"))
+    flip_byte(tmp_path / "5" / "meta" / "metadata")
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        c = Checkpoints(str(tmp_path))
+    assert c.latest_step() is None
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "checkpoint step 10" in text and "checkpoint step 5" in text and "no verified checkpoint left" in text
+    c.close()
+
+
+def test_restoring_a_step_damaged_after_opening_is_refused(tmp_path):
+    save_steps(tmp_path, [5, 10])
+    c = Checkpoints(str(tmp_path))
+    assert c.latest_step() == 10
+    flip_byte(chunk(tmp_path / "5"))
+    with pytest.raises(CheckpointError, match=r"checkpoint step 5 .* is damaged: .*0\.0\.0\.0 does not match.*Fix: "):
+        c.restore(5, abstract(state_at(0)))
+    c.close()
+
+
+def test_pruning_never_removes_the_newest_verified_step(tmp_path):
+    # The reported failure: step 10 damaged, a resume saved 15 and 20 and pruned step 5, the last good one.
+    save_steps(tmp_path, [5, 10])
+    remove(chunk(tmp_path / "10"))
+    c = Checkpoints(str(tmp_path), max_to_keep=3)
+    assert c.latest_step() == 5
+    for s in (10, 15, 20):
+        c.save(s, state_at(s), {"data_position": s})
+        steps = sorted(ck.step_dirs(tmp_path))
+        assert s in steps and all(ck.verify(tmp_path / str(k), k) is None for k in steps), steps
+    assert sorted(ck.step_dirs(tmp_path)) == [10, 15, 20]
+    c.close()
+
+
+def test_prune_plan_keeps_the_newest_trusted_steps_and_anything_newer():
+    assert ck.to_prune([5, 10, 15, 20], trusted=[5, 10, 15, 20], max_to_keep=3) == [5]
+    assert ck.to_prune([5, 10, 15], trusted=[5], max_to_keep=1) == []          # 10, 15 unverified: 5 stays
+    assert ck.to_prune([1, 3, 5, 10], trusted=[3, 5, 10], max_to_keep=2) == [1, 3]
+    assert ck.to_prune([5, 10], trusted=[], max_to_keep=1) == []
+    assert ck.to_prune([5, 10], trusted=[5, 10], max_to_keep=None) == []
+
+
+def test_a_half_written_step_and_a_set_aside_one_are_not_steps(tmp_path):
+    for name in ("5", "10.orbax-checkpoint-tmp-1700000000000000", "10.damaged", "notes"):
+        (tmp_path / name).mkdir()
+    assert sorted(ck.step_dirs(tmp_path)) == [5]
+    assert ck.set_aside(tmp_path / "5").name == "5.damaged"
+    (tmp_path / "5").mkdir()
+    assert ck.set_aside(tmp_path / "5").name == "5.damaged.2"
+
+
+# --- the whole job: 2 ranks under the venv's mpirun ----------------------------------------------------------
+
+SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny", "--save-every", "5"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resume(mpirun, tmp_path):
+    """The reported failure, end to end: step 10's kernel chunk deleted, then ``--resume`` to step 20. It used to
+    resume from the damaged step 10 (the kernel read as zeros), exit 0 with other parameters, and prune step 5."""
+    damaged, intact = tmp_path / "damaged", tmp_path / "intact"
+    first = mpirun(2, *SMOKE, "--steps", "10", "--save-dir", str(damaged))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(ck.step_dirs(damaged)) == [5, 10]
+    shutil.copytree(damaged, intact)
+    shutil.rmtree(intact / "10")                  # the reference: the same run, with only the intact step 5
+    remove(chunk(damaged / "10"))
+
+    runs = {}
+    for name, d in (("damaged", damaged), ("intact", intact)):
+        p = mpirun(2, *SMOKE, "--steps", "20", "--save-dir", str(d), "--resume", "--record", str(tmp_path / f"{name}.json"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), p.ranks[0][1])
+    rec, rank0_err = runs["damaged"]
+    ref, _ = runs["intact"]
+    assert rec["start_step"] == ref["start_step"] == 5 and rec["end_step"] == 20
+    assert rec["digests"] == ref["digests"] and len(set(rec["digests"])) == 1
+    assert rec["losses"] == ref["losses"]
+    warnings = [l for l in rank0_err.splitlines() if "is damaged" in l]
+    assert len(warnings) == 1 and "checkpoint step 10" in warnings[0] and "0.0.0.0 is missing" in warnings[0]
+    assert (damaged / "10.damaged").is_dir()
+    assert sorted(ck.step_dirs(damaged)) == [10, 15, 20]
+    assert all(ck.verify(damaged / str(s), s) is None for s in (10, 15, 20))

@@ -1,0 +1,144 @@
+"""Once stopping, further stop signals are ignored and the exit code stays 0: real processes, real signals.
+
+A scheduler or a person often signals twice (``scancel`` twice, SGE's notify then its kill, SIGTERM to every
+process of the job and then again); the second must not turn a clean stop (checkpoint saved) into exit 143/138."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import RANK_OUTPUT, REPO, clean_env
+
+# Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
+# handler (close()), waiting until the test has sent its further signals; writes what it saw to files.
+PROGRAM = """
+import os, signal, sys, time
+from pathlib import Path
+from octo_dist.dist import stopping
+
+out = Path(sys.argv[1])
+stop = stopping.StopSignal()
+(out / "ready").write_text(str(os.getpid()))
+while not stop.pending:
+    time.sleep(0.01)
+(out / "stopping").write_text(stop.name(stop.pending))
+stop.close()
+while not (out / "sent").exists():
+    time.sleep(0.01)
+(out / "handlers").write_text(" ".join(signal.Handlers(signal.getsignal(s)).name for s in stopping.SIGNALS))
+"""
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the process exited ({proc.returncode}) while the test waited for {what}: "
+                                 f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("first, then", [(signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)),
+                                         (signal.SIGTERM, (signal.SIGTERM, signal.SIGTERM))])
+def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, then):
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path)], env=clean_env(), cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_file(tmp_path / "ready", proc, "the handler to be installed")
+        proc.send_signal(first)
+        assert wait_for_file(tmp_path / "stopping", proc, "the process to see the stop signal") == first.name
+        for s in then:                                   # while it saves and shuts down
+            proc.send_signal(s)
+        (tmp_path / "sent").write_text("")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    assert (tmp_path / "handlers").read_text() == "SIG_IGN SIG_IGN SIG_IGN"
+
+
+def test_without_a_stop_signal_close_puts_the_previous_handlers_back():
+    from octo_dist.dist import stopping
+
+    before = [signal.getsignal(s) for s in stopping.SIGNALS]
+    stop = stopping.StopSignal()
+    assert all(signal.getsignal(s) == stop._handle for s in stopping.SIGNALS)
+    stop.close()
+    assert [signal.getsignal(s) for s in stopping.SIGNALS] == before
+
+
+def signal_all(procs, *signals) -> None:
+    import psutil
+
+    for s in signals:
+        for p in procs:
+            try:
+                p.send_signal(s)
+            except psutil.NoSuchProcess:     # already exited: nothing left to disturb
+                pass
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path):
+    """SIGUSR1 to every rank, then (once rank 0 says it is stopping) SIGTERM and SIGUSR1 again to every rank, and
+    again and again from its verdict until every rank has exited: the job still saves a verified checkpoint, prints
+    its verdict and exits 0."""
+    psutil = pytest.importorskip("psutil")
+    from octo_dist.engine import checkpoint as ck
+
+    exe = Path(sys.executable).parent / "mpirun"
+    if not exe.exists():
+        pytest.skip("no mpirun in this venv")
+    ckpt, ranks = tmp_path / "ckpt", tmp_path / "ranks"
+    ranks.mkdir()
+    cmd = [str(exe), "--oversubscribe", "-np", "2", "bash", "-c", RANK_OUTPUT, "rank-output", sys.executable,
+           "-m", "octo_dist", "smoke", "--model", "tiny", "--steps", "100000", "--save-dir", str(ckpt),
+           "--save-every", "3", "--record", str(tmp_path / "rec.json")]
+    job = subprocess.Popen(cmd, env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)), cwd=REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        wait_for_file(ckpt / "3" / ck.MANIFEST, job, "the first verified checkpoint (training under way)", 300)
+        procs = [p for p in psutil.Process(job.pid).children(recursive=True) if "octo_dist" in " ".join(p.cmdline())]
+        assert len(procs) == 2, procs
+        for p in procs:
+            p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 300
+        while "stopping after step" not in (ranks / "0.err").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, \
+                f"waited 300 s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
+            time.sleep(0.02)
+        signal_all(procs, signal.SIGTERM, signal.SIGUSR1)      # while it saves
+        while "octo-dist smoke:" not in (ranks / "0.out").read_text():
+            assert job.poll() is None and time.monotonic() < deadline, \
+                f"waited 300 s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
+            time.sleep(0.02)
+        # Then through the whole shutdown (the runtime's, the interpreter's), until every rank has exited.
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+            assert time.monotonic() < deadline, "waited 300 s for the ranks to exit"
+            signal_all(procs, signal.SIGTERM, signal.SIGUSR1)
+            time.sleep(0.02)
+        _, mpirun_err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            import os
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    rank_err = "".join((ranks / f"{r}.err").read_text() for r in (0, 1))
+    assert job.returncode == 0, (job.returncode, rank_err[-3000:], mpirun_err[-2000:])
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["stopped_by"] == "SIGUSR1" and rec["end_step"] < 100000
+    assert ck.verify(ckpt / str(rec["end_step"]), rec["end_step"]) is None
+    assert "stopped by SIGUSR1 (checkpoint saved)" in (ranks / "0.out").read_text()
