@@ -31,9 +31,8 @@ SCHEDULER_DESCRIPTION = {
            "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
            "(1x H200, for a cheap test).",
     "sge": "Render a job script for Grid Engine: #$ -l RESOURCE_TYPE=N, -notify so the job gets SIGUSR1 before it is "
-           "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in are ABCI "
-           "2.0's (rt_F, rt_AF; that system was retired in 2024): other Grid Engine sites need --resource-type "
-           "support added in octo_dist/jobs/spec.py.",
+           "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in, rt_F and "
+           "rt_AF, are those of ABCI 2.0 (retired in 2024), an example of a Grid Engine site.",
     "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
              "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
              "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
@@ -68,6 +67,8 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     values = spec_mod.launch_help(scheduler)
     groups = {}
     for f in spec_mod.option_fields():
+        if f.name == "resource_type" and scheduler == "slurm":
+            continue  # SLURM has none
         meta = f.metadata
         group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = spec_mod.flag_of(f)
@@ -79,7 +80,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
 
 def options_from_args(args: argparse.Namespace) -> spec_mod.LaunchOptions:
     """argparse's namespace -> LaunchOptions (lists from repeated flags become tuples)."""
-    values = {f.name: getattr(args, f.name) for f in spec_mod.option_fields()}
+    values = {f.name: getattr(args, f.name, f.default) for f in spec_mod.option_fields()}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return spec_mod.LaunchOptions(scheduler=args.scheduler, train=tuple(args.train), **values)
 

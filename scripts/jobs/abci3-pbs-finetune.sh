@@ -11,6 +11,7 @@
 #   rendered:  octo-dist launch pbs --nodes 2 --walltime 12:00:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist_cuda11.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
 # -j oe -k oe: one output file, written while the job runs (in your home directory) rather than copied at its end.
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 set -eo pipefail
 
 # ---- rendered settings ---------------------------------------------------------------------------------------------
@@ -80,6 +81,7 @@ if [ -n "$COMPILE_CACHE" ]; then
 fi
 if [ -n "$IMAGE" ]; then
   [ -f "$IMAGE" ] || fail "image $IMAGE not found; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH"
+  IMAGE=$(cd -- "$(dirname -- "$IMAGE")" && pwd)/$(basename -- "$IMAGE")  # absolute, as the binds: every node sees it
   # An absolute path: the ranks on other nodes do not get this node's PATH from the module that provides it.
   SINGULARITY=$(type -P singularity) || fail "no singularity command; expected SingularityCE/PRO on the node. Fix: module load singularitypro (if your site has it), or re-render with --module"
   case "$SINGULARITY" in /*) ;; *) SINGULARITY=$PWD/$SINGULARITY ;; esac
@@ -89,7 +91,7 @@ if [ -n "$IMAGE" ]; then
   if [ -n "$DATA_DIR" ]; then RUN+=(--bind "$DATA_DIR"); fi
   if [ -n "$COMPILE_CACHE" ]; then RUN+=(--bind "$COMPILE_CACHE"); fi
   for dir in "${BINDS[@]}"; do
-    if [ -d "$dir" ]; then RUN+=(--bind "$dir"); else note "not binding $dir: no such directory on this node"; fi
+    if [ -d "$dir" ]; then RUN+=(--bind "$(cd -- "$dir" && pwd)"); else note "not binding $dir: no such directory on this node"; fi
   done
   RUN+=("$IMAGE")
   BIN=
@@ -180,6 +182,7 @@ TIMER_PID=
 if [ "$STOP_TIMER" = 1 ]; then
   (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
   TIMER_PID=$!
+  disown "$TIMER_PID"  # no "Terminated" notice when it is ended below
 fi
 # shellcheck disable=SC2317  # called from the trap below
 cleanup() {
@@ -194,7 +197,6 @@ trap cleanup EXIT
 # first note (mpirun waiting for a node it lost) is ended, so a dead job never holds its nodes until the wall time.
 FAILED_DIR=$JOB_DIR/failed
 FAILED_GRACE_S=20
-# shellcheck disable=SC2016  # expanded by the guard's bash on each node
 RANK_GUARD=(bash -c 'dir=$1; shift
 "$@" &
 pid=$!
@@ -228,7 +230,7 @@ run_ranks() {  # "$@": the command every rank runs
   local status failed_at='' notes
   while kill -0 "$RANKS_PID" 2>/dev/null; do
     # `wait` on a sleep rather than the sleep itself: a trapped signal runs at once instead of after it.
-    sleep 1 &
+    sleep 0.5 &
     wait $! || true
     notes=$(cat -- "$FAILED_DIR"/rank-* 2>/dev/null || true)
     if [ -n "$notes" ] && [ -z "$failed_at" ]; then
