@@ -354,3 +354,32 @@ def test_every_scheduler_renders_the_same_on_a_bare_python(version, tmp_path):
                               env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and out.exists(), proc.stderr
         assert out.read_text() == render.render(parse([scheduler, "--nodes", "2", *extra, "-o", str(out)]), out.name)
+
+
+# ---- a chain of jobs (launch --chain) --------------------------------------------------------------------------------
+
+def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
+    """Each job leaves its exit status in the save directory; the next one (OCTO_DIST_AFTER) refuses to train after
+    a failure, and says why, but continues after a clean end or a stop."""
+    job_dir, env, argv_log = cluster
+    fake_venv(job_dir / "venv")
+    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "1",
+                                                         "--venv", "venv", "--save-dir", "save"])))
+
+    def job(job_id, after=None, **extra):
+        env_job = dict(env, JOB_ID=job_id, **extra)
+        if after:
+            env_job["OCTO_DIST_AFTER"] = after
+        argv_log.unlink(missing_ok=True)
+        return subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env_job, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)
+
+    first = job("10")
+    assert first.returncode == 0 and (job_dir / "save" / ".octo-dist-exit-10").read_text() == "0\n", first.stderr
+    second = job("11", after="10", FAKE_FAIL_RANK="0")  # trains after a clean job, then its rank fails
+    assert second.returncode == 3 and (job_dir / "save" / ".octo-dist-exit-11").read_text() == "3\n", second.stderr
+    third = job("12", after="11")
+    assert third.returncode == 2 and not argv_log.exists(), third.stderr  # no rank started
+    assert "previous job of this chain (11) failed with exit 3: not training" in third.stderr
+    fourth = job("13", after="9")  # the previous one left nothing (ended by the scheduler): resume
+    assert fourth.returncode == 0 and "left no exit status" in fourth.stderr and argv_log.exists()

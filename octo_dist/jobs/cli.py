@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
 
 SUBMIT = {"pbs": "qsub {file}", "sge": "qsub -g {group} {file}", "slurm": "sbatch {file}"}
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     try:
         job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+        _check_submit(options)
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
@@ -160,7 +162,27 @@ def run(args: argparse.Namespace) -> int:
               f"Fix: -o a path in a directory you own", file=sys.stderr)
         return EXIT_USAGE
     submit = SUBMIT[job.scheduler].format(file=shlex.quote(out), group=job.group or "GROUP")
-    print(f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
-          + (f", global batch {job.global_batch}" if job.global_batch else "")
-          + (f", {job.steps} steps" if job.steps else "") + f". Submit: {submit}")
+    wrote = (f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
+             + (f", global batch {job.global_batch}" if job.global_batch else "")
+             + (f", {job.steps} steps" if job.steps else ""))
+    if not (options.submit or options.chain):
+        print(f"{wrote}. Submit: {submit}")
+        return 0
+    print(wrote)
+    try:
+        jobs = submit_mod.submit(job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1)
+    except submit_mod.SubmitError as e:
+        print(f"octo-dist launch: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for n, s in enumerate(jobs, 1):
+        after = f", after {jobs[n - 2].job_id}" if n > 1 else ""
+        print(f"submitted job {s.job_id}{after}: log {s.log}")
     return 0
+
+
+def _check_submit(options: spec_mod.LaunchOptions) -> None:
+    if options.chain is not None and options.chain < 1:
+        raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
+    if options.dry_run and (options.submit or options.chain):
+        raise spec_mod.JobSpecError("--dry-run with --submit/--chain", "one of them: --dry-run only prints",
+                                    "drop --dry-run")

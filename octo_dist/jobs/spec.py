@@ -168,6 +168,11 @@ class LaunchOptions:
                          action="store_true", in_header=False)
     output: Optional[str] = _opt(None, "file to write (default: octo-dist-{scheduler}.sh)", "output", flag="-o",
                                  in_header=False)
+    submit: bool = _opt(False, "submit the written script ({submit}) and print the job id and its log (default: off)",
+                        "output", action="store_true", in_header=False)
+    chain: Optional[int] = _opt(None, "submit N jobs, each held until the one before has ended ({depend}); a job "
+                                      "trains only when the one before did not fail, and resumes from its checkpoints "
+                                      "(default: one job)", "output", type=int, metavar="N", in_header=False)
 
     def changed(self) -> list:
         """``(flag, value)`` for every option that differs from its default, in field order: the header's line."""
@@ -215,6 +220,9 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
                        "slurm": "account, sbatch --account (default: the site's default account)"}[scheduler],
         "modules": modules,
         "binds": "/groups/GROUP with --group" if scheduler != "slurm" else "none",
+        "submit": {"pbs": "qsub", "sge": "qsub -g GROUP", "slurm": "sbatch"}[scheduler],
+        "depend": {"pbs": "qsub -W depend=afterany:ID", "sge": "qsub -hold_jid ID",
+                   "slurm": "sbatch --dependency=afterany:ID"}[scheduler],
     }
 
 

@@ -71,6 +71,25 @@ mkdir -p -- "$SAVE_DIR"
 SAVE_DIR=$(cd -- "$SAVE_DIR" && pwd)  # absolute: every node, and the image, see the same path
 JOB_DIR=$SAVE_DIR/.octo-dist-job-$JOB  # this job's node list and the ranks' failure notes; removed at the end
 mkdir -p -- "$JOB_DIR"
+TIMER_PID=
+# shellcheck disable=SC2317  # called from the trap below
+cleanup() {
+  local status=$?
+  if [ -n "$TIMER_PID" ]; then kill -- "-$TIMER_PID" 2>/dev/null || true; fi
+  rm -rf -- "$JOB_DIR"
+  # For the next job of a chain (octo-dist launch --chain): 0 when this one finished or stopped for the wall time.
+  echo "$status" >"$SAVE_DIR/.octo-dist-exit-$JOB" 2>/dev/null || true
+}
+trap cleanup EXIT
+# A job of a chain trains only when the job before it did not fail (stopping for the wall time is not failing).
+if [ -n "${OCTO_DIST_AFTER:-}" ]; then
+  previous=$SAVE_DIR/.octo-dist-exit-$OCTO_DIST_AFTER
+  if [ ! -f "$previous" ]; then
+    note "the previous job of this chain ($OCTO_DIST_AFTER) left no exit status (ended by the scheduler?): resuming from the last checkpoint"
+  elif [ "$(cat -- "$previous")" != 0 ]; then
+    fail "the previous job of this chain ($OCTO_DIST_AFTER) failed with exit $(cat -- "$previous"): not training; expected it to finish or to stop for the wall time. Fix: read its log, then submit again (octo-dist launch ... --submit)"
+  fi
+fi
 if [ -n "$DATA_DIR" ]; then
   [ -d "$DATA_DIR" ] || fail "data directory $DATA_DIR not found from $WORKDIR; expected the dataset directory. Fix: re-render with --data-dir PATH"
   DATA_DIR=$(cd -- "$DATA_DIR" && pwd)
@@ -178,18 +197,11 @@ trap 'stop_ranks USR2' USR2
 trap 'stop_ranks INT' INT
 # PBS signals every process of the job at the wall time, mpirun included (which then kills the ranks at once), and
 # Grid Engine's h_rt kills outright: so this script asks for the stop itself, STOP_MARGIN_S before the wall time.
-TIMER_PID=
 if [ "$STOP_TIMER" = 1 ]; then
   (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
   TIMER_PID=$!
   disown "$TIMER_PID"  # no "Terminated" notice when it is ended below
 fi
-# shellcheck disable=SC2317  # called from the trap below
-cleanup() {
-  if [ -n "$TIMER_PID" ]; then kill -- "-$TIMER_PID" 2>/dev/null || true; fi
-  rm -rf -- "$JOB_DIR"
-}
-trap cleanup EXIT
 
 # ---- a rank that fails ends the job ---------------------------------------------------------------------------------
 # Each rank runs under this guard on its node: it passes the stop signals on and, when the rank exits non-zero, leaves
