@@ -15,6 +15,7 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -75,15 +76,30 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
         default = "none" if f.default is None else f.default
-        group.add_argument(*names, dest=f.name, default=f.default,
+        # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
+        configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
+        group.add_argument(*names, dest=f.name, default=NOT_GIVEN if configurable else f.default,
                            help=meta["help"].format(default=default, **values), **meta["argparse"])
 
 
-def options_from_args(args: argparse.Namespace) -> spec_mod.LaunchOptions:
-    """argparse's namespace -> LaunchOptions (lists from repeated flags become tuples)."""
-    values = {f.name: getattr(args, f.name, f.default) for f in spec_mod.option_fields()}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    return spec_mod.LaunchOptions(scheduler=args.scheduler, train=tuple(args.train), **values)
+NOT_GIVEN = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
+
+
+def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tuple]] = None):
+    """argparse's namespace (+ defaults files: field -> (value, path)) -> (LaunchOptions, field -> source).
+
+    Lists from repeated flags become tuples; a flag left out takes the files' value, else the built-in one.
+    """
+    values, sources = {}, {}
+    for f in spec_mod.option_fields():
+        value = getattr(args, f.name, NOT_GIVEN)
+        if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
+            value, sources[f.name] = (files or {}).get(f.name, (f.default, defaults_mod.BUILT_IN))
+        else:
+            given = f.name in defaults_mod.KEYS.values() or value != f.default  # those can tell; the others show it
+            sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
+        values[f.name] = tuple(value) if isinstance(value, list) else value
+    return spec_mod.LaunchOptions(scheduler=args.scheduler, train=tuple(args.train), **values), sources
 
 
 def command_line(options: spec_mod.LaunchOptions) -> list:
@@ -103,7 +119,7 @@ def parse(argv: Sequence[str], checkers: Optional[Mapping[str, spec_mod.Checker]
     parser = argparse.ArgumentParser(prog="octo-dist")
     add_parser(parser.add_subparsers(), checkers)
     args = parser.parse_args(["launch", *argv])
-    options = options_from_args(args)
+    options, _ = options_from_args(args)
     return spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
 
 
@@ -135,8 +151,37 @@ def output_path(options: spec_mod.LaunchOptions) -> str:
     return out
 
 
+def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
+    """One line per option: flag, value, and where it came from."""
+    rows = []
+    for f in spec_mod.option_fields():
+        if f.name in ("show_defaults", "dry_run"):
+            continue
+        value = getattr(options, f.name)
+        if f.metadata["argparse"].get("action") == "store_false":
+            value = not value  # --no-resume: shown as whether the flag is in effect
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        rows.append((spec_mod.flag_of(f), value, sources[f.name]))
+    width = max(len(flag) for flag, _, _ in rows)
+    shown = []
+    for flag, value, source in rows:
+        text = " ".join(value) if isinstance(value, tuple) else ("(none)" if value is None else str(value))
+        shown.append(f"{flag:<{width}}  {text:<40}  {source}")
+    return "\n".join(shown) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
+    try:
+        found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
+        files = defaults_mod.resolve(found, args.scheduler)
+    except defaults_mod.DefaultsError as e:
+        print(f"octo-dist launch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    options, sources = options_from_args(args, files)
+    if options.show_defaults:
+        sys.stdout.write(show_defaults(options, sources))
+        return 0
     try:
         job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
         _check_submit(options)

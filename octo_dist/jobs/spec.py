@@ -119,7 +119,7 @@ class LaunchOptions:
 
     scheduler: str = "pbs"
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
-    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int, required=True)
+    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
     resource_type: Optional[str] = _opt(None, "{resource_types} (default: {resource_type})", "resources")
     gpus_per_node: Optional[int] = _opt(None, "GPUs used on each node (default: {gpus_per_node})", "resources",
                                         type=int)
@@ -168,6 +168,9 @@ class LaunchOptions:
                          action="store_true", in_header=False)
     output: Optional[str] = _opt(None, "file to write (default: octo-dist-{scheduler}.sh)", "output", flag="-o",
                                  in_header=False)
+    show_defaults: bool = _opt(False, "print every option's value and where it came from: the command line, "
+                                      "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
+                                      "(default: off)", "output", action="store_true", in_header=False)
     submit: bool = _opt(False, "submit the written script ({submit}) and print the job id and its log (default: off)",
                         "output", action="store_true", in_header=False)
     chain: Optional[int] = _opt(None, "submit N jobs, each held until the one before has ended ({depend}); a job "
@@ -355,6 +358,8 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
         check_printable("the training command's argument", arg)
     for arg in command_line:
         check_printable("the command line's argument", arg)
+    if o.nodes is None:
+        raise JobSpecError(f"{scheduler} without --nodes", "the number of nodes", "--nodes 2")
     _positive("--nodes", o.nodes, "--nodes 1 (or more)")
     nodes = o.nodes
     gpus_per_node = o.gpus_per_node
