@@ -451,3 +451,31 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     assert saved, out
     print(f"PBS job: {signalled - started:.0f} s to training, stopped {time.monotonic() - signalled:.0f} s after "
           f"SIGTERM at step {max(map(int, saved))}")
+
+
+def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, capsys):
+    """jobs/ never imports the applications: the caller hands it a checker per command (argv -> None, or ValueError
+    naming the bad flag), which sees the arguments every rank will get."""
+    def smoke_checker(argv):
+        for arg in argv:
+            if arg.startswith("--stepz"):
+                raise ValueError("unknown flag --stepz, did you mean --steps?")
+
+    with pytest.raises(spec.JobSpecError, match="did you mean --steps"):
+        parse(["sge", "--nodes", "1", "--", "smoke", "--stepz", "3"], checkers={"smoke": smoke_checker})
+    seen = []
+    parse(["sge", "--nodes", "1", "--steps", "5", "--", "smoke", "--model", "tiny"],
+          checkers={"smoke": seen.append, "finetune": smoke_checker})
+    assert seen == [["--steps=5", "--wandb-mode=offline", "--save-dir=runs/octo-dist",
+                     "--compile-cache=.octo-dist/compile-cache", "--model", "tiny", "--resume"]]
+    # Through the command: exit 2, one line, nothing written.
+    import argparse
+
+    from octo_dist.jobs import cli as jobs_cli
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    jobs_cli.add_parser(parser.add_subparsers(), checkers={"smoke": smoke_checker})
+    out = tmp_path / "job.sh"
+    args = parser.parse_args(["launch", "sge", "--nodes", "1", "-o", str(out), "--", "smoke", "--stepz", "3"])
+    assert args.func(args) == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-- smoke: unknown flag --stepz, did you mean --steps?" in err, err
