@@ -479,3 +479,24 @@ def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, c
     assert args.func(args) == 2 and not out.exists()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "-- smoke: unknown flag --stepz, did you mean --steps?" in err, err
+
+
+@pytest.mark.parametrize("scheduler", sorted(BASE))
+def test_each_schedulers_help_stands_alone(scheduler):
+    """Every option has a help line with its default, and speaks of this scheduler only."""
+    import argparse
+
+    from octo_dist.jobs import cli as jobs_cli
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    jobs_cli.add_parser(parser.add_subparsers())
+    sub = parser._subparsers._group_actions[0].choices["launch"]._subparsers._group_actions[0].choices[scheduler]
+    for action in sub._actions:
+        if action.dest in ("help",):
+            continue
+        assert action.help and ("default" in action.help or "(required)" in action.help), (action.dest, action.help)
+        assert "``" not in action.help and ":ref:" not in action.help and "seed" not in action.help
+    text = sub.format_help()
+    others = {"pbs": ("SGE_JOB_HOSTLIST", "sbatch"), "sge": ("rt_HF", "hpcx/2.20", "sbatch"),
+              "slurm": ("rt_HF", "hpcx", "qsub", "PBS_NODEFILE")}[scheduler]
+    for word in others:
+        assert word not in text, (word, text)

@@ -383,3 +383,26 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
     assert "previous job of this chain (11) failed with exit 3: not training" in third.stderr
     fourth = job("13", after="9")  # the previous one left nothing (ended by the scheduler): resume
     assert fourth.returncode == 0 and "left no exit status" in fourth.stderr and argv_log.exists()
+
+
+@pytest.mark.mpi
+def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
+    """The venv's mpirun ends the other ranks itself when one exits non-zero: the script names the rank."""
+    if not (VENV_BIN / "mpirun").exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+    job_dir, env, _ = cluster
+    venv = job_dir / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    _executable(venv / "octo-dist", "#!/bin/bash\n"
+                'case " $* " in *" check-env "*) exit 0 ;; esac\n'
+                'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exit 3; fi\n'
+                "exec sleep 600\n")
+    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
+                                                         "--venv", "venv", "--cpus-per-rank", "0"])))
+    (tmp_path / "hostlist").write_text("localhost\nlocalhost\n")
+    env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin")
+    proc = subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=300)  # mpirun ends rank 0 at once; the wait is for a loaded host
+    assert proc.returncode != 0, proc.stderr
+    assert "rank 1 on " in proc.stderr and "exited with status 3" in proc.stderr, proc.stderr

@@ -258,6 +258,10 @@ run_ranks() {  # "$@": the command every rank runs
   done
   status=0
   wait "$RANKS_PID" || status=$?
+  if [ -z "$failed_at" ] && [ "$status" -ne 0 ]; then  # the launcher ended them itself: say which rank it was
+    notes=$(cat -- "$FAILED_DIR"/rank-* 2>/dev/null || true)
+    if [ -n "$notes" ]; then note "$(echo "$notes" | head -n 1)"; fi
+  fi
   if [ -n "$failed_at" ] && [ "$status" -eq 0 ]; then status=1; fi
   RANKS_PID=
   return "$status"
