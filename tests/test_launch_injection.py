@@ -302,20 +302,24 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
 
 # ---- CPU binding, for real under the venv's mpirun -------------------------------------------------------------------
 
-@pytest.mark.mpi
-def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
-    """Two ranks, one core each (this machine: 1 socket, 2 cores): each rank's allowed CPUs are its own."""
+def real_mpirun_venv(job_dir: Path, octo_dist: str) -> None:
+    """A venv in job_dir whose octo-dist is the bash lines given, for a script run under the venv's real mpirun."""
     if not (VENV_BIN / "mpirun").exists():
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs 2 CPUs")
-    job_dir, env, _ = cluster
     venv = job_dir / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
+    _executable(venv / "octo-dist", "#!/bin/bash\n" + octo_dist)
+
+
+@pytest.mark.mpi
+def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
+    """Two ranks, one core each (this machine: 1 socket, 2 cores): each rank's allowed CPUs are its own."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs")
+    job_dir, env, _ = cluster
     # Each rank writes its own file (never parse several ranks' stdout).
-    _executable(venv / "octo-dist", "#!/bin/bash\n"
-                'grep Cpus_allowed_list /proc/self/status >"$RANK_OUT/rank-$OMPI_COMM_WORLD_RANK"\n')
+    real_mpirun_venv(job_dir, 'grep Cpus_allowed_list /proc/self/status >"$RANK_OUT/rank-$OMPI_COMM_WORLD_RANK"\n')
     (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
                                                          "--venv", "venv", "--cpus-per-rank", "1"])))
     hosts = tmp_path / "hostlist"
@@ -388,16 +392,10 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
 @pytest.mark.mpi
 def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
     """The venv's mpirun ends the other ranks itself when one exits non-zero: the script names the rank."""
-    if not (VENV_BIN / "mpirun").exists():
-        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
     job_dir, env, _ = cluster
-    venv = job_dir / "venv" / "bin"
-    venv.mkdir(parents=True)
-    (venv / "python").symlink_to(sys.executable)
-    _executable(venv / "octo-dist", "#!/bin/bash\n"
-                'case " $* " in *" check-env "*) exit 0 ;; esac\n'
-                'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exit 3; fi\n'
-                "exec sleep 600\n")
+    real_mpirun_venv(job_dir, 'case " $* " in *" check-env "*) exit 0 ;; esac\n'
+                     'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exit 3; fi\n'
+                     "exec sleep 600\n")
     (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
                                                          "--venv", "venv", "--cpus-per-rank", "0"])))
     (tmp_path / "hostlist").write_text("localhost\nlocalhost\n")

@@ -235,21 +235,27 @@ end_launcher() {  # a rank failed and the launcher has not ended the others by i
   kill -KILL -- "-$RANKS_PID" 2>/dev/null || true
 }
 
+first_failure() {  # the oldest note: the rank that failed first, not one the launcher ended after it
+  local first
+  # shellcheck disable=SC2012  # the notes are named rank-N by the guard above
+  first=$(ls -1tr -- "$FAILED_DIR" 2>/dev/null | head -n 1)
+  if [ -n "$first" ]; then cat -- "$FAILED_DIR/$first" 2>/dev/null || true; fi
+}
+
 run_ranks() {  # "$@": the command every rank runs
   rm -rf -- "$FAILED_DIR"
   "${LAUNCHER[@]}" "${RANK_GUARD[@]}" "${RUN[@]}" "$@" </dev/null &
   RANKS_PID=$!
   # A stop that came between the fork and the line above has not reached the launcher yet.
   if [ -n "$STOP" ]; then kill -USR1 "$RANKS_PID" 2>/dev/null || true; fi
-  local status failed_at='' notes
+  local status failed_at='' failure
   while kill -0 "$RANKS_PID" 2>/dev/null; do
     # `wait` on a sleep rather than the sleep itself: a trapped signal runs at once instead of after it.
     sleep 0.5 &
     wait $! || true
-    notes=$(cat -- "$FAILED_DIR"/rank-* 2>/dev/null || true)
-    if [ -n "$notes" ] && [ -z "$failed_at" ]; then
-      failed_at=$SECONDS
-      note "$(echo "$notes" | head -n 1)"
+    if [ -z "$failed_at" ]; then
+      failure=$(first_failure)
+      if [ -n "$failure" ]; then failed_at=$SECONDS; note "$failure"; fi
     fi
     if [ -n "$failed_at" ] && [ $((SECONDS - failed_at)) -ge "$FAILED_GRACE_S" ] && kill -0 "$RANKS_PID" 2>/dev/null; then
       end_launcher
@@ -259,8 +265,8 @@ run_ranks() {  # "$@": the command every rank runs
   status=0
   wait "$RANKS_PID" || status=$?
   if [ -z "$failed_at" ] && [ "$status" -ne 0 ]; then  # the launcher ended them itself: say which rank it was
-    notes=$(cat -- "$FAILED_DIR"/rank-* 2>/dev/null || true)
-    if [ -n "$notes" ]; then note "$(echo "$notes" | head -n 1)"; fi
+    failure=$(first_failure)
+    if [ -n "$failure" ]; then note "$failure"; fi
   fi
   if [ -n "$failed_at" ] && [ "$status" -eq 0 ]; then status=1; fi
   RANKS_PID=
