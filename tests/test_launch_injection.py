@@ -404,3 +404,45 @@ def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
                           text=True, timeout=300)  # mpirun ends rank 0 at once; the wait is for a loaded host
     assert proc.returncode != 0, proc.stderr
     assert "rank 1 on " in proc.stderr and "exited with status 3" in proc.stderr, proc.stderr
+
+
+# ---- what reaches the ranks on other nodes ---------------------------------------------------------------------------
+
+def test_the_environment_reaches_other_nodes_by_prefix(cluster):
+    """Open MPI 4 gives the ranks on other nodes only the -x names: every exported NCCL_*, XLA_*, JAX_*, TF_*,
+    OCTO_DIST_*, HF_*, WANDB_*, UCX_* variable is named, by name only (no value on the command line)."""
+    job_dir, env, _ = cluster
+    fake_venv(job_dir / "venv")
+    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "1",
+                                                         "--venv", "venv", "--wandb-mode", "online"])))
+    exported = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "XLA_FLAGS": "--xla_dump_to=/tmp/x",
+                "JAX_DEBUG_NANS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "OCTO_DIST_INIT_TIMEOUT": "60",
+                "HF_HOME": "/groups/gxx00000/hf", "UCX_TLS": "rc", "WANDB_API_KEY": "sk-secret-0123456789",
+                "WANDB_ENTITY": "lab", "PYTHONUNBUFFERED": "1"}
+    env = dict(env, **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
+    proc = subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    launches = [l for l in (job_dir.parent / "tools.log").read_text().splitlines() if l.startswith("mpirun ")]
+    assert len(launches) == 2
+    names = launches[1].split(" -x ")[1:]
+    names = {n.split()[0] for n in names}
+    for name in [*exported, "WANDB_MODE", "OCTO_DIST_NODEFILE", "JOB_ID"]:
+        assert name in names, (name, launches[1])
+    assert "UNRELATED_VAR" not in names and "MY_NCCL_NOTE" not in names and "sk-secret" not in launches[1]
+
+
+def test_abci3_jobs_carry_its_settings():
+    pbs = render.render(parse(["pbs", "--nodes", "2", "--group", "gxx00000", "--image", "x.sif",
+                               "--skip-image-check"]))
+    for line in ("#PBS -k oe", "#PBS -j oe", "export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,"
+                 "mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8}", "BINDS=(/groups/gxx00000)",
+                 "CPUS_PER_RANK=12", "SOCKETS=2", "COMPILE_CACHE=.octo-dist/compile-cache",
+                 "export OCTO_DIST_NO_MPI4PY=1", "export OCTO_DIST_NODEFILE=$NODE_LIST"):
+        assert line in pbs, line
+    for forbidden in ("NCCL_IB_DISABLE", "NCCL_NET=", "PBS_NODEFILE=", "--bind-to none -x PBS_NODEFILE"):
+        assert forbidden not in pbs, forbidden
+    one = render.render(parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"]))
+    assert "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one and "CPUS_PER_RANK=0" in one
+    slurm = render.render(parse(["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "8"]))
+    assert "#SBATCH --cpus-per-task=8" in slurm and "NCCL_IB_HCA" not in slurm

@@ -101,3 +101,12 @@ def test_job_ids_as_the_schedulers_print_them(scheduler, answer, job):
 def test_an_answer_without_a_job_id_is_an_error():
     with pytest.raises(submit.SubmitError, match="cannot read a job id"):
         submit.job_id("slurm", "sbatch: error: Batch job submission failed\n")
+
+
+def test_without_the_scheduler_here_the_script_is_still_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qsub
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 1
+    err = capsys.readouterr().err
+    assert "no qsub here; expected to run on the cluster's login node" in err and (tmp_path / "job.sh").exists()
