@@ -51,6 +51,7 @@ FIELDS = {
     "--walltime": lambda v: ["--walltime", v],
     "--wandb-mode": lambda v: ["--wandb-mode", v],
     "--resource-type": lambda v: ["--resource-type", v],
+    "-o": lambda v: ["-o", v],  # after launch()'s own -o: argparse keeps the last
 }
 
 FAKE_MPIRUN = r"""#!/bin/bash
