@@ -233,12 +233,26 @@ def wait_for(path: Path, needle: str, timeout: float = 30) -> None:
     raise AssertionError(f"{needle!r} not in {path} after {timeout} s: {path.read_text() if path.exists() else ''}")
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of a session: the script runs its launcher and its stop timer in process groups of
+    their own (set -m), which killing the script's group alone would leave running."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after "pid (comm)": state, ppid, pgrp, session
+            try:
+                os.kill(int(stat_file.parent.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def finish(proc, timeout=60):
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     return out
 
 
@@ -441,8 +455,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(300) == 0, "".join(lines)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     reader.join(10)
     out = "".join(lines)
     assert "SIGTERM after" in out and "stopped by SIGUSR1 (checkpoint saved)" in out, out

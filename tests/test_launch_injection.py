@@ -8,7 +8,6 @@ module) and a fake venv whose ``octo-dist`` records the argv each rank got.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, clean_env
+from test_launch import kill_session
 from octo_dist.jobs import cli as jobs_cli
 from octo_dist import cli
 from octo_dist.jobs import examples, render
@@ -293,8 +293,7 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
     try:
         out, _ = proc.communicate(timeout=240)  # the script's own grace is 20 s + 10 s; generous for a loaded host
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     assert proc.returncode not in (0, None), out
     assert "rank 1 on " in out and "exited with status 3" in out, out
     assert "still running 20s after a rank failed: ending it" in out, out
