@@ -57,7 +57,7 @@ def test_rendered_script_passes_shellcheck(tmp_path, scheduler, container, comma
     proc = subprocess.run([SHELLCHECK, "--shell=bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + script.read_text()
     text = script.read_text()
-    assert ("singularity exec --nv" in text) and (f"IMAGE={image}" in text if container == "image" else "IMAGE=''" in text)
+    assert ('RUN=("$SINGULARITY" exec --nv' in text) and (f"IMAGE={image}" in text if container == "image" else "IMAGE=''" in text)
 
 
 def test_examples_are_what_launch_renders():
@@ -105,8 +105,9 @@ def test_batch_and_steps_map_to_each_commands_flags():
                 "--data-dir", "data", "--", "finetune", "--config.pretrained_path=hf://rail-berkeley/octo-small"])
     assert ft.job_args == ("--config.batch_size=512", "--config.num_steps=25000")
     lines = "\n".join(render.train_lines(ft))
-    assert '"${BIN}python" scripts/finetune.py' in lines
-    assert '"--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR"' in lines
+    assert '"${BIN}octo-dist" finetune' in lines  # the image's own code, from any directory
+    assert ('"--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR" '
+            '"--compile_cache=$COMPILE_CACHE"') in lines
     assert lines.endswith("--resume")  # a job requeued after its wall time continues from its checkpoints
     assert "--resume" not in "\n".join(render.train_lines(parse([*BASE["pbs"], "--no-resume", "--", "finetune"])))
     assert spec.scaled_steps(50000, 256, 384) == 33334  # rounded up: never fewer examples than planned
@@ -147,6 +148,16 @@ REFUSALS = {
     "a setting given twice": (["sge", "--nodes", "1", "--steps", "10", "--", "smoke", "--steps=20"], "drop --steps"),
     "save dir after --": (["sge", "--nodes", "1", "--", "smoke", "--save-dir", "x"], "--save-dir"),
     "group with a space": (["pbs", "--nodes", "1", "--group", "g 1"], "--group g-1"),
+    "walltime with a trailing newline": (["sge", "--nodes", "1", "--walltime", "1:00:00\n"], "U+000A"),
+    "coordinator port out of range": (["sge", "--nodes", "1", "--coordinator", "host:99999"], "1 to 65535"),
+    "coordinator port zero": (["sge", "--nodes", "1", "--coordinator", "host:0"], "1 to 65535"),
+    "a newline after --": (["sge", "--nodes", "1", "--", "smoke", "--model\ntouch X #"], "U+000A"),
+    "a path read as an option": (["sge", "--nodes", "1", "--save-dir=-rf"], "--save-dir ./-rf"),
+    "a bound path with a colon": (["sge", "--nodes", "1", "--image", "x.sif", "--skip-image-check",
+                                   "--save-dir", "a:b"], "source:destination"),
+    "more cores than the node": (["pbs", "--nodes", "1", "--group", "g1", "--cpus-per-rank", "13"],
+                                 "--cpus-per-rank 12"),
+    "a bidi override in a module": (["sge", "--nodes", "1", "--module", "hpcx\u202e"], "U+202E"),
 }
 
 
@@ -156,7 +167,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, case)
     out = tmp_path / "job.sh"
     assert cli.main(["launch", *argv, "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("octo-dist launch: error: ") and "\n  expected: " in err and "\n  fix: " in err, err
+    assert err.startswith("octo-dist launch: error: ") and err.count("\n") == 1, err  # one line
+    assert "; expected " in err and ". Fix: " in err, err
     assert needle in err, err
     assert not out.exists()
 
@@ -166,7 +178,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, case)
 FAKE_LAUNCHER = r"""#!/bin/bash
 # Stands in for mpirun/srun: records what it was given; the preflight returns at once, "training" waits for a signal.
 log=$FAKE_LAUNCHER_LOG
-echo "argv $*" >>"$log"
+echo "argv $(echo "$*" | tr '\n' ' ')" >>"$log"  # the rank guard's script spans lines
 echo "env WANDB_API_KEY=${WANDB_API_KEY:-}" >>"$log"
 case " $* " in *" check-env "*) exit "${FAKE_PREFLIGHT_EXIT:-0}" ;; esac
 trap 'echo "signal USR1" >>"$log"; exit 0' USR1
@@ -201,7 +213,7 @@ def fake_job(tmp_path):
         head = {"sge": ["sge"], "pbs": ["pbs", "--group", "g1"], "slurm": ["slurm"]}[scheduler]
         script = tmp_path / "job.sh"
         script.write_text(rendered(*head, "--nodes", "1", "--gpus-per-node", "2", "--venv", str(tmp_path / "venv"),
-                                   "--save-dir", "save", "--wandb-mode", "disabled", *extra))
+                                   "--save-dir", "save", "--wandb-mode", "disabled", "--cpus-per-rank", "0", *extra))
         return script
 
     return make, env, log
@@ -221,12 +233,26 @@ def wait_for(path: Path, needle: str, timeout: float = 30) -> None:
     raise AssertionError(f"{needle!r} not in {path} after {timeout} s: {path.read_text() if path.exists() else ''}")
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of a session: the script runs its launcher and its stop timer in process groups of
+    their own (set -m), which killing the script's group alone would leave running."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after "pid (comm)": state, ppid, pgrp, session
+            try:
+                os.kill(int(stat_file.parent.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def finish(proc, timeout=60):
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     return out
 
 
@@ -250,11 +276,10 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(fa
     env = {k: v for k, v in env.items() if k not in ("SGE_JOB_HOSTLIST", "JOB_ID")}
     if scheduler == "pbs":  # PBS starts the job in $HOME; the script goes back to where qsub ran
         env.update(PBS_NODEFILE=str(tmp_path / "hostlist"), PBS_JOBID="77.pbs1", PBS_O_WORKDIR=str(tmp_path))
-        expected = (f"argv -npernode 2 -hostfile {tmp_path / 'hostlist'} --bind-to none "
-                    f"-x PBS_NODEFILE={tmp_path / 'save' / '.octo-dist-nodes-77.pbs1'} -x WANDB_MODE -x PBS_JOBID ")
+        expected = f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x PBS_JOBID "
     else:  # srun passes the environment on by itself
         env.update(SLURM_JOB_ID="99", SLURM_SUBMIT_DIR=str(tmp_path))
-        expected = "argv --nodes=1 --ntasks-per-node=2 --cpu-bind=none --kill-on-bad-exit=1 "
+        expected = "argv --nodes=1 --ntasks-per-node=2 --export=ALL --kill-on-bad-exit=1 --cpu-bind=none bash -c "
     proc = subprocess.Popen(["bash", str(make(scheduler=scheduler))], cwd="/", env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     wait_for(log, "training started")
@@ -292,14 +317,14 @@ def test_launcher_line_one_rank_per_gpu_and_key_stays_out_of_argv(fake_job, tmp_
     assert proc.returncode == 0, out
     argv = [l for l in log.read_text().splitlines() if l.startswith("argv ")]
     assert len(argv) == 2 and "check-env --launch" in argv[0] and " smoke " in argv[1]
-    assert argv[1].startswith(f"argv -npernode 2 -hostfile {tmp_path / 'hostlist'} --bind-to none "
-                              f"-x SGE_JOB_HOSTLIST={tmp_path / 'save' / '.octo-dist-nodes-4242'} ")
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "JOB_ID"):
+    assert argv[1].startswith(f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x JOB_ID ")
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "OCTO_DIST_NODEFILE"):
         assert f"-x {var} " in argv[1]
+    assert "SGE_JOB_HOSTLIST" not in argv[1]  # the scheduler's variable is left as it set it
     assert "sk-secret" not in "".join(argv) and "sk-secret" not in out
     assert "env WANDB_API_KEY=sk-secret-0123456789" in log.read_text()  # the ranks do get it, through the environment
-    assert f"--save-dir={tmp_path / 'save'} " in argv[1] and argv[1].endswith(" --resume")
-    assert not (tmp_path / "save" / ".octo-dist-nodes-4242").exists()  # the ranks' copy of the node list is removed
+    assert f"--save-dir={tmp_path / 'save'} " in argv[1] and argv[1].endswith(" --resume ")
+    assert not (tmp_path / "save" / ".octo-dist-job-4242").exists()  # the ranks' copy of the node list is removed
 
 
 def test_a_key_file_others_can_read_is_refused(fake_job, tmp_path):
@@ -398,7 +423,7 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     assert "every rank agrees; start-up works" in out  # the preflight, under the same mpirun
     assert "2 rank(s) x 1 cpu device(s) = 2 device(s), global batch 8" in out
     assert "steps 0 -> 4 of 4" in out and "parameters identical on every rank" in out
-    assert (tmp_path / "save" / "4").is_dir() and not list((tmp_path / "save").glob(".octo-dist-nodes-*"))
+    assert (tmp_path / "save" / "4").is_dir() and not list((tmp_path / "save").glob(".octo-dist-job-*"))
     print(f"SGE job: {time.monotonic() - started:.0f} s")
 
 
@@ -430,8 +455,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(300) == 0, "".join(lines)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     reader.join(10)
     out = "".join(lines)
     assert "SIGTERM after" in out and "stopped by SIGUSR1 (checkpoint saved)" in out, out
@@ -440,3 +464,52 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     assert saved, out
     print(f"PBS job: {signalled - started:.0f} s to training, stopped {time.monotonic() - signalled:.0f} s after "
           f"SIGTERM at step {max(map(int, saved))}")
+
+
+def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, capsys):
+    """jobs/ never imports the applications: the caller hands it a checker per command (argv -> None, or ValueError
+    naming the bad flag), which sees the arguments every rank will get."""
+    def smoke_checker(argv):
+        for arg in argv:
+            if arg.startswith("--stepz"):
+                raise ValueError("unknown flag --stepz, did you mean --steps?")
+
+    with pytest.raises(spec.JobSpecError, match="did you mean --steps"):
+        parse(["sge", "--nodes", "1", "--", "smoke", "--stepz", "3"], checkers={"smoke": smoke_checker})
+    seen = []
+    parse(["sge", "--nodes", "1", "--steps", "5", "--", "smoke", "--model", "tiny"],
+          checkers={"smoke": seen.append, "finetune": smoke_checker})
+    assert seen == [["--steps=5", "--wandb-mode=offline", "--save-dir=runs/octo-dist",
+                     "--compile-cache=.octo-dist/compile-cache", "--model", "tiny", "--resume"]]
+    # Through the command: exit 2, one line, nothing written.
+    import argparse
+
+    from octo_dist.jobs import cli as jobs_cli
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    jobs_cli.add_parser(parser.add_subparsers(), checkers={"smoke": smoke_checker})
+    out = tmp_path / "job.sh"
+    args = parser.parse_args(["launch", "sge", "--nodes", "1", "-o", str(out), "--", "smoke", "--stepz", "3"])
+    assert args.func(args) == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-- smoke: unknown flag --stepz, did you mean --steps?" in err, err
+
+
+@pytest.mark.parametrize("scheduler", sorted(BASE))
+def test_each_schedulers_help_stands_alone(scheduler):
+    """Every option has a help line with its default, and speaks of this scheduler only."""
+    import argparse
+
+    from octo_dist.jobs import cli as jobs_cli
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    jobs_cli.add_parser(parser.add_subparsers())
+    sub = parser._subparsers._group_actions[0].choices["launch"]._subparsers._group_actions[0].choices[scheduler]
+    for action in sub._actions:
+        if action.dest in ("help",):
+            continue
+        assert action.help and ("default" in action.help or "(required)" in action.help), (action.dest, action.help)
+        assert "``" not in action.help and ":ref:" not in action.help and "seed" not in action.help
+    text = sub.format_help()
+    others = {"pbs": ("SGE_JOB_HOSTLIST", "sbatch"), "sge": ("rt_HF", "hpcx/2.20", "sbatch"),
+              "slurm": ("rt_HF", "hpcx", "qsub", "PBS_NODEFILE")}[scheduler]
+    for word in others:
+        assert word not in text, (word, text)

@@ -1,6 +1,8 @@
-"""Job scripts for ABCI 3.0 (PBS), ABCI 2.0 (SGE) and SLURM: ``octo-dist launch {pbs,sge,slurm}``.
+"""Job scripts for PBS Professional (ABCI 3.0), Grid Engine and SLURM: ``octo-dist launch {pbs,sge,slurm}``.
 
-``spec.build(...)`` validates the choices into a ``JobSpec`` (or refuses with found/expected/fix);
-``render.render(spec)`` turns it into a script from the templates here (``*.tmpl``); ``cli`` is the thin
-subcommand; ``examples`` renders the ready-made scripts in ``scripts/jobs/``.
+``spec.LaunchOptions`` holds the choices (the parser is generated from its fields); ``spec.build(options)``
+validates them into a ``JobSpec`` (or refuses with found/expected/fix); ``render.render(spec)`` turns it into a
+script from the templates here (``*.tmpl``); ``defaults`` reads the users' and projects' defaults files;
+``submit`` hands the script to the scheduler (``--submit``, ``--chain``); ``cli`` is the thin subcommand;
+``examples`` renders the ready-made scripts in ``scripts/jobs/``.
 """

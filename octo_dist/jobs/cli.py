@@ -1,140 +1,233 @@
-"""``octo-dist launch {pbs,sge,slurm}``: render a job script; ``--dry-run`` prints it, ``-o FILE`` writes it."""
+"""``octo-dist launch {pbs,sge,slurm}``: render a job script; ``--dry-run`` prints it, ``-o FILE`` writes it.
+
+The options are the fields of ``spec.LaunchOptions``: the parser is generated from them, and argparse's namespace
+goes back into one ``LaunchOptions``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import shutil
+import subprocess
 import sys
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
+from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
 
-EXIT_USAGE = 2
 SUBMIT = {"pbs": "qsub {file}", "sge": "qsub -g {group} {file}", "slurm": "sbatch {file}"}
 
+SCHEDULER_HELP = {
+    "pbs": "PBS Professional, as on ABCI 3.0 (rt_HF: 8x H200 per node)",
+    "sge": "Grid Engine (ABCI 2.0's resource types as an example)",
+    "slurm": "SLURM",
+}
+SCHEDULER_DESCRIPTION = {
+    "pbs": "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l select=N:mpiprocs=R, "
+           "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
+           "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
+           "(1x H200, for a cheap test).",
+    "sge": "Render a job script for Grid Engine: #$ -l RESOURCE_TYPE=N, -notify so the job gets SIGUSR1 before it is "
+           "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in, rt_F and "
+           "rt_AF, are those of ABCI 2.0 (retired in 2024), an example of a Grid Engine site.",
+    "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
+             "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
+             "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
+}
+COMMON_DESCRIPTION = (
+    " Every rank runs in the image (or the venv); a preflight (octo-dist check-env --launch) runs under the same "
+    "launcher first; every rank checkpoints and stops before the wall time. Bad choices are refused (exit 2) before "
+    "anything is written. The training command follows `--` (default: the smoke job): -- smoke --model tiny, or "
+    "-- finetune --config.pretrained_path=weights/octo-small.")
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "launch", help="render a job script for PBS (ABCI 3.0), SGE (ABCI 2.0) or SLURM",
-        description="Render a complete job script: modules, one rank per GPU, the scheduler's node list, the container, "
-                    "a preflight (octo-dist check-env --launch) and a checkpoint before the wall time. Bad choices are "
-                    "refused (exit 2) before anything is written. The training command follows `--` "
-                    "(default: the smoke job): -- smoke --model tiny | -- finetune --config.pretrained_path=...")
+
+def add_parser(sub, checkers: Optional[Mapping[str, spec_mod.Checker]] = None) -> argparse.ArgumentParser:
+    """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments (see spec.Checker)."""
+    p = sub.add_parser("launch", help="render a job script for PBS (ABCI 3.0), Grid Engine or SLURM",
+                       description="Render a complete job script." + COMMON_DESCRIPTION + " Options: octo-dist launch "
+                       "SCHEDULER --help.")
     # One sub-parser per scheduler, so that the training command after `--` is the only positional: argparse would
     # otherwise fill an optional positional with nothing as soon as it meets the scheduler's name.
     schedulers = p.add_subparsers(dest="scheduler", metavar="{pbs,sge,slurm}", required=True)
-    common = _options()
-    for name, about in SCHEDULER_HELP.items():
-        sp = schedulers.add_parser(name, parents=[common], help=about, description=p.description,
+    for name in spec_mod.SCHEDULERS:
+        sp = schedulers.add_parser(name, help=SCHEDULER_HELP[name],
+                                   description=SCHEDULER_DESCRIPTION[name] + COMMON_DESCRIPTION,
                                    usage=f"octo-dist launch {name} [options] [-- {{smoke,finetune}} [ARGS...]]")
+        _add_options(sp, name)
         sp.add_argument("train", nargs="*", metavar="-- COMMAND ARGS",
                         help="the training command after --: smoke (default) or finetune, then its own flags")
-        sp.set_defaults(func=run, launch_parser=sp)
+        sp.set_defaults(func=run, checkers=dict(checkers or {}))
     return p
 
 
-SCHEDULER_HELP = {"pbs": "ABCI 3.0 (PBS Professional, rt_HF: 8x H200)",
-                  "sge": "ABCI 2.0 (Grid Engine, rt_F: 4x V100; the seed's flow)",
-                  "slurm": "SLURM clusters"}
+def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
+    values = spec_mod.launch_help(scheduler)
+    groups = {}
+    for f in spec_mod.option_fields():
+        if f.name == "resource_type" and scheduler == "slurm":
+            continue  # SLURM has none
+        meta = f.metadata
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        flag = spec_mod.flag_of(f)
+        names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
+        default = "none" if f.default is None else f.default
+        # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
+        configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
+        group.add_argument(*names, dest=f.name, default=NOT_GIVEN if configurable else f.default,
+                           help=meta["help"].format(default=default, **values), **meta["argparse"])
 
 
-def _options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("resources")
-    g.add_argument("--nodes", type=int, required=True)
-    g.add_argument("--resource-type", help="ABCI resource type: " + ", ".join(
-        f"{k} ({v.scheduler}, {v.gpus} GPUs)" for k, v in spec_mod.RESOURCE_TYPES.items())
-        + "; default rt_HF for pbs, rt_F for sge")
-    g.add_argument("--gpus-per-node", type=int, help="default: the resource type's GPUs (required for slurm)")
-    g.add_argument("--ranks-per-node", type=int, help="default: one per GPU")
-    g.add_argument("--walltime", default="1:00:00", help="H:MM:SS, H:MM or D-H:MM:SS (default 1:00:00)")
-    g.add_argument("--group", help="ABCI group (qsub -P on ABCI 3.0, -g on ABCI 2.0) or SLURM account")
-    g.add_argument("--name", default="octo-dist", help="job name")
-    g.add_argument("--module", dest="modules", action="append",
-                   help="module to load (repeatable; replaces the defaults: hpcx/2.20 on pbs, hpcx/2.12 on sge)")
-    e = p.add_argument_group("environment")
-    e.add_argument("--image", help="Singularity image (.sif) every rank runs in (default: none, run from --venv)")
-    e.add_argument("--skip-image-check", action="store_true",
-                   help="the image exists only on the cluster: do not check it here (the script checks at run time)")
-    e.add_argument("--venv", default=".venv", help="environment to run from without an image (default .venv)")
-    e.add_argument("--coordinator", help="HOST:PORT to force (default: octo-dist agrees one at start-up)")
-    t = p.add_argument_group("training")
-    t.add_argument("--per-gpu-batch", type=int, help="examples per GPU per step; global batch = this x GPUs x nodes")
-    t.add_argument("--global-batch", type=int, help="examples per step over all GPUs (must divide by their number)")
-    t.add_argument("--steps", type=int, help="optimizer steps")
-    t.add_argument("--keep-samples-from", type=int, metavar="BATCH",
-                   help="--steps were planned for this global batch: scale them to see as many examples")
-    t.add_argument("--save-dir", default="runs/octo-dist", help="checkpoint directory, bound into the container")
-    t.add_argument("--data-dir", help="dataset directory (finetune), bound into the container")
-    t.add_argument("--wandb-mode", choices=spec_mod.WANDB_MODES, default="offline",
-                   help="online needs WANDB_API_KEY or a key file only you can read (default offline)")
-    t.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="do not pass the command's resume flag (default: resume from --save-dir when it has one)")
-    t.add_argument("--stop-margin", type=int, default=spec_mod.DEFAULT_STOP_MARGIN_S, metavar="SECONDS",
-                   help=f"ask the ranks to checkpoint and stop this long before the wall time "
-                        f"(default {spec_mod.DEFAULT_STOP_MARGIN_S})")
-    o = p.add_argument_group("output")
-    o.add_argument("--dry-run", action="store_true", help="print the script instead of writing it")
-    o.add_argument("-o", "--output", help="file to write (default: octo-dist-SCHEDULER.sh)")
-    return p
+NOT_GIVEN = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
 
 
-# Namespace entries that are not launch options, and the options whose flag is not --<dest>.
-NOT_OPTIONS = ("scheduler", "train", "func", "launch_parser", "dry_run", "output", "command")
-FLAGS = {"modules": "--module", "resume": "--no-resume"}
+def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tuple]] = None):
+    """argparse's namespace (+ defaults files: field -> (value, path)) -> (LaunchOptions, field -> source).
+
+    Lists from repeated flags become tuples; a flag left out takes the files' value, else the built-in one.
+    """
+    values, sources = {}, {}
+    for f in spec_mod.option_fields():
+        value = getattr(args, f.name, NOT_GIVEN)
+        if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
+            value, sources[f.name] = (files or {}).get(f.name, (f.default, defaults_mod.BUILT_IN))
+        else:
+            given = f.name in defaults_mod.KEYS.values() or value != f.default  # those can tell; the others show it
+            sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
+        values[f.name] = tuple(value) if isinstance(value, list) else value
+    return spec_mod.LaunchOptions(scheduler=args.scheduler, train=tuple(args.train), **values), sources
 
 
-def command_line(args: argparse.Namespace) -> list:
-    """The canonical ``octo-dist launch ...`` for these arguments (non-default options only), for the header."""
-    out = ["octo-dist", "launch", args.scheduler]
-    for dest, value in vars(args).items():
-        if dest in NOT_OPTIONS or value == args.launch_parser.get_default(dest):
-            continue
-        flag = FLAGS.get(dest, "--" + dest.replace("_", "-"))
+def command_line(options: spec_mod.LaunchOptions) -> list:
+    """The canonical ``octo-dist launch ...`` for these options (non-default ones only), for the header."""
+    out = ["octo-dist", "launch", options.scheduler]
+    for flag, value in options.changed():
         if isinstance(value, bool):
             out.append(flag)
         else:
-            for v in value if isinstance(value, list) else [value]:
+            for v in value if isinstance(value, tuple) else [value]:
                 out += [flag, str(v)]
-    return out + (["--", *args.train] if args.train else [])
+    return out + (["--", *options.train] if options.train else [])
 
 
-def spec_from_args(args: argparse.Namespace) -> spec_mod.JobSpec:
-    return spec_mod.build(
-        args.scheduler, nodes=args.nodes, gpus_per_node=args.gpus_per_node, ranks_per_node=args.ranks_per_node,
-        resource_type=args.resource_type, walltime=args.walltime, group=args.group, name=args.name, image=args.image,
-        check_image=not args.skip_image_check, venv=args.venv, save_dir=args.save_dir, data_dir=args.data_dir,
-        wandb_mode=args.wandb_mode, coordinator=args.coordinator, modules=args.modules, stop_margin_s=args.stop_margin,
-        per_gpu_batch=args.per_gpu_batch, global_batch=args.global_batch, steps=args.steps,
-        keep_samples_from=args.keep_samples_from, resume=args.resume, train=args.train,
-        command_line=command_line(args))
-
-
-def parse(argv: Sequence[str]) -> spec_mod.JobSpec:
+def parse(argv: Sequence[str], checkers: Optional[Mapping[str, spec_mod.Checker]] = None) -> spec_mod.JobSpec:
     """``octo-dist launch`` argv (without "launch") -> JobSpec; for the examples and tests."""
     parser = argparse.ArgumentParser(prog="octo-dist")
-    add_parser(parser.add_subparsers())
-    return spec_from_args(parser.parse_args(["launch", *argv]))
+    add_parser(parser.add_subparsers(), checkers)
+    args = parser.parse_args(["launch", *argv])
+    options, _ = options_from_args(args)
+    return spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+
+
+class ScriptError(RuntimeError):
+    """A rendered script that bash cannot parse: a bug in octo-dist's templates, never the user's input."""
+
+
+def syntax_check(text: str) -> None:
+    """``bash -n`` on the rendered script; skipped where there is no bash (the job needs bash anyway)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return
+    proc = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ScriptError(f"the rendered script fails bash -n ({proc.stderr.strip()}); nothing was written. This is a "
+                          f"bug in octo-dist: report it with the octo-dist launch line you ran")
+
+
+def output_path(options: spec_mod.LaunchOptions) -> str:
+    """Where ``-o`` writes: refuses a directory or a missing parent with the fix."""
+    out = options.output or f"octo-dist-{options.scheduler}.sh"
+    if os.path.isdir(out):
+        raise spec_mod.JobSpecError(f"-o {out!r} is a directory", "a file name for the script",
+                                    f"-o {os.path.join(out, f'octo-dist-{options.scheduler}.sh')}")
+    parent = os.path.dirname(out) or "."
+    if not os.path.isdir(parent):
+        raise spec_mod.JobSpecError(f"-o {out!r}: directory {parent!r} does not exist", "a file in an existing "
+                                    "directory", f"mkdir -p {shlex.quote(parent)}")
+    return out
+
+
+def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
+    """One line per option: flag, value, and where it came from."""
+    rows = []
+    for f in spec_mod.option_fields():
+        if f.name in ("show_defaults", "dry_run"):
+            continue
+        value = getattr(options, f.name)
+        if f.metadata["argparse"].get("action") == "store_false":
+            value = not value  # --no-resume: shown as whether the flag is in effect
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        rows.append((spec_mod.flag_of(f), value, sources[f.name]))
+    width = max(len(flag) for flag, _, _ in rows)
+    shown = []
+    for flag, value, source in rows:
+        text = " ".join(value) if isinstance(value, tuple) else ("(none)" if value is None else str(value))
+        shown.append(f"{flag:<{width}}  {text:<40}  {source}")
+    return "\n".join(shown) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        job = spec_from_args(args)
+        found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
+        files = defaults_mod.resolve(found, args.scheduler)
+    except defaults_mod.DefaultsError as e:
+        print(f"octo-dist launch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    options, sources = options_from_args(args, files)
+    if options.show_defaults:
+        sys.stdout.write(show_defaults(options, sources))
+        return 0
+    try:
+        job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+        _check_submit(options)
+        out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    out = args.output or f"octo-dist-{job.scheduler}.sh"
-    text = render(job, os.path.basename(out))
-    if args.dry_run:
+    text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
+    try:
+        syntax_check(text)
+    except ScriptError as e:
+        print(f"octo-dist launch: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if out is None:
         sys.stdout.write(text)
         return 0
-    with open(out, "w") as f:
-        f.write(text)
-    os.chmod(out, 0o755)
+    try:
+        with open(out, "w") as f:
+            f.write(text)
+        os.chmod(out, 0o755)
+    except OSError as e:
+        print(f"octo-dist launch: error: cannot write {out!r} ({e.strerror}); expected a file you can write. "
+              f"Fix: -o a path in a directory you own", file=sys.stderr)
+        return EXIT_USAGE
     submit = SUBMIT[job.scheduler].format(file=shlex.quote(out), group=job.group or "GROUP")
-    print(f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
-          + (f", global batch {job.global_batch}" if job.global_batch else "")
-          + (f", {job.steps} steps" if job.steps else "") + f". Submit: {submit}")
+    wrote = (f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
+             + (f", global batch {job.global_batch}" if job.global_batch else "")
+             + (f", {job.steps} steps" if job.steps else ""))
+    if not (options.submit or options.chain):
+        print(f"{wrote}. Submit: {submit}")
+        return 0
+    print(wrote)
+    try:
+        jobs = submit_mod.submit(job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1)
+    except submit_mod.SubmitError as e:
+        print(f"octo-dist launch: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for n, s in enumerate(jobs, 1):
+        after = f", after {jobs[n - 2].job_id}" if n > 1 else ""
+        print(f"submitted job {s.job_id}{after}: log {s.log}")
     return 0
+
+
+def _check_submit(options: spec_mod.LaunchOptions) -> None:
+    if options.chain is not None and options.chain < 1:
+        raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
+    if options.dry_run and (options.submit or options.chain):
+        raise spec_mod.JobSpecError("--dry-run with --submit/--chain", "one of them: --dry-run only prints",
+                                    "drop --dry-run")

@@ -16,7 +16,7 @@ GROUP = "gxx00000"  # an ABCI group's shape; yours is in the ABCI user portal
 IMAGE = f"/groups/{GROUP}/octo-dist/octo-dist_cuda11.sif"
 OCTO_SMALL = "--config.pretrained_path=weights/octo-small"  # `make weights` on a login node: compute nodes are offline
 
-# file -> `octo-dist launch` argv. The ABCI 3.0 (PBS) flow first, the seed's ABCI 2.0 (SGE) flow, then SLURM.
+# file -> `octo-dist launch` argv. ABCI 3.0 (PBS) first, then Grid Engine (with ABCI 2.0's resource types) and SLURM.
 EXAMPLES = {
     "abci3-pbs-smoke.sh": [
         "pbs", "--nodes", "2", "--group", GROUP, "--walltime", "0:30:00", "--image", IMAGE, "--skip-image-check",
@@ -25,7 +25,10 @@ EXAMPLES = {
         "pbs", "--nodes", "2", "--group", GROUP, "--walltime", "12:00:00", "--image", IMAGE, "--skip-image-check",
         "--per-gpu-batch", "32", "--steps", "50000", "--keep-samples-from", "256", "--save-dir", "runs/octo-small-ft",
         "--data-dir", "data", "--wandb-mode", "online", "--", "finetune", OCTO_SMALL],
-    "abci2-sge-finetune.sh": [
+    "abci3-pbs-smoke-1gpu.sh": [
+        "pbs", "--nodes", "1", "--resource-type", "rt_HG", "--group", GROUP, "--walltime", "0:20:00", "--image", IMAGE,
+        "--skip-image-check", "--steps", "50", "--save-dir", "runs/smoke-1gpu", "--", "smoke", "--model", "auto"],
+    "sge-finetune.sh": [
         "sge", "--nodes", "2", "--group", GROUP, "--walltime", "2:00:00", "--global-batch", "256", "--steps", "50000",
         "--save-dir", "runs/octo-small-ft", "--data-dir", "data", "--wandb-mode", "online", "--", "finetune", OCTO_SMALL],
     "slurm-finetune.sh": [

@@ -1,8 +1,10 @@
-"""``render(spec) -> str``: a complete job script for PBS (ABCI 3.0), SGE (ABCI 2.0) or SLURM.
+"""``render(spec) -> str``: a complete job script for PBS Professional, Grid Engine or SLURM.
 
 A scheduler's header template (``pbs.tmpl``, ...) + the body every scheduler shares (``body.tmpl``), with
-``@{name}`` placeholders (``$`` and ``{}`` belong to bash). Every value goes through ``shlex.quote``; the
-scheduler-specific pieces of the body (how to find the node list, the launcher line) come from ``SCHEDULERS``.
+``@{name}`` placeholders (``$`` and ``{}`` belong to bash). Every value the user chose lands in a shell variable
+assignment through ``shlex.quote`` (or, in a scheduler directive, was restricted to ``[A-Za-z0-9_.-]`` by
+``spec.build``); the body only expands those variables in double quotes. The scheduler-specific pieces of the
+body (the node list, the job id, the launcher line) come from ``SCHEDULERS``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import re
 import shlex
 from importlib import resources
 
-from octo_dist.jobs.spec import COMMANDS, JobSpec, format_walltime
+from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
+NODE_LIST_ENV = "OCTO_DIST_NODEFILE"  # the job's node list, copied where every node and the image see it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,44 +29,77 @@ class Scheduler:
     stop_timer: bool      # False where the scheduler can signal the script ahead of the limit itself
 
 
-# mpirun: -x names what ranks on other nodes get (the values stay off the command line). The node list may exist on
-# the first node only, and octo-dist's coordinator reads it on every rank when mpi4py cannot be used (a host MPI other
-# than the image's): the ranks get a copy in the save directory, which every node (and the container) sees.
-# --bind-to none: with 2 ranks or fewer Open MPI binds each rank to a single core, starving the input pipeline.
+# mpirun: -x NAME passes a variable to the ranks on other nodes (Open MPI 4 gives them nothing else; the values stay
+# off the command line, so a wandb key never shows in `ps`). The scheduler's node list may exist on the first node
+# only, outside the image: the ranks get a copy in the job's directory under the save directory, which every node and
+# the image see, named by OCTO_DIST_NODEFILE (the scheduler's own variable is left as it set it).
+# CPU binding: a block of ranks per socket, each with CPUS_PER_RANK cores for its input pipeline (unbound, 8
+# tf.data pipelines fight over the same cores); on a node with another shape, one block per node, or none.
 MPIRUN = """\
-NODE_LIST=$SAVE_DIR/.octo-dist-nodes-${{{job_id}:-0}}
-cp "$HOSTFILE" "$NODE_LIST"
-LAUNCHER=(mpirun -npernode "$RANKS_PER_NODE" -hostfile "$HOSTFILE" --bind-to none -x {hostfile}="$NODE_LIST")
-for var in WANDB_MODE WANDB_API_KEY COORDINATOR_ADDRESS OCTO_DIST_INIT_TIMEOUT {job_id}@{{command_env_names}}; do
-  if [ -n "${{!var:-}}" ]; then LAUNCHER+=(-x "$var"); fi
-done"""
+SOCKETS=@{{sockets}}  # CPU sockets of a node of this resource type; 0: unknown
+# Exported variables with these prefixes, and these names, reach every rank on every node.
+FORWARD_PREFIXES=(@{{forward_prefixes}})
+FORWARD_NAMES=(@{{forward_names}})
+NODE_LIST=$JOB_DIR/nodes
+cp -- "$HOSTFILE" "$NODE_LIST"
+export {node_list_env}=$NODE_LIST
+BIND=(--map-by "ppr:$RANKS_PER_NODE:node" --bind-to none)
+if [ "$CPUS_PER_RANK" -gt 0 ]; then
+  cores_here=$(nproc)
+  sockets_here=$(lscpu -p=SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l || true)
+  if [ "$cores_here" -lt $((CPUS_PER_RANK * RANKS_PER_NODE)) ]; then
+    note "this node has $cores_here CPU(s), fewer than $RANKS_PER_NODE rank(s) x $CPUS_PER_RANK: not binding ranks to cores"
+  elif [ "$SOCKETS" -gt 0 ] && [ "$sockets_here" -eq "$SOCKETS" ] && [ $((RANKS_PER_NODE % SOCKETS)) -eq 0 ]; then
+    BIND=(--map-by "ppr:$((RANKS_PER_NODE / SOCKETS)):socket:PE=$CPUS_PER_RANK" --bind-to core)
+  else
+    BIND=(--map-by "ppr:$RANKS_PER_NODE:node:PE=$CPUS_PER_RANK" --bind-to core)
+  fi
+fi
+LAUNCHER=(mpirun -hostfile "$HOSTFILE" "${{BIND[@]}}" -x {job_id})
+while IFS= read -r var; do
+  for prefix in "${{FORWARD_PREFIXES[@]}}"; do
+    if [[ "$var" == "$prefix"* ]]; then LAUNCHER+=(-x "$var"); continue 2; fi
+  done
+  for name in "${{FORWARD_NAMES[@]}}"; do
+    if [ "$var" = "$name" ]; then LAUNCHER+=(-x "$var"); fi
+  done
+done < <(compgen -e)"""
 
-# srun passes the whole environment on; --cpu-bind=none for the same reason as mpirun's --bind-to none.
+# srun passes the whole environment on (--export=ALL, said explicitly); --cpus-per-task binds each rank's cores.
 SRUN = """\
-LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --cpu-bind=none --kill-on-bad-exit=1)"""
+LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
+if [ "$CPUS_PER_RANK" -gt 0 ]; then
+  LAUNCHER+=(--cpus-per-task="$CPUS_PER_RANK" --cpu-bind=cores)
+else
+  LAUNCHER+=(--cpu-bind=none)
+fi"""
 
 SCHEDULERS = {
     # PBS starts the job in $HOME; PBS_O_WORKDIR is where qsub ran.
     "pbs": Scheduler("PBS_NODEFILE", "PBS_JOBID", '"${PBS_O_WORKDIR:-$PWD}"',
-                     MPIRUN.format(job_id="PBS_JOBID", hostfile="PBS_NODEFILE"), stop_timer=True),
-    # -cwd: SGE starts the job where qsub ran.
+                     MPIRUN.format(job_id="PBS_JOBID", node_list_env=NODE_LIST_ENV), stop_timer=True),
+    # -cwd: Grid Engine starts the job where qsub ran.
     "sge": Scheduler("SGE_JOB_HOSTLIST", "JOB_ID", '"$PWD"',
-                     MPIRUN.format(job_id="JOB_ID", hostfile="SGE_JOB_HOSTLIST"), stop_timer=True),
+                     MPIRUN.format(job_id="JOB_ID", node_list_env=NODE_LIST_ENV), stop_timer=True),
     "slurm": Scheduler("", "SLURM_JOB_ID", '"${SLURM_SUBMIT_DIR:-$PWD}"', SRUN, stop_timer=False),
 }
 
+TRUSTED_VALUE = re.compile(r"[A-Za-z0-9_.,:/=+-]+")  # values from octo-dist's own tables, written unquoted
 
-def _scheduler_checks(spec: JobSpec, script_name: str) -> str:
+
+def _scheduler_checks(spec: JobSpec) -> str:
     s = SCHEDULERS[spec.scheduler]
     submit = "sbatch" if spec.scheduler == "slurm" else "qsub"
+    job = f'JOB=${{{s.job_id_var}:-0}}  # the scheduler\'s job id'
     if not s.hostfile_var:
-        return (f"HOSTFILE=\n"
+        return (f"{job}\n"
                 f'[ -n "${{{s.job_id_var}:-}}" ] || fail "{s.job_id_var} is unset; expected to run inside a job. '
-                f'Fix: {submit} {script_name}"')
-    return (f"HOSTFILE=${{{s.hostfile_var}:-}}\n"
+                f'Fix: {submit} $SCRIPT_NAME"')
+    return (f"{job}\n"
+            f"HOSTFILE=${{{s.hostfile_var}:-}}\n"
             f'if [ -z "$HOSTFILE" ] || [ ! -r "$HOSTFILE" ]; then\n'
             f'  fail "{s.hostfile_var} is \'$HOSTFILE\'; expected the node list the scheduler gives every job. '
-            f'Fix: submit it ({submit} {script_name}) rather than running it"\n'
+            f'Fix: submit it ({submit} $SCRIPT_NAME) rather than running it"\n'
             f"fi\n"
             f"hosts_found=$(awk 'NF && !seen[$1]++' \"$HOSTFILE\" | wc -l)\n"
             f'if [ "$hosts_found" -ne "$NODES" ]; then\n'
@@ -78,12 +114,26 @@ def train_lines(spec: JobSpec) -> list:
     lines = [" ".join([f'"${{BIN}}{program}"', *map(shlex.quote, rest)])]
     if spec.job_args:
         lines.append(shlex.join(spec.job_args))
-    lines.append(f'"{cmd.save_dir}=$SAVE_DIR"' + (f' "{cmd.data_dir}=$DATA_DIR"' if spec.data_dir else ""))
+    paths = [f'"{cmd.save_dir}=$SAVE_DIR"']
+    if spec.data_dir:
+        paths.append(f'"{cmd.data_dir}=$DATA_DIR"')
+    if spec.compile_cache:
+        paths.append(f'"{cmd.compile_cache}=$COMPILE_CACHE"')
+    lines.append(" ".join(paths))
     if spec.user_args:
         lines.append(shlex.join(spec.user_args))
     if spec.resume:
         lines.append(cmd.resume)
     return ["  " + line for line in lines]
+
+
+def _exports(variables) -> str:
+    """``(name, value, why)`` -> ``export NAME=${NAME:-value}  # why`` lines: a value set before the job wins."""
+    lines = []
+    for name, value, why in variables:
+        assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) and TRUSTED_VALUE.fullmatch(value), (name, value)
+        lines.append(f"export {name}=${{{name}:-{value}}}  # {why}\n")
+    return "".join(lines)
 
 
 def substitute(template: str, values: dict) -> str:
@@ -105,20 +155,25 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
     values = {
         "group": spec.group or "", "group_or_placeholder": spec.group or "GROUP", "resource_type": spec.resource_type or "",
         "nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node, "gpus_per_node": spec.gpus_per_node,
+        "sockets": spec.sockets, "cpus_per_rank": spec.cpus_per_rank,
         "walltime": format_walltime(spec.walltime_s), "walltime_s": spec.walltime_s, "name": spec.name,
-        "script_name": script_name, "command_line": shlex.join(spec.command_line) or "octo-dist launch",
+        "script_name": q(script_name), "script_name_comment": q(script_name),
+        "command_line": shlex.join(spec.command_line) or "octo-dist launch",
         "slurm_account": f"#SBATCH --account={spec.group}\n" if spec.group else "",
+        "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n" if spec.cpus_per_rank else "",
         "stop_margin_s": spec.stop_margin_s, "stop_timer": int(s.stop_timer),
         "image": q(spec.image or ""), "venv": q(spec.venv), "save_dir": q(spec.save_dir), "data_dir": q(spec.data_dir or ""),
+        "compile_cache": q(spec.compile_cache), "binds": " ".join(map(q, spec.binds)),
         "modules": " ".join(map(q, spec.modules)), "workdir": s.workdir, "wandb_mode": q(spec.wandb_mode),
+        "environment": _exports(spec.environment + COMMANDS[spec.command].environment),
         "coordinator": (f"export COORDINATOR_ADDRESS={q(spec.coordinator)}  # asked for; else octo-dist agrees one"
                         if spec.coordinator else
-                        "# coordinator: octo-dist agrees one (mpi4py broadcast, else the node list's first host and a port from the job id)"),
-        "scheduler_checks": _scheduler_checks(spec, script_name),
+                        "# coordinator: octo-dist agrees one (mpi4py broadcast, else the node list's first host and a "
+                        "port from the job id)"),
+        "forward_prefixes": " ".join(FORWARD_PREFIXES), "forward_names": " ".join(FORWARD_NAMES),
+        "scheduler_checks": _scheduler_checks(spec),
         "launcher_program": "srun" if spec.scheduler == "slurm" else "mpirun", "launcher": s.launcher,
         "train": "\n".join(train_lines(spec)),
-        "command_env": "".join(f"export {k}={q(v)}  # {why}\n" for k, v, why in COMMANDS[spec.command].environment),
-        "command_env_names": "".join(f" {k}" for k, _, _ in COMMANDS[spec.command].environment),
     }
-    values["launcher"] = substitute(values["launcher"], values)
+    values["launcher"] = substitute(s.launcher, values)
     return substitute(_template(f"{spec.scheduler}.tmpl"), values) + substitute(_template("body.tmpl"), values)

@@ -1,8 +1,9 @@
-"""What a job script is rendered from: a validated ``JobSpec``, and the small tables behind its defaults.
+"""What a job script is rendered from: ``LaunchOptions`` (the choices, one field per ``launch`` flag) validated into a
+``JobSpec`` (what the templates need), and the small tables behind the defaults.
 
-Everything here is pure: ``build(...)`` takes plain values (and an ``image_exists`` predicate, so tests need no
-image) and either returns a ``JobSpec`` or raises ``JobSpecError`` naming what was found, what was expected and
-the fix, before anything is written or submitted.
+Everything here is pure: ``build(options)`` takes the options (and an ``image_exists`` predicate, so tests need no
+image) and either returns a ``JobSpec`` or raises ``JobSpecError`` naming what was found, what was expected and the
+fix, before anything is written or submitted.
 """
 
 from __future__ import annotations
@@ -11,32 +12,51 @@ import dataclasses
 import math
 import os
 import re
-from typing import Callable, Optional, Sequence
+import unicodedata
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 SCHEDULERS = ("pbs", "sge", "slurm")
 WANDB_MODES = ("online", "offline", "disabled")
 DEFAULT_STOP_MARGIN_S = 300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
+DEFAULT_COMPILE_CACHE = ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
 
 
 @dataclasses.dataclass(frozen=True)
 class ResourceType:
     scheduler: str
     gpus: int
+    sockets: int           # CPU sockets of the node, for one block of ranks per socket
+    cores: int             # CPU cores the job gets on one node
     about: str
+    environment: Tuple[Tuple[str, str, str], ...] = ()  # (name, value, why) exported by the job, user's value wins
 
 
-# ABCI resource types: a job asks for N whole nodes of one of these.
+# ABCI 3.0's H nodes: 8 NDR InfiniBand HCAs for compute (mlx5_ibn1..8) and one HDR HCA for storage. NCCL picks every
+# HCA it finds unless told; the storage HCA is slower and shared with the file system.
+ABCI3_NCCL = (("NCCL_IB_HCA", ",".join(f"mlx5_ibn{i}" for i in range(1, 9)),
+               "NCCL's all-reduce over the 8 compute HCAs, not the storage one"),)
+
+# Resource types: a job asks for N nodes of one of these. ABCI 2.0 (Grid Engine) was retired in October 2024; its
+# types stay as an example of a Grid Engine site.
 RESOURCE_TYPES = {
-    "rt_HF": ResourceType("pbs", 8, "ABCI 3.0 full node, 8x H200"),
-    "rt_F": ResourceType("sge", 4, "ABCI 2.0 full node, 4x V100 (the seed's)"),
-    "rt_AF": ResourceType("sge", 8, "ABCI 2.0 A-node, 8x A100"),
+    "rt_HF": ResourceType("pbs", 8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
+    "rt_HG": ResourceType("pbs", 1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
+                          ABCI3_NCCL),
+    "rt_F": ResourceType("sge", 4, 2, 40, "ABCI 2.0 full node, 4x V100, 40 cores (retired system)"),
+    "rt_AF": ResourceType("sge", 8, 2, 72, "ABCI 2.0 A node, 8x A100, 72 cores (retired system)"),
 }
 DEFAULT_RESOURCE_TYPE = {"pbs": "rt_HF", "sge": "rt_F"}
 
-# Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand; ABCI 2.0 needs
+# Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand; ABCI 2.0 needed
 # singularitypro for containers (ABCI 3.0 has SingularityCE 4.x without a module). SLURM sites differ: --module.
 DEFAULT_MODULES = {"pbs": ("hpcx/2.20",), "sge": ("hpcx/2.12",), "slurm": ()}
 IMAGE_MODULES = {"pbs": (), "sge": ("singularitypro",), "slurm": ()}
+
+# Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
+# srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
+# scheduler sets CUDA_VISIBLE_DEVICES per node (a shared rt_HG node), and node 0's value is wrong elsewhere.
+FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
+FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,28 +74,159 @@ class Command:
     data_dir: Optional[str]
     wandb_mode: Optional[str]
     resume: Optional[str]
+    compile_cache: str
     environment: tuple = ()  # (name, value, why) exported by the script and passed to every rank
 
 
-# The one place the job's settings meet each program's flag names (issue 7).
+# The one place the job's settings meet each program's flag names.
 COMMANDS = {
     "smoke": Command(("octo-dist", "smoke"), batch="--global-batch", steps="--steps", save_dir="--save-dir",
-                     data_dir=None, wandb_mode="--wandb-mode", resume="--resume"),
-    "finetune": Command(("python", "scripts/finetune.py"), batch="--config.batch_size", steps="--config.num_steps",
+                     data_dir=None, wandb_mode="--wandb-mode", resume="--resume", compile_cache="--compile-cache"),
+    "finetune": Command(("octo-dist", "finetune"), batch="--config.batch_size", steps="--config.num_steps",
                         save_dir="--config.save_dir", data_dir="--config.dataset_kwargs.data_dir",
-                        wandb_mode=None, resume="--resume",
+                        wandb_mode=None, resume="--resume", compile_cache="--compile_cache",
                         environment=(("HF_HUB_OFFLINE", "1", "no download on every rank (compute nodes may be "
                                       "offline): weights and T5 tokenizer from `make weights` on a login node"),)),
 }
 DEFAULT_COMMAND = "smoke"
 
+# A checker for a training command's arguments: raises ValueError (one line naming the bad flag and the closest
+# valid one) when the program would refuse them. Supplied by the caller, so jobs/ never imports the applications.
+Checker = Callable[[Sequence[str]], None]
+
 
 class JobSpecError(ValueError):
-    """A job that must not be rendered: what was found, what was expected, and the fix."""
+    """A job that must not be rendered: what was found, what was expected, and the fix (one line)."""
 
     def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"{found}\n  expected: {expected}\n  fix: {fix}")
+        super().__init__(f"{found}; expected {expected}. Fix: {fix}")
         self.found, self.expected, self.fix = found, expected, fix
+
+
+def _opt(default, help: str, group: str, *, flag: Optional[str] = None, in_header: bool = True, **argparse_kwargs):
+    """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
+
+    ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
+    scheduler's ``launch`` help is filled in with its own values (``launch_help``).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, "flag": flag,
+                                                        "in_header": in_header, "argparse": argparse_kwargs})
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """Every choice ``octo-dist launch`` takes; argparse fills one from the command line (``jobs.cli``)."""
+
+    scheduler: str = "pbs"
+    train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
+    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
+    resource_type: Optional[str] = _opt(None, "{resource_types} (default: {resource_type})", "resources")
+    gpus_per_node: Optional[int] = _opt(None, "GPUs used on each node (default: {gpus_per_node})", "resources",
+                                        type=int)
+    ranks_per_node: Optional[int] = _opt(None, "processes per node (default: one per GPU)", "resources", type=int)
+    cpus_per_rank: Optional[int] = _opt(
+        None, "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
+        "resources", type=int)
+    walltime: str = _opt("1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources")
+    group: Optional[str] = _opt(None, "{group_help}", "resources")
+    name: str = _opt("octo-dist", "job name (default: {default})", "resources")
+    modules: Optional[tuple] = _opt(None, "environment module to load, repeatable; replaces the defaults "
+                                          "(default: {modules})", "resources", action="append", flag="--module")
+    image: Optional[str] = _opt(None, "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+                                "environment")
+    skip_image_check: bool = _opt(False, "the image exists only on the cluster: do not look for it here; the script "
+                                         "checks it when the job starts (default: off)", "environment",
+                                  action="store_true")
+    venv: str = _opt(".venv", "environment to run from without an image (default: {default})", "environment")
+    bind: Optional[tuple] = _opt(None, "extra directory to bind into the image, repeatable (default: {binds})",
+                                 "environment", action="append")
+    coordinator: Optional[str] = _opt(None, "HOST:PORT of the coordinator (default: octo-dist agrees one when the "
+                                            "job starts)", "environment")
+    per_gpu_batch: Optional[int] = _opt(None, "examples per GPU per step; the global batch is this x GPUs per node x "
+                                              "nodes (default: the command's own)", "training", type=int)
+    global_batch: Optional[int] = _opt(None, "examples per step over all GPUs, a multiple of their number (default: "
+                                             "the command's own)", "training", type=int)
+    steps: Optional[int] = _opt(None, "optimizer steps (default: the command's own)", "training", type=int)
+    keep_samples_from: Optional[int] = _opt(None, "--steps were planned for this global batch: scale them so the job "
+                                                  "sees as many examples (default: no scaling)", "training", type=int,
+                                            metavar="BATCH")
+    save_dir: str = _opt("runs/octo-dist", "checkpoint directory, bound into the image (default: {default})",
+                         "training")
+    data_dir: Optional[str] = _opt(None, "dataset directory for finetune, bound into the image (default: none)",
+                                   "training")
+    compile_cache: str = _opt(DEFAULT_COMPILE_CACHE, "JAX's persistent compilation cache, shared by the nodes and by "
+                                                     "later jobs so a resubmission does not recompile; empty: off "
+                                                     "(default: {default})", "training")
+    wandb_mode: str = _opt("offline", "online needs WANDB_API_KEY or a key file only you can read "
+                                      "(default: {default})", "training", choices=WANDB_MODES)
+    resume: bool = _opt(True, "do not pass the command's resume flag (default: resume from --save-dir)", "training",
+                        action="store_false", flag="--no-resume")
+    stop_margin: int = _opt(DEFAULT_STOP_MARGIN_S, "seconds before the wall time at which every rank checkpoints and "
+                                                   "stops (default: {default})", "training", type=int,
+                            metavar="SECONDS")
+    dry_run: bool = _opt(False, "print the script instead of writing it (default: off)", "output",
+                         action="store_true", in_header=False)
+    output: Optional[str] = _opt(None, "file to write (default: octo-dist-{scheduler}.sh)", "output", flag="-o",
+                                 in_header=False)
+    show_defaults: bool = _opt(False, "print every option's value and where it came from: the command line, "
+                                      "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
+                                      "(default: off)", "output", action="store_true", in_header=False)
+    submit: bool = _opt(False, "submit the written script ({submit}) and print the job id and its log (default: off)",
+                        "output", action="store_true", in_header=False)
+    chain: Optional[int] = _opt(None, "submit N jobs, each held until the one before has ended ({depend}); a job "
+                                      "trains only when the one before did not fail, and resumes from its checkpoints "
+                                      "(default: one job)", "output", type=int, metavar="N", in_header=False)
+
+    def changed(self) -> list:
+        """``(flag, value)`` for every option that differs from its default, in field order: the header's line."""
+        out = []
+        for f in option_fields():
+            value = getattr(self, f.name)
+            if value == f.default or not f.metadata["in_header"]:
+                continue
+            out.append((flag_of(f), value))
+        return out
+
+
+def option_fields() -> list:
+    """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
+    return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    return field.metadata["flag"] or "--" + field.name.replace("_", "-")
+
+
+def default_binds(scheduler: str, group: Optional[str]) -> tuple:
+    """ABCI's group area, where shared weights, datasets and caches live: ``/groups/gxx00000``."""
+    return (f"/groups/{group}",) if scheduler in ("pbs", "sge") and group else ()
+
+
+def launch_help(scheduler: str) -> Mapping[str, str]:
+    """The values each scheduler's ``launch --help`` fills into the option help lines."""
+    types = {k: v for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler}
+    rt = RESOURCE_TYPES.get(DEFAULT_RESOURCE_TYPE.get(scheduler, ""))
+    modules = " ".join(DEFAULT_MODULES[scheduler] + IMAGE_MODULES[scheduler]) or "none"
+    if IMAGE_MODULES[scheduler]:
+        modules = f"{' '.join(DEFAULT_MODULES[scheduler])}, plus {' '.join(IMAGE_MODULES[scheduler])} with --image"
+    return {
+        "scheduler": scheduler,
+        "resource_types": ("resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
+                           if types else "not used: SLURM has no resource types, give --gpus-per-node"),
+        "resource_type": DEFAULT_RESOURCE_TYPE.get(scheduler, "none"),
+        "gpus_per_node": f"the resource type's, {rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}" if rt
+                         else "none, required",
+        "cpus_per_rank": (f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
+                          if rt else "0, none bound"),
+        "group_help": {"pbs": "ABCI group, qsub -P (required)",
+                       "sge": "group to charge, given to qsub -g at submission (default: none)",
+                       "slurm": "account, sbatch --account (default: the site's default account)"}[scheduler],
+        "modules": modules,
+        "binds": "/groups/GROUP with --group" if scheduler != "slurm" else "none",
+        "submit": {"pbs": "qsub", "sge": "qsub -g GROUP", "slurm": "sbatch"}[scheduler],
+        "depend": {"pbs": "qsub -W depend=afterany:ID", "sge": "qsub -hold_jid ID",
+                   "slurm": "sbatch --dependency=afterany:ID"}[scheduler],
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,16 +236,21 @@ class JobSpec:
     gpus_per_node: int
     ranks_per_node: int
     resource_type: Optional[str]   # "rt_HF"; None for SLURM
+    sockets: int                   # 0: unknown (SLURM)
+    cpus_per_rank: int             # 0: no binding
     walltime_s: int
     group: Optional[str]           # ABCI group (qsub -P / -g) or SLURM account
     name: str
     image: Optional[str]           # a .sif; None runs from ``venv``
     venv: str
+    binds: tuple                   # extra directories bound into the image when they exist on the node
     save_dir: str
     data_dir: Optional[str]
+    compile_cache: str             # "" when off
     wandb_mode: str
     coordinator: Optional[str]     # "host:port" only when asked; octo-dist agrees one otherwise
     modules: tuple
+    environment: tuple             # (name, value, why) the job exports unless already set (NCCL for ABCI 3.0)
     stop_margin_s: int
     command: str                   # a key of COMMANDS
     job_args: tuple                # the job's settings as the command's flags: ("--global-batch=64", "--steps=100")
@@ -113,12 +269,11 @@ WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
 
 
 def parse_walltime(text: str) -> int:
-    """``"1:30:00"`` / ``"01:30"`` (H:MM) / ``"2-00:00:00"`` (D-H:MM:SS) -> seconds."""
-    m = WALLTIME_RE.fullmatch(text.strip())
+    """``"1:30:00"`` / ``"01:30"`` (H:MM) / ``"2-00:00:00"`` (D-H:MM:SS) -> seconds; nothing around it."""
+    m = WALLTIME_RE.fullmatch(text)
     if not m or not any(int(g or 0) for g in m.groups()):
         raise JobSpecError(f"--walltime {text!r} is not a wall time",
-                           "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)",
-                           "--walltime 1:30:00")
+                           "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)", "--walltime 1:30:00")
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
@@ -133,6 +288,36 @@ def scaled_steps(steps: int, reference_batch: int, global_batch: int) -> int:
     return math.ceil(steps * reference_batch / global_batch)
 
 
+# Characters that end a comment or a quoted word in some reader of the script (bash, the scheduler, an editor), or
+# hide text from the person reading it: C0/C1 controls (newline, carriage return, escape), format characters (bidi
+# overrides, zero-width), line and paragraph separators.
+UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def check_printable(label: str, value: str) -> None:
+    """Refuse a value the job script cannot hold safely: ``"runs\\n touch X"`` -> JobSpecError."""
+    bad = sorted({c for c in value if unicodedata.category(c) in UNSAFE_CATEGORIES})
+    if bad:
+        clean = "".join(c for c in value if c not in bad)
+        raise JobSpecError(f"{label} {value!r} contains {', '.join(f'U+{ord(c):04X}' for c in bad)}",
+                           "printable characters only (a newline or control character can end a comment or a quoted "
+                           "word in the job script and run as a command)", f"{label} {clean!r}")
+
+
+def _path(label: str, value: Optional[str], bound: bool) -> None:
+    if value is None:
+        return
+    check_printable(label, value)
+    if not value:
+        raise JobSpecError(f"{label} ''", "a path", f"{label} PATH")
+    if value.startswith("-"):
+        raise JobSpecError(f"{label} {value!r} starts with '-'", "a path the script's commands cannot read as an option",
+                           f"{label} ./{value}")
+    if bound and (":" in value or "," in value):
+        raise JobSpecError(f"{label} {value!r} contains ':' or ','", "a path without them: singularity --bind "
+                           "reads ':' as source:destination and ',' as a list", f"{label} with a path without them")
+
+
 def _positive(name: str, value: Optional[int], fix: str) -> None:
     if value is not None and value < 1:
         raise JobSpecError(f"{name} {value}", f"{name} of at least 1", fix)
@@ -142,118 +327,158 @@ def _flag_given(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def build(scheduler: str, *, nodes: int, gpus_per_node: Optional[int] = None, ranks_per_node: Optional[int] = None,
-          resource_type: Optional[str] = None, walltime: str = "1:00:00", group: Optional[str] = None,
-          name: str = "octo-dist", image: Optional[str] = None, check_image: bool = True, venv: str = ".venv",
-          save_dir: str = "runs/octo-dist", data_dir: Optional[str] = None, wandb_mode: str = "offline",
-          coordinator: Optional[str] = None, modules: Optional[Sequence[str]] = None,
-          stop_margin_s: int = DEFAULT_STOP_MARGIN_S, per_gpu_batch: Optional[int] = None,
-          global_batch: Optional[int] = None, steps: Optional[int] = None, keep_samples_from: Optional[int] = None,
-          resume: bool = True, train: Sequence[str] = (), command_line: Sequence[str] = (),
-          image_exists: Callable[[str], bool] = os.path.isfile) -> JobSpec:
+def _coordinator(value: str) -> None:
+    check_printable("--coordinator", value)
+    m = re.fullmatch(r"([A-Za-z0-9_.-]+):(\d{1,5})", value)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise JobSpecError(f"--coordinator {value!r}", "HOST:PORT with a port from 1 to 65535 (e.g. g0001:23456)",
+                           "drop --coordinator (octo-dist agrees one), or --coordinator g0001:23456")
+
+
+def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.path.isfile,
+          checkers: Optional[Mapping[str, Checker]] = None, command_line: Sequence[str] = ()) -> JobSpec:
     """A validated JobSpec, or JobSpecError.
 
     Args:
-      train: the training command after ``--``: ``["smoke", "--model", "tiny"]``, ``["finetune", "--config=..."]``;
-        empty for the smoke job with its defaults.
-      per_gpu_batch / global_batch: one or neither; global = per-GPU x ranks per node x nodes (one rank per GPU).
-      steps, keep_samples_from: with ``keep_samples_from=B``, ``steps`` were planned for a global batch of B and
-        are scaled so the job sees as many examples at its own global batch.
-      check_image: False when the image lives on the cluster, not here (the script checks it at run time).
+      options: the choices; ``options.train`` is the training command after ``--`` (``("smoke", "--model",
+        "tiny")``, ``("finetune", "--config=...")``), empty for the smoke job with its defaults.
+      image_exists: whether ``--image`` names a file here (unless ``skip_image_check``).
+      checkers: command name -> Checker for the arguments the ranks will get; a command without one is not checked.
+      command_line: the ``octo-dist launch ...`` argv, for the script's header.
     """
+    o = options
+    scheduler = o.scheduler
     if scheduler not in SCHEDULERS:
         raise JobSpecError(f"scheduler {scheduler!r}", f"one of {', '.join(SCHEDULERS)}", "octo-dist launch pbs ...")
-    _positive("--nodes", nodes, "--nodes 1 (or more)")
+    for label, value in (("--walltime", o.walltime), ("--resource-type", o.resource_type), ("--group", o.group),
+                         ("--name", o.name), ("--wandb-mode", o.wandb_mode), ("-o", o.output)):
+        if value is not None:
+            check_printable(label, value)
+    for arg in o.train:
+        check_printable("the training command's argument", arg)
+    for arg in command_line:
+        check_printable("the command line's argument", arg)
+    if o.nodes is None:
+        raise JobSpecError(f"{scheduler} without --nodes", "the number of nodes", "--nodes 2")
+    _positive("--nodes", o.nodes, "--nodes 1 (or more)")
+    nodes = o.nodes
+    gpus_per_node = o.gpus_per_node
 
     if scheduler == "slurm":
-        if resource_type:
-            raise JobSpecError(f"--resource-type {resource_type} for slurm", "none: SLURM has no ABCI resource types",
+        if o.resource_type:
+            raise JobSpecError(f"--resource-type {o.resource_type} for slurm", "none: SLURM has no resource types",
                                "drop --resource-type and give --gpus-per-node")
         if gpus_per_node is None:
             raise JobSpecError("slurm without --gpus-per-node", "the GPUs of one node (SLURM sites differ)",
                                "--gpus-per-node 8 (or what your nodes have)")
-        node_gpus = gpus_per_node
+        resource_type, rt = None, None
     else:
-        resource_type = resource_type or DEFAULT_RESOURCE_TYPE[scheduler]
+        resource_type = o.resource_type or DEFAULT_RESOURCE_TYPE[scheduler]
         rt = RESOURCE_TYPES.get(resource_type)
         if rt is None or rt.scheduler != scheduler:
             known = ", ".join(f"{k} ({v.about})" for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler)
-            raise JobSpecError(f"--resource-type {resource_type} for {scheduler}", f"one of: {known}",
+            raise JobSpecError(f"--resource-type {resource_type!r} for {scheduler}", f"one of: {known}",
                                f"--resource-type {DEFAULT_RESOURCE_TYPE[scheduler]}")
-        node_gpus = rt.gpus
         if gpus_per_node is None:
             gpus_per_node = rt.gpus
         elif gpus_per_node > rt.gpus:
             raise JobSpecError(f"--gpus-per-node {gpus_per_node} on {resource_type}",
                                f"at most {rt.gpus} ({rt.about})", f"--gpus-per-node {rt.gpus}")
-    _positive("--gpus-per-node", gpus_per_node, f"--gpus-per-node {node_gpus}")
-    ranks_per_node = gpus_per_node if ranks_per_node is None else ranks_per_node
+    _positive("--gpus-per-node", gpus_per_node, f"--gpus-per-node {rt.gpus if rt else 8}")
+    ranks_per_node = gpus_per_node if o.ranks_per_node is None else o.ranks_per_node
     _positive("--ranks-per-node", ranks_per_node, f"--ranks-per-node {gpus_per_node}")
     if ranks_per_node > gpus_per_node:
         raise JobSpecError(f"--ranks-per-node {ranks_per_node} with --gpus-per-node {gpus_per_node}",
                            "at most one rank per GPU (JAX binds one GPU per process; two ranks on one GPU fail "
                            "or share its memory)", f"--ranks-per-node {gpus_per_node}")
 
-    walltime_s = parse_walltime(walltime)
-    if not 0 <= stop_margin_s < walltime_s:
-        raise JobSpecError(f"--stop-margin {stop_margin_s} s with --walltime {walltime}",
+    # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
+    cpus_per_rank = o.cpus_per_rank
+    if cpus_per_rank is None:
+        cpus_per_rank = rt.cores // rt.gpus if rt else 0
+    if cpus_per_rank < 0:
+        raise JobSpecError(f"--cpus-per-rank {cpus_per_rank}", "0 (no binding) or more", "--cpus-per-rank 0")
+    if rt and cpus_per_rank * ranks_per_node > rt.cores:
+        raise JobSpecError(f"--cpus-per-rank {cpus_per_rank} x {ranks_per_node} rank(s) on {resource_type}",
+                           f"at most {rt.cores} cores ({rt.about})", f"--cpus-per-rank {rt.cores // ranks_per_node}")
+    if ranks_per_node == 1:
+        cpus_per_rank = 0  # one rank per node has the node's CPUs to itself; a partial node's cores are the cgroup's
+
+    walltime_s = parse_walltime(o.walltime)
+    if not 0 <= o.stop_margin < walltime_s:
+        raise JobSpecError(f"--stop-margin {o.stop_margin} s with --walltime {o.walltime}",
                            "a margin of 0 s or more, shorter than the wall time (the ranks need time to train)",
                            f"--stop-margin {min(DEFAULT_STOP_MARGIN_S, walltime_s // 10)} or a longer --walltime")
 
-    if scheduler == "pbs" and not group:
+    if scheduler == "pbs" and not o.group:
         raise JobSpecError("pbs without --group", "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one",
-                           "--group gXXXXXXXX")
-    for label, value in (("--group", group), ("--name", name)):
+                           "--group gxx00000")
+    for label, value in (("--group", o.group), ("--name", o.name)):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
-            raise JobSpecError(f"{label} {value!r}", "letters, digits, '_', '.', '-' (it goes into #PBS/#$/#SBATCH lines)",
+            raise JobSpecError(f"{label} {value!r}", "letters, digits, '_', '.', '-' (it goes into the scheduler's "
+                               "#PBS/#$/#SBATCH lines)",
                                f"{label} {re.sub(r'[^A-Za-z0-9_.-]', '-', value).strip('-') or 'octo-dist'}")
-    if wandb_mode not in WANDB_MODES:
-        raise JobSpecError(f"--wandb-mode {wandb_mode!r}", f"one of {', '.join(WANDB_MODES)}", "--wandb-mode offline")
-    if coordinator is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+:\d{1,5}", coordinator):
-        raise JobSpecError(f"--coordinator {coordinator!r}", "HOST:PORT (e.g. g0001:23456)",
-                           "drop --coordinator (octo-dist agrees one), or --coordinator g0001:23456")
+    if o.wandb_mode not in WANDB_MODES:
+        raise JobSpecError(f"--wandb-mode {o.wandb_mode!r}", f"one of {', '.join(WANDB_MODES)}", "--wandb-mode offline")
+    if o.coordinator is not None:
+        _coordinator(o.coordinator)
+    for module in o.modules or ():
+        check_printable("--module", module)
+        if not module or module.startswith("-"):
+            raise JobSpecError(f"--module {module!r}", "a module name (e.g. hpcx/2.20)", "--module hpcx/2.20")
 
-    if image:
-        if check_image:
-            if not image_exists(image):
-                raise JobSpecError(f"--image {image}: no such file", "a Singularity image (.sif) that exists here",
-                                   "build it (make sif), fix the path, or --skip-image-check when it exists "
-                                   "only on the cluster")
-            image = os.path.abspath(image)  # the job runs from another directory than the one it was rendered in
+    image = o.image or None
+    bound = bool(image)
+    _path("--image", image, False)
+    _path("--venv", o.venv, False)
+    _path("--save-dir", o.save_dir, bound)
+    _path("--data-dir", o.data_dir, bound)
+    if o.compile_cache:
+        _path("--compile-cache", o.compile_cache, bound)
+    binds = tuple(o.bind) if o.bind is not None else default_binds(scheduler, o.group)
+    for b in binds:
+        _path("--bind", b, True)
+    if image and not o.skip_image_check:
+        if not image_exists(image):
+            raise JobSpecError(f"--image {image}: no such file", "a Singularity image (.sif) that exists here",
+                               "build it (make sif), fix the path, or --skip-image-check when it exists "
+                               "only on the cluster")
+        image = os.path.abspath(image)  # the job runs from another directory than the one it was rendered in
 
     # The training command and the job settings it gets through COMMANDS.
-    train = list(train) or [DEFAULT_COMMAND]
+    train = list(o.train) or [DEFAULT_COMMAND]
     command_name, user_args = train[0], train[1:]
     if command_name not in COMMANDS:
         raise JobSpecError(f"training command {command_name!r} after --", f"one of {', '.join(COMMANDS)}",
                            "-- smoke --model tiny   or   -- finetune --config.pretrained_path=hf://rail-berkeley/octo-small")
     cmd = COMMANDS[command_name]
-    if data_dir and not cmd.data_dir:
+    if o.data_dir and not cmd.data_dir:
         raise JobSpecError(f"--data-dir with {command_name}", f"no --data-dir: {command_name} reads no dataset",
                            "drop --data-dir")
 
-    _positive("--per-gpu-batch", per_gpu_batch, "--per-gpu-batch 32")
-    _positive("--global-batch", global_batch, "--global-batch 256")
-    _positive("--steps", steps, "--steps 1000")
-    _positive("--keep-samples-from", keep_samples_from, "--keep-samples-from 256")
+    _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32")
+    _positive("--global-batch", o.global_batch, "--global-batch 256")
+    _positive("--steps", o.steps, "--steps 1000")
+    _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256")
+    global_batch, steps = o.global_batch, o.steps
     ranks = nodes * ranks_per_node
-    if per_gpu_batch is not None and global_batch is not None:
-        raise JobSpecError(f"--per-gpu-batch {per_gpu_batch} and --global-batch {global_batch}", "one of them",
-                           f"--per-gpu-batch {per_gpu_batch} alone (global = {per_gpu_batch * ranks})")
-    if per_gpu_batch is not None:
-        global_batch = per_gpu_batch * ranks
+    if o.per_gpu_batch is not None and global_batch is not None:
+        raise JobSpecError(f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}", "one of them",
+                           f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * ranks})")
+    if o.per_gpu_batch is not None:
+        global_batch = o.per_gpu_batch * ranks
     if global_batch is not None and global_batch % ranks:
         lower, upper = global_batch // ranks * ranks, (global_batch // ranks + 1) * ranks
         raise JobSpecError(f"--global-batch {global_batch} over {ranks} GPU(s) ({nodes} node(s) x {ranks_per_node})",
-                           f"a multiple of {ranks}: every GPU gets the same share",
+                           f"a multiple of {ranks}, so every GPU gets the same share",
                            f"--global-batch {upper}" + (f" (or {lower})" if lower else "")
                            + f", or --per-gpu-batch {max(global_batch // ranks, 1)}")
-    if keep_samples_from is not None:
+    if o.keep_samples_from is not None:
         if steps is None or global_batch is None:
             raise JobSpecError("--keep-samples-from without --steps and a batch",
                                "--steps N (planned for that global batch) and --per-gpu-batch or --global-batch",
                                "--steps 50000 --keep-samples-from 256 --per-gpu-batch 32")
-        steps = scaled_steps(steps, keep_samples_from, global_batch)
+        steps = scaled_steps(steps, o.keep_samples_from, global_batch)
 
     mapped = []
     if global_batch is not None:
@@ -261,24 +486,42 @@ def build(scheduler: str, *, nodes: int, gpus_per_node: Optional[int] = None, ra
     if steps is not None:
         mapped.append(f"{cmd.steps}={steps}")
     if cmd.wandb_mode:
-        mapped.append(f"{cmd.wandb_mode}={wandb_mode}")
+        mapped.append(f"{cmd.wandb_mode}={o.wandb_mode}")
     for flag in mapped:
         flag_name = flag.split("=", 1)[0]
         if _flag_given(user_args, flag_name):
             raise JobSpecError(f"{flag_name} after -- while octo-dist launch sets it ({flag})", "each setting given once",
                                f"drop {flag_name} after --")
-    for flag in (cmd.save_dir, cmd.data_dir, cmd.resume):
+    for flag in (cmd.save_dir, cmd.data_dir, cmd.resume, cmd.compile_cache):
         if flag and _flag_given(user_args, flag):
             raise JobSpecError(f"{flag} after --", "the job's directories and resumption set by octo-dist launch "
-                               "(they are bound into the container and created by the script)",
-                               f"drop {flag} after -- and use launch's own option (--save-dir, --data-dir, --no-resume)")
+                               "(they are bound into the image and created by the script)",
+                               f"drop {flag} after -- and use launch's own option (--save-dir, --data-dir, "
+                               f"--compile-cache, --no-resume)")
+    resume = bool(o.resume and cmd.resume)
 
+    checker = (checkers or {}).get(command_name)
+    if checker is not None:
+        argv = [*mapped, f"{cmd.save_dir}={o.save_dir}"]
+        if o.data_dir:
+            argv.append(f"{cmd.data_dir}={o.data_dir}")
+        if o.compile_cache:
+            argv.append(f"{cmd.compile_cache}={o.compile_cache}")
+        argv += [*user_args, *([cmd.resume] if resume else [])]
+        try:
+            checker(argv)
+        except ValueError as e:
+            raise JobSpecError(f"-- {command_name}: {e}", f"flags that octo-dist {command_name} accepts",
+                               f"octo-dist {command_name} --help lists them") from None
+
+    environment = rt.environment if rt else ()
+    modules = (tuple(o.modules) if o.modules is not None
+               else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ()))
     return JobSpec(
         scheduler=scheduler, nodes=nodes, gpus_per_node=gpus_per_node, ranks_per_node=ranks_per_node,
-        resource_type=resource_type if scheduler != "slurm" else None, walltime_s=walltime_s, group=group, name=name,
-        image=image or None, venv=venv, save_dir=save_dir, data_dir=data_dir, wandb_mode=wandb_mode,
-        coordinator=coordinator,
-        modules=tuple(modules) if modules is not None else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ()),
-        stop_margin_s=stop_margin_s, command=command_name,
-        job_args=tuple(mapped), user_args=tuple(user_args), resume=bool(resume and cmd.resume),
+        resource_type=resource_type, sockets=rt.sockets if rt else 0, cpus_per_rank=cpus_per_rank,
+        walltime_s=walltime_s, group=o.group, name=o.name, image=image, venv=o.venv, binds=binds,
+        save_dir=o.save_dir, data_dir=o.data_dir, compile_cache=o.compile_cache, wandb_mode=o.wandb_mode,
+        coordinator=o.coordinator, modules=modules, environment=environment, stop_margin_s=o.stop_margin,
+        command=command_name, job_args=tuple(mapped), user_args=tuple(user_args), resume=resume,
         global_batch=global_batch, steps=steps, command_line=tuple(command_line))

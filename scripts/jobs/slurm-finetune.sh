@@ -12,22 +12,27 @@
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
 # --signal=B:USR1@300 sends SIGUSR1 to this script 300 s before the time limit; the trap below
 # forwards it to srun, which forwards it to every rank.
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 set -eo pipefail
 
 # ---- rendered settings ---------------------------------------------------------------------------------------------
+SCRIPT_NAME=slurm-finetune.sh
 NODES=2
 RANKS_PER_NODE=8
+CPUS_PER_RANK=0  # cores bound to each rank for its input pipeline; 0: no binding
 WALLTIME_S=43200
 STOP_MARGIN_S=300  # the ranks are asked to checkpoint and stop this long before the wall time
 STOP_TIMER=0  # 1: this script asks for the stop itself (the scheduler's own signal comes too late)
 IMAGE=octo-dist_cuda11.sif  # a Singularity image; empty: run from VENV
 VENV=.venv
+BINDS=()  # bound into the image too, where they exist: shared weights, datasets and caches
 SAVE_DIR=runs/octo-small-ft
 DATA_DIR=data
+COMPILE_CACHE=.octo-dist/compile-cache  # JAX's compilation cache, shared by the nodes and by later jobs; empty: off
 MODULES=()
 WORKDIR="${SLURM_SUBMIT_DIR:-$PWD}"
 export WANDB_MODE=online
-export HF_HUB_OFFLINE=1  # no download on every rank (compute nodes may be offline): weights and T5 tokenizer from `make weights` on a login node
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # no download on every rank (compute nodes may be offline): weights and T5 tokenizer from `make weights` on a login node
 # coordinator: octo-dist agrees one (mpi4py broadcast, else the node list's first host and a port from the job id)
 # Where octo-dist's key file is; WANDB_API_KEY in the environment wins. Never put the key itself in this script.
 WANDB_KEY_FILE=${WANDB_KEY_FILE:-$HOME/.config/octo-dist/wandb_api_key}
@@ -35,9 +40,9 @@ WANDB_KEY_FILE=${WANDB_KEY_FILE:-$HOME/.config/octo-dist/wandb_api_key}
 note() { echo "octo-dist job: $*" >&2; }
 fail() { echo "octo-dist job: error: $*" >&2; exit 2; }
 
-cd "$WORKDIR"
-HOSTFILE=
-[ -n "${SLURM_JOB_ID:-}" ] || fail "SLURM_JOB_ID is unset; expected to run inside a job. Fix: sbatch slurm-finetune.sh"
+cd -- "$WORKDIR"
+JOB=${SLURM_JOB_ID:-0}  # the scheduler's job id
+[ -n "${SLURM_JOB_ID:-}" ] || fail "SLURM_JOB_ID is unset; expected to run inside a job. Fix: sbatch $SCRIPT_NAME"
 
 # ---- modules: hpcx's mpirun is built for the nodes' InfiniBand ------------------------------------------------------
 # `module` is a shell function from the site's profile; where there is none (a laptop, CI) the launcher on PATH is used.
@@ -54,25 +59,59 @@ if [ "${#MODULES[@]}" -gt 0 ]; then
 fi
 command -v srun >/dev/null 2>&1 || fail "no srun on PATH (after loading: ${MODULES[*]:-no modules}); expected the launcher of the job's MPI. Fix: module load the site's MPI (ABCI: hpcx), or re-render with --module NAME"
 
-# ---- directories, and the container or venv every rank starts from --------------------------------------------------
-mkdir -p "$SAVE_DIR"
-SAVE_DIR=$(cd "$SAVE_DIR" && pwd)  # absolute: every node, and the container, see the same path
+# ---- directories, and the image or venv every rank starts from ------------------------------------------------------
+mkdir -p -- "$SAVE_DIR"
+SAVE_DIR=$(cd -- "$SAVE_DIR" && pwd)  # absolute: every node, and the image, see the same path
+JOB_DIR=$SAVE_DIR/.octo-dist-job-$JOB  # this job's node list and the ranks' failure notes; removed at the end
+mkdir -p -- "$JOB_DIR"
+TIMER_PID=
+# shellcheck disable=SC2317  # called from the trap below
+cleanup() {
+  local status=$?
+  if [ -n "$TIMER_PID" ]; then kill -- "-$TIMER_PID" 2>/dev/null || true; fi
+  rm -rf -- "$JOB_DIR"
+  # For the next job of a chain (octo-dist launch --chain): 0 when this one finished or stopped for the wall time.
+  echo "$status" >"$SAVE_DIR/.octo-dist-exit-$JOB" 2>/dev/null || true
+}
+trap cleanup EXIT
+# A job of a chain trains only when the job before it did not fail (stopping for the wall time is not failing).
+if [ -n "${OCTO_DIST_AFTER:-}" ]; then
+  previous=$SAVE_DIR/.octo-dist-exit-$OCTO_DIST_AFTER
+  if [ ! -f "$previous" ]; then
+    note "the previous job of this chain ($OCTO_DIST_AFTER) left no exit status (ended by the scheduler?): resuming from the last checkpoint"
+  elif [ "$(cat -- "$previous")" != 0 ]; then
+    fail "the previous job of this chain ($OCTO_DIST_AFTER) failed with exit $(cat -- "$previous"): not training; expected it to finish or to stop for the wall time. Fix: read its log, then submit again (octo-dist launch ... --submit)"
+  fi
+fi
 if [ -n "$DATA_DIR" ]; then
   [ -d "$DATA_DIR" ] || fail "data directory $DATA_DIR not found from $WORKDIR; expected the dataset directory. Fix: re-render with --data-dir PATH"
-  DATA_DIR=$(cd "$DATA_DIR" && pwd)
+  DATA_DIR=$(cd -- "$DATA_DIR" && pwd)
+fi
+if [ -n "$COMPILE_CACHE" ]; then
+  mkdir -p -- "$COMPILE_CACHE"
+  COMPILE_CACHE=$(cd -- "$COMPILE_CACHE" && pwd)
 fi
 if [ -n "$IMAGE" ]; then
   [ -f "$IMAGE" ] || fail "image $IMAGE not found; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH"
-  command -v singularity >/dev/null 2>&1 || fail "no singularity command; expected SingularityCE/PRO on the node. Fix: module load singularitypro (ABCI 2.0), or re-render with --module"
-  # --nv brings the host's NVIDIA driver in; the binds put checkpoints (and the ranks' node list) and data at the
-  # same paths inside.
-  binds=("$SAVE_DIR")
-  if [ -n "$DATA_DIR" ]; then binds+=("$DATA_DIR"); fi
-  RUN=(singularity exec --nv --bind "$(IFS=,; echo "${binds[*]}")" "$IMAGE")
+  IMAGE=$(cd -- "$(dirname -- "$IMAGE")" && pwd)/$(basename -- "$IMAGE")  # absolute, as the binds: every node sees it
+  # An absolute path: the ranks on other nodes do not get this node's PATH from the module that provides it.
+  SINGULARITY=$(type -P singularity) || fail "no singularity command; expected SingularityCE/PRO on the node. Fix: module load singularitypro (if your site has it), or re-render with --module"
+  case "$SINGULARITY" in /*) ;; *) SINGULARITY=$PWD/$SINGULARITY ;; esac
+  # --nv brings the host's NVIDIA driver in; the binds put checkpoints, data, the compilation cache, the job's node
+  # list and the group area at the same paths inside.
+  RUN=("$SINGULARITY" exec --nv --bind "$SAVE_DIR")
+  if [ -n "$DATA_DIR" ]; then RUN+=(--bind "$DATA_DIR"); fi
+  if [ -n "$COMPILE_CACHE" ]; then RUN+=(--bind "$COMPILE_CACHE"); fi
+  for dir in "${BINDS[@]}"; do
+    if [ -d "$dir" ]; then RUN+=(--bind "$(cd -- "$dir" && pwd)"); else note "not binding $dir: no such directory on this node"; fi
+  done
+  RUN+=("$IMAGE")
   BIN=
+  # The image has no MPI library: octo-dist must not call into mpi4py there (it would fail, or hang in MPI_Init).
+  export OCTO_DIST_NO_MPI4PY=1
 else
   [ -x "$VENV/bin/python" ] || fail "no $VENV/bin/python; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif"
-  VENV=$(cd "$VENV" && pwd)
+  VENV=$(cd -- "$VENV" && pwd)
   RUN=()
   BIN=$VENV/bin/
 fi
@@ -80,7 +119,7 @@ fi
 # ---- wandb: the key comes from the environment, or from a file only you can read ------------------------------------
 if [ "$WANDB_MODE" = online ] && [ -z "${WANDB_API_KEY:-}" ]; then
   if [ -f "$WANDB_KEY_FILE" ]; then
-    key_mode=$(stat -c %a "$WANDB_KEY_FILE")
+    key_mode=$(stat -c %a -- "$WANDB_KEY_FILE")
     case "$key_mode" in
       [4-7]00) ;;
       *) fail "$WANDB_KEY_FILE has mode $key_mode; expected 600 or 400 (readable by you only). Fix: chmod 600 $WANDB_KEY_FILE" ;;
@@ -92,14 +131,19 @@ if [ "$WANDB_MODE" = online ] && [ -z "${WANDB_API_KEY:-}" ]; then
   fi
 fi
 
-# ---- the launcher: one rank per GPU ---------------------------------------------------------------------------------
-LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --cpu-bind=none --kill-on-bad-exit=1)
+# ---- the launcher: one rank per GPU, each with its own cores --------------------------------------------------------
+LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
+if [ "$CPUS_PER_RANK" -gt 0 ]; then
+  LAUNCHER+=(--cpus-per-task="$CPUS_PER_RANK" --cpu-bind=cores)
+else
+  LAUNCHER+=(--cpu-bind=none)
+fi
 
 PREFLIGHT=("${BIN}octo-dist" check-env --launch)
 TRAIN=(
-  "${BIN}python" scripts/finetune.py
+  "${BIN}octo-dist" finetune
   --config.batch_size=512 --config.num_steps=25000
-  "--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR"
+  "--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR" "--compile_cache=$COMPILE_CACHE"
   --config.pretrained_path=weights/octo-small
   --resume
 )
@@ -108,7 +152,7 @@ TRAIN=(
 # Every rank treats SIGUSR1 and SIGTERM alike: all ranks checkpoint at the next step boundary and exit 0. mpirun
 # forwards SIGUSR1 (and SIGUSR2) to every rank but answers SIGTERM by killing the ranks within half a second (Open MPI
 # 5.0.8, measured), so any stop signal this script gets becomes SIGUSR1 for the launcher. set -m gives the launcher its
-# own process group: a signal for this script's group (SGE's -notify, Ctrl-C) reaches the ranks once, as SIGUSR1.
+# own process group: a signal for this script's group (Grid Engine's -notify, Ctrl-C) reaches the ranks once.
 set -m
 RANKS_PID=
 STOP=
@@ -123,32 +167,77 @@ trap 'stop_ranks USR1' USR1
 trap 'stop_ranks USR2' USR2
 trap 'stop_ranks INT' INT
 # PBS signals every process of the job at the wall time, mpirun included (which then kills the ranks at once), and
-# SGE's h_rt kills outright: so this script asks for the stop itself, STOP_MARGIN_S before the wall time.
-TIMER_PID=
+# Grid Engine's h_rt kills outright: so this script asks for the stop itself, STOP_MARGIN_S before the wall time.
 if [ "$STOP_TIMER" = 1 ]; then
   (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
   TIMER_PID=$!
+  disown "$TIMER_PID"  # no "Terminated" notice when it is ended below
 fi
-# shellcheck disable=SC2317  # called from the trap below
-cleanup() {
-  if [ -n "$TIMER_PID" ]; then kill -- "-$TIMER_PID" 2>/dev/null || true; fi
-  if [ -n "${NODE_LIST:-}" ]; then rm -f "$NODE_LIST"; fi
+
+# ---- a rank that fails ends the job ---------------------------------------------------------------------------------
+# Each rank runs under this guard on its node: it passes the stop signals on and, when the rank exits non-zero, leaves
+# a note in FAILED_DIR (the save directory is shared by every node). A launcher still running FAILED_GRACE_S after the
+# first note (mpirun waiting for a node it lost) is ended, so a dead job never holds its nodes until the wall time.
+FAILED_DIR=$JOB_DIR/failed
+FAILED_GRACE_S=20
+RANK_GUARD=(bash -c 'dir=$1; shift
+"$@" &
+pid=$!
+for sig in USR1 USR2 TERM INT; do trap "kill -$sig $pid 2>/dev/null" "$sig"; done
+while :; do
+  status=0; wait "$pid" || status=$?
+  if [ "$status" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+  break
+done
+if [ "$status" -ne 0 ]; then
+  rank=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-${PMI_RANK:-unknown}}}}
+  mkdir -p "$dir" && echo "rank $rank on $(hostname) exited with status $status" >"$dir/rank-$rank" || true
+fi
+exit "$status"' octo-dist-rank "$FAILED_DIR")
+
+# shellcheck disable=SC2317  # called below
+end_launcher() {  # a rank failed and the launcher has not ended the others by itself
+  note "the launcher is still running ${FAILED_GRACE_S}s after a rank failed: ending it"
+  kill -TERM -- "-$RANKS_PID" 2>/dev/null || true
+  local waited=0
+  while kill -0 "$RANKS_PID" 2>/dev/null && [ "$waited" -lt 10 ]; do sleep 1; waited=$((waited + 1)); done
+  kill -KILL -- "-$RANKS_PID" 2>/dev/null || true
 }
-trap cleanup EXIT
+
+first_failure() {  # the oldest note: the rank that failed first, not one the launcher ended after it
+  local first
+  # shellcheck disable=SC2012  # the notes are named rank-N by the guard above
+  first=$(ls -1tr -- "$FAILED_DIR" 2>/dev/null | head -n 1)
+  if [ -n "$first" ]; then cat -- "$FAILED_DIR/$first" 2>/dev/null || true; fi
+}
 
 run_ranks() {  # "$@": the command every rank runs
-  "${LAUNCHER[@]}" "${RUN[@]}" "$@" </dev/null &
+  rm -rf -- "$FAILED_DIR"
+  "${LAUNCHER[@]}" "${RANK_GUARD[@]}" "${RUN[@]}" "$@" </dev/null &
   RANKS_PID=$!
   # A stop that came between the fork and the line above has not reached the launcher yet.
   if [ -n "$STOP" ]; then kill -USR1 "$RANKS_PID" 2>/dev/null || true; fi
-  local status
-  while :; do
-    status=0
-    wait "$RANKS_PID" || status=$?
-    # A trapped signal ends `wait` early (status > 128) while the launcher still runs: wait again for its own status.
-    if [ "$status" -gt 128 ] && kill -0 "$RANKS_PID" 2>/dev/null; then continue; fi
-    break
+  local status failed_at='' failure
+  while kill -0 "$RANKS_PID" 2>/dev/null; do
+    # `wait` on a sleep rather than the sleep itself: a trapped signal runs at once instead of after it.
+    sleep 0.5 &
+    wait $! || true
+    if [ -z "$failed_at" ]; then
+      failure=$(first_failure)
+      if [ -n "$failure" ]; then failed_at=$SECONDS; note "$failure"; fi
+    fi
+    if [ -n "$failed_at" ] && [ $((SECONDS - failed_at)) -ge "$FAILED_GRACE_S" ] && kill -0 "$RANKS_PID" 2>/dev/null; then
+      end_launcher
+      break
+    fi
   done
+  status=0
+  wait "$RANKS_PID" || status=$?
+  if [ -z "$failed_at" ] && [ "$status" -ne 0 ]; then  # the launcher ended them itself: say which rank it was
+    failure=$(first_failure)
+    if [ -n "$failure" ]; then note "$failure"; fi
+  fi
+  if [ -n "$failed_at" ] && [ "$status" -eq 0 ]; then status=1; fi
   RANKS_PID=
   return "$status"
 }

@@ -1,0 +1,73 @@
+"""Defaults for ``octo-dist launch`` from ~/.config/octo-dist/launch.ini and ./octo-dist.ini, the command line
+winning; ``--show-defaults`` says where each value came from. HOME is a fake one in tmp_path."""
+
+import pytest
+
+from octo_dist import cli
+
+USER = """[launch]
+group = gxx00000
+image = /groups/gxx00000/octo-dist.sif
+skip-image-check = true
+wandb-mode = online
+save-dir = runs/user
+[launch.pbs]
+module = hpcx/2.20 extra/1.0
+"""
+PROJECT = """[launch]
+save-dir = runs/project
+"""
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    user = tmp_path / "home" / ".config" / "octo-dist" / "launch.ini"
+    user.parent.mkdir(parents=True)
+    return user, work / "octo-dist.ini"
+
+
+def shown(capsys) -> dict:
+    return {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+
+
+def test_the_command_line_wins_over_the_project_file_over_the_user_file(home, capsys):
+    user, project = home
+    user.write_text(USER)
+    project.write_text(PROJECT)
+    assert cli.main(["launch", "pbs", "--show-defaults", "--wandb-mode", "offline"]) == 0
+    rows = shown(capsys)
+    assert rows["--group"] == ["gxx00000", str(user)]
+    assert rows["--module"] == ["hpcx/2.20", "extra/1.0", str(user)]  # [launch.pbs] over [launch]
+    assert rows["--save-dir"] == ["runs/project", str(project)]
+    assert rows["--wandb-mode"] == ["offline", "command", "line"]  # given, although it is the built-in value
+    assert rows["--venv"] == [".venv", "built", "in"]
+    # The script's header shows the whole line, so it can be rendered again without these files.
+    assert cli.main(["launch", "pbs", "--nodes", "1", "--dry-run"]) == 0
+    header = [l for l in capsys.readouterr().out.splitlines() if l.startswith("#   rendered:")][0]
+    for part in ("--group gxx00000", "--module hpcx/2.20 --module extra/1.0", "--save-dir runs/project",
+                 "--wandb-mode online", "--skip-image-check", "--image /groups/gxx00000/octo-dist.sif"):
+        assert part in header, header
+
+
+def test_other_schedulers_skip_another_schedulers_section(home, capsys):
+    user, _ = home
+    user.write_text(USER)
+    assert cli.main(["launch", "sge", "--show-defaults"]) == 0
+    assert shown(capsys)["--module"] == ["(none)", "built", "in"]
+
+
+@pytest.mark.parametrize("text, needle", [("[launch]\ngroupp = x\n", "unknown key 'groupp'"),
+                                          ("[lunch]\ngroup = x\n", "unknown section [lunch]"),
+                                          ("group = x\n", "not an INI file"),
+                                          ("[launch]\nskip-image-check = maybe\n", "expected true or false")])
+def test_a_broken_defaults_file_is_refused_naming_the_file(home, capsys, text, needle):
+    user, _ = home
+    user.write_text(text)
+    assert cli.main(["launch", "pbs", "--nodes", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"octo-dist launch: error: {user}") and needle in err and err.count("\n") == 1, err
