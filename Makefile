@@ -185,4 +185,5 @@ docker-local-smoke: docker-local ## build $(IMAGE):cpu-local, run check-env and 
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	$(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py $(CLUSTER_ARGS)
+	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py $(CLUSTER_ARGS) || status=$$?; \
+	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status
