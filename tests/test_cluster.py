@@ -245,6 +245,7 @@ def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
     holder = crashed.pid("node002")
     crashed._lock.close()          # "crashed": no down(), the namespaces and holders stay behind
     crashed._lock = None
+    sim._HELD = False
     again = sim.Cluster(tmp_path / "again").up()
     try:
         assert not Path(f"/proc/{holder}").exists() or Path(f"/proc/{holder}/stat").read_text().split()[2] == "Z"

@@ -35,9 +35,9 @@ SUBNET = "10.231.0"
 LOCK = Path("/run/lock/octosim.lock")
 BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2]))
 VENV_BIN = Path(sys.executable).parent
-# What a login shell on a compute node has before the job's own settings (the PATH sshd gives is narrower).
+# What a login shell on a compute node has before the job's own settings (rsh-agent gives ssh's narrower /usr/bin:/bin).
 NODE_PATH = "/usr/local/bin:/usr/bin:/bin"
-SSH_PATH = "/usr/bin:/bin"
+_HELD = False  # this process holds the lock (flock would let a second up() here deadlock against itself)
 
 
 def unavailable() -> Optional[str]:
@@ -112,9 +112,13 @@ class Cluster:
         return self.state / "hpcx" / "bin"
 
     def up(self) -> "Cluster":
+        global _HELD
+        if _HELD:
+            raise RuntimeError("a simulated cluster is already up in this process: one at a time (down() it first)")
         LOCK.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(LOCK, "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        _HELD = True
         remove_leftovers()
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "nodes").mkdir(exist_ok=True)
@@ -178,6 +182,7 @@ class Cluster:
             path.chmod(0o755)
 
     def down(self) -> None:
+        global _HELD
         for node, p in self.holders.items():
             if p.poll() is None:
                 p.kill()
@@ -187,6 +192,7 @@ class Cluster:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+            _HELD = False
 
     # ---- running things on a node ---------------------------------------------------------------------------------
 
