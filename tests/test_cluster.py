@@ -370,3 +370,21 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster,
     after = checkpoints(save_dir)
     assert {k: after.get(k) for k in before} == before, "a checkpoint written before the fault changed"
     report(f"fault {fault} on node002: the job ended {took:.0f} s after it", job)
+
+
+@pytest.mark.xfail(strict=True, reason="needs a node file the ranks cannot read (PBS_NODEFILE in the scheduler's spool, "
+                   "not bound into the image) to be a clean fallback, not a FileNotFoundError (launchers); on one node "
+                   "no node file is needed")
+def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, spool, tmp_path):
+    """`qsub -I`, then by hand: mpirun -np 2 singularity exec IMAGE octo-dist smoke (the image has no MPI library)."""
+    work, home = workdir(tmp_path)
+    env = sim.base_env(cluster, home)
+    env.update(sim.pbs_env(cluster, spool, "104.pbs1", work, ranks_per_node=2))
+    (work / "by-hand.sh").write_text(
+        "module load hpcx/2.20\n"
+        f"mpirun -np 2 singularity exec {sif} octo-dist smoke --model tiny --steps 2 --global-batch 4 "
+        f"--wandb-mode disabled --record {work}/record.json\n")
+    job = sim.Job(cluster, work / "by-hand.sh", env, work, "by-hand").start()
+    assert finish(job, timeout=JOB_TIMEOUT_S) == 0, tail(job)
+    record = json.loads((work / "record.json").read_text())
+    assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record
