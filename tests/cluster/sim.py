@@ -253,7 +253,7 @@ def pbs_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per
     return {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": job_id, "PBS_JOBNAME": "octo-dist", "PBS_NODEFILE": str(nodefile),
             "PBS_O_WORKDIR": str(workdir), "PBS_O_HOST": "login1", "PBS_O_QUEUE": "rt_HF", "PBS_QUEUE": "rt_HF",
             "PBS_O_SHELL": "/bin/bash", "PBS_O_LOGNAME": "root", "PBS_TASKNUM": "1", "PBS_NODENUM": "0",
-            "PBS_MOMPORT": "15003", "PBS_JOBDIR": os.environ.get("HOME", "/root"), "NCPUS": str(ranks_per_node)}
+            "PBS_MOMPORT": "15003", "NCPUS": str(ranks_per_node)}
 
 
 def sge_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per_node: int) -> dict:

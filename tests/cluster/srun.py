@@ -39,7 +39,7 @@ def expand(nodelist: str) -> list[str]:
     return out
 
 
-def parse(argv: list[str], env: dict) -> tuple[dict, list[str]]:
+def parse(argv: list[str]) -> tuple[dict, list[str]]:
     opts = {"nodes": None, "ntasks_per_node": None, "ntasks": None, "kill_on_bad_exit": False}
     while argv and argv[0].startswith("-"):
         flag = argv.pop(0)
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     if "SLURM_JOB_ID" not in env:
         print("srun: error: no job allocation (SLURM_JOB_ID unset): run inside sbatch/salloc", file=sys.stderr)
         return 1
-    opts, cmd = parse(argv, env)
+    opts, cmd = parse(argv)
     nodes = expand(env["SLURM_JOB_NODELIST"])[: opts["nodes"] or None]
     per_node = opts["ntasks_per_node"] or int(env.get("SLURM_NTASKS_PER_NODE", "1"))
     ntasks = opts["ntasks"] or per_node * len(nodes)
