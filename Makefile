@@ -200,3 +200,12 @@ docker-local-smoke: docker-local ## build $(IMAGE):cpu-local, run check-env and 
 	ctr=$$($(BUILDAH) from $(IMAGE):cpu-local); trap '$(BUILDAH) rm "$$ctr" >/dev/null' EXIT; \
 	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- octo-dist check-env; \
 	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- mpirun --oversubscribe -np 2 octo-dist smoke
+
+# ---- a cluster on one machine (root): the rendered PBS, SGE and SLURM jobs run as deployed --------------------------
+# Two nodes as network + UTS + mount namespaces on a private link, ssh as a namespace agent, the scheduler's
+# variables, srun and singularity stand-ins, the image prefix built by containers/install.sh (tests/cluster/).
+CLUSTER_ARGS ?=
+.PHONY: cluster-smoke
+cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
+	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py $(CLUSTER_ARGS) || status=$$?; \
+	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status

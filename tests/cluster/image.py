@@ -1,0 +1,123 @@
+"""The simulated cluster's image: what ``singularity.def`` leaves in ``/opt/octo-dist``, for the cpu profile.
+
+Built the way the definition builds the ``.sif``, inside the ``singularity`` stand-in (``container.py --build``)
+so that every path in it is the image's own (``/opt/octo-dist/venv/bin/octo-dist``'s shebang included): the
+build context (the ``.dockerignore`` allow-list) copied to ``/opt/octo-dist``, ``containers/install.sh cpu
+/opt/octo-dist/venv --skip-git``, then the source tree removed as ``%post`` does, and ``%environment`` written to
+``environment.sh`` with the profile set to ``cpu``.
+
+Offline: the venv reaches the test venv's pinned packages through a ``.pth`` file (as in
+``tests/test_containers.py``), so pip finds every lock line installed and downloads nothing; octo-dist itself is
+installed for real, non-editable, from the copied context. Those packages and the base interpreter are bound
+read-only into every container at their own paths (``host-paths.json``).
+
+Built once into ``.cluster/`` in the clone (git-ignored) and reused while its inputs are unchanged; a changed
+input builds a new one and removes the old.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CACHE = REPO / ".cluster"
+# What singularity.def's %files copies (and the .dockerignore allow-list lets into a build context).
+CONTEXT = ("pyproject.toml", "README.md", "env", "containers", "octo_dist", "scripts")
+BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2]))
+OVERLAY = "octo-dist-sim-overlay.pth"
+
+
+def host_paths() -> list[str]:
+    """The base interpreter's prefix and the test venv's packages, as real paths."""
+    return [os.path.realpath(sys.base_prefix), os.path.realpath(sysconfig.get_paths()["purelib"])]
+
+
+def _context_files() -> list[Path]:
+    out = []
+    for name in CONTEXT:
+        p = REPO / name
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+                          and not any(part.endswith(".egg-info") for part in f.parts))
+        else:
+            out.append(p)
+    return out
+
+
+def input_key() -> str:
+    """Digest of everything the image is made from: the context, the definition, this builder, the host paths."""
+    h = hashlib.sha256()
+    for f in _context_files() + [REPO / "singularity.def", HERE / "image.py", HERE / "container.py"]:
+        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(json.dumps([sys.version, host_paths()]).encode())
+    return h.hexdigest()[:16]
+
+
+def environment_script() -> str:
+    """singularity.def's %environment, for the cpu profile: what the image's 90-environment.sh would hold."""
+    sys.path.insert(0, str(REPO))
+    from octo_dist.stack import imagedefs
+
+    definition = imagedefs.parse_definition((REPO / "singularity.def").read_text())
+    body = imagedefs.shell_body(definition.sections["environment"])
+    if "OCTO_DIST_PROFILE=cuda11" not in body:
+        raise RuntimeError(f"singularity.def's %environment no longer sets OCTO_DIST_PROFILE=cuda11:\n{body}")
+    return body.replace("OCTO_DIST_PROFILE=cuda11", "OCTO_DIST_PROFILE=cpu") + "\n"
+
+
+def build(log=sys.stderr) -> Path:
+    """The image directory (reused when up to date); what a fake ``.sif`` names."""
+    key = input_key()
+    dest = CACHE / f"image-{key}"
+    if (dest / "environment.sh").is_file():
+        return dest
+    CACHE.mkdir(exist_ok=True)
+    for old in CACHE.glob("image-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    work = CACHE / f"building-{key}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for name in CONTEXT:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(src, work / name)
+    (work / "host-paths.json").write_text(json.dumps(host_paths()))
+    purelib = host_paths()[1]
+    py_mm = "%d.%d" % sys.version_info[:2]
+    post = (
+        "set -euo pipefail\n"
+        f"{BASE_PYTHON} -m venv --without-pip /opt/octo-dist/venv\n"
+        f"echo {purelib} > /opt/octo-dist/venv/lib/python{py_mm}/site-packages/{OVERLAY}\n"
+        f"PYTHON={BASE_PYTHON} /opt/octo-dist/containers/install.sh cpu /opt/octo-dist/venv --skip-git\n"
+        "rm -rf /opt/octo-dist/octo_dist /opt/octo-dist/scripts /opt/octo-dist/build /opt/octo-dist/*.egg-info\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
+    res = subprocess.run([BASE_PYTHON, "-I", str(HERE / "container.py"), "exec", "--build", str(work),
+                          "/bin/bash", "-c", post], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise RuntimeError(f"building the simulated image failed (exit {res.returncode}):\n"
+                           f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+    (work / "environment.sh").write_text(environment_script())
+    work.rename(dest)
+    print(f"cluster: built the simulated image in {dest}", file=log)
+    return dest
+
+
+def write_sif(path: Path, image: Path) -> Path:
+    """A fake ``.sif`` naming the image directory (what ``container.py`` opens)."""
+    path.write_text(f"octo-dist-sim-image {image}\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(build())

@@ -1,0 +1,397 @@
+"""The rendered job scripts, run as deployed on a two-node cluster simulated on this machine (root only).
+
+``tests/cluster/`` makes the cluster: nodes ``node001``/``node002`` as network + UTS + mount namespaces on a
+private link, ``mpirun``'s daemons started through an ssh agent that enters a node with a clean environment, the
+PBS / Grid Engine / SLURM variables of a batch job (the PBS node file in a spool directory outside the job's
+working directory), an ``srun`` that starts tasks on the nodes, and a ``singularity`` that runs the *installed*
+image prefix (built from this checkout by ``containers/install.sh``), binding only what Singularity binds.
+
+Every job is rendered by ``octo-dist launch ... -o job.sh`` in a working directory outside the checkout and run
+unchanged (``bash job.sh`` on node001). Results come from rank 0's record (``--record``), rank 0's stdout and the
+per-rank environment files the singularity stand-in writes; never from interleaved output. Few, short runs: each
+costs two multi-process JAX start-ups (preflight, training).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import image as sim_image
+from cluster import sim
+from helpers import REPO, clean_env
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+STEPS = 10
+GLOBAL_BATCH = 16            # 4 per rank on 2 nodes x 2 ranks
+SAVE_EVERY = 2
+JOB_TIMEOUT_S = 420          # a whole job (preflight + training) on a loaded 2-core machine
+FAULT_DEADLINE_S = 60        # a lost node must end the job within this (measured from the fault)
+FAULT_GRACE_S = 30           # ... plus this much for a loaded machine, before the test gives up and kills it
+# Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
+SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
+               "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell", "JAX_ENABLE_CHECKS": "0"}
+# Set in the submit shell under no forwarded prefix: node001's ranks inherit it from mpirun, node002's must not.
+LOCAL_ONLY = {"SUBMIT_SHELL_ONLY": "1"}
+REPORT = sim_image.CACHE / "cluster-smoke.txt"
+
+NEEDS_SINGULARITY_PATH = ("needs the rendered mpirun scripts to resolve `singularity` to an absolute path on the submit "
+                          "node (jobs/render.py): node002's clean ssh environment has no `singularity` on PATH, so "
+                          "prterun reports 'unable to find the specified executable ... Node: node002'")
+NEEDS_PREFIX_FORWARDING = "and to forward the environment by prefix (NCCL_*, XLA_FLAGS, JAX_*, OCTO_DIST_* ...) with -x (jobs)"
+NEEDS_FAST_FAULT_END = ("and the job script to notice a lost node: mpirun's daemon keepalive shortened (Open MPI 5: "
+                        "--prtemca oob_tcp_keepalive_time 10 --prtemca oob_tcp_keepalive_intvl 5 --prtemca "
+                        "oob_tcp_keepalive_probes 3; defaults 300/20/9 s), and the job failed when mpirun exits 0 after "
+                        "'PRTE has lost communication with a remote daemon' (it does, Open MPI 5.0.8) (jobs); JAX's "
+                        "coordination heartbeats (10 s x 10 by default) alone end node001's ranks only ~150 s after the cut")
+
+
+# ---- fixtures: the image, the cluster, one reference run ----------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster_ready():
+    reason = sim.unavailable()
+    if reason:
+        pytest.skip(reason)
+    REPORT.parent.mkdir(exist_ok=True)
+    REPORT.write_text("")
+
+
+def report(title: str, job: sim.Job, *lines: str) -> None:
+    """What `make cluster-smoke` prints at the end: rank 0's preflight table and verdict, per run, with wall times."""
+    out = job.output().splitlines()
+    ours = [l for i, l in enumerate(out) if l.startswith(("octo-dist preflight:", "octo-dist smoke:"))
+            or (l.startswith("  ") and i > 0)]
+    with open(REPORT, "a") as f:
+        f.write(f"== {title}: exit {job.proc.returncode} after {job.elapsed():.0f} s\n" + "\n".join(ours + list(lines)) + "\n\n")
+
+
+@pytest.fixture(scope="session")
+def sif(cluster_ready, tmp_path_factory) -> Path:
+    """A fake .sif naming the image prefix built from this checkout (reused while its inputs are unchanged)."""
+    groups = tmp_path_factory.mktemp("groups")
+    return sim_image.write_sif(groups / "octo-dist.sif", sim_image.build())
+
+
+@pytest.fixture
+def cluster(cluster_ready, tmp_path):
+    """Two nodes; torn down (namespaces, processes, hosts files) even when the test fails."""
+    c = sim.Cluster(tmp_path / "cluster")
+    c.up()
+    yield c
+    c.down()
+
+
+@pytest.fixture
+def spool():
+    """The scheduler's spool: outside the working directory, $HOME and /tmp, so no container binds it."""
+    path = sim_image.CACHE / f"spool-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+    subprocess.run(["rm", "-rf", str(path)])
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> dict:
+    """1 process x 4 devices, same global batches: what every 2 x 2 run must match."""
+    out = tmp_path_factory.mktemp("reference") / "reference.json"
+    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    res = subprocess.run([sys.executable, "-m", "octo_dist", "smoke", "--launcher", "single", "--model", "tiny",
+                          "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--record", str(out)],
+                         capture_output=True, text=True, env=env, cwd=out.parent, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------------
+
+def workdir(tmp_path: Path) -> tuple[Path, Path]:
+    """(submit directory, $HOME): neither is the checkout."""
+    work, home = tmp_path / "submit", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    assert REPO not in work.parents
+    return work, home
+
+
+def render(scheduler: str, work: Path, sif: Path, *extra: str, steps: int = STEPS, ranks_per_node: int = 2) -> Path:
+    """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node."""
+    args = {"pbs": ["--group", "gxx00000"], "sge": [], "slurm": ["--gpus-per-node", "2"]}[scheduler]
+    cmd = [sys.executable, "-m", "octo_dist", "launch", scheduler, "--nodes", "2", "--ranks-per-node", str(ranks_per_node), *args,
+           "--walltime", "0:30:00", "--image", str(sif), "--global-batch", str(GLOBAL_BATCH), "--steps", str(steps),
+           "--save-dir", "runs/smoke", "--wandb-mode", "disabled", "-o", "job.sh", *extra,
+           "--", "smoke", "--model", "tiny", f"--save-every={SAVE_EVERY}", f"--record={work / 'record.json'}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=clean_env())
+    assert res.returncode == 0, res.stderr
+    return work / "job.sh"
+
+
+def submit(cluster: sim.Cluster, scheduler: str, script: Path, work: Path, home: Path, spool: Path, name: str,
+           job_id: str, submit_env: dict | None = None, ranks_per_node: int = 2) -> sim.Job:
+    """The job started on node001 with what the scheduler gives a batch job (qsub -V / sbatch: the submit env)."""
+    env = sim.base_env(cluster, home, submit_env or {})
+    if scheduler == "pbs":
+        env.update(sim.pbs_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
+    elif scheduler == "sge":
+        env.update(sim.sge_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
+    else:
+        env.update(sim.slurm_env(cluster, job_id, work, ranks_per_node=ranks_per_node, gpus_per_node=2))
+    return sim.Job(cluster, script, env, work, name).start()
+
+
+def finish(job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> int:
+    rc = job.wait(timeout)
+    if rc is None:
+        job.kill()
+        pytest.fail(f"job {job.name} still running after {timeout:.0f} s (waited for it to exit)\n" + tail(job))
+    return rc
+
+
+def tail(job: sim.Job, n: int = 4000) -> str:
+    return f"--- stdout ---\n{job.output()[-n:]}\n--- stderr ---\n{job.errors()[-n:]}"
+
+
+def preflight(job: sim.Job) -> list[str]:
+    """Rank 0's preflight table (only rank 0 prints to stdout)."""
+    lines = job.output().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("octo-dist preflight:")), None)
+    assert start is not None, "no preflight table on stdout\n" + tail(job)
+    return lines[start:start + 6]
+
+
+def check_smoke_run(job: sim.Job, record: dict, reference: dict, cluster: sim.Cluster) -> str:
+    """2 hosts, coordinator on node001, identical parameters, equivalent to 1 process x 4 devices."""
+    from octo_dist.apps.smoke import equivalence
+
+    table = preflight(job)
+    assert "4 rank(s) on 2 host(s)" in table[0], table
+    coordinator = table[0].split("coordinator ", 1)[1].split()[0]
+    assert coordinator.rsplit(":", 1)[0] in ("node001", cluster.address["node001"]), table[0]
+    assert sorted(record["hosts"]) == ["node001", "node001", "node002", "node002"], record["hosts"]
+    assert len(set(record["digests"])) == 1, record["digests"]
+    problems = equivalence.compare(reference, record, 4, 1e-5)
+    assert problems == [], problems
+    return (f"equivalence: OK: {len(record['losses'])} steps, 2 nodes x 2 processes x 1 device match 1 process x 4 "
+            f"devices (largest relative loss difference {equivalence.max_relative(reference, record):.1e} <= 1e-05); "
+            f"parameters identical on all {len(record['digests'])} ranks")
+
+
+def checkpoints(save_dir: Path) -> dict[str, str]:
+    """Every file of every complete checkpoint (``<step>/``), with its sha256."""
+    out = {}
+    for step in sorted(p for p in save_dir.iterdir() if p.name.isdigit()):
+        for f in sorted(step.rglob("*")):
+            if f.is_file():
+                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def wait_for(path: Path, job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if job.proc.poll() is not None:
+            pytest.fail(f"job ended (exit {job.proc.returncode}) before {path.name} appeared\n" + tail(job))
+        if time.monotonic() > deadline:
+            job.kill()
+            pytest.fail(f"no {path} after {timeout:.0f} s (waited for the first checkpoint)\n" + tail(job))
+        time.sleep(0.5)
+
+
+# ---- the harness itself (no JAX: seconds) ------------------------------------------------------------------------
+
+def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, spool):
+    work, home = workdir(tmp_path)
+    env = sim.base_env(cluster, home, {"SUBMIT_SHELL_ONLY": "1", "NCCL_DEBUG": "WARN"})
+    env.update(sim.pbs_env(cluster, spool, "7.pbs1", work, ranks_per_node=1))
+    (work / "rank.sh").write_text(
+        'exec > "probe-$OMPI_COMM_WORLD_RANK.txt"\n'
+        'echo "host=$(hostname)" "node002=$(getent hosts node002 | cut -d" " -f1)" "default_routes=$(ip -4 route | grep -c default)"\n'
+        'echo "SUBMIT_SHELL_ONLY=${SUBMIT_SHELL_ONLY:-unset}" "NCCL_DEBUG=${NCCL_DEBUG:-unset}"\n')
+    (work / "container.sh").write_text(
+        'echo "nodefile=$(test -e "$PBS_NODEFILE" && echo visible || echo hidden)"\n'
+        f'echo "checkout=$(test -e {REPO}/pyproject.toml && echo visible || echo hidden)"\n'
+        'echo "octo-dist=$(command -v octo-dist)" "data=$(ls /data/rank.sh)" "mark=$MARK"\n'
+        'python -c "import octo_dist; print(\'import=\' + octo_dist.__file__)"\n')
+    # mpirun on node001 (after `module load`), one process per node, NCCL_DEBUG forwarded by name; then a container.
+    (work / "probe.sh").write_text(
+        "module load hpcx/2.20\n"
+        f'mpirun -npernode 1 -hostfile "$PBS_NODEFILE" -x NCCL_DEBUG --wdir {work} bash {work}/rank.sh\n'
+        f"SINGULARITYENV_MARK=set singularity exec --bind {work}:/data {sif} bash /data/container.sh > container.txt\n")
+    job = sim.Job(cluster, work / "probe.sh", env, work, "probe").start()
+    assert finish(job, timeout=120) == 0, tail(job)
+    ranks = [dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split()) for r in (0, 1)]
+    common = {"node002": "10.231.0.2", "default_routes": "0", "NCCL_DEBUG": "WARN"}
+    assert ranks[0] == {"host": "node001", "SUBMIT_SHELL_ONLY": "1", **common}, ranks[0]
+    # node002 was entered through the agent with a clean environment: only the -x name arrived.
+    assert ranks[1] == {"host": "node002", "SUBMIT_SHELL_ONLY": "unset", **common}, ranks[1]
+    inside = dict(kv.split("=", 1) for kv in (work / "container.txt").read_text().split())
+    py = "python%d.%d" % sys.version_info[:2]
+    assert inside == {"nodefile": "hidden", "checkout": "hidden", "octo-dist": "/opt/octo-dist/venv/bin/octo-dist",
+                      "data": "/data/rank.sh", "mark": "set",
+                      "import": f"/opt/octo-dist/venv/lib/{py}/site-packages/octo_dist/__init__.py"}, inside
+
+
+def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
+    crashed = sim.Cluster(tmp_path / "crashed").up()
+    holder = crashed.pid("node002")
+    crashed._lock.close()          # "crashed": no down(), the namespaces and holders stay behind
+    crashed._lock = None
+    sim._HELD = False
+    again = sim.Cluster(tmp_path / "again").up()
+    try:
+        assert not Path(f"/proc/{holder}").exists() or Path(f"/proc/{holder}/stat").read_text().split()[2] == "Z"
+        assert sorted(sim.namespaces()) == ["octosim-node001", "octosim-node002", "octosim-sw"]
+    finally:
+        again.down()
+        for p in crashed.holders.values():
+            p.wait()
+    assert sim.namespaces() == [] and not list(Path("/etc/netns").glob("octosim-*"))
+
+
+# ---- the runs -----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
+    """The SLURM job (srun inside an sbatch-shaped environment), run once to the end: the run others must equal."""
+    tmp = tmp_path_factory.mktemp("slurm")
+    c = sim.Cluster(tmp / "cluster")
+    c.up()
+    try:
+        work, home = workdir(tmp)
+        script = render("slurm", work, sif)
+        job = submit(c, "slurm", script, work, home, tmp, "slurm", "777", {**SUBMIT_VARS, **LOCAL_ONLY})
+        rc = finish(job)
+        return {"rc": rc, "job": job, "work": work, "cluster": c, "envs": sim.rank_envs(c),
+                "record": json.loads((work / "record.json").read_text()) if (work / "record.json").exists() else None}
+    finally:
+        c.down()
+
+
+def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(uninterrupted, reference):
+    job = uninterrupted["job"]
+    assert uninterrupted["rc"] == 0, tail(job)
+    record = uninterrupted["record"]
+    line = check_smoke_run(job, record, reference, uninterrupted["cluster"])
+    report("SLURM, 2 nodes x 2 ranks, srun in an sbatch environment, in the image", job, line)
+    assert record["end_step"] == STEPS and not record["stopped_by"]
+    # srun started every task (preflight, then training) on its node, with its own SLURM_PROCID, in the image.
+    tasks = sorted((e["_host"], e["SLURM_PROCID"]) for e in uninterrupted["envs"])
+    assert tasks == sorted(2 * [("node001", "0"), ("node001", "1"), ("node002", "2"), ("node002", "3")]), tasks
+    assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in uninterrupted["envs"])
+
+
+@pytest.mark.xfail(strict=True, reason=f"{NEEDS_SINGULARITY_PATH} {NEEDS_PREFIX_FORWARDING}")
+def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
+        cluster, sif, spool, tmp_path, reference, uninterrupted):
+    work, home = workdir(tmp_path)
+    script = render("pbs", work, sif)
+    first = submit(cluster, "pbs", script, work, home, spool, "pbs-1", "101.pbs1", {**SUBMIT_VARS, **LOCAL_ONLY})
+    wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
+    first.signal(signal.SIGTERM)
+    assert finish(first) == 0, tail(first)
+    stopped = json.loads((work / "record.json").read_text())
+    assert stopped["stopped_by"] and stopped["end_step"] < STEPS, stopped
+    assert sorted(stopped["hosts"]) == ["node001", "node001", "node002", "node002"]
+
+    # Every rank on node002 saw the submit shell's settings, and only what was forwarded.
+    remote = [e for e in sim.rank_envs(cluster) if e["_host"] == "node002"]
+    assert len(remote) >= 2, [e["_host"] for e in sim.rank_envs(cluster)]
+    for e in remote:
+        assert {k: e.get(k) for k in SUBMIT_VARS} == SUBMIT_VARS
+        assert "SUBMIT_SHELL_ONLY" not in e
+
+    second = submit(cluster, "pbs", script, work, home, spool, "pbs-2", "102.pbs1", {**SUBMIT_VARS, **LOCAL_ONLY})
+    assert finish(second) == 0, tail(second)
+    resumed = json.loads((work / "record.json").read_text())
+    assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
+    line = check_smoke_run(second, {**resumed, "losses": {**stopped["losses"], **resumed["losses"]}}, reference, cluster)
+    report(f"PBS, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed", second, line)
+    assert uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
+
+
+@pytest.mark.xfail(strict=True, reason=NEEDS_SINGULARITY_PATH)
+def test_sge_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, tmp_path, reference, uninterrupted):
+    work, home = workdir(tmp_path)
+    script = render("sge", work, sif)
+    job = submit(cluster, "sge", script, work, home, spool, "sge", "4242")
+    assert finish(job) == 0, tail(job)
+    record = json.loads((work / "record.json").read_text())
+    report("SGE, 2 nodes x 2 ranks, in the image", job, check_smoke_run(job, record, reference, cluster))
+    assert uninterrupted["record"] and record["digests"][0] == uninterrupted["record"]["digests"][0]
+
+
+def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:
+    """SIGKILL every training process on node (the ranks; not the launcher's daemon)."""
+    killed = []
+    for pid in cluster.processes_on(node):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"octo-dist") for part in cmd[:2]):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param("sigkill", marks=pytest.mark.xfail(strict=True, reason=NEEDS_SINGULARITY_PATH)),
+    pytest.param("link-cut", marks=pytest.mark.xfail(strict=True, reason=f"{NEEDS_SINGULARITY_PATH} {NEEDS_FAST_FAULT_END}")),
+])
+def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster, sif, spool, tmp_path):
+    work, home = workdir(tmp_path)
+    # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
+    script = render("pbs", work, sif, steps=200, ranks_per_node=1)
+    job = submit(cluster, "pbs", script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
+    save_dir = work / "runs" / "smoke"
+    wait_for(save_dir / str(SAVE_EVERY), job)
+    before = checkpoints(save_dir)
+    seen = (len(job.output()), len(job.errors()))   # the preflight table already names node002: read what follows
+    if fault == "link-cut":
+        cluster.cut_link("node002")
+    else:
+        assert kill_ranks(cluster, "node002"), "no rank processes found on node002"
+    t0 = time.monotonic()
+    rc = job.wait(FAULT_DEADLINE_S + FAULT_GRACE_S)
+    took = time.monotonic() - t0
+    if rc is None:
+        job.kill()
+    assert rc is not None, f"{fault}: the job was still running {took:.0f} s after the fault\n" + tail(job)
+    assert rc != 0, f"{fault}: the job exited 0 after losing node002\n" + tail(job)
+    said = job.output()[seen[0]:] + job.errors()[seen[1]:]
+    assert "node002" in said or "rank 1 " in said, f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
+    # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
+    # ones), and the newest of them is still there.
+    after = checkpoints(save_dir)
+    kept = {k: v for k, v in before.items() if k.split("/")[0] in {a.split("/")[0] for a in after}}
+    assert {k: after.get(k) for k in kept} == kept, "a checkpoint written before the fault changed"
+    newest = max((k.split("/")[0] for k in before), key=int)
+    assert any(k.startswith(newest + "/") for k in after), f"checkpoint {newest} is gone"
+    report(f"fault {fault} on node002: the job ended {took:.0f} s after it", job)
+
+
+@pytest.mark.xfail(strict=True, reason="needs a node file the ranks cannot read (PBS_NODEFILE in the scheduler's spool, "
+                   "not bound into the image) to be a clean fallback, not a FileNotFoundError (launchers); on one node "
+                   "no node file is needed")
+def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, spool, tmp_path):
+    """`qsub -I`, then by hand: mpirun -np 2 singularity exec IMAGE octo-dist smoke (the image has no MPI library)."""
+    work, home = workdir(tmp_path)
+    env = sim.base_env(cluster, home)
+    env.update(sim.pbs_env(cluster, spool, "104.pbs1", work, ranks_per_node=2))
+    (work / "by-hand.sh").write_text(
+        "module load hpcx/2.20\n"
+        f"mpirun -np 2 singularity exec {sif} octo-dist smoke --model tiny --steps 2 --global-batch 4 "
+        f"--wandb-mode disabled --record {work}/record.json\n")
+    job = sim.Job(cluster, work / "by-hand.sh", env, work, "by-hand").start()
+    assert finish(job, timeout=JOB_TIMEOUT_S) == 0, tail(job)
+    record = json.loads((work / "record.json").read_text())
+    assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record
