@@ -44,17 +44,6 @@ SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": 
 LOCAL_ONLY = {"SUBMIT_SHELL_ONLY": "1"}
 REPORT = sim_image.CACHE / "cluster-smoke.txt"
 
-NEEDS_SINGULARITY_PATH = ("needs the rendered mpirun scripts to resolve `singularity` to an absolute path on the submit "
-                          "node (jobs/render.py): node002's clean ssh environment has no `singularity` on PATH, so "
-                          "prterun reports 'unable to find the specified executable ... Node: node002'")
-NEEDS_PREFIX_FORWARDING = "and to forward the environment by prefix (NCCL_*, XLA_FLAGS, JAX_*, OCTO_DIST_* ...) with -x (jobs)"
-NEEDS_FAST_FAULT_END = ("and the job script to notice a lost node: mpirun's daemon keepalive shortened (Open MPI 5: "
-                        "--prtemca oob_tcp_keepalive_time 10 --prtemca oob_tcp_keepalive_intvl 5 --prtemca "
-                        "oob_tcp_keepalive_probes 3; defaults 300/20/9 s), and the job failed when mpirun exits 0 after "
-                        "'PRTE has lost communication with a remote daemon' (it does, Open MPI 5.0.8) (jobs); JAX's "
-                        "coordination heartbeats (10 s x 10 by default) alone end node001's ranks only ~150 s after the cut")
-
-
 # ---- fixtures: the image, the cluster, one reference run ----------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -289,7 +278,6 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(uninterrupted, reference)
     assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in uninterrupted["envs"])
 
 
-@pytest.mark.xfail(strict=True, reason=f"{NEEDS_SINGULARITY_PATH} {NEEDS_PREFIX_FORWARDING}")
 def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
         cluster, sif, spool, tmp_path, reference, uninterrupted):
     work, home = workdir(tmp_path)
@@ -318,7 +306,6 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     assert uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SINGULARITY_PATH)
 def test_sge_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, tmp_path, reference, uninterrupted):
     work, home = workdir(tmp_path)
     script = render("sge", work, sif)
@@ -343,10 +330,7 @@ def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:
     return killed
 
 
-@pytest.mark.parametrize("fault", [
-    pytest.param("sigkill", marks=pytest.mark.xfail(strict=True, reason=NEEDS_SINGULARITY_PATH)),
-    pytest.param("link-cut", marks=pytest.mark.xfail(strict=True, reason=f"{NEEDS_SINGULARITY_PATH} {NEEDS_FAST_FAULT_END}")),
-])
+@pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
 def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster, sif, spool, tmp_path):
     work, home = workdir(tmp_path)
     # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
@@ -379,9 +363,6 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster,
     report(f"fault {fault} on node002: the job ended {took:.0f} s after it", job)
 
 
-@pytest.mark.xfail(strict=True, reason="needs a node file the ranks cannot read (PBS_NODEFILE in the scheduler's spool, "
-                   "not bound into the image) to be a clean fallback, not a FileNotFoundError (launchers); on one node "
-                   "no node file is needed")
 def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, spool, tmp_path):
     """`qsub -I`, then by hand: mpirun -np 2 singularity exec IMAGE octo-dist smoke (the image has no MPI library)."""
     work, home = workdir(tmp_path)

@@ -180,8 +180,12 @@ FAKE_LAUNCHER = r"""#!/bin/bash
 log=$FAKE_LAUNCHER_LOG
 echo "argv $(echo "$*" | tr '\n' ' ')" >>"$log"  # the rank guard's script spans lines
 echo "env WANDB_API_KEY=${WANDB_API_KEY:-}" >>"$log"
-case " $* " in *" check-env "*) exit "${FAKE_PREFLIGHT_EXIT:-0}" ;; esac
-trap 'echo "signal USR1" >>"$log"; exit 0' USR1
+# The rank guard's notes: every rank that exits 0 says so in <job dir>/done (the argument after octo-dist-rank).
+job_dir=; prev=
+for arg in "$@"; do if [ "$prev" = octo-dist-rank ]; then job_dir=$arg; fi; prev=$arg; done
+ranks_done() { mkdir -p "$job_dir/done"; for ((r = 0; r < ${FAKE_RANKS:-2}; r++)); do echo "rank $r" >"$job_dir/done/rank-$r"; done; }
+case " $* " in *" check-env "*) if [ "${FAKE_PREFLIGHT_EXIT:-0}" = 0 ]; then ranks_done; fi; exit "${FAKE_PREFLIGHT_EXIT:-0}" ;; esac
+trap 'echo "signal USR1" >>"$log"; ranks_done; exit 0' USR1
 trap 'echo "signal TERM" >>"$log"; exit 143' TERM
 echo "training started" >>"$log"
 for _ in $(seq 600); do sleep 0.1; done
@@ -350,6 +354,16 @@ def test_a_failed_preflight_stops_before_training(fake_job, tmp_path):
     proc = start(make(), {**env, "FAKE_PREFLIGHT_EXIT": "3"}, tmp_path)
     out = finish(proc)
     assert proc.returncode == 3 and "preflight failed (exit 3): not training" in out
+    assert "training started" not in log.read_text()
+
+
+def test_a_launcher_exiting_0_without_every_rank_finishing_fails_the_job(fake_job, tmp_path):
+    """Open MPI 5's prterun exits 0 after losing a node's daemon: the job must not report success."""
+    make, env, log = fake_job
+    proc = start(make(), {**env, "FAKE_RANKS": "1"}, tmp_path)  # only rank 0 leaves its note; rank 1 is lost
+    out = finish(proc)
+    assert proc.returncode == 1, out
+    assert "the launcher exited 0 but rank(s) 1 never finished" in out and "preflight failed (exit 1)" in out
     assert "training started" not in log.read_text()
 
 

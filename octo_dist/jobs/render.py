@@ -14,10 +14,11 @@ import re
 import shlex
 from importlib import resources
 
+from octo_dist.launchers.hostlists import OCTO_DIST_NODEFILE
 from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
-NODE_LIST_ENV = "OCTO_DIST_NODEFILE"  # the job's node list, copied where every node and the image see it
+NODE_LIST_ENV = OCTO_DIST_NODEFILE  # the job's node list, copied where every node and the image see it (read first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,12 @@ if [ "$CPUS_PER_RANK" -gt 0 ]; then
     BIND=(--map-by "ppr:$RANKS_PER_NODE:node:PE=$CPUS_PER_RANK" --bind-to core)
   fi
 fi
+# A node that stops answering (link down, panic) is noticed by mpirun's daemons through TCP keepalive; Open MPI's
+# defaults (300 s, then 9 probes 20 s apart) hold a dead job for 8 minutes: 10 s and 3 probes 5 s apart instead.
+# Open MPI 4 (hpcx) reads OMPI_MCA_*, Open MPI 5's PRRTE reads PRTE_MCA_*; each ignores the other's.
+for param in keepalive_time=10 keepalive_intvl=5 keepalive_probes=3; do
+  export "OMPI_MCA_oob_tcp_${{param%%=*}}=${{param#*=}}" "PRTE_MCA_oob_tcp_${{param%%=*}}=${{param#*=}}"
+done
 LAUNCHER=(mpirun -hostfile "$HOSTFILE" "${{BIND[@]}}" -x {job_id})
 while IFS= read -r var; do
   for prefix in "${{FORWARD_PREFIXES[@]}}"; do

@@ -27,7 +27,10 @@ SGE_HOSTFILE = "SGE_JOB_HOSTLIST"    # "/var/spool/.../hostlist": one host a lin
 SGE_PE_HOSTFILE = "PE_HOSTFILE"      # "/var/spool/sge/g0001/active_jobs/9876.1/pe_hostfile": "g0001 4 all.q@g0001 UNDEFINED"
 LSF_HOSTFILE = "LSB_DJOB_HOSTFILE"   # "/home/u/.lsbatch/1234.hostfile": one host per slot (LSF)
 SLURM_NODELIST = "SLURM_JOB_NODELIST"  # "node[001-004,007]": the allocation (a step's own list is SLURM_STEP_NODELIST)
-NODE_FILES = (PBS_HOSTFILE, SGE_HOSTFILE, SGE_PE_HOSTFILE, LSF_HOSTFILE)
+# "/groups/gxx00000/runs/.octo-dist/nodes-123.pbs1": the rendered job scripts copy the scheduler's node list where
+# every node and the image see it (the scheduler's own file stays in its spool on the host); read first.
+OCTO_DIST_NODEFILE = "OCTO_DIST_NODEFILE"
+NODE_FILES = (OCTO_DIST_NODEFILE, PBS_HOSTFILE, SGE_HOSTFILE, SGE_PE_HOSTFILE, LSF_HOSTFILE)
 
 MAX_RANGE = 64 * 1024       # Slurm's MAX_RANGE: hosts in one bracket range
 MAX_HOSTS = 1024 * 1024     # all hosts of one list: "a[0-65535]b[0-65535]" is not a cluster
