@@ -190,3 +190,62 @@ def test_a_global_batch_that_does_not_divide_is_refused_before_compiling():
     assert code == smoke.EXIT_USAGE
     assert "global batch 7 does not divide by the 2 devices" in err and "use a global batch of 6 or 8" in err
     assert "train:" not in err  # not one step was started
+
+
+# --- start-up that always ends ---------------------------------------------------------------------------
+
+def mpirun_wrapped(tmp_path, shell: str, *args: str, env=None, timeout=300):
+    """``mpirun -np 2 bash -c SHELL _ python -m octo_dist smoke --model tiny ARGS``; SHELL ends with
+    ``exec "$@"`` and may change one rank's environment. Each rank's stderr goes to tmp_path/rank<N>.err."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    wrapper = shell + f' exec "$@" 2> {tmp_path}/rank$OMPI_COMM_WORLD_RANK.err'
+    cmd = [str(mpirun), "--oversubscribe", "-np", "2", "bash", "-c", wrapper, "_", sys.executable, *SMOKE, *args]
+    # The timeout is what a hang would hit: these jobs must end on their own within --init-timeout.
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or clean_env())
+
+
+def rank_errors(tmp_path) -> dict:
+    return {int(p.stem[4:]): p.read_text() for p in tmp_path.glob("rank*.err")}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("odd", [0, 1])
+def test_ranks_that_disagree_about_the_world_size_end_with_the_odd_ranks_error(tmp_path, odd):
+    # One rank sees another world size (a wrapper or module that changes it): before, the other rank waited
+    # forever in mpi4py's broadcast. Now the odd rank names the disagreement and MPI_Abort ends the job.
+    proc = mpirun_wrapped(tmp_path, f'if [ "$OMPI_COMM_WORLD_RANK" = {odd} ]; then export OMPI_COMM_WORLD_SIZE=3; fi;',
+                          "--steps", "2", "--init-timeout", "120")
+    assert proc.returncode != 0
+    err = rank_errors(tmp_path)[odd]
+    assert f"rank {odd}/3: start-up failed: openmpi5's environment says 3 ranks" in err, err[-3000:]
+    assert "but MPI started 2: the ranks disagree about the world size" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.mpi
+def test_a_rank_stuck_in_mpi_init_ends_at_the_start_up_timeout_naming_what_it_waited_for(tmp_path):
+    # Rank 0 never starts Python (a node where the image cannot run): rank 1 waits inside MPI_Init, with the GIL
+    # held, where no Python thread can run; the watchdog is a child process and ends it anyway.
+    proc = mpirun_wrapped(tmp_path, 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec sleep 600; fi;',
+                          "--steps", "2", "--init-timeout", "30")
+    assert proc.returncode != 0
+    err = rank_errors(tmp_path)[1]
+    assert "rank 1/2: start-up did not complete within 30 s (stuck agreeing on the coordinator (mpi4py" in err, err
+
+
+@pytest.mark.mpi
+def test_octo_dist_no_mpi4py_means_mpi4py_is_never_imported(tmp_path):
+    # An image without an MPI library: importing mpi4py raises there. Fabricate that mpi4py, leaving a mark when
+    # imported; with OCTO_DIST_NO_MPI4PY=1 the job must train without touching it (coordinator from the launcher's
+    # environment: both ranks on this node).
+    fake = tmp_path / "site" / "mpi4py"
+    fake.mkdir(parents=True)
+    mark = tmp_path / "imported"
+    (fake / "__init__.py").write_text(
+        f"open({str(mark)!r}, 'a').write('x')\nraise RuntimeError('cannot load MPI library')\n")
+    env = clean_env(OCTO_DIST_NO_MPI4PY="1", PYTHONPATH=f"{tmp_path / 'site'}:{REPO}")
+    record = tmp_path / "rec.json"
+    proc = mpirun_wrapped(tmp_path, "", "--steps", "2", "--record", str(record), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + str(rank_errors(tmp_path))
+    assert json.loads(record.read_text())["end_step"] == 2
+    assert not mark.exists()
