@@ -225,12 +225,13 @@ def test_ranks_that_disagree_about_the_world_size_end_with_the_odd_ranks_error(t
 @pytest.mark.mpi
 def test_a_rank_stuck_in_mpi_init_ends_at_the_start_up_timeout_naming_what_it_waited_for(tmp_path):
     # Rank 0 never starts Python (a node where the image cannot run): rank 1 waits inside MPI_Init, with the GIL
-    # held, where no Python thread can run; the watchdog is a child process and ends it anyway.
+    # held, where no Python thread can run; the watchdog's child process ends it anyway.
     proc = mpirun_wrapped(tmp_path, 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec sleep 600; fi;',
                           "--steps", "2", "--init-timeout", "30")
     assert proc.returncode != 0
     err = rank_errors(tmp_path)[1]
-    assert "rank 1/2: start-up did not complete within 30 s (stuck agreeing on the coordinator (mpi4py" in err, err
+    assert ("rank 1/2: the coordinator agreement through mpi4py (MPI_Init, broadcast) did not complete within 30 s"
+            in err), err
 
 
 @pytest.mark.mpi

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300   # jax's own default for initialization_timeout
 INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"   # "600"
+# The watchdog is the backstop: the waits with their own timeout and a more precise message (the coordinator
+# that does not answer) get to report first.
+WATCHDOG_MARGIN_S = 2
 JAX_TIMEOUT_GRACE_S = 15  # jax aborts the process at its timeout; ours fires first, with a useful message
 EXIT_STARTUP = 1
 DEVICE_MODES = ("one", "all")  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
@@ -199,13 +202,13 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
     if launch.world_size == 1:
         yield watchdog.NoWatchdog()
         return
-    dog = watchdog.Watchdog(timeout_s, (
-        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up did not complete within {timeout_s:g} s "
-        f"(stuck {{stage}}). Every rank must start with the same world size ({launch.world_size}) and coordinator; a "
-        f"rank that is missing, crashed, or was given another address keeps the others waiting. Fix: check every "
-        f"rank's log; raise --init-timeout if nodes start slowly"))
+    dog = watchdog.Watchdog(timeout_s + WATCHDOG_MARGIN_S, (
+        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete within {timeout_s:g} s. "
+        f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
+        f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
+        f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"), exit_code=EXIT_STARTUP)
     try:
-        dog.stage("importing jax")
+        dog.stage("start-up (import jax)")
         yield dog
     except Exception as e:
         if mpi.initialized():
@@ -235,7 +238,7 @@ def _start(launch: Launch, environ: Mapping[str, str], coordinator, timeout_s: f
             "runs every rank as an independent single-process job. Fix: call octo_dist.dist.runtime.initialize() "
             "once, before any JAX computation")
     gpu = expects_gpu(jaxlib.__version__, environ)
-    dog.stage("agreeing on the coordinator (mpi4py's MPI_Init and broadcast)" if use_mpi else "resolving the coordinator")
+    dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator agreement")
     c = coord_mod.resolve(environ, launch, explicit=coordinator, broadcast=mpi.broadcaster(launch) if use_mpi else None)
     started = time.monotonic()
     if launch.world_size > 1:
@@ -246,10 +249,10 @@ def _start(launch: Launch, environ: Mapping[str, str], coordinator, timeout_s: f
         ids = local_device_ids(launch, devices, environ) if gpu else None
         log.info("starting %d processes: coordinator %s (%s), timeout %g s", launch.world_size, c.address, c.source, timeout_s)
         if launch.rank != 0:
-            dog.stage(f"waiting for the coordinator {c.address} ({c.source})")
+            dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
             wait_for_coordinator(c, timeout_s, launch.rank)
         remaining = max(timeout_s - (time.monotonic() - started), 1.0)
-        dog.stage(f"in jax.distributed.initialize (coordinator {c.address}, {c.source})")
+        dog.stage("jax.distributed.initialize")
         try:
             jax.distributed.initialize(c.address, launch.world_size, launch.rank, local_device_ids=ids,
                                        initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S))
