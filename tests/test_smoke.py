@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from helpers import REPO, clean_env
+from octo_dist import EXIT_USAGE
 from octo_dist.apps.smoke import equivalence
 from octo_dist.apps.smoke import app as smoke
 from octo_dist.engine import train
@@ -174,7 +175,7 @@ def test_sigusr1_to_mpirun_sge_notify_stops_every_rank_and_a_half_written_checkp
 
     # Without --resume the directory is left alone: refused before anything is compiled or written.
     code, out, err = finish(mpirun_smoke(2, "--steps", "400", "--save-dir", str(ckpt)))
-    assert code == smoke.EXIT_USAGE, err[-3000:]
+    assert code == EXIT_USAGE, err[-3000:]
     assert f"already holds checkpoints (latest: step {stop})" in err and "add --resume" in err
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == before
 
@@ -187,7 +188,7 @@ def test_sigusr1_to_mpirun_sge_notify_stops_every_rank_and_a_half_written_checkp
 @pytest.mark.mpi
 def test_a_global_batch_that_does_not_divide_is_refused_before_compiling():
     code, out, err = finish(mpirun_smoke(2, "--global-batch", "7", "--steps", "2"), timeout=120)
-    assert code == smoke.EXIT_USAGE
+    assert code == EXIT_USAGE
     assert "global batch 7 does not divide by the 2 devices" in err and "use a global batch of 6 or 8" in err
     assert "train:" not in err  # not one step was started
 

@@ -294,8 +294,14 @@ def abort(exc: BaseException, rank: int, world: int) -> None:
 
 @contextlib.contextmanager
 def distributed(**kwargs) -> Iterator[Runtime]:
-    """``initialize(**kwargs)``, then always leave cleanly: shutdown on success, abort the job on an exception."""
-    rt = initialize(**kwargs)
+    """``initialize(**kwargs)``, then :func:`running`."""
+    with running(initialize(**kwargs)) as rt:
+        yield rt
+
+
+@contextlib.contextmanager
+def running(rt: Runtime) -> Iterator[Runtime]:
+    """Always leave cleanly: shutdown on success, abort the whole job when this rank raised."""
     try:
         yield rt
     except SystemExit as e:
@@ -320,7 +326,8 @@ def argv_options(parser) -> None:
     parser.add_argument("--init-timeout", type=float, default=None,
                         help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})")
     parser.add_argument("--devices-per-process", choices=DEVICE_MODES, default="one",
-                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank")
+                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank "
+                             "(default: %(default)s)")
 
 
 def from_args(args) -> dict:
