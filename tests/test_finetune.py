@@ -303,8 +303,8 @@ def test_the_script_refuses_an_unreachable_hf_path_before_any_rank_starts(tmp_pa
 @pytest.mark.mpi
 def test_every_rank_stops_with_the_message_under_mpirun(mpirun, tmp_path):
     env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    proc = mpirun(2, FINETUNE, f"--config={SMOKE_CONFIG}", f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}",
-                  env=env, timeout=120)
+    proc = mpirun(2, "-m", "octo_dist", "finetune", "--config=finetune_smoke_config.py",
+                  f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}", env=env, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("dataset 'octo_dist_synthetic'") >= 1 and "make synthetic-data" in proc.stderr
     assert "jax.distributed" not in proc.stderr

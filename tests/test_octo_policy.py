@@ -23,7 +23,7 @@ def test_tiny_octo_policy_inits_and_its_loss_trains():
     from octo_dist.policies import octo
 
     policy, spec = octo.smoke_policy()
-    assert policy.name == "octo" and spec == octo.example_spec()
+    assert policy.name == "octo" and spec == octo.SMOKE_SPEC
     batch = data.SyntheticData(spec, 4, 0, 1, 1).batch(0)
     params = jax.jit(policy.init)(jax.random.PRNGKey(0), batch)   # traceable, as the engine calls it
     assert "octo_transformer" in params and "heads_action" in params

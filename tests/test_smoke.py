@@ -1,6 +1,7 @@
 """The smoke job end to end under a real mpirun: N-process = 1-process equivalence, per-rank input counts,
 stop on a scheduler's signal, checkpoint, resume; and the pure verdicts behind them."""
 
+import argparse
 import json
 import signal
 import subprocess
@@ -36,6 +37,15 @@ def test_equivalent_runs_pass_and_each_departure_is_named():
     assert "expected 4 (global batch / 2)" in equivalence.compare(ref, rec([1.0, 0.5, 0.25], reads=(8, 8)), 2, 1e-5)[0]
     assert "steps differ" in equivalence.compare(ref, rec([1.0, 0.5]), 2, 1e-5)[0]
     assert equivalence.max_relative(ref, rec([1.0, 0.5, 0.2500025])) == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_every_smoke_flag_has_help_that_shows_its_default():
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    p = smoke.add_parser(parser.add_subparsers())
+    for action in p._actions:
+        if action.dest != "help":
+            assert action.help and "(default: " in action.help, action.option_strings
+    assert "``" not in p.format_help() and ":func:" not in p.format_help()
 
 
 def test_verdict_names_ranks_devices_steps_and_losses():

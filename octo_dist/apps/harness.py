@@ -26,7 +26,6 @@ from octo_dist.dist import runtime
 
 log = logging.getLogger(__name__)
 
-LOG_ALL_RANKS_ENV = "OCTO_DIST_LOG_ALL_RANKS"   # "1": INFO from every rank, not only rank 0
 COMPILE_CACHE_ENV = "OCTO_DIST_COMPILE_CACHE"   # "/groups/gxx00000/octo-dist-cache"
 
 
@@ -41,9 +40,11 @@ class Options:
     def from_environment(cls, runtime_options: Mapping[str, Any], compile_cache: Optional[str],
                          environ: Mapping[str, str]) -> "Options":
         """``compile_cache`` or ``$OCTO_DIST_COMPILE_CACHE``; ``$OCTO_DIST_LOG_ALL_RANKS``; ``environ`` for start-up."""
+        from octo_dist.dist import ranklog
+
         return cls(runtime={**runtime_options, "environ": environ},
                    compile_cache=compile_cache or environ.get(COMPILE_CACHE_ENV) or None,
-                   log_all_ranks=environ.get(LOG_ALL_RANKS_ENV, "") not in ("", "0"))
+                   log_all_ranks=ranklog.all_ranks_requested(environ))
 
 
 @dataclasses.dataclass(frozen=True)

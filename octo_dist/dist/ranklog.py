@@ -9,10 +9,16 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from typing import Iterable, Optional, TextIO, TypeVar
+from typing import Iterable, Mapping, Optional, TextIO, TypeVar
 
 T = TypeVar("T")
 _HANDLER_FLAG = "_octo_dist_ranklog"
+ALL_RANKS_ENV = "OCTO_DIST_LOG_ALL_RANKS"   # "1": INFO from every rank, not only rank 0
+
+
+def all_ranks_requested(environ: Mapping[str, str]) -> bool:
+    """``OCTO_DIST_LOG_ALL_RANKS`` set to anything but "" or "0" (read by the commands, passed to :func:`setup`)."""
+    return environ.get(ALL_RANKS_ENV, "") not in ("", "0")
 
 
 def prefix(rank: int, world: int, host: Optional[str] = None) -> str:

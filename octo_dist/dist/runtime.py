@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
-from octo_dist.launchers import coordinator as coord_mod
+from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.dist import mpi
@@ -53,7 +53,7 @@ class StartupError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     launch: Launch
-    coordinator: Optional[coord_mod.Coordinator]
+    coordinator: Optional[coordinator.Coordinator]
     host: str
     platform: str  # "gpu" / "cpu", from the devices JAX ended up with
     process_index: int
@@ -71,13 +71,18 @@ class Runtime:
                 f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}")
 
 
+def is_gpu_jaxlib(jaxlib_version: str) -> bool:
+    """``"0.4.20+cuda11.cudnn86"`` (or a ``+rocm`` build) -> True; PyPI's CPU ``"0.4.22"`` -> False."""
+    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
+
+
 def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
     """Whether JAX will pick a GPU backend: ``JAX_PLATFORMS="cpu"`` says no; else a CUDA jaxlib
     (``"0.4.20+cuda11.cudnn86"``) says yes. Decided before the backend exists, which must not be touched yet."""
     platforms = (environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or "").lower()
     if platforms:
         return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
-    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
+    return is_gpu_jaxlib(jaxlib_version)
 
 
 def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> Optional[list[int]]:
@@ -130,7 +135,7 @@ def _enable_cpu_collectives(jax_version: str) -> None:
             f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile") from None
 
 
-def wait_for_coordinator(c: coord_mod.Coordinator, timeout_s: float, rank: int) -> None:
+def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int) -> None:
     """Rank > 0: until the coordinator accepts TCP connections, at most ``timeout_s``; else a StartupError."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -226,7 +231,7 @@ def _fail_job(exc: BaseException, launch: Launch) -> None:
     os._exit(EXIT_STARTUP)
 
 
-def _start(launch: Launch, environ: Mapping[str, str], coordinator, timeout_s: float, devices: str, use_mpi: bool,
+def _start(launch: Launch, environ: Mapping[str, str], explicit, timeout_s: float, devices: str, use_mpi: bool,
            dog) -> Runtime:
     import jax
     import jaxlib
@@ -239,7 +244,7 @@ def _start(launch: Launch, environ: Mapping[str, str], coordinator, timeout_s: f
             "once, before any JAX computation")
     gpu = expects_gpu(jaxlib.__version__, environ)
     dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator agreement")
-    c = coord_mod.resolve(environ, launch, explicit=coordinator, broadcast=mpi.broadcaster(launch) if use_mpi else None)
+    c = coordinator.resolve(environ, launch, explicit=explicit, broadcast=mpi.broadcaster(launch) if use_mpi else None)
     started = time.monotonic()
     if launch.world_size > 1:
         assert c is not None

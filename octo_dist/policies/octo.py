@@ -70,11 +70,6 @@ def smoke_config(spec: data.Spec = SMOKE_SPEC) -> dict:
     return {"model": tiny_model_config(spec.action_horizon, spec.action_dim), "text_processor": None}
 
 
-def example_spec() -> data.Spec:
-    """Shapes of the synthetic batches ``data.SyntheticData`` must make for :func:`smoke_policy`."""
-    return SMOKE_SPEC
-
-
 def smoke_policy() -> Tuple[OctoPolicy, data.Spec]:
     """(policy, batch spec) for ``octo-dist smoke --model octo``."""
     return OctoPolicy(smoke_config(SMOKE_SPEC)), SMOKE_SPEC

@@ -38,7 +38,7 @@ import numpy as np
 
 from octo_dist import EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
-from octo_dist.apps.finetune import config as fc
+from octo_dist.apps.finetune import config
 from octo_dist.dist import tracking
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ def process_batch(batch: dict, text_processor) -> dict:
 class OctoData:
     """This process's slice of the global batch from ``make_single_dataset`` (``train.fit``'s data interface)."""
 
-    def __init__(self, config: fc.FinetuneConfig, text_processor, local_batch_size: int, process_index: int,
+    def __init__(self, job_config: config.FinetuneConfig, text_processor, local_batch_size: int, process_index: int,
                  process_count: int):
-        self.config = config
+        self.config = job_config
         self.text_processor = text_processor
         self.local_batch_size = local_batch_size
         self.process_index = process_index
@@ -125,11 +125,11 @@ class ScheduleTracker(tracking.Tracker):
 def resolve_pretrained(path: str) -> str:
     """A directory for ``load_pretrained``: ``hf://`` paths from the HF cache (or the Hub, where reachable); local
     paths made absolute (orbax refuses relative ones: "Checkpoint path should be absolute")."""
-    if not path.startswith(fc.HF_PREFIX):
-        return path if fc.is_url(path) else os.path.abspath(path)
+    if not path.startswith(config.HF_PREFIX):
+        return path if config.is_url(path) else os.path.abspath(path)
     import huggingface_hub
 
-    return huggingface_hub.snapshot_download(fc.hf_repo(path))
+    return huggingface_hub.snapshot_download(config.hf_repo(path))
 
 
 def _json_default(o):
@@ -138,15 +138,15 @@ def _json_default(o):
     return repr(o)
 
 
-def run(job_config: fc.FinetuneConfig, environ: Mapping[str, str] = os.environ,
+def run(job_config: config.FinetuneConfig, environ: Mapping[str, str] = os.environ,
         runtime_options: Optional[Mapping[str, Any]] = None) -> int:
     """Fine-tune as ``job_config`` says (:func:`config.parse` made it). Call on every rank; returns the exit code:
     0 done (or stopped by a signal after saving), 2 refused before anything was compiled (printed once)."""
     options = harness.Options.from_environment(runtime_options or {}, job_config.compile_cache, environ)
-    return harness.run("finetune", options, lambda job: _finetune(job, job_config, environ), refusals=(fc.ConfigError,))
+    return harness.run("finetune", options, lambda job: _finetune(job, job_config, environ), refusals=(config.ConfigError,))
 
 
-def _finetune(job: harness.Job, cfg: fc.FinetuneConfig, environ: Mapping[str, str]) -> int:
+def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str, str]) -> int:
     import jax
     import tensorflow as tf
 
@@ -177,7 +177,7 @@ def _finetune(job: harness.Job, cfg: fc.FinetuneConfig, environ: Mapping[str, st
         base = pretrained.config
     else:
         base = c["model_config"]
-    model_config = fc.edit_model_config(base, c.get("config_delete_keys"), c.get("update_config"))
+    model_config = config.edit_model_config(base, c.get("config_delete_keys"), c.get("update_config"))
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
@@ -198,7 +198,7 @@ def _finetune(job: harness.Job, cfg: fc.FinetuneConfig, environ: Mapping[str, st
     # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.
     first_example = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], gather.gathered(example, mesh))
 
-    optimizer_kwargs = dict(c["optimizer"], frozen_keys=fc.resolve_frozen_keys(c, model_config))
+    optimizer_kwargs = dict(c["optimizer"], frozen_keys=config.resolve_frozen_keys(c, model_config))
     tx, lr_schedule, _ = create_optimizer(params, **optimizer_kwargs)
 
     # --- where it goes -------------------------------------------------------------------------------------------
@@ -252,19 +252,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[fc.HfProbe] = None) -> int:
+def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[config.HfProbe] = None) -> int:
     """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
     the config, then :func:`run`."""
-    if fc.wants_help(argv):
-        print(fc.help_text(argv), end="")
+    if config.wants_help(argv):
+        print(config.help_text(argv), end="")
         return EXIT_OK
     try:
-        flags = fc.parse_flags(argv)
+        flags = config.parse_flags(argv)
         if probe is None:
             from octo_dist.apps.finetune import weights
 
             probe = weights.probe
-        job_config = fc.parse(flags.config, probe, name=flags.name, debug=flags.debug, resume=flags.resume,
+        job_config = config.parse(flags.config, probe, name=flags.name, debug=flags.debug, resume=flags.resume,
                               step_fn=flags.step_fn, compile_cache=flags.compile_cache)
     except Exception as e:  # absl's flags.Error, get_config refusing its config string, ConfigError
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
