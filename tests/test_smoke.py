@@ -261,3 +261,43 @@ def test_octo_dist_no_mpi4py_means_mpi4py_is_never_imported(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + str(rank_errors(tmp_path))
     assert json.loads(record.read_text())["end_step"] == 2
     assert not mark.exists()
+
+
+def test_the_start_up_timeout_is_a_positive_number_from_the_flag_or_the_environment():
+    from octo_dist.dist import runtime
+
+    assert runtime.startup_timeout(None, {}) == runtime.DEFAULT_TIMEOUT_S
+    assert runtime.startup_timeout(None, {"OCTO_DIST_INIT_TIMEOUT": "45"}) == 45
+    assert runtime.startup_timeout(20, {"OCTO_DIST_INIT_TIMEOUT": "45"}) == 20
+    for bad in ("abc", "0", "-3", "nan", "inf"):
+        with pytest.raises(runtime.StartupError, match=rf"OCTO_DIST_INIT_TIMEOUT='{bad}'; expected a positive number"):
+            runtime.startup_timeout(None, {"OCTO_DIST_INIT_TIMEOUT": bad})
+
+
+def test_octo_dist_no_mpi4py_is_read_as_a_switch():
+    from octo_dist.dist import mpi
+
+    assert mpi.allowed({}) and mpi.allowed({"OCTO_DIST_NO_MPI4PY": "0"})
+    assert not mpi.allowed({"OCTO_DIST_NO_MPI4PY": "1"}) and not mpi.allowed({"OCTO_DIST_NO_MPI4PY": "yes"})
+
+
+@pytest.mark.parametrize("busy, code", [
+    ("time.sleep(120)", 1),                  # the thread fires: exit 1 with the message
+    ("sum(range(10 ** 13))", -signal.SIGKILL),   # a C call holding the GIL (as MPI_Init does): the child fires
+])
+def test_the_watchdog_ends_a_process_even_while_the_gil_is_held(busy, code):
+    program = ("import time\nfrom octo_dist.dist import watchdog\n"
+               "dog = watchdog.Watchdog(2, 'octo-dist: error: {stage} did not complete within 2 s', exit_code=1)\n"
+               "dog.stage('the test stage')\n" + busy + "\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env=clean_env(), cwd=REPO)   # a watchdog that never fired would hit this timeout
+    assert proc.returncode == code
+    assert "octo-dist: error: the test stage did not complete within 2 s" in proc.stderr
+
+
+def test_a_cancelled_watchdog_never_fires():
+    program = ("import time\nfrom octo_dist.dist import watchdog\n"
+               "dog = watchdog.Watchdog(1, 'fired: {stage}', exit_code=1)\ndog.cancel()\ntime.sleep(1 + watchdog.GRACE_S + 3)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env=clean_env(), cwd=REPO)
+    assert proc.returncode == 0 and "fired" not in proc.stderr
