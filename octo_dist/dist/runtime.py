@@ -28,6 +28,7 @@ import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
+from octo_dist import EXIT_FAILED
 from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
@@ -42,7 +43,7 @@ INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"   # "600"
 # that does not answer) get to report first.
 WATCHDOG_MARGIN_S = 2
 JAX_TIMEOUT_GRACE_S = 15  # jax aborts the process at its timeout; ours fires first, with a useful message
-EXIT_STARTUP = 1
+EXIT_STARTUP = EXIT_FAILED   # a rank that could not start: the job failed, not the input
 DEVICE_MODES = ("one", "all")  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
 
 
@@ -293,8 +294,8 @@ def abort(exc: BaseException, rank: int, world: int) -> None:
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    mpi.abort(1)
-    os._exit(1)
+    mpi.abort(EXIT_FAILED)
+    os._exit(EXIT_FAILED)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Mapping
 
+from octo_dist import EXIT_FAILED, EXIT_OK
 from octo_dist.apps import harness
 from octo_dist.dist import runtime
 
@@ -141,7 +142,7 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
         with open(args.record, "w") as f:
             json.dump(rec, f, indent=1)
     harness.say(job, verdict(rec))
-    return 0 if len(set(rec["digests"])) == 1 else 1
+    return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
 
 
 def main(args, environ: Mapping[str, str] = os.environ) -> int:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_USAGE
+from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 # Flags of the smoke job passed through to both runs unchanged.
 PASSED = ("model", "steps", "global_batch", "seed", "learning_rate", "step_fn")
@@ -119,8 +119,8 @@ def main(args) -> int:
     worst = max_relative(reference, distributed)
     if problems:
         print("octo-dist smoke: equivalence: FAIL\n" + "\n".join(f"  {p}" for p in problems), flush=True)
-        return 1
+        return EXIT_FAILED
     print(f"octo-dist smoke: equivalence: OK: {len(reference['losses'])} steps, {args.np} processes x 1 device match "
           f"1 process x {args.np} devices (largest relative loss difference {worst:.1e} <= {args.tolerance:g}); "
           f"parameters identical on all {args.np} ranks", flush=True)
-    return 0
+    return EXIT_OK
