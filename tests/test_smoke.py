@@ -270,7 +270,7 @@ def test_the_start_up_timeout_is_a_positive_number_from_the_flag_or_the_environm
     assert runtime.startup_timeout(None, {"OCTO_DIST_INIT_TIMEOUT": "45"}) == 45
     assert runtime.startup_timeout(20, {"OCTO_DIST_INIT_TIMEOUT": "45"}) == 20
     for bad in ("abc", "0", "-3", "nan", "inf"):
-        with pytest.raises(runtime.StartupError, match=rf"OCTO_DIST_INIT_TIMEOUT='{bad}'; expected a positive number"):
+        with pytest.raises(runtime.SettingError, match=rf"OCTO_DIST_INIT_TIMEOUT='{bad}'; expected a positive number"):
             runtime.startup_timeout(None, {"OCTO_DIST_INIT_TIMEOUT": bad})
 
 
@@ -301,3 +301,14 @@ def test_a_cancelled_watchdog_never_fires():
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                           env=clean_env(), cwd=REPO)
     assert proc.returncode == 0 and "fired" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--launcher", "slurm"], {}, "octo-dist smoke: error: --launcher slurm was asked for, but its environment"),
+    ([], {"OCTO_DIST_INIT_TIMEOUT": "abc"}, "octo-dist smoke: error: OCTO_DIST_INIT_TIMEOUT='abc'; expected a positive"),
+])
+def test_start_up_settings_that_cannot_work_are_one_line_and_exit_2(args, env, message):
+    proc = subprocess.run([sys.executable, *SMOKE, "--steps", "1", *args], capture_output=True, text=True,
+                          timeout=120, env=clean_env(**env), cwd=REPO)
+    assert proc.returncode == EXIT_USAGE
+    assert proc.stderr.startswith(message) and "Traceback" not in proc.stderr

@@ -2,7 +2,8 @@
 
     return harness.run("smoke", options, lambda job: train(job, args), refusals=(ModelError,))
 
-1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback;
+1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback
+   (exit 2 for a malformed setting or environment, 1 for a start-up that failed);
 2. the stop signal, right after start-up: ``jax.distributed.initialize`` installs TSL's own SIGTERM handler (its
    preemption notifier), which would swallow the signal; from here a scheduler's signal during model building or
    compilation stops the job at its first step;
@@ -75,7 +76,7 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
 
     try:
         rt = runtime.initialize(**options.runtime)
-    except (LauncherError, CoordinatorError) as e:
+    except (LauncherError, CoordinatorError, runtime.SettingError) as e:
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except runtime.StartupError as e:

@@ -51,6 +51,11 @@ class StartupError(RuntimeError):
     """The distributed runtime could not start as the launcher describes."""
 
 
+class SettingError(StartupError):
+    """A start-up setting is malformed (``--init-timeout``, ``OCTO_DIST_INIT_TIMEOUT``, ``--devices-per-process``):
+    refused before anything starts."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     launch: Launch
@@ -92,7 +97,7 @@ def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> O
     A launcher that already narrowed ``CUDA_VISIBLE_DEVICES`` to one GPU per rank ("3") leaves that GPU as id 0.
     """
     if mode not in DEVICE_MODES:
-        raise StartupError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
+        raise SettingError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
     if mode == "all":
         return None
     visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -166,7 +171,7 @@ def startup_timeout(timeout_s: Optional[float], environ: Mapping[str, str]) -> f
         value = float("nan")
     if not value > 0 or value == float("inf"):
         where = "--init-timeout" if timeout_s is not None else INIT_TIMEOUT_ENV
-        raise StartupError(f"{where}={raw!r}; expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})")
+        raise SettingError(f"{where}={raw!r}; expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})")
     return value
 
 
