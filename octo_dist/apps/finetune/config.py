@@ -132,23 +132,12 @@ def resolve_frozen_keys(config: Mapping, model_config: Mapping) -> tuple:
 
 # --- names and directories --------------------------------------------------------------------------------------
 
-def _flatten(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}_{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
 def format_name(name: str, config: Mapping) -> str:
     """The fork's ``format_name_with_config``: ``"ft_{batch_size}_{finetuning_mode}"`` -> ``"ft_256_full"``.
 
     Keys are a leaf's name or its full path joined by ``_`` (``{dataset_kwargs_name}``).
     """
-    flat = _flatten(config)
+    flat = {"_".join(map(str, k)): v for k, v in _flat_keys(config).items()}
     values = {**{k.split("_")[-1]: v for k, v in flat.items()}, **flat}
     try:
         return name.format(**values)
@@ -536,17 +525,6 @@ def load_config(value: str):
     return module.get_config(arg) if arg else module.get_config()
 
 
-def _fields(d: Mapping, prefix: str = "") -> list:
-    out = []
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out += _fields(v, key)
-        else:
-            out.append((key, v))
-    return out
-
-
 USAGE = ("usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
          "                          [--resume] [--step_fn=jit|shard_map] [--compile_cache=DIR]")
 DESCRIPTION = """\
@@ -578,5 +556,5 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
     except Exception as e:  # a bad config string or path: still show the flags
         lines.append(f"  (cannot load {value}: {e})")
     else:
-        lines += [f"  --config.{key}={value!r}" for key, value in _fields(config)]
+        lines += [f"  --config.{'.'.join(map(str, key))}={value!r}" for key, value in _flat_keys(config).items()]
     return "\n".join(lines) + "\n"
