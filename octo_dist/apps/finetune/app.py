@@ -27,6 +27,7 @@ Not carried over: the fork's validation/visualisation/rollout callbacks (``eval_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -263,7 +264,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Op
         if probe is None:
             from octo_dist.apps.finetune import weights
 
-            probe = weights.probe
+            probe = functools.partial(weights.probe, environ=environ)
         job_config = config.parse(flags.config, probe, name=flags.name, debug=flags.debug, resume=flags.resume,
                               step_fn=flags.step_fn, compile_cache=flags.compile_cache)
     except Exception as e:  # absl's flags.Error, get_config refusing its config string, ConfigError
