@@ -1,4 +1,4 @@
-"""Octo as an octo_dist policy (``policy.Policy``): parameters from ``OctoModel.from_config``, the fork's loss.
+"""Octo as an octo_dist policy (``policy.Policy``): parameters as ``OctoModel.from_config`` makes them, the fork's loss.
 
 Importing this module imports Octo: ``ImportError`` where the fork is not installed (``smoke --model auto`` then
 falls back to the tiny policy). The model never sees processes: ``init`` is traced inside the engine's ``jit`` on

@@ -3,7 +3,7 @@
     mpirun -np 2 octo-dist smoke                   # the cluster smoke job (make smoke adds the equivalence check)
     octo-dist smoke --check-equivalence --np 2     # 1 process x 2 devices vs 2 processes x 1 device
 
---model auto uses a tiny Octo built with OctoModel.from_config when octo is importable, else a tiny Flax
+--model auto uses a tiny Octo (parameters as OctoModel.from_config makes them) when octo is importable, else a tiny Flax
 transformer (octo_dist/policies/tiny.py), and says which. Ends with a verdict from rank 0: ranks, devices, steps,
 loss first -> last, and whether every rank holds bit-identical parameters.
 """
@@ -80,7 +80,7 @@ def pick_model(name: str):
                                  f"Fix: make git-deps (needs GitHub), or --model tiny") from None
             return TinyPolicy(), data.Spec(), f"tiny (octo not importable: {e})"
         policy, spec = octo.smoke_policy()
-        return policy, spec, "octo (tiny config from OctoModel.from_config)"
+        return policy, spec, "octo (a tiny Octo config, initialised as OctoModel.from_config does)"
     return TinyPolicy(), data.Spec(), "tiny"
 
 
