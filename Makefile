@@ -74,7 +74,7 @@ SMOKE_ARGS ?=
 smoke: $(ENV_STAMP) ## build the cpu env if missing, run the 2-rank smoke job under mpirun, compare with 1 process
 	$(OCTO_DIST) smoke --check-equivalence --np 2 $(SMOKE_ARGS)
 
-# ---- Octo fine-tuning (issue 5) --------------------------------------------------------------------------
+# ---- Octo fine-tuning --------------------------------------------------------------------------------
 # Compute nodes often have no internet: `make weights` on a login node puts HF_MODEL in WEIGHTS_DIR (and the
 # tokenizer files its config names in ~/.cache/huggingface); jobs then use --config.pretrained_path=WEIGHTS_DIR.
 HF_MODEL ?= hf://rail-berkeley/octo-small
@@ -94,8 +94,8 @@ synthetic-data: $(ENV_STAMP) ## write the small synthetic RLDS dataset (TFRecord
 
 finetune-smoke: synthetic-data ## 2-rank Octo fine-tune of a tiny model on it under mpirun (needs octo: make git-deps)
 	rm -rf runs/finetune-smoke
-	$(MPIRUN_ROOT_ENV) $(VENV)/bin/mpirun --oversubscribe -np 2 $(VENV)/bin/python scripts/finetune.py \
-	  --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug --config.dataset_kwargs.data_dir=$(SYNTHETIC_DATA) \
+	$(MPIRUN_ROOT_ENV) $(VENV)/bin/mpirun --oversubscribe -np 2 $(OCTO_DIST) finetune \
+	  --config=finetune_smoke_config.py --debug --config.dataset_kwargs.data_dir=$(SYNTHETIC_DATA) \
 	  $(FINETUNE_SMOKE_ARGS)
 
 bench-check-env: $(ENV_STAMP) ## median wall time of check-env vs `import jax`, side by side

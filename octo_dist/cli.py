@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` (which registers the
 subcommand and sets ``func``) and does its heavy imports (jax, wandb) inside the function it runs,
-so ``octo-dist check-env`` never pays for ``import jax``.
+so ``octo-dist check-env`` never pays for ``import jax``. ``finetune`` keeps the fork's absl flags
+(``--config.batch_size=...`` cannot be declared to argparse): its arguments go to it unparsed.
 """
 
 from __future__ import annotations
@@ -12,18 +13,18 @@ import importlib
 import sys
 from typing import Sequence
 
-from octo_dist import __version__
+from octo_dist import EXIT_USAGE, __version__
 
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
+    "finetune": "octo_dist.apps.finetune.app",
     "detect": "octo_dist.launchers.cli",
     "validate": "octo_dist.apps.validate.app",
 }
-
-EXIT_USAGE = 2
+RAW_ARGV = "finetune"   # the subcommand whose arguments are handed over unparsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [RAW_ARGV]:
+        from octo_dist.apps.finetune import app
+
+        return app.main([f"octo-dist {RAW_ARGV}", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

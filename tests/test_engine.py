@@ -8,7 +8,7 @@ import pytest
 
 from helpers import PROGRAMS, REPO, clean_env, json_lines
 from octo_dist.engine import data
-from octo_dist.engine import parallel as engine
+from octo_dist.engine import parallel
 
 JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"
 NDEV = 4
@@ -50,8 +50,13 @@ def test_one_device_and_all_devices_give_the_same_losses(observed):
 def test_inputs_are_batch_sharded_global_arrays_and_state_stays_replicated(observed):
     assert observed["batch_sharding"] == {"jit": "PartitionSpec('batch',)", "shard_map": "PartitionSpec('batch',)"}
     assert observed["replicated"] == {"jit": True, "shard_map": True}
-    # numpy handed to the sharded step is an implicit transfer: the seed's class of error, caught by the guard.
+    # numpy handed to the sharded step is an implicit transfer: the class of error that fails on several processes, caught by the guard.
     assert "Disallowed host-to-device transfer" in observed["numpy_input"]
+
+
+def test_the_checkpoint_template_is_the_state_by_shape_and_sharded_values_are_refused(observed):
+    assert observed["template_matches"] and observed["template_is_abstract"]
+    assert observed["sharded_batch"].startswith("['action'] is sharded") and "expected replicated" in observed["sharded_batch"]
 
 
 def test_batch_sizes_at_ndev_plus_minus_one(observed):
@@ -66,7 +71,7 @@ def test_shard_map_replication_check_follows_the_jax_version(observed):
     assert erf["default"] == "ok"
     if observed["jax"] == "0.4.20":
         assert observed["check_rep_default"] is False
-        assert "No replication rule for erf_inv" in erf["forced"]  # what the seed hit, and why check_rep=False
+        assert "No replication rule for erf_inv" in erf["forced"]  # why check_rep is off before 0.4.22
     else:
         assert observed["check_rep_default"] is True and erf["forced"] == "ok"
 
@@ -95,8 +100,8 @@ def test_synthetic_examples_do_not_depend_on_the_process_split():
 
 
 def test_version_and_check_rep_parsing():
-    assert engine.version_tuple("0.4.20+cuda11.cudnn86") == (0, 4, 20)
-    assert engine.default_check_rep("0.4.20") is False and engine.default_check_rep("0.4.22") is True
+    assert parallel.version_tuple("0.4.20+cuda11.cudnn86") == (0, 4, 20)
+    assert parallel.default_check_rep("0.4.20") is False and parallel.default_check_rep("0.4.22") is True
 
 
 @pytest.mark.parametrize("version", ["0.4.20", "0.4.22"])

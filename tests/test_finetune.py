@@ -1,6 +1,7 @@
-"""Octo fine-tuning (issue 5): flags, config checks and their messages everywhere; the real Octo path where the fork
-is installed (``octo`` marker), under a real mpirun (``mpi``)."""
+"""Octo fine-tuning: `octo-dist finetune`'s flags, help and packaged configs, config checks and their messages
+everywhere; the real Octo path where the fork is installed (``octo`` marker), under a real mpirun (``mpi``)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
 
 FINETUNE = str(REPO / "scripts" / "finetune.py")
+OCTO_DIST = [sys.executable, "-m", "octo_dist"]
 SMOKE_CONFIG = str(REPO / "octo_dist" / "apps" / "finetune" / "configs" / "finetune_smoke_config.py")
 UNREACHABLE = lambda repo: "ConnectionError: name resolution failed"  # noqa: E731
 REACHABLE = lambda repo: None  # noqa: E731
@@ -116,12 +118,16 @@ def test_config_delete_keys_removes_by_prefix_then_update_config_merges():
     assert base["model"]["heads"]["action"]["kwargs"]["action_dim"] == 7  # the pretrained config is not modified
 
 
-def test_run_dir_is_stable_across_launches_and_names_format_from_the_config():
+def test_run_dir_is_stable_across_launches_and_names_format_from_the_config(tmp_path, monkeypatch):
     cfg = {"save_dir": "/ckpt", "batch_size": 256, "wandb": {"project": "p", "group": "g"},
            "dataset_kwargs": {"name": "bridge_dataset"}}
     assert fc.run_dir(cfg, "ft_{batch_size}_{dataset_kwargs_name}") == "/ckpt/p/g/ft_256_bridge_dataset"
     assert fc.run_dir({**cfg, "wandb": {"project": "p"}}, "x") == "/ckpt/p/x"
     assert fc.run_dir({**cfg, "save_dir": None}, "x") is None
+    # Absolute (orbax refuses relative paths), URLs left alone.
+    monkeypatch.chdir(tmp_path)
+    assert fc.run_dir({**cfg, "save_dir": "runs"}, "x") == str(tmp_path / "runs" / "p" / "g" / "x")
+    assert fc.run_dir({**cfg, "save_dir": "gs://bucket/runs"}, "x") == "gs://bucket/runs/p/g/x"
     with pytest.raises(fc.ConfigError, match=r"--name='ft_\{lr\}' names 'lr' which is not a config field"):
         fc.run_dir(cfg, "ft_{lr}")
 
@@ -138,10 +144,76 @@ def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path):
     assert fc.resume_problem(str(tmp_path / "new"), resume=False) is None and fc.resume_problem(None, False) is None
 
 
+def test_the_config_is_parsed_once_into_typed_fields(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), save_dir="runs")
+    job = fc.parse(raw, REACHABLE, name="ft_{batch_size}", resume=True, step_fn="shard_map")
+    assert (job.seed, job.batch_size, job.num_steps, job.shuffle_buffer_size, job.log_interval, job.save_interval) == \
+        (42, 8, 6, 64, 1, 3)
+    assert job.name == "ft_8" and job.run_dir == str(tmp_path / "runs" / "octo_finetune_smoke" / "ft_8")
+    assert job.train_state_dir == job.run_dir + "/train_state" and job.pretrained_path is None
+    assert job.fingerprint() == {"batch_size": 8, "seed": 42, "step_fn": "shard_map", "pretrained_path": "None",
+                                 "dataset": "octo_dist_synthetic", "finetuning_mode": "full"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.seed = 1
+    with pytest.raises(fc.ConfigError, match="seed '42'; expected an integer"):
+        fc.parse({**raw, "seed": "42"}, REACHABLE)
+
+
 def test_each_process_and_each_resume_point_gets_its_own_data_seed():
     seeds = {finetune.data_seed(42, p, s) for p in range(4) for s in (0, 3000)}
     assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
     assert finetune.data_seed(42, 1, 0) == finetune.data_seed(42, 1, 0)
+
+
+# --- octo-dist finetune: the installed command, its packaged configs, its help -------------------------------------
+
+def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
+    # From a directory that is not the checkout: the packaged config is found, nothing else is needed.
+    proc = subprocess.run([*OCTO_DIST, "finetune", "--help"], capture_output=True, text=True, timeout=120,
+                          env=clean_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert out.startswith("usage: octo-dist finetune [--config=FILE[:ARGS]]")
+    for flag, default in (("--name=NAME", "(default: experiment)"), ("--debug", "(default: off)"),
+                          ("--resume", "(default: off)"), ("--step_fn=jit|shard_map", "(default: jit)"),
+                          ("--compile_cache=DIR", "$OCTO_DIST_COMPILE_CACHE, else none)"),
+                          ("--config=FILE[:ARGS]", "(default:")):
+        line = out[out.index(f"  {flag} "):].split("\n  --")[0]
+        assert default in line, (flag, line)
+    assert "config fields of finetune_config.py" in out
+    assert "  --config.batch_size=256\n" in out and "  --config.dataset_kwargs.data_dir='data'\n" in out
+    assert "``" not in out and "Unknown command line flag" not in proc.stderr
+    smoke = subprocess.run([*OCTO_DIST, "finetune", "--config=finetune_smoke_config.py", "-h"], capture_output=True,
+                           text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+    assert "config fields of finetune_smoke_config.py" in smoke.stdout and "--config.batch_size=8\n" in smoke.stdout
+    # octo-dist's own --help lists the subcommand.
+    top = subprocess.run([*OCTO_DIST, "--help"], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert "finetune" in top.stdout
+
+
+def test_packaged_config_names_resolve_from_any_directory_and_own_files_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    c = parse("--config=finetune_config.py:head_only,image_conditioned").config
+    assert (c.finetuning_mode, c.modality) == ("head_only", "image_conditioned")
+    assert parse("--config", "finetune_smoke_config.py").config.batch_size == 8
+    own = tmp_path / "mine.py"
+    own.write_text("from ml_collections import ConfigDict\n\ndef get_config(arg='x'):\n"
+                   "    return ConfigDict({'batch_size': 3, 'arg': arg})\n")
+    assert parse(f"--config={own}:y", "--config.batch_size=5").config.to_dict() == {"batch_size": 5, "arg": "y"}
+    assert parse("--config=mine.py").config.arg == "x"     # a relative path to your own file
+    with pytest.raises(fc.ConfigError, match=r"no config file 'configs/nope.py'.*finetune_config.py, "
+                                             r"finetune_smoke_config.py"):
+        parse("--config=configs/nope.py")
+
+
+def test_a_config_name_that_does_not_exist_exits_2_naming_the_choices(tmp_path):
+    proc = subprocess.run([*OCTO_DIST, "finetune", "--config=finetune_cfg.py:full,multimodal"], capture_output=True,
+                          text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("octo-dist finetune: error: --config=finetune_cfg.py:full,multimodal: no config "
+                                  "file 'finetune_cfg.py'") and "Traceback" not in proc.stderr
+    assert "finetune_config.py, finetune_smoke_config.py" in proc.stderr
 
 
 # --- config checks: clear errors before anything starts ----------------------------------------------------------
@@ -231,8 +303,8 @@ def test_the_script_refuses_an_unreachable_hf_path_before_any_rank_starts(tmp_pa
 @pytest.mark.mpi
 def test_every_rank_stops_with_the_message_under_mpirun(mpirun, tmp_path):
     env = clean_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    proc = mpirun(2, FINETUNE, f"--config={SMOKE_CONFIG}", f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}",
-                  env=env, timeout=120)
+    proc = mpirun(2, "-m", "octo_dist", "finetune", "--config=finetune_smoke_config.py",
+                  f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}", env=env, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("dataset 'octo_dist_synthetic'") >= 1 and "make synthetic-data" in proc.stderr
     assert "jax.distributed" not in proc.stderr
@@ -315,12 +387,12 @@ def test_the_smoke_config_finds_the_synthetic_dataset(synthetic):
 @pytest.mark.octo
 def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shapes(synthetic):
     pytest.importorskip("octo")
-    from octo_dist.policies import octo as octo_policy
+    from octo_dist.policies import octo
 
-    cfg = smoke_cfg(synthetic, seed=0)
+    cfg = fc.parse(smoke_cfg(synthetic, seed=0), REACHABLE)
     source = finetune.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)
     batch = next(source.batches(0))
-    spec = octo_policy.SMOKE_SPEC
+    spec = octo.SMOKE_SPEC
     assert batch["observation"]["image_primary"].shape == (3, spec.horizon, spec.image_size, spec.image_size, 3)
     assert batch["task"]["image_primary"].shape == (3, spec.image_size, spec.image_size, 3)
     assert batch["action"].shape == (3, spec.horizon, spec.action_horizon, spec.action_dim)

@@ -17,14 +17,20 @@ def test_tiny_octo_policy_inits_and_its_loss_trains():
     import jax
     import optax
 
-    from octo_dist.engine import data
-    from octo_dist.policies import octo as octo_policy
+    from octo.model.octo_model import OctoModel
 
-    policy, spec = octo_policy.smoke_policy()
-    assert policy.name == "octo" and spec == octo_policy.example_spec()
+    from octo_dist.engine import data
+    from octo_dist.policies import octo
+
+    policy, spec = octo.smoke_policy()
+    assert policy.name == "octo" and spec == octo.SMOKE_SPEC
     batch = data.SyntheticData(spec, 4, 0, 1, 1).batch(0)
-    params = policy.init(jax.random.PRNGKey(0), batch)
+    params = jax.jit(policy.init)(jax.random.PRNGKey(0), batch)   # traceable, as the engine calls it
     assert "octo_transformer" in params and "heads_action" in params
+    # The same parameters OctoModel.from_config makes with that key.
+    reference = OctoModel.from_config(policy.config, batch, rng=jax.random.PRNGKey(0)).params
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(params),
+                                                    jax.tree_util.tree_leaves(reference)))
     tx = optax.adam(1e-3)
 
     @jax.jit
@@ -41,7 +47,7 @@ def test_tiny_octo_policy_inits_and_its_loss_trains():
 
     # pretrained parameters are carried over where key and shape match (merge_params)
     pretrained = jax.tree_util.tree_map(lambda x: x + 1.0, params)
-    merged = octo_policy.OctoPolicy(policy.config, pretrained_params=pretrained).init(jax.random.PRNGKey(1), batch)
+    merged = octo.with_pretrained(policy.init(jax.random.PRNGKey(1), batch), pretrained)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(merged),
                                                     jax.tree_util.tree_leaves(pretrained)))
 

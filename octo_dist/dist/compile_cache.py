@@ -14,12 +14,9 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 
-ENV = "OCTO_DIST_COMPILE_CACHE"   # "/groups/gcb50389/octo-dist-cache"
-
 
 def enable(directory: Optional[str], min_compile_secs: float = 1.0) -> Optional[str]:
-    """Use ``directory`` (default ``$OCTO_DIST_COMPILE_CACHE``; none: off) as JAX's persistent cache."""
-    directory = directory or os.environ.get(ENV)
+    """Use ``directory`` (None: off) as JAX's persistent cache; returns it."""
     if not directory:
         return None
     import jax

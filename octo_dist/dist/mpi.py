@@ -2,18 +2,47 @@
 
 mpi4py is optional at run time: a host MPI that does not match the image's gives an import error, a failing
 ``MPI_Init`` or a singleton world. Each helper then returns None (with a warning where it matters) and the caller
-falls back to what the launcher's environment says.
+falls back to what the launcher's environment says. In a container without an MPI library the job scripts say so
+(``OCTO_DIST_NO_MPI4PY=1``): :func:`allowed` is then false and the callers never import mpi4py.
+
+A world that mpi4py sees with more than one rank but another size than the launcher's environment is not a mismatch
+between host and image but ranks that disagree (one was given another ``OMPI_COMM_WORLD_SIZE``): that raises
+:class:`WorldMismatch`, since rank 0 would otherwise wait in a broadcast the odd rank never joins.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+import sys
+from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.launchers.base import Launch
 from octo_dist.launchers.coordinator import MPI_LAUNCHERS
 
 log = logging.getLogger(__name__)
+
+NO_MPI4PY_ENV = "OCTO_DIST_NO_MPI4PY"   # "1": the container has no MPI library; never import mpi4py
+
+
+class WorldMismatch(RuntimeError):
+    """MPI's world and the launcher's environment disagree about the number of ranks."""
+
+
+def allowed(environ: Mapping[str, str]) -> bool:
+    """False when ``OCTO_DIST_NO_MPI4PY`` is set to anything but "" or "0"."""
+    return environ.get(NO_MPI4PY_ENV, "") in ("", "0")
+
+
+def initialized() -> bool:
+    """Whether this process called MPI_Init (through mpi4py), without importing mpi4py when it did not."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def abort(code: int) -> None:
+    """MPI_Abort over the whole job when MPI is up (mpirun then ends every rank); a no-op otherwise."""
+    if initialized():
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
 
 
 def _world(launch: Launch, warn: bool):
@@ -27,6 +56,12 @@ def _world(launch: Launch, warn: bool):
             log.warning("mpi4py unavailable (%s: %s); falling back to the launcher's environment", type(e).__name__, e)
         return None
     comm = MPI.COMM_WORLD
+    if 1 < comm.Get_size() != launch.world_size:
+        raise WorldMismatch(
+            f"{launch.launcher}'s environment says {launch.world_size} ranks (this is rank {launch.rank}), but MPI "
+            f"started {comm.Get_size()}: the ranks disagree about the world size (a wrapper script or module that "
+            f"changes OMPI_COMM_WORLD_SIZE/PMI_SIZE on some ranks?). Fix: start every rank with the same environment; "
+            f"octo-dist check-env --launch compares them")
     if comm.Get_size() != launch.world_size:
         # A host mpirun the image's MPI does not understand makes every rank a singleton world of 1.
         if warn:

@@ -1,19 +1,24 @@
 """Logging and progress bars that know their rank: ``[rank 1/8 g0002] WARNING octo_dist.engine.parallel: ...``.
 
 INFO is shown on rank 0 only by default, warnings and errors from every rank (a failing node must be heard).
-``OCTO_DIST_LOG_ALL_RANKS=1`` (or ``all_ranks=True``) shows INFO everywhere.
+``all_ranks=True`` shows INFO everywhere (the jobs set it from ``OCTO_DIST_LOG_ALL_RANKS=1``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
-from typing import Iterable, Optional, TextIO, TypeVar
+from typing import Iterable, Mapping, Optional, TextIO, TypeVar
 
 T = TypeVar("T")
 _HANDLER_FLAG = "_octo_dist_ranklog"
+ALL_RANKS_ENV = "OCTO_DIST_LOG_ALL_RANKS"   # "1": INFO from every rank, not only rank 0
+
+
+def all_ranks_requested(environ: Mapping[str, str]) -> bool:
+    """``OCTO_DIST_LOG_ALL_RANKS`` set to anything but "" or "0" (read by the commands, passed to :func:`setup`)."""
+    return environ.get(ALL_RANKS_ENV, "") not in ("", "0")
 
 
 def prefix(rank: int, world: int, host: Optional[str] = None) -> str:
@@ -21,10 +26,8 @@ def prefix(rank: int, world: int, host: Optional[str] = None) -> str:
 
 
 def setup(rank: int, world: int, host: Optional[str] = None, *, level: int = logging.INFO,
-          all_ranks: Optional[bool] = None, stream: Optional[TextIO] = None) -> logging.Logger:
+          all_ranks: bool = False, stream: Optional[TextIO] = None) -> logging.Logger:
     """Configure the root logger (and absl's, which Octo uses) for this rank; idempotent."""
-    if all_ranks is None:
-        all_ranks = os.environ.get("OCTO_DIST_LOG_ALL_RANKS", "") not in ("", "0")
     effective = level if rank == 0 or all_ranks else max(level, logging.WARNING)
     root = logging.getLogger()
     for h in [h for h in root.handlers if getattr(h, _HANDLER_FLAG, False)]:

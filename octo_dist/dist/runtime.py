@@ -4,13 +4,15 @@
         ...                                 # rt.process_index, rt.process_count, rt.is_main
 
 Only public JAX is called (``jax.distributed.initialize(coordinator, num_processes, process_id,
-local_device_ids)``). What the seed learnt the hard way is checked here, before or right after start-up:
+local_device_ids)``). What goes wrong on a cluster is checked here, before or right after start-up:
 
 * a backend touched before start-up makes 0.4.20 run N independent single-process jobs: refused;
 * CPU jax needs gloo collectives for more than one process, and jax <0.4.22 has none: refused by name;
 * ``jax.process_count()`` must equal the launcher's world size: otherwise an error naming the likely cause;
 * an unreachable coordinator ends with an error naming the address and timeout, not a 5-minute abort
   whose message blames "missing heartbeats";
+* a watchdog is armed before anything that can block (mpi4py's MPI_Init and broadcast included): ranks that
+  disagree at start-up end within ``--init-timeout``, each with its own error, instead of waiting forever;
 * a rank that raises ends the whole job at once (MPI_Abort or exit 1) instead of waiting in shutdown's barrier.
 """
 
@@ -22,22 +24,27 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
-from octo_dist.launchers import coordinator as coord_mod
+from octo_dist import EXIT_FAILED
 from octo_dist.launchers import coordcheck
+from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.dist import mpi
+from octo_dist.dist import watchdog
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300   # jax's own default for initialization_timeout
+INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"   # "600"
+# The watchdog is the backstop: the waits with their own timeout and a more precise message (the coordinator
+# that does not answer) get to report first.
+WATCHDOG_MARGIN_S = 2
 JAX_TIMEOUT_GRACE_S = 15  # jax aborts the process at its timeout; ours fires first, with a useful message
-EXIT_STARTUP = 1
+EXIT_STARTUP = EXIT_FAILED   # a rank that could not start: the job failed, not the input
 DEVICE_MODES = ("one", "all")  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
 
 
@@ -45,10 +52,15 @@ class StartupError(RuntimeError):
     """The distributed runtime could not start as the launcher describes."""
 
 
+class SettingError(StartupError):
+    """A start-up setting is malformed (``--init-timeout``, ``OCTO_DIST_INIT_TIMEOUT``, ``--devices-per-process``):
+    refused before anything starts."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     launch: Launch
-    coordinator: Optional[coord_mod.Coordinator]
+    coordinator: Optional[coordinator.Coordinator]
     host: str
     platform: str  # "gpu" / "cpu", from the devices JAX ended up with
     process_index: int
@@ -66,11 +78,9 @@ class Runtime:
                 f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}")
 
 
-_current: Optional[Runtime] = None
-
-
-def current() -> Optional[Runtime]:
-    return _current
+def is_gpu_jaxlib(jaxlib_version: str) -> bool:
+    """``"0.4.20+cuda11.cudnn86"`` (or a ``+rocm`` build) -> True; PyPI's CPU ``"0.4.22"`` -> False."""
+    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
 
 
 def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
@@ -79,7 +89,7 @@ def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
     platforms = (environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or "").lower()
     if platforms:
         return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
-    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
+    return is_gpu_jaxlib(jaxlib_version)
 
 
 def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> Optional[list[int]]:
@@ -88,7 +98,7 @@ def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> O
     A launcher that already narrowed ``CUDA_VISIBLE_DEVICES`` to one GPU per rank ("3") leaves that GPU as id 0.
     """
     if mode not in DEVICE_MODES:
-        raise StartupError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
+        raise SettingError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
     if mode == "all":
         return None
     visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -132,7 +142,7 @@ def _enable_cpu_collectives(jax_version: str) -> None:
             f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile") from None
 
 
-def wait_for_coordinator(c: coord_mod.Coordinator, timeout_s: float, rank: int) -> None:
+def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int) -> None:
     """Rank > 0: until the coordinator accepts TCP connections, at most ``timeout_s``; else a StartupError."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -153,17 +163,17 @@ def wait_for_coordinator(c: coord_mod.Coordinator, timeout_s: float, rank: int) 
         f"or raise the timeout (--init-timeout / OCTO_DIST_INIT_TIMEOUT)")
 
 
-def _watchdog(seconds: float, message: str) -> threading.Timer:
-    """Exit with ``message`` after ``seconds`` unless cancelled: jax's own timeout aborts with a misleading one."""
-    def fire():
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-        os._exit(EXIT_STARTUP)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    return timer
+def startup_timeout(timeout_s: Optional[float], environ: Mapping[str, str]) -> float:
+    """``timeout_s``, else ``$OCTO_DIST_INIT_TIMEOUT`` ("600"), else 300 s; refused unless a positive number."""
+    raw = timeout_s if timeout_s is not None else environ.get(INIT_TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        where = "--init-timeout" if timeout_s is not None else INIT_TIMEOUT_ENV
+        raise SettingError(f"{where}={raw!r}; expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})")
+    return value
 
 
 def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[float] = None,
@@ -173,29 +183,76 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
     Args:
       launcher: "auto" or a name from ``octo_dist.launchers.ORDER``.
       coordinator: "host:port" (or a ``Coordinator``) overriding every other source.
-      timeout_s: how long start-up may take (default ``$OCTO_DIST_INIT_TIMEOUT`` or 300 s).
+      timeout_s: how long start-up may take (default ``$OCTO_DIST_INIT_TIMEOUT`` or 300 s). The watchdog is armed
+        before the first call that can block, mpi4py included: a rank stuck past it exits with an error.
       devices: "one" GPU per process (``local_device_ids=[local_rank]``) or "all" GPUs of the node per process.
-      use_mpi: let mpi4py broadcast rank 0's address when launched through MPI.
+      use_mpi: let mpi4py broadcast rank 0's address when launched through MPI; ``OCTO_DIST_NO_MPI4PY=1`` in
+        ``environ`` turns it off too (a container without an MPI library: mpi4py is then never imported).
       environ: the environment to read (default ``os.environ``).
-    """
-    global _current
-    environ = os.environ if environ is None else environ
-    if _current is not None:
-        raise StartupError("octo_dist.dist.runtime.initialize() was already called in this process")
-    if timeout_s is None:
-        timeout_s = float(environ.get("OCTO_DIST_INIT_TIMEOUT", DEFAULT_TIMEOUT_S))
-    launch = launchers.detect(environ, launcher)
 
+    Raises:
+      StartupError: (single process, or before anything could block) the runtime cannot start as described.
+        Once several ranks may be waiting on this one, a failure ends the whole job instead (MPI_Abort, or exit 1
+        for mpirun to notice) with this rank's error, so no rank waits for it.
+    """
+    environ = os.environ if environ is None else environ
+    timeout_s = startup_timeout(timeout_s, environ)
+    use_mpi = use_mpi and mpi.allowed(environ)
+    launch = launchers.detect(environ, launcher)
+    with startup_guard(launch, timeout_s) as dog:
+        return _start(launch, environ, coordinator, timeout_s, devices, use_mpi, dog)
+
+
+@contextlib.contextmanager
+def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdog]:
+    """Around anything several ranks do together before training (mpi4py collectives, JAX start-up).
+
+    With more than one rank: a watchdog (``watchdog.Watchdog``, a child process: it fires even inside MPI_Init)
+    ends this rank with an error after ``timeout_s``, and an exception while MPI is up ends the whole job with this
+    rank's error (MPI_Abort): the other ranks may be waiting in a collective this one will never join. Call
+    ``.stage(what)`` on the value yielded to say what is being waited for."""
+    if launch.world_size == 1:
+        yield watchdog.NoWatchdog()
+        return
+    dog = watchdog.Watchdog(timeout_s + WATCHDOG_MARGIN_S, (
+        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete within {timeout_s:g} s. "
+        f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
+        f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
+        f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"), exit_code=EXIT_STARTUP)
+    try:
+        dog.stage("start-up (import jax)")
+        yield dog
+    except Exception as e:
+        if mpi.initialized():
+            _fail_job(e, launch)
+        raise
+    finally:
+        dog.cancel()
+
+
+def _fail_job(exc: BaseException, launch: Launch) -> None:
+    """One line naming this rank and its error, then MPI_Abort: every rank of the job ends now."""
+    sys.stderr.write(f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up failed: {exc}\n")
+    sys.stderr.flush()
+    mpi.abort(EXIT_STARTUP)
+    os._exit(EXIT_STARTUP)
+
+
+def _start(launch: Launch, environ: Mapping[str, str], explicit, timeout_s: float, devices: str, use_mpi: bool,
+           dog) -> Runtime:
     import jax
     import jaxlib
 
     if _backends_initialized():
         raise StartupError(
             "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
-            "jax.devices() or ran a computation at import time); jax 0.4.20 then runs every rank as an independent "
-            "single-process job. Fix: call octo_dist.dist.runtime.initialize() before any JAX computation")
+            "jax.devices() or ran a computation at import time, or initialize() was called twice); jax 0.4.20 then "
+            "runs every rank as an independent single-process job. Fix: call octo_dist.dist.runtime.initialize() "
+            "once, before any JAX computation")
     gpu = expects_gpu(jaxlib.__version__, environ)
-    c = coord_mod.resolve(environ, launch, explicit=coordinator, broadcast=mpi.broadcaster(launch) if use_mpi else None)
+    dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator agreement")
+    c = coordinator.resolve(environ, launch, explicit=explicit, broadcast=mpi.broadcaster(launch) if use_mpi else None)
+    started = time.monotonic()
     if launch.world_size > 1:
         assert c is not None
         warning = coordcheck.check(c, launch.rank)  # resolves; rank 0: its own host, port free (else XLA segfaults)
@@ -206,23 +263,17 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
             _enable_cpu_collectives(jax.__version__)
         ids = local_device_ids(launch, devices, environ) if gpu else None
         log.info("starting %d processes: coordinator %s (%s), timeout %g s", launch.world_size, c.address, c.source, timeout_s)
-        started = time.monotonic()
         if launch.rank != 0:
+            dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
             wait_for_coordinator(c, timeout_s, launch.rank)
         remaining = max(timeout_s - (time.monotonic() - started), 1.0)
-        watchdog = _watchdog(remaining, 
-            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: jax.distributed.initialize did not complete "
-            f"within {timeout_s:g} s (coordinator {c.address}, {c.source}). Every rank must start with the same world size "
-            f"({launch.world_size}) and coordinator; a rank that is missing, crashed, or was given another address keeps "
-            f"the others waiting. Fix: check every rank's log; raise --init-timeout if nodes start slowly")
+        dog.stage("jax.distributed.initialize")
         try:
             jax.distributed.initialize(c.address, launch.world_size, launch.rank, local_device_ids=ids,
                                        initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S))
         except Exception as e:
             raise StartupError(f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
                                f"{launch.rank}) failed: {e}") from e
-        finally:
-            watchdog.cancel()
 
     count = jax.process_count()
     if count != launch.world_size or jax.process_index() != launch.rank:
@@ -231,22 +282,19 @@ def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[
         raise StartupError(f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
                            f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch")
     devices_seen = jax.local_devices()
-    _current = Runtime(launch=launch, coordinator=c, host=socket.gethostname(), platform=devices_seen[0].platform,
-                       process_index=jax.process_index(), process_count=count,
-                       local_device_count=len(devices_seen), device_count=jax.device_count())
-    if gpu and _current.platform == "cpu":
+    rt = Runtime(launch=launch, coordinator=c, host=socket.gethostname(), platform=devices_seen[0].platform,
+                 process_index=jax.process_index(), process_count=count,
+                 local_device_count=len(devices_seen), device_count=jax.device_count())
+    if gpu and rt.platform == "cpu":
         log.warning("jaxlib %s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`", jaxlib.__version__)
-    return _current
+    return rt
 
 
 def shutdown() -> None:
-    """Leave the distributed runtime (waits for every rank, as jax.distributed.shutdown does)."""
-    global _current
-    if _current is not None and _current.process_count > 1:
-        import jax
+    """Leave the distributed runtime (waits for every rank, as jax.distributed.shutdown does; a no-op for one)."""
+    import jax
 
-        jax.distributed.shutdown()
-    _current = None
+    jax.distributed.shutdown()
 
 
 def abort(exc: BaseException, rank: int, world: int) -> None:
@@ -255,16 +303,20 @@ def abort(exc: BaseException, rank: int, world: int) -> None:
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(1)
-    os._exit(1)
+    mpi.abort(EXIT_FAILED)
+    os._exit(EXIT_FAILED)
 
 
 @contextlib.contextmanager
 def distributed(**kwargs) -> Iterator[Runtime]:
-    """``initialize(**kwargs)``, then always leave cleanly: shutdown on success, abort the job on an exception."""
-    rt = initialize(**kwargs)
+    """``initialize(**kwargs)``, then :func:`running`."""
+    with running(initialize(**kwargs)) as rt:
+        yield rt
+
+
+@contextlib.contextmanager
+def running(rt: Runtime) -> Iterator[Runtime]:
+    """Always leave cleanly: shutdown on success, abort the whole job when this rank raised."""
     try:
         yield rt
     except SystemExit as e:
@@ -289,7 +341,8 @@ def argv_options(parser) -> None:
     parser.add_argument("--init-timeout", type=float, default=None,
                         help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})")
     parser.add_argument("--devices-per-process", choices=DEVICE_MODES, default="one",
-                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank")
+                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank "
+                             "(default: %(default)s)")
 
 
 def from_args(args) -> dict:

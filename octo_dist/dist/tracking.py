@@ -1,6 +1,6 @@
 """Experiment tracking behind a small interface: wandb on rank 0, a no-op on every other rank.
 
-The seed's crash: every rank called ``wandb.init`` and they raced on one run directory (``FileExistsError``).
+Every rank calling ``wandb.init`` races on one run directory and crashes (``FileExistsError``).
 Here rank 0 alone talks to wandb, after all ranks agreed on the run id by broadcast (so any rank can name
 files after the run). The wandb ``group`` defaults to the scheduler's job id, so the runs of one job, and
 its resumptions, are grouped. ``WANDB_MODE=offline|disabled`` is honoured; secrets never reach the config.
@@ -39,17 +39,6 @@ class NoopTracker(Tracker):
         pass
 
 
-class MemoryTracker(Tracker):
-    """Keeps what was logged: for tests and for the smoke job's verdict."""
-
-    def __init__(self, run_id: str):
-        super().__init__(run_id)
-        self.records: list[tuple[int, dict]] = []
-
-    def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        self.records.append((step, dict(metrics)))
-
-
 class WandbTracker(Tracker):
     def __init__(self, run_id: str, *, project: str, mode: str, group: Optional[str] = None, name: Optional[str] = None,
                  config: Optional[Mapping[str, Any]] = None, entity: Optional[str] = None, dir: Optional[str] = None):
@@ -84,9 +73,9 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def resolve_mode(environ: Mapping[str, str], mode: Optional[str] = None) -> str:
-    """``mode`` if given, else ``WANDB_MODE`` ("dryrun" is wandb's old word for offline), else online."""
-    value = (mode or environ.get("WANDB_MODE") or "online").lower()
+def resolve_mode(environ: Mapping[str, str], mode: Optional[str] = None, default: str = "online") -> str:
+    """``mode`` if given, else ``WANDB_MODE`` ("dryrun" is wandb's old word for offline), else ``default``."""
+    value = (mode or environ.get("WANDB_MODE") or default).lower()
     value = {"dryrun": "offline", "run": "online"}.get(value, value)
     if value not in MODES:
         raise ValueError(f"wandb mode {value!r}; expected one of {MODES} (from {'--wandb-mode' if mode else 'WANDB_MODE'})")

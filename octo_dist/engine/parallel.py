@@ -1,16 +1,20 @@
 """The data-parallel train step: replicated state, batch-sharded global inputs, replicated metrics.
 
-    mesh = engine.make_mesh()                                   # every device of every process, axis "batch"
-    eng = engine.Engine(mesh, policy.loss, optax.adam(1e-3))    # step_fn="jit" (default) or "shard_map"
+    mesh = parallel.make_mesh()                                 # every device of every process, axis "batch"
+    eng = parallel.Engine(mesh, policy.loss, optax.adam(1e-3))  # step_fn="jit" (default) or "shard_map"
     state = eng.init_state(policy, eng.global_batch(local), seed=0)
     state, metrics = eng.step(state, eng.global_batch(local))   # local: this process's slice, numpy
 
 Inputs are *global* arrays assembled from each process's slice with
 ``multihost_utils.host_local_array_to_global_array`` (``make_array_from_process_local_data`` arrived in 0.4.29).
-Numpy passed to a sharded ``jit`` fails on several processes with the seed's "Passing non-trivial shardings for
-numpy inputs is not allowed"; ``global_batch`` is the one way in.
+Numpy passed to a sharded ``jit`` fails on several processes with "Passing non-trivial shardings for numpy inputs
+is not allowed"; ``global_batch`` is the one way in.
 
-``step_fn="shard_map"`` is the seed's variant (per-device code, explicit ``pmean``). jax 0.4.20 has no
+The state is replicated by construction: built by one ``jit`` whose ``out_shardings`` are replicated (never a full
+init on the host only to read its shapes: a checkpoint's template comes from ``jax.eval_shape``), and checked with
+:func:`assert_replicated`; :func:`to_host` refuses a sharded array instead of returning one shard of it.
+
+``step_fn="shard_map"`` is the variant with per-device code and an explicit ``pmean``. jax 0.4.20 has no
 replication rule for ``erf_inv`` (used by Octo's diffusion head's initialisers and noise), so ``check_rep`` is off
 there; 0.4.22 has one and keeps the check.
 """
@@ -63,17 +67,41 @@ def tree_digest(tree) -> str:
     """sha256 over every leaf's bytes in tree order (this process's copy of replicated arrays): equal across ranks
     exactly when their parameters are bit-identical."""
     h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(tree):
-        a = leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf
-        h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+    for leaf in jax.tree_util.tree_leaves(to_host(tree)):
+        h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()[:16]
 
 
+class NotReplicatedError(ValueError):
+    """A value the engine keeps identical on every device is sharded."""
+
+
+def _one_host_copy(path, x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    if not x.is_fully_replicated:
+        raise NotReplicatedError(f"{jax.tree_util.keystr(path) or 'value'} is sharded ({x.sharding}); expected a "
+                                 f"replicated array, whose local copy is the whole value")
+    return np.asarray(x.addressable_data(0))
+
+
 def to_host(tree):
-    """Replicated (or fully addressable) arrays -> numpy, from this process's copy."""
-    return jax.tree_util.tree_map(
-        lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) and not x.is_fully_addressable
-        else np.asarray(x), tree)
+    """Replicated (or fully addressable) arrays -> numpy, from this process's copy; a sharded array is refused."""
+    return jax.tree_util.tree_map_with_path(_one_host_copy, tree)
+
+
+def assert_replicated(tree) -> None:
+    """Every jax.Array leaf holds the whole value on every device (raises NotReplicatedError naming the first that
+    does not)."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(x, jax.Array) and not x.is_fully_replicated:
+            raise NotReplicatedError(f"{jax.tree_util.keystr(path)} is sharded ({x.sharding}); expected replicated")
+
+
+def init_keys(seed: int) -> Tuple[jax.Array, jax.Array]:
+    """(the parameters' init key, the base key of every step's dropout): both from ``seed``."""
+    init_rng, base_rng = jax.random.split(jax.random.PRNGKey(seed))
+    return init_rng, base_rng
 
 
 class Engine:
@@ -97,24 +125,50 @@ class Engine:
         return multihost_utils.host_local_array_to_global_array(local, self.mesh, P(BATCH_AXIS))
 
     def replicate(self, tree):
-        """Identical host values on every process -> replicated global arrays (already-replicated leaves pass)."""
+        """Identical values on every process -> replicated global arrays on this mesh.
+
+        Host values (numpy, or arrays this process holds whole) are placed on every device; arrays spread over
+        several processes are resharded to replicated by ``jit`` (an all-gather: the whole value, never one shard).
+        """
         def one(x):
-            if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(self.replicated, x.ndim):
-                return x
-            return multihost_utils.host_local_array_to_global_array(np.asarray(to_host(x)), self.mesh, P())
-        return jax.tree_util.tree_map(one, tree)
+            if isinstance(x, jax.Array) and not x.is_fully_addressable:
+                if x.sharding.is_equivalent_to(self.replicated, x.ndim):
+                    return x
+                return jax.jit(lambda a: a, out_shardings=self.replicated)(x)
+            return multihost_utils.host_local_array_to_global_array(np.asarray(x), self.mesh, P())
+        out = jax.tree_util.tree_map(one, tree)
+        assert_replicated(out)
+        return out
+
+    def _state(self, params, base_rng) -> TrainState:
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params),
+                          rng=base_rng)
 
     def init_state(self, policy, example_batch, seed: int = 0, params=None) -> TrainState:
-        """Parameters from ``policy.init`` (or given, e.g. pretrained), optimizer state, base RNG; all replicated."""
-        init_rng, base_rng = jax.random.split(jax.random.PRNGKey(seed))
-        params = self.replicate(policy.init(init_rng, example_batch) if params is None else params)
-        opt_state = jax.jit(self.optimizer.init, out_shardings=self.replicated)(params)
-        return TrainState(step=self.replicate(np.zeros((), np.int32)), params=params, opt_state=opt_state,
-                          rng=self.replicate(np.asarray(base_rng)))
+        """Parameters from ``policy.init`` (or given, e.g. pretrained), optimizer state, base RNG.
 
-    def abstract_state(self, state: TrainState):
-        """Shapes, dtypes and shardings of ``state``, for restoring a checkpoint into this mesh."""
-        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated), state)
+        One ``jit`` with replicated ``out_shardings`` builds it all, so the state is replicated by construction
+        (checked with :func:`assert_replicated`). ``policy.init`` is traced; ``example_batch`` is the global batch.
+        """
+        init_rng, base_rng = init_keys(seed)
+        if params is None:
+            build = jax.jit(lambda r, b: self._state(policy.init(r, b), base_rng), out_shardings=self.replicated)
+            state = build(init_rng, example_batch)
+        else:
+            state = jax.jit(lambda p: self._state(p, base_rng), out_shardings=self.replicated)(self.replicate(params))
+        assert_replicated(state)
+        return state
+
+    def abstract_state(self, policy, example_batch, seed: int = 0, params=None):
+        """What :meth:`init_state` would return, as shapes, dtypes and replicated shardings: a checkpoint's
+        template. ``jax.eval_shape``: nothing is initialised or computed."""
+        init_rng, base_rng = init_keys(seed)
+        if params is None:
+            shapes = jax.eval_shape(lambda r, b: self._state(policy.init(r, b), base_rng), init_rng, example_batch)
+        else:
+            shapes = jax.eval_shape(lambda p: self._state(p, base_rng), params)
+        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated),
+                                      shapes)
 
     # --- the step ---------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the engine needs from a model: parameters and a loss. Nothing about processes, meshes or devices.
 
-The smoke job's tiny policy (``tiny_policy.py``) and Octo (``octo_policy.py``) both implement this; the engine
-(``engine.py``) turns any of them into a data-parallel train step.
+The smoke job's tiny policy (``octo_dist/policies/tiny.py``) and Octo (``octo_dist/policies/octo.py``) both implement
+this; the engine (``parallel.py``) turns any of them into a data-parallel train step.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ class Policy(Protocol):
 
     def init(self, rng, example_batch: Batch) -> Params:
         """Parameters for ``example_batch`` (the *global* batch: jax.Arrays sharded along axis 0 over every device
-        of every process). Called once on every process with the same ``rng``; must give the same parameters."""
+        of every process). Pure and traceable: the engine calls it inside ``jit`` (replicated ``out_shardings``)
+        and inside ``jax.eval_shape`` (a checkpoint's template), on every process with the same ``rng``."""
 
     def loss(self, params: Params, batch: Batch, rng, train: bool) -> Tuple[Any, Mapping[str, Any]]:
         """(scalar loss, scalar metrics) for ``batch``; pure, traced inside ``jit``. The loss is a mean over the

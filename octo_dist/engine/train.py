@@ -38,7 +38,7 @@ class FitResult:
     end_step: int
     losses: dict                 # step -> loss of the batch at that step (on every rank)
     stopped_by: Optional[str]    # "SIGTERM", "SIGUSR1", ... when a stop signal ended the run early
-    params_digest: str           # engine.tree_digest of this rank's parameters
+    params_digest: str           # parallel.tree_digest of this rank's parameters
     state: Any = None
 
 
@@ -75,8 +75,8 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
     start-up or compilation is honoured too (default: one installed here)."""
     import jax
 
-    from octo_dist.engine import parallel as engine
     from octo_dist.dist import stopping
+    from octo_dist.engine import parallel
 
     rank = jax.process_index()
     fingerprint = dict(fingerprint or {})
@@ -86,13 +86,16 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
     try:
         resume_from = resolve_start(ckpt, cfg)
         start = resume_from or 0
-        eng = engine.Engine(engine.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
+        eng = parallel.Engine(parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
         batches = data.batches(start)
         first = next(batches)
-        state = eng.init_state(policy, eng.global_batch(first), cfg.seed, params)
-        if resume_from is not None:
-            # The fresh state is the template (shapes, dtypes, shardings) the checkpoint is read into.
-            state, meta = ckpt.restore(resume_from, eng.abstract_state(state))
+        if resume_from is None:
+            state = eng.init_state(policy, eng.global_batch(first), cfg.seed, params)
+        else:
+            # The template (shapes, dtypes, replicated shardings) the checkpoint is read into, by shape only.
+            template = eng.abstract_state(policy, eng.global_batch(first), cfg.seed, params)
+            state, meta = ckpt.restore(resume_from, template)
+            parallel.assert_replicated(state)
             check_resumable(meta, fingerprint, ckpt.directory)
             log.info("resumed from %s: step %d of %d", ckpt.directory / str(resume_from), start, cfg.steps)
         batches = _prepend(first, batches)
@@ -103,8 +106,8 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         done = start
         for step in ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"):
             state, metrics = eng.step(state, eng.global_batch(next(batches)), stop.pending)
-            values = {k: float(v) for k, v in engine.to_host(metrics).items()}
-            agreed_signal = int(values.pop(engine.STOP))
+            values = {k: float(v) for k, v in parallel.to_host(metrics).items()}
+            agreed_signal = int(values.pop(parallel.STOP))
             losses[step] = values["loss"]
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
                 tracker.log(values, step)
@@ -121,7 +124,7 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         if cfg.save_dir and last_saved != done:
             ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
         return FitResult(start_step=start, end_step=done, losses=losses, stopped_by=stopped_by,
-                         params_digest=engine.tree_digest(state.params), state=state)
+                         params_digest=parallel.tree_digest(state.params), state=state)
     finally:
         if owned:
             stop.close()

@@ -81,7 +81,7 @@ def _launch(args, profile, checks, smi) -> int:
     except launchers.LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    ranklog.setup(launch.rank, launch.world_size)
+    ranklog.setup(launch.rank, launch.world_size, all_ranks=ranklog.all_ranks_requested(os.environ))
     if launch.rank == 0 and any(c.status == FAIL for c in checks) and not args.json:
         print(report.as_table(checks, profile.name, args.verbose))
     try:

@@ -1,6 +1,6 @@
 """Give Octo's ``OctoModel.from_config`` an example batch it gathers correctly on any number of processes.
 
-The seed's crash on more than one process::
+What fails on more than one process without it::
 
     File ".../octo/model/octo_module.py", line 125, in __call__
         assert horizon <= self.max_horizon, "horizon must be <= max_horizon"
@@ -19,7 +19,7 @@ and jax 0.4.20's (and 0.4.22's, unchanged) ``process_allgather`` has two branche
 * a jax.Array that is *not* fully addressable (a global array spread over several processes): ``pjit`` of the
   identity to a replicated sharding, i.e. the global value ``(B, T, H, W, 3)`` on every process.
 
-So no patch to Octo is needed (the seed edited it to ``tiled=True``): hand ``from_config`` *global* arrays, built
+So no patch to Octo is needed (such as editing it to ``tiled=True``): hand ``from_config`` *global* arrays, built
 from each process's slice with ``host_local_array_to_global_array`` (``make_array_from_process_local_data`` is
 0.4.29+). They take the second branch on several processes and the unchanged path on one; the result is
 ``(B, ...)``, identical on every rank, in both cases. That is :func:`for_from_config`. The engine's
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-BATCH_AXIS = "batch"
+from octo_dist.engine.parallel import BATCH_AXIS
 
 
 class GatherError(ValueError):
@@ -104,7 +104,7 @@ def for_from_config(local_batch: Any, mesh, axis: str = BATCH_AXIS) -> Any:
 def gathered(local_batch: Any, mesh, axis: str = BATCH_AXIS) -> Any:
     """What ``from_config`` sees after its ``process_allgather``: the global batch as numpy, the same on every rank.
 
-    ``process_allgather(for_from_config(local))``: the effect of the seed's ``tiled=True`` edit, without the edit.
+    ``process_allgather(for_from_config(local))``: the effect of a ``tiled=True`` edit to Octo, without the edit.
     """
     from jax.experimental import multihost_utils
 

@@ -11,7 +11,6 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from octo_dist.engine.data import Spec
@@ -75,8 +74,8 @@ class TinyPolicy:
         return TinyTransformer(self.spec, dropout=self.dropout)
 
     def init(self, rng, example_batch) -> Any:
-        # Under jit, so a global batch spread over several processes is fine; the caller replicates the result.
-        return jax.jit(lambda r, b: self.module.init(r, b["observation"], b["task"])["params"])(rng, example_batch)
+        # Traced inside the engine's jit, so a global batch spread over several processes is fine.
+        return self.module.init(rng, example_batch["observation"], example_batch["task"])["params"]
 
     def loss(self, params, batch, rng, train: bool):
         pred = self.module.apply({"params": params}, batch["observation"], batch["task"], train=train,

@@ -1,4 +1,4 @@
-"""Run by tests/test_engine.py in one process with forced host devices, on jax 0.4.20 (the production pin) and
+"""Run by tests/test_parallel.py in one process with forced host devices, on jax 0.4.20 (the production pin) and
 0.4.22: prints one JSON object of what it observed.
 
 usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 python sharding.py
@@ -12,7 +12,7 @@ import numpy as np
 import optax
 
 from octo_dist.engine import data
-from octo_dist.engine import parallel as engine
+from octo_dist.engine import parallel
 from octo_dist.policies.tiny import TinyPolicy
 
 out = {"jax": jax.__version__, "devices": jax.device_count()}
@@ -22,7 +22,7 @@ tx = optax.adam(1e-3)
 
 def run(devices, step_fn, steps=2):
     """Losses of ``steps`` steps on ``devices``; the engine and last state are kept for the checks below."""
-    eng = engine.Engine(engine.make_mesh(devices), policy.loss, tx, step_fn=step_fn)
+    eng = parallel.Engine(parallel.make_mesh(devices), policy.loss, tx, step_fn=step_fn)
     src = data.SyntheticData(data.Spec(), 2 * ndev, 0, 1, len(devices))
     state = eng.init_state(policy, eng.global_batch(src.batch(0)))
     got = []
@@ -32,7 +32,7 @@ def run(devices, step_fn, steps=2):
         # Any implicit host<->device copy inside the step (numpy sneaking in) raises here.
         with jax.transfer_guard("disallow"):
             state, metrics = eng.step(state, batch)
-        got.append(float(engine.to_host(metrics)["loss"]))
+        got.append(float(parallel.to_host(metrics)["loss"]))
     out.setdefault("replicated", {})[step_fn] = all(
         x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(state.params))
     return got, eng, state
@@ -62,16 +62,29 @@ try:
 except Exception as e:  # noqa: BLE001 - the type differs across versions; the message is what matters
     out["numpy_input"] = f"{type(e).__name__}: {e}"[:200]
 
+# The checkpoint template, by shape only, is the state init_state builds; a batch-sharded value is not replicated.
+batch = eng.global_batch(src.batch(0))
+template, fresh = eng.abstract_state(policy, batch, 3), eng.init_state(policy, batch, 3)
+out["template_matches"] = all(
+    (t.shape, t.dtype, t.sharding.is_equivalent_to(x.sharding, x.ndim)) == (x.shape, x.dtype, True)
+    for t, x in zip(jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(fresh)))
+out["template_is_abstract"] = all(isinstance(t, jax.ShapeDtypeStruct) for t in jax.tree_util.tree_leaves(template))
+try:
+    parallel.assert_replicated(batch)
+    out["sharded_batch"] = "accepted"
+except parallel.NotReplicatedError as e:
+    out["sharded_batch"] = str(e)
+
 # shard_map's replication check: erf_inv (Octo's diffusion head) has a rule only from 0.4.22 on.
 def erf_loss(params, batch, rng, train):
     return jnp.mean(jax.scipy.special.erfinv(jnp.tanh(params["w"] * batch["x"]))), {}
 
 x = {"x": np.linspace(-0.5, 0.5, ndev * 2, dtype=np.float32).reshape(ndev * 2, 1)}
-out["check_rep_default"] = engine.default_check_rep(jax.__version__)
+out["check_rep_default"] = parallel.default_check_rep(jax.__version__)
 for check in (True, None):
     key = "forced" if check else "default"
     try:
-        e2 = engine.Engine(engine.make_mesh(), erf_loss, optax.sgd(0.1), step_fn="shard_map", check_rep=check)
+        e2 = parallel.Engine(parallel.make_mesh(), erf_loss, optax.sgd(0.1), step_fn="shard_map", check_rep=check)
         st = e2.init_state(None, None, params={"w": np.ones((1,), np.float32)})
         e2.step(st, e2.global_batch(x))
         out.setdefault("erf_inv", {})[key] = "ok"

@@ -1,22 +1,23 @@
-"""Octo fine-tuning on the octo_dist engine: the fork's ``scripts/finetune.py`` flow, on any number of processes.
+"""octo-dist finetune: Octo fine-tuning on the octo_dist engine, the fork's scripts/finetune.py flow on any number of
+processes.
 
     mpirun -npernode $NUM_GPUS -hostfile $SGE_JOB_HOSTLIST \
-        python scripts/finetune.py --config.pretrained_path=weights/octo-small
+        octo-dist finetune --config.pretrained_path=weights/octo-small
 
 The flow is the fork's: load the pretrained model, apply ``config_delete_keys`` / ``update_config``, build the
-fine-tuned model with ``OctoModel.from_config`` and carry the pretrained parameters over (``merge_params``), freeze
-keys per ``finetuning_mode``, the optimizer from the config (``create_optimizer``), ``make_single_dataset``. What
-differs is what the seed had to discover:
+fine-tuned model and carry the pretrained parameters over (``merge_params``), freeze keys per
+``finetuning_mode``, the optimizer from the config (``create_optimizer``), ``make_single_dataset``. What differs is
+what several processes need:
 
-* the config is checked before the runtime starts (``finetune_config.validate``): an unreachable ``hf://`` path or
+* the config is checked and parsed before the runtime starts (``config.parse``): an unreachable ``hf://`` path or
   a missing dataset ends every rank within seconds, not after start-up and compilation;
-* each process reads only ``batch_size / process_count`` examples per step, with its own seed (the fork has
+* each process reads only ``batch_size / process_count`` examples per step, with its own data seed (the fork has
   every process build the full global batch);
-* ``from_config`` gets a global example batch (``gather.for_from_config``), so its ``process_allgather`` returns
-  ``(B, ...)`` instead of stacking a process axis (the seed's "horizon must be <= max_horizon");
+* the parameters are initialised on the *global* example batch inside the engine's ``jit``, so every rank gets the
+  same ``(B, ...)`` example (the fork's ``from_config`` stacks a process axis: "horizon must be <= max_horizon");
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
-  logging are ``octo_dist.engine.train``'s; start-up and shutdown are ``octo_dist.dist.runtime``'s;
+  logging are the engine's and the job harness's (``octo_dist.apps.harness``);
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -25,24 +26,24 @@ Not carried over: the fork's validation/visualisation/rollout callbacks (``eval_
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import logging
 import os
-import re
 import sys
 import warnings
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from octo_dist.apps.finetune import config as fc
-from octo_dist.dist import runtime
+from octo_dist import EXIT_OK, EXIT_USAGE
+from octo_dist.apps import harness
+from octo_dist.apps.finetune import config
 from octo_dist.dist import tracking
 
-log = logging.getLogger("octo_dist.apps.finetune.app")
+log = logging.getLogger(__name__)
 
-EXIT_CONFIG = 2
-TRAIN_STATE_DIR = "train_state"
 RUN_ID_FILE = "wandb_run_id"
 
 
@@ -68,9 +69,9 @@ def process_batch(batch: dict, text_processor) -> dict:
 class OctoData:
     """This process's slice of the global batch from ``make_single_dataset`` (``train.fit``'s data interface)."""
 
-    def __init__(self, config: Mapping[str, Any], text_processor, local_batch_size: int, process_index: int,
+    def __init__(self, job_config: config.FinetuneConfig, text_processor, local_batch_size: int, process_index: int,
                  process_count: int):
-        self.config = config
+        self.config = job_config
         self.text_processor = text_processor
         self.local_batch_size = local_batch_size
         self.process_index = process_index
@@ -81,7 +82,7 @@ class OctoData:
     def _build(self):
         from octo.data.dataset import make_single_dataset
 
-        c = self.config
+        c = self.config.config
         return make_single_dataset(c["dataset_kwargs"], traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
                                    frame_transform_kwargs=c.get("frame_transform_kwargs", {}), train=True)
 
@@ -96,13 +97,13 @@ class OctoData:
     def batches(self, start_step: int = 0) -> Iterator[dict]:
         import tensorflow as tf
 
-        # The seed must be set before the pipeline is built: tf.data fixes shuffle and augmentation seeds then.
-        tf.random.set_seed(data_seed(int(self.config["seed"]), self.process_index, start_step))
+        # Set before the pipeline is built: tf.data fixes its shuffle and augmentation seeds then.
+        tf.random.set_seed(data_seed(self.config.seed, self.process_index, start_step))
         with warnings.catch_warnings():
             # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
             # purpose (Octo's augmentation draws from the global seed set above).
             warnings.filterwarnings("ignore", message="Seed .* from outer graph", category=UserWarning)
-            dataset = (self._build().repeat().unbatch().shuffle(int(self.config["shuffle_buffer_size"]))
+            dataset = (self._build().repeat().unbatch().shuffle(self.config.shuffle_buffer_size)
                        .batch(self.local_batch_size))
         for batch in dataset.iterator():
             yield process_batch(batch, self.text_processor)
@@ -125,11 +126,11 @@ class ScheduleTracker(tracking.Tracker):
 def resolve_pretrained(path: str) -> str:
     """A directory for ``load_pretrained``: ``hf://`` paths from the HF cache (or the Hub, where reachable); local
     paths made absolute (orbax refuses relative ones: "Checkpoint path should be absolute")."""
-    if not path.startswith(fc.HF_PREFIX):
-        return path if re.match(r"^[a-z][a-z0-9+.-]*://", path) else os.path.abspath(path)
+    if not path.startswith(config.HF_PREFIX):
+        return path if config.is_url(path) else os.path.abspath(path)
     import huggingface_hub
 
-    return huggingface_hub.snapshot_download(fc.hf_repo(path))
+    return huggingface_hub.snapshot_download(config.hf_repo(path))
 
 
 def _json_default(o):
@@ -138,52 +139,15 @@ def _json_default(o):
     return repr(o)
 
 
-def run(config, *, name: str = "experiment", debug: bool = False, resume: bool = False, step_fn: str = "jit",
-        compile_cache: Optional[str] = None, probe: Optional[fc.HfProbe] = None,
-        runtime_kwargs: Optional[Mapping[str, Any]] = None) -> int:
-    """Fine-tune as ``config`` (a ConfigDict or dict shaped like octo_dist/apps/finetune/configs/finetune_config.py) says.
-
-    Call on every rank. Returns the exit code: 0 done (or stopped by a signal after saving), 2 a configuration
-    that cannot run (printed once, before anything is compiled).
-    """
-    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    if probe is None:
-        from octo_dist.apps.finetune import weights
-
-        probe = weights.probe
-    try:
-        fc.validate(cfg, probe)
-        out_dir = fc.run_dir(cfg, name)
-        refused = fc.resume_problem(os.path.join(out_dir, TRAIN_STATE_DIR) if out_dir else None, resume)
-        if refused:
-            raise fc.ConfigError(refused)
-    except fc.ConfigError as e:
-        # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
-        print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
-    from octo_dist.dist import ranklog
-    from octo_dist.dist import stopping
-
-    with runtime.distributed(**dict(runtime_kwargs or {})) as rt:
-        # After start-up (jax.distributed.initialize installs TSL's own SIGTERM handler), before the model loads
-        # and compiles: a scheduler's signal from here on stops the job at its first step.
-        stop = stopping.StopSignal()
-        ranklog.setup(rt.process_index, rt.process_count)
-        from octo_dist.engine.checkpoint import CheckpointError
-        from octo_dist.engine.data import BatchSizeError
-
-        try:
-            return _finetune(cfg, rt, name=name, debug=debug, resume=resume, step_fn=step_fn,
-                             compile_cache=compile_cache, stop=stop)
-        except (BatchSizeError, CheckpointError, fc.ConfigError) as e:
-            # The same on every rank (the same flags and shared directories): refuse together, shut down cleanly.
-            if rt.is_main:
-                print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
-            return EXIT_CONFIG
+def run(job_config: config.FinetuneConfig, environ: Mapping[str, str] = os.environ,
+        runtime_options: Optional[Mapping[str, Any]] = None) -> int:
+    """Fine-tune as ``job_config`` says (:func:`config.parse` made it). Call on every rank; returns the exit code:
+    0 done (or stopped by a signal after saving), 2 refused before anything was compiled (printed once)."""
+    options = harness.Options.from_environment(runtime_options or {}, job_config.compile_cache, environ)
+    return harness.run("finetune", options, lambda job: _finetune(job, job_config, environ), refusals=(config.ConfigError,))
 
 
-def _finetune(cfg: dict, rt, *, name: str, debug: bool, resume: bool, step_fn: str,
-              compile_cache: Optional[str], stop=None) -> int:
+def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str, str]) -> int:
     import jax
     import tensorflow as tf
 
@@ -193,31 +157,28 @@ def _finetune(cfg: dict, rt, *, name: str, debug: bool, resume: bool, step_fn: s
     from octo.utils.spec import ModuleSpec
     from octo.utils.train_utils import check_config_diff, create_optimizer
 
-    from octo_dist.dist import compile_cache as cc
     from octo_dist.engine import data
-    from octo_dist.engine import parallel as engine
-    from octo_dist.policies import gather
+    from octo_dist.engine import parallel
     from octo_dist.engine import train
-    from octo_dist.policies.octo import OctoPolicy
+    from octo_dist.policies import gather
+    from octo_dist.policies import octo
 
-    cc.enable(compile_cache)
-    local_batch = data.local_batch_size(int(cfg["batch_size"]), rt.process_count, rt.device_count)
-    run_name = fc.format_name(name, cfg)
+    rt, c = job.runtime, cfg.config
+    local_batch = data.local_batch_size(cfg.batch_size, rt.process_count, rt.device_count)
     log.info("Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
              "  global batch %d = %d per process x %d processes (%d devices), %d steps",
-             rt.describe(), cfg.get("pretrained_path") or "none (model_config)", cfg["dataset_kwargs"]["name"],
-             cfg["dataset_kwargs"]["data_dir"], cfg.get("finetuning_mode"), cfg.get("modality"), cfg["batch_size"],
-             local_batch, rt.process_count, rt.device_count, int(cfg["num_steps"]))
+             rt.describe(), cfg.pretrained_path or "none (model_config)", cfg.dataset_name,
+             c["dataset_kwargs"]["data_dir"], cfg.finetuning_mode, c.get("modality"), cfg.batch_size,
+             local_batch, rt.process_count, rt.device_count, cfg.num_steps)
 
     # --- the model config: the pretrained model's, edited (or the config's own model_config) ----------------------
     pretrained = None
-    if cfg.get("pretrained_path"):
-        pretrained = OctoModel.load_pretrained(resolve_pretrained(str(cfg["pretrained_path"])),
-                                               step=cfg.get("pretrained_step"))
+    if cfg.pretrained_path:
+        pretrained = OctoModel.load_pretrained(resolve_pretrained(cfg.pretrained_path), step=cfg.pretrained_step)
         base = pretrained.config
     else:
-        base = cfg["model_config"]
-    model_config = fc.edit_model_config(base, cfg.get("config_delete_keys"), cfg.get("update_config"))
+        base = c["model_config"]
+    model_config = config.edit_model_config(base, c.get("config_delete_keys"), c.get("update_config"))
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
@@ -226,75 +187,88 @@ def _finetune(cfg: dict, rt, *, name: str, debug: bool, resume: bool, step_fn: s
     source = OctoData(cfg, text_processor, local_batch, rt.process_index, rt.process_count)
     example = next(source.batches(0))
 
-    # --- model: from_config on a global example batch, pretrained parameters merged in ------------------------------
-    policy = OctoPolicy(model_config, text_processor, source.dataset_statistics,
-                        pretrained.params if pretrained is not None else None)
+    # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
+    policy = octo.OctoPolicy(model_config, text_processor, source.dataset_statistics)
+    mesh = parallel.make_mesh()
+    global_example = gather.for_from_config(example, mesh)
+    init_rng, _ = parallel.init_keys(cfg.seed)
+    params = jax.jit(policy.init)(init_rng, global_example)
+    if pretrained is not None:
+        params = octo.with_pretrained(params, pretrained.params)
     del pretrained
-    init_rng = jax.random.split(jax.random.PRNGKey(int(cfg["seed"])))[0]
-    params = policy.init(init_rng, gather.for_from_config(example, engine.make_mesh()))
+    # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.
+    first_example = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], gather.gathered(example, mesh))
 
-    optimizer_kwargs = dict(cfg["optimizer"], frozen_keys=fc.resolve_frozen_keys(cfg, model_config))
+    optimizer_kwargs = dict(c["optimizer"], frozen_keys=config.resolve_frozen_keys(c, model_config))
     tx, lr_schedule, _ = create_optimizer(params, **optimizer_kwargs)
 
     # --- where it goes -------------------------------------------------------------------------------------------
-    out_dir = fc.run_dir(cfg, name)
-    if out_dir and not re.match(r"^[a-z][a-z0-9+.-]*://", out_dir):
-        out_dir = os.path.abspath(out_dir)   # orbax (save_pretrained) refuses relative paths; every rank has one cwd
+    out_dir = cfg.run_dir
     window = int(example["observation"]["timestep_pad_mask"].shape[1])
     if out_dir is None:
         log.warning("save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from")
     elif rt.is_main:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "finetune_config.json"), "w") as f:
-            json.dump(cfg, f, indent=1, default=_json_default)
+            json.dump(c, f, indent=1, default=_json_default)
     run_id = None
-    if out_dir and resume and os.path.exists(os.path.join(out_dir, RUN_ID_FILE)):
+    if out_dir and cfg.resume and os.path.exists(os.path.join(out_dir, RUN_ID_FILE)):
         with open(os.path.join(out_dir, RUN_ID_FILE)) as f:
             run_id = f.read().strip() or None   # the resumed run continues the same wandb run
-    wandb_cfg = cfg.get("wandb") or {}
     tracker = tracking.make_tracker(
-        rt.process_index, project=wandb_cfg.get("project") or "octo_finetune", group=wandb_cfg.get("group"),
-        entity=wandb_cfg.get("entity"), name=run_name, run_id=run_id, mode="disabled" if debug else None,
-        config={**cfg, "run_dir": out_dir, "processes": rt.process_count, "devices": rt.device_count},
-        launch=rt.launch)
+        rt.process_index, project=cfg.wandb_project, group=cfg.wandb_group, entity=cfg.wandb_entity, name=cfg.name,
+        run_id=run_id, mode=tracking.resolve_mode(environ, "disabled" if cfg.debug else None), environ=environ,
+        config={**c, "run_dir": out_dir, "processes": rt.process_count, "devices": rt.device_count}, launch=rt.launch)
     if out_dir and rt.is_main:
         with open(os.path.join(out_dir, RUN_ID_FILE), "w") as f:
             f.write(tracker.run_id)
 
-    fit_cfg = train.TrainConfig(
-        steps=int(cfg["num_steps"]), seed=int(cfg["seed"]), step_fn=step_fn,
-        save_dir=os.path.join(out_dir, TRAIN_STATE_DIR) if out_dir else None,
-        save_every=int(cfg.get("save_interval") or 0), resume=resume, log_every=int(cfg.get("log_interval") or 1))
-    fingerprint = {"batch_size": int(cfg["batch_size"]), "seed": int(cfg["seed"]), "step_fn": step_fn,
-                   "pretrained_path": str(cfg.get("pretrained_path")), "dataset": str(cfg["dataset_kwargs"]["name"]),
-                   "finetuning_mode": str(cfg.get("finetuning_mode"))}
-    try:
-        result = train.fit(policy, tx, source, fit_cfg, tracker=ScheduleTracker(tracker, lr_schedule), params=params,
-                           fingerprint=fingerprint, stop=stop)
-    finally:
-        tracker.finish()
+    fit_cfg = train.TrainConfig(steps=cfg.num_steps, seed=cfg.seed, step_fn=cfg.step_fn, save_dir=cfg.train_state_dir,
+                                save_every=cfg.save_interval, resume=cfg.resume, log_every=cfg.log_interval)
+    result = harness.fit(job, policy, tx, source, fit_cfg, tracker=ScheduleTracker(tracker, lr_schedule),
+                         params=params, fingerprint=cfg.fingerprint())
 
     if out_dir and result.end_step > result.start_step:
         # Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
         # load_pretrained and the fork's eval scripts read the result. Collective: every process calls it.
-        model = policy.model.replace(params=result.state.params, config={**model_config, "window_size": window})
+        model = policy.model(result.state.params, first_example, {**model_config, "window_size": window})
         model.save_pretrained(result.end_step, out_dir)
     losses = [result.losses[k] for k in sorted(result.losses)]
-    if rt.is_main:
-        print(f"octo-dist finetune: {rt.process_count} process(es), {rt.device_count} device(s), global batch "
-              f"{cfg['batch_size']} ({local_batch} per process); steps {result.start_step} -> {result.end_step} of "
-              f"{fit_cfg.steps}" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
-              + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
-              + (f"; run dir {out_dir}" if out_dir else ""), flush=True)
-    return 0
+    harness.say(job, f"octo-dist finetune: {rt.process_count} process(es), {rt.device_count} device(s), global batch "
+                     f"{cfg.batch_size} ({local_batch} per process); steps {result.start_step} -> {result.end_step} "
+                     f"of {cfg.num_steps}" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
+                     + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
+                     + (f"; run dir {out_dir}" if out_dir else ""))
+    return EXIT_OK
 
 
-def main(argv) -> int:
-    """``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), then :func:`run`."""
+# --- the command line ---------------------------------------------------------------------------------------------
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Lists ``finetune`` in ``octo-dist --help``; its flags are the fork's absl flags (``octo_dist.cli`` hands
+    them to :func:`main` unparsed, since ``--config.<field>=`` cannot be declared to argparse)."""
+    p = sub.add_parser("finetune", add_help=False, help="fine-tune Octo on every rank (run under mpirun); "
+                                                        "octo-dist finetune --help lists its flags and config fields")
+    p.set_defaults(func=None)
+    return p
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[config.HfProbe] = None) -> int:
+    """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
+    the config, then :func:`run`."""
+    if config.wants_help(argv):
+        print(config.help_text(argv), end="")
+        return EXIT_OK
     try:
-        flags = fc.parse_flags(argv)
-    except Exception as e:  # absl's flags.Error, or get_config refusing its config string
-        print(f"octo-dist finetune: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    return run(flags.config, name=flags.name, debug=flags.debug, resume=flags.resume, step_fn=flags.step_fn,
-               compile_cache=flags.compile_cache)
+        flags = config.parse_flags(argv)
+        if probe is None:
+            from octo_dist.apps.finetune import weights
+
+            probe = functools.partial(weights.probe, environ=environ)
+        job_config = config.parse(flags.config, probe, name=flags.name, debug=flags.debug, resume=flags.resume,
+                              step_fn=flags.step_fn, compile_cache=flags.compile_cache)
+    except Exception as e:  # absl's flags.Error, get_config refusing its config string, ConfigError
+        # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
+        print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    return run(job_config, environ)

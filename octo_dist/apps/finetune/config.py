@@ -1,20 +1,27 @@
 """The fine-tune job's command line and configuration, checked before any rank starts: no Octo, no JAX here.
 
-    python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_config.py:head_only,image_conditioned \
+    octo-dist finetune --config=finetune_config.py:head_only,image_conditioned \
         --config.pretrained_path=weights/octo-small --config.batch_size=256 --name=my_run --debug
 
 The flags are the fork's (``--config`` ml_collections file with ``--config.<field>=...`` overrides, ``--name``,
-``--debug``) plus ``--resume``. :func:`problems` checks what would otherwise fail minutes later on every rank: the
-pretrained checkpoint (a local directory with Octo's layout, or an ``hf://`` repository that is cached or reachable;
-compute nodes often have no internet) and the RLDS dataset directory. Octo module specs are written as plain dicts
-(:func:`octo_dist.policies.octo_spec.module_spec`), what ``octo.utils.spec.ModuleSpec.create`` returns, so config files load without Octo.
+``--debug``) plus octo-dist's (``--resume``, ``--step_fn``, ``--compile_cache``). ``--config`` names a config
+shipped with octo-dist (``finetune_config.py``, ``finetune_smoke_config.py``: :func:`resolve_config_file`) or a
+path to your own. :func:`parse` turns the config into one frozen :class:`FinetuneConfig` after :func:`problems`
+has checked what would otherwise fail minutes later on every rank: the pretrained checkpoint (a local directory
+with Octo's layout, or an ``hf://`` repository that is cached or reachable; compute nodes often have no internet)
+and the RLDS dataset directory. Octo module specs are written as plain dicts
+(``octo_dist.policies.octo_spec.module_spec``), what ``octo.utils.spec.ModuleSpec.create`` returns, so config
+files load without Octo.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import re
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
@@ -23,6 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 FINETUNING_MODES = ("full", "head_only", "head_mlp_only")
 MODALITIES = ("image_conditioned", "language_conditioned", "multimodal")
 HF_PREFIX = "hf://"
+URL = re.compile(r"^[a-z][a-z0-9+.-]*://")   # "gs://bucket/rlds", "hf://rail-berkeley/octo-small"
+TRAIN_STATE_DIR = "train_state"              # <run dir>/train_state: the engine's resumable checkpoints
 # What OctoModel.load_pretrained reads from a checkpoint directory, besides at least one <step>/ directory.
 CHECKPOINT_FILES = ("config.json", "example_batch.msgpack", "dataset_statistics.json")
 DEFAULT_HF_MODEL = "hf://rail-berkeley/octo-small"
@@ -43,7 +52,7 @@ def parse_mode(config_string: str) -> Tuple[str, str]:
     if len(parts) != 2 or parts[0] not in FINETUNING_MODES or parts[1] not in MODALITIES:
         raise ConfigError(f"config string {config_string!r}; expected '<mode>,<modality>' with mode one of "
                           f"{FINETUNING_MODES} and modality one of {MODALITIES} "
-                          f"(e.g. --config=octo_dist/apps/finetune/configs/finetune_config.py:head_only,image_conditioned)")
+                          f"(e.g. --config=finetune_config.py:head_only,image_conditioned)")
     return parts[0], parts[1]
 
 
@@ -123,23 +132,12 @@ def resolve_frozen_keys(config: Mapping, model_config: Mapping) -> tuple:
 
 # --- names and directories --------------------------------------------------------------------------------------
 
-def _flatten(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}_{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
 def format_name(name: str, config: Mapping) -> str:
     """The fork's ``format_name_with_config``: ``"ft_{batch_size}_{finetuning_mode}"`` -> ``"ft_256_full"``.
 
     Keys are a leaf's name or its full path joined by ``_`` (``{dataset_kwargs_name}``).
     """
-    flat = _flatten(config)
+    flat = {"_".join(map(str, k)): v for k, v in _flat_keys(config).items()}
     values = {**{k.split("_")[-1]: v for k, v in flat.items()}, **flat}
     try:
         return name.format(**values)
@@ -149,7 +147,8 @@ def format_name(name: str, config: Mapping) -> str:
 
 
 def run_dir(config: Mapping, name: str) -> Optional[str]:
-    """``<save_dir>/<wandb.project>/<wandb.group>/<name>``, or None without a save_dir.
+    """``<save_dir>/<wandb.project>/<wandb.group>/<name>``, or None without a save_dir; absolute unless a URL
+    (orbax and ``save_pretrained`` refuse relative paths; every rank has the same working directory).
 
     The fork appends a timestamp (a new directory each launch). Here the directory depends only on the flags, so a
     job requeued after its wall time finds its own checkpoints (``--resume``), and a second run with the same name
@@ -162,7 +161,8 @@ def run_dir(config: Mapping, name: str) -> Optional[str]:
     if wandb.get("group"):
         parts.append(str(wandb["group"]))
     parts.append(format_name(name, config))
-    return os.path.join(*parts)
+    joined = os.path.join(*parts)
+    return joined if is_url(joined) else os.path.abspath(joined)
 
 
 def saved_steps(directory: str | Path) -> list:
@@ -185,9 +185,14 @@ def resume_problem(train_state_dir: Optional[str], resume: bool) -> Optional[str
 
 # --- checks over the config: what must exist before any rank compiles ------------------------------------------
 
+def is_url(path: str) -> bool:
+    """``"gs://bucket/x"`` and ``"hf://owner/name"`` are URLs; ``"runs/x"`` and ``"/data/x"`` are local paths."""
+    return bool(URL.match(path))
+
+
 def _is_remote(path: str) -> bool:
     # gs://bucket/... is read by tf.io.gfile; it cannot be checked without credentials and network.
-    return bool(re.match(r"^[a-z][a-z0-9+.-]*://", path)) and not path.startswith(HF_PREFIX)
+    return is_url(path) and not path.startswith(HF_PREFIX)
 
 
 def checkpoint_problems(path: str | Path) -> list:
@@ -252,7 +257,7 @@ def pretrained_problems(config: Mapping, probe: HfProbe) -> list:
                                              config.get("update_config"))
             return _dependency_problems("config.model_config", model_config, probe)
         return [f"no model: --config.pretrained_path is unset and the config has no model_config. Fix: "
-                f"{weights_fix()}, or use octo_dist/apps/finetune/configs/finetune_smoke_config.py for a tiny model from config"]
+                f"{weights_fix()}, or --config=finetune_smoke_config.py for a tiny model from config"]
     path = str(path)
     if path.startswith(HF_PREFIX):
         repo = hf_repo(path)
@@ -307,10 +312,12 @@ def problems(config: Mapping, probe: HfProbe) -> list:
     mode = config.get("finetuning_mode", "full")
     if mode not in FINETUNING_MODES:
         out.append(f"finetuning_mode {mode!r}; expected one of {FINETUNING_MODES}")
-    for key in ("batch_size", "num_steps"):
+    for key in ("batch_size", "num_steps", "shuffle_buffer_size"):
         value = config.get(key)
         if not isinstance(value, (int, float)) or int(value) != value or value <= 0:
             out.append(f"{key} {value!r}; expected a positive integer (--config.{key}=...)")
+    if not isinstance(config.get("seed"), int) or isinstance(config.get("seed"), bool):
+        out.append(f"seed {config.get('seed')!r}; expected an integer (--config.seed=...)")
     for key in ("log_interval", "save_interval"):
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
@@ -338,12 +345,133 @@ def validate(config: Mapping, probe: HfProbe) -> None:
         raise ConfigError("the fine-tune configuration cannot run:\n  - " + "\n  - ".join(found))
 
 
+# --- the parsed configuration -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """One fine-tune job, checked and parsed once (:func:`parse`): what the job reads, nothing re-derived later."""
+    config: Mapping[str, Any]       # the whole config as plain data: Octo's calls, finetune_config.json, wandb
+    name: str                       # the run's name, formatted: "ft_{batch_size}" -> "ft_256"
+    run_dir: Optional[str]          # absolute (or a URL); None without --config.save_dir
+    seed: int
+    batch_size: int                 # global, over every process
+    num_steps: int
+    shuffle_buffer_size: int        # per process
+    log_interval: int
+    save_interval: int              # 0: only at the end and on a stop signal
+    pretrained_path: Optional[str]
+    pretrained_step: Optional[int]
+    dataset_name: str
+    finetuning_mode: str
+    wandb_project: str
+    wandb_group: Optional[str]
+    wandb_entity: Optional[str]
+    debug: bool = False             # wandb disabled
+    resume: bool = False
+    step_fn: str = "jit"
+    compile_cache: Optional[str] = None
+
+    @property
+    def train_state_dir(self) -> Optional[str]:
+        """Where the engine's resumable checkpoints go: ``<run dir>/train_state``."""
+        return os.path.join(self.run_dir, TRAIN_STATE_DIR) if self.run_dir else None
+
+    def fingerprint(self) -> dict:
+        """The settings a resumed run must share with the run it continues (checked against the checkpoint)."""
+        return {"batch_size": self.batch_size, "seed": self.seed, "step_fn": self.step_fn,
+                "pretrained_path": str(self.pretrained_path), "dataset": self.dataset_name,
+                "finetuning_mode": self.finetuning_mode}
+
+
+def plain(config) -> dict:
+    """A ConfigDict (``--config`` parsed by ml_collections) or a mapping -> a plain dict."""
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def parse(config, probe: HfProbe, *, name: str = "experiment", debug: bool = False, resume: bool = False,
+          step_fn: str = "jit", compile_cache: Optional[str] = None) -> FinetuneConfig:
+    """Check ``config`` (every problem at once, as a ConfigError) and return the job it describes.
+
+    Also refused here: a run directory that already holds checkpoints without ``resume`` (the engine refuses it
+    too, but only after every rank has loaded data and compiled the model).
+    """
+    cfg = plain(config)
+    validate(cfg, probe)
+    out = run_dir(cfg, name)
+    train_state = os.path.join(out, TRAIN_STATE_DIR) if out else None
+    refused = resume_problem(train_state, resume)
+    if refused:
+        raise ConfigError(refused)
+    wandb = cfg.get("wandb") or {}
+    return FinetuneConfig(
+        config=cfg, name=format_name(name, cfg), run_dir=out, seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]),
+        num_steps=int(cfg["num_steps"]), shuffle_buffer_size=int(cfg["shuffle_buffer_size"]),
+        log_interval=int(cfg.get("log_interval") or 1), save_interval=int(cfg.get("save_interval") or 0),
+        pretrained_path=str(cfg["pretrained_path"]) if cfg.get("pretrained_path") else None,
+        pretrained_step=cfg.get("pretrained_step"), dataset_name=str(cfg["dataset_kwargs"]["name"]),
+        finetuning_mode=str(cfg.get("finetuning_mode", "full")), wandb_project=str(wandb.get("project") or "octo_finetune"),
+        wandb_group=wandb.get("group"), wandb_entity=wandb.get("entity"), debug=debug, resume=resume, step_fn=step_fn,
+        compile_cache=compile_cache)
+
+
 # --- flags ------------------------------------------------------------------------------------------------------
 
-DEFAULT_CONFIG = str(Path(__file__).resolve().parent / "configs" / "finetune_config.py")
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = "finetune_config.py"
+STEP_FNS = ("jit", "shard_map")
+# (flag, absl kind, default, value's name in --help, help): the flags besides --config, defined and described
+# from this one table.
+FLAGS = (
+    ("name", "string", "experiment", "NAME", "the run's name; may use config fields (ft_{batch_size}_{finetuning_mode}); "
+                                             "the run directory is <save_dir>/<wandb.project>/[<wandb.group>/]<name>"),
+    ("debug", "bool", False, "", "a debug run: wandb disabled"),
+    ("resume", "bool", False, "", "continue from the latest checkpoint in the run directory"),
+    ("step_fn", "enum", "jit", "|".join(STEP_FNS), "jit with shardings, or shard_map with an explicit all-reduce"),
+    ("compile_cache", "string", None, "DIR", "persistent compilation cache directory (default: "
+                                             "$OCTO_DIST_COMPILE_CACHE, else none)"),
+)
 
 
-def define_flags(flag_values, argv: Sequence[str], default_config: str = DEFAULT_CONFIG) -> None:
+def packaged_configs() -> list:
+    """The config files shipped with octo-dist: ``["finetune_config.py", "finetune_smoke_config.py"]``."""
+    return sorted(p.name for p in PACKAGED_CONFIGS.glob("*.py") if not p.name.startswith("_"))
+
+
+def resolve_config_file(value: str) -> str:
+    """``--config``'s value with its file made a real path; the ``:<config string>`` part is kept.
+
+    ``"finetune_config.py:head_only,image_conditioned"`` -> the packaged file (any working directory);
+    ``"my_configs/bridge.py"`` -> itself, when the file exists. Raises ConfigError naming the choices otherwise.
+    """
+    path, sep, rest = value.partition(":")
+    if Path(path).is_file():
+        return value
+    if "/" not in path and (PACKAGED_CONFIGS / path).is_file():
+        return f"{PACKAGED_CONFIGS / path}{sep}{rest}"
+    raise ConfigError(f"--config={value}: no config file {path!r} (absolute: {Path(path).absolute()}); expected a "
+                      f"path to your own config file or one shipped with octo-dist ({', '.join(packaged_configs())}). "
+                      f"Fix: --config=finetune_config.py:full,multimodal, or the right path")
+
+
+def _with_config_resolved(argv: Sequence[str]) -> list:
+    """argv with ``--config=X`` / ``--config X`` made a real path (absl reads ``--config``'s file itself)."""
+    out, args = list(argv[:1]), list(argv[1:])
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith(("--config=", "-config=")):
+            flag, _, value = a.partition("=")
+            out.append(f"{flag}={resolve_config_file(value)}")
+        elif a in ("--config", "-config") and i + 1 < len(args):
+            out += [a, resolve_config_file(args[i + 1])]
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+def define_flags(flag_values, argv: Sequence[str]) -> None:
     """The fork's flags (``--config``, ``--name``, ``--debug``) and octo-dist's (``--resume``, ``--step_fn``...).
 
     ``argv`` is needed at definition time: ml_collections registers one flag per ``--config.<field>=`` it sees.
@@ -351,26 +479,82 @@ def define_flags(flag_values, argv: Sequence[str], default_config: str = DEFAULT
     from absl import flags
     from ml_collections import config_flags
 
-    flags.DEFINE_string("name", "experiment", "Experiment name (may use {config_field}).", flag_values=flag_values)
-    flags.DEFINE_bool("debug", False, "Debug run: wandb disabled.", flag_values=flag_values)
-    flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in the run directory.",
-                      flag_values=flag_values)
-    flags.DEFINE_enum("step_fn", "jit", ["jit", "shard_map"], "jit with shardings, or the seed's shard_map variant.",
-                      flag_values=flag_values)
-    flags.DEFINE_string("compile_cache", None, "Persistent compilation cache dir (default $OCTO_DIST_COMPILE_CACHE).",
-                        flag_values=flag_values)
-    config_flags.DEFINE_config_file("config", default_config, "File path to the training hyperparameter configuration.",
+    define = {"string": flags.DEFINE_string, "bool": flags.DEFINE_bool}
+    for name, kind, default, _, text in FLAGS:
+        if kind == "enum":
+            flags.DEFINE_enum(name, default, STEP_FNS, text, flag_values=flag_values)
+        else:
+            define[kind](name, default, text, flag_values=flag_values)
+    config_flags.DEFINE_config_file("config", str(PACKAGED_CONFIGS / DEFAULT_CONFIG), "the config file",
                                     flag_values=flag_values, lock_config=False, sys_argv=list(argv))
 
 
-def parse_flags(argv: Sequence[str], default_config: str = DEFAULT_CONFIG):
+def parse_flags(argv: Sequence[str]):
     """argv (program name first) -> the parsed absl FlagValues (``.config``, ``.name``, ``.debug``, ``.resume``)."""
     from absl import flags
 
+    argv = _with_config_resolved(argv)
     fv = flags.FlagValues()
-    define_flags(fv, argv, default_config)
+    define_flags(fv, argv)
     with warnings.catch_warnings():
         # ml_collections loads the config file with importlib's deprecated load_module(): not ours to fix.
         warnings.filterwarnings("ignore", message="the load_module", category=DeprecationWarning)
         fv(list(argv))
     return fv
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:])
+
+
+def _config_value(argv: Sequence[str]) -> str:
+    for i, a in enumerate(argv[1:], 1):
+        if a.startswith(("--config=", "-config=")):
+            return a.partition("=")[2]
+        if a in ("--config", "-config") and i + 1 < len(argv):
+            return argv[i + 1]
+    return DEFAULT_CONFIG
+
+
+def load_config(value: str):
+    """``"finetune_config.py:head_only,multimodal"`` -> that file's ``get_config("head_only,multimodal")``."""
+    path, _, arg = resolve_config_file(value).partition(":")
+    spec = importlib.util.spec_from_file_location("octo_dist_finetune_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+USAGE = ("usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
+         "                          [--resume] [--step_fn=jit|shard_map] [--compile_cache=DIR]")
+DESCRIPTION = """\
+Fine-tune Octo on every rank (run it under mpirun, srun, or alone): the pretrained model, edited as the config
+says, trained data-parallel on the RLDS dataset; checkpoints in the run directory, resumable with --resume.
+The config is checked before any rank starts: a missing dataset or unreachable weights end the job at once.
+
+    mpirun -np 8 octo-dist finetune --config=finetune_config.py:head_only,image_conditioned \\
+        --config.pretrained_path=weights/octo-small --config.dataset_kwargs.data_dir=data --config.save_dir=runs"""
+
+
+def help_text(argv: Sequence[str], width: int = 118) -> str:
+    """``octo-dist finetune --help``: the flags with their defaults, then the fields of the chosen config."""
+    rows = [("--config=FILE[:ARGS]", f"a config shipped with octo-dist ({', '.join(packaged_configs())}; "
+                                     f"finetune_config.py takes <mode>,<modality>: mode one of "
+                                     f"{', '.join(FINETUNING_MODES)}; modality one of {', '.join(MODALITIES)}), "
+                                     f"or the path to your own (default: {DEFAULT_CONFIG})")]
+    for name, kind, default, metavar, text in FLAGS:
+        shown = f"={metavar}" if metavar else ""
+        rows.append((f"--{name}{shown}", text if default is None else
+                     f"{text} (default: {'off' if default is False else default})"))
+    lines = [USAGE, "", DESCRIPTION, "", "flags:"]
+    for flag, text in rows:
+        lines += textwrap.wrap(text, width, initial_indent=f"  {flag:<24} ", subsequent_indent=" " * 27)
+    value = _config_value(argv)
+    lines += ["", f"config fields of {value} (default value shown; set any with --config.FIELD=VALUE):"]
+    try:
+        config = plain(load_config(value))
+    except Exception as e:  # a bad config string or path: still show the flags
+        lines.append(f"  (cannot load {value}: {e})")
+    else:
+        lines += [f"  --config.{'.'.join(map(str, key))}={value!r}" for key, value in _flat_keys(config).items()]
+    return "\n".join(lines) + "\n"

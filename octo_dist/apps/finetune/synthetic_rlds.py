@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -65,14 +66,12 @@ def episode(layout: Layout, index: int) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=None)
 def _builder_class():
-    # Defined on first use: tensorflow_datasets registers a builder class by name when the class is created,
-    # and importing tensorflow is slow, so a plain `import octo_dist.apps.finetune.synthetic_rlds` stays cheap.
+    # Defined on first use, once: tensorflow_datasets registers a builder class by name when the class is created
+    # (a second class of that name is refused), and importing tensorflow is slow, so a plain
+    # `import octo_dist.apps.finetune.synthetic_rlds` stays cheap.
     import tensorflow_datasets as tfds
-
-    existing = globals().get("_BUILDER")
-    if existing is not None:
-        return existing
 
     class OctoDistSynthetic(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version(DATASET_VERSION)
@@ -109,7 +108,6 @@ def _builder_class():
             for i in indices:
                 yield f"episode_{i:05d}", episode(self._layout, i)
 
-    globals()["_BUILDER"] = OctoDistSynthetic
     return OctoDistSynthetic
 
 
@@ -125,11 +123,15 @@ def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0])
     p.add_argument("data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)")
-    p.add_argument("--train-episodes", type=int, default=Layout.train_episodes)
-    p.add_argument("--val-episodes", type=int, default=Layout.val_episodes)
-    p.add_argument("--steps", type=int, default=Layout.steps)
-    p.add_argument("--image-size", type=int, default=Layout.image_size)
-    p.add_argument("--seed", type=int, default=Layout.seed)
+    p.add_argument("--train-episodes", type=int, default=Layout.train_episodes,
+                   help="episodes in the train split (default: %(default)s)")
+    p.add_argument("--val-episodes", type=int, default=Layout.val_episodes,
+                   help="episodes in the val split (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=Layout.steps, help="steps per episode (default: %(default)s)")
+    p.add_argument("--image-size", type=int, default=Layout.image_size,
+                   help="side of the square camera images, in pixels (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=Layout.seed,
+                   help="seed of the images, actions and instructions (default: %(default)s)")
     a = p.parse_args(argv)
     out = write(a.data_dir, Layout(a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed))
     print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")

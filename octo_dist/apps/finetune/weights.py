@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from octo_dist import EXIT_FAILED
 from octo_dist.apps.finetune.config import DEFAULT_HF_MODEL, HF_PREFIX, checkpoint_problems, hf_dependencies, hf_repo
 
-EXIT_FAILED = 1
 PROBE_TIMEOUT_S = 10.0
 # What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).
 DEPENDENCY_FILES = ["*.json", "*.model", "*.txt"]

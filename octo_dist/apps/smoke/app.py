@@ -1,10 +1,10 @@
-"""``octo-dist smoke``: a few steps of data-parallel training on synthetic Octo-shaped batches, on every rank.
+"""octo-dist smoke: a few steps of data-parallel training on synthetic Octo-shaped batches, on every rank.
 
-    mpirun -np 2 octo-dist smoke                          # the cluster smoke job (make smoke adds the equivalence check)
-    octo-dist smoke --check-equivalence --np 2            # 1 process x 2 devices vs 2 processes x 1 device
+    mpirun -np 2 octo-dist smoke                   # the cluster smoke job (make smoke adds the equivalence check)
+    octo-dist smoke --check-equivalence --np 2     # 1 process x 2 devices vs 2 processes x 1 device
 
-``--model auto`` uses a tiny Octo built with ``OctoModel.from_config`` when octo is importable, else the tiny Flax
-transformer kept here (``tiny_policy.py``), and says which. Ends with a verdict from rank 0: ranks, devices, steps,
+--model auto uses a tiny Octo (parameters as OctoModel.from_config makes them) when octo is importable, else a tiny Flax
+transformer (octo_dist/policies/tiny.py), and says which. Ends with a verdict from rank 0: ranks, devices, steps,
 loss first -> last, and whether every rank holds bit-identical parameters.
 """
 
@@ -14,39 +14,49 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
+from typing import Mapping
 
+from octo_dist import EXIT_FAILED, EXIT_OK
+from octo_dist.apps import harness
 from octo_dist.dist import runtime
 
-log = logging.getLogger("octo_dist.apps.smoke.app")
+log = logging.getLogger(__name__)
 
 MODELS = ("auto", "tiny", "octo")
-EXIT_USAGE = 2
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="data-parallel smoke training on synthetic Octo-shaped data (run under mpirun)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=MODELS, default="auto", help="auto: octo when importable, else tiny")
-    p.add_argument("--steps", type=int, default=20, help="total optimizer steps (a resumed run does the rest)")
-    p.add_argument("--global-batch", type=int, default=8, help="examples per step over all ranks")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--model", choices=MODELS, default="auto",
+                   help="auto: octo when importable, else tiny (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="total optimizer steps; a resumed run does the rest (default: %(default)s)")
+    p.add_argument("--global-batch", type=int, default=8,
+                   help="examples per step over all ranks; must divide by the device count (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the parameters, dropout and data (default: %(default)s)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam's learning rate (default: %(default)s)")
     p.add_argument("--step-fn", choices=("jit", "shard_map"), default="jit",
-                   help="jit with shardings (default) or the seed's shard_map variant")
-    p.add_argument("--save-dir", help="orbax checkpoint directory (shared by every rank)")
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: at the end and on a signal)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --save-dir")
+                   help="jit with shardings, or shard_map with an explicit all-reduce (default: %(default)s)")
+    p.add_argument("--save-dir", help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="checkpoint every N steps; 0: at the end and on a stop signal only (default: %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --save-dir (default: off)")
     p.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
-                   help="default: $WANDB_MODE, else disabled (a smoke job needs no account)")
-    p.add_argument("--wandb-project", default="octo-dist-smoke")
-    p.add_argument("--compile-cache", help="persistent compilation cache directory (default $OCTO_DIST_COMPILE_CACHE)")
-    p.add_argument("--record", help="rank 0 writes the run's losses, digests and input counts here as JSON")
+                   help="wandb logging (default: $WANDB_MODE, else disabled: a smoke job needs no account)")
+    p.add_argument("--wandb-project", default="octo-dist-smoke", help="wandb project (default: %(default)s)")
+    p.add_argument("--compile-cache",
+                   help="persistent compilation cache directory (default: $OCTO_DIST_COMPILE_CACHE, else none)")
+    p.add_argument("--record", help="rank 0 writes the run's losses, digests and input counts here as JSON "
+                                    "(default: none)")
     p.add_argument("--check-equivalence", action="store_true",
-                   help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare")
-    p.add_argument("--np", type=int, default=2, help="processes for --check-equivalence")
-    p.add_argument("--tolerance", type=float, default=1e-5, help="largest relative loss difference accepted")
+                   help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare "
+                        "(default: off)")
+    p.add_argument("--np", type=int, default=2, help="processes for --check-equivalence (default: %(default)s)")
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="largest relative loss difference --check-equivalence accepts (default: %(default)s)")
     runtime.argv_options(p)
     p.set_defaults(func=main)
     return p
@@ -63,14 +73,14 @@ def pick_model(name: str):
 
     if name in ("auto", "octo"):
         try:
-            from octo_dist.policies import octo as octo_policy
+            from octo_dist.policies import octo
         except ImportError as e:
             if name == "octo":
                 raise ModelError(f"--model octo, but octo cannot be imported ({e}); expected the pinned fork. "
                                  f"Fix: make git-deps (needs GitHub), or --model tiny") from None
             return TinyPolicy(), data.Spec(), f"tiny (octo not importable: {e})"
-        policy, spec = octo_policy.smoke_policy()
-        return policy, spec, "octo (tiny config from OctoModel.from_config)"
+        policy, spec = octo.smoke_policy()
+        return policy, spec, "octo (a tiny Octo config, initialised as OctoModel.from_config does)"
     return TinyPolicy(), data.Spec(), "tiny"
 
 
@@ -91,57 +101,30 @@ def verdict(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def run_job(args) -> int:
-    """On every rank, inside the distributed runtime."""
-    from octo_dist.dist import ranklog
-    from octo_dist.dist import stopping
-    from octo_dist.engine.checkpoint import CheckpointError
-    from octo_dist.engine.data import BatchSizeError
-
-    with runtime.distributed(**runtime.from_args(args)) as rt:
-        # Right after start-up, not before: jax.distributed.initialize installs TSL's own SIGTERM handler (its
-        # preemption notifier), which would swallow the signal. From here a signal during model building or
-        # compilation stops the job at its first step.
-        stop = stopping.StopSignal()
-        ranklog.setup(rt.process_index, rt.process_count)
-        try:
-            return _train(args, rt, stop)
-        except (BatchSizeError, CheckpointError, ModelError) as e:
-            # The same on every rank (a shared directory, the same flags): refuse together, shut down cleanly.
-            if rt.is_main:
-                print(f"octo-dist smoke: error: {e}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
-
-
-def _train(args, rt, stop) -> int:
+def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
+    """The smoke job on this rank, inside the harness."""
     import optax
 
     from octo_dist.dist import collectives
-    from octo_dist.dist import compile_cache
-    from octo_dist.engine import data
     from octo_dist.dist import tracking
+    from octo_dist.engine import data
     from octo_dist.engine import train
 
-    compile_cache.enable(args.compile_cache)
+    rt = job.runtime
     policy, spec, model_note = pick_model(args.model)
     source = data.SyntheticData(spec, args.global_batch, rt.process_index, rt.process_count, rt.device_count, args.seed)
     log.info("model: %s; %s; global batch %d = %d per rank", model_note, rt.describe(), args.global_batch,
              source.local_batch_size)
-    # None: make_tracker reads WANDB_MODE; a smoke job without either logs nowhere.
-    mode = args.wandb_mode or (None if os.environ.get("WANDB_MODE") else "disabled")
     fingerprint = {"model": policy.name, "global_batch": args.global_batch, "seed": args.seed, "step_fn": args.step_fn,
                    "learning_rate": args.learning_rate}
-    tracker = tracking.make_tracker(rt.process_index, project=args.wandb_project, mode=mode, launch=rt.launch,
+    tracker = tracking.make_tracker(rt.process_index, project=args.wandb_project, launch=rt.launch, environ=environ,
+                                    mode=tracking.resolve_mode(environ, args.wandb_mode, default="disabled"),
                                     config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count})
     cfg = train.TrainConfig(steps=args.steps, seed=args.seed, step_fn=args.step_fn, save_dir=args.save_dir,
                             save_every=args.save_every, resume=args.resume)
     ticks = [time.perf_counter()]  # after each step (metrics are fetched, so the step has finished)
-    try:
-        result = train.fit(policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
-                           fingerprint=fingerprint, on_step=lambda step, values: ticks.append(time.perf_counter()),
-                           stop=stop)
-    finally:
-        tracker.finish()
+    result = harness.fit(job, policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
+                         fingerprint=fingerprint, on_step=lambda step, values: ticks.append(time.perf_counter()))
     # The first two steps compile (the step, then metric reads); the median of the rest is the steady step time.
     durations = sorted(b - a for a, b in zip(ticks[2:], ticks[3:]))
     steps_run = result.end_step - result.start_step
@@ -155,17 +138,18 @@ def _train(args, rt, stop) -> int:
            "digests": [r["digest"] for r in ranks], "reads_per_step": [r["reads_per_step"] for r in ranks],
            "hosts": [r["host"] for r in ranks], "run_id": tracker.run_id,
            "step_time_median_s": durations[len(durations) // 2] if durations else None}
-    if rt.is_main:
-        if args.record:
-            with open(args.record, "w") as f:
-                json.dump(rec, f, indent=1)
-        print(verdict(rec), flush=True)
-    return 0 if len(set(rec["digests"])) == 1 else 1
+    if rt.is_main and args.record:
+        with open(args.record, "w") as f:
+            json.dump(rec, f, indent=1)
+    harness.say(job, verdict(rec))
+    return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
 
 
-def main(args) -> int:
+def main(args, environ: Mapping[str, str] = os.environ) -> int:
+    """``octo-dist smoke``: the equivalence check (this process only orchestrates), or the job on every rank."""
     if args.check_equivalence:
         from octo_dist.apps.smoke import equivalence
 
         return equivalence.main(args)
-    return run_job(args)
+    options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
+    return harness.run("smoke", options, lambda job: train(job, args, environ), refusals=(ModelError,))

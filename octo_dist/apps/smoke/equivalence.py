@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
 # Flags of the smoke job passed through to both runs unchanged.
 PASSED = ("model", "steps", "global_batch", "seed", "learning_rate", "step_fn")
 
@@ -37,12 +39,9 @@ def compare(reference: Mapping, distributed: Mapping, np_: int, tolerance: float
     ref, dist = reference["losses"], distributed["losses"]
     if sorted(ref, key=int) != sorted(dist, key=int):
         out.append(f"steps differ: reference {sorted(ref, key=int)}, distributed {sorted(dist, key=int)}")
-    worst = (0.0, None)
     for k in sorted(set(ref) & set(dist), key=int):
         a, b = ref[k], dist[k]
         rel = abs(a - b) / max(abs(a), abs(b), 1e-12)
-        if rel > worst[0]:
-            worst = (rel, k)
         if rel > tolerance:
             out.append(f"step {k}: loss {b!r} with {np_} processes vs {a!r} with 1 process (relative {rel:.2e} > {tolerance:g})")
     if len(set(distributed["digests"])) != 1:
@@ -96,17 +95,17 @@ def _run(argv: Sequence[str], env: Mapping[str, str], what: str) -> int:
 def main(args) -> int:
     if args.np < 2:
         print(f"octo-dist smoke: error: --np {args.np}; expected at least 2 processes to compare with 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.save_dir or args.resume:
         print("octo-dist smoke: error: --check-equivalence runs fresh jobs; expected no --save-dir/--resume", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with tempfile.TemporaryDirectory(prefix="octo-dist-equiv-") as tmp:
         tmp = Path(tmp)
         try:
             ref_argv, dist_argv = commands(args, tmp)
         except FileNotFoundError as e:
             print(f"octo-dist smoke: error: {e}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         ref_env, dist_env = environments(args.np)
         for argv, env, what in ((ref_argv, ref_env, f"reference, 1 process x {args.np} devices"),
                                 (dist_argv, dist_env, f"{args.np} processes x 1 device")):
@@ -120,8 +119,8 @@ def main(args) -> int:
     worst = max_relative(reference, distributed)
     if problems:
         print("octo-dist smoke: equivalence: FAIL\n" + "\n".join(f"  {p}" for p in problems), flush=True)
-        return 1
+        return EXIT_FAILED
     print(f"octo-dist smoke: equivalence: OK: {len(reference['losses'])} steps, {args.np} processes x 1 device match "
           f"1 process x {args.np} devices (largest relative loss difference {worst:.1e} <= {args.tolerance:g}); "
           f"parameters identical on all {args.np} ranks", flush=True)
-    return 0
+    return EXIT_OK

@@ -1,6 +1,6 @@
 """octo-dist's default fine-tune config, modelled on the fork's scripts/configs/finetune_config.py (TMats/octo).
 
-    --config=octo_dist/apps/finetune/configs/finetune_config.py:<mode>,<modality>
+    octo-dist finetune --config=finetune_config.py:<mode>,<modality>
         mode: full | head_only | head_mlp_only; modality: image_conditioned | language_conditioned | multimodal
 
 Every field can be overridden on the command line (--config.batch_size=128). Differences from the fork:

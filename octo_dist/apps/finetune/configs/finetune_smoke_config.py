@@ -2,9 +2,8 @@
 the synthetic RLDS dataset (`make synthetic-data` writes it to runs/synthetic_rlds).
 
     make synthetic-data
-    mpirun -np 2 python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug \
-        --config.num_steps=3
-    mpirun -np 2 python scripts/finetune.py --config=octo_dist/apps/finetune/configs/finetune_smoke_config.py --debug --resume
+    mpirun -np 2 octo-dist finetune --config=finetune_smoke_config.py --debug --config.num_steps=3
+    mpirun -np 2 octo-dist finetune --config=finetune_smoke_config.py --debug --resume
                                                         # continues from the step-3 checkpoint to step 6
 
 Same fields as finetune_config.py, so the same overrides work.

@@ -1,0 +1,114 @@
+"""What every training job does around its own work: the smoke job and Octo fine-tuning both run through here.
+
+    return harness.run("smoke", options, lambda job: train(job, args), refusals=(ModelError,))
+
+1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback
+   (exit 2 for a malformed setting or environment, 1 for a start-up that failed);
+2. the stop signal, right after start-up: ``jax.distributed.initialize`` installs TSL's own SIGTERM handler (its
+   preemption notifier), which would swallow the signal; from here a scheduler's signal during model building or
+   compilation stops the job at its first step;
+3. rank-aware logging, and the persistent compilation cache;
+4. the job's own work; a refusal (batch that does not divide, checkpoints that cannot be resumed, the job's own
+   errors) is the same on every rank: printed once by rank 0, exit 2, clean shutdown;
+5. shutdown, or an abort of the whole job when a rank raised.
+
+:func:`fit` is the training part both jobs share: the tracker is finished however ``train.fit`` ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist.dist import runtime
+
+log = logging.getLogger(__name__)
+
+COMPILE_CACHE_ENV = "OCTO_DIST_COMPILE_CACHE"   # "/groups/gxx00000/octo-dist-cache"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a job starts, read from its flags and the environment once, at the command line."""
+    runtime: Mapping[str, Any]          # runtime.initialize's keyword arguments
+    compile_cache: Optional[str] = None
+    log_all_ranks: bool = False
+
+    @classmethod
+    def from_environment(cls, runtime_options: Mapping[str, Any], compile_cache: Optional[str],
+                         environ: Mapping[str, str]) -> "Options":
+        """``compile_cache`` or ``$OCTO_DIST_COMPILE_CACHE``; ``$OCTO_DIST_LOG_ALL_RANKS``; ``environ`` for start-up."""
+        from octo_dist.dist import ranklog
+
+        return cls(runtime={**runtime_options, "environ": environ},
+                   compile_cache=compile_cache or environ.get(COMPILE_CACHE_ENV) or None,
+                   log_all_ranks=ranklog.all_ranks_requested(environ))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What the job's own work gets: the runtime (ranks, devices) and the stop signal to pass to ``train.fit``."""
+    runtime: runtime.Runtime
+    stop: Any   # stopping.StopSignal
+
+
+def say(job: Job, text: str) -> None:
+    """Print on rank 0 only (the verdict lines a person reads: one copy, not one per rank)."""
+    if job.runtime.is_main:
+        print(text, flush=True)
+
+
+def run(command: str, options: Options, work: Callable[[Job], int], *,
+        refusals: Sequence[type] = ()) -> int:
+    """Start up, run ``work`` on every rank, shut down. Returns the exit code.
+
+    Args:
+      command: the subcommand, for messages ("smoke" -> "octo-dist smoke: error: ...").
+      options: start-up options (:class:`Options`).
+      work: the job itself; returns its exit code.
+      refusals: the job's own exception types that mean "cannot run as asked" (exit 2, printed by rank 0).
+    """
+    from octo_dist.launchers import LauncherError
+    from octo_dist.launchers.coordinator import CoordinatorError
+
+    try:
+        rt = runtime.initialize(**options.runtime)
+    except (LauncherError, CoordinatorError, runtime.SettingError) as e:
+        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except runtime.StartupError as e:
+        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    with runtime.running(rt):
+        from octo_dist.dist import compile_cache
+        from octo_dist.dist import ranklog
+        from octo_dist.dist import stopping
+        from octo_dist.engine.checkpoint import CheckpointError
+        from octo_dist.engine.data import BatchSizeError
+
+        stop = stopping.StopSignal()
+        try:
+            ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
+            compile_cache.enable(options.compile_cache)
+            try:
+                return work(Job(rt, stop))
+            except (BatchSizeError, CheckpointError, *refusals) as e:
+                # The same on every rank (the same flags, shared directories): refuse together, shut down cleanly.
+                if rt.is_main:
+                    print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+                return EXIT_USAGE
+        finally:
+            stop.close()
+
+
+def fit(job: Job, policy, optimizer, data, config, *, tracker, **fit_kwargs):
+    """``train.fit`` with this job's stop signal; the tracker is finished whether training ends or raises."""
+    from octo_dist.engine import train
+
+    try:
+        return train.fit(policy, optimizer, data, config, tracker=tracker, stop=job.stop, **fit_kwargs)
+    finally:
+        tracker.finish()
