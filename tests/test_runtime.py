@@ -231,11 +231,29 @@ def test_check_env_launch_fails_when_ranks_disagree_about_the_coordinator(mpirun
     assert "ranks disagree about the coordinator" in proc.stdout
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("odd", [0, 1])
+def test_check_env_launch_ends_when_ranks_disagree_about_the_world_size(mpirun, tmp_path, odd):
+    # One rank is told the world has 3 ranks (a wrapper script's mistake): before, the other waited for ever in an
+    # mpi4py collective. Now the job ends, and the odd rank's error says what disagreed.
+    wrapper = tmp_path / "rank_env.py"
+    wrapper.write_text("import os, runpy, sys\n"
+                       f"if os.environ['OMPI_COMM_WORLD_RANK'] == '{odd}': os.environ['OMPI_COMM_WORLD_SIZE'] = '3'\n"
+                       "sys.argv = ['octo-dist', 'check-env', '--launch', '--profile', 'cpu', '--init-timeout', '20']\n"
+                       "runpy.run_module('octo_dist', run_name='__main__')\n")
+    proc = mpirun(2, str(wrapper))
+    assert proc.returncode != 0, proc.stdout + proc.stderr[-2000:]
+    odd_err = proc.ranks[odd][1]
+    assert "octo-dist: error:" in odd_err and "3" in odd_err and "2" in odd_err, odd_err[-2000:]
+    assert "Traceback" not in odd_err, odd_err[-2000:]
+
+
 # --- rank-aware logging ---------------------------------------------------------------------------------
 
 def test_info_only_on_rank_0_warnings_everywhere_with_a_rank_prefix():
-    code = ("import io, logging, sys\nfrom octo_dist.dist import ranklog\n"
-            "s = io.StringIO()\nranklog.setup(int(sys.argv[1]), 4, host='g0001', stream=s)\n"
+    code = ("import io, logging, os, sys\nfrom octo_dist.dist import ranklog\n"
+            "s = io.StringIO()\nranklog.setup(int(sys.argv[1]), 4, host='g0001', stream=s, "
+            "all_ranks=ranklog.all_ranks_requested(os.environ))\n"
             "logging.getLogger('x').info('hello'); logging.getLogger('x').warning('careful')\n"
             "print(s.getvalue(), end=''); print(type(ranklog.progress([1], int(sys.argv[1]))).__name__)")
     out = {r: run_python(["-c", code, str(r)], clean_env()).stdout for r in (0, 1)}

@@ -73,7 +73,7 @@ def _launch(args, profile, checks, smi) -> int:
     from octo_dist import launchers
     from octo_dist.envcheck import launch as preflight
     from octo_dist.dist import ranklog
-    from octo_dist.dist import runtime
+    from octo_dist.dist import mpi, runtime
     from octo_dist.envcheck.result import FAIL
 
     try:
@@ -87,7 +87,10 @@ def _launch(args, profile, checks, smi) -> int:
     try:
         return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args),
                              json_output=args.json, ctx=dict(report.context(profile.gpu), profile=profile.name))
-    except (runtime.StartupError, coordinator.CoordinatorError) as e:
+    except runtime.SettingError as e:
+        print(f"octo-dist: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (runtime.StartupError, coordinator.CoordinatorError, mpi.WorldMismatch) as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
         return EXIT_FAILED
 

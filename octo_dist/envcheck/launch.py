@@ -109,10 +109,17 @@ def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu
     from octo_dist.dist.collectives import allgather_json
 
     options = dict(start_options)
-    c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None), broadcast=mpi.broadcaster(launch))
-    net = transport.facts(sys_root, environ) if gpu_profile else None
-    record = rank_record(launch, c, environ, checks, gpus_listed(smi_output), transport_facts=net)
-    early = mpi.allgather(record, launch)
+    use_mpi = mpi.allowed(environ)
+    # mpi4py's MPI_Init and collectives can block for ever when the ranks disagree (one given another world size):
+    # under the start-up watchdog, a stuck rank ends with what it waited for, and an error ends the whole job.
+    with runtime.startup_guard(launch, runtime.startup_timeout(options.get("timeout_s"), environ)) as dog:
+        dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator")
+        c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None),
+                              broadcast=mpi.broadcaster(launch) if use_mpi else None)
+        net = transport.facts(sys_root, environ) if gpu_profile else None
+        record = rank_record(launch, c, environ, checks, gpus_listed(smi_output), transport_facts=net)
+        dog.stage("comparing every rank's record through mpi4py")
+        early = mpi.allgather(record, launch) if use_mpi else None
     if early is not None:
         found = problems(early, gpu_profile)
         if found:

@@ -5,6 +5,7 @@ usage: allreduce.py [--init-timeout S] [--fail-rank R] [--wandb-dir DIR]
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -24,7 +25,7 @@ with runtime.distributed(timeout_s=args.init_timeout) as rt:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    ranklog.setup(rt.process_index, rt.process_count)
+    ranklog.setup(rt.process_index, rt.process_count, all_ranks=ranklog.all_ranks_requested(os.environ))
     mesh = Mesh(np.array(jax.devices()), ("batch",))
 
     def reduce_once(step: int) -> float:
@@ -41,7 +42,8 @@ with runtime.distributed(timeout_s=args.init_timeout) as rt:
         from octo_dist.dist import tracking
 
         tracker = tracking.make_tracker(rt.process_index, project="octo-dist-test", dir=args.wandb_dir,
-                                        config={"world": rt.process_count, "wandb_api_key": "leak?"}, launch=rt.launch)
+                                        config={"world": rt.process_count, "wandb_api_key": "leak?"}, launch=rt.launch,
+                                        environ=os.environ)
         tracker.log({"total": total}, step=0)
         tracker.finish()
         tracker_id = tracker.run_id
