@@ -76,11 +76,18 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
     import jax
 
     from octo_dist.dist import stopping
-    from octo_dist.engine import parallel
+    from octo_dist.engine import parallel, savedir
 
     rank = jax.process_index()
     fingerprint = dict(fingerprint or {})
-    ckpt = checkpoint.open_checkpoints(cfg.save_dir, cfg.max_to_keep)
+    # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
+    # there, and no other run holds it. Found now, not at the first save after hours of training.
+    claim = savedir.prepare(cfg.save_dir)
+    try:
+        ckpt = checkpoint.open_checkpoints(cfg.save_dir, cfg.max_to_keep)
+    except BaseException:
+        claim.release()
+        raise
     owned = stop is None
     stop = stop or stopping.StopSignal()
     try:
@@ -99,6 +106,8 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
             check_resumable(meta, fingerprint, ckpt.directory)
             log.info("resumed from %s: step %d of %d", ckpt.directory / str(resume_from), start, cfg.steps)
         batches = _prepend(first, batches)
+        # Room for two checkpoints of this state, known now that its size is (before the first step).
+        savedir.check_space(cfg.save_dir, savedir.state_nbytes(state))
 
         losses: dict = {}
         stopped_by = None
@@ -129,6 +138,7 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         if owned:
             stop.close()
         ckpt.close()
+        claim.release()
 
 
 def _prepend(first, rest):

@@ -13,17 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
+import sys
 import time
-from typing import Mapping
+from typing import Mapping, Optional
 
-from octo_dist import EXIT_FAILED, EXIT_OK
+from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
 from octo_dist.dist import runtime
 
 log = logging.getLogger(__name__)
 
 MODELS = ("auto", "tiny", "octo")
+DEFAULT_SAVE_EVERY = 10
+# The synthetic batch is built in host memory on every rank before the first step, where no stop signal is seen
+# yet: 65,536 examples is far beyond any smoke run and still fits; more would only hang a node.
+MAX_GLOBAL_BATCH = 65536
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -40,8 +46,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--step-fn", choices=("jit", "shard_map"), default="jit",
                    help="jit with shardings, or shard_map with an explicit all-reduce (default: %(default)s)")
     p.add_argument("--save-dir", help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)")
-    p.add_argument("--save-every", type=int, default=0,
-                   help="checkpoint every N steps; 0: at the end and on a stop signal only (default: %(default)s)")
+    p.add_argument("--save-every", type=int, default=None,
+                   help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
+                        f"{DEFAULT_SAVE_EVERY} with --save-dir, so a killed job loses little)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --save-dir (default: off)")
     p.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
@@ -145,8 +152,35 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
     return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
 
 
+def argument_problem(args) -> Optional[str]:
+    """The first flag no run could use, as "found; expected. Fix: ..." (None when every flag is sound)."""
+    def bad(flag, found, expected, fix):
+        return f"{flag} {found}; expected {expected}. Fix: {fix}"
+
+    if args.steps < 1:
+        return bad("--steps", args.steps, "at least 1 step", "--steps 20")
+    if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH:
+        return bad("--global-batch", args.global_batch, f"1 to {MAX_GLOBAL_BATCH} examples, a multiple of the device "
+                   "count", "--global-batch 8")
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        return bad("--learning-rate", args.learning_rate, "a finite number above 0", "--learning-rate 1e-3")
+    if args.save_every is not None and args.save_every < 0:
+        return bad("--save-every", args.save_every, "0 (at the end and on a stop only) or a positive number of "
+                   "steps", f"--save-every {DEFAULT_SAVE_EVERY}")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        return bad("--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5")
+    return None
+
+
 def main(args, environ: Mapping[str, str] = os.environ) -> int:
     """``octo-dist smoke``: the equivalence check (this process only orchestrates), or the job on every rank."""
+    problem = argument_problem(args)
+    if problem:
+        # The same flags on every rank: each refuses alike before start-up, so no rank waits for another.
+        print(f"octo-dist smoke: error: {problem}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    if args.save_every is None:
+        args.save_every = DEFAULT_SAVE_EVERY if args.save_dir else 0
     if args.check_equivalence:
         from octo_dist.apps.smoke import equivalence
 

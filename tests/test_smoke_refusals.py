@@ -1,0 +1,48 @@
+"""The smoke job refuses what no run could use before any step: bad flags, and a save directory it cannot write."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, clean_env
+
+SMOKE = [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--steps", "-5"], "--steps -5; expected at least 1 step. Fix: --steps 20"),
+    (["--steps", "0"], "--steps 0; expected at least 1 step"),
+    (["--learning-rate", "nan"], "--learning-rate nan; expected a finite number above 0"),
+    (["--learning-rate", "-1"], "--learning-rate -1.0; expected a finite number above 0"),
+    (["--save-every", "-1"], "--save-every -1; expected 0 (at the end and on a stop only) or a positive number"),
+    (["--global-batch", "100000000"], "--global-batch 100000000; expected 1 to 65536 examples"),
+    (["--tolerance", "inf"], "--tolerance inf; expected a finite relative difference >= 0"),
+])
+def test_flags_no_run_could_use_are_one_line_and_exit_2(flags, needle):
+    proc = subprocess.run([*SMOKE, *flags], capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"octo-dist smoke: error: {proc.stderr.split('error: ', 1)[1]}" and proc.stderr.count("\n") == 1
+    assert needle in proc.stderr
+    assert proc.stdout == ""  # refused before start-up: no verdict, no steps
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux) for a read-only bind mount")
+def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
+    # Root ignores permission bits, so the directory is made read-only the way a container bind is: a read-only bind
+    # mount in a private mount namespace (the test skips where unprivileged namespaces are not allowed).
+    save = tmp_path / "save"
+    save.mkdir()
+    script = ('mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && shift && exec "$@"')
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), *SMOKE,
+                           "--steps", "30", "--save-dir", str(save)],
+                          capture_output=True, text=True, timeout=300, env=clean_env(), cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"save directory {save} is not writable" in proc.stderr and "Read-only file system" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "steps 0 ->" not in proc.stdout and list(save.iterdir()) == []  # no step ran, nothing was written
