@@ -34,8 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"octo-dist {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
-        importlib.import_module(module_name).add_parser(sub)
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        if name == "launch":
+            # The training command after `--` is checked with its own parser when the script is rendered.
+            from octo_dist.apps.finetune import app as finetune
+            from octo_dist.apps.smoke import app as smoke
+
+            module.add_parser(sub, checkers={"smoke": smoke.check_command, "finetune": finetune.check_command})
+        else:
+            module.add_parser(sub)
     return parser
 
 

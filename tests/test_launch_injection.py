@@ -43,7 +43,7 @@ FIELDS = {
     "--module": lambda v: ["--module", v],
     "--bind": lambda v: ["--image", "img.sif", "--skip-image-check", "--bind", v],
     "--compile-cache": lambda v: ["--compile-cache", v],
-    "-- smoke": lambda v: ["--", "smoke", "--model", v],
+    "-- smoke": lambda v: ["--", "smoke", "--wandb-project", v],
     "-- finetune": lambda v: ["--", "finetune", f"--config.pretrained_path={v}"],
     "--name": lambda v: ["--name", v],
     "--group": lambda v: ["--group", v],
@@ -162,7 +162,7 @@ def one_line_refusal(err: str) -> bool:
 # and the finetune job with its data and an extra bind.
 def venv_job(v: str) -> list:
     return ["--save-dir", f"{v}s", "--venv", f"{v}v", "--module", v, "--compile-cache", f"{v}c",
-            "--", "smoke", "--model", v]
+            "--", "smoke", "--wandb-project", v]
 
 
 def image_job(v: str) -> list:
@@ -209,7 +209,7 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
         train = ranks[1]["argv"]
         tools = (tmp_path / "tools.log").read_text()
         if container == "venv":
-            assert train[:3] == ["smoke", "--model", value] or value in train, train
+            assert train[:3] == ["smoke", "--wandb-project", value] or value in train, train
             assert f"--save-dir={run_dir / (value + 's')}" in train, train
             assert f"--compile-cache={run_dir / (value + 'c')}" in train, train
             assert f"module load {value}\n" in tools, tools

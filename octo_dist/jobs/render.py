@@ -119,6 +119,8 @@ def train_lines(spec: JobSpec) -> list:
     cmd = COMMANDS[spec.command]
     program, *rest = cmd.program
     lines = [" ".join([f'"${{BIN}}{program}"', *map(shlex.quote, rest)])]
+    if spec.lead_args:
+        lines.append(shlex.join(spec.lead_args))
     if spec.job_args:
         lines.append(shlex.join(spec.job_args))
     paths = [f'"{cmd.save_dir}=$SAVE_DIR"']

@@ -254,11 +254,12 @@ class JobSpec:
     stop_margin_s: int
     command: str                   # a key of COMMANDS
     job_args: tuple                # the job's settings as the command's flags: ("--global-batch=64", "--steps=100")
-    user_args: tuple               # the training command's own flags, after `--`
+    user_args: tuple               # the training command's own flags, after `--` (the config file's excepted)
     resume: bool                   # pass the command's resume flag (continue from save_dir after a stop)
     global_batch: Optional[int]
     steps: Optional[int]
     command_line: tuple = ()       # the `octo-dist launch ...` argv that rendered it, for the script's header
+    lead_args: tuple = ()          # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
 
     @property
     def ranks(self) -> int:
@@ -333,6 +334,24 @@ def _coordinator(value: str) -> None:
     if not m or not 0 < int(m.group(2)) < 65536:
         raise JobSpecError(f"--coordinator {value!r}", "HOST:PORT with a port from 1 to 65535 (e.g. g0001:23456)",
                            "drop --coordinator (octo-dist agrees one), or --coordinator g0001:23456")
+
+
+def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
+    """(the config file's flag, the rest): ml_collections refuses ``--config.save_dir=...`` before ``--config=FILE``
+    ("Found --config.save_dir in argv before a value for --config was specified"), and the job's own
+    ``--config.<field>`` settings come before the user's flags, so ``--config=`` / ``--config FILE`` go first."""
+    first, rest, i = [], [], 0
+    args = list(args)
+    while i < len(args):
+        if args[i].startswith("--config="):
+            first.append(args[i])
+        elif args[i] == "--config" and i + 1 < len(args):
+            first += args[i:i + 2]
+            i += 1
+        else:
+            rest.append(args[i])
+        i += 1
+    return first, rest
 
 
 def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.path.isfile,
@@ -448,6 +467,7 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
     # The training command and the job settings it gets through COMMANDS.
     train = list(o.train) or [DEFAULT_COMMAND]
     command_name, user_args = train[0], train[1:]
+    lead_args, user_args = config_file_first(user_args)
     if command_name not in COMMANDS:
         raise JobSpecError(f"training command {command_name!r} after --", f"one of {', '.join(COMMANDS)}",
                            "-- smoke --model tiny   or   -- finetune --config.pretrained_path=hf://rail-berkeley/octo-small")
@@ -502,7 +522,7 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
 
     checker = (checkers or {}).get(command_name)
     if checker is not None:
-        argv = [*mapped, f"{cmd.save_dir}={o.save_dir}"]
+        argv = [*lead_args, *mapped, f"{cmd.save_dir}={o.save_dir}"]
         if o.data_dir:
             argv.append(f"{cmd.data_dir}={o.data_dir}")
         if o.compile_cache:
@@ -523,5 +543,6 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
         walltime_s=walltime_s, group=o.group, name=o.name, image=image, venv=o.venv, binds=binds,
         save_dir=o.save_dir, data_dir=o.data_dir, compile_cache=o.compile_cache, wandb_mode=o.wandb_mode,
         coordinator=o.coordinator, modules=modules, environment=environment, stop_margin_s=o.stop_margin,
-        command=command_name, job_args=tuple(mapped), user_args=tuple(user_args), resume=resume,
+        command=command_name, job_args=tuple(mapped), user_args=tuple(user_args), lead_args=tuple(lead_args),
+        resume=resume,
         global_batch=global_batch, steps=steps, command_line=tuple(command_line))

@@ -31,6 +31,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -251,6 +252,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                                         "octo-dist finetune --help lists its flags and config fields")
     p.set_defaults(func=None)
     return p
+
+
+def check_command(argv: Sequence[str]) -> None:
+    """Raise ValueError (one line) when ``octo-dist finetune ARGV`` would refuse its flags or config fields.
+
+    ``octo-dist launch`` calls this when it renders a job script; it parses the fork's flags and loads the config
+    file (standard library, absl and ml_collections only: no JAX, no Octo)."""
+    try:
+        config.parse_flags(["octo-dist finetune", *argv])
+    except Exception as e:  # absl's flags.Error, ml_collections' AttributeError for an unknown field, ConfigError
+        text = " ".join(str(e).replace("\\n", " ").split())
+        # ml_collections: '\'num_stepz\'\nDid you mean "num_steps" instead of "num_stepz"?' -> a sentence
+        close = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+        if close:
+            text = f"unknown config field {close.group(2)}, did you mean {close.group(1)}?"
+        raise ValueError(text) from None
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[config.HfProbe] = None) -> int:

@@ -11,13 +11,14 @@ loss first -> last, and whether every rank holds bit-identical parameters.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import math
 import os
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
@@ -170,6 +171,30 @@ def argument_problem(args) -> Optional[str]:
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         return bad("--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5")
     return None
+
+
+class _Refusing(argparse.ArgumentParser):
+    """A parser that raises instead of printing usage and exiting: for checking a command line without running it."""
+
+    def error(self, message):
+        raise ValueError(message)
+
+
+def check_command(argv: Sequence[str]) -> None:
+    """Raise ValueError naming the first flag of ``octo-dist smoke ARGV`` that a run would refuse.
+
+    ``octo-dist launch`` calls this on the arguments every rank will get, when it renders a job script, so a typo
+    (``--stepz 3``) is found on the login node instead of after the job waited in the queue. Imports no JAX."""
+    parser = add_parser(_Refusing(prog="octo-dist").add_subparsers())
+    args, unknown = parser.parse_known_args(list(argv))
+    if unknown:
+        flag = unknown[0].split("=", 1)[0]
+        close = difflib.get_close_matches(flag, [o for o in parser._option_string_actions if o.startswith("--")], n=1)
+        raise ValueError(f"unknown flag {unknown[0]}" + (f", did you mean {close[0]}?" if close else ""))
+    problem = argument_problem(args)
+    if problem:  # "--steps -5; expected at least 1 step. Fix: ..." -> "--steps -5 (expected at least 1 step)"
+        found, _, rest = problem.partition("; expected ")
+        raise ValueError(f"{found} (expected {rest.partition('. Fix: ')[0]})")
 
 
 def main(args, environ: Mapping[str, str] = os.environ) -> int:
