@@ -152,7 +152,7 @@ docker-smoke: ## build the cpu image and run the 2-rank smoke job in it under th
 sif: images-check ## build $(SIF) from singularity.def with --fakeroot (singularity or apptainer)
 	@tool=$$(command -v singularity || command -v apptainer) || { \
 	  echo "error: make sif needs singularity or apptainer on PATH; found neither." >&2; \
-	  echo "  fix: on ABCI, \`module load singularitypro\`; elsewhere install SingularityCE 4.x or Apptainer" >&2; \
+	  echo "  fix: on ABCI 3.0, SingularityCE 4.x is on the nodes without a module (elsewhere: module load singularitypro, or install SingularityCE 4.x or Apptainer)" >&2; \
 	  exit 1; }; \
 	tmp=$(SIF_TMPDIR); mkdir -p "$$tmp"; \
 	echo "building $(SIF) with $$tool (temp dir $$tmp)"; \

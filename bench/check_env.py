@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Median wall time of `octo-dist check-env` (fast mode) vs `python -c "import jax"`, same environment.
 
-Target (issue 2): ratio <= 0.25. Prints; asserts nothing.
+Target: ratio <= 0.25 (check-env at most a quarter of `import jax`). Prints; asserts nothing.
 """
 import statistics
 import subprocess

@@ -68,7 +68,7 @@ def test_two_processes_stack_raw_but_the_helper_gives_the_global_batch_on_both_r
     outs = sorted(json_lines(proc.stdout), key=lambda o: o["rank"])
     assert [o["rank"] for o in outs] == [0, 1] and all(o["world"] == 2 for o in outs)
     for o in outs:
-        # The seed's crash: a new leading process axis, so from_config's x[:1] keeps a whole slice (1, 3, 2, ...).
+        # The crash multi-node fine-tuning hit: a new leading process axis, so from_config's x[:1] keeps a whole slice (1, 3, 2, ...).
         assert o["raw_shape"] == [2, 3, 2, 8, 8, 3]
         assert o["fixed_shape"] == [6, 2, 8, 8, 3]
         assert o["fixed_shapes"] == {

@@ -30,6 +30,7 @@ from typing import Iterator, Mapping, Optional
 
 from octo_dist import EXIT_FAILED
 from octo_dist.launchers import coordcheck
+from octo_dist.stack import builds
 from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
@@ -78,18 +79,13 @@ class Runtime:
                 f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}")
 
 
-def is_gpu_jaxlib(jaxlib_version: str) -> bool:
-    """``"0.4.20+cuda11.cudnn86"`` (or a ``+rocm`` build) -> True; PyPI's CPU ``"0.4.22"`` -> False."""
-    return "+cuda" in jaxlib_version or "+rocm" in jaxlib_version
-
-
 def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
     """Whether JAX will pick a GPU backend: ``JAX_PLATFORMS="cpu"`` says no; else a CUDA jaxlib
     (``"0.4.20+cuda11.cudnn86"``) says yes. Decided before the backend exists, which must not be touched yet."""
     platforms = (environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or "").lower()
     if platforms:
         return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
-    return is_gpu_jaxlib(jaxlib_version)
+    return builds.is_gpu_jaxlib(jaxlib_version)
 
 
 def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> Optional[list[int]]:
