@@ -101,8 +101,8 @@ finetune-smoke: synthetic-data ## 2-rank Octo fine-tune of a tiny model on it un
 bench-check-env: $(ENV_STAMP) ## median wall time of check-env vs `import jax`, side by side
 	$(VENV)/bin/python bench/check_env.py
 
-bench-engine: $(ENV_STAMP) ## step time of 2 processes x 1 device vs 1 process x 2 devices, side by side
-	$(VENV)/bin/python bench/engine.py
+bench-engine: $(ENV_STAMP) ## per step function and model size (tiny, Octo-Small-sized): all-reduce bytes, step time 2 processes x 1 device vs 1 x 2, ratio, bandwidth vs loopback TCP
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python bench/engine.py
 
 clean-env: ## remove $(VENV)
 	rm -rf $(VENV)
