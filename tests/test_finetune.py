@@ -69,7 +69,7 @@ def test_the_forks_flags_override_the_default_config():
     assert c.dataset_kwargs.data_dir == "/data/bridge" and fv.name == "ft_{batch_size}" and fv.debug
     # The fork's FieldReference: the schedule's decay follows --config.num_steps.
     assert c.optimizer.learning_rate.decay_steps == 10
-    assert not fv.resume and fv.step_fn == "jit"
+    assert not fv.resume and fv.step_fn == "auto"
 
 
 def test_defaults_match_the_forks_default_config():
@@ -176,7 +176,7 @@ def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
     out = proc.stdout
     assert out.startswith("usage: octo-dist finetune [--config=FILE[:ARGS]]")
     for flag, default in (("--name=NAME", "(default: experiment)"), ("--debug", "(default: off)"),
-                          ("--resume", "(default: off)"), ("--step_fn=jit|shard_map", "(default: jit)"),
+                          ("--resume", "(default: off)"), ("--step_fn=auto|jit|shard_map", "(default: auto)"),
                           ("--compile_cache=DIR", "$OCTO_DIST_COMPILE_CACHE, else none)"),
                           ("--config=FILE[:ARGS]", "(default:")):
         line = out[out.index(f"  {flag} "):].split("\n  --")[0]

@@ -46,3 +46,18 @@ def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
     assert f"save directory {save} is not writable" in proc.stderr and "Read-only file system" in proc.stderr, \
         proc.stderr[-3000:]
     assert "steps 0 ->" not in proc.stdout and list(save.iterdir()) == []  # no step ran, nothing was written
+
+
+def test_the_jobs_offer_the_engines_step_functions_with_its_default():
+    """The command lines import no JAX, so they spell the step functions out: they must not drift from the engine's."""
+    import argparse
+
+    from octo_dist.apps.finetune import config
+    from octo_dist.apps.smoke import app as smoke
+    from octo_dist.engine import parallel, train
+
+    step_fn = next(a for a in smoke.add_parser(argparse.ArgumentParser().add_subparsers())._actions
+                   if a.dest == "step_fn")
+    assert tuple(step_fn.choices) == tuple(config.STEP_FNS) == tuple(parallel.STEP_FNS)
+    assert step_fn.default == config.FinetuneConfig.__dataclass_fields__["step_fn"].default \
+        == train.TrainConfig.step_fn == "auto"

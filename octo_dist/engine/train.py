@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     steps: int
     seed: int = 0
-    step_fn: str = "jit"
+    step_fn: str = "auto"         # shard_map on the CPU, jit on GPUs (parallel.resolve_step_fn)
     save_dir: Optional[str] = None
     save_every: int = 0          # steps between checkpoints; 0 = only at the end and on a stop signal
     resume: bool = False

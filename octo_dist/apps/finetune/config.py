@@ -368,7 +368,7 @@ class FinetuneConfig:
     wandb_entity: Optional[str]
     debug: bool = False             # wandb disabled
     resume: bool = False
-    step_fn: str = "jit"
+    step_fn: str = "auto"
     compile_cache: Optional[str] = None
 
     @property
@@ -389,7 +389,7 @@ def plain(config) -> dict:
 
 
 def parse(config, probe: HfProbe, *, name: str = "experiment", debug: bool = False, resume: bool = False,
-          step_fn: str = "jit", compile_cache: Optional[str] = None) -> FinetuneConfig:
+          step_fn: str = "auto", compile_cache: Optional[str] = None) -> FinetuneConfig:
     """Check ``config`` (every problem at once, as a ConfigError) and return the job it describes.
 
     Also refused here: a run directory that already holds checkpoints without ``resume`` (the engine refuses it
@@ -418,7 +418,7 @@ def parse(config, probe: HfProbe, *, name: str = "experiment", debug: bool = Fal
 
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "finetune_config.py"
-STEP_FNS = ("jit", "shard_map")
+STEP_FNS = ("auto", "jit", "shard_map")  # octo_dist.engine.parallel.STEP_FNS (this module imports no JAX)
 # (flag, absl kind, default, value's name in --help, help): the flags besides --config, defined and described
 # from this one table.
 FLAGS = (
@@ -426,7 +426,7 @@ FLAGS = (
                                              "the run directory is <save_dir>/<wandb.project>/[<wandb.group>/]<name>"),
     ("debug", "bool", False, "", "a debug run: wandb disabled"),
     ("resume", "bool", False, "", "continue from the latest checkpoint in the run directory"),
-    ("step_fn", "enum", "jit", "|".join(STEP_FNS), "jit with shardings, or shard_map with an explicit all-reduce"),
+    ("step_fn", "enum", "auto", "|".join(STEP_FNS), "auto: shard_map on the CPU, jit on GPUs; or either by name"),
     ("compile_cache", "string", None, "DIR", "persistent compilation cache directory (default: "
                                              "$OCTO_DIST_COMPILE_CACHE, else none)"),
 )
@@ -526,7 +526,7 @@ def load_config(value: str):
 
 
 USAGE = ("usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
-         "                          [--resume] [--step_fn=jit|shard_map] [--compile_cache=DIR]")
+         "                          [--resume] [--step_fn=auto|jit|shard_map] [--compile_cache=DIR]")
 DESCRIPTION = """\
 Fine-tune Octo on every rank (run it under mpirun, srun, or alone): the pretrained model, edited as the config
 says, trained data-parallel on the RLDS dataset; checkpoints in the run directory, resumable with --resume.

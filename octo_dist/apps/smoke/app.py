@@ -44,8 +44,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="examples per step over all ranks; must divide by the device count (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the parameters, dropout and data (default: %(default)s)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam's learning rate (default: %(default)s)")
-    p.add_argument("--step-fn", choices=("jit", "shard_map"), default="jit",
-                   help="jit with shardings, or shard_map with an explicit all-reduce (default: %(default)s)")
+    p.add_argument("--step-fn", choices=("auto", "jit", "shard_map"), default="auto",
+                   help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
+                        "GPUs; or either by name (default: %(default)s)")
     p.add_argument("--save-dir", help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)")
     p.add_argument("--save-every", type=int, default=None,
                    help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
