@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
@@ -104,11 +106,60 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
             stop.close()
 
 
-def fit(job: Job, policy, optimizer, data, config, *, tracker, **fit_kwargs):
-    """``train.fit`` with this job's stop signal; the tracker is finished whether training ends or raises."""
+@dataclasses.dataclass
+class Timing:
+    """When training started and when each step finished (``time.time()``), for the run summary."""
+    fit_started: float
+    step_ends: list
+
+
+def process_started() -> float:
+    """This process's start (``time.time()`` clock): the interpreter's launch, not this module's import."""
+    try:
+        import psutil
+
+        return psutil.Process(os.getpid()).create_time()
+    except Exception:  # psutil missing, or /proc unreadable: the import of this module is close enough
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **fit_kwargs):
+    """``train.fit`` with this job's stop signal, timed; the tracker is finished whether training ends or raises.
+
+    Returns ``(train.FitResult, Timing)``."""
     from octo_dist.engine import train
 
+    timing = Timing(fit_started=time.time(), step_ends=[])
+
+    def timed(step, values):
+        timing.step_ends.append(time.time())  # the metrics were fetched: the step has finished
+        if on_step is not None:
+            on_step(step, values)
+
     try:
-        return train.fit(policy, optimizer, data, config, tracker=tracker, stop=job.stop, **fit_kwargs)
+        result = train.fit(policy, optimizer, data, config, tracker=tracker, stop=job.stop, on_step=timed,
+                           **fit_kwargs)
     finally:
         tracker.finish()
+    return result, timing
+
+
+def summary(job: Job, command: str, result, timing: Timing, global_batch: int, directory: Optional[str]):
+    """Rank 0 prints the run summary and, with a run directory, writes summary.json and loss.png there."""
+    from octo_dist.apps import summary as summary_mod
+
+    rt = job.runtime
+    s = summary_mod.summarize(
+        command=command, processes=rt.process_count, devices=rt.device_count, global_batch=global_batch,
+        start_step=result.start_step, end_step=result.end_step, losses=result.losses,
+        process_started=process_started(), fit_started=timing.fit_started, step_ends=timing.step_ends,
+        ended=time.time(), stopped_by=result.stopped_by)
+    if rt.is_main:
+        print(summary_mod.lines(s), flush=True)
+        if directory:
+            json_path, png_path = summary_mod.write(directory, s, result.losses)
+            log.info("run summary in %s and %s", json_path, png_path)
+    return s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.engine import checkpoint
@@ -113,13 +114,19 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         stopped_by = None
         last_saved = resume_from
         done = start
-        for step in ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"):
+        bar = ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train")
+        tick = time.perf_counter()
+        for step in bar:
             state, metrics = eng.step(state, eng.global_batch(next(batches)), stop.pending)
             values = {k: float(v) for k, v in parallel.to_host(metrics).items()}
             agreed_signal = int(values.pop(parallel.STOP))
             losses[step] = values["loss"]
+            now, tick = tick, time.perf_counter()
+            if hasattr(bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
+                bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
-                tracker.log(values, step)
+                # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up.
+                tracker.log({**{f"training/{k}": v for k, v in values.items()}, "timer/step_s": tick - now}, step)
             if on_step is not None:
                 on_step(step, values)
             done = step + 1

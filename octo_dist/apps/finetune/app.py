@@ -118,7 +118,7 @@ class ScheduleTracker(tracking.Tracker):
         self.inner, self.schedule = inner, schedule
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        self.inner.log({**metrics, "learning_rate": float(self.schedule(step))}, step)
+        self.inner.log({**metrics, "training/learning_rate": float(self.schedule(step))}, step)
 
     def finish(self) -> None:
         self.inner.finish()
@@ -226,8 +226,8 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
 
     fit_cfg = train.TrainConfig(steps=cfg.num_steps, seed=cfg.seed, step_fn=cfg.step_fn, save_dir=cfg.train_state_dir,
                                 save_every=cfg.save_interval, resume=cfg.resume, log_every=cfg.log_interval)
-    result = harness.fit(job, policy, tx, source, fit_cfg, tracker=ScheduleTracker(tracker, lr_schedule),
-                         params=params, fingerprint=cfg.fingerprint())
+    result, timing = harness.fit(job, policy, tx, source, fit_cfg, tracker=ScheduleTracker(tracker, lr_schedule),
+                                 params=params, fingerprint=cfg.fingerprint())
 
     if out_dir and result.end_step > result.start_step:
         # Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
@@ -240,6 +240,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
                      f"of {cfg.num_steps}" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
                      + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
                      + (f"; run dir {out_dir}" if out_dir else ""))
+    harness.summary(job, "finetune", result, timing, cfg.batch_size, out_dir)
     return EXIT_OK
 
 
@@ -270,12 +271,20 @@ def check_command(argv: Sequence[str]) -> None:
         raise ValueError(text) from None
 
 
+TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+
+
 def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[config.HfProbe] = None) -> int:
     """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
     the config, then :func:`run`."""
     if config.wants_help(argv):
         print(config.help_text(argv), end="")
         return EXIT_OK
+    if environ is os.environ and TF_LOG_LEVEL_ENV not in environ:
+        # TensorFlow (tf.data) logs "Unable to register cuDNN factory" and "TF-TRT Warning" at start-up, at ERROR
+        # level, on every rank: noise that buries the job's own lines. Real failures still raise in Python; a user
+        # who wants TF's log sets TF_CPP_MIN_LOG_LEVEL (0 shows everything).
+        os.environ[TF_LOG_LEVEL_ENV] = "3"
     try:
         flags = config.parse_flags(argv)
         if probe is None:

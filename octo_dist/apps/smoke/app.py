@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import sys
-import time
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -131,11 +130,8 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
                                     config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count})
     cfg = train.TrainConfig(steps=args.steps, seed=args.seed, step_fn=args.step_fn, save_dir=args.save_dir,
                             save_every=args.save_every, resume=args.resume)
-    ticks = [time.perf_counter()]  # after each step (metrics are fetched, so the step has finished)
-    result = harness.fit(job, policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
-                         fingerprint=fingerprint, on_step=lambda step, values: ticks.append(time.perf_counter()))
-    # The first two steps compile (the step, then metric reads); the median of the rest is the steady step time.
-    durations = sorted(b - a for a, b in zip(ticks[2:], ticks[3:]))
+    result, timing = harness.fit(job, policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
+                                 fingerprint=fingerprint)
     steps_run = result.end_step - result.start_step
     ranks = collectives.allgather_json({"digest": result.params_digest,
                                         "reads_per_step": source.reads // max(steps_run, 1) if steps_run else 0,
@@ -145,12 +141,13 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
            "steps": args.steps, "start_step": result.start_step, "end_step": result.end_step,
            "losses": {str(k): v for k, v in result.losses.items()}, "stopped_by": result.stopped_by,
            "digests": [r["digest"] for r in ranks], "reads_per_step": [r["reads_per_step"] for r in ranks],
-           "hosts": [r["host"] for r in ranks], "run_id": tracker.run_id,
-           "step_time_median_s": durations[len(durations) // 2] if durations else None}
+           "hosts": [r["host"] for r in ranks], "run_id": tracker.run_id}
+    harness.say(job, verdict(rec))
+    summary = harness.summary(job, "smoke", result, timing, args.global_batch, args.save_dir)
+    rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
         with open(args.record, "w") as f:
             json.dump(rec, f, indent=1)
-    harness.say(job, verdict(rec))
     return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
 
 
