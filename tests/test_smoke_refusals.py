@@ -21,11 +21,34 @@ SMOKE = [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny"]
     (["--tolerance", "inf"], "--tolerance inf; expected a finite relative difference >= 0"),
 ])
 def test_flags_no_run_could_use_are_one_line_and_exit_2(flags, needle):
+    refused(flags, needle)
+
+
+def refused(flags, needle):
     proc = subprocess.run([*SMOKE, *flags], capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"octo-dist smoke: error: {proc.stderr.split('error: ', 1)[1]}" and proc.stderr.count("\n") == 1
     assert needle in proc.stderr
     assert proc.stdout == ""  # refused before start-up: no verdict, no steps
+
+
+def test_paths_that_cannot_be_used_are_one_line_and_exit_2(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    refused(["--record", str(tmp_path / "missing" / "r.json")], f"Fix: mkdir -p {tmp_path / 'missing'}")
+    refused(["--record", str(tmp_path)], f"Fix: --record {tmp_path / 'record.json'}")
+    refused(["--compile-cache", str(a_file)], f"compile cache {a_file} is a file; expected a directory")
+    refused(["--compile-cache", str(a_file / "sub")], f"{a_file} is a file; expected directories up to it")
+
+
+def test_a_save_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    proc = subprocess.run([*SMOKE, "--steps", "2", "--save-dir", str(a_file)], capture_output=True, text=True,
+                          timeout=300, env=clean_env(), cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"octo-dist smoke: error: save directory {a_file} is a file, not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and "steps 0 ->" not in proc.stdout
 
 
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux) for a read-only bind mount")

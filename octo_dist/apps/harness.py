@@ -76,6 +76,12 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
     from octo_dist.launchers import LauncherError
     from octo_dist.launchers.coordinator import CoordinatorError
 
+    from octo_dist.dist import compile_cache
+
+    refused = compile_cache.problem(options.compile_cache)
+    if refused:  # found before start-up, the same on every rank
+        print(f"octo-dist {command}: error: {refused}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     try:
         rt = runtime.initialize(**options.runtime)
     except (LauncherError, CoordinatorError, runtime.SettingError) as e:
@@ -85,7 +91,6 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     with runtime.running(rt):
-        from octo_dist.dist import compile_cache
         from octo_dist.dist import ranklog
         from octo_dist.dist import stopping
         from octo_dist.engine.checkpoint import CheckpointError

@@ -15,6 +15,22 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 
+def problem(directory: Optional[str]) -> Optional[str]:
+    """Why ``directory`` cannot hold the cache ("found; expected. Fix: ..."), checked before start-up; None when it can."""
+    if not directory:
+        return None
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)   # the nearest part that exists: it will be created below that
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        return (f"compile cache {directory} is a file; expected a directory (or a path to create). "
+                f"Fix: pass another --compile-cache, or move the file away")
+    if not os.path.isdir(path):
+        return (f"compile cache {directory}: {path} is a file; expected directories up to it. "
+                f"Fix: pass another --compile-cache")
+    return None
+
+
 def enable(directory: Optional[str], min_compile_secs: float = 1.0) -> Optional[str]:
     """Use ``directory`` (None: off) as JAX's persistent cache; returns it."""
     if not directory:

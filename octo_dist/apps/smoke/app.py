@@ -168,6 +168,13 @@ def argument_problem(args) -> Optional[str]:
                    "steps", f"--save-every {DEFAULT_SAVE_EVERY}")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         return bad("--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5")
+    if args.record:
+        parent = os.path.dirname(os.path.abspath(args.record))
+        expected = "a file path in an existing directory (rank 0 writes the run's record there at the end)"
+        if os.path.isdir(args.record):
+            return bad("--record", args.record, expected, f"--record {os.path.join(args.record, 'record.json')}")
+        if not os.path.isdir(parent):
+            return bad("--record", args.record, expected, f"mkdir -p {parent}, or another --record")
     return None
 
 
