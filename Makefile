@@ -27,8 +27,22 @@ JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
 .PHONY: help env dev-env jax020-env git-deps lock check-env test test-repeat smoke bench-check-env bench-engine clean-env
 
-help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF LOCAL_BASE LOCAL_SUITE
+help: ## list the targets and the variables that change them (with their values now)
+	@echo "usage: make TARGET [VARIABLE=value ...]"
+	@echo
+	@echo "variables (now):"
+	@printf '  %-18s %s\n' \
+	  PROFILE '$(PROFILE): the stack from env/stack.toml (cpu: CI, laptops, the CPU image; cuda11: ABCI GPUs)' \
+	  PYTHON '$(PYTHON) (Python $(or $(PY_MM),not found)): makes the venv; its X.Y picks $(LOCK)' \
+	  VENV '$(VENV): the environment make env builds' \
+	  PYTEST_ARGS '$(or $(PYTEST_ARGS),(none)): extra pytest arguments for make test / test-repeat' \
+	  'N, HOGS' '$(N), $(HOGS): runs and CPU hogs of make test-repeat'
+	@echo
+	@echo "targets:"
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+	  | sed $(foreach v,$(HELP_VARS),-e 's|$$($(v))|$($(v))|g') \
+	  | awk -F':.*## ' '{ printf "  %-18s %s\n", $$1, $$2 }'
 
 env: $(ENV_STAMP) ## build $(VENV) from the PROFILE's hashed lock (then git deps, then octo-dist, editable)
 
