@@ -27,6 +27,18 @@ SUBCOMMANDS = {
 RAW_ARGV = "finetune"   # the subcommand whose arguments are handed over unparsed
 
 
+def _checker(module_name: str, command: str):
+    """The command's ``check_command``, imported only when a script is rendered. On a login node's bare Python
+    (no numpy, absl: `octo-dist launch` needs only the standard library) the check is skipped, and says so."""
+    def check(argv):
+        try:
+            importlib.import_module(module_name).check_command(argv)
+        except ImportError as e:
+            print(f"octo-dist launch: note: the {command} flags after -- are not checked here ({e}); run launch "
+                  f"from the octo-dist environment (or the image) to check them", file=sys.stderr)
+    return check
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="octo-dist",
@@ -38,10 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         if name == "launch":
             # The training command after `--` is checked with its own parser when the script is rendered.
-            from octo_dist.apps.finetune import app as finetune
-            from octo_dist.apps.smoke import app as smoke
-
-            module.add_parser(sub, checkers={"smoke": smoke.check_command, "finetune": finetune.check_command})
+            module.add_parser(sub, checkers={"smoke": _checker("octo_dist.apps.smoke.app", "smoke"),
+                                             "finetune": _checker("octo_dist.apps.finetune.app", "finetune")})
         else:
             module.add_parser(sub)
     return parser

@@ -46,3 +46,18 @@ def test_checking_imports_no_jax():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=REPO,
                           timeout=120)
     assert proc.stdout.split()[-4:] == ["2", "0", "False", "False"], proc.stdout + proc.stderr
+
+
+BARE_39 = "/root/.pyenv/versions/3.9.18/bin/python"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(BARE_39), reason=f"no CPython 3.9 at {BARE_39} (pyenv)")
+def test_on_a_login_nodes_bare_python_smoke_is_checked_and_finetune_is_skipped_with_a_note():
+    env = dict(clean_env(), PYTHONPATH=str(REPO))
+    run = lambda *cmd: subprocess.run([BARE_39, "-S", "-E", "-B", "-m", "octo_dist", *HEAD, "--dry-run", "--", *cmd],
+                                      capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    typo = run("smoke", "--stepz", "3")
+    assert typo.returncode == 2 and "unknown flag --stepz, did you mean --steps?" in typo.stderr, typo.stderr
+    finetune = run("finetune", "--config.num_steps=3")
+    assert finetune.returncode == 0, finetune.stderr
+    assert "note: the finetune flags after -- are not checked here (No module named 'absl')" in finetune.stderr

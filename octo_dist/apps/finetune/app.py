@@ -36,8 +36,6 @@ import sys
 import warnings
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-import numpy as np
-
 from octo_dist import EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
 from octo_dist.apps.finetune import config
@@ -55,6 +53,8 @@ def data_seed(seed: int, process_index: int, start_step: int) -> int:
     per step, as one process would) and per resume point (a resumed run does not replay the first batches; tf.data
     shuffle buffers are not checkpointed, so a resumed run's batches are fresh draws, not the uninterrupted run's).
     """
+    import numpy as np
+
     return int(np.random.SeedSequence([seed, process_index, start_step]).generate_state(1)[0] >> 1)
 
 
@@ -135,6 +135,8 @@ def resolve_pretrained(path: str) -> str:
 
 
 def _json_default(o):
+    import numpy as np
+
     if isinstance(o, (np.ndarray, np.generic)):
         return o.tolist()
     return repr(o)
@@ -157,6 +159,8 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     from octo.model.octo_model import OctoModel
     from octo.utils.spec import ModuleSpec
     from octo.utils.train_utils import check_config_diff, create_optimizer
+
+    import numpy as np
 
     from octo_dist.engine import data
     from octo_dist.engine import parallel
@@ -262,6 +266,8 @@ def check_command(argv: Sequence[str]) -> None:
     file (standard library, absl and ml_collections only: no JAX, no Octo)."""
     try:
         config.parse_flags(["octo-dist finetune", *argv])
+    except ImportError:
+        raise  # absl or ml_collections missing (a login node's bare Python): the caller skips the check
     except Exception as e:  # absl's flags.Error, ml_collections' AttributeError for an unknown field, ConfigError
         text = " ".join(str(e).replace("\\n", " ").split())
         # ml_collections: '\'num_stepz\'\nDid you mean "num_steps" instead of "num_stepz"?' -> a sentence
