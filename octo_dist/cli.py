@@ -18,6 +18,7 @@ from octo_dist import EXIT_USAGE, __version__
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
     "check-env": "octo_dist.envcheck.cli",
+    "env": "octo_dist.envcheck.envreport",
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
     "finetune": "octo_dist.apps.finetune.app",
@@ -54,7 +55,61 @@ def build_parser() -> argparse.ArgumentParser:
                                              "finetune": _checker("octo_dist.apps.finetune.app", "finetune")})
         else:
             module.add_parser(sub)
+    _add_completion(sub)
     return parser
+
+
+# finetune's flags are absl's, not argparse's: the fork's own flags, for completion.
+FINETUNE_FLAGS = ("--config=", "--name=", "--debug", "--resume", "--step_fn=", "--compile_cache=", "--help")
+
+BASH_COMPLETION = """\
+# bash completion for octo-dist, generated from its parsers: eval "$(octo-dist completion bash)"
+_octo_dist() {{
+  local cur=${{COMP_WORDS[COMP_CWORD]}} key=${{COMP_WORDS[1]}} words
+  # "launch/pbs": a command with its own subcommands completes that subcommand's flags from the third word on.
+  if [ "$COMP_CWORD" -ge 3 ]; then key="$key/${{COMP_WORDS[2]}}"; fi
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    words="{commands}"
+  else
+    case "$key" in
+{cases}
+      *) words="" ;;
+    esac
+  fi
+  COMPREPLY=($(compgen -W "$words" -- "$cur"))
+}}
+complete -o default -F _octo_dist octo-dist
+"""
+ZSH_PREAMBLE = "# zsh completion for octo-dist (bash's, through bashcompinit): eval \"$(octo-dist completion zsh)\"\n" \
+               "autoload -U +X bashcompinit && bashcompinit\n"
+
+
+def completion_script(shell: str) -> str:
+    """A completion script for ``shell`` ("bash" or "zsh") listing every subcommand and each one's flags."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, command in sub.choices.items():
+        flags = FINETUNE_FLAGS if name == RAW_ARGV else sorted(
+            {o for a in command._actions for o in a.option_strings if o.startswith("--")})
+        nested = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if nested is None:
+            cases.append(f"      {name}|{name}/*) words=\"{' '.join(flags)}\" ;;")
+            continue
+        cases.append(f"      {name}) words=\"{' '.join([*nested.choices, *flags])}\" ;;")
+        for inner, inner_parser in nested.choices.items():
+            inner_flags = sorted({o for a in inner_parser._actions for o in a.option_strings if o.startswith("--")})
+            cases.append(f"      {name}/{inner}) words=\"{' '.join(inner_flags)}\" ;;")
+    script = BASH_COMPLETION.format(commands=" ".join([*sub.choices, "--help", "--version"]), cases="\n".join(cases))
+    return (ZSH_PREAMBLE + script) if shell == "zsh" else script
+
+
+def _add_completion(sub) -> None:
+    p = sub.add_parser("completion", help="print a bash or zsh completion script for octo-dist",
+                       description='Load it in your shell: eval "$(octo-dist completion bash)" in ~/.bashrc, '
+                                   'or eval "$(octo-dist completion zsh)" in ~/.zshrc.')
+    p.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
+    p.set_defaults(func=lambda args: print(completion_script(args.shell), end="") or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,10 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.envcheck import report
+
+
+def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str, str]) -> str:
+    """``--profile``, else ``$OCTO_DIST_PROFILE``, else inferred from the jaxlib build ("0.4.20+cuda11.cudnn86" ->
+    cuda11, a CPU wheel -> cpu)."""
+    from octo_dist.stack import builds
+    from octo_dist.stack import manifest as mf
+
+    if requested or mf.default_profile(environ):
+        return requested or mf.default_profile(environ)
+    jaxlib = dists.get("jaxlib")
+    return "cuda11" if jaxlib and builds.is_cuda_jaxlib(jaxlib.version) else "cpu"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -42,11 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     dists = installed.scan()
-    name = args.profile or mf.default_profile()
-    if not name:
-        # No profile named: infer from the jaxlib build ("0.4.20+cuda11.cudnn86" -> cuda11).
-        jaxlib = dists.get("jaxlib")
-        name = "cuda11" if jaxlib and builds.is_cuda_jaxlib(jaxlib.version) else "cpu"
+    name = profile_name(args.profile, dists, os.environ)
     try:
         profile = manifest.profile(name)
     except mf.ManifestError as e:
