@@ -121,3 +121,26 @@ def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_proces
     assert runs[0]["value"] == runs[1]["value"]
     entries = [p.name for p in (tmp_path / "cache").iterdir()]
     assert entries and not any(n.startswith("_temp_") for n in entries)
+
+
+def test_the_next_batch_is_made_before_the_previous_steps_metrics_are_read(tmp_path):
+    """The host prepares batch k+1 while step k runs and reads step k-1's metrics only then; a stop signal seen in
+    step k's metrics ends the run after the step already dispatched, checkpointed, with the same losses."""
+    proc = subprocess.run([sys.executable, str(PROGRAMS / "fit_order.py"), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json_lines(proc.stdout)[-1]
+    order = [tuple(e) for e in out["order"]]
+    steps = 6
+    assert [s for kind, s in order if kind == "make"] == list(range(steps))   # no batch made beyond the last step
+    assert [s for kind, s in order if kind == "read"] == list(range(steps))
+    for k in range(steps - 2):
+        # batch k+2 (for the step after next) is in hand before step k's metrics are read
+        assert order.index(("make", k + 2)) < order.index(("read", k)), order
+    stopped = out["stopped"]
+    # SIGUSR1 arrives while step 1 is read (step 2 already dispatched): step 3 carries it, it is read after step 4
+    # was dispatched, so the run ends after step 4, reading every step it ran.
+    assert stopped["stopped_by"] == "SIGUSR1" and stopped["end_step"] == 5, stopped
+    assert sorted(map(int, stopped["losses"])) == list(range(5))
+    assert all(stopped["losses"][k] == out["losses"][k] for k in stopped["losses"])
+    assert (tmp_path / "ckpt" / "5").is_dir()

@@ -166,6 +166,59 @@ def test_each_process_and_each_resume_point_gets_its_own_data_seed():
     assert finetune.data_seed(42, 1, 0) == finetune.data_seed(42, 1, 0)
 
 
+def test_the_expected_start_is_the_newest_saved_step_only_with_resume(tmp_path):
+    state = tmp_path / "train_state"
+    for name in ("3", "6", "9.orbax-checkpoint-tmp-4"):
+        (state / name).mkdir(parents=True)
+    assert fc.expected_start(str(state), resume=True) == 6
+    assert fc.expected_start(str(state), resume=False) == 0
+    assert fc.expected_start(str(tmp_path / "new"), resume=True) == 0 and fc.expected_start(None, True) == 0
+
+
+def counted_frames(tf, trajectories=12, length=5):
+    """A dataset shaped as make_single_dataset's: one element per trajectory, statistics attached."""
+    def build():
+        ds = tf.data.Dataset.range(trajectories * length).batch(length).map(lambda x: {"action": x})
+        ds.dataset_statistics = {"action": {"mean": [1.0]}}
+        return ds
+    return build
+
+
+def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_the_first_training_batch(
+        tmp_path, monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.chdir(tmp_path)
+    job = fc.parse(smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic")), REACHABLE)
+
+    def source(start=0, rank=0):
+        return finetune.OctoData(job, None, 4, rank, 1, start_step=start, build=counted_frames(tf),
+                                 process=lambda b: b)
+
+    def take(src, start, n=6):
+        it = src.batches(start)
+        return [next(it)["action"].tolist() for _ in range(n)]
+
+    src = source()
+    assert src.builds == 1 and src.dataset_statistics == {"action": {"mean": [1.0]}}
+    first = src.example["action"].tolist()
+    got = take(src, 0)
+    assert src.builds == 1, "statistics, the example batch and training must share one pipeline"
+    assert got[0] == first and all(len(b) == 4 for b in got)
+    assert len({x for b in got for x in b}) > 4             # a shuffled stream, not one batch repeated
+    with pytest.raises(RuntimeError, match="called twice"):
+        next(src.batches(0))
+
+    # The same seeds give the same stream; another rank or another resume point draws its own.
+    assert take(source(), 0) == got
+    assert take(source(rank=1), 0) != got
+    resumed = take(source(start=3), 3)
+    assert resumed != got
+
+    # Training resumes elsewhere than the directory suggested: built again for that step, same stream as if known.
+    src = source(start=6)
+    assert take(src, 3) == resumed and src.builds == 2
+
+
 # --- octo-dist finetune: the installed command, its packaged configs, its help -------------------------------------
 
 def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):

@@ -83,7 +83,8 @@ def stack(examples) -> dict:
 
 @dataclasses.dataclass
 class SyntheticData:
-    """This process's slice of synthetic Octo-shaped global batches. ``reads`` counts examples made (bench/tests)."""
+    """This process's slice of synthetic Octo-shaped global batches. ``reads`` counts examples made, ``batches_made``
+    the batches they went into (the smoke job's check that a rank reads its slice, not the global batch)."""
     spec: Spec
     global_batch: int
     process_index: int
@@ -91,6 +92,7 @@ class SyntheticData:
     device_count: int
     seed: int = 0
     reads: int = 0
+    batches_made: int = 0
 
     def __post_init__(self):
         self.local_batch_size = local_batch_size(self.global_batch, self.process_count, self.device_count)
@@ -101,6 +103,7 @@ class SyntheticData:
 
     def batch(self, step: int) -> dict:
         self.reads += self.local_batch_size
+        self.batches_made += 1
         return stack([example(self.spec, self.seed, step, i) for i in self.indices()])
 
     def batches(self, start_step: int = 0) -> Iterator[dict]:

@@ -96,17 +96,17 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         start = resume_from or 0
         eng = parallel.Engine(parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
         batches = data.batches(start)
-        first = next(batches)
+        # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
+        first = eng.global_batch(next(batches))
         if resume_from is None:
-            state = eng.init_state(policy, eng.global_batch(first), cfg.seed, params)
+            state = eng.init_state(policy, first, cfg.seed, params)
         else:
             # The template (shapes, dtypes, replicated shardings) the checkpoint is read into, by shape only.
-            template = eng.abstract_state(policy, eng.global_batch(first), cfg.seed, params)
+            template = eng.abstract_state(policy, first, cfg.seed, params)
             state, meta = ckpt.restore(resume_from, template)
             parallel.assert_replicated(state)
             check_resumable(meta, fingerprint, ckpt.directory)
             log.info("resumed from %s: step %d of %d", ckpt.directory / str(resume_from), start, cfg.steps)
-        batches = _prepend(first, batches)
         # Room for two checkpoints of this state, known now that its size is (before the first step).
         savedir.check_space(cfg.save_dir, savedir.state_nbytes(state))
 
@@ -115,28 +115,47 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         last_saved = resume_from
         done = start
         bar = ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train")
-        tick = time.perf_counter()
-        for step in bar:
-            state, metrics = eng.step(state, eng.global_batch(next(batches)), stop.pending)
+        tick = [time.perf_counter()]
+
+        def read(step, metrics) -> int:
+            """Fetch one step's metrics (waits for that step), log them; returns the agreed stop signal (0: none)."""
             values = {k: float(v) for k, v in parallel.to_host(metrics).items()}
             agreed_signal = int(values.pop(parallel.STOP))
             losses[step] = values["loss"]
-            now, tick = tick, time.perf_counter()
+            now, tick[0] = tick[0], time.perf_counter()
             if hasattr(bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
                 bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
                 # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up.
-                tracker.log({**{f"training/{k}": v for k, v in values.items()}, "timer/step_s": tick - now}, step)
+                tracker.log({**{f"training/{k}": v for k, v in values.items()}, "timer/step_s": tick[0] - now}, step)
             if on_step is not None:
                 on_step(step, values)
+            return agreed_signal
+
+        # The device never waits for the host: step k is dispatched (asynchronously), then, while it runs, the
+        # host makes global batch k+1 (reading, stacking, starting its transfer) and only then reads step k-1's
+        # metrics, whose values are long computed. The arithmetic is the same as reading every step at once; a
+        # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
+        upcoming = first
+        unread = None   # (step, metrics) dispatched but not read yet
+        for step in bar:
+            state, metrics = eng.step(state, upcoming, stop.pending)
             done = step + 1
+            upcoming = eng.global_batch(next(batches)) if done < cfg.steps else None
+            agreed_signal = read(*unread) if unread is not None else 0
+            unread = (step, metrics)
             if agreed_signal:
                 stopped_by = stop.name(agreed_signal)
-                log.warning("stopping after step %d on %s: saving a checkpoint, then exiting 0", done, stopped_by)
                 break
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
                 ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
                 last_saved = done
+        if unread is not None:
+            agreed_signal = read(*unread)
+            if agreed_signal and stopped_by is None:
+                stopped_by = stop.name(agreed_signal)
+        if stopped_by is not None:
+            log.warning("stopping after step %d on %s: saving a checkpoint, then exiting 0", done, stopped_by)
         if cfg.save_dir and last_saved != done:
             ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
         return FitResult(start_step=start, end_step=done, losses=losses, stopped_by=stopped_by,
@@ -147,7 +166,3 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         ckpt.close()
         claim.release()
 
-
-def _prepend(first, rest):
-    yield first
-    yield from rest

@@ -68,46 +68,86 @@ def process_batch(batch: dict, text_processor) -> dict:
 
 
 class OctoData:
-    """This process's slice of the global batch from ``make_single_dataset`` (``train.fit``'s data interface)."""
+    """This process's slice of the global batch from ``make_single_dataset`` (``train.fit``'s data interface).
+
+    The pipeline is built once per rank, seeded for the step training starts at, and its first batch is both the
+    example the parameters are initialised on and training's first batch: start-up reads the data once, not three
+    times (statistics, example, training), and fills the shuffle buffer once.
+
+    Args:
+      start_step: where training will start (``config.expected_start``); the seeds depend on it.
+      build: makes the dataset (default: Octo's ``make_single_dataset`` for the job config); the result carries
+        ``dataset_statistics``. ``process``: one batch -> what the model reads (default: Octo's ``process_batch``).
+    """
 
     def __init__(self, job_config: config.FinetuneConfig, text_processor, local_batch_size: int, process_index: int,
-                 process_count: int):
+                 process_count: int, start_step: int = 0, build=None, process=None):
         self.config = job_config
         self.text_processor = text_processor
         self.local_batch_size = local_batch_size
         self.process_index = process_index
+        self.builds = 0                     # how many times the pipeline was built on this rank (tests, logs)
+        self._build_fn = build or self._make_single_dataset
+        self._process = process or functools.partial(process_batch, text_processor=text_processor)
         # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
-        # ~/.cache/octo): rank 0 first, then the rest read the cache instead of N ranks writing one file at once.
-        self.dataset_statistics = self._statistics_rank0_first(process_count)
+        # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
+        self.start_step = start_step
+        if process_index == 0:
+            dataset = self._seeded_build(start_step)
+        if process_count > 1:
+            from jax.experimental import multihost_utils
 
-    def _build(self):
+            multihost_utils.sync_global_devices("octo_dist.apps.finetune.app: dataset statistics written")
+        if process_index != 0:
+            dataset = self._seeded_build(start_step)
+        self.dataset_statistics = dataset.dataset_statistics
+        self._stream = self._batches_of(dataset, start_step)
+        self.example = next(self._stream)   # training's first batch, kept for the parameters' initialisation
+
+    def _make_single_dataset(self):
         from octo.data.dataset import make_single_dataset
 
         c = self.config.config
         return make_single_dataset(c["dataset_kwargs"], traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
                                    frame_transform_kwargs=c.get("frame_transform_kwargs", {}), train=True)
 
-    def _statistics_rank0_first(self, process_count: int):
-        from jax.experimental import multihost_utils
-
-        stats = self._build().dataset_statistics if self.process_index == 0 else None
-        if process_count > 1:
-            multihost_utils.sync_global_devices("octo_dist.apps.finetune.app: dataset statistics written")
-        return stats if stats is not None else self._build().dataset_statistics
-
-    def batches(self, start_step: int = 0) -> Iterator[dict]:
+    def _seeded_build(self, start_step: int):
         import tensorflow as tf
 
-        # Set before the pipeline is built: tf.data fixes its shuffle and augmentation seeds then.
+        # Set before the pipeline is built: tf.data fixes its file-shuffle and augmentation seeds then.
         tf.random.set_seed(data_seed(self.config.seed, self.process_index, start_step))
+        self.builds += 1
         with warnings.catch_warnings():
             # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
             # purpose (Octo's augmentation draws from the global seed set above).
             warnings.filterwarnings("ignore", message="Seed .* from outer graph", category=UserWarning)
-            dataset = (self._build().repeat().unbatch().shuffle(self.config.shuffle_buffer_size)
-                       .batch(self.local_batch_size))
-        for batch in dataset.iterator():
-            yield process_batch(batch, self.text_processor)
+            return self._build_fn()
+
+    def _batches_of(self, dataset, start_step: int) -> Iterator[dict]:
+        import tensorflow as tf
+
+        seed = data_seed(self.config.seed, self.process_index, start_step)
+        # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
+        pipeline = (dataset.repeat().unbatch().shuffle(self.config.shuffle_buffer_size, seed=seed)
+                    .batch(self.local_batch_size).prefetch(tf.data.AUTOTUNE))
+        for batch in pipeline.as_numpy_iterator():
+            yield self._process(batch)
+
+    def batches(self, start_step: int = 0) -> Iterator[dict]:
+        """Training's batches from ``start_step``: the example batch first, then the same stream."""
+        if start_step != self.start_step:
+            # Training resumes elsewhere than the directory suggested (its newest step failed verification): the
+            # seeds depend on the start, so the pipeline is built again for it (statistics are cached by now).
+            log.warning("training starts at step %d, not %d: building the data pipeline again for that step",
+                        start_step, self.start_step)
+            self.start_step = start_step
+            self._stream = self._batches_of(self._seeded_build(start_step), start_step)
+            self.example = next(self._stream)
+        stream, self._stream = self._stream, None
+        if stream is None:
+            raise RuntimeError("OctoData.batches was called twice; expected one training stream per process")
+        yield self.example
+        yield from stream
 
 
 class ScheduleTracker(tracking.Tracker):
@@ -189,8 +229,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
 
     # --- data: this process's share, its own seed ------------------------------------------------------------------
-    source = OctoData(cfg, text_processor, local_batch, rt.process_index, rt.process_count)
-    example = next(source.batches(0))
+    source = OctoData(cfg, text_processor, local_batch, rt.process_index, rt.process_count,
+                      start_step=config.expected_start(cfg.train_state_dir, cfg.resume))
+    example = source.example
 
     # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
     policy = octo.OctoPolicy(model_config, text_processor, source.dataset_statistics)

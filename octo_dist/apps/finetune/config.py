@@ -172,6 +172,14 @@ def saved_steps(directory: str | Path) -> list:
     return sorted(int(c.name) for c in d.iterdir() if c.is_dir() and c.name.isdigit()) if d.is_dir() else []
 
 
+def expected_start(train_state_dir: Optional[str], resume: bool) -> int:
+    """The step a run will start at, read from the directory before start-up: the newest saved step with ``--resume``
+    (``[3, 6]`` -> 6), else 0. Training verifies that step's checksums and may resume from an older one; the data
+    pipeline, built for this step, is then built again for the other (see ``app.OctoData.batches``)."""
+    steps = saved_steps(train_state_dir) if train_state_dir and resume else []
+    return steps[-1] if steps else 0
+
+
 def resume_problem(train_state_dir: Optional[str], resume: bool) -> Optional[str]:
     """Checkpoints already there without ``--resume``: refused before start-up (octo_dist.engine.train refuses it too, but
     only after every rank has loaded data and compiled the model)."""

@@ -132,9 +132,9 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
                             save_every=args.save_every, resume=args.resume)
     result, timing = harness.fit(job, policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
                                  fingerprint=fingerprint)
-    steps_run = result.end_step - result.start_step
+    # Examples this rank made per batch it made (a run stopped by a signal has made one batch ahead of its last step).
     ranks = collectives.allgather_json({"digest": result.params_digest,
-                                        "reads_per_step": source.reads // max(steps_run, 1) if steps_run else 0,
+                                        "reads_per_step": source.reads // source.batches_made if source.batches_made else 0,
                                         "host": rt.host})
     rec = {"model": policy.name, "ranks": rt.process_count, "devices": rt.device_count,
            "local_devices": rt.local_device_count, "platform": rt.platform, "global_batch": args.global_batch,

@@ -1,0 +1,52 @@
+"""Run by tests/test_engine.py in one process: ``train.fit`` on the tiny policy, recording in order when each batch
+is made and when each step's metrics are read, then the same run stopped by a signal. Prints one JSON object.
+
+usage: python fit_order.py SAVE_DIR
+"""
+
+import json
+import signal
+import sys
+
+import optax
+
+from octo_dist.dist import stopping
+from octo_dist.engine import data
+from octo_dist.engine import train
+from octo_dist.policies.tiny import TinyPolicy
+
+STEPS = 6
+events = []
+
+
+class Logged(data.SyntheticData):
+    def batch(self, step):
+        events.append(["make", step])
+        return super().batch(step)
+
+
+def run(save_dir, stop_at=None):
+    source = Logged(data.Spec(), 4, 0, 1, 1)
+    stop = stopping.StopSignal()
+
+    def on_step(step, values):
+        events.append(["read", step])
+        if step == stop_at:
+            signal.raise_signal(signal.SIGUSR1)   # handled by ``stop``: recorded, passed into the next dispatch
+
+    try:
+        result = train.fit(TinyPolicy(), optax.adam(1e-3), source, train.TrainConfig(steps=STEPS, save_dir=save_dir),
+                           on_step=on_step, stop=stop)
+    finally:
+        stop.close()
+    return result
+
+
+events.clear()
+full = run(None)
+order = list(events)
+events.clear()
+stopped = run(sys.argv[1], stop_at=1)
+print(json.dumps({"order": order, "losses": {str(k): v for k, v in full.losses.items()},
+                  "stopped": {"end_step": stopped.end_step, "stopped_by": stopped.stopped_by,
+                              "losses": {str(k): v for k, v in stopped.losses.items()}, "order": events}}))
