@@ -58,7 +58,7 @@ def cluster_ready():
 def report(title: str, job: sim.Job, *lines: str) -> None:
     """What `make cluster-smoke` prints at the end: rank 0's preflight table and verdict, per run, with wall times."""
     out = job.output().splitlines()
-    ours = [l for i, l in enumerate(out) if l.startswith(("octo-dist preflight:", "octo-dist smoke:"))
+    ours = [l for i, l in enumerate(out) if l.startswith(("octo-dist preflight:", "octo-dist smoke:", "octo-dist finetune:"))
             or (l.startswith("  ") and i > 0)]
     with open(REPORT, "a") as f:
         f.write(f"== {title}: exit {job.proc.returncode} after {job.elapsed():.0f} s\n" + "\n".join(ours + list(lines)) + "\n\n")
@@ -113,13 +113,16 @@ def workdir(tmp_path: Path) -> tuple[Path, Path]:
     return work, home
 
 
-def render(scheduler: str, work: Path, sif: Path, *extra: str, steps: int = STEPS, ranks_per_node: int = 2) -> Path:
-    """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node."""
+def render(scheduler: str, work: Path, sif: Path, *extra: str, steps: int = STEPS, ranks_per_node: int = 2,
+           global_batch: int = GLOBAL_BATCH, save_dir: str = "runs/smoke", train: list | None = None) -> Path:
+    """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
+    ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
     args = {"pbs": ["--group", "gxx00000"], "sge": [], "slurm": ["--gpus-per-node", "2"]}[scheduler]
+    if train is None:
+        train = ["smoke", "--model", "tiny", f"--save-every={SAVE_EVERY}", f"--record={work / 'record.json'}"]
     cmd = [sys.executable, "-m", "octo_dist", "launch", scheduler, "--nodes", "2", "--ranks-per-node", str(ranks_per_node), *args,
-           "--walltime", "0:30:00", "--image", str(sif), "--global-batch", str(GLOBAL_BATCH), "--steps", str(steps),
-           "--save-dir", "runs/smoke", "--wandb-mode", "disabled", "-o", "job.sh", *extra,
-           "--", "smoke", "--model", "tiny", f"--save-every={SAVE_EVERY}", f"--record={work / 'record.json'}"]
+           "--walltime", "0:30:00", "--image", str(sif), "--global-batch", str(global_batch), "--steps", str(steps),
+           "--save-dir", save_dir, "--wandb-mode", "disabled", "-o", "job.sh", *extra, "--", *train]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=clean_env())
     assert res.returncode == 0, res.stderr
     return work / "job.sh"
@@ -380,3 +383,76 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
     assert finish(job, timeout=JOB_TIMEOUT_S) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
     assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record
+
+
+# ---- Octo fine-tuning (where octo and dlimp are importable: by hand; CI has neither) --------------------------------
+
+FT_STEPS = 4
+FT_SAVE_EVERY = 2
+FT_GLOBAL_BATCH = 8          # 2 per rank on 2 nodes x 2 ranks
+FT_TIMEOUT_S = 1500          # 4 ranks importing TensorFlow and Octo, building tf.data and compiling Octo on 2 cores
+
+
+@pytest.mark.octo
+def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, tmp_path):
+    """``octo-dist finetune`` with the packaged smoke config (a tiny Octo from its model_config, no pretrained
+    weights) on the synthetic RLDS dataset: the PBS job as rendered, the image's own octo-dist and the octo it was
+    built with."""
+    for name in sim_image.GIT_PACKAGES:
+        pytest.importorskip(name, reason=f"{name} is not importable here: the image's octo is the lock's git line, "
+                            "which the simulated image skips; with octo and dlimp importable (by hand, e.g. on "
+                            "PYTHONPATH) the image reaches them and this job runs")
+    image = sim_image.image_dir_of(sif)
+    py = "python%d.%d" % sys.version_info[:2]
+    overlay = (image / "venv" / "lib" / py / "site-packages" / sim_image.OVERLAY).read_text().split()
+    assert overlay[1:] == sim_image.git_package_dirs() != [], overlay   # the image reaches this process's octo
+
+    work, home = workdir(tmp_path)
+    data = subprocess.run([sys.executable, "-m", "octo_dist.apps.finetune.synthetic_rlds", "data", "--train-episodes",
+                           "6", "--val-episodes", "2", "--steps", "6", "--image-size", "32"],
+                          capture_output=True, text=True, cwd=work, env=clean_env(), timeout=600)
+    assert data.returncode == 0, data.stderr[-3000:]
+    script = render("pbs", work, sif, "--data-dir", "data", steps=FT_STEPS, global_batch=FT_GLOBAL_BATCH,
+                    save_dir="runs/ft", train=["finetune", "--config=finetune_smoke_config.py",
+                                               f"--config.save_interval={FT_SAVE_EVERY}", "--name=cluster"])
+    assert '"${BIN}octo-dist" finetune --config=finetune_smoke_config.py' in " ".join(script.read_text().split())
+    job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
+    assert finish(job, timeout=FT_TIMEOUT_S) == 0, tail(job)
+
+    # Rank 0's files in the run directory: <save dir>/<wandb project>/<name>.
+    run_dir = work / "runs" / "ft" / "octo_finetune_smoke" / "cluster"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {k: summary[k] for k in ("command", "processes", "global_batch", "start_step", "end_step", "stopped_by")} \
+        == {"command": "finetune", "processes": 4, "global_batch": FT_GLOBAL_BATCH, "start_step": 0,
+            "end_step": FT_STEPS, "stopped_by": None}, summary
+    # The engine's resumable checkpoints, every save_interval steps...
+    assert sorted(p.name for p in (run_dir / "train_state").iterdir() if p.name.isdigit()) == ["2", "4"]
+    # ...and Octo's own layout from save_pretrained (what OctoModel.load_pretrained reads).
+    for name in ("config.json", "example_batch.msgpack", "dataset_statistics.json", "finetune_config.json"):
+        assert (run_dir / name).is_file(), sorted(p.name for p in run_dir.iterdir())
+    assert (run_dir / str(FT_STEPS) / "default").is_dir(), sorted(p.name for p in run_dir.iterdir())
+    # OctoModel.load_pretrained reads it (in a process of its own: no JAX or TensorFlow in this one).
+    load = ("import json, sys, jax\n"
+            "from octo.model.octo_model import OctoModel\n"
+            "m = OctoModel.load_pretrained(sys.argv[1])\n"
+            "print(json.dumps({'window_size': m.config['window_size'], 'leaves': len(jax.tree_util.tree_leaves(m.params)),"
+            " 'action_mean': len(m.dataset_statistics['action']['mean'])}))\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), *sim_image.git_package_dirs()]))
+    loaded = subprocess.run([sys.executable, "-c", load, str(run_dir)], capture_output=True, text=True, env=env,
+                            cwd=work, timeout=600)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    model = json.loads(loaded.stdout.splitlines()[-1])
+    assert model["window_size"] == 2 and model["action_mean"] == 7 and model["leaves"] > 0, model
+
+    # Rank 0's lines (the only rank that prints to stdout): the process count and the steps.
+    said = job.output().splitlines()
+    line = (f"octo-dist finetune: 4 process(es), 4 device(s), global batch {FT_GLOBAL_BATCH} (2 per process); "
+            f"steps 0 -> {FT_STEPS} of {FT_STEPS}")
+    assert sum(l.startswith(line) for l in said) == 1, "\n".join(said[-20:])
+    assert any(l.startswith("octo-dist preflight:") and "4 rank(s) on 2 host(s)" in l for l in said), tail(job)
+
+    # Every rank (preflight, then training) ran in the image, two on each node.
+    envs = sim.rank_envs(cluster)
+    assert sorted(e["_host"] for e in envs) == 4 * ["node001"] + 4 * ["node002"], [e["_host"] for e in envs]
+    assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in envs)
+    report("PBS finetune (Octo smoke config, synthetic RLDS), 2 nodes x 2 ranks, in the image", job)

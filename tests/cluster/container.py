@@ -135,11 +135,12 @@ def build_root(image: Path, writable_image: bool, home: str, cwd: str, binds: li
             os.symlink(os.readlink(d), ROOT + d)
         elif os.path.isdir(d):
             bind(d, d, read_only=True)
-    # The interpreter the image venv was made from, and the pinned packages its .pth reaches (see image.py).
-    for d in json.loads((image / "host-paths.json").read_text()) if (image / "host-paths.json").exists() else []:
-        bind(d, d, read_only=True)
     for d in SYSTEM_BINDS:
         bind(d, d, read_only=False)
+    # The interpreter the image venv was made from, and the packages its .pth reaches (see image.py): after the
+    # default binds, so that one under /tmp (octo's source, say) is still read-only.
+    for d in json.loads((image / "host-paths.json").read_text()) if (image / "host-paths.json").exists() else []:
+        bind(d, d, read_only=True)
     bind(str(image), IMAGE_MOUNT, read_only=not writable_image)
     for src in (home, cwd):
         if src and os.path.isdir(src):

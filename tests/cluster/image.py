@@ -11,6 +11,12 @@ Offline: the venv reaches the test venv's pinned packages through a ``.pth`` fil
 installed for real, non-editable, from the copied context. Those packages and the base interpreter are bound
 read-only into every container at their own paths (``host-paths.json``).
 
+``octo`` and ``dlimp`` are the lock's git lines, which the real image installs from git and this build skips
+(``--skip-git``). Where the test process can import them (installed by hand beside the venv, e.g. on
+``PYTHONPATH``), the directories holding them join the overlay and the read-only binds, so the image's venv
+imports the same ``octo`` the host does; they are part of the image's key, so the image is rebuilt when they
+appear or go. Without them, ``host-paths.json`` and the overlay hold exactly what they held before.
+
 Built once into ``.cluster/`` in the clone (git-ignored) and reused while its inputs are unchanged; a changed
 input builds a new one and removes the old.
 """
@@ -18,8 +24,10 @@ input builds a new one and removes the old.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,11 +41,31 @@ CACHE = REPO / ".cluster"
 CONTEXT = ("pyproject.toml", "README.md", "env", "containers", "octo_dist", "scripts")
 BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2]))
 OVERLAY = "octo-dist-sim-overlay.pth"
+# The lock's git-only packages: the real image installs them from git; the simulated one reaches them where the
+# test process imports them from, when it can.
+GIT_PACKAGES = ("octo", "dlimp")
+
+
+def git_package_dirs() -> list[str]:
+    """The directories that hold ``octo`` and ``dlimp`` where the test process can import both, as real paths
+    (``["/opt/src"]`` for ``/opt/src/octo/__init__.py``); empty where either is missing, or where they are in the
+    test venv's own packages (already reached)."""
+    found = []
+    for name in GIT_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            return []
+        where = list(spec.submodule_search_locations or []) or [spec.origin]
+        found.append(os.path.dirname(os.path.realpath(where[0])))
+    purelib = os.path.realpath(sysconfig.get_paths()["purelib"])
+    return [d for d in dict.fromkeys(found) if d != purelib]
 
 
 def host_paths() -> list[str]:
-    """The base interpreter's prefix and the test venv's packages, as real paths."""
-    return [os.path.realpath(sys.base_prefix), os.path.realpath(sysconfig.get_paths()["purelib"])]
+    """The base interpreter's prefix, the test venv's packages, then the directories holding octo and dlimp where
+    the test process imports them (:func:`git_package_dirs`), as real paths."""
+    return [os.path.realpath(sys.base_prefix), os.path.realpath(sysconfig.get_paths()["purelib"]),
+            *git_package_dirs()]
 
 
 def _context_files() -> list[Path]:
@@ -92,12 +120,12 @@ def build(log=sys.stderr) -> Path:
         else:
             shutil.copy(src, work / name)
     (work / "host-paths.json").write_text(json.dumps(host_paths()))
-    purelib = host_paths()[1]
+    overlay = " ".join(shlex.quote(d) for d in host_paths()[1:])  # the venv's packages; octo's, dlimp's directories
     py_mm = "%d.%d" % sys.version_info[:2]
     post = (
         "set -euo pipefail\n"
         f"{BASE_PYTHON} -m venv --without-pip /opt/octo-dist/venv\n"
-        f"echo {purelib} > /opt/octo-dist/venv/lib/python{py_mm}/site-packages/{OVERLAY}\n"
+        f"printf '%s\\n' {overlay} > /opt/octo-dist/venv/lib/python{py_mm}/site-packages/{OVERLAY}\n"
         f"PYTHON={BASE_PYTHON} /opt/octo-dist/containers/install.sh cpu /opt/octo-dist/venv --skip-git\n"
         "rm -rf /opt/octo-dist/octo_dist /opt/octo-dist/scripts /opt/octo-dist/build /opt/octo-dist/*.egg-info\n"
     )
@@ -111,6 +139,11 @@ def build(log=sys.stderr) -> Path:
     work.rename(dest)
     print(f"cluster: built the simulated image in {dest}", file=log)
     return dest
+
+
+def image_dir_of(sif: Path) -> Path:
+    """The image directory a fake ``.sif`` names."""
+    return Path(sif.read_text().split(None, 1)[1].strip())
 
 
 def write_sif(path: Path, image: Path) -> Path:
