@@ -25,7 +25,7 @@ OCTO_DIST := $(VENV)/bin/octo-dist
 JAX020_VENV ?= .venv-jax020
 JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
-.PHONY: help env dev-env jax020-env git-deps lock check-env test test-repeat smoke bench-check-env bench-engine clean-env
+.PHONY: help env dev-env jax020-env git-deps lock check-env test test-repeat smoke bench-check-env bench-engine bench-startup clean-env
 
 HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF LOCAL_BASE LOCAL_SUITE
 help: ## list the targets and the variables that change them (with their values now)
@@ -37,7 +37,8 @@ help: ## list the targets and the variables that change them (with their values 
 	  PYTHON '$(PYTHON) (Python $(or $(PY_MM),not found)): makes the venv; its X.Y picks $(LOCK)' \
 	  VENV '$(VENV): the environment make env builds' \
 	  PYTEST_ARGS '$(or $(PYTEST_ARGS),(none)): extra pytest arguments for make test / test-repeat' \
-	  'N, HOGS' '$(N), $(HOGS): runs and CPU hogs of make test-repeat'
+	  'N, HOGS' '$(N), $(HOGS): runs and CPU hogs of make test-repeat' \
+	  BEFORE '$(BEFORE): the revision make bench-startup compares this tree with'
 	@echo
 	@echo "targets:"
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -117,6 +118,11 @@ bench-check-env: $(ENV_STAMP) ## median wall time of check-env vs `import jax`, 
 
 bench-engine: $(ENV_STAMP) ## per step function and model size (tiny, Octo-Small-sized): all-reduce bytes, step time 2 processes x 1 device vs 1 x 2, ratio, bandwidth vs loopback TCP
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/python bench/engine.py
+
+# The last commit before the fine-tune data pipeline was built once per rank: what bench-startup compares with.
+BEFORE ?= 6e80f81
+bench-startup: $(ENV_STAMP) ## time to first step of smoke (and finetune where octo imports): this tree vs BEFORE=<rev>, side by side
+	$(VENV)/bin/python bench/startup.py --before $(BEFORE)
 
 clean-env: ## remove $(VENV)
 	rm -rf $(VENV)

@@ -21,8 +21,11 @@ JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "SLURM_", "PALS_", "PBS_", "S
 
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(JOB_PREFIXES)}
+    # The checkout first, then whatever the caller's PYTHONPATH adds (e.g. a source tree of octo made importable by
+    # hand for the `octo` tests): the subprocesses import what the test process imports.
+    path = os.pathsep.join([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+               PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 

@@ -425,6 +425,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
     assert {k: summary[k] for k in ("command", "processes", "global_batch", "start_step", "end_step", "stopped_by")} \
         == {"command": "finetune", "processes": 4, "global_batch": FT_GLOBAL_BATCH, "start_step": 0,
             "end_step": FT_STEPS, "stopped_by": None}, summary
+    assert len(summary["params_digests"]) == 4 and len(set(summary["params_digests"])) == 1, summary
     # The engine's resumable checkpoints, every save_interval steps...
     assert sorted(p.name for p in (run_dir / "train_state").iterdir() if p.name.isdigit()) == ["2", "4"]
     # ...and Octo's own layout from save_pretrained (what OctoModel.load_pretrained reads).

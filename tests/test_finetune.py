@@ -455,6 +455,23 @@ def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shape
 
 
 @pytest.mark.octo
+@pytest.mark.slow
+def test_two_identical_runs_draw_the_same_batches(synthetic, tmp_path):
+    """dlimp makes its datasets non-deterministic (parallel reads and maps in any order); the job asks for
+    deterministic order, so the same seeds give the same batches and losses."""
+    pytest.importorskip("octo")
+    losses = []
+    for name in ("a", "b"):
+        proc = subprocess.run([sys.executable, FINETUNE, f"--config={SMOKE_CONFIG}", "--debug", f"--name={name}",
+                               f"--config.dataset_kwargs.data_dir={synthetic}", f"--config.save_dir={tmp_path}",
+                               "--config.num_steps=3"], capture_output=True, text=True, timeout=900, env=clean_env(),
+                              cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        losses.append(json.loads((tmp_path / "octo_finetune_smoke" / name / "summary.json").read_text())["losses"])
+    assert losses[0] == losses[1] and len(losses[0]) == 3, losses
+
+
+@pytest.mark.octo
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synthetic, tmp_path):
@@ -469,6 +486,9 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
                               "steps 0 -> 2 of 2") == 1
     assert "[rank 1/2" not in first.stderr.replace("[rank 1/2 vm] WARNING", "")  # INFO from rank 0 only
     assert (run_dir / "train_state" / "2" / "state").is_dir() and (run_dir / "2" / "default").is_dir()
+    digests = json.loads((run_dir / "summary.json").read_text())["params_digests"]
+    assert len(digests) == 2 and len(set(digests)) == 1, digests
+    assert f"parameters identical on every rank: {digests[0]}, {digests[1]}" in first.stdout
 
     again = mpirun(2, *args, "--config.num_steps=2", timeout=300)
     assert again.returncode == 2

@@ -51,7 +51,7 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert got["schema"] == summary.SCHEMA and got["command"] == "smoke"
     assert (got["processes"], got["devices"], got["global_batch"]) == (1, record["devices"], 8)
     assert (got["start_step"], got["end_step"]) == (0, 6)
-    assert got["losses"] == record["losses"]
+    assert got["losses"] == record["losses"] and got["params_digests"] == record["digests"]
     assert got["loss_first"] == record["losses"]["0"] and got["loss_last"] == record["losses"]["5"]
     assert got["median_step_s"] == record["step_time_median_s"] > 0
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])

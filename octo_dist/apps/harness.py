@@ -152,8 +152,18 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
     return result, timing
 
 
-def summary(job: Job, command: str, result, timing: Timing, global_batch: int, directory: Optional[str]):
-    """Rank 0 prints the run summary and, with a run directory, writes summary.json and loss.png there."""
+def parameter_digests(result) -> list:
+    """Every rank's ``result.params_digest``, in rank order, on every rank (collective: every rank calls it)."""
+    from octo_dist.dist import collectives
+
+    return [r["digest"] for r in collectives.allgather_json({"digest": result.params_digest})]
+
+
+def summary(job: Job, command: str, result, timing: Timing, global_batch: int, directory: Optional[str],
+            digests: Optional[Sequence[str]] = None):
+    """Rank 0 prints the run summary and, with a run directory, writes summary.json and loss.png there.
+
+    ``digests``: every rank's parameter digest (``parameter_digests``), recorded in summary.json."""
     from octo_dist.apps import summary as summary_mod
 
     rt = job.runtime
@@ -161,7 +171,7 @@ def summary(job: Job, command: str, result, timing: Timing, global_batch: int, d
         command=command, processes=rt.process_count, devices=rt.device_count, global_batch=global_batch,
         start_step=result.start_step, end_step=result.end_step, losses=result.losses,
         process_started=process_started(), fit_started=timing.fit_started, step_ends=timing.step_ends,
-        ended=time.time(), stopped_by=result.stopped_by)
+        ended=time.time(), stopped_by=result.stopped_by, params_digests=digests)
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)
         if directory:

@@ -37,6 +37,7 @@ class RunSummary:
     loss_first: Optional[float]
     loss_last: Optional[float]
     stopped_by: Optional[str]
+    params_digests: Optional[list] = None   # every rank's parameter digest, in rank order (identical when sound)
 
     def as_json(self) -> dict:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
@@ -44,7 +45,8 @@ class RunSummary:
 
 def summarize(*, command: str, processes: int, devices: int, global_batch: int, start_step: int, end_step: int,
               losses: Mapping[int, float], process_started: float, fit_started: float, step_ends: Sequence[float],
-              ended: float, stopped_by: Optional[str] = None) -> RunSummary:
+              ended: float, stopped_by: Optional[str] = None,
+              params_digests: Optional[Sequence[str]] = None) -> RunSummary:
     """The figures from timestamps in seconds on one clock (``time.time()``), e.g. ``step_ends=[17.9, 17.93, ...]``."""
     ends = list(step_ends)
     steady = [b - a for a, b in zip(ends[1:], ends[2:])]  # from the third step on
@@ -57,7 +59,7 @@ def summarize(*, command: str, processes: int, devices: int, global_batch: int, 
         compile_s=ends[0] - fit_started if ends else None,
         median_step_s=median, examples_per_s=global_batch / median if median else None,
         loss_first=ordered[0] if ordered else None, loss_last=ordered[-1] if ordered else None,
-        stopped_by=stopped_by)
+        stopped_by=stopped_by, params_digests=list(params_digests) if params_digests is not None else None)
 
 
 def _seconds(value: Optional[float], unit: str = "s") -> str:

@@ -143,7 +143,7 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
            "digests": [r["digest"] for r in ranks], "reads_per_step": [r["reads_per_step"] for r in ranks],
            "hosts": [r["host"] for r in ranks], "run_id": tracker.run_id}
     harness.say(job, verdict(rec))
-    summary = harness.summary(job, "smoke", result, timing, args.global_batch, args.save_dir)
+    summary = harness.summary(job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"])
     rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
         with open(args.record, "w") as f:
