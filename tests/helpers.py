@@ -80,3 +80,57 @@ def run_mpirun(exe: Path, np: int, argv: Sequence[str], *, out_dir: Path, env: O
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+# --- one program on both pinned JAX versions at once -------------------------------------------------------------
+
+JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"
+JAX_PYTHONS = {"0.4.20": JAX020_PYTHON, "0.4.22": Path(sys.executable)}
+
+
+class VersionRuns:
+    """``program`` started under every pinned JAX version at once, each result collected when a test asks for it.
+
+    The programs are single-process and mostly XLA compilation (one core each): side by side on 2 cores they take
+    about half as long as one after the other. Output goes to files, so neither blocks on a full pipe."""
+
+    def __init__(self, program: Path, env: dict, out_dir: Path, timeout: float = 600):
+        self.program, self.timeout, self._done = program, timeout, {}
+        self._running = {}
+        for version, python in JAX_PYTHONS.items():
+            if python.exists():
+                out, err = out_dir / f"{program.stem}-{version}.out", out_dir / f"{program.stem}-{version}.err"
+                with open(out, "w") as o, open(err, "w") as e:
+                    proc = subprocess.Popen([str(python), str(program)], stdout=o, stderr=e, env=env, cwd=REPO,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                self._running[version] = (proc, out, err)
+
+    def result(self, version: str) -> dict:
+        """The program's last JSON line on ``version``; skips where that version's venv is missing."""
+        import pytest
+
+        if version not in self._running and version not in self._done:
+            pytest.skip(f"needs {JAX_PYTHONS[version].parent.parent} (make jax020-env)")
+        if version not in self._done:
+            proc, out, err = self._running.pop(version)
+            try:
+                proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                raise AssertionError(f"{self.program.name} on jax {version} did not finish within {self.timeout} s:\n"
+                                     f"{tail(err.read_text(), 3000)}") from None
+            assert proc.returncode == 0, tail(err.read_text(), 3000)
+            self._done[version] = json_lines(out.read_text())[-1]
+        return self._done[version]
+
+    def close(self) -> None:
+        for proc, _, _ in self._running.values():
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)   # its own session: pgid == pid
+    except ProcessLookupError:
+        pass
+    proc.wait()

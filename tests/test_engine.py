@@ -6,29 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROGRAMS, REPO, clean_env, json_lines
+from helpers import JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 
-JAX020_PYTHON = REPO / ".venv-jax020" / "bin" / "python"
 NDEV = 4
 
 
-def run_sharding(python) -> dict:
-    env = clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}")
-    proc = subprocess.run([str(python), str(PROGRAMS / "sharding.py")], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json_lines(proc.stdout)[-1]
+@pytest.fixture(scope="module")
+def sharding_runs(tmp_path_factory):
+    runs = VersionRuns(PROGRAMS / "sharding.py", clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}"),
+                       tmp_path_factory.mktemp("sharding"))
+    yield runs
+    runs.close()
 
 
 @pytest.fixture(scope="module", params=["0.4.20", "0.4.22"])
-def observed(request):
-    if request.param == "0.4.20":
-        if not JAX020_PYTHON.exists():
-            pytest.skip("needs .venv-jax020 (make jax020-env)")
-        return run_sharding(JAX020_PYTHON)
-    return run_sharding(sys.executable)
+def observed(request, sharding_runs):
+    return sharding_runs.result(request.param)
 
 
 def close(a, b, rel=1e-5):
