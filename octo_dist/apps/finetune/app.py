@@ -75,7 +75,7 @@ class OctoData:
     times (statistics, example, training), and fills the shuffle buffer once.
 
     Args:
-      start_step: where training will start (``config.expected_start``); its shuffle and augmentation seeds depend on it.
+      start_step: where training will start (``config.expected_start``); its shuffle and augmentation seeds follow it.
       build: makes the dataset (default: Octo's ``make_single_dataset`` for the job config); the result carries
         ``dataset_statistics``. ``process``: one batch -> what the model reads (default: Octo's ``process_batch``).
     """
