@@ -25,7 +25,7 @@ OCTO_DIST := $(VENV)/bin/octo-dist
 JAX020_VENV ?= .venv-jax020
 JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
-.PHONY: help env dev-env jax020-env git-deps lock check-env test test-repeat smoke bench-check-env bench-engine bench-startup clean-env
+.PHONY: help env dev-env jax020-env git-deps lock check-env test lint format test-repeat smoke bench-check-env bench-engine bench-startup clean-env
 
 HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF LOCAL_BASE LOCAL_SUITE
 help: ## list the targets and the variables that change them (with their values now)
@@ -74,6 +74,14 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: $(DEV_STAMP) ## ruff check + ruff format --check (what make test's test_layers runs; rules in pyproject.toml)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(DEV_STAMP) ## ruff format the tree, then ruff check --fix (100 columns; pyproject.toml [tool.ruff])
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Flakiness is a defect: run the tests that start several processes N times in a row, stopping at the first
 # failure; HOGS=2 keeps that many CPU-bound processes busy beside them (a loaded machine), stopped afterwards.

@@ -3,6 +3,7 @@
 
 Target: ratio <= 0.25 (check-env at most a quarter of `import jax`). Prints; asserts nothing.
 """
+
 import statistics
 import subprocess
 import sys

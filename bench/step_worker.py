@@ -9,6 +9,7 @@ step, same sizes, nothing else): the step's bytes over that time is its effectiv
 usage: step_worker.py --model {tiny,octo-small-sized,octo} --step-fn {auto,jit,shard_map} --global-batch B
                       --steps S --record FILE [--launcher single]
 """
+
 import argparse
 import dataclasses
 import json
@@ -17,7 +18,7 @@ import statistics
 import sys
 import time
 
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 
 
 def make_policy(model: str):
@@ -40,7 +41,10 @@ def make_policy(model: str):
         return TinyPolicy(), data.Spec()
     if model == "octo-small-sized":
         return OctoSmallSized(), data.Spec()
-    from octo_dist.policies import octo as octo_policy   # ImportError without octo: the caller skips the model
+    from octo_dist.policies import (
+        octo as octo_policy,
+    )  # ImportError without octo: the caller skips the model
+
     return octo_policy.smoke_policy()
 
 
@@ -55,9 +59,17 @@ def collectives_only(eng, sizes_bytes):
 
     ndev = eng.mesh.devices.size
     lengths = [max(1, math.ceil(b / 4)) for b in sizes_bytes]
-    inputs = [jax.jit(lambda n=n: jnp.ones((ndev * n,), jnp.float32), out_shardings=eng.sharded)() for n in lengths]
-    psums = shard_map(lambda xs: [jax.lax.psum(x, engine.BATCH_AXIS) for x in xs], mesh=eng.mesh,
-                      in_specs=(P(engine.BATCH_AXIS),), out_specs=P(), check_rep=False)
+    inputs = [
+        jax.jit(lambda n=n: jnp.ones((ndev * n,), jnp.float32), out_shardings=eng.sharded)()
+        for n in lengths
+    ]
+    psums = shard_map(
+        lambda xs: [jax.lax.psum(x, engine.BATCH_AXIS) for x in xs],
+        mesh=eng.mesh,
+        in_specs=(P(engine.BATCH_AXIS),),
+        out_specs=P(),
+        check_rep=False,
+    )
     return jax.jit(psums), inputs
 
 
@@ -73,24 +85,30 @@ def main():
     p.add_argument("--global-batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--record", required=True)
-    p.add_argument("--count-collectives", action="store_true", help="count the HLO's all-reduces and time them alone")
+    p.add_argument(
+        "--count-collectives",
+        action="store_true",
+        help="count the HLO's all-reduces and time them alone",
+    )
     runtime.argv_options(p)
     a = p.parse_args()
     with runtime.distributed(**runtime.from_args(a)) as rt:
         import jax
         import optax
 
-        from octo_dist.dist import collectives
+        from octo_dist.runtime import collectives
         from octo_dist.engine import data, hlo
         from octo_dist.engine import parallel as engine
 
         policy, spec = make_policy(a.model)
-        src = data.SyntheticData(spec, a.global_batch, rt.process_index, rt.process_count, rt.device_count)
+        src = data.SyntheticData(
+            spec, a.global_batch, rt.process_index, rt.process_count, rt.device_count
+        )
         eng = engine.Engine(engine.make_mesh(), policy.loss, optax.adam(1e-3), step_fn=a.step_fn)
         batch = eng.global_batch(src.batch(0))
         state = eng.init_state(policy, batch)
         params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
-        src.reads = 0                                          # count the steps' reads only
+        src.reads = 0  # count the steps' reads only
         log(f"initialised {params:,} parameters")
         reduces = hlo.all_reduces(eng.compiled_text(state, batch)) if a.count_collectives else None
         durations = []
@@ -104,7 +122,7 @@ def main():
         alone = None
         if reduces and rt.process_count > 1:
             fn, inputs = collectives_only(eng, reduces)
-            jax.block_until_ready(fn(inputs))                  # compile
+            jax.block_until_ready(fn(inputs))  # compile
             times = []
             for _ in range(5):
                 t = time.perf_counter()
@@ -112,11 +130,20 @@ def main():
                 times.append(time.perf_counter() - t)
             alone = statistics.median(times)
         reads = collectives.allgather_json(src.reads // a.steps if a.steps else 0)
-        rec = {"model": policy.name, "step_fn": a.step_fn, "runs": eng.step_fn, "params": int(params),
-               "ranks": rt.process_count, "devices": rt.device_count, "global_batch": a.global_batch,
-               # The first step compiles; the median of the rest is the steady step time.
-               "step_time_median_s": statistics.median(durations[1:]) if len(durations) > 1 else None,
-               "all_reduces": reduces, "all_reduce_alone_s": alone, "reads_per_step": reads}
+        rec = {
+            "model": policy.name,
+            "step_fn": a.step_fn,
+            "runs": eng.step_fn,
+            "params": int(params),
+            "ranks": rt.process_count,
+            "devices": rt.device_count,
+            "global_batch": a.global_batch,
+            # The first step compiles; the median of the rest is the steady step time.
+            "step_time_median_s": statistics.median(durations[1:]) if len(durations) > 1 else None,
+            "all_reduces": reduces,
+            "all_reduce_alone_s": alone,
+            "reads_per_step": reads,
+        }
         if rt.is_main:
             with open(a.record, "w") as f:
                 json.dump(rec, f, indent=1)

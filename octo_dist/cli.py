@@ -25,18 +25,23 @@ SUBCOMMANDS = {
     "detect": "octo_dist.launchers.cli",
     "validate": "octo_dist.apps.validate.app",
 }
-RAW_ARGV = "finetune"   # the subcommand whose arguments are handed over unparsed
+RAW_ARGV = "finetune"  # the subcommand whose arguments are handed over unparsed
 
 
 def _checker(module_name: str, command: str):
     """The command's ``check_command``, imported only when a script is rendered. On a login node's bare Python
     (no numpy, absl: `octo-dist launch` needs only the standard library) the check is skipped, and says so."""
+
     def check(argv):
         try:
             importlib.import_module(module_name).check_command(argv)
         except ImportError as e:
-            print(f"octo-dist launch: note: the {command} flags after -- are not checked here ({e}); run launch "
-                  f"from the octo-dist environment (or the image) to check them", file=sys.stderr)
+            print(
+                f"octo-dist launch: note: the {command} flags after -- are not checked here ({e}); run launch "
+                f"from the octo-dist environment (or the image) to check them",
+                file=sys.stderr,
+            )
+
     return check
 
 
@@ -51,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         if name == "launch":
             # The training command after `--` is checked with its own parser when the script is rendered.
-            module.add_parser(sub, checkers={"smoke": _checker("octo_dist.apps.smoke.app", "smoke"),
-                                             "finetune": _checker("octo_dist.apps.finetune.app", "finetune")})
+            module.add_parser(
+                sub,
+                checkers={
+                    "smoke": _checker("octo_dist.apps.smoke.app", "smoke"),
+                    "finetune": _checker("octo_dist.apps.finetune.app", "finetune"),
+                },
+            )
         else:
             module.add_parser(sub)
     _add_completion(sub)
@@ -60,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # finetune's flags are absl's, not argparse's: the fork's own flags, for completion.
-FINETUNE_FLAGS = ("--config=", "--name=", "--debug", "--resume", "--step_fn=", "--compile_cache=", "--help")
+FINETUNE_FLAGS = (
+    "--config=",
+    "--name=",
+    "--debug",
+    "--resume",
+    "--step_fn=",
+    "--compile_cache=",
+    "--help",
+)
 
 BASH_COMPLETION = """\
 # bash completion for octo-dist, generated from its parsers: eval "$(octo-dist completion bash)"
@@ -80,8 +98,10 @@ _octo_dist() {{
 }}
 complete -o default -F _octo_dist octo-dist
 """
-ZSH_PREAMBLE = "# zsh completion for octo-dist (bash's, through bashcompinit): eval \"$(octo-dist completion zsh)\"\n" \
-               "autoload -U +X bashcompinit && bashcompinit\n"
+ZSH_PREAMBLE = (
+    '# zsh completion for octo-dist (bash\'s, through bashcompinit): eval "$(octo-dist completion zsh)"\n'
+    "autoload -U +X bashcompinit && bashcompinit\n"
+)
 
 
 def completion_script(shell: str) -> str:
@@ -90,24 +110,38 @@ def completion_script(shell: str) -> str:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     cases = []
     for name, command in sub.choices.items():
-        flags = FINETUNE_FLAGS if name == RAW_ARGV else sorted(
-            {o for a in command._actions for o in a.option_strings if o.startswith("--")})
-        nested = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        flags = (
+            FINETUNE_FLAGS
+            if name == RAW_ARGV
+            else sorted(
+                {o for a in command._actions for o in a.option_strings if o.startswith("--")}
+            )
+        )
+        nested = next(
+            (a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
         if nested is None:
-            cases.append(f"      {name}|{name}/*) words=\"{' '.join(flags)}\" ;;")
+            cases.append(f'      {name}|{name}/*) words="{" ".join(flags)}" ;;')
             continue
-        cases.append(f"      {name}) words=\"{' '.join([*nested.choices, *flags])}\" ;;")
+        cases.append(f'      {name}) words="{" ".join([*nested.choices, *flags])}" ;;')
         for inner, inner_parser in nested.choices.items():
-            inner_flags = sorted({o for a in inner_parser._actions for o in a.option_strings if o.startswith("--")})
-            cases.append(f"      {name}/{inner}) words=\"{' '.join(inner_flags)}\" ;;")
-    script = BASH_COMPLETION.format(commands=" ".join([*sub.choices, "--help", "--version"]), cases="\n".join(cases))
+            inner_flags = sorted(
+                {o for a in inner_parser._actions for o in a.option_strings if o.startswith("--")}
+            )
+            cases.append(f'      {name}/{inner}) words="{" ".join(inner_flags)}" ;;')
+    script = BASH_COMPLETION.format(
+        commands=" ".join([*sub.choices, "--help", "--version"]), cases="\n".join(cases)
+    )
     return (ZSH_PREAMBLE + script) if shell == "zsh" else script
 
 
 def _add_completion(sub) -> None:
-    p = sub.add_parser("completion", help="print a bash or zsh completion script for octo-dist",
-                       description='Load it in your shell: eval "$(octo-dist completion bash)" in ~/.bashrc, '
-                                   'or eval "$(octo-dist completion zsh)" in ~/.zshrc.')
+    p = sub.add_parser(
+        "completion",
+        help="print a bash or zsh completion script for octo-dist",
+        description='Load it in your shell: eval "$(octo-dist completion bash)" in ~/.bashrc, '
+        'or eval "$(octo-dist completion zsh)" in ~/.zshrc.',
+    )
     p.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
     p.set_defaults(func=lambda args: print(completion_script(args.shell), end="") or 0)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Same as `octo-dist check-env`; runs from a checkout without installing octo-dist."""
+
 import sys
 from pathlib import Path
 

@@ -6,6 +6,7 @@
 
 It runs the installed octo-dist (make env installs the checkout in editable mode), never a checkout beside it.
 """
+
 import sys
 
 from octo_dist.cli import main

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """`make lock`: regenerate env/locks/ from env/stack.toml (needs PyPI and uv)."""
+
 import sys
 from pathlib import Path
 

@@ -16,6 +16,8 @@ def mpirun(tmp_path_factory):
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
 
     def run(np: int, *argv: str, env: dict | None = None, timeout: float = MPI_TIMEOUT):
-        return run_mpirun(exe, np, argv, out_dir=tmp_path_factory.mktemp("ranks"), env=env, timeout=timeout)
+        return run_mpirun(
+            exe, np, argv, out_dir=tmp_path_factory.mktemp("ranks"), env=env, timeout=timeout
+        )
 
     return run

@@ -12,26 +12,61 @@ REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
 # Variables of an enclosing job (a CI runner inside a SLURM step, a developer inside qrsh or torchrun) that would
 # change launcher detection in the processes tests start: dropped by name and by prefix.
-JOB_VARS = ("COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "JOB_ID", "PE_HOSTFILE", "RANK", "WORLD_SIZE",
-            "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-            "WANDB_MODE", "WANDB_API_KEY", "CUDA_VISIBLE_DEVICES")
-JOB_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "SLURM_", "PALS_", "PBS_", "SGE_", "JSM_", "LSB_", "HOROVOD_",
-                "OCTO_DIST_")
+JOB_VARS = (
+    "COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_ADDRESS",
+    "JOB_ID",
+    "PE_HOSTFILE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "WANDB_MODE",
+    "WANDB_API_KEY",
+    "CUDA_VISIBLE_DEVICES",
+)
+JOB_PREFIXES = (
+    "OMPI_",
+    "PMIX_",
+    "PRTE_",
+    "PMI_",
+    "SLURM_",
+    "PALS_",
+    "PBS_",
+    "SGE_",
+    "JSM_",
+    "LSB_",
+    "HOROVOD_",
+    "OCTO_DIST_",
+)
 
 
 def clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(JOB_PREFIXES)}
+    env = {
+        k: v for k, v in os.environ.items() if k not in JOB_VARS and not k.startswith(JOB_PREFIXES)
+    }
     # The checkout first, then whatever the caller's PYTHONPATH adds (e.g. a source tree of octo made importable by
     # hand for the `octo` tests): the subprocesses import what the test process imports.
-    path = os.pathsep.join([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", JAX_PLATFORMS="cpu",
-               PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    path = os.pathsep.join(
+        [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=path,
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra)
     return env
 
 
 def json_lines(text: str) -> list:
-    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+    return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
 
 
 # Each rank's stdout and stderr go to files of their own: the lines of several ranks sharing one pipe interleave,
@@ -47,8 +82,16 @@ def tail(text: str, n: int = 2000) -> str:
     return text[-n:] if len(text) > n else text
 
 
-def run_mpirun(exe: Path, np: int, argv: Sequence[str], *, out_dir: Path, env: Optional[dict] = None,
-               timeout: float = MPI_TIMEOUT, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_mpirun(
+    exe: Path,
+    np: int,
+    argv: Sequence[str],
+    *,
+    out_dir: Path,
+    env: Optional[dict] = None,
+    timeout: float = MPI_TIMEOUT,
+    cwd: Path = REPO,
+) -> subprocess.CompletedProcess:
     """``mpirun -np N python ARGV`` with every rank's output in ``out_dir/<rank>.out|.err``.
 
     The result's ``stdout`` / ``stderr`` are the ranks' files concatenated in rank order, then mpirun's own output:
@@ -57,9 +100,28 @@ def run_mpirun(exe: Path, np: int, argv: Sequence[str], *, out_dir: Path, env: O
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(env or clean_env(), OCTO_DIST_TEST_RANK_DIR=str(out_dir))
-    cmd = [str(exe), "--oversubscribe", "-np", str(np), "bash", "-c", RANK_OUTPUT, "rank-output", sys.executable, *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        str(exe),
+        "--oversubscribe",
+        "-np",
+        str(np),
+        "bash",
+        "-c",
+        RANK_OUTPUT,
+        "rank-output",
+        sys.executable,
+        *argv,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         own_out, own_err = proc.communicate(timeout=timeout)
         timed_out = False
@@ -69,11 +131,20 @@ def run_mpirun(exe: Path, np: int, argv: Sequence[str], *, out_dir: Path, env: O
         timed_out = True
     ranks = [tuple(_read(out_dir / f"{r}.{kind}") for kind in ("out", "err")) for r in range(np)]
     if timed_out:
-        detail = "\n".join(f"--- rank {r} stdout:\n{tail(o)}\n--- rank {r} stderr:\n{tail(e)}" for r, (o, e) in enumerate(ranks))
-        raise AssertionError(f"waited {timeout:.0f} s for `mpirun -np {np} python {' '.join(map(str, argv))}` to exit; "
-                             f"it did not (killed)\n{detail}\n--- mpirun stderr:\n{tail(own_err)}")
-    result = subprocess.CompletedProcess(cmd, proc.returncode, "".join(o for o, _ in ranks) + own_out,
-                                         "".join(e for _, e in ranks) + own_err)
+        detail = "\n".join(
+            f"--- rank {r} stdout:\n{tail(o)}\n--- rank {r} stderr:\n{tail(e)}"
+            for r, (o, e) in enumerate(ranks)
+        )
+        raise AssertionError(
+            f"waited {timeout:.0f} s for `mpirun -np {np} python {' '.join(map(str, argv))}` to exit; "
+            f"it did not (killed)\n{detail}\n--- mpirun stderr:\n{tail(own_err)}"
+        )
+    result = subprocess.CompletedProcess(
+        cmd,
+        proc.returncode,
+        "".join(o for o, _ in ranks) + own_out,
+        "".join(e for _, e in ranks) + own_err,
+    )
     result.ranks = ranks
     return result
 
@@ -99,10 +170,20 @@ class VersionRuns:
         self._running = {}
         for version, python in JAX_PYTHONS.items():
             if python.exists():
-                out, err = out_dir / f"{program.stem}-{version}.out", out_dir / f"{program.stem}-{version}.err"
+                out, err = (
+                    out_dir / f"{program.stem}-{version}.out",
+                    out_dir / f"{program.stem}-{version}.err",
+                )
                 with open(out, "w") as o, open(err, "w") as e:
-                    proc = subprocess.Popen([str(python), str(program)], stdout=o, stderr=e, env=env, cwd=REPO,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                    proc = subprocess.Popen(
+                        [str(python), str(program)],
+                        stdout=o,
+                        stderr=e,
+                        env=env,
+                        cwd=REPO,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                 self._running[version] = (proc, out, err)
 
     def result(self, version: str) -> dict:
@@ -117,8 +198,10 @@ class VersionRuns:
                 proc.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                raise AssertionError(f"{self.program.name} on jax {version} did not finish within {self.timeout} s:\n"
-                                     f"{tail(err.read_text(), 3000)}") from None
+                raise AssertionError(
+                    f"{self.program.name} on jax {version} did not finish within {self.timeout} s:\n"
+                    f"{tail(err.read_text(), 3000)}"
+                ) from None
             assert proc.returncode == 0, tail(err.read_text(), 3000)
             self._done[version] = json_lines(out.read_text())[-1]
         return self._done[version]
@@ -130,7 +213,7 @@ class VersionRuns:
 
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)   # its own session: pgid == pid
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
     except ProcessLookupError:
         pass
     proc.wait()

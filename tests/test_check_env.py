@@ -29,7 +29,11 @@ def make_dist(site: Path, name: str, version: str, requires=(), commit=None):
     meta += [f"Requires-Dist: {r}" for r in requires]
     (d / "METADATA").write_text("\n".join(meta) + "\n")
     if commit:
-        (d / "direct_url.json").write_text(json.dumps({"url": "https://github.com/x/y", "vcs_info": {"vcs": "git", "commit_id": commit}}))
+        (d / "direct_url.json").write_text(
+            json.dumps(
+                {"url": "https://github.com/x/y", "vcs_info": {"vcs": "git", "commit_id": commit}}
+            )
+        )
 
 
 def replace_dist(site: Path, name: str, version: str, requires=(), commit=None):
@@ -45,9 +49,15 @@ def build_cudnn(site: Path, version=8600, export=True):
     lib = site / "nvidia" / "cudnn" / "lib"
     lib.mkdir(parents=True)
     src = lib / "fake.c"
-    body = f"size_t cudnnGetVersion(void) {{ return {version}; }}" if export else "int cudnnSomethingElse(void) { return 0; }"
+    body = (
+        f"size_t cudnnGetVersion(void) {{ return {version}; }}"
+        if export
+        else "int cudnnSomethingElse(void) { return 0; }"
+    )
     src.write_text("#include <stddef.h>\n" + body + "\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libcudnn.so.8"), str(src)], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(lib / "libcudnn.so.8"), str(src)], check=True
+    )
 
 
 @pytest.fixture
@@ -64,7 +74,9 @@ def cuda_env(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n")
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n"
+    )
     smi.chmod(0o755)
     data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
     data["profiles"]["cuda11"]["lock_pythons"] = ["3.10", "%d.%d" % sys.version_info[:2]]
@@ -85,7 +97,12 @@ def _to_toml(data) -> str:
         return json.dumps(v)
 
     def table(prefix, t):
-        scalars = {k: v for k, v in t.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))}
+        scalars = {
+            k: v
+            for k, v in t.items()
+            if not isinstance(v, dict)
+            and not (isinstance(v, list) and v and isinstance(v[0], dict))
+        }
         if prefix:
             out.append(f"[{prefix}]")
         out.extend(f"{json.dumps(k)} = {val(v)}" for k, v in scalars.items())
@@ -104,11 +121,34 @@ def _to_toml(data) -> str:
 
 def run_check(site, bin_dir, manifest, *extra, env_extra=None):
     env = dict(os.environ, PYTHONPATH=str(site), PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "CUDA_VISIBLE_DEVICES", "OCTO_DIST_PROFILE"):
+    for k in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "CUDA_VISIBLE_DEVICES",
+        "OCTO_DIST_PROFILE",
+    ):
         env.pop(k, None)
     env.update(env_extra or {})
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda11", "--manifest", str(manifest), "--json", *extra],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "check-env",
+            "--profile",
+            "cuda11",
+            "--manifest",
+            str(manifest),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
     return proc.returncode, {c["id"]: c for c in (report or {"checks": []})["checks"]}, proc
 
@@ -213,31 +253,51 @@ def test_no_gpu_and_hidden_gpus(cuda_env, tmp_path):
 
 
 def test_real_cpu_venv_passes_with_git_deps_as_warnings():
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
-                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     report = json.loads(proc.stdout)
     checks = {c["id"]: c for c in report["checks"]}
     assert proc.returncode == 0, proc.stdout
     if checks["git.octo"]["status"] != "ok":
-        assert checks["git.octo"]["status"] == "warn" and checks["git.octo"]["found"] == "not installed"
+        assert (
+            checks["git.octo"]["status"] == "warn"
+            and checks["git.octo"]["found"] == "not installed"
+        )
     assert checks["pin.jax"]["found"] == "0.4.22"
 
 
 def test_usage_errors_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda12"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda12"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "unknown profile 'cuda12'" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--manifest", str(tmp_path / "x.toml")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--manifest", str(tmp_path / "x.toml")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "no manifest at" in proc.stderr
 
 
 def test_fast_mode_does_not_import_jax():
-    code = ("import sys; from octo_dist.cli import main; rc = main(['check-env', '--profile', 'cpu', '--json']);"
-            "print('JAX_IMPORTED', 'jax' in sys.modules, 'tensorflow' in sys.modules)")
+    code = (
+        "import sys; from octo_dist.cli import main; rc = main(['check-env', '--profile', 'cpu', '--json']);"
+        "print('JAX_IMPORTED', 'jax' in sys.modules, 'tensorflow' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert "JAX_IMPORTED False False" in out
 
 
-@pytest.mark.parametrize("raw,want", [(8600, "8.6.0"), (91000, "9.10.0"), (90101, "9.1.1"), (8907, "8.9.7")])
+@pytest.mark.parametrize(
+    "raw,want", [(8600, "8.6.0"), (91000, "9.10.0"), (90101, "9.1.1"), (8907, "8.9.7")]
+)
 def test_decode_cudnn_version(raw, want):
     assert cudnn.decode_version(raw) == want
 
@@ -245,14 +305,27 @@ def test_decode_cudnn_version(raw, want):
 def test_cudnn_tag_and_compatibility():
     assert rules.cudnn_tag("0.4.20+cuda11.cudnn86") == (8, 6)
     assert rules.cudnn_tag("0.4.22") is None
-    assert rules.cudnn_compatible((8, 6), "8.9.6.5") and not rules.cudnn_compatible((8, 6), "9.1.1.17")
+    assert rules.cudnn_compatible((8, 6), "8.9.6.5") and not rules.cudnn_compatible(
+        (8, 6), "9.1.1.17"
+    )
     assert not rules.cudnn_compatible((8, 6), "8.5.0.96")
 
 
 def test_proxy_without_no_proxy_for_the_coordinator_warns():
-    c = rules.check_proxy({"HTTPS_PROXY": "http://proxy:3128", "COORDINATOR_ADDRESS": "g0001:12345"})
+    c = rules.check_proxy(
+        {"HTTPS_PROXY": "http://proxy:3128", "COORDINATOR_ADDRESS": "g0001:12345"}
+    )
     assert c.status == "warn" and "g0001" in c.remedy
-    assert rules.check_proxy({"HTTPS_PROXY": "http://p:1", "NO_PROXY": "g0001,localhost", "COORDINATOR_ADDRESS": "g0001:1"}).status == "ok"
+    assert (
+        rules.check_proxy(
+            {
+                "HTTPS_PROXY": "http://p:1",
+                "NO_PROXY": "g0001,localhost",
+                "COORDINATOR_ADDRESS": "g0001:1",
+            }
+        ).status
+        == "ok"
+    )
     assert rules.check_proxy({}) is None
 
 
@@ -267,6 +340,7 @@ def test_cuda_visible_devices_hiding_every_gpu_fails(cuda_env, cvd):
 
 def test_scan_reads_requirements_and_first_path_wins(tmp_path):
     from octo_dist.envcheck import installed
+
     a, b = tmp_path / "a", tmp_path / "b"
     make_dist(a, "scipy", "1.13.0", requires=["numpy >=1.22.4"])
     make_dist(b, "scipy", "1.12.0")
@@ -275,8 +349,12 @@ def test_scan_reads_requirements_and_first_path_wins(tmp_path):
 
 
 def test_deep_reports_the_backend_jax_really_ends_on():
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--deep", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--deep", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
     assert checks["deep.backend"]["status"] == "ok"
     assert checks["deep.backend"]["found"].startswith("cpu backend, 1 device(s)")
@@ -284,30 +362,60 @@ def test_deep_reports_the_backend_jax_really_ends_on():
 
 def test_deep_fails_a_gpu_profile_that_ends_on_the_cpu():
     from octo_dist.envcheck import deep
-    result = deep.parse_probe('noise\nOCTO_DIST_DEEP {"backend": "cpu", "devices": ["TFRT_CPU_0"]}\n')
+
+    result = deep.parse_probe(
+        'noise\nOCTO_DIST_DEEP {"backend": "cpu", "devices": ["TFRT_CPU_0"]}\n'
+    )
     check = deep.judge(result, "", CUDA)
     assert check.status == "fail" and check.expected == "gpu backend"
-    broken = deep.judge(None, "Traceback ...\nAttributeError: module 'scipy.linalg' has no attribute 'tril'", CUDA)
+    broken = deep.judge(
+        None, "Traceback ...\nAttributeError: module 'scipy.linalg' has no attribute 'tril'", CUDA
+    )
     assert broken.status == "fail" and "tril" in broken.found
 
 
-@pytest.mark.parametrize("edit", [("gpu = true", 'gpu = "false"'), ("[profiles.cpu]\n", "profiles = 3\n[x]\n"),
-                                  ("schema = 1", "schema = [")])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("gpu = true", 'gpu = "false"'),
+        ("[profiles.cpu]\n", "profiles = 3\n[x]\n"),
+        ("schema = 1", "schema = ["),
+    ],
+)
 def test_a_broken_manifest_is_a_one_line_usage_error(tmp_path, edit):
     bad = tmp_path / "stack.toml"
     text = mf.DEFAULT_MANIFEST.read_text()
     assert text.count(edit[0]) == 1
     bad.write_text(text.replace(*edit))
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--manifest", str(bad)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "check-env",
+            "--profile",
+            "cpu",
+            "--manifest",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
+        proc.stderr
+    )
     assert str(bad) in proc.stderr
 
 
 def test_json_report_says_where_and_with_what_it_was_made():
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(proc.stdout)
     import octo_dist
     import platform

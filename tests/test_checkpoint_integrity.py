@@ -23,13 +23,21 @@ from octo_dist.engine.checkpoint import CheckpointError, Checkpoints  # noqa: E4
 def state_at(step: int) -> dict:
     """A small train-state-like tree whose every value depends on ``step``."""
     rng = np.random.default_rng(step)
-    return {"params": {"patch": {"kernel": jax.numpy.asarray(rng.standard_normal((2, 3, 4, 5), dtype=np.float32)),
-                                 "bias": jax.numpy.asarray(rng.standard_normal(5, dtype=np.float32))}},
-            "step": jax.numpy.asarray(np.int32(step))}
+    return {
+        "params": {
+            "patch": {
+                "kernel": jax.numpy.asarray(rng.standard_normal((2, 3, 4, 5), dtype=np.float32)),
+                "bias": jax.numpy.asarray(rng.standard_normal(5, dtype=np.float32)),
+            }
+        },
+        "step": jax.numpy.asarray(np.int32(step)),
+    }
 
 
 def abstract(tree):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree
+    )
 
 
 def host(tree) -> list:
@@ -70,15 +78,33 @@ def remove(path: Path) -> None:
 # damage name -> (what to do to step 10's directory, a phrase the warning must contain)
 DAMAGE = {
     "missing array chunk": (lambda d: remove(chunk(d)), "params.patch.kernel/0.0.0.0 is missing"),
-    "flipped byte in a chunk": (lambda d: flip_byte(chunk(d)), "params.patch.kernel/0.0.0.0 does not match its checksum"),
+    "flipped byte in a chunk": (
+        lambda d: flip_byte(chunk(d)),
+        "params.patch.kernel/0.0.0.0 does not match its checksum",
+    ),
     "truncated chunk": (lambda d: truncate(chunk(d)), "params.patch.kernel/0.0.0.0 is "),
-    "missing array metadata": (lambda d: remove(d / "state" / "params.patch.kernel" / ".zarray"), ".zarray is missing"),
-    "missing sharding metadata": (lambda d: remove(d / "state" / "_sharding"), "state/_sharding is missing"),
-    "missing tree metadata": (lambda d: remove(d / "state" / "_METADATA"), "state/_METADATA is missing"),
-    "flipped byte in meta": (lambda d: flip_byte(d / "meta" / "metadata"), "meta/metadata does not match"),
+    "missing array metadata": (
+        lambda d: remove(d / "state" / "params.patch.kernel" / ".zarray"),
+        ".zarray is missing",
+    ),
+    "missing sharding metadata": (
+        lambda d: remove(d / "state" / "_sharding"),
+        "state/_sharding is missing",
+    ),
+    "missing tree metadata": (
+        lambda d: remove(d / "state" / "_METADATA"),
+        "state/_METADATA is missing",
+    ),
+    "flipped byte in meta": (
+        lambda d: flip_byte(d / "meta" / "metadata"),
+        "meta/metadata does not match",
+    ),
     "missing meta": (lambda d: remove(d / "meta"), "meta/metadata is missing"),
     "missing state": (lambda d: remove(d / "state"), "state/"),
-    "an added file": (lambda d: (d / "state" / "params.patch.kernel" / "0.0.0.1").write_bytes(b"x"), "was not part of"),
+    "an added file": (
+        lambda d: (d / "state" / "params.patch.kernel" / "0.0.0.1").write_bytes(b"x"),
+        "was not part of",
+    ),
     "no checksum record (torn save)": (lambda d: remove(d / ck.MANIFEST), f"no {ck.MANIFEST}"),
     "unreadable checksum record": (lambda d: truncate(d / ck.MANIFEST), "cannot be read"),
 }
@@ -87,14 +113,20 @@ DAMAGE = {
 def test_the_layout_the_damage_cases_aim_at(tmp_path):
     save_steps(tmp_path, [10])
     d = tmp_path / "10"
-    assert chunk(d).is_file() and (d / "state" / "_METADATA").is_file() and (d / "meta" / "metadata").is_file()
+    assert (
+        chunk(d).is_file()
+        and (d / "state" / "_METADATA").is_file()
+        and (d / "meta" / "metadata").is_file()
+    )
     record = json.loads((d / ck.MANIFEST).read_text())
     assert record["step"] == 10 and "state/params.patch.kernel/0.0.0.0" in record["files"]
     assert ck.verify(d, 10) is None
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_a_damaged_newest_step_is_reported_set_aside_and_the_previous_verified_one_restored(tmp_path, caplog, damage):
+def test_a_damaged_newest_step_is_reported_set_aside_and_the_previous_verified_one_restored(
+    tmp_path, caplog, damage
+):
     save_steps(tmp_path, [5, 10])
     do, phrase = DAMAGE[damage]
     do(tmp_path / "10")
@@ -103,7 +135,11 @@ def test_a_damaged_newest_step_is_reported_set_aside_and_the_previous_verified_o
         c = Checkpoints(str(tmp_path))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "checkpoint step 10" in warnings[0] and phrase in warnings[0] and "resuming from step 5" in warnings[0]
+    assert (
+        "checkpoint step 10" in warnings[0]
+        and phrase in warnings[0]
+        and "resuming from step 5" in warnings[0]
+    )
     assert c.latest_step() == 5
     restored, meta = c.restore(5, abstract(state_at(0)))
     assert_bit_identical(restored, state_at(5))
@@ -126,7 +162,11 @@ def test_every_step_damaged_leaves_nothing_to_resume_from(tmp_path, caplog):
         c = Checkpoints(str(tmp_path))
     assert c.latest_step() is None
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "checkpoint step 10" in text and "checkpoint step 5" in text and "no verified checkpoint left" in text
+    assert (
+        "checkpoint step 10" in text
+        and "checkpoint step 5" in text
+        and "no verified checkpoint left" in text
+    )
     c.close()
 
 
@@ -135,7 +175,10 @@ def test_restoring_a_step_damaged_after_opening_is_refused(tmp_path):
     c = Checkpoints(str(tmp_path))
     assert c.latest_step() == 10
     flip_byte(chunk(tmp_path / "5"))
-    with pytest.raises(CheckpointError, match=r"checkpoint step 5 .* is damaged: .*0\.0\.0\.0 does not match.*Fix: "):
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint step 5 .* is damaged: .*0\.0\.0\.0 does not match.*Fix: ",
+    ):
         c.restore(5, abstract(state_at(0)))
     c.close()
 
@@ -156,7 +199,7 @@ def test_pruning_never_removes_the_newest_verified_step(tmp_path):
 
 def test_prune_plan_keeps_the_newest_trusted_steps_and_anything_newer():
     assert ck.to_prune([5, 10, 15, 20], trusted=[5, 10, 15, 20], max_to_keep=3) == [5]
-    assert ck.to_prune([5, 10, 15], trusted=[5], max_to_keep=1) == []          # 10, 15 unverified: 5 stays
+    assert ck.to_prune([5, 10, 15], trusted=[5], max_to_keep=1) == []  # 10, 15 unverified: 5 stays
     assert ck.to_prune([1, 3, 5, 10], trusted=[3, 5, 10], max_to_keep=2) == [1, 3]
     assert ck.to_prune([5, 10], trusted=[], max_to_keep=1) == []
     assert ck.to_prune([5, 10], trusted=[5, 10], max_to_keep=None) == []
@@ -178,7 +221,9 @@ SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny", "--save-every", "5"]
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resume(mpirun, tmp_path):
+def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resume(
+    mpirun, tmp_path
+):
     """The reported failure, end to end: step 10's kernel chunk deleted, then ``--resume`` to step 20. It used to
     resume from the damaged step 10 (the kernel read as zeros), exit 0 with other parameters, and prune step 5."""
     damaged, intact = tmp_path / "damaged", tmp_path / "intact"
@@ -186,12 +231,22 @@ def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resu
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(ck.step_dirs(damaged)) == [5, 10]
     shutil.copytree(damaged, intact)
-    shutil.rmtree(intact / "10")                  # the reference: the same run, with only the intact step 5
+    shutil.rmtree(intact / "10")  # the reference: the same run, with only the intact step 5
     remove(chunk(damaged / "10"))
 
     runs = {}
     for name, d in (("damaged", damaged), ("intact", intact)):
-        p = mpirun(2, *SMOKE, "--steps", "20", "--save-dir", str(d), "--resume", "--record", str(tmp_path / f"{name}.json"))
+        p = mpirun(
+            2,
+            *SMOKE,
+            "--steps",
+            "20",
+            "--save-dir",
+            str(d),
+            "--resume",
+            "--record",
+            str(tmp_path / f"{name}.json"),
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), p.ranks[0][1])
     rec, rank0_err = runs["damaged"]
@@ -199,8 +254,12 @@ def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_an_intact_resu
     assert rec["start_step"] == ref["start_step"] == 5 and rec["end_step"] == 20
     assert rec["digests"] == ref["digests"] and len(set(rec["digests"])) == 1
     assert rec["losses"] == ref["losses"]
-    warnings = [l for l in rank0_err.splitlines() if "is damaged" in l]
-    assert len(warnings) == 1 and "checkpoint step 10" in warnings[0] and "0.0.0.0 is missing" in warnings[0]
+    warnings = [ln for ln in rank0_err.splitlines() if "is damaged" in ln]
+    assert (
+        len(warnings) == 1
+        and "checkpoint step 10" in warnings[0]
+        and "0.0.0.0 is missing" in warnings[0]
+    )
     assert (damaged / "10.damaged").is_dir()
     assert sorted(ck.step_dirs(damaged)) == [10, 15, 20]
     assert all(ck.verify(damaged / str(s), s) is None for s in (10, 15, 20))

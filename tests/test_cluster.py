@@ -32,19 +32,25 @@ from helpers import REPO, clean_env
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STEPS = 10
-GLOBAL_BATCH = 16            # 4 per rank on 2 nodes x 2 ranks
+GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
-JOB_TIMEOUT_S = 420          # a whole job (preflight + training) on a loaded 2-core machine
-FAULT_DEADLINE_S = 60        # a lost node must end the job within this (measured from the fault)
-FAULT_GRACE_S = 30           # ... plus this much for a loaded machine, before the test gives up and kills it
+JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
+FAULT_DEADLINE_S = 60  # a lost node must end the job within this (measured from the fault)
+FAULT_GRACE_S = 30  # ... plus this much for a loaded machine, before the test gives up and kills it
 # Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
-SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
-               "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell", "JAX_ENABLE_CHECKS": "0"}
+SUBMIT_VARS = {
+    "NCCL_DEBUG": "WARN",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
+    "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell",
+    "JAX_ENABLE_CHECKS": "0",
+}
 # Set in the submit shell under no forwarded prefix: node001's ranks inherit it from mpirun, node002's must not.
 LOCAL_ONLY = {"SUBMIT_SHELL_ONLY": "1"}
 REPORT = sim_image.CACHE / "cluster-smoke.txt"
 
 # ---- fixtures: the image, the cluster, one reference run ----------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def cluster_ready():
@@ -58,10 +64,18 @@ def cluster_ready():
 def report(title: str, job: sim.Job, *lines: str) -> None:
     """What `make cluster-smoke` prints at the end: rank 0's preflight table and verdict, per run, with wall times."""
     out = job.output().splitlines()
-    ours = [l for i, l in enumerate(out) if l.startswith(("octo-dist preflight:", "octo-dist smoke:", "octo-dist finetune:"))
-            or (l.startswith("  ") and i > 0)]
+    ours = [
+        ln
+        for i, ln in enumerate(out)
+        if ln.startswith(("octo-dist preflight:", "octo-dist smoke:", "octo-dist finetune:"))
+        or (ln.startswith("  ") and i > 0)
+    ]
     with open(REPORT, "a") as f:
-        f.write(f"== {title}: exit {job.proc.returncode} after {job.elapsed():.0f} s\n" + "\n".join(ours + list(lines)) + "\n\n")
+        f.write(
+            f"== {title}: exit {job.proc.returncode} after {job.elapsed():.0f} s\n"
+            + "\n".join(ours + list(lines))
+            + "\n\n"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -95,14 +109,35 @@ def reference(tmp_path_factory) -> dict:
     """1 process x 4 devices, same global batches: what every 2 x 2 run must match."""
     out = tmp_path_factory.mktemp("reference") / "reference.json"
     env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    res = subprocess.run([sys.executable, "-m", "octo_dist", "smoke", "--launcher", "single", "--model", "tiny",
-                          "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--record", str(out)],
-                         capture_output=True, text=True, env=env, cwd=out.parent, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "smoke",
+            "--launcher",
+            "single",
+            "--model",
+            "tiny",
+            "--steps",
+            str(STEPS),
+            "--global-batch",
+            str(GLOBAL_BATCH),
+            "--record",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=out.parent,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
+
 
 def workdir(tmp_path: Path) -> tuple[Path, Path]:
     """(submit directory, $HOME): neither is the checkout."""
@@ -113,23 +148,74 @@ def workdir(tmp_path: Path) -> tuple[Path, Path]:
     return work, home
 
 
-def render(scheduler: str, work: Path, sif: Path, *extra: str, steps: int = STEPS, ranks_per_node: int = 2,
-           global_batch: int = GLOBAL_BATCH, save_dir: str = "runs/smoke", train: list | None = None) -> Path:
+def render(
+    scheduler: str,
+    work: Path,
+    sif: Path,
+    *extra: str,
+    steps: int = STEPS,
+    ranks_per_node: int = 2,
+    global_batch: int = GLOBAL_BATCH,
+    save_dir: str = "runs/smoke",
+    train: list | None = None,
+) -> Path:
     """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
     ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
     args = {"pbs": ["--group", "gxx00000"], "sge": [], "slurm": ["--gpus-per-node", "2"]}[scheduler]
     if train is None:
-        train = ["smoke", "--model", "tiny", f"--save-every={SAVE_EVERY}", f"--record={work / 'record.json'}"]
-    cmd = [sys.executable, "-m", "octo_dist", "launch", scheduler, "--nodes", "2", "--ranks-per-node", str(ranks_per_node), *args,
-           "--walltime", "0:30:00", "--image", str(sif), "--global-batch", str(global_batch), "--steps", str(steps),
-           "--save-dir", save_dir, "--wandb-mode", "disabled", "-o", "job.sh", *extra, "--", *train]
+        train = [
+            "smoke",
+            "--model",
+            "tiny",
+            f"--save-every={SAVE_EVERY}",
+            f"--record={work / 'record.json'}",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "octo_dist",
+        "launch",
+        scheduler,
+        "--nodes",
+        "2",
+        "--ranks-per-node",
+        str(ranks_per_node),
+        *args,
+        "--walltime",
+        "0:30:00",
+        "--image",
+        str(sif),
+        "--global-batch",
+        str(global_batch),
+        "--steps",
+        str(steps),
+        "--save-dir",
+        save_dir,
+        "--wandb-mode",
+        "disabled",
+        "-o",
+        "job.sh",
+        *extra,
+        "--",
+        *train,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env=clean_env())
     assert res.returncode == 0, res.stderr
     return work / "job.sh"
 
 
-def submit(cluster: sim.Cluster, scheduler: str, script: Path, work: Path, home: Path, spool: Path, name: str,
-           job_id: str, submit_env: dict | None = None, ranks_per_node: int = 2) -> sim.Job:
+def submit(
+    cluster: sim.Cluster,
+    scheduler: str,
+    script: Path,
+    work: Path,
+    home: Path,
+    spool: Path,
+    name: str,
+    job_id: str,
+    submit_env: dict | None = None,
+    ranks_per_node: int = 2,
+) -> sim.Job:
     """The job started on node001 with what the scheduler gives a batch job (qsub -V / sbatch: the submit env)."""
     env = sim.base_env(cluster, home, submit_env or {})
     if scheduler == "pbs":
@@ -137,7 +223,9 @@ def submit(cluster: sim.Cluster, scheduler: str, script: Path, work: Path, home:
     elif scheduler == "sge":
         env.update(sim.sge_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
     else:
-        env.update(sim.slurm_env(cluster, job_id, work, ranks_per_node=ranks_per_node, gpus_per_node=2))
+        env.update(
+            sim.slurm_env(cluster, job_id, work, ranks_per_node=ranks_per_node, gpus_per_node=2)
+        )
     return sim.Job(cluster, script, env, work, name).start()
 
 
@@ -145,7 +233,10 @@ def finish(job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> int:
     rc = job.wait(timeout)
     if rc is None:
         job.kill()
-        pytest.fail(f"job {job.name} still running after {timeout:.0f} s (waited for it to exit)\n" + tail(job))
+        pytest.fail(
+            f"job {job.name} still running after {timeout:.0f} s (waited for it to exit)\n"
+            + tail(job)
+        )
     return rc
 
 
@@ -156,9 +247,9 @@ def tail(job: sim.Job, n: int = 4000) -> str:
 def preflight(job: sim.Job) -> list[str]:
     """Rank 0's preflight table (only rank 0 prints to stdout)."""
     lines = job.output().splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith("octo-dist preflight:")), None)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("octo-dist preflight:")), None)
     assert start is not None, "no preflight table on stdout\n" + tail(job)
-    return lines[start:start + 6]
+    return lines[start : start + 6]
 
 
 def check_smoke_run(job: sim.Job, record: dict, reference: dict, cluster: sim.Cluster) -> str:
@@ -173,9 +264,11 @@ def check_smoke_run(job: sim.Job, record: dict, reference: dict, cluster: sim.Cl
     assert len(set(record["digests"])) == 1, record["digests"]
     problems = equivalence.compare(reference, record, 4, 1e-5)
     assert problems == [], problems
-    return (f"equivalence: OK: {len(record['losses'])} steps, 2 nodes x 2 processes x 1 device match 1 process x 4 "
-            f"devices (largest relative loss difference {equivalence.max_relative(reference, record):.1e} <= 1e-05); "
-            f"parameters identical on all {len(record['digests'])} ranks")
+    return (
+        f"equivalence: OK: {len(record['losses'])} steps, 2 nodes x 2 processes x 1 device match 1 process x 4 "
+        f"devices (largest relative loss difference {equivalence.max_relative(reference, record):.1e} <= 1e-05); "
+        f"parameters identical on all {len(record['digests'])} ranks"
+    )
 
 
 def checkpoints(save_dir: Path) -> dict[str, str]:
@@ -192,14 +285,19 @@ def wait_for(path: Path, job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if job.proc.poll() is not None:
-            pytest.fail(f"job ended (exit {job.proc.returncode}) before {path.name} appeared\n" + tail(job))
+            pytest.fail(
+                f"job ended (exit {job.proc.returncode}) before {path.name} appeared\n" + tail(job)
+            )
         if time.monotonic() > deadline:
             job.kill()
-            pytest.fail(f"no {path} after {timeout:.0f} s (waited for the first checkpoint)\n" + tail(job))
+            pytest.fail(
+                f"no {path} after {timeout:.0f} s (waited for the first checkpoint)\n" + tail(job)
+            )
         time.sleep(0.5)
 
 
 # ---- the harness itself (no JAX: seconds) ------------------------------------------------------------------------
+
 
 def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, spool):
     work, home = workdir(tmp_path)
@@ -208,20 +306,26 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
     (work / "rank.sh").write_text(
         'exec > "probe-$OMPI_COMM_WORLD_RANK.txt"\n'
         'echo "host=$(hostname)" "node002=$(getent hosts node002 | cut -d" " -f1)" "default_routes=$(ip -4 route | grep -c default)"\n'
-        'echo "SUBMIT_SHELL_ONLY=${SUBMIT_SHELL_ONLY:-unset}" "NCCL_DEBUG=${NCCL_DEBUG:-unset}"\n')
+        'echo "SUBMIT_SHELL_ONLY=${SUBMIT_SHELL_ONLY:-unset}" "NCCL_DEBUG=${NCCL_DEBUG:-unset}"\n'
+    )
     (work / "container.sh").write_text(
         'echo "nodefile=$(test -e "$PBS_NODEFILE" && echo visible || echo hidden)"\n'
         f'echo "checkout=$(test -e {REPO}/pyproject.toml && echo visible || echo hidden)"\n'
         'echo "octo-dist=$(command -v octo-dist)" "data=$(ls /data/rank.sh)" "mark=$MARK"\n'
-        'python -c "import octo_dist; print(\'import=\' + octo_dist.__file__)"\n')
+        "python -c \"import octo_dist; print('import=' + octo_dist.__file__)\"\n"
+    )
     # mpirun on node001 (after `module load`), one process per node, NCCL_DEBUG forwarded by name; then a container.
     (work / "probe.sh").write_text(
         "module load hpcx/2.20\n"
         f'mpirun -npernode 1 -hostfile "$PBS_NODEFILE" -x NCCL_DEBUG --wdir {work} bash {work}/rank.sh\n'
-        f"SINGULARITYENV_MARK=set singularity exec --bind {work}:/data {sif} bash /data/container.sh > container.txt\n")
+        f"SINGULARITYENV_MARK=set singularity exec --bind {work}:/data {sif} bash /data/container.sh > container.txt\n"
+    )
     job = sim.Job(cluster, work / "probe.sh", env, work, "probe").start()
     assert finish(job, timeout=120) == 0, tail(job)
-    ranks = [dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split()) for r in (0, 1)]
+    ranks = [
+        dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split())
+        for r in (0, 1)
+    ]
     common = {"node002": "10.231.0.2", "default_routes": "0", "NCCL_DEBUG": "WARN"}
     assert ranks[0] == {"host": "node001", "SUBMIT_SHELL_ONLY": "1", **common}, ranks[0]
     # node002 was entered through the agent with a clean environment: only the -x name arrived.
@@ -230,21 +334,31 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
     py = "python%d.%d" % sys.version_info[:2]
     # A checkout under a path Singularity binds by default (a clone in /tmp) is visible, as it would be on a
     # cluster; what matters is that the image's own code is what runs (the octo-dist and import lines).
-    checkout = "visible" if REPO.is_relative_to("/tmp") or REPO.is_relative_to("/var/tmp") else "hidden"
-    assert inside == {"nodefile": "hidden", "checkout": checkout, "octo-dist": "/opt/octo-dist/venv/bin/octo-dist",
-                      "data": "/data/rank.sh", "mark": "set",
-                      "import": f"/opt/octo-dist/venv/lib/{py}/site-packages/octo_dist/__init__.py"}, inside
+    checkout = (
+        "visible" if REPO.is_relative_to("/tmp") or REPO.is_relative_to("/var/tmp") else "hidden"
+    )
+    assert inside == {
+        "nodefile": "hidden",
+        "checkout": checkout,
+        "octo-dist": "/opt/octo-dist/venv/bin/octo-dist",
+        "data": "/data/rank.sh",
+        "mark": "set",
+        "import": f"/opt/octo-dist/venv/lib/{py}/site-packages/octo_dist/__init__.py",
+    }, inside
 
 
 def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
     crashed = sim.Cluster(tmp_path / "crashed").up()
     holder = crashed.pid("node002")
-    crashed._lock.close()          # "crashed": no down(), the namespaces and holders stay behind
+    crashed._lock.close()  # "crashed": no down(), the namespaces and holders stay behind
     crashed._lock = None
     sim._HELD = False
     again = sim.Cluster(tmp_path / "again").up()
     try:
-        assert not Path(f"/proc/{holder}").exists() or Path(f"/proc/{holder}/stat").read_text().split()[2] == "Z"
+        assert (
+            not Path(f"/proc/{holder}").exists()
+            or Path(f"/proc/{holder}/stat").read_text().split()[2] == "Z"
+        )
         assert sorted(sim.namespaces()) == ["octosim-node001", "octosim-node002", "octosim-sw"]
     finally:
         again.down()
@@ -255,6 +369,7 @@ def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
 
 # ---- the runs -----------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
     """The SLURM job (srun inside an sbatch-shaped environment), run once to the end: the run others must equal."""
@@ -264,10 +379,20 @@ def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
     try:
         work, home = workdir(tmp)
         script = render("slurm", work, sif)
-        job = submit(c, "slurm", script, work, home, tmp, "slurm", "777", {**SUBMIT_VARS, **LOCAL_ONLY})
+        job = submit(
+            c, "slurm", script, work, home, tmp, "slurm", "777", {**SUBMIT_VARS, **LOCAL_ONLY}
+        )
         rc = finish(job)
-        return {"rc": rc, "job": job, "work": work, "cluster": c, "envs": sim.rank_envs(c),
-                "record": json.loads((work / "record.json").read_text()) if (work / "record.json").exists() else None}
+        return {
+            "rc": rc,
+            "job": job,
+            "work": work,
+            "cluster": c,
+            "envs": sim.rank_envs(c),
+            "record": json.loads((work / "record.json").read_text())
+            if (work / "record.json").exists()
+            else None,
+        }
     finally:
         c.down()
 
@@ -281,15 +406,28 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(uninterrupted, reference)
     assert record["end_step"] == STEPS and not record["stopped_by"]
     # srun started every task (preflight, then training) on its node, with its own SLURM_PROCID, in the image.
     tasks = sorted((e["_host"], e["SLURM_PROCID"]) for e in uninterrupted["envs"])
-    assert tasks == sorted(2 * [("node001", "0"), ("node001", "1"), ("node002", "2"), ("node002", "3")]), tasks
+    assert tasks == sorted(
+        2 * [("node001", "0"), ("node001", "1"), ("node002", "2"), ("node002", "3")]
+    ), tasks
     assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in uninterrupted["envs"])
 
 
 def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
-        cluster, sif, spool, tmp_path, reference, uninterrupted):
+    cluster, sif, spool, tmp_path, reference, uninterrupted
+):
     work, home = workdir(tmp_path)
     script = render("pbs", work, sif)
-    first = submit(cluster, "pbs", script, work, home, spool, "pbs-1", "101.pbs1", {**SUBMIT_VARS, **LOCAL_ONLY})
+    first = submit(
+        cluster,
+        "pbs",
+        script,
+        work,
+        home,
+        spool,
+        "pbs-1",
+        "101.pbs1",
+        {**SUBMIT_VARS, **LOCAL_ONLY},
+    )
     wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
     first.signal(signal.SIGTERM)
     assert finish(first) == 0, tail(first)
@@ -304,22 +442,49 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
         assert {k: e.get(k) for k in SUBMIT_VARS} == SUBMIT_VARS
         assert "SUBMIT_SHELL_ONLY" not in e
 
-    second = submit(cluster, "pbs", script, work, home, spool, "pbs-2", "102.pbs1", {**SUBMIT_VARS, **LOCAL_ONLY})
+    second = submit(
+        cluster,
+        "pbs",
+        script,
+        work,
+        home,
+        spool,
+        "pbs-2",
+        "102.pbs1",
+        {**SUBMIT_VARS, **LOCAL_ONLY},
+    )
     assert finish(second) == 0, tail(second)
     resumed = json.loads((work / "record.json").read_text())
     assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
-    line = check_smoke_run(second, {**resumed, "losses": {**stopped["losses"], **resumed["losses"]}}, reference, cluster)
-    report(f"PBS, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed", second, line)
-    assert uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
+    line = check_smoke_run(
+        second,
+        {**resumed, "losses": {**stopped["losses"], **resumed["losses"]}},
+        reference,
+        cluster,
+    )
+    report(
+        f"PBS, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed",
+        second,
+        line,
+    )
+    assert (
+        uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
+    )
 
 
-def test_sge_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, tmp_path, reference, uninterrupted):
+def test_sge_job_runs_2_nodes_x_2_ranks_in_the_image(
+    cluster, sif, spool, tmp_path, reference, uninterrupted
+):
     work, home = workdir(tmp_path)
     script = render("sge", work, sif)
     job = submit(cluster, "sge", script, work, home, spool, "sge", "4242")
     assert finish(job) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
-    report("SGE, 2 nodes x 2 ranks, in the image", job, check_smoke_run(job, record, reference, cluster))
+    report(
+        "SGE, 2 nodes x 2 ranks, in the image",
+        job,
+        check_smoke_run(job, record, reference, cluster),
+    )
     assert uninterrupted["record"] and record["digests"][0] == uninterrupted["record"]["digests"][0]
 
 
@@ -338,7 +503,9 @@ def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
-def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster, sif, spool, tmp_path):
+def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
+    fault, cluster, sif, spool, tmp_path
+):
     work, home = workdir(tmp_path)
     # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
     script = render("pbs", work, sif, steps=200, ranks_per_node=1)
@@ -346,7 +513,10 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster,
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY), job)
     before = checkpoints(save_dir)
-    seen = (len(job.output()), len(job.errors()))   # the preflight table already names node002: read what follows
+    seen = (
+        len(job.output()),
+        len(job.errors()),
+    )  # the preflight table already names node002: read what follows
     if fault == "link-cut":
         cluster.cut_link("node002")
     else:
@@ -356,10 +526,14 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, cluster,
     took = time.monotonic() - t0
     if rc is None:
         job.kill()
-    assert rc is not None, f"{fault}: the job was still running {took:.0f} s after the fault\n" + tail(job)
+    assert rc is not None, (
+        f"{fault}: the job was still running {took:.0f} s after the fault\n" + tail(job)
+    )
     assert rc != 0, f"{fault}: the job exited 0 after losing node002\n" + tail(job)
-    said = job.output()[seen[0]:] + job.errors()[seen[1]:]
-    assert "node002" in said or "rank 1 " in said, f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
+    said = job.output()[seen[0] :] + job.errors()[seen[1] :]
+    assert "node002" in said or "rank 1 " in said, (
+        f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
+    )
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)
@@ -378,7 +552,8 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
     (work / "by-hand.sh").write_text(
         "module load hpcx/2.20\n"
         f"mpirun -np 2 singularity exec {sif} octo-dist smoke --model tiny --steps 2 --global-batch 4 "
-        f"--wandb-mode disabled --record {work}/record.json\n")
+        f"--wandb-mode disabled --record {work}/record.json\n"
+    )
     job = sim.Job(cluster, work / "by-hand.sh", env, work, "by-hand").start()
     assert finish(job, timeout=JOB_TIMEOUT_S) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
@@ -389,8 +564,10 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
 
 FT_STEPS = 4
 FT_SAVE_EVERY = 2
-FT_GLOBAL_BATCH = 8          # 2 per rank on 2 nodes x 2 ranks
-FT_TIMEOUT_S = 1500          # 4 ranks importing TensorFlow and Octo, building tf.data and compiling Octo on 2 cores
+FT_GLOBAL_BATCH = 8  # 2 per rank on 2 nodes x 2 ranks
+FT_TIMEOUT_S = (
+    1500  # 4 ranks importing TensorFlow and Octo, building tf.data and compiling Octo on 2 cores
+)
 
 
 @pytest.mark.octo
@@ -399,61 +576,131 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
     weights) on the synthetic RLDS dataset: the PBS job as rendered, the image's own octo-dist and the octo it was
     built with."""
     for name in sim_image.GIT_PACKAGES:
-        pytest.importorskip(name, reason=f"{name} is not importable here: the image's octo is the lock's git line, "
-                            "which the simulated image skips; with octo and dlimp importable (by hand, e.g. on "
-                            "PYTHONPATH) the image reaches them and this job runs")
+        pytest.importorskip(
+            name,
+            reason=f"{name} is not importable here: the image's octo is the lock's git line, "
+            "which the simulated image skips; with octo and dlimp importable (by hand, e.g. on "
+            "PYTHONPATH) the image reaches them and this job runs",
+        )
     image = sim_image.image_dir_of(sif)
     py = "python%d.%d" % sys.version_info[:2]
-    overlay = (image / "venv" / "lib" / py / "site-packages" / sim_image.OVERLAY).read_text().split()
-    assert overlay[1:] == sim_image.git_package_dirs() != [], overlay   # the image reaches this process's octo
+    overlay = (
+        (image / "venv" / "lib" / py / "site-packages" / sim_image.OVERLAY).read_text().split()
+    )
+    assert overlay[1:] == sim_image.git_package_dirs() != [], (
+        overlay
+    )  # the image reaches this process's octo
 
     work, home = workdir(tmp_path)
-    data = subprocess.run([sys.executable, "-m", "octo_dist.apps.finetune.synthetic_rlds", "data", "--train-episodes",
-                           "6", "--val-episodes", "2", "--steps", "6", "--image-size", "32"],
-                          capture_output=True, text=True, cwd=work, env=clean_env(), timeout=600)
+    data = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist.apps.finetune.synthetic_rlds",
+            "data",
+            "--train-episodes",
+            "6",
+            "--val-episodes",
+            "2",
+            "--steps",
+            "6",
+            "--image-size",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=clean_env(),
+        timeout=600,
+    )
     assert data.returncode == 0, data.stderr[-3000:]
-    script = render("pbs", work, sif, "--data-dir", "data", steps=FT_STEPS, global_batch=FT_GLOBAL_BATCH,
-                    save_dir="runs/ft", train=["finetune", "--config=finetune_smoke_config.py",
-                                               f"--config.save_interval={FT_SAVE_EVERY}", "--name=cluster"])
-    assert '"${BIN}octo-dist" finetune --config=finetune_smoke_config.py' in " ".join(script.read_text().split())
+    script = render(
+        "pbs",
+        work,
+        sif,
+        "--data-dir",
+        "data",
+        steps=FT_STEPS,
+        global_batch=FT_GLOBAL_BATCH,
+        save_dir="runs/ft",
+        train=[
+            "finetune",
+            "--config=finetune_smoke_config.py",
+            f"--config.save_interval={FT_SAVE_EVERY}",
+            "--name=cluster",
+        ],
+    )
+    assert '"${BIN}octo-dist" finetune --config=finetune_smoke_config.py' in " ".join(
+        script.read_text().split()
+    )
     job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
     assert finish(job, timeout=FT_TIMEOUT_S) == 0, tail(job)
 
     # Rank 0's files in the run directory: <save dir>/<wandb project>/<name>.
     run_dir = work / "runs" / "ft" / "octo_finetune_smoke" / "cluster"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert {k: summary[k] for k in ("command", "processes", "global_batch", "start_step", "end_step", "stopped_by")} \
-        == {"command": "finetune", "processes": 4, "global_batch": FT_GLOBAL_BATCH, "start_step": 0,
-            "end_step": FT_STEPS, "stopped_by": None}, summary
+    assert {
+        k: summary[k]
+        for k in ("command", "processes", "global_batch", "start_step", "end_step", "stopped_by")
+    } == {
+        "command": "finetune",
+        "processes": 4,
+        "global_batch": FT_GLOBAL_BATCH,
+        "start_step": 0,
+        "end_step": FT_STEPS,
+        "stopped_by": None,
+    }, summary
     assert len(summary["params_digests"]) == 4 and len(set(summary["params_digests"])) == 1, summary
     # The engine's resumable checkpoints, every save_interval steps...
-    assert sorted(p.name for p in (run_dir / "train_state").iterdir() if p.name.isdigit()) == ["2", "4"]
+    assert sorted(p.name for p in (run_dir / "train_state").iterdir() if p.name.isdigit()) == [
+        "2",
+        "4",
+    ]
     # ...and Octo's own layout from save_pretrained (what OctoModel.load_pretrained reads).
-    for name in ("config.json", "example_batch.msgpack", "dataset_statistics.json", "finetune_config.json"):
+    for name in (
+        "config.json",
+        "example_batch.msgpack",
+        "dataset_statistics.json",
+        "finetune_config.json",
+    ):
         assert (run_dir / name).is_file(), sorted(p.name for p in run_dir.iterdir())
     assert (run_dir / str(FT_STEPS) / "default").is_dir(), sorted(p.name for p in run_dir.iterdir())
     # OctoModel.load_pretrained reads it (in a process of its own: no JAX or TensorFlow in this one).
-    load = ("import json, sys, jax\n"
-            "from octo.model.octo_model import OctoModel\n"
-            "m = OctoModel.load_pretrained(sys.argv[1])\n"
-            "print(json.dumps({'window_size': m.config['window_size'], 'leaves': len(jax.tree_util.tree_leaves(m.params)),"
-            " 'action_mean': len(m.dataset_statistics['action']['mean'])}))\n")
+    load = (
+        "import json, sys, jax\n"
+        "from octo.model.octo_model import OctoModel\n"
+        "m = OctoModel.load_pretrained(sys.argv[1])\n"
+        "print(json.dumps({'window_size': m.config['window_size'], 'leaves': len(jax.tree_util.tree_leaves(m.params)),"
+        " 'action_mean': len(m.dataset_statistics['action']['mean'])}))\n"
+    )
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), *sim_image.git_package_dirs()]))
-    loaded = subprocess.run([sys.executable, "-c", load, str(run_dir)], capture_output=True, text=True, env=env,
-                            cwd=work, timeout=600)
+    loaded = subprocess.run(
+        [sys.executable, "-c", load, str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     model = json.loads(loaded.stdout.splitlines()[-1])
     assert model["window_size"] == 2 and model["action_mean"] == 7 and model["leaves"] > 0, model
 
     # Rank 0's lines (the only rank that prints to stdout): the process count and the steps.
     said = job.output().splitlines()
-    line = (f"octo-dist finetune: 4 process(es), 4 device(s), global batch {FT_GLOBAL_BATCH} (2 per process); "
-            f"steps 0 -> {FT_STEPS} of {FT_STEPS}")
-    assert sum(l.startswith(line) for l in said) == 1, "\n".join(said[-20:])
-    assert any(l.startswith("octo-dist preflight:") and "4 rank(s) on 2 host(s)" in l for l in said), tail(job)
+    line = (
+        f"octo-dist finetune: 4 process(es), 4 device(s), global batch {FT_GLOBAL_BATCH} (2 per process); "
+        f"steps 0 -> {FT_STEPS} of {FT_STEPS}"
+    )
+    assert sum(ln.startswith(line) for ln in said) == 1, "\n".join(said[-20:])
+    assert any(
+        ln.startswith("octo-dist preflight:") and "4 rank(s) on 2 host(s)" in ln for ln in said
+    ), tail(job)
 
     # Every rank (preflight, then training) ran in the image, two on each node.
     envs = sim.rank_envs(cluster)
-    assert sorted(e["_host"] for e in envs) == 4 * ["node001"] + 4 * ["node002"], [e["_host"] for e in envs]
+    assert sorted(e["_host"] for e in envs) == 4 * ["node001"] + 4 * ["node002"], [
+        e["_host"] for e in envs
+    ]
     assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in envs)
     report("PBS finetune (Octo smoke config, synthetic RLDS), 2 nodes x 2 ranks, in the image", job)

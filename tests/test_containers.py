@@ -30,7 +30,9 @@ def tool(name: str) -> str:
     """A dev tool from the venv (env/locks/*-dev.txt); missing is a failure, not a skip, so CI cannot pass vacuously."""
     exe = BIN / name
     if not exe.exists():
-        pytest.fail(f"{name} not found beside {sys.executable}; expected the dev lock installed: make dev-env")
+        pytest.fail(
+            f"{name} not found beside {sys.executable}; expected the dev lock installed: make dev-env"
+        )
     return str(exe)
 
 
@@ -48,8 +50,11 @@ def found(findings, where: str, what: str) -> bool:
 # Linters
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_hadolint_is_clean_on_the_dockerfile():
-    res = subprocess.run([tool("hadolint"), "--no-color", str(REPO / "Dockerfile")], capture_output=True, text=True)
+    res = subprocess.run(
+        [tool("hadolint"), "--no-color", str(REPO / "Dockerfile")], capture_output=True, text=True
+    )
     assert res.returncode == 0 and res.stdout.strip() == "", res.stdout + res.stderr
 
 
@@ -73,14 +78,21 @@ def unjustified_ignores(text: str) -> list[str]:
 
 def test_every_hadolint_ignore_says_why():
     assert unjustified_ignores(DOCKERFILE) == []
-    fabricated = "# hadolint ignore=DL3008\n# hadolint ignore=DL3008 Ubuntu drops old builds from -updates\n"
+    fabricated = (
+        "# hadolint ignore=DL3008\n# hadolint ignore=DL3008 Ubuntu drops old builds from -updates\n"
+    )
     assert unjustified_ignores(fabricated) == ["# hadolint ignore=DL3008"]
 
 
 def shell_scripts() -> list[Path]:
     """Tracked and new (not ignored) files that are shell: *.sh, or a shell shebang."""
-    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     out = []
     for name in names:
         path = REPO / name
@@ -104,7 +116,9 @@ def definition_scripts(tmp_path: Path) -> list[Path]:
     for section in ("post", "test", "runscript"):
         path = tmp_path / f"singularity-{section}.sh"
         # SC2154: the build runtime, not this script, defines variables such as OCTO_DIST_REVISION.
-        path.write_text("#!/bin/bash\n# shellcheck disable=SC2154\n" + "\n".join(d.sections[section]) + "\n")
+        path.write_text(
+            "#!/bin/bash\n# shellcheck disable=SC2154\n" + "\n".join(d.sections[section]) + "\n"
+        )
         out.append(path)
     return out
 
@@ -114,7 +128,9 @@ def test_shellcheck_is_clean_on_every_shell_script(tmp_path):
     names = {p.relative_to(REPO).as_posix() for p in scripts}
     assert {"containers/install.sh", "containers/os-packages.sh"} <= names, names
     scripts += definition_scripts(tmp_path)
-    res = subprocess.run([tool("shellcheck"), "--format=gcc", *map(str, scripts)], capture_output=True, text=True)
+    res = subprocess.run(
+        [tool("shellcheck"), "--format=gcc", *map(str, scripts)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -128,6 +144,7 @@ def test_shellcheck_is_live(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # The definitions against env/ (octo_dist.stack.imagedefs), and against each other
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_the_committed_definitions_agree_with_env():
     assert images.check_checkout(REPO) == []
@@ -151,8 +168,14 @@ def test_spython_parses_the_definition_like_the_checker_does():
     assert env["PYTHONNOUSERSITE"] == "1" and env["OCTO_DIST_PROFILE"] == "cuda11"
     assert env["OCTO_DIST_MANIFEST"] == images.IMAGE_MANIFEST
     assert "LD_LIBRARY_PATH" not in env and "$PATH" in env["PATH"]
-    assert {f.split()[0] for f in recipe.files} >= {"env", "containers", "octo_dist", "scripts", "pyproject.toml"}
-    labels = dict(l.split(None, 1) for l in recipe.labels)
+    assert {f.split()[0] for f in recipe.files} >= {
+        "env",
+        "containers",
+        "octo_dist",
+        "scripts",
+        "pyproject.toml",
+    }
+    labels = dict(ln.split(None, 1) for ln in recipe.labels)
     assert labels["org.opencontainers.image.base.name"] == cuda.tagged
     assert labels["org.opencontainers.image.base.digest"] == cuda.digest
     assert re.match(r"exec \S*octo-dist \"\$@\"", recipe.cmd)
@@ -160,26 +183,34 @@ def test_spython_parses_the_definition_like_the_checker_does():
     assert "containers/install.sh cuda11 /opt/octo-dist/venv --require-git" in post
     assert "octo-dist check-env --no-gpu" in "\n".join(ours.sections["test"])
     for section in images.SINGULARITY_SECTIONS:
-        assert any(l.strip() for l in ours.sections[section]), section
+        assert any(ln.strip() for ln in ours.sections[section]), section
 
 
 def test_singularity_and_docker_cuda11_share_base_install_script_and_lock():
     df = images.parse_dockerfile(DOCKERFILE)
     sif = images.parse_definition(DEFINITION)
-    assert images.target_base(df, "cuda11") == sif.header["from"] == MANIFEST.images["cuda11"].pinned
+    assert (
+        images.target_base(df, "cuda11") == sif.header["from"] == MANIFEST.images["cuda11"].pinned
+    )
     assert images.target_base(df, "cpu") == MANIFEST.images["cpu"].pinned
     # Same script, same profile, hence the same lock: env/locks/cuda11-py3.10.txt (Ubuntu 22.04's python3).
     assert images.install_runs(images.target_runs(df, "cuda11"), "cuda11")
-    assert not images.install_runs(images.target_runs(df, "cuda11"), "cpu")  # the cpu build stage does not leak in
+    assert not images.install_runs(
+        images.target_runs(df, "cuda11"), "cpu"
+    )  # the cpu build stage does not leak in
     assert images.install_runs(images.shell_body(sif.sections["post"]).splitlines(), "cuda11")
-    assert (REPO / "env/locks/cuda11-py3.10.txt").is_file() and MANIFEST.profile("cuda11").python == "3.10"
+    assert (REPO / "env/locks/cuda11-py3.10.txt").is_file() and MANIFEST.profile(
+        "cuda11"
+    ).python == "3.10"
 
 
 def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not():
     df = images.parse_dockerfile(DOCKERFILE)
     sif = images.parse_definition(DEFINITION)
     cuda_chain = [r for r in images.target_runs(df, "cuda11") if images.INFINIBAND_RUN.search(r)]
-    assert cuda_chain and not [r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)]
+    assert cuda_chain and not [
+        r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)
+    ]
     assert images.INFINIBAND_RUN.search(images.shell_body(sif.sections["post"]))
     assert images.check_os_packages((REPO / "containers/os-packages.sh").read_text()) == []
     assert set(images.INFINIBAND_PACKAGES) == {"libibverbs1", "ibverbs-providers", "librdmacm1"}
@@ -189,7 +220,9 @@ def test_os_packages_without_a_verbs_package_is_reported():
     script = (REPO / "containers/os-packages.sh").read_text()
     findings = images.check_os_packages(mutate(script, "infiniband=(libibverbs1 ", "infiniband=("))
     assert found(findings, "os-packages.sh", "libibverbs1"), findings
-    assert found(images.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array")
+    assert found(
+        images.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array"
+    )
 
 
 def test_os_packages_script_takes_infiniband_and_refuses_anything_else(tmp_path):
@@ -201,38 +234,90 @@ def test_os_packages_script_takes_infiniband_and_refuses_anything_else(tmp_path)
         (fake / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
     script = str(REPO / "containers/os-packages.sh")
-    subprocess.run(["bash", script, "runtime", "--infiniband"], env=env, check=True, capture_output=True)
-    installed = [l for l in (tmp_path / "calls").read_text().splitlines() if l.startswith("apt-get install")]
-    assert installed and all(p in installed[0].split() for p in images.INFINIBAND_PACKAGES), installed
+    subprocess.run(
+        ["bash", script, "runtime", "--infiniband"], env=env, check=True, capture_output=True
+    )
+    installed = [
+        ln
+        for ln in (tmp_path / "calls").read_text().splitlines()
+        if ln.startswith("apt-get install")
+    ]
+    assert installed and all(p in installed[0].split() for p in images.INFINIBAND_PACKAGES), (
+        installed
+    )
     (tmp_path / "calls").unlink()
     subprocess.run(["bash", script, "runtime"], env=env, check=True, capture_output=True)
     assert "libibverbs1" not in (tmp_path / "calls").read_text()
-    bad = subprocess.run(["bash", script, "runtime", "--ib"], env=env, capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", script, "runtime", "--ib"], env=env, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
 DOCKER_DRIFTS = {
     # name: (old text, new text, where the finding must be, what it must say)
-    "base digest": ("ARG CUDA11_BASE_DIGEST=sha256:79e5", "ARG CUDA11_BASE_DIGEST=sha256:00e5",
-                    "ARG CUDA11_BASE_DIGEST", "env/stack.toml [images.cuda11]"),
+    "base digest": (
+        "ARG CUDA11_BASE_DIGEST=sha256:79e5",
+        "ARG CUDA11_BASE_DIGEST=sha256:00e5",
+        "ARG CUDA11_BASE_DIGEST",
+        "env/stack.toml [images.cuda11]",
+    ),
     "base tag": ("ARG CPU_BASE_TAG=22.04", "ARG CPU_BASE_TAG=24.04", "ARG CPU_BASE_TAG", "'22.04'"),
-    "FROM by tag": ("FROM ${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST} AS os-cuda11",
-                    "FROM ${CUDA11_BASE_REPO}:${CUDA11_BASE_TAG} AS os-cuda11", "target cuda11", "base image"),
-    "target renamed": ("FROM os-cuda11 AS cuda11", "FROM os-cuda11 AS gpu", "target cuda11", "no stage named 'cuda11'"),
-    "profile env": ("ENV OCTO_DIST_PROFILE=cuda11", "ENV OCTO_DIST_PROFILE=cpu", "target cuda11", "OCTO_DIST_PROFILE"),
-    "install another profile": ("containers/install.sh cuda11", "containers/install.sh cpu", "target cuda11",
-                                "containers/install.sh cuda11"),
-    "root user": ("USER octo\nWORKDIR /home/octo\nCMD [\"octo-dist\", \"check-env\"]\n\nFROM os-cuda11",
-                  "WORKDIR /home/octo\nCMD [\"octo-dist\", \"check-env\"]\n\nFROM os-cuda11", "target cpu", "non-root"),
-    "baked credential": ("ENV OCTO_DIST_PROFILE=cpu \\", "ENV WANDB_API_KEY=abc OCTO_DIST_PROFILE=cpu \\",
-                         "target cpu", "WANDB_API_KEY"),
-    "baked CA": ("ENV OCTO_DIST_PROFILE=cuda11 \\", "ENV PIP_CERT=/etc/ca.pem OCTO_DIST_PROFILE=cuda11 \\",
-                 "target cuda11", "PIP_CERT"),
-    "label tag": ('base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}"', 'base.name="${CPU_BASE_REPO}:latest"',
-                  "target cpu", "docker.io/library/ubuntu:22.04"),
+    "FROM by tag": (
+        "FROM ${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST} AS os-cuda11",
+        "FROM ${CUDA11_BASE_REPO}:${CUDA11_BASE_TAG} AS os-cuda11",
+        "target cuda11",
+        "base image",
+    ),
+    "target renamed": (
+        "FROM os-cuda11 AS cuda11",
+        "FROM os-cuda11 AS gpu",
+        "target cuda11",
+        "no stage named 'cuda11'",
+    ),
+    "profile env": (
+        "ENV OCTO_DIST_PROFILE=cuda11",
+        "ENV OCTO_DIST_PROFILE=cpu",
+        "target cuda11",
+        "OCTO_DIST_PROFILE",
+    ),
+    "install another profile": (
+        "containers/install.sh cuda11",
+        "containers/install.sh cpu",
+        "target cuda11",
+        "containers/install.sh cuda11",
+    ),
+    "root user": (
+        'USER octo\nWORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n\nFROM os-cuda11',
+        'WORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n\nFROM os-cuda11',
+        "target cpu",
+        "non-root",
+    ),
+    "baked credential": (
+        "ENV OCTO_DIST_PROFILE=cpu \\",
+        "ENV WANDB_API_KEY=abc OCTO_DIST_PROFILE=cpu \\",
+        "target cpu",
+        "WANDB_API_KEY",
+    ),
+    "baked CA": (
+        "ENV OCTO_DIST_PROFILE=cuda11 \\",
+        "ENV PIP_CERT=/etc/ca.pem OCTO_DIST_PROFILE=cuda11 \\",
+        "target cuda11",
+        "PIP_CERT",
+    ),
+    "label tag": (
+        'base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}"',
+        'base.name="${CPU_BASE_REPO}:latest"',
+        "target cpu",
+        "docker.io/library/ubuntu:22.04",
+    ),
     "version": ("ARG VERSION=0.1.0", "ARG VERSION=0.0.9", "ARG VERSION", "octo_dist.__version__"),
-    "no InfiniBand in the GPU image": ("os-packages.sh runtime --infiniband", "os-packages.sh runtime",
-                                       "target cuda11", "libibverbs1"),
+    "no InfiniBand in the GPU image": (
+        "os-packages.sh runtime --infiniband",
+        "os-packages.sh runtime",
+        "target cuda11",
+        "libibverbs1",
+    ),
 }
 
 
@@ -246,20 +331,57 @@ def test_a_drifted_dockerfile_is_reported(name, tmp_path):
 
 
 DEF_DRIFTS = {
-    "From digest": ("From: docker.io/nvidia/cuda@sha256:79e5", "From: docker.io/nvidia/cuda@sha256:00e5",
-                    "header", "env/stack.toml [images.cuda11]"),
-    "From by tag": ("From: docker.io/nvidia/cuda@sha256:79e5b2cf878ee9006f5b3738caeea34fdc7708a32db53fe3e80db0b48bd286a0",
-                    "From: docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04", "header", "From:"),
-    "user site": ("export PYTHONNOUSERSITE=1", "export PYTHONNOUSERSITE=0", "%environment", "PYTHONNOUSERSITE"),
-    "LD_LIBRARY_PATH": ("export PYTHONUNBUFFERED=1", "export LD_LIBRARY_PATH=/usr/local/cuda/lib64", "%environment",
-                        "LD_LIBRARY_PATH"),
-    "credential": ("export PYTHONUNBUFFERED=1", "export WANDB_API_KEY=abc", "%environment", "WANDB_API_KEY"),
+    "From digest": (
+        "From: docker.io/nvidia/cuda@sha256:79e5",
+        "From: docker.io/nvidia/cuda@sha256:00e5",
+        "header",
+        "env/stack.toml [images.cuda11]",
+    ),
+    "From by tag": (
+        "From: docker.io/nvidia/cuda@sha256:79e5b2cf878ee9006f5b3738caeea34fdc7708a32db53fe3e80db0b48bd286a0",
+        "From: docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04",
+        "header",
+        "From:",
+    ),
+    "user site": (
+        "export PYTHONNOUSERSITE=1",
+        "export PYTHONNOUSERSITE=0",
+        "%environment",
+        "PYTHONNOUSERSITE",
+    ),
+    "LD_LIBRARY_PATH": (
+        "export PYTHONUNBUFFERED=1",
+        "export LD_LIBRARY_PATH=/usr/local/cuda/lib64",
+        "%environment",
+        "LD_LIBRARY_PATH",
+    ),
+    "credential": (
+        "export PYTHONUNBUFFERED=1",
+        "export WANDB_API_KEY=abc",
+        "%environment",
+        "WANDB_API_KEY",
+    ),
     "test needs a GPU": ("check-env --no-gpu", "check-env", "%test", "--no-gpu"),
-    "git optional": ("/opt/octo-dist/venv --require-git", "/opt/octo-dist/venv --skip-git", "%post", "--require-git"),
+    "git optional": (
+        "/opt/octo-dist/venv --require-git",
+        "/opt/octo-dist/venv --skip-git",
+        "%post",
+        "--require-git",
+    ),
     "no env copied": ("    env /opt/octo-dist/env\n", "", "%files", "no env"),
-    "label digest": ("base.digest sha256:79e5", "base.digest sha256:00e5", "%labels", "base.digest"),
+    "label digest": (
+        "base.digest sha256:79e5",
+        "base.digest sha256:00e5",
+        "%labels",
+        "base.digest",
+    ),
     "no help": ("%help\n", "%comments\n", "%help", "no such section"),
-    "no InfiniBand": ("os-packages.sh build --infiniband", "os-packages.sh build", "%post", "libibverbs1"),
+    "no InfiniBand": (
+        "os-packages.sh build --infiniband",
+        "os-packages.sh build",
+        "%post",
+        "libibverbs1",
+    ),
 }
 
 
@@ -279,7 +401,9 @@ def test_a_moved_pin_in_env_fails_both_definitions():
     moved = mf.parse_manifest(data, Path("stack.toml"))
     docker = images.check_dockerfile(DOCKERFILE, moved)
     sif = images.check_definition(DEFINITION, moved)
-    assert found(docker, "ARG CUDA11_BASE_DIGEST", NEW_DIGEST) and found(docker, "target cuda11", NEW_DIGEST)
+    assert found(docker, "ARG CUDA11_BASE_DIGEST", NEW_DIGEST) and found(
+        docker, "target cuda11", NEW_DIGEST
+    )
     assert found(sif, "header", NEW_DIGEST) and found(sif, "%labels", NEW_DIGEST)
     assert not found(docker, "target cpu", "base image")  # the cpu base did not move
 
@@ -287,22 +411,32 @@ def test_a_moved_pin_in_env_fails_both_definitions():
 def test_a_finding_says_what_was_found_expected_and_the_fix():
     text = mutate(DEFINITION, "export PYTHONNOUSERSITE=1", "export PYTHONNOUSERSITE=0")
     (finding,) = images.check_definition(text, MANIFEST)
-    assert str(finding) == ("singularity.def %environment: found PYTHONNOUSERSITE='0'; expected '1'\n"
-                            "  fix: `export PYTHONNOUSERSITE=1` in %environment")
+    assert str(finding) == (
+        "singularity.def %environment: found PYTHONNOUSERSITE='0'; expected '1'\n"
+        "  fix: `export PYTHONNOUSERSITE=1` in %environment"
+    )
 
 
 def test_manifest_refuses_a_base_image_without_a_digest():
     data = copy.deepcopy(mf.loads(mf.DEFAULT_MANIFEST.read_text()))
     data["images"]["cuda11"]["digest"] = "11.8.0-base-ubuntu22.04"
-    with pytest.raises(mf.ManifestError, match=r"images.cuda11.digest must be 'sha256:' and 64 hex, found '11.8.0"):
+    with pytest.raises(
+        mf.ManifestError, match=r"images.cuda11.digest must be 'sha256:' and 64 hex, found '11.8.0"
+    ):
         mf.parse_manifest(data, Path("stack.toml"))
     data["images"] = {"cpu": data["images"]["cpu"]}
-    with pytest.raises(mf.ManifestError, match=r"image_base = 'cuda11', but there is no \[images.cuda11\]"):
+    with pytest.raises(
+        mf.ManifestError, match=r"image_base = 'cuda11', but there is no \[images.cuda11\]"
+    ):
         mf.parse_manifest(data, Path("stack.toml"))
 
 
 def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
-    rules = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    rules = [
+        ln.strip()
+        for ln in (REPO / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert rules[0] == "*", "an allow-list: everything out, then what the build needs back in"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     df = images.parse_dockerfile(DOCKERFILE)
@@ -318,6 +452,7 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
 # ---------------------------------------------------------------------------------------------------
 # make refresh-digests
 # ---------------------------------------------------------------------------------------------------
+
 
 def copy_definitions(dest: Path) -> Path:
     (dest / "env").mkdir(parents=True)
@@ -340,7 +475,9 @@ def test_refresh_digests_rewrites_env_and_both_definitions(tmp_path):
 
     changes = images.refresh_digests(src, resolve)
     assert changes == {old: NEW_DIGEST}
-    assert sorted(asked) == sorted(i.tagged for i in MANIFEST.images.values())  # asked by tag, not by the old digest
+    assert sorted(asked) == sorted(
+        i.tagged for i in MANIFEST.images.values()
+    )  # asked by tag, not by the old digest
     for name in ("env/stack.toml", "Dockerfile", "singularity.def"):
         text = (src / name).read_text()
         assert NEW_DIGEST in text and old not in text, name
@@ -348,38 +485,58 @@ def test_refresh_digests_rewrites_env_and_both_definitions(tmp_path):
 
 
 def test_refresh_digests_without_crane_or_skopeo_fails_clearly():
-    with pytest.raises(images.RefreshError, match="(?s)found neither crane nor skopeo.*fix: apt-get install skopeo"):
+    with pytest.raises(
+        images.RefreshError, match="(?s)found neither crane nor skopeo.*fix: apt-get install skopeo"
+    ):
         images.registry_resolver(which=lambda name: None)
 
 
 def test_refresh_digests_with_no_registry_names_the_failure(tmp_path):
     # A stand-in skopeo that fails the way an offline one does.
     fake = tmp_path / "skopeo"
-    fake.write_text("#!/bin/sh\necho 'pinging container registry registry-1.docker.io: no such host' >&2\nexit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'pinging container registry registry-1.docker.io: no such host' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     resolve = images.registry_resolver(which=lambda name: str(fake) if name == "skopeo" else None)
-    with pytest.raises(images.RefreshError, match=r"could not resolve docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04: "
-                                                  r".*no such host\n  expected: a registry reachable"):
+    with pytest.raises(
+        images.RefreshError,
+        match=r"could not resolve docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04: "
+        r".*no such host\n  expected: a registry reachable",
+    ):
         resolve(MANIFEST.images["cuda11"].tagged)
 
 
 def test_skopeo_digest_is_the_hash_of_the_manifest_as_served():
-    assert images.manifest_digest(b"{}") == "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    assert (
+        images.manifest_digest(b"{}")
+        == "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    )
 
 
 def test_make_refresh_digests_fails_clearly_here():
     # No crane/skopeo/registry on CI: the target must say so rather than leave stale pins looking fresh.
     if shutil.which("crane") or shutil.which("skopeo"):
-        pytest.skip("crane or skopeo is installed here; the offline failure is covered by the fake-skopeo test")
-    res = subprocess.run(["make", "--no-print-directory", "refresh-digests", f"PYTHON={sys.executable}"], cwd=REPO,
-                         capture_output=True, text=True)
-    assert res.returncode != 0 and "error: refresh-digests found neither crane nor skopeo" in res.stderr
+        pytest.skip(
+            "crane or skopeo is installed here; the offline failure is covered by the fake-skopeo test"
+        )
+    res = subprocess.run(
+        ["make", "--no-print-directory", "refresh-digests", f"PYTHON={sys.executable}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        res.returncode != 0
+        and "error: refresh-digests found neither crane nor skopeo" in res.stderr
+    )
     assert "Traceback" not in res.stderr
 
 
 # ---------------------------------------------------------------------------------------------------
 # containers/install.sh, run for real into a temporary prefix (cpu profile, git deps skipped)
 # ---------------------------------------------------------------------------------------------------
+
 
 def build_context(dest: Path) -> Path:
     """What the Dockerfile's build stage copies (the .dockerignore allow-list), nothing else."""
@@ -388,7 +545,9 @@ def build_context(dest: Path) -> Path:
     for name in (r[1:].rstrip("/") for r in rules if r.startswith("!")):
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy(src, dest / name)
     return dest
@@ -400,44 +559,83 @@ def offline_prefix(tmp_path_factory):
     version, so the real script runs offline in seconds. (The full download, hashes checked, is the buildah test.)"""
     prefix = tmp_path_factory.mktemp("prefix") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
-    site = subprocess.run([str(prefix / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [
+            str(prefix / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "octo-dist-test-overlay.pth").write_text(ours + "\n")
     return prefix
 
 
 def run_install(src: Path, prefix: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", mf.MANIFEST_ENV, mf.PROFILE_ENV)}
-    return subprocess.run(["bash", str(src / "containers" / "install.sh"), "cpu", str(prefix), *args],
-                          env={**base, "PYTHON": sys.executable, **env}, capture_output=True, text=True, timeout=600)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", mf.MANIFEST_ENV, mf.PROFILE_ENV)
+    }
+    return subprocess.run(
+        ["bash", str(src / "containers" / "install.sh"), "cpu", str(prefix), *args],
+        env={**base, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_install_script_builds_a_working_prefix_from_the_build_context(offline_prefix, tmp_path):
     src = build_context(tmp_path / "src")
-    res = run_install(src, offline_prefix, "--skip-git", OCTO_DIST_CA=str(tmp_path / "no-such-ca.pem"))
+    res = run_install(
+        src, offline_prefix, "--skip-git", OCTO_DIST_CA=str(tmp_path / "no-such-ca.pem")
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     py = "%d.%d" % sys.version_info[:2]
     assert f"installing profile 'cpu' for Python {py} from env/locks/cpu-py{py}.txt" in res.stdout
-    lock_hash = subprocess.run(["sha256sum", str(src / f"env/locks/cpu-py{py}.txt")], capture_output=True, text=True).stdout
-    assert lock_hash.split()[0] in res.stdout                      # which lock, by content, in the build log
+    lock_hash = subprocess.run(
+        ["sha256sum", str(src / f"env/locks/cpu-py{py}.txt")], capture_output=True, text=True
+    ).stdout
+    assert lock_hash.split()[0] in res.stdout  # which lock, by content, in the build log
     assert "--- pip freeze ---" in res.stdout and "jax==0.4.22" in res.stdout
     assert "no-such-ca.pem is missing or empty; using the default CA bundle" in res.stderr
     # octo-dist itself went into the prefix (not editable), from the copied build context.
-    direct = next(offline_prefix.glob("lib/python*/site-packages/octo_dist-*.dist-info/direct_url.json"))
+    direct = next(
+        offline_prefix.glob("lib/python*/site-packages/octo_dist-*.dist-info/direct_url.json")
+    )
     assert json.loads(direct.read_text())["url"] == src.as_uri()
     exe = offline_prefix / "bin" / "octo-dist"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", mf.PROFILE_ENV)}
     # Installed (not editable), octo-dist finds env/ only where the images point it: OCTO_DIST_MANIFEST.
-    lost = subprocess.run([str(exe), "check-env", "--profile", "cpu"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**env, mf.MANIFEST_ENV: ""})
+    lost = subprocess.run(
+        [str(exe), "check-env", "--profile", "cpu"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**env, mf.MANIFEST_ENV: ""},
+    )
     assert lost.returncode == 2 and "no manifest at" in lost.stderr
-    res = subprocess.run([str(exe), "check-env", "--profile", "cpu", "--json"], cwd=tmp_path, capture_output=True,
-                         text=True, env={**env, mf.MANIFEST_ENV: str(src / "env" / "stack.toml")})
+    res = subprocess.run(
+        [str(exe), "check-env", "--profile", "cpu", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**env, mf.MANIFEST_ENV: str(src / "env" / "stack.toml")},
+    )
     report = json.loads(res.stdout)
     # git.* depend on what this machine's venv holds (GitHub is unreachable here); every other check must pass.
-    failing = [c for c in report["checks"] if c["status"] == "fail" and not c["id"].startswith("git.")]
+    failing = [
+        c for c in report["checks"] if c["status"] == "fail" and not c["id"].startswith("git.")
+    ]
     assert report["profile"] == "cpu" and any(c["id"] == "pin.jax" for c in report["checks"])
     assert failing == [], failing
 
@@ -445,8 +643,16 @@ def test_install_script_builds_a_working_prefix_from_the_build_context(offline_p
 def test_install_script_refuses_an_unpinned_git_dependency(offline_prefix, tmp_path):
     src = build_context(tmp_path / "src")
     stack = src / "env" / "stack.toml"
-    stack.write_text(mutate(stack.read_text(), 'commit = "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b"', 'commit = "main"'))
-    res = run_install(src, offline_prefix, "--skip-git")  # even skipped, an unpinned one stops the build
+    stack.write_text(
+        mutate(
+            stack.read_text(),
+            'commit = "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b"',
+            'commit = "main"',
+        )
+    )
+    res = run_install(
+        src, offline_prefix, "--skip-git"
+    )  # even skipped, an unpinned one stops the build
     assert res.returncode == 2  # a manifest the build refuses: a usage error
     assert "git.octo.commit must be a full 40-hex commit SHA, found 'main'" in res.stderr
     assert "--- pip freeze ---" not in res.stdout
@@ -456,21 +662,37 @@ def test_install_script_refuses_an_unpinned_git_dependency(offline_prefix, tmp_p
 # Opt-in: build the cpu image for real with buildah (OCTO_DIST_BUILDAH=1; see `make docker-local-base`)
 # ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.buildah
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("OCTO_DIST_BUILDAH") != "1", reason="opt-in: OCTO_DIST_BUILDAH=1 (needs buildah, root)")
+@pytest.mark.skipif(
+    os.environ.get("OCTO_DIST_BUILDAH") != "1",
+    reason="opt-in: OCTO_DIST_BUILDAH=1 (needs buildah, root)",
+)
 def test_buildah_builds_the_cpu_image_and_check_env_passes_in_it():
     # Base made here (debootstrap), image built from the real Dockerfile, lock downloaded with hashes checked,
     # then check-env and the 2-rank smoke job run inside it under the image's own mpirun.
     if not (shutil.which("buildah") and shutil.which("debootstrap")):
-        pytest.fail("OCTO_DIST_BUILDAH=1 but buildah/debootstrap are missing; fix: apt-get install -y buildah debootstrap")
-    res = subprocess.run(["make", "docker-local-base", "docker-local-smoke"], cwd=REPO, capture_output=True, text=True,
-                         timeout=3600)
+        pytest.fail(
+            "OCTO_DIST_BUILDAH=1 but buildah/debootstrap are missing; fix: apt-get install -y buildah debootstrap"
+        )
+    res = subprocess.run(
+        ["make", "docker-local-base", "docker-local-smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-5000:]
-    assert "--- pip freeze ---" in out and "octo-dist: installing profile 'cpu' for Python 3.11" in out
+    assert (
+        "--- pip freeze ---" in out and "octo-dist: installing profile 'cpu' for Python 3.11" in out
+    )
     assert "octo-dist check-env  profile=cpu" in out and "0 failure(s)" in out
-    assert re.search(r"octo-dist smoke: .*2 rank\(s\)", out) and "parameters identical on every rank" in out
+    assert (
+        re.search(r"octo-dist smoke: .*2 rank\(s\)", out)
+        and "parameters identical on every rank" in out
+    )
 
 
 def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
@@ -479,21 +701,37 @@ def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
         pytest.skip("gcc not found")
     df = images.parse_dockerfile(DOCKERFILE)
     docker = [r for r in images.target_runs(df, "cuda11") if "load_verbs" in r]
-    sif = [l.strip() for l in images.parse_definition(DEFINITION).sections["test"] if "load_verbs" in l]
+    sif = [
+        ln.strip()
+        for ln in images.parse_definition(DEFINITION).sections["test"]
+        if "load_verbs" in ln
+    ]
     assert len(docker) == 1 and len(sif) == 1 and docker[0] == sif[0]
     assert not [r for r in images.target_runs(df, "cpu") if "load_verbs" in r]
     command = docker[0].replace("/opt/octo-dist/venv/bin/python", sys.executable)
     lib = tmp_path / "lib"
     lib.mkdir()
     (tmp_path / "verbs.c").write_text("void **ibv_get_device_list(int *n) { return 0; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libibverbs.so.1"), str(tmp_path / "verbs.c")], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(lib / "libibverbs.so.1"), str(tmp_path / "verbs.c")],
+        check=True,
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    ok = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(lib)), capture_output=True, text=True)
+    ok = subprocess.run(
+        ["bash", "-c", command],
+        env=dict(env, LD_LIBRARY_PATH=str(lib)),
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     from octo_dist.envcheck import transport
 
     if transport.load_verbs() is None:
         return  # this host has rdma-core itself: the failing case cannot be fabricated by hiding a directory
-    missing = subprocess.run(["bash", "-c", command], env=dict(env, LD_LIBRARY_PATH=str(tmp_path / "none")),
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        ["bash", "-c", command],
+        env=dict(env, LD_LIBRARY_PATH=str(tmp_path / "none")),
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and "libibverbs.so.1" in missing.stderr

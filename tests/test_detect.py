@@ -17,19 +17,53 @@ from octo_dist.launchers import coordinator as coord
 
 PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 MPIRUN = Path(sys.executable).parent / "mpirun"
-FIELDS = {"schema", "octo_dist_version", "host", "python", "ok", "launcher", "detail", "rank", "world_size",
-          "local_rank", "local_size", "job_id", "step_id", "nodes", "nodes_source", "coordinator",
-          "coordinator_source", "coordinator_check", "nodes_problem", "note", "variables"}
+FIELDS = {
+    "schema",
+    "octo_dist_version",
+    "host",
+    "python",
+    "ok",
+    "launcher",
+    "detail",
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_size",
+    "job_id",
+    "step_id",
+    "nodes",
+    "nodes_source",
+    "coordinator",
+    "coordinator_source",
+    "coordinator_check",
+    "nodes_problem",
+    "note",
+    "variables",
+}
 
 # name -> (coordinator address or None, a piece of its source)
 COORDINATORS = {
-    "openmpi5-np2-rank0": (f"127.0.0.1:{coord.port_for_job('prterun-vm-12940@1')}",
-                           "mpi4py broadcast from rank 0 at start-up; without mpi4py: 127.0.0.1"),
-    "openmpi4-hpcx-rank5of8": (f"10.1.0.5:{coord.port_for_job('12345.pbs1')}", "OMPI_MCA_orte_hnp_uri"),
+    "openmpi5-np2-rank0": (
+        f"127.0.0.1:{coord.port_for_job('prterun-vm-12940@1')}",
+        "mpi4py broadcast from rank 0 at start-up; without mpi4py: 127.0.0.1",
+    ),
+    "openmpi4-hpcx-rank5of8": (
+        f"10.1.0.5:{coord.port_for_job('12345.pbs1')}",
+        "OMPI_MCA_orte_hnp_uri",
+    ),
     "mpich-hydra-rank3of4": (None, "without mpi4py: pmi: 4 ranks over several nodes"),
-    "slurm-srun-no-ntasks-per-node": (f"node001:{coord.port_for_job('123456', '1')}", "first host of SLURM_STEP_NODELIST"),
-    "slurm-step-on-subset": (f"node003:{coord.port_for_job('123461', '0')}", "first host of SLURM_STEP_NODELIST"),
-    "slurm-concurrent-step1": (f"node003:{coord.port_for_job('123462', '1')}", "first host of SLURM_STEP_NODELIST"),
+    "slurm-srun-no-ntasks-per-node": (
+        f"node001:{coord.port_for_job('123456', '1')}",
+        "first host of SLURM_STEP_NODELIST",
+    ),
+    "slurm-step-on-subset": (
+        f"node003:{coord.port_for_job('123461', '0')}",
+        "first host of SLURM_STEP_NODELIST",
+    ),
+    "slurm-concurrent-step1": (
+        f"node003:{coord.port_for_job('123462', '1')}",
+        "first host of SLURM_STEP_NODELIST",
+    ),
     "slurm-sbatch-script": (None, "single process: none needed"),
 }
 
@@ -46,8 +80,13 @@ def test_detect_json_for_every_recorded_environment(capsys, name):
     assert code == 0, err
     record = json.loads(out)
     assert set(record) == FIELDS and record["schema"] == 1 and record["ok"] is True
-    assert (record["launcher"], record["world_size"], record["rank"], record["local_rank"], record["local_size"]) == \
-        DETECTED[name]
+    assert (
+        record["launcher"],
+        record["world_size"],
+        record["rank"],
+        record["local_rank"],
+        record["local_size"],
+    ) == DETECTED[name]
     if name in COORDINATORS:
         address, source = COORDINATORS[name]
         assert record["coordinator"] == address and source in record["coordinator_source"]
@@ -57,22 +96,42 @@ def test_detect_json_for_every_recorded_environment(capsys, name):
 def test_detect_refusals_are_one_line_and_exit_2(capsys, name):
     code, out, err = run_detect(capsys, "--env-file", str(ENVS / f"{name}.env"))
     assert code == 2 and out == ""
-    assert err.startswith("octo-dist detect: error: ") and err.count("\n") == 1 and REFUSED[name] in err
+    assert (
+        err.startswith("octo-dist detect: error: ")
+        and err.count("\n") == 1
+        and REFUSED[name] in err
+    )
 
 
 def test_detect_json_on_refusal_and_a_coordinator_that_cannot_be_found(capsys, tmp_path):
     code, out, err = run_detect(capsys, "--json", "--env-file", str(ENVS / "torchrun-rank3of8.env"))
     record = json.loads(out)
-    assert code == 2 and record["ok"] is False and "torchrun" in record["error"] and record["schema"] == 1
+    assert (
+        code == 2
+        and record["ok"] is False
+        and "torchrun" in record["error"]
+        and record["schema"] == 1
+    )
     # an srun step over two nodes without any node list: Slurm itself never does this, a hand-made env does
-    lines = [l for l in (ENVS / "slurm-srun-no-ntasks-per-node.env").read_text().splitlines() if "NODELIST" not in l]
+    lines = [
+        ln
+        for ln in (ENVS / "slurm-srun-no-ntasks-per-node.env").read_text().splitlines()
+        if "NODELIST" not in ln
+    ]
     (tmp_path / "e.env").write_text("\n".join(lines))
     code, out, err = run_detect(capsys, "--env-file", str(tmp_path / "e.env"))
-    assert code == 2 and "no coordinator address" in err and "Fix: export COORDINATOR_ADDRESS" in err
+    assert (
+        code == 2 and "no coordinator address" in err and "Fix: export COORDINATOR_ADDRESS" in err
+    )
     code, out, err = run_detect(capsys, "--env-file", str(tmp_path / "absent.env"))
     assert code == 2 and "--env-file" in err and "cannot be read" in err
-    code, out, err = run_detect(capsys, "--env-file", str(ENVS / "slurm-sbatch-script.env"),
-                                "--output", str(tmp_path / "no" / "dir" / "d-{rank}.json"))
+    code, out, err = run_detect(
+        capsys,
+        "--env-file",
+        str(ENVS / "slurm-sbatch-script.env"),
+        "--output",
+        str(tmp_path / "no" / "dir" / "d-{rank}.json"),
+    )
     assert code == 2 and "d-0.json cannot be written" in err and err.count("\n") == 1
 
 
@@ -86,18 +145,44 @@ def test_detect_text_output_names_the_source_of_each_answer(capsys):
 
 
 @pytest.mark.skipif(not PYTHON39.exists(), reason="no CPython 3.9 at " + str(PYTHON39))
-@pytest.mark.parametrize("name,code", [("slurm-srun-heterogeneous", 0), ("openmpi4-hpcx-rank5of8", 0),
-                                       ("pals-rank5of8", 0), ("lsf-jsrun", 2)])
+@pytest.mark.parametrize(
+    "name,code",
+    [
+        ("slurm-srun-heterogeneous", 0),
+        ("openmpi4-hpcx-rank5of8", 0),
+        ("pals-rank5of8", 0),
+        ("lsf-jsrun", 2),
+    ],
+)
 def test_detect_runs_on_python_3_9(name, code):
-    proc = subprocess.run([str(PYTHON39), "-m", "octo_dist", "detect", "--json", "--env-file", str(ENVS / f"{name}.env")],
-                          capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [
+            str(PYTHON39),
+            "-m",
+            "octo_dist",
+            "detect",
+            "--json",
+            "--env-file",
+            str(ENVS / f"{name}.env"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr
     record = json.loads(proc.stdout)
     assert record["python"].startswith("3.9.")
     if code == 0:
-        assert (record["launcher"], record["world_size"], record["rank"], record["local_rank"],
-                record["local_size"]) == DETECTED[name]
+        assert (
+            record["launcher"],
+            record["world_size"],
+            record["rank"],
+            record["local_rank"],
+            record["local_size"],
+        ) == DETECTED[name]
 
 
 EVERY_ENV = """
@@ -118,9 +203,20 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.mark.skipif(not PYTHON39.exists(), reason="no CPython 3.9 at " + str(PYTHON39))
 def test_python_3_9_answers_every_environment_as_this_python_does():
-    answers = [json.loads(subprocess.run([python, "-c", EVERY_ENV, str(ENVS)], capture_output=True, text=True,
-                                         env=clean_env(), cwd=REPO, timeout=120, check=True).stdout)
-               for python in (str(PYTHON39), sys.executable)]
+    answers = [
+        json.loads(
+            subprocess.run(
+                [python, "-c", EVERY_ENV, str(ENVS)],
+                capture_output=True,
+                text=True,
+                env=clean_env(),
+                cwd=REPO,
+                timeout=120,
+                check=True,
+            ).stdout
+        )
+        for python in (str(PYTHON39), sys.executable)
+    ]
     assert answers[0] == answers[1] and len(answers[0]) == len(DETECTED) + len(REFUSED)
 
 
@@ -132,16 +228,39 @@ def test_detect_under_a_real_mpirun(tmp_path, python):
     if not Path(python).exists():
         pytest.skip(f"no {python}")
     out = tmp_path / "detect-{rank}.json"
-    proc = subprocess.run([str(MPIRUN), "--oversubscribe", "-np", "2", python, "-m", "octo_dist", "detect", "--json",
-                           "--output", str(out)], capture_output=True, text=True, env=clean_env(), cwd=REPO,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            str(MPIRUN),
+            "--oversubscribe",
+            "-np",
+            "2",
+            python,
+            "-m",
+            "octo_dist",
+            "detect",
+            "--json",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     records = [json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1)]
-    assert [(d["launcher"], d["world_size"], d["rank"], d["local_rank"], d["local_size"]) for d in records] == \
-        [("openmpi5", 2, 0, 0, 2), ("openmpi5", 2, 1, 1, 2)]
+    assert [
+        (d["launcher"], d["world_size"], d["rank"], d["local_rank"], d["local_size"])
+        for d in records
+    ] == [("openmpi5", 2, 0, 0, 2), ("openmpi5", 2, 1, 1, 2)]
     # both ranks agree on the fallback coordinator, derived from PRRTE's namespace
-    assert records[0]["coordinator"] == records[1]["coordinator"] and records[0]["coordinator"].startswith("127.0.0.1:")
-    assert records[0]["job_id"].startswith("prterun-") and records[0]["python"] == records[1]["python"]
+    assert records[0]["coordinator"] == records[1]["coordinator"] and records[0][
+        "coordinator"
+    ].startswith("127.0.0.1:")
+    assert (
+        records[0]["job_id"].startswith("prterun-") and records[0]["python"] == records[1]["python"]
+    )
     assert records[0]["coordinator_check"].startswith("not checked: rank 0 picks its own host")
 
 
@@ -150,10 +269,22 @@ def test_detect_checks_the_coordinator_it_would_use(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
     try:
         port = int(holder.stdout.readline())
-        base = dict(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS=f"127.0.0.1:{port}")
-        runs = [subprocess.run([sys.executable, "-m", "octo_dist", "detect", "--json"], capture_output=True, text=True,
-                               env=clean_env(**base, OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_LOCAL_RANK=r), cwd=REPO,
-                               timeout=120) for r in ("0", "1")]
+        base = dict(
+            OMPI_COMM_WORLD_SIZE="2",
+            OMPI_COMM_WORLD_LOCAL_SIZE="2",
+            COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        )
+        runs = [
+            subprocess.run(
+                [sys.executable, "-m", "octo_dist", "detect", "--json"],
+                capture_output=True,
+                text=True,
+                env=clean_env(**base, OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_LOCAL_RANK=r),
+                cwd=REPO,
+                timeout=120,
+            )
+            for r in ("0", "1")
+        ]
     finally:
         holder.kill()
         holder.wait(timeout=60)
@@ -167,8 +298,25 @@ def test_detect_refuses_under_mpirun_with_a_stale_torchrun_export(tmp_path):
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
     out = tmp_path / "detect-{rank}.json"
     env = clean_env(RANK="0", WORLD_SIZE="2")  # every rank inherits RANK=0: rank 1 disagrees
-    proc = subprocess.run([str(MPIRUN), "--oversubscribe", "-np", "2", sys.executable, "-m", "octo_dist", "detect",
-                           "--output", str(out)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            str(MPIRUN),
+            "--oversubscribe",
+            "-np",
+            "2",
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "detect",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode != 0
     ok, refused = (json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1))
     assert ok["ok"] is True and refused["ok"] is False and "RANK=0" in refused["error"]

@@ -15,8 +15,11 @@ NDEV = 4
 
 @pytest.fixture(scope="module")
 def sharding_runs(tmp_path_factory):
-    runs = VersionRuns(PROGRAMS / "sharding.py", clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}"),
-                       tmp_path_factory.mktemp("sharding"))
+    runs = VersionRuns(
+        PROGRAMS / "sharding.py",
+        clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}"),
+        tmp_path_factory.mktemp("sharding"),
+    )
     yield runs
     runs.close()
 
@@ -43,7 +46,10 @@ def test_one_device_and_all_devices_give_the_same_losses(observed):
 
 
 def test_inputs_are_batch_sharded_global_arrays_and_state_stays_replicated(observed):
-    assert observed["batch_sharding"] == {"jit": "PartitionSpec('batch',)", "shard_map": "PartitionSpec('batch',)"}
+    assert observed["batch_sharding"] == {
+        "jit": "PartitionSpec('batch',)",
+        "shard_map": "PartitionSpec('batch',)",
+    }
     assert observed["replicated"] == {"jit": True, "shard_map": True}
     # numpy handed to the sharded step is an implicit transfer: the class of error that fails on several processes, caught by the guard.
     assert "Disallowed host-to-device transfer" in observed["numpy_input"]
@@ -51,7 +57,10 @@ def test_inputs_are_batch_sharded_global_arrays_and_state_stays_replicated(obser
 
 def test_the_checkpoint_template_is_the_state_by_shape_and_sharded_values_are_refused(observed):
     assert observed["template_matches"] and observed["template_is_abstract"]
-    assert observed["sharded_batch"].startswith("['action'] is sharded") and "expected replicated" in observed["sharded_batch"]
+    assert (
+        observed["sharded_batch"].startswith("['action'] is sharded")
+        and "expected replicated" in observed["sharded_batch"]
+    )
 
 
 def test_batch_sizes_at_ndev_plus_minus_one(observed):
@@ -66,14 +75,19 @@ def test_shard_map_replication_check_follows_the_jax_version(observed):
     assert erf["default"] == "ok"
     if observed["jax"] == "0.4.20":
         assert observed["check_rep_default"] is False
-        assert "No replication rule for erf_inv" in erf["forced"]  # why check_rep is off before 0.4.22
+        assert (
+            "No replication rule for erf_inv" in erf["forced"]
+        )  # why check_rep is off before 0.4.22
     else:
         assert observed["check_rep_default"] is True and erf["forced"] == "ok"
 
 
 # --- pure -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("batch,procs,devs,expected", [(8, 2, 2, 4), (8, 1, 4, 8), (16, 2, 8, 8), (8, 8, 8, 1)])
+
+@pytest.mark.parametrize(
+    "batch,procs,devs,expected", [(8, 2, 2, 4), (8, 1, 4, 8), (16, 2, 8, 8), (8, 8, 8, 1)]
+)
 def test_local_batch_size(batch, procs, devs, expected):
     assert data.local_batch_size(batch, procs, devs) == expected
 
@@ -88,31 +102,50 @@ def test_synthetic_examples_do_not_depend_on_the_process_split():
     whole = data.SyntheticData(data.Spec(), 8, 0, 1, 2).batch(3)
     halves = [data.SyntheticData(data.Spec(), 8, p, 2, 2) for p in range(2)]
     parts = [h.batch(3) for h in halves]
-    for a, b in ((whole["action"][:4], parts[0]["action"]), (whole["action"][4:], parts[1]["action"])):
+    for a, b in (
+        (whole["action"][:4], parts[0]["action"]),
+        (whole["action"][4:], parts[1]["action"]),
+    ):
         assert (a == b).all()
     assert [h.reads for h in halves] == [4, 4]  # each process made only its own examples
-    assert not (parts[0]["observation"]["image_primary"] == parts[1]["observation"]["image_primary"]).all()
+    assert not (
+        parts[0]["observation"]["image_primary"] == parts[1]["observation"]["image_primary"]
+    ).all()
 
 
 def test_version_and_check_rep_parsing():
     assert parallel.version_tuple("0.4.20+cuda11.cudnn86") == (0, 4, 20)
-    assert parallel.default_check_rep("0.4.20") is False and parallel.default_check_rep("0.4.22") is True
+    assert (
+        parallel.default_check_rep("0.4.20") is False
+        and parallel.default_check_rep("0.4.22") is True
+    )
 
 
 @pytest.mark.parametrize("version", ["0.4.20", "0.4.22"])
-def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_process(version, tmp_path):
+def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_process(
+    version, tmp_path
+):
     python = JAX020_PYTHON if version == "0.4.20" else Path(sys.executable)
     if not python.exists():
         pytest.skip("needs .venv-jax020 (make jax020-env)")
     env = clean_env(XLA_FLAGS="--xla_cpu_use_xla_runtime=true")
     runs = []
     for _ in range(2):
-        proc = subprocess.run([str(python), str(PROGRAMS / "compile_cache.py"), str(tmp_path / "cache")],
-                              capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+        proc = subprocess.run(
+            [str(python), str(PROGRAMS / "compile_cache.py"), str(tmp_path / "cache")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=REPO,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json_lines(proc.stdout)[-1])
     assert [r["jax"] for r in runs] == [version, version]
-    assert [r["hit"] for r in runs] == [False, True]  # 0.4.20 via initialize_cache, 0.4.22 via the config option
+    assert [r["hit"] for r in runs] == [
+        False,
+        True,
+    ]  # 0.4.20 via initialize_cache, 0.4.22 via the config option
     assert runs[0]["value"] == runs[1]["value"]
     entries = [p.name for p in (tmp_path / "cache").iterdir()]
     assert entries and not any(n.startswith("_temp_") for n in entries)
@@ -121,13 +154,21 @@ def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_proces
 def test_the_next_batch_is_made_before_the_previous_steps_metrics_are_read(tmp_path):
     """The host prepares batch k+1 while step k runs and reads step k-1's metrics only then; a stop signal seen in
     step k's metrics ends the run after the step already dispatched, checkpointed, with the same losses."""
-    proc = subprocess.run([sys.executable, str(PROGRAMS / "fit_order.py"), str(tmp_path / "ckpt")],
-                          capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(PROGRAMS / "fit_order.py"), str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json_lines(proc.stdout)[-1]
     order = [tuple(e) for e in out["order"]]
     steps = 6
-    assert [s for kind, s in order if kind == "make"] == list(range(steps))   # no batch made beyond the last step
+    assert [s for kind, s in order if kind == "make"] == list(
+        range(steps)
+    )  # no batch made beyond the last step
     assert [s for kind, s in order if kind == "read"] == list(range(steps))
     for k in range(steps - 2):
         # batch k+2 (for the step after next) is in hand before step k's metrics are read

@@ -12,23 +12,42 @@ from octo_dist.envcheck import envreport
 
 
 def test_job_variables_are_kept_and_secrets_masked():
-    env = {"SLURM_PROCID": "3", "OMPI_COMM_WORLD_RANK": "1", "WANDB_API_KEY": "sk-123", "HF_TOKEN": "hf_abc",
-           "HTTPS_PROXY": "http://user:pw@proxy:8080", "NCCL_IB_HCA": "mlx5_ibn1", "HOME": "/home/u", "PATH": "/bin"}
+    env = {
+        "SLURM_PROCID": "3",
+        "OMPI_COMM_WORLD_RANK": "1",
+        "WANDB_API_KEY": "sk-123",
+        "HF_TOKEN": "hf_abc",
+        "HTTPS_PROXY": "http://user:pw@proxy:8080",
+        "NCCL_IB_HCA": "mlx5_ibn1",
+        "HOME": "/home/u",
+        "PATH": "/bin",
+    }
     got = envreport.job_variables(env)
-    assert got == {"HF_TOKEN": "****", "HTTPS_PROXY": "http://****@proxy:8080", "NCCL_IB_HCA": "mlx5_ibn1",
-                   "OMPI_COMM_WORLD_RANK": "1", "SLURM_PROCID": "3", "WANDB_API_KEY": "****"}
+    assert got == {
+        "HF_TOKEN": "****",
+        "HTTPS_PROXY": "http://****@proxy:8080",
+        "NCCL_IB_HCA": "mlx5_ibn1",
+        "OMPI_COMM_WORLD_RANK": "1",
+        "SLURM_PROCID": "3",
+        "WANDB_API_KEY": "****",
+    }
 
 
 def test_a_missing_command_is_reported_not_raised():
     got = envreport.run_command(["no-such-tool-octo-dist", "--version"])
-    assert got == {"command": "no-such-tool-octo-dist --version", "ok": False,
-                   "output": "no-such-tool-octo-dist not found on PATH"}
+    assert got == {
+        "command": "no-such-tool-octo-dist --version",
+        "ok": False,
+        "output": "no-such-tool-octo-dist not found on PATH",
+    }
 
 
 def fake_nvidia_smi(bin_dir):
     exe = bin_dir / "nvidia-smi"
-    exe.write_text("#!/bin/sh\necho 'index, name, driver_version, memory.total [MiB]'\n"
-                   "echo '0, NVIDIA H200, 550.54.15, 143771 MiB'\n")
+    exe.write_text(
+        "#!/bin/sh\necho 'index, name, driver_version, memory.total [MiB]'\n"
+        "echo '0, NVIDIA H200, 550.54.15, 143771 MiB'\n"
+    )
     exe.chmod(0o755)
 
 
@@ -37,41 +56,97 @@ def test_the_report_as_json_and_text(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_nvidia_smi(bin_dir)
-    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", WANDB_API_KEY="sk-must-not-leak-0123456789",
-                    SLURM_JOB_ID="4242", NCCL_DEBUG="INFO")
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "env", "--json", "--profile", "cpu"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    env = clean_env(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        WANDB_API_KEY="sk-must-not-leak-0123456789",
+        SLURM_JOB_ID="4242",
+        NCCL_DEBUG="INFO",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "env", "--json", "--profile", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "sk-must-not-leak" not in proc.stdout + proc.stderr
     r = json.loads(proc.stdout)
-    assert {"octo_dist_version", "schema", "host", "python", "platform", "profile", "stack", "jax", "gpus", "mpirun",
-            "variables"} <= set(r)
+    assert {
+        "octo_dist_version",
+        "schema",
+        "host",
+        "python",
+        "platform",
+        "profile",
+        "stack",
+        "jax",
+        "gpus",
+        "mpirun",
+        "variables",
+    } <= set(r)
     jax_row = next(row for row in r["stack"] if row["name"] == "jax")
     assert jax_row == {"name": "jax", "pinned": "==0.4.22", "installed": "0.4.22"}
-    assert r["jax"]["ok"] and "jax:    0.4.22" in r["jax"]["output"]  # JAX's own report, from a subprocess
+    assert (
+        r["jax"]["ok"] and "jax:    0.4.22" in r["jax"]["output"]
+    )  # JAX's own report, from a subprocess
     assert r["gpus"]["ok"] and "NVIDIA H200, 550.54.15" in r["gpus"]["output"]
     assert "Open MPI" in r["mpirun"]["output"]
     assert r["variables"]["WANDB_API_KEY"] == "****" and r["variables"]["SLURM_JOB_ID"] == "4242"
-    text = subprocess.run([sys.executable, "-m", "octo_dist", "env", "--no-jax", "--profile", "cpu"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "env", "--no-jax", "--profile", "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    ).stdout
     assert text.startswith("octo-dist 0.1.0 on ") and "stack (pinned -> installed):" in text
-    assert "GPUs (nvidia-smi" in text and "NCCL_DEBUG=INFO" in text and "sk-must-not-leak" not in text
+    assert (
+        "GPUs (nvidia-smi" in text and "NCCL_DEBUG=INFO" in text and "sk-must-not-leak" not in text
+    )
 
 
 def test_a_broken_manifest_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "stack.toml"
     bad.write_text("[profiles.cpu\n")
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "env", "--no-jax", "--manifest", str(bad)],
-                          capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.startswith("octo-dist env: error: ") and proc.stderr.count("\n") == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "env", "--no-jax", "--manifest", str(bad)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=120,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.startswith("octo-dist env: error: ")
+        and proc.stderr.count("\n") == 1
+    )
 
 
 def complete(*words):
-    script = subprocess.run([sys.executable, "-m", "octo_dist", "completion", "bash"], capture_output=True,
-                            text=True, env=clean_env(), cwd=REPO, timeout=120, check=True).stdout
-    probe = (script + '\nCOMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _octo_dist; echo "${COMPREPLY[*]}"\n')
-    return subprocess.run(["bash", "-c", probe, "octo-dist", "octo-dist", *words], capture_output=True, text=True,
-                          timeout=60, check=True).stdout.split()
+    script = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "completion", "bash"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    ).stdout
+    probe = (
+        script
+        + '\nCOMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _octo_dist; echo "${COMPREPLY[*]}"\n'
+    )
+    return subprocess.run(
+        ["bash", "-c", probe, "octo-dist", "octo-dist", *words],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
 
 
 def test_bash_completion_knows_every_command_and_their_flags():
@@ -84,6 +159,16 @@ def test_bash_completion_knows_every_command_and_their_flags():
 
 
 def test_zsh_completion_wraps_the_bash_one():
-    out = subprocess.run([sys.executable, "-m", "octo_dist", "completion", "zsh"], capture_output=True, text=True,
-                         env=clean_env(), cwd=REPO, timeout=120, check=True).stdout
-    assert "autoload -U +X bashcompinit && bashcompinit" in out and "complete -o default -F _octo_dist octo-dist" in out
+    out = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "completion", "zsh"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert (
+        "autoload -U +X bashcompinit && bashcompinit" in out
+        and "complete -o default -F _octo_dist octo-dist" in out
+    )

@@ -10,13 +10,43 @@ from octo_dist.launchers.hostlists import NodeListError, expand_nodelist
 
 # Forms Slurm's hostlist.c accepts, and what real clusters print (ABCI, Cray nid, Frontier, Polaris, JUWELS...).
 HAND_WRITTEN = [
-    "g0001", "node[001-004,007]", "a1,b[1-2]x,c[09-11]", "node[1-10]", "node[01-10]", "node[001-010]",
-    "node[8-10]", "node[08-10]", "node[8-010]", "node[099-101]", "node[00099-00101]", "n[0-0]", "n[5]",
-    "rack[1-2]-n[01-02]", "n[1-2]-ib[0-1]", "x[00-02]y[1-2]z", "r[1-2]c[1-2]n[1-2]", "n[1,3,5-7]-ib",
-    "nid0[2285-2289,2718-2723,5883-5890,7672-7679]", "nid0[4278-4279],nid04280", "frontier[00001-00004,00100]",
-    "x3001c0s[13,19]b[0-1]n0", "jwb[0001-0003],jwb0100", "gpu-a100-[01-03].cluster.local", "[1-3]",
-    "n1,n1,n2", "n[1-3],n2", "a,,b", ",a", "a,", "", "node[1-2],gpu[1-2],cpu[01-02]", "N[01-02]",
-    "compute-1-[1-3]", "host.example.org", "n[001-003]x[1-2]", "cn[1-2,4-5],gpu1",
+    "g0001",
+    "node[001-004,007]",
+    "a1,b[1-2]x,c[09-11]",
+    "node[1-10]",
+    "node[01-10]",
+    "node[001-010]",
+    "node[8-10]",
+    "node[08-10]",
+    "node[8-010]",
+    "node[099-101]",
+    "node[00099-00101]",
+    "n[0-0]",
+    "n[5]",
+    "rack[1-2]-n[01-02]",
+    "n[1-2]-ib[0-1]",
+    "x[00-02]y[1-2]z",
+    "r[1-2]c[1-2]n[1-2]",
+    "n[1,3,5-7]-ib",
+    "nid0[2285-2289,2718-2723,5883-5890,7672-7679]",
+    "nid0[4278-4279],nid04280",
+    "frontier[00001-00004,00100]",
+    "x3001c0s[13,19]b[0-1]n0",
+    "jwb[0001-0003],jwb0100",
+    "gpu-a100-[01-03].cluster.local",
+    "[1-3]",
+    "n1,n1,n2",
+    "n[1-3],n2",
+    "a,,b",
+    ",a",
+    "a,",
+    "",
+    "node[1-2],gpu[1-2],cpu[01-02]",
+    "N[01-02]",
+    "compute-1-[1-3]",
+    "host.example.org",
+    "n[001-003]x[1-2]",
+    "cn[1-2,4-5],gpu1",
 ]
 
 
@@ -37,7 +67,9 @@ def generated(count=400, seed=14):
                     pad = rng.random() < 0.6
                     fmt = (lambda v: f"{v:0{width}d}") if pad else str
                     pieces.append(fmt(lo) if rng.random() < 0.3 else f"{fmt(lo)}-{fmt(hi)}")
-                name += "[" + ",".join(pieces) + "]" + rng.choice(["", "-ib", "n", "-", ".a"]) * (g < 2)
+                name += (
+                    "[" + ",".join(pieces) + "]" + rng.choice(["", "-ib", "n", "-", ".a"]) * (g < 2)
+                )
             entries.append(name)
         out.append(",".join(entries))
     return out
@@ -52,18 +84,24 @@ def test_the_table_is_wide():
 
 def test_every_list_expands_as_python_hostlist_does():
     oracle = pytest.importorskip("hostlist")  # the dev lock's python-hostlist 2.3.0
-    mismatches = [(spec, expand_nodelist(spec), oracle.expand_hostlist(spec))
-                  for spec in TABLE if expand_nodelist(spec) != oracle.expand_hostlist(spec)]
+    mismatches = [
+        (spec, expand_nodelist(spec), oracle.expand_hostlist(spec))
+        for spec in TABLE
+        if expand_nodelist(spec) != oracle.expand_hostlist(spec)
+    ]
     assert not mismatches, mismatches[:5]
 
 
-@pytest.mark.parametrize("spec,hosts", [
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("n[1-2]-ib[0-1]", ["n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"]),
-    ("node[8-10]", ["node8", "node9", "node10"]),
-    ("node[08-10]", ["node08", "node09", "node10"]),
-    ("n[1-2,5],m[01-02]", ["n1", "n2", "n5", "m01", "m02"]),
-])
+@pytest.mark.parametrize(
+    "spec,hosts",
+    [
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("n[1-2]-ib[0-1]", ["n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"]),
+        ("node[8-10]", ["node8", "node9", "node10"]),
+        ("node[08-10]", ["node08", "node09", "node10"]),
+        ("n[1-2,5],m[01-02]", ["n1", "n2", "n5", "m01", "m02"]),
+    ],
+)
 def test_known_expansions_without_the_oracle(spec, hosts):
     assert expand_nodelist(spec) == hosts
 
@@ -73,34 +111,53 @@ def test_slurm_also_separates_with_spaces_and_tabs():
     assert expand_nodelist("a, b\tc[1-2]") == ["a", "b", "c1", "c2"]
 
 
-@pytest.mark.parametrize("spec,problem", [
-    ("n[]", "empty brackets"),
-    ("n[3-1]", "runs backwards"),
-    ("n[", "'[' is never closed"),
-    ("n[1-2", "'[' is never closed"),
-    ("n]", "']' without '['"),
-    ("n[1-2]]", "']' without '['"),
-    ("n[[1-2]]", "nested '['"),
-    ("n[a-b]", "range 'a-b' is not N or LOW-HIGH"),
-    ("n[1-2-3]", "range '1-2-3' is not N or LOW-HIGH"),
-    ("n[-1]", "range '-1' is not N or LOW-HIGH"),
-    ("n[1,,2]", "range '' is not N or LOW-HIGH"),
-    ("n[1-2,]", "range '' is not N or LOW-HIGH"),
-    ("n[1 - 2]", "range '1 - 2' is not N or LOW-HIGH"),  # separators inside brackets do not split
-    ("n[0-70000]", "more than 65536"),
-    ("a[0-60000]b[0-60000]", "expands to more than"),
-])
+@pytest.mark.parametrize(
+    "spec,problem",
+    [
+        ("n[]", "empty brackets"),
+        ("n[3-1]", "runs backwards"),
+        ("n[", "'[' is never closed"),
+        ("n[1-2", "'[' is never closed"),
+        ("n]", "']' without '['"),
+        ("n[1-2]]", "']' without '['"),
+        ("n[[1-2]]", "nested '['"),
+        ("n[a-b]", "range 'a-b' is not N or LOW-HIGH"),
+        ("n[1-2-3]", "range '1-2-3' is not N or LOW-HIGH"),
+        ("n[-1]", "range '-1' is not N or LOW-HIGH"),
+        ("n[1,,2]", "range '' is not N or LOW-HIGH"),
+        ("n[1-2,]", "range '' is not N or LOW-HIGH"),
+        (
+            "n[1 - 2]",
+            "range '1 - 2' is not N or LOW-HIGH",
+        ),  # separators inside brackets do not split
+        ("n[0-70000]", "more than 65536"),
+        ("a[0-60000]b[0-60000]", "expands to more than"),
+    ],
+)
 def test_malformed_lists_are_refused_with_found_expected_fix(spec, problem):
     with pytest.raises(NodeListError) as e:
         expand_nodelist(spec, "SLURM_STEP_NODELIST")
     message = str(e.value)
     assert problem in message and f"SLURM_STEP_NODELIST={spec!r}" in message
-    assert "; expected a Slurm host list" in message and ". Fix: " in message and "\n" not in message
+    assert (
+        "; expected a Slurm host list" in message and ". Fix: " in message and "\n" not in message
+    )
 
 
 def test_the_oracle_refuses_them_too():
     oracle = pytest.importorskip("hostlist")
-    for spec in ["n[]", "n[3-1]", "n[", "n]", "n[1-2", "n[a-b]", "n[1-2-3]", "n[-1]", "n[[1-2]]", "n[1,,2]"]:
+    for spec in [
+        "n[]",
+        "n[3-1]",
+        "n[",
+        "n]",
+        "n[1-2",
+        "n[a-b]",
+        "n[1-2-3]",
+        "n[-1]",
+        "n[[1-2]]",
+        "n[1,,2]",
+    ]:
         with pytest.raises(oracle.BadHostlist):
             oracle.expand_hostlist(spec)
 
@@ -109,10 +166,18 @@ def test_node_files(tmp_path):
     pbs = tmp_path / "pbs"
     pbs.write_text("hnode001\nhnode001\nhnode002\nhnode002\n")  # PBS: one line per mpiprocs slot
     pe = tmp_path / "pe"
-    pe.write_text("g0002 40 all.q@g0002 UNDEFINED\ng0001 40 all.q@g0001 UNDEFINED\n")  # Grid Engine PE_HOSTFILE
-    assert hostlists.node_list({"PBS_NODEFILE": str(pbs)}) == ("PBS_NODEFILE", ["hnode001", "hnode002"])
+    pe.write_text(
+        "g0002 40 all.q@g0002 UNDEFINED\ng0001 40 all.q@g0001 UNDEFINED\n"
+    )  # Grid Engine PE_HOSTFILE
+    assert hostlists.node_list({"PBS_NODEFILE": str(pbs)}) == (
+        "PBS_NODEFILE",
+        ["hnode001", "hnode002"],
+    )
     assert hostlists.node_list({"PE_HOSTFILE": str(pe)}) == ("PE_HOSTFILE", ["g0002", "g0001"])
-    assert hostlists.node_list({"SLURM_JOB_NODELIST": "n[1-2]"}) == ("SLURM_JOB_NODELIST", ["n1", "n2"])
+    assert hostlists.node_list({"SLURM_JOB_NODELIST": "n[1-2]"}) == (
+        "SLURM_JOB_NODELIST",
+        ["n1", "n2"],
+    )
     assert hostlists.node_list({}) is None
     with pytest.raises(hostlists.NodeFileError) as e:
         hostlists.node_list({"PBS_NODEFILE": str(tmp_path / "missing")})

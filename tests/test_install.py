@@ -12,7 +12,9 @@ from octo_dist.stack import manifest as mf
 
 
 def _git(*args, cwd):
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,9 @@ def local_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     (repo / "tinypkg").mkdir()
     (repo / "tinypkg" / "__init__.py").write_text("VALUE = 1\n")
-    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='tinypkg', version='0.1', packages=['tinypkg'])\n")
+    (repo / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tinypkg', version='0.1', packages=['tinypkg'])\n"
+    )
     _git("init", "-q", cwd=repo)
     _git("add", ".", cwd=repo)
     _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one", cwd=repo)
@@ -45,7 +49,12 @@ def test_git_dependency_is_installed_at_the_pinned_commit_not_the_tip(local_repo
     # pip 23 needs a host in file URLs: file://localhost/path
     skipped = install.install_git(_manifest(f"file://localhost{repo}", first), python, require=True)
     assert skipped == []
-    out = subprocess.run([python, "-c", "import tinypkg; print(tinypkg.VALUE)"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [python, "-c", "import tinypkg; print(tinypkg.VALUE)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.stdout.strip() == "1"  # the pinned commit, not the newer tip (VALUE = 2)
     direct_url = list(env.glob("lib/python*/site-packages/tinypkg-0.1.dist-info/direct_url.json"))
     assert direct_url and first in direct_url[0].read_text()
@@ -71,8 +80,12 @@ def test_install_script_refuses_a_python_without_a_lock(tmp_path):
     if not py39.exists():
         pytest.skip("no Python 3.9 on this machine to fabricate the mismatch")
     script = mf.REPO_ROOT / "containers" / "install.sh"
-    res = subprocess.run(["bash", str(script), "cpu", str(tmp_path / "v")], env={"PYTHON": str(py39), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["bash", str(script), "cpu", str(tmp_path / "v")],
+        env={"PYTHON": str(py39), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 1
     assert "no lock for profile 'cpu' on Python 3.9" in res.stderr
     assert "cpu-py3.11.txt" in res.stderr and "PYTHON=python3.10" in res.stderr

@@ -35,96 +35,188 @@ def write_script(tmp_path: Path, *argv) -> Path:
 
 # ---- rendering ---------------------------------------------------------------------------------------------------
 
-BASE = {"pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"], "sge": ["sge", "--nodes", "2"],
-        "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8", "--group", "acct"]}
+BASE = {
+    "pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"],
+    "sge": ["sge", "--nodes", "2"],
+    "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8", "--group", "acct"],
+}
 
 
-@pytest.mark.skipif(not SHELLCHECK, reason="no shellcheck (make dev-env installs it from the dev lock)")
+@pytest.mark.skipif(
+    not SHELLCHECK, reason="no shellcheck (make dev-env installs it from the dev lock)"
+)
 @pytest.mark.parametrize("container", ["image", "venv"])
 @pytest.mark.parametrize("scheduler", sorted(BASE))
 @pytest.mark.parametrize("command", ["smoke", "finetune"])
 def test_rendered_script_passes_shellcheck(tmp_path, scheduler, container, command):
     image = tmp_path / "octo-dist.sif"
     image.write_bytes(b"SIF")
-    argv = [*BASE[scheduler], "--per-gpu-batch", "4", "--steps", "100", "--wandb-mode", "online",
-            "--coordinator", "g0001:23456"]
+    argv = [
+        *BASE[scheduler],
+        "--per-gpu-batch",
+        "4",
+        "--steps",
+        "100",
+        "--wandb-mode",
+        "online",
+        "--coordinator",
+        "g0001:23456",
+    ]
     if container == "image":
         argv += ["--image", str(image)]
     if command == "finetune":
-        argv += ["--data-dir", "data", "--", "finetune", "--config.pretrained_path=hf://rail-berkeley/octo-small",
-                 "--name", "it's quoted"]
+        argv += [
+            "--data-dir",
+            "data",
+            "--",
+            "finetune",
+            "--config.pretrained_path=hf://rail-berkeley/octo-small",
+            "--name",
+            "it's quoted",
+        ]
     script = write_script(tmp_path, *argv)
     proc = subprocess.run([SHELLCHECK, "--shell=bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + script.read_text()
     text = script.read_text()
-    assert ('RUN=("$SINGULARITY" exec --nv' in text) and (f"IMAGE={image}" in text if container == "image" else "IMAGE=''" in text)
+    assert ('RUN=("$SINGULARITY" exec --nv' in text) and (
+        f"IMAGE={image}" in text if container == "image" else "IMAGE=''" in text
+    )
 
 
 def test_examples_are_what_launch_renders():
     on_disk = {p.name for p in (REPO / "scripts" / "jobs").glob("*.sh")}
-    assert on_disk == set(examples.EXAMPLES), "scripts/jobs/ and octo_dist/jobs/examples.py list different scripts"
+    assert on_disk == set(examples.EXAMPLES), (
+        "scripts/jobs/ and octo_dist/jobs/examples.py list different scripts"
+    )
     for name, text in examples.rendered().items():
-        assert (REPO / "scripts" / "jobs" / name).read_text() == text, f"scripts/jobs/{name} is stale: make job-examples"
+        assert (REPO / "scripts" / "jobs" / name).read_text() == text, (
+            f"scripts/jobs/{name} is stale: make job-examples"
+        )
 
 
-@pytest.mark.skipif(not SHELLCHECK, reason="no shellcheck (make dev-env installs it from the dev lock)")
+@pytest.mark.skipif(
+    not SHELLCHECK, reason="no shellcheck (make dev-env installs it from the dev lock)"
+)
 def test_examples_pass_shellcheck():
     scripts = sorted(str(p) for p in (REPO / "scripts" / "jobs").glob("*.sh"))
     proc = subprocess.run([SHELLCHECK, "--shell=bash", *scripts], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
-@pytest.mark.parametrize("text, seconds, shown", [("1:30:00", 5400, "01:30:00"), ("0:10", 600, "00:10:00"),
-                                                   ("2-00:00:00", 172800, "48:00:00"), ("72:00:00", 259200, "72:00:00")])
+@pytest.mark.parametrize(
+    "text, seconds, shown",
+    [
+        ("1:30:00", 5400, "01:30:00"),
+        ("0:10", 600, "00:10:00"),
+        ("2-00:00:00", 172800, "48:00:00"),
+        ("72:00:00", 259200, "72:00:00"),
+    ],
+)
 def test_walltime_forms(text, seconds, shown):
     assert spec.parse_walltime(text) == seconds and spec.format_walltime(seconds) == shown
 
 
 def test_headers_follow_each_scheduler():
     pbs = rendered(*BASE["pbs"], "--walltime", "12:00:00")
-    for line in ("#PBS -P gxx00000", "#PBS -q rt_HF", "#PBS -l select=2:mpiprocs=8", "#PBS -l walltime=12:00:00",
-                 "MODULES=(hpcx/2.20)", 'HOSTFILE=${PBS_NODEFILE:-}', 'WORKDIR="${PBS_O_WORKDIR:-$PWD}"'):
+    for line in (
+        "#PBS -P gxx00000",
+        "#PBS -q rt_HF",
+        "#PBS -l select=2:mpiprocs=8",
+        "#PBS -l walltime=12:00:00",
+        "MODULES=(hpcx/2.20)",
+        "HOSTFILE=${PBS_NODEFILE:-}",
+        'WORKDIR="${PBS_O_WORKDIR:-$PWD}"',
+    ):
         assert line in pbs
     sge = rendered(*BASE["sge"], "--walltime", "0:10:00", "--image", "x.sif", "--skip-image-check")
-    for line in ("#$ -l rt_F=2", "#$ -l h_rt=00:10:00", "#$ -notify", "MODULES=(hpcx/2.12 singularitypro)",
-                 "HOSTFILE=${SGE_JOB_HOSTLIST:-}", "RANKS_PER_NODE=4", "STOP_TIMER=1"):
+    for line in (
+        "#$ -l rt_F=2",
+        "#$ -l h_rt=00:10:00",
+        "#$ -notify",
+        "MODULES=(hpcx/2.12 singularitypro)",
+        "HOSTFILE=${SGE_JOB_HOSTLIST:-}",
+        "RANKS_PER_NODE=4",
+        "STOP_TIMER=1",
+    ):
         assert line in sge
     slurm = rendered(*BASE["slurm"], "--walltime", "1-00:00:00", "--stop-margin", "120")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --time=24:00:00", "#SBATCH --account=acct", "#SBATCH --signal=B:USR1@120",
-                 "LAUNCHER=(srun ", "STOP_TIMER=0"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --time=24:00:00",
+        "#SBATCH --account=acct",
+        "#SBATCH --signal=B:USR1@120",
+        "LAUNCHER=(srun ",
+        "STOP_TIMER=0",
+    ):
         assert line in slurm
     assert "#SBATCH --account" not in rendered("slurm", "--nodes", "1", "--gpus-per-node", "4")
 
 
 def test_batch_and_steps_map_to_each_commands_flags():
-    smoke = parse([*BASE["pbs"], "--per-gpu-batch", "4", "--steps", "1000", "--keep-samples-from", "32"])
+    smoke = parse(
+        [*BASE["pbs"], "--per-gpu-batch", "4", "--steps", "1000", "--keep-samples-from", "32"]
+    )
     assert smoke.global_batch == 64 and smoke.steps == 500  # 1000 steps x 32 = 500 x 64 examples
-    assert smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=offline") and smoke.resume
-    ft = parse([*BASE["pbs"], "--per-gpu-batch", "32", "--steps", "50000", "--keep-samples-from", "256",
-                "--data-dir", "data", "--", "finetune", "--config.pretrained_path=hf://rail-berkeley/octo-small"])
+    assert (
+        smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=offline")
+        and smoke.resume
+    )
+    ft = parse(
+        [
+            *BASE["pbs"],
+            "--per-gpu-batch",
+            "32",
+            "--steps",
+            "50000",
+            "--keep-samples-from",
+            "256",
+            "--data-dir",
+            "data",
+            "--",
+            "finetune",
+            "--config.pretrained_path=hf://rail-berkeley/octo-small",
+        ]
+    )
     assert ft.job_args == ("--config.batch_size=512", "--config.num_steps=25000")
     lines = "\n".join(render.train_lines(ft))
     assert '"${BIN}octo-dist" finetune' in lines  # the image's own code, from any directory
-    assert ('"--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR" '
-            '"--compile_cache=$COMPILE_CACHE"') in lines
-    assert lines.endswith("--resume")  # a job requeued after its wall time continues from its checkpoints
-    assert "--resume" not in "\n".join(render.train_lines(parse([*BASE["pbs"], "--no-resume", "--", "finetune"])))
-    assert spec.scaled_steps(50000, 256, 384) == 33334  # rounded up: never fewer examples than planned
+    assert (
+        '"--config.save_dir=$SAVE_DIR" "--config.dataset_kwargs.data_dir=$DATA_DIR" '
+        '"--compile_cache=$COMPILE_CACHE"'
+    ) in lines
+    assert lines.endswith(
+        "--resume"
+    )  # a job requeued after its wall time continues from its checkpoints
+    assert "--resume" not in "\n".join(
+        render.train_lines(parse([*BASE["pbs"], "--no-resume", "--", "finetune"]))
+    )
+    assert (
+        spec.scaled_steps(50000, 256, 384) == 33334
+    )  # rounded up: never fewer examples than planned
     plain = parse([*BASE["sge"]])
-    assert plain.command == "smoke" and plain.global_batch is None and plain.job_args == ("--wandb-mode=offline",)
+    assert (
+        plain.command == "smoke"
+        and plain.global_batch is None
+        and plain.job_args == ("--wandb-mode=offline",)
+    )
 
 
 def test_coordinator_only_when_asked():
     assert "export COORDINATOR_ADDRESS" not in rendered(*BASE["pbs"])
-    assert "export COORDINATOR_ADDRESS=g0001:23456" in rendered(*BASE["pbs"], "--coordinator", "g0001:23456")
+    assert "export COORDINATOR_ADDRESS=g0001:23456" in rendered(
+        *BASE["pbs"], "--coordinator", "g0001:23456"
+    )
 
 
 def test_launch_writes_the_script_and_prints_how_to_submit(tmp_path, capsys):
     out = tmp_path / "job.sh"
     assert cli.main(["launch", *BASE["sge"], "--group", "gxx00000", "-o", str(out)]) == 0
     assert "qsub -g gxx00000" in capsys.readouterr().out
-    assert out.stat().st_mode & stat.S_IXUSR and out.read_text().startswith("#!/bin/bash\n#$ -l rt_F=2")
+    assert out.stat().st_mode & stat.S_IXUSR and out.read_text().startswith(
+        "#!/bin/bash\n#$ -l rt_F=2"
+    )
     assert cli.main(["launch", *BASE["sge"], "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("#!/bin/bash")
 
@@ -132,31 +224,59 @@ def test_launch_writes_the_script_and_prints_how_to_submit(tmp_path, capsys):
 # ---- refusals: exit 2, what/expected/fix, nothing written ---------------------------------------------------------
 
 REFUSALS = {
-    "more ranks than GPUs": (["pbs", "--nodes", "1", "--group", "g1", "--ranks-per-node", "9"], "--ranks-per-node 9"),
+    "more ranks than GPUs": (
+        ["pbs", "--nodes", "1", "--group", "g1", "--ranks-per-node", "9"],
+        "--ranks-per-node 9",
+    ),
     "more GPUs than the node": (["sge", "--nodes", "1", "--gpus-per-node", "8"], "at most 4"),
     "zero nodes": (["pbs", "--nodes", "0", "--group", "g1"], "--nodes 0"),
-    "batch not divisible": (["pbs", "--nodes", "2", "--group", "g1", "--global-batch", "100"], "--global-batch 112"),
-    "missing image": (["pbs", "--nodes", "1", "--group", "g1", "--image", "/nonexistent/octo.sif"], "no such file"),
+    "batch not divisible": (
+        ["pbs", "--nodes", "2", "--group", "g1", "--global-batch", "100"],
+        "--global-batch 112",
+    ),
+    "missing image": (
+        ["pbs", "--nodes", "1", "--group", "g1", "--image", "/nonexistent/octo.sif"],
+        "no such file",
+    ),
     "walltime malformed": (["sge", "--nodes", "1", "--walltime", "2h"], "H:MM:SS"),
     "walltime minutes > 59": (["sge", "--nodes", "1", "--walltime", "1:75:00"], "H:MM:SS"),
     "walltime zero": (["sge", "--nodes", "1", "--walltime", "0:00:00"], "more than zero"),
-    "walltime shorter than the stop margin": (["sge", "--nodes", "1", "--walltime", "0:05:00"], "--stop-margin 30"),
+    "walltime shorter than the stop margin": (
+        ["sge", "--nodes", "1", "--walltime", "0:05:00"],
+        "--stop-margin 30",
+    ),
     "pbs without a group": (["pbs", "--nodes", "1"], "qsub -P"),
     "slurm without gpus per node": (["slurm", "--nodes", "1"], "--gpus-per-node 8"),
-    "resource type of another scheduler": (["sge", "--nodes", "1", "--resource-type", "rt_HF"], "rt_F"),
+    "resource type of another scheduler": (
+        ["sge", "--nodes", "1", "--resource-type", "rt_HF"],
+        "rt_F",
+    ),
     "unknown training command": (["sge", "--nodes", "1", "--", "train.py"], "smoke"),
-    "a setting given twice": (["sge", "--nodes", "1", "--steps", "10", "--", "smoke", "--steps=20"], "drop --steps"),
+    "a setting given twice": (
+        ["sge", "--nodes", "1", "--steps", "10", "--", "smoke", "--steps=20"],
+        "drop --steps",
+    ),
     "save dir after --": (["sge", "--nodes", "1", "--", "smoke", "--save-dir", "x"], "--save-dir"),
     "group with a space": (["pbs", "--nodes", "1", "--group", "g 1"], "--group g-1"),
-    "walltime with a trailing newline": (["sge", "--nodes", "1", "--walltime", "1:00:00\n"], "U+000A"),
-    "coordinator port out of range": (["sge", "--nodes", "1", "--coordinator", "host:99999"], "1 to 65535"),
+    "walltime with a trailing newline": (
+        ["sge", "--nodes", "1", "--walltime", "1:00:00\n"],
+        "U+000A",
+    ),
+    "coordinator port out of range": (
+        ["sge", "--nodes", "1", "--coordinator", "host:99999"],
+        "1 to 65535",
+    ),
     "coordinator port zero": (["sge", "--nodes", "1", "--coordinator", "host:0"], "1 to 65535"),
     "a newline after --": (["sge", "--nodes", "1", "--", "smoke", "--model\ntouch X #"], "U+000A"),
     "a path read as an option": (["sge", "--nodes", "1", "--save-dir=-rf"], "--save-dir ./-rf"),
-    "a bound path with a colon": (["sge", "--nodes", "1", "--image", "x.sif", "--skip-image-check",
-                                   "--save-dir", "a:b"], "source:destination"),
-    "more cores than the node": (["pbs", "--nodes", "1", "--group", "g1", "--cpus-per-rank", "13"],
-                                 "--cpus-per-rank 12"),
+    "a bound path with a colon": (
+        ["sge", "--nodes", "1", "--image", "x.sif", "--skip-image-check", "--save-dir", "a:b"],
+        "source:destination",
+    ),
+    "more cores than the node": (
+        ["pbs", "--nodes", "1", "--group", "g1", "--cpus-per-rank", "13"],
+        "--cpus-per-rank 12",
+    ),
     "a bidi override in a module": (["sge", "--nodes", "1", "--module", "hpcx\u202e"], "U+202E"),
 }
 
@@ -210,22 +330,51 @@ def fake_job(tmp_path):
     hostlist.write_text("localhost\nlocalhost\n")
     log = tmp_path / "launcher.log"
     env = {k: v for k, v in clean_env().items() if not k.startswith("BASH_FUNC_module")}
-    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", SGE_JOB_HOSTLIST=str(hostlist), JOB_ID="4242",
-               FAKE_LAUNCHER_LOG=str(log), HOME=str(tmp_path))
+    env.update(
+        PATH=f"{bin_dir}:/usr/bin:/bin",
+        SGE_JOB_HOSTLIST=str(hostlist),
+        JOB_ID="4242",
+        FAKE_LAUNCHER_LOG=str(log),
+        HOME=str(tmp_path),
+    )
 
     def make(*extra, scheduler="sge"):
         head = {"sge": ["sge"], "pbs": ["pbs", "--group", "g1"], "slurm": ["slurm"]}[scheduler]
         script = tmp_path / "job.sh"
-        script.write_text(rendered(*head, "--nodes", "1", "--gpus-per-node", "2", "--venv", str(tmp_path / "venv"),
-                                   "--save-dir", "save", "--wandb-mode", "disabled", "--cpus-per-rank", "0", *extra))
+        script.write_text(
+            rendered(
+                *head,
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "2",
+                "--venv",
+                str(tmp_path / "venv"),
+                "--save-dir",
+                "save",
+                "--wandb-mode",
+                "disabled",
+                "--cpus-per-rank",
+                "0",
+                *extra,
+            )
+        )
         return script
 
     return make, env, log
 
 
 def start(script, env, cwd):
-    return subprocess.Popen(["bash", str(script)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", str(script)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(path: Path, needle: str, timeout: float = 30) -> None:
@@ -234,7 +383,9 @@ def wait_for(path: Path, needle: str, timeout: float = 30) -> None:
         if path.exists() and needle in path.read_text():
             return
         time.sleep(0.05)
-    raise AssertionError(f"{needle!r} not in {path} after {timeout} s: {path.read_text() if path.exists() else ''}")
+    raise AssertionError(
+        f"{needle!r} not in {path} after {timeout} s: {path.read_text() if path.exists() else ''}"
+    )
 
 
 def kill_session(sid: int) -> None:
@@ -275,22 +426,36 @@ def test_a_stop_signal_reaches_the_launcher_as_sigusr1(fake_job, tmp_path, sig):
 
 
 @pytest.mark.parametrize("scheduler", ["pbs", "slurm"])
-def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(fake_job, tmp_path, scheduler):
+def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
+    fake_job, tmp_path, scheduler
+):
     make, env, log = fake_job
     env = {k: v for k, v in env.items() if k not in ("SGE_JOB_HOSTLIST", "JOB_ID")}
     if scheduler == "pbs":  # PBS starts the job in $HOME; the script goes back to where qsub ran
-        env.update(PBS_NODEFILE=str(tmp_path / "hostlist"), PBS_JOBID="77.pbs1", PBS_O_WORKDIR=str(tmp_path))
+        env.update(
+            PBS_NODEFILE=str(tmp_path / "hostlist"),
+            PBS_JOBID="77.pbs1",
+            PBS_O_WORKDIR=str(tmp_path),
+        )
         expected = f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x PBS_JOBID "
     else:  # srun passes the environment on by itself
         env.update(SLURM_JOB_ID="99", SLURM_SUBMIT_DIR=str(tmp_path))
         expected = "argv --nodes=1 --ntasks-per-node=2 --export=ALL --kill-on-bad-exit=1 --cpu-bind=none bash -c "
-    proc = subprocess.Popen(["bash", str(make(scheduler=scheduler))], cwd="/", env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(make(scheduler=scheduler))],
+        cwd="/",
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(log, "training started")
     os.kill(proc.pid, signal.SIGTERM)
     out = finish(proc)
     assert proc.returncode == 0, out
-    argv = [l for l in log.read_text().splitlines() if l.startswith("argv ")]
+    argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert argv[1].startswith(expected), argv[1]
     assert f"--save-dir={tmp_path / 'save'} " in argv[1] and "signal USR1" in log.read_text()
 
@@ -302,7 +467,9 @@ def test_the_script_asks_for_the_stop_before_the_wall_time(fake_job, tmp_path):
     out = finish(proc)
     took = time.monotonic() - started
     assert proc.returncode == 0, out
-    assert "signal USR1" in log.read_text() and re.search(r"SIGUSR1 after [3-9]s", out), out  # 60 - 57 s, + start-up
+    assert "signal USR1" in log.read_text() and re.search(r"SIGUSR1 after [3-9]s", out), (
+        out
+    )  # 60 - 57 s, + start-up
     assert 2.5 < took < 30
 
 
@@ -319,16 +486,22 @@ def test_launcher_line_one_rank_per_gpu_and_key_stays_out_of_argv(fake_job, tmp_
     os.kill(proc.pid, signal.SIGTERM)
     out = finish(proc)
     assert proc.returncode == 0, out
-    argv = [l for l in log.read_text().splitlines() if l.startswith("argv ")]
+    argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert len(argv) == 2 and "check-env --launch" in argv[0] and " smoke " in argv[1]
-    assert argv[1].startswith(f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x JOB_ID ")
+    assert argv[1].startswith(
+        f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x JOB_ID "
+    )
     for var in ("WANDB_MODE", "WANDB_API_KEY", "OCTO_DIST_NODEFILE"):
         assert f"-x {var} " in argv[1]
     assert "SGE_JOB_HOSTLIST" not in argv[1]  # the scheduler's variable is left as it set it
     assert "sk-secret" not in "".join(argv) and "sk-secret" not in out
-    assert "env WANDB_API_KEY=sk-secret-0123456789" in log.read_text()  # the ranks do get it, through the environment
+    assert (
+        "env WANDB_API_KEY=sk-secret-0123456789" in log.read_text()
+    )  # the ranks do get it, through the environment
     assert f"--save-dir={tmp_path / 'save'} " in argv[1] and argv[1].endswith(" --resume ")
-    assert not (tmp_path / "save" / ".octo-dist-job-4242").exists()  # the ranks' copy of the node list is removed
+    assert not (
+        tmp_path / "save" / ".octo-dist-job-4242"
+    ).exists()  # the ranks' copy of the node list is removed
 
 
 def test_a_key_file_others_can_read_is_refused(fake_job, tmp_path):
@@ -338,7 +511,11 @@ def test_a_key_file_others_can_read_is_refused(fake_job, tmp_path):
     key_file.chmod(0o644)
     proc = start(make("--wandb-mode", "online"), {**env, "WANDB_KEY_FILE": str(key_file)}, tmp_path)
     out = finish(proc)
-    assert proc.returncode == 2 and "has mode 644; expected 600 or 400" in out and f"chmod 600 {key_file}" in out
+    assert (
+        proc.returncode == 2
+        and "has mode 644; expected 600 or 400" in out
+        and f"chmod 600 {key_file}" in out
+    )
     assert not log.exists()  # refused before any rank started
 
 
@@ -360,10 +537,15 @@ def test_a_failed_preflight_stops_before_training(fake_job, tmp_path):
 def test_a_launcher_exiting_0_without_every_rank_finishing_fails_the_job(fake_job, tmp_path):
     """Open MPI 5's prterun exits 0 after losing a node's daemon: the job must not report success."""
     make, env, log = fake_job
-    proc = start(make(), {**env, "FAKE_RANKS": "1"}, tmp_path)  # only rank 0 leaves its note; rank 1 is lost
+    proc = start(
+        make(), {**env, "FAKE_RANKS": "1"}, tmp_path
+    )  # only rank 0 leaves its note; rank 1 is lost
     out = finish(proc)
     assert proc.returncode == 1, out
-    assert "the launcher exited 0 but rank(s) 1 never finished" in out and "preflight failed (exit 1)" in out
+    assert (
+        "the launcher exited 0 but rank(s) 1 never finished" in out
+        and "preflight failed (exit 1)" in out
+    )
     assert "training started" not in log.read_text()
 
 
@@ -394,18 +576,29 @@ def real_job_env(tmp_path: Path, **scheduler_vars: str) -> dict:
     """The job's environment: the venv's mpirun first on PATH, no `module`, root allowed through OMPI_* (not flags)."""
     if not (VENV_BIN / "mpirun").exists():
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
-    env = {k: v for k, v in clean_env().items() if not k.startswith("BASH_FUNC_module") and k != "MODULESHOME"}
+    env = {
+        k: v
+        for k, v in clean_env().items()
+        if not k.startswith("BASH_FUNC_module") and k != "MODULESHOME"
+    }
     env.update(PATH=f"{VENV_BIN}:/usr/bin:/bin", **scheduler_vars)
     env.pop("PYTHONPATH", None)  # the ranks run the venv's octo-dist, as on a cluster
     # The preflight refuses to train in an environment that fails check-env: that is its job. A venv holding a local,
     # unpinned octo/dlimp (a developer's checkout) fails only the git.* checks; they are not what is tested here.
-    check = subprocess.run([str(VENV_BIN / "octo-dist"), "check-env", "--json"], env=env, capture_output=True, text=True)
+    check = subprocess.run(
+        [str(VENV_BIN / "octo-dist"), "check-env", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if check.returncode != 0:
         import json
 
         failing = [c["id"] for c in json.loads(check.stdout)["checks"] if c["status"] == "fail"]
         if not all(f.startswith("git.") for f in failing):
-            pytest.skip(f"this venv fails check-env ({', '.join(failing)}): the job's preflight would refuse to train")
+            pytest.skip(
+                f"this venv fails check-env ({', '.join(failing)}): the job's preflight would refuse to train"
+            )
         manifest = tmp_path / "stack-without-git.toml"
         manifest.write_text(_without_git_tables(MANIFEST.read_text()))
         env["OCTO_DIST_MANIFEST"] = str(manifest)
@@ -413,8 +606,24 @@ def real_job_env(tmp_path: Path, **scheduler_vars: str) -> dict:
 
 
 def smoke_script(tmp_path: Path, scheduler: str, *extra: str) -> Path:
-    argv = [scheduler, "--nodes", "1", "--gpus-per-node", "2", "--walltime", "0:30:00", "--venv", str(VENV_BIN.parent),
-            "--save-dir", "save", "--wandb-mode", "disabled", "--per-gpu-batch", "4", *extra]
+    argv = [
+        scheduler,
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--walltime",
+        "0:30:00",
+        "--venv",
+        str(VENV_BIN.parent),
+        "--save-dir",
+        "save",
+        "--wandb-mode",
+        "disabled",
+        "--per-gpu-batch",
+        "4",
+        *extra,
+    ]
     if scheduler == "pbs":
         argv[1:1] = ["--group", "gxx00000"]
     script = tmp_path / f"{scheduler}.sh"
@@ -430,14 +639,23 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
     script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "every rank agrees; start-up works" in out  # the preflight, under the same mpirun
     assert "2 rank(s) x 1 cpu device(s) = 2 device(s), global batch 8" in out
     assert "steps 0 -> 4 of 4" in out and "parameters identical on every rank" in out
-    assert (tmp_path / "save" / "4").is_dir() and not list((tmp_path / "save").glob(".octo-dist-job-*"))
+    assert (tmp_path / "save" / "4").is_dir() and not list(
+        (tmp_path / "save").glob(".octo-dist-job-*")
+    )
     print(f"SGE job: {time.monotonic() - started:.0f} s")
 
 
@@ -447,17 +665,29 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     """PBS's wall-time SIGTERM to the job script: every rank stops at a step boundary, saves, and the job exits 0."""
     hosts = tmp_path / "nodefile"
     hosts.write_text("localhost\nlocalhost\n")
-    env = real_job_env(tmp_path, PBS_NODEFILE=str(hosts), PBS_JOBID="77.pbs1", PBS_O_WORKDIR=str(tmp_path))
+    env = real_job_env(
+        tmp_path, PBS_NODEFILE=str(hosts), PBS_JOBID="77.pbs1", PBS_O_WORKDIR=str(tmp_path)
+    )
     script = smoke_script(tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny")
     started = time.monotonic()
-    proc = subprocess.Popen(["bash", str(script)], cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd="/",
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines, training = [], threading.Event()
 
     def read():
         for line in proc.stdout:
             lines.append(line)
-            if "starting at step 0" in line:  # logged by rank 0 once train.fit holds the stop handler
+            if (
+                "starting at step 0" in line
+            ):  # logged by rank 0 once train.fit holds the stop handler
                 training.set()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -476,36 +706,58 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     assert "parameters identical on every rank" in out
     saved = [p.name for p in (tmp_path / "save").iterdir() if p.name.isdigit()]
     assert saved, out
-    print(f"PBS job: {signalled - started:.0f} s to training, stopped {time.monotonic() - signalled:.0f} s after "
-          f"SIGTERM at step {max(map(int, saved))}")
+    print(
+        f"PBS job: {signalled - started:.0f} s to training, stopped {time.monotonic() - signalled:.0f} s after "
+        f"SIGTERM at step {max(map(int, saved))}"
+    )
 
 
 def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, capsys):
     """jobs/ never imports the applications: the caller hands it a checker per command (argv -> None, or ValueError
     naming the bad flag), which sees the arguments every rank will get."""
+
     def smoke_checker(argv):
         for arg in argv:
             if arg.startswith("--stepz"):
                 raise ValueError("unknown flag --stepz, did you mean --steps?")
 
     with pytest.raises(spec.JobSpecError, match="did you mean --steps"):
-        parse(["sge", "--nodes", "1", "--", "smoke", "--stepz", "3"], checkers={"smoke": smoke_checker})
+        parse(
+            ["sge", "--nodes", "1", "--", "smoke", "--stepz", "3"],
+            checkers={"smoke": smoke_checker},
+        )
     seen = []
-    parse(["sge", "--nodes", "1", "--steps", "5", "--", "smoke", "--model", "tiny"],
-          checkers={"smoke": seen.append, "finetune": smoke_checker})
-    assert seen == [["--steps=5", "--wandb-mode=offline", "--save-dir=runs/octo-dist",
-                     "--compile-cache=.octo-dist/compile-cache", "--model", "tiny", "--resume"]]
+    parse(
+        ["sge", "--nodes", "1", "--steps", "5", "--", "smoke", "--model", "tiny"],
+        checkers={"smoke": seen.append, "finetune": smoke_checker},
+    )
+    assert seen == [
+        [
+            "--steps=5",
+            "--wandb-mode=offline",
+            "--save-dir=runs/octo-dist",
+            "--compile-cache=.octo-dist/compile-cache",
+            "--model",
+            "tiny",
+            "--resume",
+        ]
+    ]
     # Through the command: exit 2, one line, nothing written.
     import argparse
 
     from octo_dist.jobs import cli as jobs_cli
+
     parser = argparse.ArgumentParser(prog="octo-dist")
     jobs_cli.add_parser(parser.add_subparsers(), checkers={"smoke": smoke_checker})
     out = tmp_path / "job.sh"
-    args = parser.parse_args(["launch", "sge", "--nodes", "1", "-o", str(out), "--", "smoke", "--stepz", "3"])
+    args = parser.parse_args(
+        ["launch", "sge", "--nodes", "1", "-o", str(out), "--", "smoke", "--stepz", "3"]
+    )
     assert args.func(args) == 2 and not out.exists()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "-- smoke: unknown flag --stepz, did you mean --steps?" in err, err
+    assert (
+        err.count("\n") == 1 and "-- smoke: unknown flag --stepz, did you mean --steps?" in err
+    ), err
 
 
 @pytest.mark.parametrize("scheduler", sorted(BASE))
@@ -514,16 +766,28 @@ def test_each_schedulers_help_stands_alone(scheduler):
     import argparse
 
     from octo_dist.jobs import cli as jobs_cli
+
     parser = argparse.ArgumentParser(prog="octo-dist")
     jobs_cli.add_parser(parser.add_subparsers())
-    sub = parser._subparsers._group_actions[0].choices["launch"]._subparsers._group_actions[0].choices[scheduler]
+    sub = (
+        parser._subparsers._group_actions[0]
+        .choices["launch"]
+        ._subparsers._group_actions[0]
+        .choices[scheduler]
+    )
     for action in sub._actions:
         if action.dest in ("help",):
             continue
-        assert action.help and ("default" in action.help or "(required)" in action.help), (action.dest, action.help)
+        assert action.help and ("default" in action.help or "(required)" in action.help), (
+            action.dest,
+            action.help,
+        )
         assert "``" not in action.help and ":ref:" not in action.help and "seed" not in action.help
     text = sub.format_help()
-    others = {"pbs": ("SGE_JOB_HOSTLIST", "sbatch"), "sge": ("rt_HF", "hpcx/2.20", "sbatch"),
-              "slurm": ("rt_HF", "hpcx", "qsub", "PBS_NODEFILE")}[scheduler]
+    others = {
+        "pbs": ("SGE_JOB_HOSTLIST", "sbatch"),
+        "sge": ("rt_HF", "hpcx/2.20", "sbatch"),
+        "slurm": ("rt_HF", "hpcx", "qsub", "PBS_NODEFILE"),
+    }[scheduler]
     for word in others:
         assert word not in text, (word, text)

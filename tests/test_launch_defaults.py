@@ -44,13 +44,25 @@ def test_the_command_line_wins_over_the_project_file_over_the_user_file(home, ca
     assert rows["--group"] == ["gxx00000", str(user)]
     assert rows["--module"] == ["hpcx/2.20", "extra/1.0", str(user)]  # [launch.pbs] over [launch]
     assert rows["--save-dir"] == ["runs/project", str(project)]
-    assert rows["--wandb-mode"] == ["offline", "command", "line"]  # given, although it is the built-in value
+    assert rows["--wandb-mode"] == [
+        "offline",
+        "command",
+        "line",
+    ]  # given, although it is the built-in value
     assert rows["--venv"] == [".venv", "built", "in"]
     # The script's header shows the whole line, so it can be rendered again without these files.
     assert cli.main(["launch", "pbs", "--nodes", "1", "--dry-run"]) == 0
-    header = [l for l in capsys.readouterr().out.splitlines() if l.startswith("#   rendered:")][0]
-    for part in ("--group gxx00000", "--module hpcx/2.20 --module extra/1.0", "--save-dir runs/project",
-                 "--wandb-mode online", "--skip-image-check", "--image /groups/gxx00000/octo-dist.sif"):
+    header = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("#   rendered:")][
+        0
+    ]
+    for part in (
+        "--group gxx00000",
+        "--module hpcx/2.20 --module extra/1.0",
+        "--save-dir runs/project",
+        "--wandb-mode online",
+        "--skip-image-check",
+        "--image /groups/gxx00000/octo-dist.sif",
+    ):
         assert part in header, header
 
 
@@ -61,13 +73,22 @@ def test_other_schedulers_skip_another_schedulers_section(home, capsys):
     assert shown(capsys)["--module"] == ["(none)", "built", "in"]
 
 
-@pytest.mark.parametrize("text, needle", [("[launch]\ngroupp = x\n", "unknown key 'groupp'"),
-                                          ("[lunch]\ngroup = x\n", "unknown section [lunch]"),
-                                          ("group = x\n", "not an INI file"),
-                                          ("[launch]\nskip-image-check = maybe\n", "expected true or false")])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[launch]\ngroupp = x\n", "unknown key 'groupp'"),
+        ("[lunch]\ngroup = x\n", "unknown section [lunch]"),
+        ("group = x\n", "not an INI file"),
+        ("[launch]\nskip-image-check = maybe\n", "expected true or false"),
+    ],
+)
 def test_a_broken_defaults_file_is_refused_naming_the_file(home, capsys, text, needle):
     user, _ = home
     user.write_text(text)
     assert cli.main(["launch", "pbs", "--nodes", "1", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"octo-dist launch: error: {user}") and needle in err and err.count("\n") == 1, err
+    assert (
+        err.startswith(f"octo-dist launch: error: {user}")
+        and needle in err
+        and err.count("\n") == 1
+    ), err

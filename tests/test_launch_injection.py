@@ -27,12 +27,31 @@ MARKER = "PWNED"  # a hostile value tries to create a file of this name
 
 # Each tries a different way out of a shell word: substitution, quotes, separators, globbing, history, escapes.
 HOSTILE = [
-    f"$(touch {MARKER})", f"`touch {MARKER}`", f'"; touch {MARKER}; echo "', f"'; touch {MARKER}; echo '",
-    f"x;touch {MARKER}", f"x && touch {MARKER}", f"x | touch {MARKER}", f"${{IFS}}touch${{IFS}}{MARKER}",
-    f"$(touch${{IFS}}{MARKER})", "x*", "!x", "x\\", "$HOME", "x y", "ünïcødé",
+    f"$(touch {MARKER})",
+    f"`touch {MARKER}`",
+    f'"; touch {MARKER}; echo "',
+    f"'; touch {MARKER}; echo '",
+    f"x;touch {MARKER}",
+    f"x && touch {MARKER}",
+    f"x | touch {MARKER}",
+    f"${{IFS}}touch${{IFS}}{MARKER}",
+    f"$(touch${{IFS}}{MARKER})",
+    "x*",
+    "!x",
+    "x\\",
+    "$HOME",
+    "x y",
+    "ünïcødé",
 ]
 # Refused outright: they can end a comment or a quoted word, or hide text from the reader.
-UNPRINTABLE = [f"x\ntouch {MARKER} #", f"x\rtouch {MARKER}", "x\x1b[2Ky", "x\u202ey", "x\x00y", "1:00:00\n"]
+UNPRINTABLE = [
+    f"x\ntouch {MARKER} #",
+    f"x\rtouch {MARKER}",
+    "x\x1b[2Ky",
+    "x\u202ey",
+    "x\x00y",
+    "1:00:00\n",
+]
 
 # option -> how a hostile value goes in (paths are relative: the marker would land in the job's directory).
 FIELDS = {
@@ -119,8 +138,14 @@ def cluster(tmp_path):
     hostlist = tmp_path / "hostlist"
     hostlist.write_text("localhost\n")
     env = {k: v for k, v in clean_env().items() if not k.startswith("BASH_FUNC_module")}
-    env.update(PATH=f"{tools}:/usr/bin:/bin", SGE_JOB_HOSTLIST=str(hostlist), JOB_ID="4242", HOME=str(tmp_path),
-               FAKE_LOG=str(tmp_path / "tools.log"), FAKE_ARGV_LOG=str(tmp_path / "argv.log"))
+    env.update(
+        PATH=f"{tools}:/usr/bin:/bin",
+        SGE_JOB_HOSTLIST=str(hostlist),
+        JOB_ID="4242",
+        HOME=str(tmp_path),
+        FAKE_LOG=str(tmp_path / "tools.log"),
+        FAKE_ARGV_LOG=str(tmp_path / "argv.log"),
+    )
     return job_dir, env, tmp_path / "argv.log"
 
 
@@ -136,7 +161,9 @@ def markers(root: Path) -> list:
 
 def shellcheck(path: Path) -> None:
     if SHELLCHECK:
-        proc = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stdout
 
 
@@ -145,7 +172,9 @@ def launch(tmp_path: Path, argv: list, capsys) -> tuple:
     out = tmp_path / "job" / "job.sh"
     try:
         code = cli.main(["launch", argv[0], "-o", str(out), *argv[1:]])
-    except SystemExit as e:  # argparse's own refusals (a value outside --wandb-mode's choices): usage + error
+    except (
+        SystemExit
+    ) as e:  # argparse's own refusals (a value outside --wandb-mode's choices): usage + error
         code = e.code
     return code, capsys.readouterr().err, (out if out.exists() else None)
 
@@ -154,24 +183,55 @@ def one_line_refusal(err: str) -> bool:
     """octo-dist's refusals are one line with found/expected/fix; argparse's (usage, then error) end in 'error:'."""
     if err.startswith("usage:"):
         return "error: argument" in err
-    return err.startswith("octo-dist launch: error: ") and err.count("\n") == 1 and "; expected " in err \
+    return (
+        err.startswith("octo-dist launch: error: ")
+        and err.count("\n") == 1
+        and "; expected " in err
         and ". Fix: " in err
+    )
 
 
 # Two jobs carry a hostile value in every field that takes free text: the venv and the smoke job, then the image
 # and the finetune job with its data and an extra bind.
 def venv_job(v: str) -> list:
-    return ["--save-dir", f"{v}s", "--venv", f"{v}v", "--module", v, "--compile-cache", f"{v}c",
-            "--", "smoke", "--wandb-project", v]
+    return [
+        "--save-dir",
+        f"{v}s",
+        "--venv",
+        f"{v}v",
+        "--module",
+        v,
+        "--compile-cache",
+        f"{v}c",
+        "--",
+        "smoke",
+        "--wandb-project",
+        v,
+    ]
 
 
 def image_job(v: str) -> list:
-    return ["--image", f"{v}.sif", "--skip-image-check", "--bind", f"{v}b", "--save-dir", f"{v}s",
-            "--data-dir", f"{v}d", "--", "finetune", f"--config.pretrained_path={v}"]
+    return [
+        "--image",
+        f"{v}.sif",
+        "--skip-image-check",
+        "--bind",
+        f"{v}b",
+        "--save-dir",
+        f"{v}s",
+        "--data-dir",
+        f"{v}d",
+        "--",
+        "finetune",
+        f"--config.pretrained_path={v}",
+    ]
 
 
-HEADS = {"sge": ["sge", "--nodes", "1", "--gpus-per-node", "1"], "pbs": ["pbs", "--nodes", "1", "--group", "g1"],
-         "slurm": ["slurm", "--nodes", "1", "--gpus-per-node", "1"]}
+HEADS = {
+    "sge": ["sge", "--nodes", "1", "--gpus-per-node", "1"],
+    "pbs": ["pbs", "--nodes", "1", "--group", "g1"],
+    "slurm": ["slurm", "--nodes", "1", "--gpus-per-node", "1"],
+}
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -183,11 +243,15 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
         scripts = []
         for scheduler, head in HEADS.items():
             out = tmp_path / f"{scheduler}-{container}.sh"
-            assert cli.main(["launch", *head, "-o", str(out), *job(value)]) == 0, capsys.readouterr().err
+            assert cli.main(["launch", *head, "-o", str(out), *job(value)]) == 0, (
+                capsys.readouterr().err
+            )
             scripts.append(out)
         capsys.readouterr()
         if SHELLCHECK:
-            proc = subprocess.run([SHELLCHECK, "--shell=bash", *map(str, scripts)], capture_output=True, text=True)
+            proc = subprocess.run(
+                [SHELLCHECK, "--shell=bash", *map(str, scripts)], capture_output=True, text=True
+            )
             assert proc.returncode == 0, proc.stdout
         run_dir = tmp_path / f"run{n}"
         shutil.copytree(job_dir, run_dir)
@@ -200,11 +264,18 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
             (run_dir / f"{value}d").mkdir()
             (run_dir / f"{value}b").mkdir()
         argv_log.unlink(missing_ok=True)
-        proc = subprocess.run(["bash", "job.sh"], cwd=run_dir, env=dict(env, FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            ["bash", "job.sh"],
+            cwd=run_dir,
+            env=dict(env, FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert not markers(tmp_path), markers(tmp_path)
-        ranks = [json.loads(l) for l in argv_log.read_text().splitlines()]
+        ranks = [json.loads(ln) for ln in argv_log.read_text().splitlines()]
         assert len(ranks) == 2 and ranks[0]["argv"][:2] == ["check-env", "--launch"], ranks
         train = ranks[1]["argv"]
         tools = (tmp_path / "tools.log").read_text()
@@ -216,13 +287,17 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
         else:
             assert f"--config.pretrained_path={value}" in train, train
             assert f"--config.dataset_kwargs.data_dir={run_dir / (value + 'd')}" in train, train
-            assert f"image {run_dir / (value + '.sif')}\n" in tools and f"bind {run_dir / (value + 'b')}\n" in tools
+            assert (
+                f"image {run_dir / (value + '.sif')}\n" in tools
+                and f"bind {run_dir / (value + 'b')}\n" in tools
+            )
         (tmp_path / "tools.log").unlink()
         shutil.rmtree(run_dir)
 
 
-@pytest.mark.parametrize("field", ["--name", "--group", "--coordinator", "--walltime", "--wandb-mode",
-                                   "--resource-type"])
+@pytest.mark.parametrize(
+    "field", ["--name", "--group", "--coordinator", "--walltime", "--wandb-mode", "--resource-type"]
+)
 def test_scheduler_directives_take_no_free_text(tmp_path, capsys, field):
     """What lands in #PBS/#$/#SBATCH lines or in a number is refused unless it has the expected form."""
     (tmp_path / "job").mkdir()
@@ -246,16 +321,29 @@ def test_unprintable_values_are_refused_in_every_field(tmp_path, capsys, field):
         assert code == 2 and script is None and one_line_refusal(err), (field, value, err)
 
 
-@pytest.mark.parametrize("name", [f"$(touch {MARKER}).sh", f'a"; touch {MARKER}; echo ".sh', "a'b.sh", "a b.sh"])
+@pytest.mark.parametrize(
+    "name", [f"$(touch {MARKER}).sh", f'a"; touch {MARKER}; echo ".sh', "a'b.sh", "a b.sh"]
+)
 def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
     """-o lands in the header's submit hint and in the 'submit it' error: quoted in both."""
     job_dir, env, _ = cluster
     out = job_dir / name
-    assert cli.main(["launch", "sge", "--nodes", "1", "--venv", "venv", "-o", str(out)]) == 0, capsys.readouterr().err
+    assert cli.main(["launch", "sge", "--nodes", "1", "--venv", "venv", "-o", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
     shellcheck(out)
-    env = {k: v for k, v in env.items() if k != "SGE_JOB_HOSTLIST"}  # outside a job: the script says to submit it
-    proc = subprocess.run(["bash", str(out)], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        k: v for k, v in env.items() if k != "SGE_JOB_HOSTLIST"
+    }  # outside a job: the script says to submit it
+    proc = subprocess.run(
+        ["bash", str(out)],
+        cwd=job_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and f"qsub {name})" in proc.stderr, proc.stderr
     assert not markers(tmp_path)
 
@@ -263,7 +351,11 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
 def test_output_that_is_a_directory_or_in_a_missing_one_is_refused(tmp_path, capsys):
     assert cli.main(["launch", "sge", "--nodes", "1", "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "is a directory" in err and err.count("\n") == 1 and f"-o {tmp_path}/octo-dist-sge.sh" in err
+    assert (
+        "is a directory" in err
+        and err.count("\n") == 1
+        and f"-o {tmp_path}/octo-dist-sge.sh" in err
+    )
     assert cli.main(["launch", "sge", "--nodes", "1", "-o", str(tmp_path / "no" / "job.sh")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and f"mkdir -p {tmp_path / 'no'}" in err
@@ -278,20 +370,49 @@ def test_bash_n_catches_a_script_bash_cannot_parse():
 
 # ---- a failed rank ends the job --------------------------------------------------------------------------------------
 
+
 def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
     job_dir, env, argv_log = cluster
     fake_venv(job_dir / "venv")
-    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
-                                                         "--venv", "venv", "--cpus-per-rank", "0"])))
+    (job_dir / "job.sh").write_text(
+        render.render(
+            parse(
+                [
+                    "sge",
+                    "--nodes",
+                    "1",
+                    "--gpus-per-node",
+                    "2",
+                    "--venv",
+                    "venv",
+                    "--cpus-per-rank",
+                    "0",
+                ]
+            )
+        )
+    )
     # The preflight passes on both ranks; in training rank 1 fails at once and rank 0 would run for 10 minutes.
-    (job_dir / "venv" / "bin" / "octo-dist").write_text(FAKE_OCTO_DIST.replace(
-        'if rank == os.environ.get("FAKE_FAIL_RANK"):', 'if rank == os.environ.get("FAKE_FAIL_RANK") and "check-env" '
-                                                        'not in sys.argv:'))
+    (job_dir / "venv" / "bin" / "octo-dist").write_text(
+        FAKE_OCTO_DIST.replace(
+            'if rank == os.environ.get("FAKE_FAIL_RANK"):',
+            'if rank == os.environ.get("FAKE_FAIL_RANK") and "check-env" not in sys.argv:',
+        )
+    )
     env = dict(env, FAKE_RANKS="2", FAKE_HANG="1", FAKE_SLEEP="600", FAKE_FAIL_RANK="1")
-    proc = subprocess.Popen(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "job.sh"],
+        cwd=job_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        out, _ = proc.communicate(timeout=240)  # the script's own grace is 20 s + 10 s; generous for a loaded host
+        out, _ = proc.communicate(
+            timeout=240
+        )  # the script's own grace is 20 s + 10 s; generous for a loaded host
     finally:
         kill_session(proc.pid)
     assert proc.returncode not in (0, None), out
@@ -301,6 +422,7 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
 
 
 # ---- CPU binding, for real under the venv's mpirun -------------------------------------------------------------------
+
 
 def real_mpirun_venv(job_dir: Path, octo_dist: str) -> None:
     """A venv in job_dir whose octo-dist is the bash lines given, for a script run under the venv's real mpirun."""
@@ -319,22 +441,52 @@ def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
         pytest.skip("needs 2 CPUs")
     job_dir, env, _ = cluster
     # Each rank writes its own file (never parse several ranks' stdout).
-    real_mpirun_venv(job_dir, 'grep Cpus_allowed_list /proc/self/status >"$RANK_OUT/rank-$OMPI_COMM_WORLD_RANK"\n')
-    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
-                                                         "--venv", "venv", "--cpus-per-rank", "1"])))
+    real_mpirun_venv(
+        job_dir,
+        'grep Cpus_allowed_list /proc/self/status >"$RANK_OUT/rank-$OMPI_COMM_WORLD_RANK"\n',
+    )
+    (job_dir / "job.sh").write_text(
+        render.render(
+            parse(
+                [
+                    "sge",
+                    "--nodes",
+                    "1",
+                    "--gpus-per-node",
+                    "2",
+                    "--venv",
+                    "venv",
+                    "--cpus-per-rank",
+                    "1",
+                ]
+            )
+        )
+    )
     hosts = tmp_path / "hostlist"
     hosts.write_text("localhost\nlocalhost\n")
     env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin", RANK_OUT=str(tmp_path))
-    proc = subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=job_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cpus = [(tmp_path / f"rank-{r}").read_text().split(":")[1].strip() for r in (0, 1)]
-    assert len(set(cpus)) == 2 and all("-" not in c and "," not in c for c in cpus), cpus  # one core each, not shared
+    assert len(set(cpus)) == 2 and all("-" not in c and "," not in c for c in cpus), (
+        cpus
+    )  # one core each, not shared
 
 
 # ---- the login nodes' Pythons ----------------------------------------------------------------------------------------
 
-PYTHONS = {"3.9": "/root/.pyenv/versions/3.9.18/bin/python", "3.12": "/root/.pyenv/versions/3.12.1/bin/python"}
+PYTHONS = {
+    "3.9": "/root/.pyenv/versions/3.9.18/bin/python",
+    "3.12": "/root/.pyenv/versions/3.12.1/bin/python",
+}
 
 
 @pytest.mark.parametrize("version", sorted(PYTHONS))
@@ -343,45 +495,97 @@ def test_every_scheduler_renders_the_same_on_a_bare_python(version, tmp_path):
     python = PYTHONS[version]
     if not os.access(python, os.X_OK):
         pytest.skip(f"no Python {version} at {python} (pyenv install {version})")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}
-    check = subprocess.run([python, "-S", "-m", "octo_dist.jobs.examples", "--check", str(REPO / "scripts" / "jobs")],
-                           env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "HOME": str(tmp_path),
+        "PYTHONNOUSERSITE": "1",
+    }
+    check = subprocess.run(
+        [python, "-S", "-m", "octo_dist.jobs.examples", "--check", str(REPO / "scripts" / "jobs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stderr
     schedulers = {name: argv[0] for name, argv in examples.EXAMPLES.items()}
     assert set(schedulers.values()) == {"pbs", "sge", "slurm"}
     # The command itself, with -S (no site-packages at all): writes a script for every scheduler.
-    for scheduler, extra in (("pbs", ["--group", "gxx00000"]), ("sge", []), ("slurm", ["--gpus-per-node", "4"])):
-        code = ("import sys; from octo_dist.jobs import cli; import argparse; p = argparse.ArgumentParser(); "
-                "s = p.add_subparsers(); cli.add_parser(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+    for scheduler, extra in (
+        ("pbs", ["--group", "gxx00000"]),
+        ("sge", []),
+        ("slurm", ["--gpus-per-node", "4"]),
+    ):
+        code = (
+            "import sys; from octo_dist.jobs import cli; import argparse; p = argparse.ArgumentParser(); "
+            "s = p.add_subparsers(); cli.add_parser(s); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+        )
         out = tmp_path / f"{scheduler}.sh"
-        proc = subprocess.run([python, "-S", "-c", code, "launch", scheduler, "--nodes", "2", *extra, "-o", str(out)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [python, "-S", "-c", code, "launch", scheduler, "--nodes", "2", *extra, "-o", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0 and out.exists(), proc.stderr
-        assert out.read_text() == render.render(parse([scheduler, "--nodes", "2", *extra, "-o", str(out)]), out.name)
+        assert out.read_text() == render.render(
+            parse([scheduler, "--nodes", "2", *extra, "-o", str(out)]), out.name
+        )
 
 
 # ---- a chain of jobs (launch --chain) --------------------------------------------------------------------------------
+
 
 def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
     """Each job leaves its exit status in the save directory; the next one (OCTO_DIST_AFTER) refuses to train after
     a failure, and says why, but continues after a clean end or a stop."""
     job_dir, env, argv_log = cluster
     fake_venv(job_dir / "venv")
-    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "1",
-                                                         "--venv", "venv", "--save-dir", "save"])))
+    (job_dir / "job.sh").write_text(
+        render.render(
+            parse(
+                [
+                    "sge",
+                    "--nodes",
+                    "1",
+                    "--gpus-per-node",
+                    "1",
+                    "--venv",
+                    "venv",
+                    "--save-dir",
+                    "save",
+                ]
+            )
+        )
+    )
 
     def job(job_id, after=None, **extra):
         env_job = dict(env, JOB_ID=job_id, **extra)
         if after:
             env_job["OCTO_DIST_AFTER"] = after
         argv_log.unlink(missing_ok=True)
-        return subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env_job, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["bash", "job.sh"],
+            cwd=job_dir,
+            env=env_job,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     first = job("10")
-    assert first.returncode == 0 and (job_dir / "save" / ".octo-dist-exit-10").read_text() == "0\n", first.stderr
-    second = job("11", after="10", FAKE_FAIL_RANK="0")  # trains after a clean job, then its rank fails
-    assert second.returncode == 3 and (job_dir / "save" / ".octo-dist-exit-11").read_text() == "3\n", second.stderr
+    assert (
+        first.returncode == 0 and (job_dir / "save" / ".octo-dist-exit-10").read_text() == "0\n"
+    ), first.stderr
+    second = job(
+        "11", after="10", FAKE_FAIL_RANK="0"
+    )  # trains after a clean job, then its rank fails
+    assert (
+        second.returncode == 3 and (job_dir / "save" / ".octo-dist-exit-11").read_text() == "3\n"
+    ), second.stderr
     third = job("12", after="11")
     assert third.returncode == 2 and not argv_log.exists(), third.stderr  # no rank started
     assert "previous job of this chain (11) failed with exit 3: not training" in third.stderr
@@ -393,56 +597,143 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
 def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
     """The venv's mpirun ends the other ranks itself when one exits non-zero: the script names the rank."""
     job_dir, env, _ = cluster
-    real_mpirun_venv(job_dir, 'case " $* " in *" check-env "*) exit 0 ;; esac\n'
-                     'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exit 3; fi\n'
-                     "exec sleep 600\n")
-    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "2",
-                                                         "--venv", "venv", "--cpus-per-rank", "0"])))
+    real_mpirun_venv(
+        job_dir,
+        'case " $* " in *" check-env "*) exit 0 ;; esac\n'
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exit 3; fi\n'
+        "exec sleep 600\n",
+    )
+    (job_dir / "job.sh").write_text(
+        render.render(
+            parse(
+                [
+                    "sge",
+                    "--nodes",
+                    "1",
+                    "--gpus-per-node",
+                    "2",
+                    "--venv",
+                    "venv",
+                    "--cpus-per-rank",
+                    "0",
+                ]
+            )
+        )
+    )
     (tmp_path / "hostlist").write_text("localhost\nlocalhost\n")
     env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin")
-    proc = subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=300)  # mpirun ends rank 0 at once; the wait is for a loaded host
+    proc = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=job_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # mpirun ends rank 0 at once; the wait is for a loaded host
     assert proc.returncode != 0, proc.stderr
     assert "rank 1 on " in proc.stderr and "exited with status 3" in proc.stderr, proc.stderr
 
 
 # ---- what reaches the ranks on other nodes ---------------------------------------------------------------------------
 
+
 def test_the_environment_reaches_other_nodes_by_prefix(cluster):
     """Open MPI 4 gives the ranks on other nodes only the -x names: every exported NCCL_*, XLA_*, JAX_*, TF_*,
     OCTO_DIST_*, HF_*, WANDB_*, UCX_* variable is named, by name only (no value on the command line)."""
     job_dir, env, _ = cluster
     fake_venv(job_dir / "venv")
-    (job_dir / "job.sh").write_text(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "1",
-                                                         "--venv", "venv", "--wandb-mode", "online"])))
-    exported = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "XLA_FLAGS": "--xla_dump_to=/tmp/x",
-                "JAX_DEBUG_NANS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "OCTO_DIST_INIT_TIMEOUT": "60",
-                "HF_HOME": "/groups/gxx00000/hf", "UCX_TLS": "rc", "WANDB_API_KEY": "sk-secret-0123456789",
-                "WANDB_ENTITY": "lab", "PYTHONUNBUFFERED": "1"}
+    (job_dir / "job.sh").write_text(
+        render.render(
+            parse(
+                [
+                    "sge",
+                    "--nodes",
+                    "1",
+                    "--gpus-per-node",
+                    "1",
+                    "--venv",
+                    "venv",
+                    "--wandb-mode",
+                    "online",
+                ]
+            )
+        )
+    )
+    exported = {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "XLA_FLAGS": "--xla_dump_to=/tmp/x",
+        "JAX_DEBUG_NANS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "OCTO_DIST_INIT_TIMEOUT": "60",
+        "HF_HOME": "/groups/gxx00000/hf",
+        "UCX_TLS": "rc",
+        "WANDB_API_KEY": "sk-secret-0123456789",
+        "WANDB_ENTITY": "lab",
+        "PYTHONUNBUFFERED": "1",
+    }
     env = dict(env, **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
-    proc = subprocess.run(["bash", "job.sh"], cwd=job_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=job_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    launches = [l for l in (job_dir.parent / "tools.log").read_text().splitlines() if l.startswith("mpirun ")]
+    launches = [
+        ln
+        for ln in (job_dir.parent / "tools.log").read_text().splitlines()
+        if ln.startswith("mpirun ")
+    ]
     assert len(launches) == 2
     names = launches[1].split(" -x ")[1:]
     names = {n.split()[0] for n in names}
     for name in [*exported, "WANDB_MODE", "OCTO_DIST_NODEFILE", "JOB_ID"]:
         assert name in names, (name, launches[1])
-    assert "UNRELATED_VAR" not in names and "MY_NCCL_NOTE" not in names and "sk-secret" not in launches[1]
+    assert (
+        "UNRELATED_VAR" not in names
+        and "MY_NCCL_NOTE" not in names
+        and "sk-secret" not in launches[1]
+    )
 
 
 def test_abci3_jobs_carry_its_settings():
-    pbs = render.render(parse(["pbs", "--nodes", "2", "--group", "gxx00000", "--image", "x.sif",
-                               "--skip-image-check"]))
-    for line in ("#PBS -k oe", "#PBS -j oe", "export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,"
-                 "mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8}", "BINDS=(/groups/gxx00000)",
-                 "CPUS_PER_RANK=12", "SOCKETS=2", "COMPILE_CACHE=.octo-dist/compile-cache",
-                 "export OCTO_DIST_NO_MPI4PY=1", "export OCTO_DIST_NODEFILE=$NODE_LIST"):
+    pbs = render.render(
+        parse(
+            ["pbs", "--nodes", "2", "--group", "gxx00000", "--image", "x.sif", "--skip-image-check"]
+        )
+    )
+    for line in (
+        "#PBS -k oe",
+        "#PBS -j oe",
+        "export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,"
+        "mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8}",
+        "BINDS=(/groups/gxx00000)",
+        "CPUS_PER_RANK=12",
+        "SOCKETS=2",
+        "COMPILE_CACHE=.octo-dist/compile-cache",
+        "export OCTO_DIST_NO_MPI4PY=1",
+        "export OCTO_DIST_NODEFILE=$NODE_LIST",
+    ):
         assert line in pbs, line
-    for forbidden in ("NCCL_IB_DISABLE", "NCCL_NET=", "PBS_NODEFILE=", "--bind-to none -x PBS_NODEFILE"):
+    for forbidden in (
+        "NCCL_IB_DISABLE",
+        "NCCL_NET=",
+        "PBS_NODEFILE=",
+        "--bind-to none -x PBS_NODEFILE",
+    ):
         assert forbidden not in pbs, forbidden
-    one = render.render(parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"]))
-    assert "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one and "CPUS_PER_RANK=0" in one
-    slurm = render.render(parse(["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "8"]))
+    one = render.render(
+        parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"])
+    )
+    assert (
+        "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one and "CPUS_PER_RANK=0" in one
+    )
+    slurm = render.render(
+        parse(["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "8"])
+    )
     assert "#SBATCH --cpus-per-task=8" in slurm and "NCCL_IB_HCA" not in slurm

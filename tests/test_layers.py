@@ -24,11 +24,11 @@ ALLOWED = {
     "stack": set(),
     "launchers": set(),
     "jobs": {"launchers"},
-    "dist": {"launchers", "stack"},
-    "engine": {"dist"},
-    "policies": {"engine", "dist"},
-    "envcheck": {"stack", "launchers", "dist"},
-    "apps": {"policies", "engine", "dist", "launchers", "stack", "envcheck", "jobs"},
+    "runtime": {"launchers", "stack"},
+    "engine": {"runtime"},
+    "policies": {"engine", "runtime"},
+    "envcheck": {"stack", "launchers", "runtime"},
+    "apps": {"policies", "engine", "runtime", "launchers", "stack", "envcheck", "jobs"},
 }
 # Third-party modules a layer must never import: the host-side layers run on a bare Python (ABCI's login nodes,
 # `octo-dist launch`), and the engine must not know Octo exists (policies/ adapts it).
@@ -59,7 +59,11 @@ def imported_modules(source: str, module: str) -> list[str]:
 def layer_of(dotted: str) -> str | None:
     """``"octo_dist.engine.train"`` -> ``"engine"``; top-level modules (cli, __main__) and outsiders -> None."""
     parts = dotted.split(".")
-    return parts[1] if parts[0] == PACKAGE and len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else None
+    return (
+        parts[1]
+        if parts[0] == PACKAGE and len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED)
+        else None
+    )
 
 
 def violations(package_dir: Path) -> list[str]:
@@ -71,7 +75,9 @@ def violations(package_dir: Path) -> list[str]:
         layer = layer_of(module)
         if layer is None:
             continue
-        seen = set()  # `from octo_dist.x import a, b` names x, x.a and x.b: one finding per file and layer
+        seen = (
+            set()
+        )  # `from octo_dist.x import a, b` names x, x.a and x.b: one finding per file and layer
         for imported in imported_modules(path.read_text(), module):
             top = imported.split(".")[0]
             if top in FORBIDDEN.get(layer, ()) and top not in seen:
@@ -80,7 +86,9 @@ def violations(package_dir: Path) -> list[str]:
             target = layer_of(imported) if top == PACKAGE else None
             if target and target != layer and target not in ALLOWED[layer] and target not in seen:
                 seen.add(target)
-                found.append(f"{rel}.py imports {imported}: {layer}/ may import only {sorted(ALLOWED[layer]) or 'itself'}")
+                found.append(
+                    f"{rel}.py imports {imported}: {layer}/ may import only {sorted(ALLOWED[layer]) or 'itself'}"
+                )
     return found
 
 
@@ -95,25 +103,45 @@ def test_no_import_breaks_a_layer_rule():
     assert violations(REPO / PACKAGE) == []
 
 
-@pytest.mark.parametrize("layer, line, expected", [
-    ("engine", "from octo_dist.apps.smoke import app\n", "engine/ may import only ['dist']"),
-    ("dist", "def f():\n    from octo_dist.engine import train\n", "dist/ may import only ['launchers', 'stack']"),
-    ("stack", "def f():\n    import jax\n", "stack/ must not import jax"),
-    ("launchers", "from mpi4py import MPI\n", "launchers/ must not import mpi4py"),
-    ("engine", "import octo.model\n", "engine/ must not import octo"),
-    ("policies", "from ..apps.finetune import config\n", "policies/ may import only ['dist', 'engine']"),
-])
+@pytest.mark.parametrize(
+    "layer, line, expected",
+    [
+        ("engine", "from octo_dist.apps.smoke import app\n", "engine/ may import only ['runtime']"),
+        (
+            "runtime",
+            "def f():\n    from octo_dist.engine import train\n",
+            "runtime/ may import only ['launchers', 'stack']",
+        ),
+        ("stack", "def f():\n    import jax\n", "stack/ must not import jax"),
+        ("launchers", "from mpi4py import MPI\n", "launchers/ must not import mpi4py"),
+        ("engine", "import octo.model\n", "engine/ must not import octo"),
+        (
+            "policies",
+            "from ..apps.finetune import config\n",
+            "policies/ may import only ['engine', 'runtime']",
+        ),
+    ],
+)
 def test_a_fabricated_back_import_is_reported(tmp_path, layer, line, expected):
     copy = tmp_path / PACKAGE
     shutil.copytree(REPO / PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / layer / "bad.py").write_text(line)
     found = violations(copy)
-    assert len(found) == 1 and found[0].startswith(f"{PACKAGE}/{layer}/bad.py imports") and expected in found[0]
+    assert (
+        len(found) == 1
+        and found[0].startswith(f"{PACKAGE}/{layer}/bad.py imports")
+        and expected in found[0]
+    )
 
 
-def test_pyflakes_finds_nothing():
-    """No unused imports or names, no undefined ones, in the package, its scripts, tests and benchmarks."""
-    pytest.importorskip("pyflakes", reason="pyflakes is in the dev lock: make dev-env")
-    proc = subprocess.run([sys.executable, "-m", "pyflakes", "octo_dist", "scripts", "tests", "bench"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
+def test_ruff_finds_nothing(command):
+    """Lint (pyflakes' rules and pycodestyle's errors) and formatting, on every Python file in the checkout.
+
+    The rules and the line length live in pyproject.toml's [tool.ruff]; `ruff format` fixes what the second fails.
+    """
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.skip("ruff is in the dev lock: make dev-env")
+    proc = subprocess.run([ruff, *command, "."], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,6 +1,5 @@
 """The committed locks agree with env/stack.toml, and the checker that says so can fail."""
 
-
 import pytest
 
 from octo_dist.stack import manifest as mf
@@ -22,7 +21,9 @@ def test_lock_matches_manifest(profile_name, python):
     path = MANIFEST.lock_path(profile_name, python)
     assert path.is_file(), f"{path} missing: run `make lock`"
     overrides, direct = _expectations(profile)
-    assert lock_mismatches(profile.requirements_for(python), path.read_text(), overrides, direct) == []
+    assert (
+        lock_mismatches(profile.requirements_for(python), path.read_text(), overrides, direct) == []
+    )
 
 
 @pytest.mark.parametrize("python", MANIFEST.profile("cpu").lock_pythons)
@@ -93,6 +94,8 @@ def test_ranges_are_checked_as_ranges():
 
 
 def test_parse_lock_reads_extras_and_multiline_hashes():
-    text = _lock("etils[enp, epath, epy]==1.15.0 \\", H, "    --hash=sha256:" + "b" * 64, "    # via orbax")
+    text = _lock(
+        "etils[enp, epath, epy]==1.15.0 \\", H, "    --hash=sha256:" + "b" * 64, "    # via orbax"
+    )
     pin = parse_lock(text)["etils"]
     assert pin.version == "1.15.0" and len(pin.hashes) == 2

@@ -19,7 +19,9 @@ def test_the_committed_manifest_pins_the_known_fixes():
     cuda = m.profile("cuda11")
     pins = cuda.exact_pins("3.10")
     assert pins["scipy"] == "1.12.0"  # scipy 1.13 removed scipy.linalg.tril
-    assert pins["nvidia-cudnn-cu11"] == "8.6.0.163"  # jaxlib cudnn86, not the 9.x jax[cuda11_pip] pulls
+    assert (
+        pins["nvidia-cudnn-cu11"] == "8.6.0.163"
+    )  # jaxlib cudnn86, not the 9.x jax[cuda11_pip] pulls
     assert pins["jaxlib"] == "0.4.20+cuda11.cudnn86"
     assert pins["jax"] == "0.4.20"
     assert cuda.python == "3.10" and cuda.gpu
@@ -43,7 +45,9 @@ def test_inherit_takes_only_the_named_common_requirements():
 def test_a_branch_instead_of_a_commit_is_refused():
     data = copy.deepcopy(RAW)
     data["git"]["octo"]["commit"] = "main"
-    with pytest.raises(mf.ManifestError, match=r"git.octo.commit must be a full 40-hex commit SHA, found 'main'"):
+    with pytest.raises(
+        mf.ManifestError, match=r"git.octo.commit must be a full 40-hex commit SHA, found 'main'"
+    ):
         parse(data)
 
 
@@ -55,7 +59,9 @@ def test_short_sha_is_refused():
 
 
 def test_unknown_profile_names_the_known_ones():
-    with pytest.raises(mf.ManifestError, match=r"unknown profile 'cuda12'.*cpu, cuda11, jax020-cpu"):
+    with pytest.raises(
+        mf.ManifestError, match=r"unknown profile 'cuda12'.*cpu, cuda11, jax020-cpu"
+    ):
         mf.load_manifest().profile("cuda12")
 
 
@@ -71,7 +77,9 @@ def test_wrong_schema_and_missing_file_are_clear(tmp_path):
 
 
 def test_manifest_and_profile_come_from_the_environment(tmp_path):
-    assert mf.manifest_path({mf.MANIFEST_ENV: "/opt/octo-dist/env/stack.toml"}) == Path("/opt/octo-dist/env/stack.toml")
+    assert mf.manifest_path({mf.MANIFEST_ENV: "/opt/octo-dist/env/stack.toml"}) == Path(
+        "/opt/octo-dist/env/stack.toml"
+    )
     assert mf.manifest_path({}) == mf.DEFAULT_MANIFEST
     assert mf.default_profile({mf.PROFILE_ENV: "cuda11"}) == "cuda11"
     assert mf.default_profile({}) is None
@@ -92,22 +100,61 @@ def test_lock_cutoff_is_read_from_the_manifest():
     assert mf.load_manifest().lock_exclude_newer == "2026-12-01T00:00:00Z"
 
 
-@pytest.mark.parametrize("path,value,message", [
-    (("profiles", "cuda11", "gpu"), "false", r"stack.toml: profiles.cuda11.gpu must be true or false, found 'false' "
-                                             r"\(string\) \(write gpu = false\)"),
-    (("profiles", "cpu", "lock_pythons"), "3.11", r"profiles.cpu.lock_pythons must be an array, found '3.11' \(string\)"),
-    (("profiles", "cpu", "lock_pythons"), ["3.11", 3.12], r"profiles.cpu.lock_pythons must be an array of strings, found 3.12"),
-    (("profiles", "cpu", "python"), 3.1, r"profiles.cpu.python must be a string, found 3.1 \(float\)"),
-    (("profiles", "cpu"), "x", r"profiles.cpu must be a table"),
-    (("profiles",), [1], r"profiles must be a table"),
-    (("common", "requirements", "numpy"), 1.24, r"common.requirements.numpy must be a version string"),
-    (("git", "octo", "url"), None, r"git.octo.url is missing; expected a string"),
-    (("images", "cuda11", "tag"), 11, r"images.cuda11.tag must be a string, found 11 \(integer\)"),
-    (("profiles", "cuda11", "overrides"), [{"package": "x"}], r"profiles.cuda11.overrides\[0\].version is missing"),
-    (("common", "by_python", "3.10"), 1, r'common.by_python."3.10" must be a table'),
-    (("profiles", "cpu", "lock_pythons"), [], r'profiles.cpu.lock_pythons is empty; expected at least one Python'),
-    (("profiles", "cpu", "gpu"), 1, r"profiles.cpu.gpu must be true or false, found 1 \(integer\)"),
-])
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        (
+            ("profiles", "cuda11", "gpu"),
+            "false",
+            r"stack.toml: profiles.cuda11.gpu must be true or false, found 'false' "
+            r"\(string\) \(write gpu = false\)",
+        ),
+        (
+            ("profiles", "cpu", "lock_pythons"),
+            "3.11",
+            r"profiles.cpu.lock_pythons must be an array, found '3.11' \(string\)",
+        ),
+        (
+            ("profiles", "cpu", "lock_pythons"),
+            ["3.11", 3.12],
+            r"profiles.cpu.lock_pythons must be an array of strings, found 3.12",
+        ),
+        (
+            ("profiles", "cpu", "python"),
+            3.1,
+            r"profiles.cpu.python must be a string, found 3.1 \(float\)",
+        ),
+        (("profiles", "cpu"), "x", r"profiles.cpu must be a table"),
+        (("profiles",), [1], r"profiles must be a table"),
+        (
+            ("common", "requirements", "numpy"),
+            1.24,
+            r"common.requirements.numpy must be a version string",
+        ),
+        (("git", "octo", "url"), None, r"git.octo.url is missing; expected a string"),
+        (
+            ("images", "cuda11", "tag"),
+            11,
+            r"images.cuda11.tag must be a string, found 11 \(integer\)",
+        ),
+        (
+            ("profiles", "cuda11", "overrides"),
+            [{"package": "x"}],
+            r"profiles.cuda11.overrides\[0\].version is missing",
+        ),
+        (("common", "by_python", "3.10"), 1, r'common.by_python."3.10" must be a table'),
+        (
+            ("profiles", "cpu", "lock_pythons"),
+            [],
+            r"profiles.cpu.lock_pythons is empty; expected at least one Python",
+        ),
+        (
+            ("profiles", "cpu", "gpu"),
+            1,
+            r"profiles.cpu.gpu must be true or false, found 1 \(integer\)",
+        ),
+    ],
+)
 def test_the_manifest_is_validated_by_type_naming_the_file_and_key(path, value, message):
     data = copy.deepcopy(RAW)
     table = data
@@ -124,5 +171,7 @@ def test_the_manifest_is_validated_by_type_naming_the_file_and_key(path, value, 
 def test_gpu_must_be_a_boolean_in_the_file_too(tmp_path):
     bad = tmp_path / "stack.toml"
     bad.write_text(mf.DEFAULT_MANIFEST.read_text().replace("gpu = true", 'gpu = "false"'))
-    with pytest.raises(mf.ManifestError, match=rf"{bad}: profiles.cuda11.gpu must be true or false"):
+    with pytest.raises(
+        mf.ManifestError, match=rf"{bad}: profiles.cuda11.gpu must be true or false"
+    ):
         mf.load_manifest(bad)

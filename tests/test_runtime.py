@@ -8,8 +8,8 @@ import pytest
 from helpers import PROGRAMS, REPO, clean_env, json_lines
 from octo_dist.launchers import coordinator as coord
 from octo_dist.envcheck import launch as preflight
-from octo_dist.dist import runtime
-from octo_dist.dist import tracking
+from octo_dist.runtime import runtime
+from octo_dist.runtime import tracking
 from octo_dist.envcheck.result import FAIL, OK, Check
 from octo_dist.launchers import Launch
 
@@ -22,6 +22,7 @@ def launch(world=2, rank=0, local_rank=0, local_size=2, name="openmpi5", job="pr
 
 
 # --- coordinator: pure over the environment -------------------------------------------------------------
+
 
 def test_explicit_coordinator_wins_over_everything():
     env = {"COORDINATOR_ADDRESS": "g0001:12345", "PBS_NODEFILE": "/nodes", "PBS_JOBID": "1.pbs1"}
@@ -40,7 +41,9 @@ def test_node_list_host_and_a_port_every_rank_derives_from_the_job_id():
     env = {"PBS_NODEFILE": "/var/spool/pbs/aux/12345.pbs1", "PBS_JOBID": "12345.pbs1"}
     hosts = "g0003\ng0003\ng0007\ng0007\n"
     a = coord.resolve(env, launch(world=4, rank=0, local_size=2), read=lambda p: hosts)
-    b = coord.resolve(env, launch(world=4, rank=3, local_rank=1, local_size=2), read=lambda p: hosts)
+    b = coord.resolve(
+        env, launch(world=4, rank=3, local_rank=1, local_size=2), read=lambda p: hosts
+    )
     assert a == b and a.host == "g0003" and 20000 <= a.port < 40000
     assert a.port == coord.port_for_job("12345.pbs1") != coord.port_for_job("12346.pbs1")
     assert "PBS_NODEFILE" in a.source
@@ -58,30 +61,44 @@ def test_single_process_needs_no_coordinator():
 
 # --- device binding and platform ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("jaxlib,env,gpu", [
-    ("0.4.20+cuda11.cudnn86", {}, True),
-    ("0.4.20+cuda11.cudnn86", {"JAX_PLATFORMS": "cpu"}, False),
-    ("0.4.22", {}, False),
-    ("0.4.22", {"JAX_PLATFORMS": "cuda,cpu"}, True),
-])
+
+@pytest.mark.parametrize(
+    "jaxlib,env,gpu",
+    [
+        ("0.4.20+cuda11.cudnn86", {}, True),
+        ("0.4.20+cuda11.cudnn86", {"JAX_PLATFORMS": "cpu"}, False),
+        ("0.4.22", {}, False),
+        ("0.4.22", {"JAX_PLATFORMS": "cuda,cpu"}, True),
+    ],
+)
 def test_expects_gpu(jaxlib, env, gpu):
     assert runtime.expects_gpu(jaxlib, env) is gpu
 
 
 def test_one_gpu_per_rank_by_default_all_on_request():
-    assert runtime.local_device_ids(launch(rank=5, local_rank=1, local_size=4, world=8), "one", {}) == [1]
+    assert runtime.local_device_ids(
+        launch(rank=5, local_rank=1, local_size=4, world=8), "one", {}
+    ) == [1]
     assert runtime.local_device_ids(launch(rank=1, local_rank=1), "all", {}) is None
     # A launcher that already gave each rank its own GPU ("3") leaves it as device 0.
-    assert runtime.local_device_ids(launch(rank=1, local_rank=1), "one", {"CUDA_VISIBLE_DEVICES": "3"}) == [0]
+    assert runtime.local_device_ids(
+        launch(rank=1, local_rank=1), "one", {"CUDA_VISIBLE_DEVICES": "3"}
+    ) == [0]
     with pytest.raises(runtime.StartupError, match="more ranks on this node than GPUs"):
-        runtime.local_device_ids(launch(world=4, rank=3, local_rank=3, local_size=4), "one", {"CUDA_VISIBLE_DEVICES": "0,1"})
+        runtime.local_device_ids(
+            launch(world=4, rank=3, local_rank=3, local_size=4),
+            "one",
+            {"CUDA_VISIBLE_DEVICES": "0,1"},
+        )
 
 
 # --- tracking -------------------------------------------------------------------------------------------
 
+
 def test_secrets_are_redacted_and_modes_resolved():
-    assert tracking.redact({"lr": 1, "wandb": {"api_key": "k", "project": "p"}, "HF_TOKEN": "t"}) == \
-        {"lr": 1, "wandb": {"api_key": "***", "project": "p"}, "HF_TOKEN": "***"}
+    assert tracking.redact(
+        {"lr": 1, "wandb": {"api_key": "k", "project": "p"}, "HF_TOKEN": "t"}
+    ) == {"lr": 1, "wandb": {"api_key": "***", "project": "p"}, "HF_TOKEN": "***"}
     assert tracking.resolve_mode({"WANDB_MODE": "dryrun"}) == "offline"
     assert tracking.resolve_mode({}, "disabled") == "disabled"
     with pytest.raises(ValueError, match="'sometimes'"):
@@ -89,7 +106,9 @@ def test_secrets_are_redacted_and_modes_resolved():
 
 
 def test_other_ranks_get_a_noop_with_the_agreed_run_id():
-    agreed = lambda value: "abc12345"  # what rank 0 broadcast
+    def agreed(value):
+        return "abc12345"  # what rank 0 broadcast
+
     t = tracking.make_tracker(1, project="p", broadcast=agreed, environ={"WANDB_MODE": "offline"})
     assert isinstance(t, tracking.NoopTracker) and t.run_id == "abc12345"
     t = tracking.make_tracker(0, project="p", broadcast=agreed, environ={"WANDB_MODE": "disabled"})
@@ -98,28 +117,50 @@ def test_other_ranks_get_a_noop_with_the_agreed_run_id():
 
 # --- preflight: pure verdicts over fabricated rank records ----------------------------------------------
 
+
 def records(n, host=lambda r: "g0001", gpus=4, coordinator="g0001:2345", world=None, fails=()):
-    checks = lambda r: [Check("pin.scipy", FAIL if r in fails else OK, "", "")]
-    return [preflight.rank_record(launch(world=world or n, rank=r, local_rank=r, local_size=n),
-                                  coord.Coordinator(coordinator(r) if callable(coordinator) else coordinator, "test"),
-                                  {}, checks(r), gpus, host=host(r)) for r in range(n)]
+    def checks(r):
+        return [Check("pin.scipy", FAIL if r in fails else OK, "", "")]
+
+    return [
+        preflight.rank_record(
+            launch(world=world or n, rank=r, local_rank=r, local_size=n),
+            coord.Coordinator(coordinator(r) if callable(coordinator) else coordinator, "test"),
+            {},
+            checks(r),
+            gpus,
+            host=host(r),
+        )
+        for r in range(n)
+    ]
 
 
 def test_a_sound_launch_has_no_problems():
     assert preflight.problems(records(4), gpu_profile=True) == []
-    assert preflight.gpus_listed("GPU 0: NVIDIA H200 (UUID: a)\nGPU 1: NVIDIA H200 (UUID: b)\n") == 2
+    assert (
+        preflight.gpus_listed("GPU 0: NVIDIA H200 (UUID: a)\nGPU 1: NVIDIA H200 (UUID: b)\n") == 2
+    )
     assert preflight.gpus_listed(None) is None
 
 
 def test_preflight_finds_each_kind_of_mismatch():
-    assert any("5 ranks but 4 GPU(s)" in p for p in preflight.problems(records(5), gpu_profile=True))
-    assert preflight.problems(records(5), gpu_profile=False) == []  # the cpu profile oversubscribes freely
-    assert any("disagree about the coordinator" in p
-               for p in preflight.problems(records(2, coordinator=lambda r: f"g0001:{2345 + r}"), True))
+    assert any(
+        "5 ranks but 4 GPU(s)" in p for p in preflight.problems(records(5), gpu_profile=True)
+    )
+    assert (
+        preflight.problems(records(5), gpu_profile=False) == []
+    )  # the cpu profile oversubscribes freely
+    assert any(
+        "disagree about the coordinator" in p
+        for p in preflight.problems(records(2, coordinator=lambda r: f"g0001:{2345 + r}"), True)
+    )
     mixed = records(2)
     mixed[1]["world_size"] = 4
     assert any("disagree about the world size" in p for p in preflight.problems(mixed, True))
-    assert any("rank 1 on g0001: check-env fails: pin.scipy" in p for p in preflight.problems(records(2, fails=(1,)), True))
+    assert any(
+        "rank 1 on g0001: check-env fails: pin.scipy" in p
+        for p in preflight.problems(records(2, fails=(1,)), True)
+    )
     dup = records(2)
     dup[1]["rank"] = 0
     assert any("expected 0..1, each once" in p for p in preflight.problems(dup, True))
@@ -127,28 +168,41 @@ def test_preflight_finds_each_kind_of_mismatch():
 
 # --- real processes -------------------------------------------------------------------------------------
 
+
 def run_python(code_or_args, env, python=sys.executable, timeout=120):
     argv = [str(python), *(["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
 def test_single_process_starts_and_stops_without_a_coordinator():
-    proc = run_python("from octo_dist.dist import runtime\nwith runtime.distributed() as rt: print(rt.describe())", clean_env())
+    proc = run_python(
+        "from octo_dist.runtime import runtime\nwith runtime.distributed() as rt: print(rt.describe())",
+        clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "single: process 0/1" in proc.stdout and "cpu device" in proc.stdout
 
 
 def test_a_backend_touched_before_start_up_is_refused():
-    code = "import jax; jax.devices()\nfrom octo_dist.dist import runtime\nruntime.initialize()"
+    code = "import jax; jax.devices()\nfrom octo_dist.runtime import runtime\nruntime.initialize()"
     proc = run_python(code, clean_env())
     assert proc.returncode != 0 and "a JAX backend was initialised before octo_dist" in proc.stderr
 
 
 @pytest.mark.skipif(not JAX020_PYTHON.exists(), reason="needs .venv-jax020 (make jax020-env)")
 def test_cpu_jax_0_4_20_with_several_processes_is_refused_by_name():
-    env = clean_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0",
-                    OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS="127.0.0.1:29999")
-    proc = run_python("from octo_dist.dist import runtime\nruntime.initialize(use_mpi=False)", env, python=JAX020_PYTHON)
+    env = clean_env(
+        OMPI_COMM_WORLD_SIZE="2",
+        OMPI_COMM_WORLD_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+        COORDINATOR_ADDRESS="127.0.0.1:29999",
+    )
+    proc = run_python(
+        "from octo_dist.runtime import runtime\nruntime.initialize(use_mpi=False)",
+        env,
+        python=JAX020_PYTHON,
+    )
     assert proc.returncode != 0
     assert "jax 0.4.20 on the CPU cannot run one computation across processes" in proc.stderr
 
@@ -156,18 +210,31 @@ def test_cpu_jax_0_4_20_with_several_processes_is_refused_by_name():
 @pytest.mark.mpi
 def test_unreachable_coordinator_ends_with_the_address_and_timeout(tmp_path):
     # Rank 1 of 2, alone: nothing ever listens on the coordinator port.
-    env = clean_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_LOCAL_RANK="1",
-                    OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}")
+    env = clean_env(
+        OMPI_COMM_WORLD_SIZE="2",
+        OMPI_COMM_WORLD_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+        COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}",
+    )
     proc = run_python([ALLREDUCE, "--init-timeout", "3"], env, timeout=60)
     assert proc.returncode != 0
-    assert f"coordinator {env['COORDINATOR_ADDRESS']} (COORDINATOR_ADDRESS) did not accept connections within 3 s" in proc.stderr
+    assert (
+        f"coordinator {env['COORDINATOR_ADDRESS']} (COORDINATOR_ADDRESS) did not accept connections within 3 s"
+        in proc.stderr
+    )
 
 
 @pytest.mark.mpi
 def test_a_missing_rank_ends_rank_0_with_a_clear_timeout():
     # Rank 0 of 2 starts the service, but rank 1 never comes: jax would abort blaming "missing heartbeats".
-    env = clean_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0",
-                    OMPI_COMM_WORLD_LOCAL_SIZE="2", COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}")
+    env = clean_env(
+        OMPI_COMM_WORLD_SIZE="2",
+        OMPI_COMM_WORLD_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+        COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}",
+    )
     proc = run_python([ALLREDUCE, "--init-timeout", "3"], env, timeout=60)
     assert proc.returncode == runtime.EXIT_STARTUP
     assert "jax.distributed.initialize did not complete within 3 s" in proc.stderr
@@ -181,21 +248,30 @@ def test_cross_process_reduction_under_real_mpirun(mpirun, np):
     ranks = sorted(json_lines(proc.stdout), key=lambda d: d["rank"])
     assert [d["rank"] for d in ranks] == list(range(np))
     for d in ranks:
-        assert (d["world"], d["devices"], d["local_devices"], d["launcher"]) == (np, np, 1, "openmpi5")
+        assert (d["world"], d["devices"], d["local_devices"], d["launcher"]) == (
+            np,
+            np,
+            1,
+            "openmpi5",
+        )
         assert d["total"] == d["expected"] == float(sum(range(1, np + 1)))
     assert len({d["coordinator"] for d in ranks}) == 1
 
 
 @pytest.mark.mpi
 def test_one_rank_raising_ends_the_whole_job_quickly(mpirun):
-    proc = mpirun(2, ALLREDUCE, "--fail-rank", "1")  # a hang fails the test, naming what it waited for
+    proc = mpirun(
+        2, ALLREDUCE, "--fail-rank", "1"
+    )  # a hang fails the test, naming what it waited for
     assert proc.returncode != 0
     assert "rank 1 fails on purpose" in proc.stderr and "aborting the job" in proc.stderr
 
 
 @pytest.mark.mpi
 def test_wandb_offline_under_mpirun_makes_exactly_one_run(mpirun, tmp_path):
-    env = clean_env(WANDB_MODE="offline", WANDB_API_KEY="sk-must-not-leak-0123456789", WANDB_SILENT="true")
+    env = clean_env(
+        WANDB_MODE="offline", WANDB_API_KEY="sk-must-not-leak-0123456789", WANDB_SILENT="true"
+    )
     proc = mpirun(2, ALLREDUCE, "--wandb-dir", str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FileExistsError" not in proc.stderr
@@ -222,10 +298,12 @@ def test_check_env_launch_prints_one_line_per_rank(mpirun):
 def test_check_env_launch_fails_when_ranks_disagree_about_the_coordinator(mpirun, tmp_path):
     # Only rank 1 gets COORDINATOR_ADDRESS (the classic forgotten `mpirun -x`): found before JAX starts.
     wrapper = tmp_path / "rank_env.py"
-    wrapper.write_text("import os, runpy, sys\n"
-                       "if os.environ['OMPI_COMM_WORLD_RANK'] == '1': os.environ['COORDINATOR_ADDRESS'] = '127.0.0.1:2'\n"
-                       "sys.argv = ['octo-dist', 'check-env', '--launch', '--profile', 'cpu']\n"
-                       "runpy.run_module('octo_dist', run_name='__main__')\n")
+    wrapper.write_text(
+        "import os, runpy, sys\n"
+        "if os.environ['OMPI_COMM_WORLD_RANK'] == '1': os.environ['COORDINATOR_ADDRESS'] = '127.0.0.1:2'\n"
+        "sys.argv = ['octo-dist', 'check-env', '--launch', '--profile', 'cpu']\n"
+        "runpy.run_module('octo_dist', run_name='__main__')\n"
+    )
     proc = mpirun(2, str(wrapper))
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     assert "ranks disagree about the coordinator" in proc.stdout
@@ -237,10 +315,12 @@ def test_check_env_launch_ends_when_ranks_disagree_about_the_world_size(mpirun, 
     # One rank is told the world has 3 ranks (a wrapper script's mistake): before, the other waited for ever in an
     # mpi4py collective. Now the job ends, and the odd rank's error says what disagreed.
     wrapper = tmp_path / "rank_env.py"
-    wrapper.write_text("import os, runpy, sys\n"
-                       f"if os.environ['OMPI_COMM_WORLD_RANK'] == '{odd}': os.environ['OMPI_COMM_WORLD_SIZE'] = '3'\n"
-                       "sys.argv = ['octo-dist', 'check-env', '--launch', '--profile', 'cpu', '--init-timeout', '20']\n"
-                       "runpy.run_module('octo_dist', run_name='__main__')\n")
+    wrapper.write_text(
+        "import os, runpy, sys\n"
+        f"if os.environ['OMPI_COMM_WORLD_RANK'] == '{odd}': os.environ['OMPI_COMM_WORLD_SIZE'] = '3'\n"
+        "sys.argv = ['octo-dist', 'check-env', '--launch', '--profile', 'cpu', '--init-timeout', '20']\n"
+        "runpy.run_module('octo_dist', run_name='__main__')\n"
+    )
     proc = mpirun(2, str(wrapper))
     assert proc.returncode != 0, proc.stdout + proc.stderr[-2000:]
     odd_err = proc.ranks[odd][1]
@@ -250,21 +330,32 @@ def test_check_env_launch_ends_when_ranks_disagree_about_the_world_size(mpirun, 
 
 # --- rank-aware logging ---------------------------------------------------------------------------------
 
+
 def test_info_only_on_rank_0_warnings_everywhere_with_a_rank_prefix():
-    code = ("import io, logging, os, sys\nfrom octo_dist.dist import ranklog\n"
-            "s = io.StringIO()\nranklog.setup(int(sys.argv[1]), 4, host='g0001', stream=s, "
-            "all_ranks=ranklog.all_ranks_requested(os.environ))\n"
-            "logging.getLogger('x').info('hello'); logging.getLogger('x').warning('careful')\n"
-            "print(s.getvalue(), end=''); print(type(ranklog.progress([1], int(sys.argv[1]))).__name__)")
+    code = (
+        "import io, logging, os, sys\nfrom octo_dist.runtime import ranklog\n"
+        "s = io.StringIO()\nranklog.setup(int(sys.argv[1]), 4, host='g0001', stream=s, "
+        "all_ranks=ranklog.all_ranks_requested(os.environ))\n"
+        "logging.getLogger('x').info('hello'); logging.getLogger('x').warning('careful')\n"
+        "print(s.getvalue(), end=''); print(type(ranklog.progress([1], int(sys.argv[1]))).__name__)"
+    )
     out = {r: run_python(["-c", code, str(r)], clean_env()).stdout for r in (0, 1)}
-    assert "[rank 0/4 g0001] INFO x: hello" in out[0] and "[rank 0/4 g0001] WARNING x: careful" in out[0]
+    assert (
+        "[rank 0/4 g0001] INFO x: hello" in out[0]
+        and "[rank 0/4 g0001] WARNING x: careful" in out[0]
+    )
     assert "hello" not in out[1] and "[rank 1/4 g0001] WARNING x: careful" in out[1]
-    assert out[0].endswith("tqdm\n") and out[1].endswith("list\n")  # one progress bar per job, on rank 0
+    assert out[0].endswith("tqdm\n") and out[1].endswith(
+        "list\n"
+    )  # one progress bar per job, on rank 0
     everywhere = run_python(["-c", code, "1"], clean_env(OCTO_DIST_LOG_ALL_RANKS="1")).stdout
     assert "[rank 1/4 g0001] INFO x: hello" in everywhere
 
 
 def test_an_unresolvable_own_hostname_is_named_before_gloo_crashes():
     runtime._check_own_hostname_resolves("localhost")
-    with pytest.raises(runtime.StartupError, match=r"'no-such-host\.invalid' does not resolve.*--hostname localhost"):
+    with pytest.raises(
+        runtime.StartupError,
+        match=r"'no-such-host\.invalid' does not resolve.*--hostname localhost",
+    ):
         runtime._check_own_hostname_resolves("no-such-host.invalid")

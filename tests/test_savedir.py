@@ -31,37 +31,55 @@ def read_only_namespace_prefix(directory: Path) -> list:
     """A command prefix that runs the rest with ``directory`` bind-mounted read-only, for this process tree only."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed")
-    mount = (f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory} {directory} && "
-             f'exec "$@"')
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, text=True)
+    mount = (
+        f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory} {directory} && "
+        f'exec "$@"'
+    )
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
-        pytest.skip(f"cannot make a read-only bind mount here (needs CAP_SYS_ADMIN): {probe.stderr.strip()}")
+        pytest.skip(
+            f"cannot make a read-only bind mount here (needs CAP_SYS_ADMIN): {probe.stderr.strip()}"
+        )
     return ["unshare", "-m", "sh", "-c", mount, "sh"]
 
 
 def one_line_error(text: str) -> str:
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     assert len(lines) == 1, text
     return lines[0]
 
 
 # --- writable ------------------------------------------------------------------------------------------------
 
+
 def test_a_read_only_directory_is_refused_before_training_even_for_root(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
-    code = ("import sys\nfrom octo_dist.engine import savedir\n"
-            "try:\n    savedir.prepare(sys.argv[1], state_bytes=1 << 20)\n"
-            "except savedir.SaveDirError as e:\n    print(e); sys.exit(2)\n")
-    for target in (ro, ro / "run1"):   # the directory itself, and a new one to be created inside it
-        p = subprocess.run([*read_only_namespace_prefix(ro), sys.executable, "-c", code, str(target)],
-                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120)
+    code = (
+        "import sys\nfrom octo_dist.engine import savedir\n"
+        "try:\n    savedir.prepare(sys.argv[1], state_bytes=1 << 20)\n"
+        "except savedir.SaveDirError as e:\n    print(e); sys.exit(2)\n"
+    )
+    for target in (ro, ro / "run1"):  # the directory itself, and a new one to be created inside it
+        p = subprocess.run(
+            [*read_only_namespace_prefix(ro), sys.executable, "-c", code, str(target)],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            cwd=REPO,
+            timeout=120,
+        )
         assert p.returncode == 2, p.stderr
         line = one_line_error(p.stdout)
         assert f"save directory {target} is not writable from rank 0" in line, line
-        assert "Read-only file system" in line and "expected a directory every rank can create files in" in line
+        assert (
+            "Read-only file system" in line
+            and "expected a directory every rank can create files in" in line
+        )
         assert "Fix: " in line
-    assert list(ro.iterdir()) == []          # nothing was written, no lock left behind
+    assert list(ro.iterdir()) == []  # nothing was written, no lock left behind
 
 
 def test_a_writable_directory_is_created_probed_and_left_clean(tmp_path):
@@ -89,23 +107,49 @@ def test_one_rank_that_cannot_write_stops_every_rank_with_its_error(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     prefix = shlex.join(read_only_namespace_prefix(save))
-    rank_cmd = (f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {prefix} "$@"; else exec "$@"; fi')
-    cmd = [str(exe), "--oversubscribe", "-np", "2", "bash", "-c", rank_cmd, "rank", sys.executable,
-           str(PROGRAMS / "savedir_check.py"), str(save), str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300,
-                       stdin=subprocess.DEVNULL)
+    rank_cmd = f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {prefix} "$@"; else exec "$@"; fi'
+    cmd = [
+        str(exe),
+        "--oversubscribe",
+        "-np",
+        "2",
+        "bash",
+        "-c",
+        rank_cmd,
+        "rank",
+        sys.executable,
+        str(PROGRAMS / "savedir_check.py"),
+        str(save),
+        str(out),
+    ]
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     outcomes = {}
     for rank in (0, 1):
         f = out / f"{rank}.json"
-        assert f.exists(), f"rank {rank} wrote no outcome (mpirun exit {p.returncode}):\n{p.stderr[-3000:]}"
+        assert f.exists(), (
+            f"rank {rank} wrote no outcome (mpirun exit {p.returncode}):\n{p.stderr[-3000:]}"
+        )
         outcomes[rank] = json.loads(f.read_text())
     for rank, o in outcomes.items():
-        assert o["error"] and f"is not writable from rank 1 on {socket.gethostname()}" in o["error"], (rank, o)
+        assert (
+            o["error"] and f"is not writable from rank 1 on {socket.gethostname()}" in o["error"]
+        ), (rank, o)
     assert outcomes[0]["error"] == outcomes[1]["error"]
-    assert not (save / LOCK_NAME).exists()    # rank 0 took the lock, then gave it back on the shared refusal
+    assert not (
+        save / LOCK_NAME
+    ).exists()  # rank 0 took the lock, then gave it back on the shared refusal
 
 
 # --- free space ----------------------------------------------------------------------------------------------
+
 
 def test_free_space_for_two_checkpoints_is_required():
     state = 400 * MiB
@@ -114,19 +158,26 @@ def test_free_space_for_two_checkpoints_is_required():
     assert savedir.space_problem("/groups/gxx00000/run", 2 * one, state) is None
     assert savedir.space_problem("/groups/gxx00000/run", 2 * one - 1, state) is not None
     problem = savedir.space_problem("/groups/gxx00000/run", 500 * MiB, state)
-    assert problem.startswith("save directory /groups/gxx00000/run has 500.0 MiB free; expected at least 842.0 MiB "
-                              "(2 checkpoints of 421.0 MiB each"), problem
+    assert problem.startswith(
+        "save directory /groups/gxx00000/run has 500.0 MiB free; expected at least 842.0 MiB "
+        "(2 checkpoints of 421.0 MiB each"
+    ), problem
     assert "Fix: " in problem and "\n" not in problem
     assert "has 1.0 GiB free" in savedir.space_problem("/d", GiB, 10 * GiB)
-    assert savedir.space_problem("/d", 0, 0) is not None           # even an empty state needs its metadata
+    assert savedir.space_problem("/d", 0, 0) is not None  # even an empty state needs its metadata
 
 
 def test_state_size_is_read_from_an_abstract_state():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    abstract = jax.eval_shape(lambda: {"w": jnp.zeros((1000, 256), jnp.float32), "b": jnp.zeros(7, jnp.bfloat16),
-                                       "step": jnp.zeros((), jnp.int32)})
+    abstract = jax.eval_shape(
+        lambda: {
+            "w": jnp.zeros((1000, 256), jnp.float32),
+            "b": jnp.zeros(7, jnp.bfloat16),
+            "step": jnp.zeros((), jnp.int32),
+        }
+    )
     assert savedir.state_nbytes(abstract) == 1000 * 256 * 4 + 7 * 2 + 4
 
 
@@ -151,8 +202,13 @@ lock.release()
 
 def hold_lock(directory: Path, tmp_path: Path) -> subprocess.Popen:
     flag = tmp_path / f"held.{time.monotonic_ns()}"
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory), str(flag)], stdin=subprocess.PIPE,
-                         env=clean_env(), cwd=REPO, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory), str(flag)],
+        stdin=subprocess.PIPE,
+        env=clean_env(),
+        cwd=REPO,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not flag.exists():
         assert p.poll() is None, f"the lock holder exited ({p.returncode}) before taking the lock"
@@ -169,10 +225,15 @@ def test_a_second_run_is_refused_naming_the_holder_then_takes_over_when_it_dies(
             RunLock(d, "999.pbs1").acquire()
         msg = str(e.value)
         assert "\n" not in msg
-        assert f"is in use by another run (host {socket.gethostname()}, pid {holder.pid}, job 12345.pbs1, since " in msg
-        assert "expected one run per save directory" in msg and "Fix: wait for that run to end" in msg
+        assert (
+            f"is in use by another run (host {socket.gethostname()}, pid {holder.pid}, job 12345.pbs1, since "
+            in msg
+        )
+        assert (
+            "expected one run per save directory" in msg and "Fix: wait for that run to end" in msg
+        )
     finally:
-        holder.send_signal(signal.SIGKILL)       # a job killed at its wall time: its lock stays behind
+        holder.send_signal(signal.SIGKILL)  # a job killed at its wall time: its lock stays behind
         holder.wait(timeout=60)
     assert (d / LOCK_NAME).exists()
     with caplog.at_level(logging.WARNING, logger=savedir.__name__):
@@ -189,7 +250,7 @@ def test_a_second_run_is_refused_naming_the_holder_then_takes_over_when_it_dies(
 def test_a_lock_released_by_its_holder_is_free_again(tmp_path):
     d = tmp_path / "run"
     holder = hold_lock(d, tmp_path)
-    holder.communicate("", timeout=60)          # closes stdin: the holder releases and exits
+    holder.communicate("", timeout=60)  # closes stdin: the holder releases and exits
     assert holder.returncode == 0 and not (d / LOCK_NAME).exists()
     with RunLock(d) as lock:
         assert lock.taken_over is None
@@ -197,14 +258,18 @@ def test_a_lock_released_by_its_holder_is_free_again(tmp_path):
 
 def fabricate_lock(d: Path, host: str, pid: int, age_s: float) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    (d / LOCK_NAME).write_text(json.dumps({"host": host, "pid": pid, "job_id": "77.pbs1", "started": time.time() - age_s}))
+    (d / LOCK_NAME).write_text(
+        json.dumps({"host": host, "pid": pid, "job_id": "77.pbs1", "started": time.time() - age_s})
+    )
     os.utime(d / LOCK_NAME, (time.time() - age_s, time.time() - age_s))
 
 
 def test_a_lock_from_another_host_is_stale_only_once_it_stops_being_refreshed(tmp_path):
     d = tmp_path / "run"
     fabricate_lock(d, "g0099", 1, age_s=60)
-    with pytest.raises(SaveDirError, match="in use by another run \\(host g0099, pid 1, job 77.pbs1"):
+    with pytest.raises(
+        SaveDirError, match="in use by another run \\(host g0099, pid 1, job 77.pbs1"
+    ):
         RunLock(d).acquire()
     fabricate_lock(d, "g0099", 1, age_s=savedir.STALE_AFTER_S + 60)
     lock = RunLock(d).acquire()
@@ -229,7 +294,9 @@ def test_the_holder_refreshes_its_lock(tmp_path):
         os.utime(d / LOCK_NAME, (1, 1))
         deadline = time.monotonic() + 60
         while os.stat(d / LOCK_NAME).st_mtime < 2:
-            assert time.monotonic() < deadline, "waited 60 s for the heartbeat thread to touch the lock"
+            assert time.monotonic() < deadline, (
+                "waited 60 s for the heartbeat thread to touch the lock"
+            )
             time.sleep(0.05)
     finally:
         lock.release()
@@ -238,17 +305,24 @@ def test_the_holder_refreshes_its_lock(tmp_path):
 def test_release_leaves_a_lock_that_is_no_longer_ours(tmp_path):
     d = tmp_path / "run"
     lock = RunLock(d).acquire()
-    fabricate_lock(d, "g0099", 1, age_s=0)        # taken over by another run while this one looked dead
+    fabricate_lock(d, "g0099", 1, age_s=0)  # taken over by another run while this one looked dead
     lock.release()
     assert json.loads((d / LOCK_NAME).read_text())["host"] == "g0099"
 
 
 def test_stale_reasons():
     alive = {10}.__contains__
-    assert savedir.stale_reason({"host": "a", "pid": 11}, 5, "a", alive) == "its process (pid 11 on this host) is gone"
+    assert (
+        savedir.stale_reason({"host": "a", "pid": 11}, 5, "a", alive)
+        == "its process (pid 11 on this host) is gone"
+    )
     assert savedir.stale_reason({"host": "a", "pid": 10}, 5, "a", alive) is None
-    assert savedir.stale_reason({"host": "b", "pid": 11}, 5, "a", alive) is None          # can't see b's pids
-    assert "last refreshed 20 min ago" in savedir.stale_reason({"host": "b", "pid": 11}, 1200, "a", alive)
+    assert (
+        savedir.stale_reason({"host": "b", "pid": 11}, 5, "a", alive) is None
+    )  # can't see b's pids
+    assert "last refreshed 20 min ago" in savedir.stale_reason(
+        {"host": "b", "pid": 11}, 1200, "a", alive
+    )
     assert savedir.stale_reason({}, 5, "a", alive) is None
 
 
@@ -271,12 +345,18 @@ def test_prepare_in_one_process_locks_and_a_second_prepare_is_refused(tmp_path):
         claim.release()
     with pytest.raises(SaveDirError, match="expected at least"):
         savedir.prepare(str(d), state_bytes=1 << 60)
-    assert not (d / LOCK_NAME).exists()        # the space check failed before any lock was taken
+    assert not (d / LOCK_NAME).exists()  # the space check failed before any lock was taken
     assert isinstance(savedir.prepare(None), savedir.NoClaim)
 
 
 def test_first_problem_names_the_other_ranks():
-    assert savedir.first_problem([{"rank": 0, "problem": None}, {"rank": 1, "problem": None}]) is None
-    reports = [{"rank": 0, "problem": None}, {"rank": 1, "problem": "x"}, {"rank": 2, "problem": "y"}]
+    assert (
+        savedir.first_problem([{"rank": 0, "problem": None}, {"rank": 1, "problem": None}]) is None
+    )
+    reports = [
+        {"rank": 0, "problem": None},
+        {"rank": 1, "problem": "x"},
+        {"rank": 2, "problem": "y"},
+    ]
     assert savedir.first_problem(reports) == "x (rank 2 too)"
     assert savedir.first_problem(reports + [{"rank": 3, "problem": "z"}]) == "x (ranks 2, 3 too)"

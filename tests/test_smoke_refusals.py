@@ -11,23 +11,34 @@ from helpers import REPO, clean_env
 SMOKE = [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny"]
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--steps", "-5"], "--steps -5; expected at least 1 step. Fix: --steps 20"),
-    (["--steps", "0"], "--steps 0; expected at least 1 step"),
-    (["--learning-rate", "nan"], "--learning-rate nan; expected a finite number above 0"),
-    (["--learning-rate", "-1"], "--learning-rate -1.0; expected a finite number above 0"),
-    (["--save-every", "-1"], "--save-every -1; expected 0 (at the end and on a stop only) or a positive number"),
-    (["--global-batch", "100000000"], "--global-batch 100000000; expected 1 to 65536 examples"),
-    (["--tolerance", "inf"], "--tolerance inf; expected a finite relative difference >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--steps", "-5"], "--steps -5; expected at least 1 step. Fix: --steps 20"),
+        (["--steps", "0"], "--steps 0; expected at least 1 step"),
+        (["--learning-rate", "nan"], "--learning-rate nan; expected a finite number above 0"),
+        (["--learning-rate", "-1"], "--learning-rate -1.0; expected a finite number above 0"),
+        (
+            ["--save-every", "-1"],
+            "--save-every -1; expected 0 (at the end and on a stop only) or a positive number",
+        ),
+        (["--global-batch", "100000000"], "--global-batch 100000000; expected 1 to 65536 examples"),
+        (["--tolerance", "inf"], "--tolerance inf; expected a finite relative difference >= 0"),
+    ],
+)
 def test_flags_no_run_could_use_are_one_line_and_exit_2(flags, needle):
     refused(flags, needle)
 
 
 def refused(flags, needle):
-    proc = subprocess.run([*SMOKE, *flags], capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
+    proc = subprocess.run(
+        [*SMOKE, *flags], capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == f"octo-dist smoke: error: {proc.stderr.split('error: ', 1)[1]}" and proc.stderr.count("\n") == 1
+    assert (
+        proc.stderr == f"octo-dist smoke: error: {proc.stderr.split('error: ', 1)[1]}"
+        and proc.stderr.count("\n") == 1
+    )
     assert needle in proc.stderr
     assert proc.stdout == ""  # refused before start-up: no verdict, no steps
 
@@ -35,40 +46,84 @@ def refused(flags, needle):
 def test_paths_that_cannot_be_used_are_one_line_and_exit_2(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    refused(["--record", str(tmp_path / "missing" / "r.json")], f"Fix: mkdir -p {tmp_path / 'missing'}")
+    refused(
+        ["--record", str(tmp_path / "missing" / "r.json")], f"Fix: mkdir -p {tmp_path / 'missing'}"
+    )
     refused(["--record", str(tmp_path)], f"Fix: --record {tmp_path / 'record.json'}")
-    refused(["--compile-cache", str(a_file)], f"compile cache {a_file} is a file; expected a directory")
-    refused(["--compile-cache", str(a_file / "sub")], f"{a_file} is a file; expected directories up to it")
+    refused(
+        ["--compile-cache", str(a_file)], f"compile cache {a_file} is a file; expected a directory"
+    )
+    refused(
+        ["--compile-cache", str(a_file / "sub")],
+        f"{a_file} is a file; expected directories up to it",
+    )
 
 
 def test_a_save_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    proc = subprocess.run([*SMOKE, "--steps", "2", "--save-dir", str(a_file)], capture_output=True, text=True,
-                          timeout=300, env=clean_env(), cwd=REPO)
+    proc = subprocess.run(
+        [*SMOKE, "--steps", "2", "--save-dir", str(a_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+        cwd=REPO,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"octo-dist smoke: error: save directory {a_file} is a file, not a directory" in proc.stderr
+    assert (
+        f"octo-dist smoke: error: save directory {a_file} is a file, not a directory" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and "steps 0 ->" not in proc.stdout
 
 
-@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare (util-linux) for a read-only bind mount")
+@pytest.mark.skipif(
+    not shutil.which("unshare"), reason="needs unshare (util-linux) for a read-only bind mount"
+)
 def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
     # Root ignores permission bits, so the directory is made read-only the way a container bind is: a read-only bind
     # mount in a private mount namespace (the test skips where unprivileged namespaces are not allowed).
     save = tmp_path / "save"
     save.mkdir()
-    script = ('mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && shift && exec "$@"')
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), "true"],
-                           capture_output=True, text=True)
+    script = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && shift && exec "$@"'
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), "true"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), *SMOKE,
-                           "--steps", "30", "--save-dir", str(save)],
-                          capture_output=True, text=True, timeout=300, env=clean_env(), cwd=REPO)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "bash",
+            "-c",
+            script,
+            "_",
+            str(save),
+            *SMOKE,
+            "--steps",
+            "30",
+            "--save-dir",
+            str(save),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+        cwd=REPO,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"save directory {save} is not writable" in proc.stderr and "Read-only file system" in proc.stderr, \
-        proc.stderr[-3000:]
-    assert "steps 0 ->" not in proc.stdout and list(save.iterdir()) == []  # no step ran, nothing was written
+    assert (
+        f"save directory {save} is not writable" in proc.stderr
+        and "Read-only file system" in proc.stderr
+    ), proc.stderr[-3000:]
+    assert (
+        "steps 0 ->" not in proc.stdout and list(save.iterdir()) == []
+    )  # no step ran, nothing was written
 
 
 def test_the_jobs_offer_the_engines_step_functions_with_its_default():
@@ -79,8 +134,15 @@ def test_the_jobs_offer_the_engines_step_functions_with_its_default():
     from octo_dist.apps.smoke import app as smoke
     from octo_dist.engine import parallel, train
 
-    step_fn = next(a for a in smoke.add_parser(argparse.ArgumentParser().add_subparsers())._actions
-                   if a.dest == "step_fn")
+    step_fn = next(
+        a
+        for a in smoke.add_parser(argparse.ArgumentParser().add_subparsers())._actions
+        if a.dest == "step_fn"
+    )
     assert tuple(step_fn.choices) == tuple(config.STEP_FNS) == tuple(parallel.STEP_FNS)
-    assert step_fn.default == config.FinetuneConfig.__dataclass_fields__["step_fn"].default \
-        == train.TrainConfig.step_fn == "auto"
+    assert (
+        step_fn.default
+        == config.FinetuneConfig.__dataclass_fields__["step_fn"].default
+        == train.TrainConfig.step_fn
+        == "auto"
+    )

@@ -13,8 +13,11 @@ from octo_dist.engine import parallel as engine
 
 @pytest.fixture(scope="module")
 def collective_runs(tmp_path_factory):
-    runs = VersionRuns(PROGRAMS / "collectives.py", clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2"),
-                       tmp_path_factory.mktemp("collectives"))
+    runs = VersionRuns(
+        PROGRAMS / "collectives.py",
+        clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        tmp_path_factory.mktemp("collectives"),
+    )
     yield runs
     runs.close()
 
@@ -30,8 +33,12 @@ def test_default_step_on_the_cpu_all_reduces_once_over_one_flat_vector(observed)
     default = observed["steps"]["default"]
     assert default["runs"] == "shard_map"
     # Gradients, loss, each metric and the stop signal's one-hot over signal numbers, all f32, in one all-reduce.
-    scalars = 1 + len([m for m in default["metrics"] if m not in ("loss", "grad_norm", engine.STOP)])
-    assert default["all_reduces"] == [4 * (observed["params"] + scalars + observed["max_signal"])], observed
+    scalars = 1 + len(
+        [m for m in default["metrics"] if m not in ("loss", "grad_norm", engine.STOP)]
+    )
+    assert default["all_reduces"] == [
+        4 * (observed["params"] + scalars + observed["max_signal"])
+    ], observed
     assert default["loss_finite"]
 
 
@@ -47,18 +54,27 @@ def test_auto_resolves_by_platform_and_names_are_checked():
     assert engine.resolve_step_fn("auto", "tpu") == "jit"
     assert engine.resolve_step_fn("jit", "cpu") == "jit"
     assert engine.resolve_step_fn("shard_map", "gpu") == "shard_map"
-    with pytest.raises(ValueError, match="'pmap'; expected one of \\('auto', 'jit', 'shard_map'\\)"):
+    with pytest.raises(
+        ValueError, match="'pmap'; expected one of \\('auto', 'jit', 'shard_map'\\)"
+    ):
         engine.resolve_step_fn("pmap", "cpu")
 
 
 def test_all_reduces_are_counted_and_sized_from_hlo_text():
-    cpu = ("  %fusion.182 = f32[84383]{0} fusion(f32[2,84383]{1,0} %p), kind=kLoop\n"
-           "  %all-reduce = f32[84383]{0} all-reduce(f32[84383]{0} %fusion.182), channel_id=5, replica_groups={{0,1}}\n"
-           "  %all-reduce.1 = bf16[2,3]{1,0} all-reduce(bf16[2,3]{1,0} %x), channel_id=6, to_apply=%add\n")
+    cpu = (
+        "  %fusion.182 = f32[84383]{0} fusion(f32[2,84383]{1,0} %p), kind=kLoop\n"
+        "  %all-reduce = f32[84383]{0} all-reduce(f32[84383]{0} %fusion.182), channel_id=5, replica_groups={{0,1}}\n"
+        "  %all-reduce.1 = bf16[2,3]{1,0} all-reduce(bf16[2,3]{1,0} %x), channel_id=6, to_apply=%add\n"
+    )
     assert hlo.all_reduces(cpu) == [84383 * 4, 12]
     # GPU: async pairs, tuple-shaped when XLA's combiner merged several; the -done half is not a second one.
-    gpu = ("  %all-reduce-start = (f32[10]{0}, s32[]) all-reduce-start(f32[10]{0} %a, s32[] %b), channel_id=1\n"
-           "  %all-reduce-done = (f32[10]{0}, s32[]) all-reduce-done((f32[10]{0}, s32[]) %all-reduce-start)\n")
+    gpu = (
+        "  %all-reduce-start = (f32[10]{0}, s32[]) all-reduce-start(f32[10]{0} %a, s32[] %b), channel_id=1\n"
+        "  %all-reduce-done = (f32[10]{0}, s32[]) all-reduce-done((f32[10]{0}, s32[]) %all-reduce-start)\n"
+    )
     assert hlo.all_reduces(gpu) == [44]
-    assert hlo.all_reduces("  %all-gather = f32[16]{0} all-gather(f32[8]{0} %x), dimensions={0}\n") == []
+    assert (
+        hlo.all_reduces("  %all-gather = f32[16]{0} all-gather(f32[8]{0} %x), dimensions={0}\n")
+        == []
+    )
     assert hlo.shape_bytes("(f32[2,3]{1,0}, s32[])") == 28

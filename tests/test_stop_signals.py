@@ -21,7 +21,7 @@ from helpers import RANK_OUTPUT, REPO, clean_env
 PROGRAM = """
 import os, signal, sys, time
 from pathlib import Path
-from octo_dist.dist import stopping
+from octo_dist.runtime import stopping
 
 out = Path(sys.argv[1])
 stop = stopping.StopSignal()
@@ -40,23 +40,38 @@ def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float 
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"the process exited ({proc.returncode}) while the test waited for {what}: "
-                                 f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
+            raise AssertionError(
+                f"the process exited ({proc.returncode}) while the test waited for {what}: "
+                f"{proc.stderr.read()[-3000:] if proc.stderr else ''}"
+            )
         assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
         time.sleep(0.02)
     return path.read_text()
 
 
-@pytest.mark.parametrize("first, then", [(signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)),
-                                         (signal.SIGTERM, (signal.SIGTERM, signal.SIGTERM))])
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        (signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)),
+        (signal.SIGTERM, (signal.SIGTERM, signal.SIGTERM)),
+    ],
+)
 def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, then):
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path)], env=clean_env(), cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, str(tmp_path)],
+        env=clean_env(),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_file(tmp_path / "ready", proc, "the handler to be installed")
         proc.send_signal(first)
-        assert wait_for_file(tmp_path / "stopping", proc, "the process to see the stop signal") == first.name
-        for s in then:                                   # while it saves and shuts down
+        assert (
+            wait_for_file(tmp_path / "stopping", proc, "the process to see the stop signal")
+            == first.name
+        )
+        for s in then:  # while it saves and shuts down
             proc.send_signal(s)
         (tmp_path / "sent").write_text("")
         _, err = proc.communicate(timeout=120)
@@ -69,7 +84,7 @@ def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, t
 
 
 def test_without_a_stop_signal_close_puts_the_previous_handlers_back():
-    from octo_dist.dist import stopping
+    from octo_dist.runtime import stopping
 
     before = [signal.getsignal(s) for s in stopping.SIGNALS]
     stop = stopping.StopSignal()
@@ -85,7 +100,7 @@ def signal_all(procs, *signals) -> None:
         for p in procs:
             try:
                 p.send_signal(s)
-            except psutil.NoSuchProcess:     # already exited: nothing left to disturb
+            except psutil.NoSuchProcess:  # already exited: nothing left to disturb
                 pass
 
 
@@ -103,14 +118,44 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         pytest.skip("no mpirun in this venv")
     ckpt, ranks = tmp_path / "ckpt", tmp_path / "ranks"
     ranks.mkdir()
-    cmd = [str(exe), "--oversubscribe", "-np", "2", "bash", "-c", RANK_OUTPUT, "rank-output", sys.executable,
-           "-m", "octo_dist", "smoke", "--model", "tiny", "--steps", "100000", "--save-dir", str(ckpt),
-           "--save-every", "3", "--record", str(tmp_path / "rec.json")]
-    job = subprocess.Popen(cmd, env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)), cwd=REPO, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                           start_new_session=True)
+    cmd = [
+        str(exe),
+        "--oversubscribe",
+        "-np",
+        "2",
+        "bash",
+        "-c",
+        RANK_OUTPUT,
+        "rank-output",
+        sys.executable,
+        "-m",
+        "octo_dist",
+        "smoke",
+        "--model",
+        "tiny",
+        "--steps",
+        "100000",
+        "--save-dir",
+        str(ckpt),
+        "--save-every",
+        "3",
+        "--record",
+        str(tmp_path / "rec.json"),
+    ]
+    job = subprocess.Popen(
+        cmd,
+        env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)),
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        wait_for_file(ckpt / "3" / ck.MANIFEST, job, "the first verified checkpoint (training under way)", 300)
+        wait_for_file(
+            ckpt / "3" / ck.MANIFEST, job, "the first verified checkpoint (training under way)", 300
+        )
         procs = []
         for p in psutil.Process(job.pid).children(recursive=True):
             try:  # a short-lived child (mpirun's helpers) may exit between the listing and this read
@@ -123,13 +168,15 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
             p.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 300
         while "stopping after step" not in (ranks / "0.err").read_text():
-            assert job.poll() is None and time.monotonic() < deadline, \
+            assert job.poll() is None and time.monotonic() < deadline, (
                 f"waited 300 s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
+            )
             time.sleep(0.02)
-        signal_all(procs, signal.SIGTERM, signal.SIGUSR1)      # while it saves
+        signal_all(procs, signal.SIGTERM, signal.SIGUSR1)  # while it saves
         while "octo-dist smoke:" not in (ranks / "0.out").read_text():
-            assert job.poll() is None and time.monotonic() < deadline, \
+            assert job.poll() is None and time.monotonic() < deadline, (
                 f"waited 300 s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
+            )
             time.sleep(0.02)
         # Then through the whole shutdown (the runtime's, the interpreter's), until every rank has exited.
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
@@ -140,6 +187,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     finally:
         if job.poll() is None:
             import os
+
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     rank_err = "".join((ranks / f"{r}.err").read_text() for r in (0, 1))

@@ -23,8 +23,11 @@ n = 100 + len(calls)
 print({{"pbs": f"{{n}}.pbs1", "sge": f"{{n}}", "slurm": f"{{n}};cluster1"}}[os.environ["FAKE_SCHEDULER"]])
 """
 
-HEADS = {"pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"], "sge": ["sge", "--nodes", "2", "--group", "gxx00000"],
-         "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8"]}
+HEADS = {
+    "pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"],
+    "sge": ["sge", "--nodes", "2", "--group", "gxx00000"],
+    "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8"],
+}
 
 
 @pytest.fixture
@@ -41,36 +44,93 @@ def fake_scheduler(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def calls():
-        return [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+        return [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
 
     return calls
 
 
 EXPECTED = {  # scheduler -> (argv of the 2nd and 3rd submission, ids printed, log of the first job)
-    "pbs": ([["qsub", "-W", "depend=afterany:100.pbs1", "-v", "OCTO_DIST_AFTER=100.pbs1", "job.sh"],
-             ["qsub", "-W", "depend=afterany:101.pbs1", "-v", "OCTO_DIST_AFTER=101.pbs1", "job.sh"]],
-            ["100.pbs1", "101.pbs1", "102.pbs1"], "home/octo-dist.o100"),
-    "sge": ([["qsub", "-terse", "-g", "gxx00000", "-hold_jid", "100", "-v", "OCTO_DIST_AFTER=100", "job.sh"],
-             ["qsub", "-terse", "-g", "gxx00000", "-hold_jid", "101", "-v", "OCTO_DIST_AFTER=101", "job.sh"]],
-            ["100", "101", "102"], "octo-dist.o100"),
-    "slurm": ([["sbatch", "--parsable", "--dependency=afterany:100", "--export=ALL,OCTO_DIST_AFTER=100", "job.sh"],
-               ["sbatch", "--parsable", "--dependency=afterany:101", "--export=ALL,OCTO_DIST_AFTER=101", "job.sh"]],
-              ["100", "101", "102"], "octo-dist-100.out"),
+    "pbs": (
+        [
+            ["qsub", "-W", "depend=afterany:100.pbs1", "-v", "OCTO_DIST_AFTER=100.pbs1", "job.sh"],
+            ["qsub", "-W", "depend=afterany:101.pbs1", "-v", "OCTO_DIST_AFTER=101.pbs1", "job.sh"],
+        ],
+        ["100.pbs1", "101.pbs1", "102.pbs1"],
+        "home/octo-dist.o100",
+    ),
+    "sge": (
+        [
+            [
+                "qsub",
+                "-terse",
+                "-g",
+                "gxx00000",
+                "-hold_jid",
+                "100",
+                "-v",
+                "OCTO_DIST_AFTER=100",
+                "job.sh",
+            ],
+            [
+                "qsub",
+                "-terse",
+                "-g",
+                "gxx00000",
+                "-hold_jid",
+                "101",
+                "-v",
+                "OCTO_DIST_AFTER=101",
+                "job.sh",
+            ],
+        ],
+        ["100", "101", "102"],
+        "octo-dist.o100",
+    ),
+    "slurm": (
+        [
+            [
+                "sbatch",
+                "--parsable",
+                "--dependency=afterany:100",
+                "--export=ALL,OCTO_DIST_AFTER=100",
+                "job.sh",
+            ],
+            [
+                "sbatch",
+                "--parsable",
+                "--dependency=afterany:101",
+                "--export=ALL,OCTO_DIST_AFTER=101",
+                "job.sh",
+            ],
+        ],
+        ["100", "101", "102"],
+        "octo-dist-100.out",
+    ),
 }
 
 
 @pytest.mark.parametrize("scheduler", sorted(HEADS))
-def test_chain_submits_each_job_after_the_previous_one(fake_scheduler, tmp_path, monkeypatch, capsys, scheduler):
+def test_chain_submits_each_job_after_the_previous_one(
+    fake_scheduler, tmp_path, monkeypatch, capsys, scheduler
+):
     monkeypatch.setenv("FAKE_SCHEDULER", scheduler)
-    assert cli.main(["launch", *HEADS[scheduler], "-o", "job.sh", "--chain", "3"]) == 0, capsys.readouterr().err
+    assert cli.main(["launch", *HEADS[scheduler], "-o", "job.sh", "--chain", "3"]) == 0, (
+        capsys.readouterr().err
+    )
     out = capsys.readouterr().out
     later, ids, first_log = EXPECTED[scheduler]
     calls = fake_scheduler()
     assert len(calls) == 3 and calls[1:] == later, calls
-    assert "depend" not in " ".join(calls[0]) and "hold_jid" not in calls[0] and "OCTO_DIST_AFTER" not in str(calls[0])
+    assert (
+        "depend" not in " ".join(calls[0])
+        and "hold_jid" not in calls[0]
+        and "OCTO_DIST_AFTER" not in str(calls[0])
+    )
     for n, job in enumerate(ids):
         assert f"submitted job {job}" in out, out
-    assert f"log {tmp_path / first_log}" in out and f"submitted job {ids[1]}, after {ids[0]}" in out, out
+    assert (
+        f"log {tmp_path / first_log}" in out and f"submitted job {ids[1]}, after {ids[0]}" in out
+    ), out
 
 
 def test_submit_once_and_a_refusal_is_reported(fake_scheduler, monkeypatch, capsys):
@@ -91,9 +151,16 @@ def test_chain_and_dry_run_are_refused_together_and_chain_must_be_positive(fake_
     assert fake_scheduler() == []
 
 
-@pytest.mark.parametrize("scheduler, answer, job", [("pbs", "12345.pbs1\n", "12345.pbs1"), ("sge", "678\n", "678"),
-                                                    ("sge", "678.1-10:1\n", "678"), ("slurm", "91;c1\n", "91"),
-                                                    ("slurm", "91\n", "91")])
+@pytest.mark.parametrize(
+    "scheduler, answer, job",
+    [
+        ("pbs", "12345.pbs1\n", "12345.pbs1"),
+        ("sge", "678\n", "678"),
+        ("sge", "678.1-10:1\n", "678"),
+        ("slurm", "91;c1\n", "91"),
+        ("slurm", "91\n", "91"),
+    ],
+)
 def test_job_ids_as_the_schedulers_print_them(scheduler, answer, job):
     assert submit.job_id(scheduler, answer) == job
 
@@ -109,4 +176,7 @@ def test_without_the_scheduler_here_the_script_is_still_written(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 1
     err = capsys.readouterr().err
-    assert "no qsub here; expected to run on the cluster's login node" in err and (tmp_path / "job.sh").exists()
+    assert (
+        "no qsub here; expected to run on the cluster's login node" in err
+        and (tmp_path / "job.sh").exists()
+    )

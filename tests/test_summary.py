@@ -14,21 +14,47 @@ from octo_dist.apps import summary
 def test_figures_come_from_the_timestamps():
     # Process started at 100.0, training at 103.0; steps ended at 110 (compile), 110.5, then every 0.25 s.
     ends = [110.0, 110.5, 110.75, 111.0, 111.25]
-    s = summary.summarize(command="smoke", processes=2, devices=2, global_batch=8, start_step=0, end_step=5,
-                          losses={0: 0.9, 1: 0.8, 4: 0.5, 2: 0.7, 3: 0.6}, process_started=100.0, fit_started=103.0,
-                          step_ends=ends, ended=112.0)
+    s = summary.summarize(
+        command="smoke",
+        processes=2,
+        devices=2,
+        global_batch=8,
+        start_step=0,
+        end_step=5,
+        losses={0: 0.9, 1: 0.8, 4: 0.5, 2: 0.7, 3: 0.6},
+        process_started=100.0,
+        fit_started=103.0,
+        step_ends=ends,
+        ended=112.0,
+    )
     assert (s.wall_s, s.time_to_first_step_s, s.compile_s) == (12.0, 10.0, 7.0)
-    assert s.median_step_s == 0.25 and s.examples_per_s == 32.0  # the first two steps (compiling) are left out
+    assert (
+        s.median_step_s == 0.25 and s.examples_per_s == 32.0
+    )  # the first two steps (compiling) are left out
     assert (s.loss_first, s.loss_last) == (0.9, 0.5)
     text = summary.lines(s)
-    assert text.startswith("octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (compile 7.0 s), "
-                           "median step 250.0 ms,")
+    assert text.startswith(
+        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (compile 7.0 s), "
+        "median step 250.0 ms,"
+    )
     assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
 
 
 def test_a_run_that_did_no_step_says_so():
-    s = summary.summarize(command="finetune", processes=1, devices=1, global_batch=4, start_step=7, end_step=7,
-                          losses={}, process_started=0.0, fit_started=1.0, step_ends=[], ended=2.0, stopped_by="SIGTERM")
+    s = summary.summarize(
+        command="finetune",
+        processes=1,
+        devices=1,
+        global_batch=4,
+        start_step=7,
+        end_step=7,
+        losses={},
+        process_started=0.0,
+        fit_started=1.0,
+        step_ends=[],
+        ended=2.0,
+        stopped_by="SIGTERM",
+    )
     assert s.time_to_first_step_s is None and s.median_step_s is None and s.examples_per_s is None
     assert "no steps run over steps 7 -> 7, stopped by SIGTERM" in summary.lines(s)
 
@@ -42,9 +68,27 @@ def png_size(path):
 @pytest.mark.slow
 def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     save = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny", "--steps", "6",
-                           "--save-dir", str(save), "--record", str(tmp_path / "record.json")],
-                          capture_output=True, text=True, timeout=600, env=clean_env(), cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "smoke",
+            "--model",
+            "tiny",
+            "--steps",
+            "6",
+            "--save-dir",
+            str(save),
+            "--record",
+            str(tmp_path / "record.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "record.json").read_text())
     got = json.loads((save / "summary.json").read_text())
@@ -57,4 +101,7 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
     assert 0 < got["compile_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
     assert png_size(save / "loss.png") == summary.PLOT_SIZE_PX
-    assert "octo-dist smoke: run summary: wall " in proc.stdout and "examples/s (global batch 8)" in proc.stdout
+    assert (
+        "octo-dist smoke: run summary: wall " in proc.stdout
+        and "examples/s (global batch 8)" in proc.stdout
+    )

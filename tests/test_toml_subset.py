@@ -13,14 +13,14 @@ FABRICATED = [
     '[common.by_python."3.10".requirements]\nprotobuf = "==3.20.3"\n[common.by_python."3.11".requirements]\np = "1"\n',
     '[[p.o]]\npackage = "a"\n[[p.o]]\npackage = "b"\n[p.o.sub]\nk = 1\n[p]\nname = "n"\n',
     'arr = [\n  "3.10",  # the images\n  "3.11",\n]\nnested = [[1, 2], ["a"]]\nempty = []\n',
-    "lit = 'C:\\path\\no escapes'\nbasic = \"tab\\t quote\\\" back\\\\ u\\u00e9 U\\U0001F600\"\n",
+    'lit = \'C:\\path\\no escapes\'\nbasic = "tab\\t quote\\" back\\\\ u\\u00e9 U\\U0001F600"\n',
     'dotted.key = "v"\n"quoted key" = 1\n\'lit key\' = 2\n[x]\ny.z = 3\n',
-    "crlf = 1\r\n[t]\r\nk = \"v\"\r\n",
+    'crlf = 1\r\n[t]\r\nk = "v"\r\n',
     'inherit = ["numpy", "ml-dtypes"]\ngpu = "false"\nlock_pythons = "3.11"\n',
-    '[a.b]\nx = 1\n[a]\ny = 2\n',                              # a super-table after its sub-table
-    '[[a]]\nx = 1\n[a.b]\ny = 2\n[[a]]\nx = 3\n',                # a sub-table of the last array element
+    "[a.b]\nx = 1\n[a]\ny = 2\n",  # a super-table after its sub-table
+    "[[a]]\nx = 1\n[a.b]\ny = 2\n[[a]]\nx = 3\n",  # a sub-table of the last array element
     'x = "a#b" # c\n[ spaced . "q" ]\nz = 1\na = [\n]\nb = ["x",\n "y" # c\n , "z"]\n',
-    '',
+    "",
 ]
 
 
@@ -35,20 +35,23 @@ def test_fabricated_documents_read_the_same_as_with_tomllib(text):
     assert toml_subset.loads(text) == tomllib.loads(text)
 
 
-@pytest.mark.parametrize("text,message", [
-    ('a = {x = 1}\n', "inline tables are outside the TOML subset"),
-    ('a = """x"""\n', "multi-line strings are outside"),
-    ('a = 1979-05-27\n', "dates, inf, nan and 0x/0o/0b integers are outside"),
-    ('a = 0x1F\n', "0x/0o/0b integers are outside"),
-    ('a = "open\n', "unterminated string"),
-    ('a = 1\na = 2\n', "key 'a' is defined twice"),
-    ('[t]\n[t]\n', r"\[t\] is defined twice"),
-    ('a = [1, 2\nb = 3\n', "expected ',' or ']'"),
-    ('a = 1 2\n', "expected the end of the line"),
-    ('a = "\\q"\n', r"unknown escape \\q"),
-    ('x = [1]\n[[x]]\n', "not an array of tables"),
-    ('= 1\n', "expected a key"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("a = {x = 1}\n", "inline tables are outside the TOML subset"),
+        ('a = """x"""\n', "multi-line strings are outside"),
+        ("a = 1979-05-27\n", "dates, inf, nan and 0x/0o/0b integers are outside"),
+        ("a = 0x1F\n", "0x/0o/0b integers are outside"),
+        ('a = "open\n', "unterminated string"),
+        ("a = 1\na = 2\n", "key 'a' is defined twice"),
+        ("[t]\n[t]\n", r"\[t\] is defined twice"),
+        ("a = [1, 2\nb = 3\n", "expected ',' or ']'"),
+        ("a = 1 2\n", "expected the end of the line"),
+        ('a = "\\q"\n', r"unknown escape \\q"),
+        ("x = [1]\n[[x]]\n", "not an array of tables"),
+        ("= 1\n", "expected a key"),
+    ],
+)
 def test_what_tomllib_refuses_or_the_subset_lacks_is_refused_with_the_line(text, message):
     with pytest.raises(toml_subset.TomlSubsetError, match=message) as err:
         toml_subset.loads("# first line\n" + text)

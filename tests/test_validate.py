@@ -59,7 +59,11 @@ def test_parser_reads_infiniband_from_recorded_lines():
 
 def test_parser_reads_the_socket_fallback_and_why():
     s = nccl_log.parse(NCCL_SOCKET.splitlines())
-    assert s["network"] == "Socket" and s["ib_missing"] and s["transports"] == ["NET/Socket", "P2P/IPC"]
+    assert (
+        s["network"] == "Socket"
+        and s["ib_missing"]
+        and s["transports"] == ["NET/Socket", "P2P/IPC"]
+    )
     assert nccl_log.inter_node(s) == "Socket"
     d = nccl_log.parse(NCCL_DISABLED.splitlines())
     assert d["ib_disabled"] and nccl_log.inter_node(d) == "Socket"
@@ -93,20 +97,42 @@ def test_scaling_efficiency_and_verdict():
     assert scaling.efficiency(one, good) == pytest.approx(0.8)
     assert scaling.judge(one, good, 0.6, judged=True).status == OK
     step = scaling.judge(one, bad, 0.6, judged=True)
-    assert step.status == FAIL and "efficiency 0.25" in step.found and step.expected == "efficiency >= 0.60"
+    assert (
+        step.status == FAIL
+        and "efficiency 0.25" in step.found
+        and step.expected == "efficiency >= 0.60"
+    )
     assert scaling.judge(one, bad, 0.6, judged=False).status == OK  # CPU devices: shown, not judged
     assert scaling.judge(one, {"devices": 8}, 0.6, judged=True).status == FAIL
 
 
 def test_bus_bandwidth_factor_follows_nccl_tests():
-    assert allreduce.bus_factor(2) == 1.0 and allreduce.bus_factor(8) == 1.75 and allreduce.bus_factor(1) == 0.0
+    assert (
+        allreduce.bus_factor(2) == 1.0
+        and allreduce.bus_factor(8) == 1.75
+        and allreduce.bus_factor(1) == 0.0
+    )
 
 
 def record(rank, host, platform="gpu", nccl=NCCL_IB, failures=(), total=None):
-    bench = {"devices": 16, "bytes": 64 * 2 ** 20, "iterations": 20, "median_s": 0.002, "algbw_gbs": 33.5,
-             "busbw_gbs": 62.9, "sum": 16.0 if total is None else total, "sum_expected": 16.0}
-    return {"rank": rank, "host": host, "platform": platform, "env_failures": list(failures), "allreduce": bench,
-            "nccl": nccl_log.parse(nccl.splitlines()) if platform == "gpu" else None}
+    bench = {
+        "devices": 16,
+        "bytes": 64 * 2**20,
+        "iterations": 20,
+        "median_s": 0.002,
+        "algbw_gbs": 33.5,
+        "busbw_gbs": 62.9,
+        "sum": 16.0 if total is None else total,
+        "sum_expected": 16.0,
+    }
+    return {
+        "rank": rank,
+        "host": host,
+        "platform": platform,
+        "env_failures": list(failures),
+        "allreduce": bench,
+        "nccl": nccl_log.parse(nccl.splitlines()) if platform == "gpu" else None,
+    }
 
 
 def by_name(steps):
@@ -115,17 +141,37 @@ def by_name(steps):
 
 def test_across_nodes_verdicts_from_fabricated_records():
     good = by_name(app.across_steps([record(0, "h1"), record(8, "h2")], gpu_profile=True))
-    assert [good[n].status for n in ("environment", "allreduce", "transport", "scaling")] == [OK, OK, OK, SKIP]
+    assert [good[n].status for n in ("environment", "allreduce", "transport", "scaling")] == [
+        OK,
+        OK,
+        OK,
+        SKIP,
+    ]
     assert "busbw 62.90 GB/s" in good["allreduce"].found
-    sockets = by_name(app.across_steps([record(0, "h1"), record(8, "h2", nccl=NCCL_SOCKET)], gpu_profile=True))
+    sockets = by_name(
+        app.across_steps([record(0, "h1"), record(8, "h2", nccl=NCCL_SOCKET)], gpu_profile=True)
+    )
     assert sockets["transport"].status == FAIL and "TCP sockets" in sockets["transport"].found
-    cpu = by_name(app.across_steps([record(0, "h1", "cpu"), record(1, "h2", "cpu")], gpu_profile=True))
-    assert cpu["environment"].status == FAIL and "GPU profile on the CPU backend" in cpu["environment"].found
+    cpu = by_name(
+        app.across_steps([record(0, "h1", "cpu"), record(1, "h2", "cpu")], gpu_profile=True)
+    )
+    assert (
+        cpu["environment"].status == FAIL
+        and "GPU profile on the CPU backend" in cpu["environment"].found
+    )
     assert cpu["transport"].status == SKIP and "gloo" in cpu["transport"].found
-    env = by_name(app.across_steps([record(0, "h1", failures=["pin.scipy"]), record(1, "h1")], gpu_profile=True))
+    env = by_name(
+        app.across_steps(
+            [record(0, "h1", failures=["pin.scipy"]), record(1, "h1")], gpu_profile=True
+        )
+    )
     assert env["environment"].status == FAIL and "rank(s) 0: pin.scipy" in env["environment"].found
-    wrong = by_name(app.across_steps([record(0, "h1"), record(1, "h1", total=15.0)], gpu_profile=True))
-    assert wrong["allreduce"].status == FAIL and "wrong sum on rank(s) [1]" in wrong["allreduce"].found
+    wrong = by_name(
+        app.across_steps([record(0, "h1"), record(1, "h1", total=15.0)], gpu_profile=True)
+    )
+    assert (
+        wrong["allreduce"].status == FAIL and "wrong sum on rank(s) [1]" in wrong["allreduce"].found
+    )
 
 
 def test_the_nccl_log_goes_to_one_file_per_rank(tmp_path):
@@ -143,17 +189,32 @@ def test_visible_gpus():
 
 
 def validate(*argv, env=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "octo_dist", "validate", *argv], capture_output=True, text=True,
-                          env=env or clean_env(), cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "octo_dist", "validate", *argv],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("argv,message", [(["--steps", "2"], "--steps 2: expected >= 5"),
-                                          (["--min-efficiency", "1.5"], "expected a number in (0, 1]"),
-                                          (["--cpu-devices", "1"], "expected 0 (skip) or >= 2"),
-                                          (["--allreduce-mib", "0"], "--allreduce-mib 0")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--steps", "2"], "--steps 2: expected >= 5"),
+        (["--min-efficiency", "1.5"], "expected a number in (0, 1]"),
+        (["--cpu-devices", "1"], "expected 0 (skip) or >= 2"),
+        (["--allreduce-mib", "0"], "--allreduce-mib 0"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(argv, message):
     proc = validate(*argv, timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (
+        proc.returncode == 2
+        and message in proc.stderr
+        and len(proc.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_on_the_cpu_it_reports_the_cpu_backend_and_skips_what_needs_a_gpu(tmp_path):
@@ -172,7 +233,10 @@ def test_on_the_cpu_it_reports_the_cpu_backend_and_skips_what_needs_a_gpu(tmp_pa
 def test_a_gpu_profile_on_this_cpu_machine_fails_the_environment():
     proc = validate("--profile", "cuda11")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL  environment" in proc.stdout and "fix: octo-dist check-env --deep --profile cuda11" in proc.stdout
+    assert (
+        "FAIL  environment" in proc.stdout
+        and "fix: octo-dist check-env --deep --profile cuda11" in proc.stdout
+    )
     assert "octo-dist validate: FAILED: environment" in proc.stdout
 
 
@@ -190,15 +254,29 @@ def test_scaling_runs_the_smoke_job_twice_on_forced_cpu_devices(tmp_path):
 @pytest.mark.mpi
 def test_under_a_real_2_rank_mpirun_rank_0_reports_allreduce_and_skips_nccl(mpirun, tmp_path):
     report = tmp_path / "r.json"
-    proc = mpirun(2, "-m", "octo_dist", "validate", "--allreduce-mib", "1", "--iterations", "3",
-                  "--report", str(report), timeout=600)
+    proc = mpirun(
+        2,
+        "-m",
+        "octo_dist",
+        "validate",
+        "--allreduce-mib",
+        "1",
+        "--iterations",
+        "3",
+        "--report",
+        str(report),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(report.read_text())  # written by rank 0 alone; stdout is not parsed
     steps = {s["name"]: s for s in rep["steps"]}
     assert rep["mode"] == "across" and rep["processes"] == 2 and rep["backend"] == "cpu"
-    assert steps["environment"]["status"] == OK and "2 ranks on 1 host(s)" in steps["environment"]["found"]
+    assert (
+        steps["environment"]["status"] == OK
+        and "2 ranks on 1 host(s)" in steps["environment"]["found"]
+    )
     assert steps["allreduce"]["status"] == OK and steps["allreduce"]["data"]["rank0"]["sum"] == 2.0
-    assert steps["allreduce"]["data"]["rank0"]["bytes"] == 2 ** 20
+    assert steps["allreduce"]["data"]["rank0"]["bytes"] == 2**20
     assert steps["transport"]["status"] == SKIP and "gloo" in steps["transport"]["found"]
 
 
@@ -206,8 +284,20 @@ def test_under_a_real_2_rank_mpirun_rank_0_reports_allreduce_and_skips_nccl(mpir
 def test_make_validate_gpu_runs_here_on_the_cpu():
     env = clean_env()
     env.pop("MAKEFLAGS", None)
-    proc = subprocess.run(["make", "-s", "validate-gpu", f"VALIDATE_CMD={sys.executable} -m octo_dist",
-                           "VALIDATE_ARGS=--json"], cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        [
+            "make",
+            "-s",
+            "validate-gpu",
+            f"VALIDATE_CMD={sys.executable} -m octo_dist",
+            "VALIDATE_ARGS=--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)
     assert rep["backend"] == "cpu" and rep["ok"]

@@ -25,36 +25,44 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 
 log = logging.getLogger(__name__)
 
-COMPILE_CACHE_ENV = "OCTO_DIST_COMPILE_CACHE"   # "/groups/gxx00000/octo-dist-cache"
+COMPILE_CACHE_ENV = "OCTO_DIST_COMPILE_CACHE"  # "/groups/gxx00000/octo-dist-cache"
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     """How a job starts, read from its flags and the environment once, at the command line."""
-    runtime: Mapping[str, Any]          # runtime.initialize's keyword arguments
+
+    runtime: Mapping[str, Any]  # runtime.initialize's keyword arguments
     compile_cache: Optional[str] = None
     log_all_ranks: bool = False
 
     @classmethod
-    def from_environment(cls, runtime_options: Mapping[str, Any], compile_cache: Optional[str],
-                         environ: Mapping[str, str]) -> "Options":
+    def from_environment(
+        cls,
+        runtime_options: Mapping[str, Any],
+        compile_cache: Optional[str],
+        environ: Mapping[str, str],
+    ) -> "Options":
         """``compile_cache`` or ``$OCTO_DIST_COMPILE_CACHE``; ``$OCTO_DIST_LOG_ALL_RANKS``; ``environ`` for start-up."""
-        from octo_dist.dist import ranklog
+        from octo_dist.runtime import ranklog
 
-        return cls(runtime={**runtime_options, "environ": environ},
-                   compile_cache=compile_cache or environ.get(COMPILE_CACHE_ENV) or None,
-                   log_all_ranks=ranklog.all_ranks_requested(environ))
+        return cls(
+            runtime={**runtime_options, "environ": environ},
+            compile_cache=compile_cache or environ.get(COMPILE_CACHE_ENV) or None,
+            log_all_ranks=ranklog.all_ranks_requested(environ),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     """What the job's own work gets: the runtime (ranks, devices) and the stop signal to pass to ``train.fit``."""
+
     runtime: runtime.Runtime
-    stop: Any   # stopping.StopSignal
+    stop: Any  # stopping.StopSignal
 
 
 def say(job: Job, text: str) -> None:
@@ -63,8 +71,9 @@ def say(job: Job, text: str) -> None:
         print(text, flush=True)
 
 
-def run(command: str, options: Options, work: Callable[[Job], int], *,
-        refusals: Sequence[type] = ()) -> int:
+def run(
+    command: str, options: Options, work: Callable[[Job], int], *, refusals: Sequence[type] = ()
+) -> int:
     """Start up, run ``work`` on every rank, shut down. Returns the exit code.
 
     Args:
@@ -76,7 +85,7 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
     from octo_dist.launchers import LauncherError
     from octo_dist.launchers.coordinator import CoordinatorError
 
-    from octo_dist.dist import compile_cache
+    from octo_dist.runtime import compile_cache
 
     refused = compile_cache.problem(options.compile_cache)
     if refused:  # found before start-up, the same on every rank
@@ -91,8 +100,8 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     with runtime.running(rt):
-        from octo_dist.dist import ranklog
-        from octo_dist.dist import stopping
+        from octo_dist.runtime import ranklog
+        from octo_dist.runtime import stopping
         from octo_dist.engine.checkpoint import CheckpointError
         from octo_dist.engine.data import BatchSizeError
 
@@ -114,6 +123,7 @@ def run(command: str, options: Options, work: Callable[[Job], int], *,
 @dataclasses.dataclass
 class Timing:
     """When training started and when each step finished (``time.time()``), for the run summary."""
+
     fit_started: float
     step_ends: list
 
@@ -124,7 +134,9 @@ def process_started() -> float:
         import psutil
 
         return psutil.Process(os.getpid()).create_time()
-    except Exception:  # psutil missing, or /proc unreadable: the import of this module is close enough
+    except (
+        Exception
+    ):  # psutil missing, or /proc unreadable: the import of this module is close enough
         return _IMPORTED
 
 
@@ -145,8 +157,16 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
             on_step(step, values)
 
     try:
-        result = train.fit(policy, optimizer, data, config, tracker=tracker, stop=job.stop, on_step=timed,
-                           **fit_kwargs)
+        result = train.fit(
+            policy,
+            optimizer,
+            data,
+            config,
+            tracker=tracker,
+            stop=job.stop,
+            on_step=timed,
+            **fit_kwargs,
+        )
     finally:
         tracker.finish()
     return result, timing
@@ -154,13 +174,20 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
 
 def parameter_digests(result) -> list:
     """Every rank's ``result.params_digest``, in rank order, on every rank (collective: every rank calls it)."""
-    from octo_dist.dist import collectives
+    from octo_dist.runtime import collectives
 
     return [r["digest"] for r in collectives.allgather_json({"digest": result.params_digest})]
 
 
-def summary(job: Job, command: str, result, timing: Timing, global_batch: int, directory: Optional[str],
-            digests: Optional[Sequence[str]] = None):
+def summary(
+    job: Job,
+    command: str,
+    result,
+    timing: Timing,
+    global_batch: int,
+    directory: Optional[str],
+    digests: Optional[Sequence[str]] = None,
+):
     """Rank 0 prints the run summary and, with a run directory, writes summary.json and loss.png there.
 
     ``digests``: every rank's parameter digest (``parameter_digests``), recorded in summary.json."""
@@ -168,10 +195,20 @@ def summary(job: Job, command: str, result, timing: Timing, global_batch: int, d
 
     rt = job.runtime
     s = summary_mod.summarize(
-        command=command, processes=rt.process_count, devices=rt.device_count, global_batch=global_batch,
-        start_step=result.start_step, end_step=result.end_step, losses=result.losses,
-        process_started=process_started(), fit_started=timing.fit_started, step_ends=timing.step_ends,
-        ended=time.time(), stopped_by=result.stopped_by, params_digests=digests)
+        command=command,
+        processes=rt.process_count,
+        devices=rt.device_count,
+        global_batch=global_batch,
+        start_step=result.start_step,
+        end_step=result.end_step,
+        losses=result.losses,
+        process_started=process_started(),
+        fit_started=timing.fit_started,
+        step_ends=timing.step_ends,
+        ended=time.time(),
+        stopped_by=result.stopped_by,
+        params_digests=digests,
+    )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)
         if directory:

@@ -17,49 +17,78 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
 SCHEMA = 1
-PLOT_SIZE_PX = (800, 480)   # loss.png, width x height
+PLOT_SIZE_PX = (800, 480)  # loss.png, width x height
 PLOT_DPI = 100
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSummary:
-    command: str                   # "smoke", "finetune"
+    command: str  # "smoke", "finetune"
     processes: int
     devices: int
     global_batch: int
     start_step: int
     end_step: int
-    wall_s: float                  # process start -> end of training
-    time_to_first_step_s: Optional[float]  # process start -> first step finished (None: no step ran)
-    compile_s: Optional[float]     # training start -> first step finished: building, compiling, the first batch
-    median_step_s: Optional[float]  # steps after the first two (which compile the step, then the metric reads)
+    wall_s: float  # process start -> end of training
+    time_to_first_step_s: Optional[
+        float
+    ]  # process start -> first step finished (None: no step ran)
+    compile_s: Optional[
+        float
+    ]  # training start -> first step finished: building, compiling, the first batch
+    median_step_s: Optional[
+        float
+    ]  # steps after the first two (which compile the step, then the metric reads)
     examples_per_s: Optional[float]  # global batch / median step
     loss_first: Optional[float]
     loss_last: Optional[float]
     stopped_by: Optional[str]
-    params_digests: Optional[list] = None   # every rank's parameter digest, in rank order (identical when sound)
+    params_digests: Optional[list] = (
+        None  # every rank's parameter digest, in rank order (identical when sound)
+    )
 
     def as_json(self) -> dict:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
 
 
-def summarize(*, command: str, processes: int, devices: int, global_batch: int, start_step: int, end_step: int,
-              losses: Mapping[int, float], process_started: float, fit_started: float, step_ends: Sequence[float],
-              ended: float, stopped_by: Optional[str] = None,
-              params_digests: Optional[Sequence[str]] = None) -> RunSummary:
+def summarize(
+    *,
+    command: str,
+    processes: int,
+    devices: int,
+    global_batch: int,
+    start_step: int,
+    end_step: int,
+    losses: Mapping[int, float],
+    process_started: float,
+    fit_started: float,
+    step_ends: Sequence[float],
+    ended: float,
+    stopped_by: Optional[str] = None,
+    params_digests: Optional[Sequence[str]] = None,
+) -> RunSummary:
     """The figures from timestamps in seconds on one clock (``time.time()``), e.g. ``step_ends=[17.9, 17.93, ...]``."""
     ends = list(step_ends)
     steady = [b - a for a, b in zip(ends[1:], ends[2:])]  # from the third step on
     median = statistics.median(steady) if steady else None
     ordered = [losses[k] for k in sorted(losses)]
     return RunSummary(
-        command=command, processes=processes, devices=devices, global_batch=global_batch, start_step=start_step,
-        end_step=end_step, wall_s=ended - process_started,
+        command=command,
+        processes=processes,
+        devices=devices,
+        global_batch=global_batch,
+        start_step=start_step,
+        end_step=end_step,
+        wall_s=ended - process_started,
         time_to_first_step_s=ends[0] - process_started if ends else None,
         compile_s=ends[0] - fit_started if ends else None,
-        median_step_s=median, examples_per_s=global_batch / median if median else None,
-        loss_first=ordered[0] if ordered else None, loss_last=ordered[-1] if ordered else None,
-        stopped_by=stopped_by, params_digests=list(params_digests) if params_digests is not None else None)
+        median_step_s=median,
+        examples_per_s=global_batch / median if median else None,
+        loss_first=ordered[0] if ordered else None,
+        loss_last=ordered[-1] if ordered else None,
+        stopped_by=stopped_by,
+        params_digests=list(params_digests) if params_digests is not None else None,
+    )
 
 
 def _seconds(value: Optional[float], unit: str = "s") -> str:
@@ -70,24 +99,40 @@ def _seconds(value: Optional[float], unit: str = "s") -> str:
 
 def lines(s: RunSummary) -> str:
     """Two lines for the log (see the module docstring)."""
-    loss = (f"loss {s.loss_first:.4f} -> {s.loss_last:.4f}" if s.loss_first is not None else "no steps run")
+    loss = (
+        f"loss {s.loss_first:.4f} -> {s.loss_last:.4f}"
+        if s.loss_first is not None
+        else "no steps run"
+    )
     rate = f"{s.examples_per_s:.0f} examples/s" if s.examples_per_s else "- examples/s"
-    return (f"octo-dist {s.command}: run summary: wall {_seconds(s.wall_s)}, first step after "
-            f"{_seconds(s.time_to_first_step_s)} (compile {_seconds(s.compile_s)}), median step "
-            f"{_seconds(s.median_step_s, 'ms')},\n  {rate} (global batch {s.global_batch}), {loss} over steps "
-            f"{s.start_step} -> {s.end_step}" + (f", stopped by {s.stopped_by}" if s.stopped_by else ""))
+    return (
+        f"octo-dist {s.command}: run summary: wall {_seconds(s.wall_s)}, first step after "
+        f"{_seconds(s.time_to_first_step_s)} (compile {_seconds(s.compile_s)}), median step "
+        f"{_seconds(s.median_step_s, 'ms')},\n  {rate} (global batch {s.global_batch}), {loss} over steps "
+        f"{s.start_step} -> {s.end_step}" + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
+    )
 
 
-def write(directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float]) -> Tuple[Path, Path]:
+def write(
+    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float]
+) -> Tuple[Path, Path]:
     """``directory/summary.json`` and ``directory/loss.png`` (this run's losses by step); returns both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, png_path = directory / "summary.json", directory / "loss.png"
     tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**s.as_json(), "losses": {str(k): v for k, v in sorted(losses.items())}}, indent=1))
+    tmp.write_text(
+        json.dumps(
+            {**s.as_json(), "losses": {str(k): v for k, v in sorted(losses.items())}}, indent=1
+        )
+    )
     tmp.replace(json_path)
-    plot(losses, png_path, f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
-                           f"global batch {s.global_batch}")
+    plot(
+        losses,
+        png_path,
+        f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
+        f"global batch {s.global_batch}",
+    )
     return json_path, png_path
 
 

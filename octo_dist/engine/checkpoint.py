@@ -45,6 +45,7 @@ class CheckpointError(RuntimeError):
 
 # --- checksums: pure functions over a step directory ---------------------------------------------------------
 
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -56,13 +57,21 @@ def _sha256(path: Path) -> str:
 def file_digests(step_dir: Path) -> Dict[str, dict]:
     """``{"state/params.x/0.0.0.0": {"size": n, "sha256": hex}, ...}`` for every file under ``step_dir`` but the
     record itself, paths relative to ``step_dir`` with ``/`` separators."""
-    return {rel: {"size": path.stat().st_size, "sha256": _sha256(path)} for rel, path in _files(step_dir)}
+    return {
+        rel: {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for rel, path in _files(step_dir)
+    }
 
 
 def write_manifest(step_dir: Path, step: int) -> Path:
     """Hash ``step_dir`` into its ``checksums.json``: written to a temporary name, flushed, then renamed, so the
     record exists only complete and only after every file it covers."""
-    record = {"format": MANIFEST_FORMAT, "step": step, "algorithm": "sha256", "files": file_digests(step_dir)}
+    record = {
+        "format": MANIFEST_FORMAT,
+        "step": step,
+        "algorithm": "sha256",
+        "files": file_digests(step_dir),
+    }
     final = step_dir / MANIFEST
     tmp = step_dir / f"{MANIFEST}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -81,7 +90,9 @@ def _fsync_dir(path: Path) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory; the rename is still ordered after the data
+    except (
+        OSError
+    ):  # some file systems refuse fsync on a directory; the rename is still ordered after the data
         pass
     finally:
         os.close(fd)
@@ -94,8 +105,10 @@ def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
         return f"{step_dir} is not a directory"
     manifest = step_dir / MANIFEST
     if not manifest.is_file():
-        return (f"it has no {MANIFEST} (the save did not finish: the job was killed while writing it, or it was "
-                f"written by an octo-dist without checksums)")
+        return (
+            f"it has no {MANIFEST} (the save did not finish: the job was killed while writing it, or it was "
+            f"written by an octo-dist without checksums)"
+        )
     try:
         record = json.loads(manifest.read_text())
         expected = record["files"]
@@ -116,9 +129,13 @@ def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
         try:
             size = found[rel].stat().st_size
             if size != want["size"]:
-                problems.append(f"{rel} is {size} bytes, expected {want['size']} (truncated or overwritten)")
+                problems.append(
+                    f"{rel} is {size} bytes, expected {want['size']} (truncated or overwritten)"
+                )
             elif _sha256(found[rel]) != want["sha256"]:
-                problems.append(f"{rel} does not match its checksum (its content changed after the save)")
+                problems.append(
+                    f"{rel} does not match its checksum (its content changed after the save)"
+                )
         except OSError as e:
             problems.append(f"{rel} cannot be read ({e.strerror or e})")
     if not problems:
@@ -130,11 +147,16 @@ def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
 def _files(step_dir: Path):
     for path in sorted(step_dir.rglob("*")):
         rel = path.relative_to(step_dir).as_posix()
-        if (path.is_file() or path.is_symlink()) and rel != MANIFEST and not rel.startswith(MANIFEST + "."):
+        if (
+            (path.is_file() or path.is_symlink())
+            and rel != MANIFEST
+            and not rel.startswith(MANIFEST + ".")
+        ):
             yield rel, path
 
 
 # --- which steps a directory holds ---------------------------------------------------------------------------
+
 
 def step_dirs(directory: Path) -> Dict[int, Path]:
     """Finalised orbax step directories: ``{5: D/5, 10: D/10}`` (``10.orbax-checkpoint-tmp-…`` and
@@ -172,9 +194,12 @@ def scan(directory: Path) -> dict:
         except OSError as e:
             raise CheckpointError(
                 f"checkpoint step {step} in {directory} is damaged ({problem}) and cannot be moved aside ({e}); "
-                f"expected a writable save directory. Fix: move {steps[step]} out of {directory} and rerun") from None
+                f"expected a writable save directory. Fix: move {steps[step]} out of {directory} and rerun"
+            ) from None
         damaged.append([step, problem, moved])
-    recorded = sorted(s for s in steps if latest is not None and s <= latest and (steps[s] / MANIFEST).is_file())
+    recorded = sorted(
+        s for s in steps if latest is not None and s <= latest and (steps[s] / MANIFEST).is_file()
+    )
     return {"latest": latest, "recorded": recorded, "damaged": damaged}
 
 
@@ -193,6 +218,7 @@ def to_prune(steps: List[int], trusted: List[int], max_to_keep: Optional[int]) -
 
 # --- the checkpointers ---------------------------------------------------------------------------------------
 
+
 class NoCheckpoints:
     directory = None
 
@@ -203,7 +229,9 @@ class NoCheckpoints:
         pass
 
     def restore(self, step: int, abstract_state) -> Tuple[Any, dict]:
-        raise CheckpointError("no checkpoint directory configured; nothing to restore (pass --save-dir)")
+        raise CheckpointError(
+            "no checkpoint directory configured; nothing to restore (pass --save-dir)"
+        )
 
     def close(self) -> None:
         pass
@@ -224,10 +252,16 @@ class Checkpoints:
         found = self._agree(lambda: scan(self.directory))
         for step, problem, moved in found["damaged"]:
             if self._main:
-                log.warning("checkpoint step %d in %s is damaged: %s; moved it to %s, resuming from %s", step,
-                            self.directory, problem, moved,
-                            f"step {found['latest']}, the newest verified one" if found["latest"] is not None
-                            else "nothing (no verified checkpoint left)")
+                log.warning(
+                    "checkpoint step %d in %s is damaged: %s; moved it to %s, resuming from %s",
+                    step,
+                    self.directory,
+                    problem,
+                    moved,
+                    f"step {found['latest']}, the newest verified one"
+                    if found["latest"] is not None
+                    else "nothing (no verified checkpoint left)",
+                )
         self._latest: Optional[int] = found["latest"]
         self._verified = {found["latest"]} if found["latest"] is not None else set()
         self._trusted = set(found["recorded"]) | self._verified
@@ -236,9 +270,14 @@ class Checkpoints:
             # use_ocdbt=False: orbax 0.4.4 merges OCDBT per-process files with a tensorstore call
             # (KvStore.experimental_copy_range_to) that the tensorstore the stack allows (0.1.45, held by
             # ml-dtypes 0.2.0) lacks; the plain per-array layout needs no merge.
-            {STATE: ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)), META: ocp.Checkpointer(ocp.JsonCheckpointHandler())},
+            {
+                STATE: ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)),
+                META: ocp.Checkpointer(ocp.JsonCheckpointHandler()),
+            },
             # max_to_keep=None: orbax would prune right after its rename, before the new step's checksums exist.
-            options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, cleanup_tmp_directories=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=None, create=True, cleanup_tmp_directories=True
+            ),
         )
 
     def _agree(self, on_main):
@@ -246,7 +285,7 @@ class Checkpoints:
         process as a ``CheckpointError`` (one process failing alone would leave the others in a collective)."""
         import jax
 
-        from octo_dist.dist import collectives
+        from octo_dist.runtime import collectives
 
         reply = None
         if self._main:
@@ -255,11 +294,17 @@ class Checkpoints:
             except CheckpointError as e:
                 reply = {"error": str(e)}
             except Exception as e:  # noqa: BLE001 -- reported on every process, with what failed
-                reply = {"error": f"checkpoint directory {self.directory}: {type(e).__name__}: {e}; expected a "
-                                  f"writable, readable save directory. Fix: check the file system and its free space, "
-                                  f"then rerun with --resume"}
+                reply = {
+                    "error": f"checkpoint directory {self.directory}: {type(e).__name__}: {e}; expected a "
+                    f"writable, readable save directory. Fix: check the file system and its free space, "
+                    f"then rerun with --resume"
+                }
         if jax.process_count() > 1:
-            reply = json.loads(collectives.broadcast_str(json.dumps(reply) if self._main else None, max_bytes=1 << 16))
+            reply = json.loads(
+                collectives.broadcast_str(
+                    json.dumps(reply) if self._main else None, max_bytes=1 << 16
+                )
+            )
         if "error" in reply:
             raise CheckpointError(reply["error"])
         return reply["ok"]
@@ -272,7 +317,7 @@ class Checkpoints:
         """Collective: every process calls it at the same step."""
         step_dir = self.directory / str(step)
         self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
-        self._manager.wait_until_finished()   # ends in orbax's barrier: every process's files are in place
+        self._manager.wait_until_finished()  # ends in orbax's barrier: every process's files are in place
         # Shared, so that a failure here (a full disk) stops every process instead of leaving them in the next save.
         self._agree(lambda: str(write_manifest(step_dir, step)))
         self._latest = step
@@ -280,7 +325,7 @@ class Checkpoints:
         self._trusted.add(step)
         # Decided from what every process knows alike (no file system reads), so all of them prune the same steps.
         for old in to_prune(self._manager.all_steps(), sorted(self._trusted), self.max_to_keep):
-            self._manager.delete(old)    # collective; process 0 removes the directory
+            self._manager.delete(old)  # collective; process 0 removes the directory
             self._trusted.discard(old)
         log.info("checkpoint saved: %s", step_dir)
 
@@ -295,12 +340,17 @@ class Checkpoints:
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} is damaged: {problem}; expected files matching its "
                     f"{MANIFEST}. Fix: move {self.directory / str(step)} aside and rerun with --resume (the newest "
-                    f"verified step is used)")
+                    f"verified step is used)"
+                )
             self._verified.add(step)
         restore_args = self._ocp.checkpoint_utils.construct_restore_args(
-            abstract_state, jax.tree_util.tree_map(lambda x: x.sharding, abstract_state))
-        restored = self._manager.restore(step, items={STATE: abstract_state, META: None},
-                                         restore_kwargs={STATE: {"restore_args": restore_args}})
+            abstract_state, jax.tree_util.tree_map(lambda x: x.sharding, abstract_state)
+        )
+        restored = self._manager.restore(
+            step,
+            items={STATE: abstract_state, META: None},
+            restore_kwargs={STATE: {"restore_args": restore_args}},
+        )
         return restored[STATE], dict(restored[META] or {})
 
     def close(self) -> None:

@@ -25,20 +25,24 @@ def local_batch_size(global_batch: int, process_count: int, device_count: int) -
     4
     """
     if global_batch <= 0:
-        raise BatchSizeError(f"global batch {global_batch}; expected a positive multiple of {device_count} (the device count)")
+        raise BatchSizeError(
+            f"global batch {global_batch}; expected a positive multiple of {device_count} (the device count)"
+        )
     if global_batch % device_count:
         lo = global_batch // device_count * device_count
         hint = f"{lo} or {lo + device_count}" if lo else str(device_count)
         raise BatchSizeError(
             f"global batch {global_batch} does not divide by the {device_count} devices "
             f"({process_count} process(es) x {device_count // process_count}); expected a multiple of {device_count}. "
-            f"Fix: use a global batch of {hint} (smoke: --global-batch, finetune: --config.batch_size)")
+            f"Fix: use a global batch of {hint} (smoke: --global-batch, finetune: --config.batch_size)"
+        )
     return global_batch // process_count
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """Shapes of an Octo-style batch: observation history ``horizon``, ``action_horizon`` x ``action_dim`` chunks."""
+
     image_size: int = 32
     horizon: int = 2
     action_horizon: int = 4
@@ -55,10 +59,14 @@ def example(spec: Spec, seed: int, step: int, index: int) -> dict:
     s, t = spec.image_size, spec.horizon
     frames = rng.integers(0, 256, size=(t, s, s, 3), dtype=np.uint8)
     goal = rng.integers(0, 256, size=(s, s, 3), dtype=np.uint8)
-    means = frames[-1].reshape(-1, 3).mean(0) / 255.0                                 # (3,)
-    mix = np.random.default_rng([seed, 7]).standard_normal((3, spec.action_dim))      # the same for every example
-    base = (means - 0.5) @ mix                                                           # (action_dim,)
-    action = base[None, None, :] + 0.05 * rng.standard_normal((t, spec.action_horizon, spec.action_dim))
+    means = frames[-1].reshape(-1, 3).mean(0) / 255.0  # (3,)
+    mix = np.random.default_rng([seed, 7]).standard_normal(
+        (3, spec.action_dim)
+    )  # the same for every example
+    base = (means - 0.5) @ mix  # (action_dim,)
+    action = base[None, None, :] + 0.05 * rng.standard_normal(
+        (t, spec.action_horizon, spec.action_dim)
+    )
     pad = np.ones((t,), bool)
     return {
         "observation": {
@@ -85,6 +93,7 @@ def stack(examples) -> dict:
 class SyntheticData:
     """This process's slice of synthetic Octo-shaped global batches. ``reads`` counts examples made, ``batches_made``
     the batches they went into (the smoke job's check that a rank reads its slice, not the global batch)."""
+
     spec: Spec
     global_batch: int
     process_index: int
@@ -95,7 +104,9 @@ class SyntheticData:
     batches_made: int = 0
 
     def __post_init__(self):
-        self.local_batch_size = local_batch_size(self.global_batch, self.process_count, self.device_count)
+        self.local_batch_size = local_batch_size(
+            self.global_batch, self.process_count, self.device_count
+        )
 
     def indices(self) -> range:
         lo = self.process_index * self.local_batch_size

@@ -13,8 +13,23 @@ import math
 import re
 
 # Bytes per element of XLA's primitive types (the ones a train step all-reduces, and a few more).
-ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-                 "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+ELEMENT_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 # An instruction's result, e.g. (CPU) `%all-reduce = f32[84383]{0} all-reduce(f32[84383]{0} %fusion.182), ...`,
 # (GPU, async) `%all-reduce-start = (f32[10]{0}, f32[3,4]{1,0}) all-reduce-start(...)`; the `-done` half is not
 # counted, so each all-reduce counts once.
@@ -24,7 +39,10 @@ _ARRAY = re.compile(r"\b(" + "|".join(ELEMENT_BYTES) + r")\[([0-9,]*)\]")
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape, a tuple's summed: ``"(f32[2,3]{1,0}, s32[])"`` -> 28."""
-    return sum(ELEMENT_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d) for t, dims in _ARRAY.findall(shape))
+    return sum(
+        ELEMENT_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
+        for t, dims in _ARRAY.findall(shape)
+    )
 
 
 def all_reduces(hlo_text: str) -> list[int]:

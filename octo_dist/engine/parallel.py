@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 BATCH_AXIS = "batch"
 STOP = "stop_signal"  # the metric holding the largest pending signal number over every process
-MAX_SIGNAL = 65       # signal numbers are below this on Linux (SIGRTMAX = 64)
+MAX_SIGNAL = 65  # signal numbers are below this on Linux (SIGRTMAX = 64)
 STEP_FNS = ("auto", "jit", "shard_map")
 # What step_fn="auto" runs on each platform (resolve_step_fn); any platform not named here gets "jit".
 AUTO_STEP_FNS = {"cpu": "shard_map"}
@@ -44,10 +44,12 @@ LossFn = Callable[[Any, Mapping[str, Any], Any, bool], Tuple[Any, Mapping[str, A
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array      # int32 scalar: steps taken
+    step: jax.Array  # int32 scalar: steps taken
     params: Any
     opt_state: Any
-    rng: jax.Array       # base key; step k uses fold_in(rng, k), so a resumed run draws the same dropout masks
+    rng: (
+        jax.Array
+    )  # base key; step k uses fold_in(rng, k), so a resumed run draws the same dropout masks
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -100,8 +102,10 @@ def _one_host_copy(path, x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
         return np.asarray(x)
     if not x.is_fully_replicated:
-        raise NotReplicatedError(f"{jax.tree_util.keystr(path) or 'value'} is sharded ({x.sharding}); expected a "
-                                 f"replicated array, whose local copy is the whole value")
+        raise NotReplicatedError(
+            f"{jax.tree_util.keystr(path) or 'value'} is sharded ({x.sharding}); expected a "
+            f"replicated array, whose local copy is the whole value"
+        )
     return np.asarray(x.addressable_data(0))
 
 
@@ -115,7 +119,9 @@ def assert_replicated(tree) -> None:
     does not)."""
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if isinstance(x, jax.Array) and not x.is_fully_replicated:
-            raise NotReplicatedError(f"{jax.tree_util.keystr(path)} is sharded ({x.sharding}); expected replicated")
+            raise NotReplicatedError(
+                f"{jax.tree_util.keystr(path)} is sharded ({x.sharding}); expected replicated"
+            )
 
 
 def init_keys(seed: int) -> Tuple[jax.Array, jax.Array]:
@@ -125,12 +131,21 @@ def init_keys(seed: int) -> Tuple[jax.Array, jax.Array]:
 
 
 class Engine:
-    def __init__(self, mesh: Mesh, loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
-                 step_fn: str = "auto", check_rep: Optional[bool] = None):
+    def __init__(
+        self,
+        mesh: Mesh,
+        loss_fn: LossFn,
+        optimizer: optax.GradientTransformation,
+        *,
+        step_fn: str = "auto",
+        check_rep: Optional[bool] = None,
+    ):
         self.mesh = mesh
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        self.step_fn = resolve_step_fn(step_fn, mesh.devices.flat[0].platform)  # the one that runs: never "auto"
+        self.step_fn = resolve_step_fn(
+            step_fn, mesh.devices.flat[0].platform
+        )  # the one that runs: never "auto"
         self.check_rep = default_check_rep(jax.__version__) if check_rep is None else check_rep
         self.replicated = NamedSharding(mesh, P())
         self.sharded = NamedSharding(mesh, P(BATCH_AXIS))
@@ -148,19 +163,25 @@ class Engine:
         Host values (numpy, or arrays this process holds whole) are placed on every device; arrays spread over
         several processes are resharded to replicated by ``jit`` (an all-gather: the whole value, never one shard).
         """
+
         def one(x):
             if isinstance(x, jax.Array) and not x.is_fully_addressable:
                 if x.sharding.is_equivalent_to(self.replicated, x.ndim):
                     return x
                 return jax.jit(lambda a: a, out_shardings=self.replicated)(x)
             return multihost_utils.host_local_array_to_global_array(np.asarray(x), self.mesh, P())
+
         out = jax.tree_util.tree_map(one, tree)
         assert_replicated(out)
         return out
 
     def _state(self, params, base_rng) -> TrainState:
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params),
-                          rng=base_rng)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=self.optimizer.init(params),
+            rng=base_rng,
+        )
 
     def init_state(self, policy, example_batch, seed: int = 0, params=None) -> TrainState:
         """Parameters from ``policy.init`` (or given, e.g. pretrained), optimizer state, base RNG.
@@ -170,10 +191,14 @@ class Engine:
         """
         init_rng, base_rng = init_keys(seed)
         if params is None:
-            build = jax.jit(lambda r, b: self._state(policy.init(r, b), base_rng), out_shardings=self.replicated)
+            build = jax.jit(
+                lambda r, b: self._state(policy.init(r, b), base_rng), out_shardings=self.replicated
+            )
             state = build(init_rng, example_batch)
         else:
-            state = jax.jit(lambda p: self._state(p, base_rng), out_shardings=self.replicated)(self.replicate(params))
+            state = jax.jit(lambda p: self._state(p, base_rng), out_shardings=self.replicated)(
+                self.replicate(params)
+            )
         assert_replicated(state)
         return state
 
@@ -182,16 +207,21 @@ class Engine:
         template. ``jax.eval_shape``: nothing is initialised or computed."""
         init_rng, base_rng = init_keys(seed)
         if params is None:
-            shapes = jax.eval_shape(lambda r, b: self._state(policy.init(r, b), base_rng), init_rng, example_batch)
+            shapes = jax.eval_shape(
+                lambda r, b: self._state(policy.init(r, b), base_rng), init_rng, example_batch
+            )
         else:
             shapes = jax.eval_shape(lambda p: self._state(p, base_rng), params)
-        return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated),
-                                      shapes)
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated), shapes
+        )
 
     # --- the step ---------------------------------------------------------------------------------------
 
     def _update(self, state: TrainState, batch, rng):
-        (loss, metrics), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(state.params, batch, rng, True)
+        (loss, metrics), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
+            state.params, batch, rng, True
+        )
         return loss, metrics, grads
 
     def _apply(self, state: TrainState, grads):
@@ -201,19 +231,33 @@ class Engine:
 
     def _build(self):
         if self.step_fn == "jit":
+
             def step(state, batch, stop):
-                loss, metrics, grads = self._update(state, batch, jax.random.fold_in(state.rng, state.step))
-                out = {"loss": loss, **metrics, "grad_norm": optax.global_norm(grads), STOP: jnp.max(stop)}
+                loss, metrics, grads = self._update(
+                    state, batch, jax.random.fold_in(state.rng, state.step)
+                )
+                out = {
+                    "loss": loss,
+                    **metrics,
+                    "grad_norm": optax.global_norm(grads),
+                    STOP: jnp.max(stop),
+                }
                 return self._apply(state, grads), out
 
-            return jax.jit(step, in_shardings=(self.replicated, self.sharded, self.sharded),
-                           out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+            return jax.jit(
+                step,
+                in_shardings=(self.replicated, self.sharded, self.sharded),
+                out_shardings=(self.replicated, self.replicated),
+                donate_argnums=0,
+            )
 
         from jax.experimental.shard_map import shard_map
 
         def per_device(state, batch, stop):
             # Each device draws its own dropout masks; the device index makes them differ.
-            rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(BATCH_AXIS))
+            rng = jax.random.fold_in(
+                jax.random.fold_in(state.rng, state.step), jax.lax.axis_index(BATCH_AXIS)
+            )
             loss, metrics, grads = self._update(state, batch, rng)
             # One all-reduce for everything: per-leaf all-reduces cost a collective launch each (39 for the tiny
             # policy, hundreds for Octo). Measured on gloo, 2 processes: 119 -> 44 ms a step.
@@ -222,14 +266,27 @@ class Engine:
             seen = jax.nn.one_hot(jnp.max(stop), MAX_SIGNAL)
             flat, unravel = ravel_pytree((grads, loss, metrics, seen))
             grads, loss, metrics, seen = unravel(jax.lax.pmean(flat, BATCH_AXIS))
-            out = {"loss": loss, **metrics, "grad_norm": optax.global_norm(grads),
-                   STOP: jnp.max(jnp.where(seen > 0, jnp.arange(MAX_SIGNAL), 0))}
+            out = {
+                "loss": loss,
+                **metrics,
+                "grad_norm": optax.global_norm(grads),
+                STOP: jnp.max(jnp.where(seen > 0, jnp.arange(MAX_SIGNAL), 0)),
+            }
             return self._apply(state, grads), out
 
-        mapped = shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXIS), P(BATCH_AXIS)),
-                           out_specs=(P(), P()), check_rep=self.check_rep)
-        return jax.jit(mapped, in_shardings=(self.replicated, self.sharded, self.sharded),
-                       out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+        mapped = shard_map(
+            per_device,
+            mesh=self.mesh,
+            in_specs=(P(), P(BATCH_AXIS), P(BATCH_AXIS)),
+            out_specs=(P(), P()),
+            check_rep=self.check_rep,
+        )
+        return jax.jit(
+            mapped,
+            in_shardings=(self.replicated, self.sharded, self.sharded),
+            out_shardings=(self.replicated, self.replicated),
+            donate_argnums=0,
+        )
 
     def step(self, state: TrainState, batch, stop_signal: int = 0) -> Tuple[TrainState, dict]:
         """One optimizer step on a global batch; metrics are replicated jax scalars (``to_host`` reads them).
@@ -246,5 +303,9 @@ class Engine:
     def _stop_array(self, stop_signal: int):
         # One int per device, put explicitly (host_local_array_to_global_array's transfer counts as implicit and
         # would trip jax.transfer_guard("disallow") around the step).
-        shards = [jax.device_put(np.full((1,), stop_signal, np.int32), d) for d in self.mesh.local_devices]
-        return jax.make_array_from_single_device_arrays((self.mesh.devices.size,), self.sharded, shards)
+        shards = [
+            jax.device_put(np.full((1,), stop_signal, np.int32), d) for d in self.mesh.local_devices
+        ]
+        return jax.make_array_from_single_device_arrays(
+            (self.mesh.devices.size,), self.sharded, shards
+        )

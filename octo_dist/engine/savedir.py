@@ -39,11 +39,15 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".octo-dist.lock"
 HEARTBEAT_S = 60
-STALE_AFTER_S = 15 * 60      # 15 heartbeats missed: no live holder is that late, even on a loaded file server
-COPIES = 2                   # room for the checkpoint being written while the previous one is still kept
-OVERHEAD = 1.05              # zarr/orbax metadata and chunk headers; chunks are compressed, so this is an upper bound
+STALE_AFTER_S = (
+    15 * 60
+)  # 15 heartbeats missed: no live holder is that late, even on a loaded file server
+COPIES = 2  # room for the checkpoint being written while the previous one is still kept
+OVERHEAD = (
+    1.05  # zarr/orbax metadata and chunk headers; chunks are compressed, so this is an upper bound
+)
 OVERHEAD_BYTES = 1 << 20
-JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")   # "12345.pbs1", "123456", "9876543" (SGE)
+JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")  # "12345.pbs1", "123456", "9876543" (SGE)
 
 
 class SaveDirError(CheckpointError):
@@ -53,13 +57,16 @@ class SaveDirError(CheckpointError):
 
 # --- writable ------------------------------------------------------------------------------------------------
 
+
 def probe_writable(directory: Path, who: str) -> Optional[str]:
     """Create ``directory`` if needed and write, flush and remove a probe file in it. None if that worked, else the
     one-line problem (``who``: ``"rank 1 on g0002"``)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
-        return (f"save directory {directory} is a file, not a directory; expected a directory (or a path to create). "
-                f"Fix: pass another --save-dir, or move the file away")
+        return (
+            f"save directory {directory} is a file, not a directory; expected a directory (or a path to create). "
+            f"Fix: pass another --save-dir, or move the file away"
+        )
     probe = directory / f".octo-dist-probe.{socket.gethostname()}.{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -69,21 +76,27 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        return (f"save directory {directory} is not writable from {who} ({e.strerror or e}); expected a directory "
-                f"every rank can create files in. Fix: pass a --save-dir on a writable shared file system "
-                f"(e.g. under /groups/gxx00000), or fix its permissions (chmod u+w {directory})")
+        return (
+            f"save directory {directory} is not writable from {who} ({e.strerror or e}); expected a directory "
+            f"every rank can create files in. Fix: pass a --save-dir on a writable shared file system "
+            f"(e.g. under /groups/gxx00000), or fix its permissions (chmod u+w {directory})"
+        )
     return None
 
 
 # --- free space ----------------------------------------------------------------------------------------------
+
 
 def state_nbytes(tree) -> int:
     """Bytes of a state's arrays: ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape``) or real arrays."""
     import jax
     import numpy as np
 
-    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
-               for leaf in jax.tree_util.tree_leaves(tree) if hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+    return sum(
+        math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree_util.tree_leaves(tree)
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+    )
 
 
 def checkpoint_nbytes(state_bytes: int) -> int:
@@ -105,9 +118,11 @@ def space_problem(directory, free: int, state_bytes: int, copies: int = COPIES) 
     need = copies * checkpoint_nbytes(state_bytes)
     if free >= need:
         return None
-    return (f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} ({copies} checkpoints "
-            f"of {_size(checkpoint_nbytes(state_bytes))} each for this run's state). Fix: free space there (old runs, "
-            f"*.damaged steps), or pass a --save-dir on a larger file system")
+    return (
+        f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} ({copies} checkpoints "
+        f"of {_size(checkpoint_nbytes(state_bytes))} each for this run's state). Fix: free space there (old runs, "
+        f"*.damaged steps), or pass a --save-dir on a larger file system"
+    )
 
 
 def _size(n: float) -> str:
@@ -120,6 +135,7 @@ def _size(n: float) -> str:
 
 # --- the run lock --------------------------------------------------------------------------------------------
 
+
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
     """The scheduler's job id (``PBS_JOBID=12345.pbs1`` -> ``"12345.pbs1"``), None outside a job."""
     return next((environ[v] for v in JOB_ID_VARS if environ.get(v)), None)
@@ -130,13 +146,18 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:   # another user's live process
+    except PermissionError:  # another user's live process
         return True
     return True
 
 
-def stale_reason(holder: Mapping[str, Any], age_s: float, host: str, alive: Callable[[int], bool],
-                 stale_after_s: float = STALE_AFTER_S) -> Optional[str]:
+def stale_reason(
+    holder: Mapping[str, Any],
+    age_s: float,
+    host: str,
+    alive: Callable[[int], bool],
+    stale_after_s: float = STALE_AFTER_S,
+) -> Optional[str]:
     """Why a lock is stale (its process is gone; not refreshed for too long), or None while its holder may live.
 
     ``holder``: the lock's JSON; ``age_s``: seconds since it was last touched; ``host``: this host's name."""
@@ -150,17 +171,33 @@ def stale_reason(holder: Mapping[str, Any], age_s: float, host: str, alive: Call
 
 def describe_holder(holder: Mapping[str, Any]) -> str:
     started = holder.get("started")
-    since = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    since = (
+        time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
+        if isinstance(started, (int, float))
+        else "?"
+    )
     return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, job {holder.get('job_id') or 'none'}, since {since}"
 
 
 class RunLock:
     """The exclusive lock of one run on one save directory (see the module docstring)."""
 
-    def __init__(self, directory, job: Optional[str] = None, *, host: Optional[str] = None,
-                 stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S):
+    def __init__(
+        self,
+        directory,
+        job: Optional[str] = None,
+        *,
+        host: Optional[str] = None,
+        stale_after_s: float = STALE_AFTER_S,
+        heartbeat_s: float = HEARTBEAT_S,
+    ):
         self.path = Path(directory) / LOCK_NAME
-        self.holder = {"host": host or socket.gethostname(), "pid": os.getpid(), "job_id": job, "started": time.time()}
+        self.holder = {
+            "host": host or socket.gethostname(),
+            "pid": os.getpid(),
+            "job_id": job,
+            "started": time.time(),
+        }
         self.stale_after_s = stale_after_s
         self.heartbeat_s = heartbeat_s
         self.taken_over: Optional[dict] = None
@@ -176,13 +213,17 @@ class RunLock:
         try:
             for _ in range(5):
                 try:
-                    os.link(tmp, self.path)      # atomic and fails if the lock exists; the content is complete
+                    os.link(
+                        tmp, self.path
+                    )  # atomic and fails if the lock exists; the content is complete
                     break
                 except FileExistsError:
                     self._take_over_if_stale()
             else:
-                raise SaveDirError(f"could not take the lock {self.path} in 5 tries (other runs keep taking it); "
-                                   f"expected one run per save directory. Fix: choose another --save-dir")
+                raise SaveDirError(
+                    f"could not take the lock {self.path} in 5 tries (other runs keep taking it); "
+                    f"expected one run per save directory. Fix: choose another --save-dir"
+                )
         finally:
             tmp.unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._heartbeat, name="octo-dist-lock", daemon=True)
@@ -194,19 +235,20 @@ class RunLock:
             raw = self.path.read_text()
             age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
-            return                                # released meanwhile: try again
+            return  # released meanwhile: try again
         try:
             holder = json.loads(raw)
             if not isinstance(holder, dict):
                 raise ValueError("not an object")
         except ValueError:
-            holder = {}                           # unreadable: only its age can make it stale
+            holder = {}  # unreadable: only its age can make it stale
         reason = stale_reason(holder, age, self.holder["host"], pid_alive, self.stale_after_s)
         if reason is None:
             raise SaveDirError(
                 f"save directory {self.path.parent} is in use by another run ({describe_holder(holder)}; lock "
                 f"{self.path}); expected one run per save directory. Fix: wait for that run to end, or pass another "
-                f"--save-dir; if that run is dead, remove {self.path}")
+                f"--save-dir; if that run is dead, remove {self.path}"
+            )
         # Rename, then check it is still the lock judged stale: another run may have taken it over meanwhile.
         aside = self.path.with_name(f"{LOCK_NAME}.stale.{self.holder['host']}.{os.getpid()}")
         try:
@@ -215,23 +257,32 @@ class RunLock:
             return
         if aside.read_text() != raw:
             try:
-                os.link(aside, self.path)         # put the live lock back (fails only if a third run took it)
+                os.link(
+                    aside, self.path
+                )  # put the live lock back (fails only if a third run took it)
             except FileExistsError:
                 pass
             aside.unlink(missing_ok=True)
             return
         aside.unlink(missing_ok=True)
         self.taken_over = holder
-        log.warning("took over the lock of save directory %s from a dead run (%s): %s", self.path.parent,
-                    describe_holder(holder), reason)
+        log.warning(
+            "took over the lock of save directory %s from a dead run (%s): %s",
+            self.path.parent,
+            describe_holder(holder),
+            reason,
+        )
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 os.utime(self.path)
             except OSError as e:
-                log.warning("cannot refresh the lock %s (%s); another run may take this save directory over",
-                            self.path, e)
+                log.warning(
+                    "cannot refresh the lock %s (%s); another run may take this save directory over",
+                    self.path,
+                    e,
+                )
 
     def release(self) -> None:
         """Remove the lock if it is still ours."""
@@ -261,6 +312,7 @@ class NoClaim:
 
 # --- every rank at once --------------------------------------------------------------------------------------
 
+
 def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
     """From every rank's ``{"rank": r, "problem": str | None}``: the first problem, naming how many ranks share it."""
     bad = [r for r in reports if r.get("problem")]
@@ -269,11 +321,19 @@ def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
     others = [r["rank"] for r in bad[1:]]
     if not others:
         return bad[0]["problem"]
-    return bad[0]["problem"] + f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)"
+    return (
+        bad[0]["problem"]
+        + f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} too)"
+    )
 
 
-def prepare(directory: Optional[str], state_bytes: Optional[int] = None, *,
-            environ: Mapping[str, str] = os.environ, copies: int = COPIES):
+def prepare(
+    directory: Optional[str],
+    state_bytes: Optional[int] = None,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    copies: int = COPIES,
+):
     """Collective: every rank probes ``directory``; process 0 also checks its free space (when ``state_bytes`` is
     given) and takes the run lock. Every rank raises the same ``SaveDirError`` if any check failed on any rank.
 
@@ -282,7 +342,7 @@ def prepare(directory: Optional[str], state_bytes: Optional[int] = None, *,
         return NoClaim()
     import jax
 
-    from octo_dist.dist import collectives
+    from octo_dist.runtime import collectives
 
     rank = jax.process_index()
     directory = Path(directory).absolute()
@@ -297,8 +357,10 @@ def prepare(directory: Optional[str], state_bytes: Optional[int] = None, *,
             except SaveDirError as e:
                 problem = str(e)
             except OSError as e:
-                problem = (f"cannot take the lock {directory / LOCK_NAME} ({e}); expected a writable save directory. "
-                           f"Fix: pass another --save-dir")
+                problem = (
+                    f"cannot take the lock {directory / LOCK_NAME} ({e}); expected a writable save directory. "
+                    f"Fix: pass another --save-dir"
+                )
     verdict = first_problem(collectives.allgather_json({"rank": rank, "problem": problem}))
     if verdict is not None:
         claim.release()
@@ -312,11 +374,15 @@ def check_space(directory: Optional[str], state_bytes: int, copies: int = COPIES
         return
     import jax
 
-    from octo_dist.dist import collectives
+    from octo_dist.runtime import collectives
 
     problem = None
     if jax.process_index() == 0:
-        problem = space_problem(Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies)
-    verdict = first_problem(collectives.allgather_json({"rank": jax.process_index(), "problem": problem}))
+        problem = space_problem(
+            Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies
+        )
+    verdict = first_problem(
+        collectives.allgather_json({"rank": jax.process_index(), "problem": problem})
+    )
     if verdict is not None:
         raise SaveDirError(verdict)

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.engine import checkpoint
-from octo_dist.dist import ranklog
+from octo_dist.runtime import ranklog
 from octo_dist.engine.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     steps: int
     seed: int = 0
-    step_fn: str = "auto"         # shard_map on the CPU, jit on GPUs (parallel.resolve_step_fn)
+    step_fn: str = "auto"  # shard_map on the CPU, jit on GPUs (parallel.resolve_step_fn)
     save_dir: Optional[str] = None
-    save_every: int = 0          # steps between checkpoints; 0 = only at the end and on a stop signal
+    save_every: int = 0  # steps between checkpoints; 0 = only at the end and on a stop signal
     resume: bool = False
     max_to_keep: int = 3
     log_every: int = 1
@@ -37,9 +37,9 @@ class TrainConfig:
 class FitResult:
     start_step: int
     end_step: int
-    losses: dict                 # step -> loss of the batch at that step (on every rank)
-    stopped_by: Optional[str]    # "SIGTERM", "SIGUSR1", ... when a stop signal ended the run early
-    params_digest: str           # parallel.tree_digest of this rank's parameters
+    losses: dict  # step -> loss of the batch at that step (on every rank)
+    stopped_by: Optional[str]  # "SIGTERM", "SIGUSR1", ... when a stop signal ended the run early
+    params_digest: str  # parallel.tree_digest of this rank's parameters
     state: Any = None
 
 
@@ -49,8 +49,10 @@ def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], dir
     differ = {k: (saved.get(k), v) for k, v in fingerprint.items() if k in saved and saved[k] != v}
     if differ:
         found = ", ".join(f"{k}={old!r} (now {new!r})" for k, (old, new) in sorted(differ.items()))
-        raise CheckpointError(f"{directory} was written with {found}; expected the same settings to resume. "
-                              f"Fix: rerun with those settings, or start anew in another save directory")
+        raise CheckpointError(
+            f"{directory} was written with {found}; expected the same settings to resume. "
+            f"Fix: rerun with those settings, or start anew in another save directory"
+        )
 
 
 def resolve_start(ckpt, cfg: TrainConfig) -> Optional[int]:
@@ -61,22 +63,33 @@ def resolve_start(ckpt, cfg: TrainConfig) -> Optional[int]:
             log.info("--resume: no checkpoint in %s yet; starting at step 0", ckpt.directory)
         return None
     if not cfg.resume:
-        raise CheckpointError(f"{ckpt.directory} already holds checkpoints (latest: step {latest}) and --resume was not "
-                              f"given; expected an empty or new directory. Fix: add --resume to continue that run, or "
-                              f"choose another save directory (nothing was overwritten)")
+        raise CheckpointError(
+            f"{ckpt.directory} already holds checkpoints (latest: step {latest}) and --resume was not "
+            f"given; expected an empty or new directory. Fix: add --resume to continue that run, or "
+            f"choose another save directory (nothing was overwritten)"
+        )
     return latest
 
 
-def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
-        fingerprint: Optional[Mapping[str, Any]] = None,
-        on_step: Optional[Callable[[int, dict], None]] = None, stop=None) -> FitResult:
+def fit(
+    policy,
+    optimizer,
+    data,
+    cfg: TrainConfig,
+    *,
+    tracker=None,
+    params=None,
+    fingerprint: Optional[Mapping[str, Any]] = None,
+    on_step: Optional[Callable[[int, dict], None]] = None,
+    stop=None,
+) -> FitResult:
     """Train ``cfg.steps`` steps in total (a resumed run does the remainder). Call on every process.
 
     ``stop``: a ``stopping.StopSignal`` the caller installed before start-up, so that a wall-time signal during
     start-up or compilation is honoured too (default: one installed here)."""
     import jax
 
-    from octo_dist.dist import stopping
+    from octo_dist.runtime import stopping
     from octo_dist.engine import parallel, savedir
 
     rank = jax.process_index()
@@ -106,7 +119,12 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
             state, meta = ckpt.restore(resume_from, template)
             parallel.assert_replicated(state)
             check_resumable(meta, fingerprint, ckpt.directory)
-            log.info("resumed from %s: step %d of %d", ckpt.directory / str(resume_from), start, cfg.steps)
+            log.info(
+                "resumed from %s: step %d of %d",
+                ckpt.directory / str(resume_from),
+                start,
+                cfg.steps,
+            )
         # Room for two checkpoints of this state, known now that its size is (before the first step).
         savedir.check_space(cfg.save_dir, savedir.state_nbytes(state))
 
@@ -114,7 +132,9 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         stopped_by = None
         last_saved = resume_from
         done = start
-        bar = ranklog.progress(range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train")
+        bar = ranklog.progress(
+            range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"
+        )
         tick = [time.perf_counter()]
 
         def read(step, metrics) -> int:
@@ -127,7 +147,13 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
                 bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
                 # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up.
-                tracker.log({**{f"training/{k}": v for k, v in values.items()}, "timer/step_s": tick[0] - now}, step)
+                tracker.log(
+                    {
+                        **{f"training/{k}": v for k, v in values.items()},
+                        "timer/step_s": tick[0] - now,
+                    },
+                    step,
+                )
             if on_step is not None:
                 on_step(step, values)
             return agreed_signal
@@ -137,7 +163,7 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
         # metrics, whose values are long computed. The arithmetic is the same as reading every step at once; a
         # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
         upcoming = first
-        unread = None   # (step, metrics) dispatched but not read yet
+        unread = None  # (step, metrics) dispatched but not read yet
         for step in bar:
             state, metrics = eng.step(state, upcoming, stop.pending)
             done = step + 1
@@ -155,14 +181,23 @@ def fit(policy, optimizer, data, cfg: TrainConfig, *, tracker=None, params=None,
             if agreed_signal and stopped_by is None:
                 stopped_by = stop.name(agreed_signal)
         if stopped_by is not None:
-            log.warning("stopping after step %d on %s: saving a checkpoint, then exiting 0", done, stopped_by)
+            log.warning(
+                "stopping after step %d on %s: saving a checkpoint, then exiting 0",
+                done,
+                stopped_by,
+            )
         if cfg.save_dir and last_saved != done:
             ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
-        return FitResult(start_step=start, end_step=done, losses=losses, stopped_by=stopped_by,
-                         params_digest=parallel.tree_digest(state.params), state=state)
+        return FitResult(
+            start_step=start,
+            end_step=done,
+            losses=losses,
+            stopped_by=stopped_by,
+            params_digest=parallel.tree_digest(state.params),
+            state=state,
+        )
     finally:
         if owned:
             stop.close()
         ckpt.close()
         claim.release()
-

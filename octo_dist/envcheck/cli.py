@@ -24,19 +24,47 @@ def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str,
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("check-env", help="check this environment against env/stack.toml (fast, no jax import)",
-                       description="Exit 0: nothing fails; 1: something fails; 2: usage error.")
-    p.add_argument("--profile", help="cuda11, cpu, ... (default: $OCTO_DIST_PROFILE, else cuda11 when jaxlib is a CUDA build, else cpu)")
-    p.add_argument("--manifest", help="env/stack.toml to check against (default: $OCTO_DIST_MANIFEST or the checkout's)")
-    p.add_argument("--json", action="store_true", help="machine-readable output; with --launch, the per-rank records (default: a table)")
-    p.add_argument("--deep", action="store_true", help="also import jax in a subprocess and check the backend it ends on (default: off)")
-    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks too (default: only problems)")
-    p.add_argument("--no-gpu", action="store_true",
-                   help="skip the checks that need a GPU on this machine (image builds: singularity %%test) (default: off)")
-    p.add_argument("--launch", action="store_true",
-                   help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
-                        "runtime; rank 0 prints one line per rank and fails on a mismatch (default: off)")
-    from octo_dist.dist import runtime
+    p = sub.add_parser(
+        "check-env",
+        help="check this environment against env/stack.toml (fast, no jax import)",
+        description="Exit 0: nothing fails; 1: something fails; 2: usage error.",
+    )
+    p.add_argument(
+        "--profile",
+        help="cuda11, cpu, ... (default: $OCTO_DIST_PROFILE, else cuda11 when jaxlib is a CUDA build, else cpu)",
+    )
+    p.add_argument(
+        "--manifest",
+        help="env/stack.toml to check against (default: $OCTO_DIST_MANIFEST or the checkout's)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output; with --launch, the per-rank records (default: a table)",
+    )
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also import jax in a subprocess and check the backend it ends on (default: off)",
+    )
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="list passing checks too (default: only problems)",
+    )
+    p.add_argument(
+        "--no-gpu",
+        action="store_true",
+        help="skip the checks that need a GPU on this machine (image builds: singularity %%test) (default: off)",
+    )
+    p.add_argument(
+        "--launch",
+        action="store_true",
+        help="run under the job's launcher (mpirun/srun): every rank checks itself and starts the distributed "
+        "runtime; rank 0 prints one line per rank and fails on a mismatch (default: off)",
+    )
+    from octo_dist.runtime import runtime
 
     runtime.argv_options(p)
     p.set_defaults(func=run)
@@ -62,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     python = "%d.%d" % sys.version_info[:2]
     tag = builds.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
-    probe = cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None) if profile.gpu else (None, None, "")
+    probe = (
+        cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None)
+        if profile.gpu
+        else (None, None, "")
+    )
     smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
     checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
     if args.no_gpu:
@@ -71,8 +103,13 @@ def run(args: argparse.Namespace) -> int:
         return _launch(args, profile, checks, smi)
     if args.deep:
         from octo_dist.envcheck.deep import run_deep
+
         checks.append(run_deep(profile, os.environ))
-    print(report.as_json(checks, profile.name, report.context(profile.gpu)) if args.json else report.as_table(checks, profile.name, args.verbose))
+    print(
+        report.as_json(checks, profile.name, report.context(profile.gpu))
+        if args.json
+        else report.as_table(checks, profile.name, args.verbose)
+    )
     return report.exit_code(checks)
 
 
@@ -80,8 +117,8 @@ def _launch(args, profile, checks, smi) -> int:
     from octo_dist.launchers import coordinator
     from octo_dist import launchers
     from octo_dist.envcheck import launch as preflight
-    from octo_dist.dist import ranklog
-    from octo_dist.dist import mpi, runtime
+    from octo_dist.runtime import ranklog
+    from octo_dist.runtime import mpi, runtime
     from octo_dist.envcheck.result import FAIL
 
     try:
@@ -93,8 +130,16 @@ def _launch(args, profile, checks, smi) -> int:
     if launch.rank == 0 and any(c.status == FAIL for c in checks) and not args.json:
         print(report.as_table(checks, profile.name, args.verbose))
     try:
-        return preflight.run(launch, os.environ, checks, profile.gpu and not args.no_gpu, smi, runtime.from_args(args),
-                             json_output=args.json, ctx=dict(report.context(profile.gpu), profile=profile.name))
+        return preflight.run(
+            launch,
+            os.environ,
+            checks,
+            profile.gpu and not args.no_gpu,
+            smi,
+            runtime.from_args(args),
+            json_output=args.json,
+            ctx=dict(report.context(profile.gpu), profile=profile.name),
+        )
     except runtime.SettingError as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
         return EXIT_USAGE

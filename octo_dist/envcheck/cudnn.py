@@ -30,7 +30,9 @@ def candidates(site_dirs: Sequence[str], major: Optional[int] = None) -> list[st
     return libs + ([f"libcudnn.so.{major}"] if major else []) + ["libcudnn.so"]
 
 
-def probe(site_dirs: Sequence[str], major: Optional[int] = None) -> tuple[Optional[str], Optional[str], str]:
+def probe(
+    site_dirs: Sequence[str], major: Optional[int] = None
+) -> tuple[Optional[str], Optional[str], str]:
     """Return (library path, decoded version, error). Version None means it could not be loaded/read."""
     errors = []
     for lib in candidates(site_dirs, major):
@@ -47,4 +49,9 @@ def probe(site_dirs: Sequence[str], major: Optional[int] = None) -> tuple[Option
             continue
         fn.restype = ctypes.c_size_t
         return lib, decode_version(int(fn())), ""
-    return None, None, "; ".join(errors) or "no libcudnn found in nvidia/cudnn/lib of any site dir nor on the system"
+    return (
+        None,
+        None,
+        "; ".join(errors)
+        or "no libcudnn found in nvidia/cudnn/lib of any site dir nor on the system",
+    )

@@ -28,7 +28,9 @@ def count(smi_output: Optional[str]) -> Optional[int]:
     return None if gpus is None else len(gpus)
 
 
-def nvidia_smi_list(which: Callable[[str], Optional[str]] = shutil.which, timeout: float = 30.0) -> Optional[str]:
+def nvidia_smi_list(
+    which: Callable[[str], Optional[str]] = shutil.which, timeout: float = 30.0
+) -> Optional[str]:
     """``nvidia-smi -L``'s stdout; None when nvidia-smi is not on PATH, "" when it fails or hangs."""
     exe = which("nvidia-smi")
     if not exe:

@@ -17,7 +17,9 @@ class Installed:
     version: str
     requires: tuple[str, ...]
     location: str
-    direct_url: Optional[dict]  # PEP 610 direct_url.json, e.g. {"url": "...", "vcs_info": {"commit_id": "b14e..."}}
+    direct_url: Optional[
+        dict
+    ]  # PEP 610 direct_url.json, e.g. {"url": "...", "vcs_info": {"commit_id": "b14e..."}}
 
 
 def scan(paths: Optional[Sequence[str]] = None) -> dict[str, Installed]:
@@ -42,7 +44,9 @@ def scan(paths: Optional[Sequence[str]] = None) -> dict[str, Installed]:
             except ValueError:
                 direct = None
             version = header.get("version", [""])[0]
-            found[key] = Installed(key, version, tuple(header.get("requires-dist", ())), str(path), direct)
+            found[key] = Installed(
+                key, version, tuple(header.get("requires-dist", ())), str(path), direct
+            )
     return found
 
 

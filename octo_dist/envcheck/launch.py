@@ -14,16 +14,22 @@ import socket
 from typing import Mapping, Optional, Sequence
 
 from octo_dist.launchers import coordinator as coord_mod
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 from octo_dist.launchers import Launch
 from octo_dist.envcheck import transport
 from octo_dist.envcheck.gpus import count as gpus_listed
 from octo_dist.envcheck.result import FAIL, Check
 
 
-def rank_record(launch: Launch, coordinator: Optional[coord_mod.Coordinator], environ: Mapping[str, str],
-                checks: Sequence[Check], gpus_on_host: Optional[int], host: Optional[str] = None,
-                transport_facts: Optional[Mapping] = None) -> dict:
+def rank_record(
+    launch: Launch,
+    coordinator: Optional[coord_mod.Coordinator],
+    environ: Mapping[str, str],
+    checks: Sequence[Check],
+    gpus_on_host: Optional[int],
+    host: Optional[str] = None,
+    transport_facts: Optional[Mapping] = None,
+) -> dict:
     """What one rank knows about itself before JAX starts (``transport_facts``: :func:`transport.facts`)."""
     return {
         "host": host or socket.gethostname(),
@@ -45,11 +51,15 @@ def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
     out = []
     worlds = sorted({r["world_size"] for r in records})
     if len(worlds) > 1:
-        out.append(f"ranks disagree about the world size: {worlds} (every rank must be started by one launcher)")
+        out.append(
+            f"ranks disagree about the world size: {worlds} (every rank must be started by one launcher)"
+        )
     coordinators = sorted({str(r["coordinator"]) for r in records})
     if len(coordinators) > 1:
-        out.append(f"ranks disagree about the coordinator: {coordinators} "
-                   f"(export COORDINATOR_ADDRESS to every rank, e.g. mpirun -x COORDINATOR_ADDRESS, or unset it everywhere)")
+        out.append(
+            f"ranks disagree about the coordinator: {coordinators} "
+            f"(export COORDINATOR_ADDRESS to every rank, e.g. mpirun -x COORDINATOR_ADDRESS, or unset it everywhere)"
+        )
     ranks = sorted(r["rank"] for r in records)
     if ranks != list(range(len(records))):
         out.append(f"ranks are {ranks}; expected 0..{len(records) - 1}, each once")
@@ -58,39 +68,69 @@ def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
         for host, n in sorted(per_host.items()):
             gpus = max((r["gpus_on_host"] or 0) for r in records if r["host"] == host)
             if n > gpus:
-                out.append(f"{host}: {n} ranks but {gpus} GPU(s); expected at most one rank per GPU "
-                           f"(mpirun -npernode {gpus}, PBS mpiprocs={gpus}, srun --ntasks-per-node={gpus})")
+                out.append(
+                    f"{host}: {n} ranks but {gpus} GPU(s); expected at most one rank per GPU "
+                    f"(mpirun -npernode {gpus}, PBS mpiprocs={gpus}, srun --ntasks-per-node={gpus})"
+                )
     for r in records:
         if r["env_failures"]:
-            out.append(f"rank {r['rank']} on {r['host']}: check-env fails: {', '.join(r['env_failures'])} "
-                       f"(run octo-dist check-env there)")
+            out.append(
+                f"rank {r['rank']} on {r['host']}: check-env fails: {', '.join(r['env_failures'])} "
+                f"(run octo-dist check-env there)"
+            )
     if gpu_profile:
         out += transport.problems(records)
     return out
 
 
-def render(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str]) -> str:
+def render(
+    records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str]
+) -> str:
     hosts = sorted({r["host"] for r in records})
     first = records[0]
-    where = f"{coordinator.address} ({coordinator.source})" if coordinator else "none (single process)"
-    lines = [f"octo-dist preflight: {len(records)} rank(s) on {len(hosts)} host(s), launcher {first['launcher']}, coordinator {where}"]
+    where = (
+        f"{coordinator.address} ({coordinator.source})" if coordinator else "none (single process)"
+    )
+    lines = [
+        f"octo-dist preflight: {len(records)} rank(s) on {len(hosts)} host(s), launcher {first['launcher']}, coordinator {where}"
+    ]
     for r in sorted(records, key=lambda r: r["rank"]):
         gpus = "-" if r["gpus_on_host"] is None else str(r["gpus_on_host"])
-        jax_part = f"  jax: process {r['jax']['process_index']}, {r['jax']['local_devices']} {r['jax']['platform']} device(s)" if "jax" in r else ""
-        lines.append(f"  rank {r['rank']:>3}  host {r['host']}  local {r['local_rank']}/{r['local_size']}  "
-                     f"gpus on host {gpus}  CUDA_VISIBLE_DEVICES={r['cuda_visible_devices'] or '(unset)'}  "
-                     f"coordinator {r['coordinator'] or '-'}{jax_part}  env: {','.join(r['env_failures']) or 'ok'}"
-                     f"{_ib_part(r.get('transport'))}")
+        jax_part = (
+            f"  jax: process {r['jax']['process_index']}, {r['jax']['local_devices']} {r['jax']['platform']} device(s)"
+            if "jax" in r
+            else ""
+        )
+        lines.append(
+            f"  rank {r['rank']:>3}  host {r['host']}  local {r['local_rank']}/{r['local_size']}  "
+            f"gpus on host {gpus}  CUDA_VISIBLE_DEVICES={r['cuda_visible_devices'] or '(unset)'}  "
+            f"coordinator {r['coordinator'] or '-'}{jax_part}  env: {','.join(r['env_failures']) or 'ok'}"
+            f"{_ib_part(r.get('transport'))}"
+        )
     lines += [f"  FAIL  {p}" for p in found] or ["  ok    every rank agrees; start-up works"]
     return "\n".join(lines)
 
 
-def as_json(records: Sequence[Mapping], coordinator: Optional[coord_mod.Coordinator], found: Sequence[str],
-            ctx: Optional[Mapping] = None) -> str:
+def as_json(
+    records: Sequence[Mapping],
+    coordinator: Optional[coord_mod.Coordinator],
+    found: Sequence[str],
+    ctx: Optional[Mapping] = None,
+) -> str:
     """The preflight for programs: ``{..ctx, "ok": false, "problems": [...], "coordinator": {...}, "ranks": [...]}``."""
-    return json.dumps({**(ctx or {}), "ok": not found, "problems": list(found),
-                       "coordinator": {"address": coordinator.address, "source": coordinator.source} if coordinator else None,
-                       "ranks": sorted(records, key=lambda r: r["rank"])}, indent=1, sort_keys=False)
+    return json.dumps(
+        {
+            **(ctx or {}),
+            "ok": not found,
+            "problems": list(found),
+            "coordinator": {"address": coordinator.address, "source": coordinator.source}
+            if coordinator
+            else None,
+            "ranks": sorted(records, key=lambda r: r["rank"]),
+        },
+        indent=1,
+        sort_keys=False,
+    )
 
 
 def _ib_part(facts: Optional[Mapping]) -> str:
@@ -100,38 +140,68 @@ def _ib_part(facts: Optional[Mapping]) -> str:
     return f"  infiniband: {len(facts['ib_devices'])} HCA(s), {'verbs ok' if ok else 'NCCL would use sockets'}"
 
 
-def run(launch: Launch, environ: Mapping[str, str], checks: Sequence[Check], gpu_profile: bool,
-        smi_output: Optional[str], start_options: Mapping, sys_root: str = "/", json_output: bool = False,
-        ctx: Optional[Mapping] = None) -> int:
+def run(
+    launch: Launch,
+    environ: Mapping[str, str],
+    checks: Sequence[Check],
+    gpu_profile: bool,
+    smi_output: Optional[str],
+    start_options: Mapping,
+    sys_root: str = "/",
+    json_output: bool = False,
+    ctx: Optional[Mapping] = None,
+) -> int:
     """On every rank; returns the same exit code everywhere (0 sound, 1 not). Rank 0 alone prints, as a table or
     (``json_output``) as :func:`as_json` with ``ctx`` (version, schema, host, python) on top."""
-    from octo_dist.dist import mpi
-    from octo_dist.dist.collectives import allgather_json
+    from octo_dist.runtime import mpi
+    from octo_dist.runtime.collectives import allgather_json
 
     options = dict(start_options)
     use_mpi = mpi.allowed(environ)
     # mpi4py's MPI_Init and collectives can block for ever when the ranks disagree (one given another world size):
     # under the start-up watchdog, a stuck rank ends with what it waited for, and an error ends the whole job.
-    with runtime.startup_guard(launch, runtime.startup_timeout(options.get("timeout_s"), environ)) as dog:
-        dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator")
-        c = coord_mod.resolve(environ, launch, explicit=options.pop("coordinator", None),
-                              broadcast=mpi.broadcaster(launch) if use_mpi else None)
+    with runtime.startup_guard(
+        launch, runtime.startup_timeout(options.get("timeout_s"), environ)
+    ) as dog:
+        dog.stage(
+            "the coordinator agreement through mpi4py (MPI_Init, broadcast)"
+            if use_mpi
+            else "the coordinator"
+        )
+        c = coord_mod.resolve(
+            environ,
+            launch,
+            explicit=options.pop("coordinator", None),
+            broadcast=mpi.broadcaster(launch) if use_mpi else None,
+        )
         net = transport.facts(sys_root, environ) if gpu_profile else None
-        record = rank_record(launch, c, environ, checks, gpus_listed(smi_output), transport_facts=net)
+        record = rank_record(
+            launch, c, environ, checks, gpus_listed(smi_output), transport_facts=net
+        )
         dog.stage("comparing every rank's record through mpi4py")
         early = mpi.allgather(record, launch) if use_mpi else None
     if early is not None:
         found = problems(early, gpu_profile)
         if found:
             if launch.rank == 0:
-                print(as_json(early, c, found, ctx) if json_output else render(early, c, found), flush=True)
+                print(
+                    as_json(early, c, found, ctx) if json_output else render(early, c, found),
+                    flush=True,
+                )
             return 1
     with runtime.distributed(coordinator=c, **options) as rt:
-        record["jax"] = {"process_index": rt.process_index, "local_devices": rt.local_device_count,
-                         "devices": rt.device_count, "platform": rt.platform}
+        record["jax"] = {
+            "process_index": rt.process_index,
+            "local_devices": rt.local_device_count,
+            "devices": rt.device_count,
+            "platform": rt.platform,
+        }
         records = allgather_json(record)
         found = problems(records, gpu_profile)
         if rt.is_main:
-            print(as_json(records, c, found, ctx) if json_output else render(records, c, found), flush=True)
+            print(
+                as_json(records, c, found, ctx) if json_output else render(records, c, found),
+                flush=True,
+            )
         # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
         return 1 if found else 0

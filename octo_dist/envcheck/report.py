@@ -18,8 +18,13 @@ SCHEMA = 1
 
 def context(gpu: bool, host: Optional[str] = None) -> dict:
     """What every JSON report carries, so a pasted one says where and with what it was made."""
-    return {"octo_dist_version": __version__, "schema": SCHEMA, "host": host or socket.gethostname(),
-            "python": platform.python_version(), "gpu": gpu}
+    return {
+        "octo_dist_version": __version__,
+        "schema": SCHEMA,
+        "host": host or socket.gethostname(),
+        "python": platform.python_version(),
+        "gpu": gpu,
+    }
 
 
 def exit_code(checks: Sequence[Check]) -> int:
@@ -29,8 +34,15 @@ def exit_code(checks: Sequence[Check]) -> int:
 def as_json(checks: Sequence[Check], profile: str, ctx: Optional[Mapping] = None) -> str:
     """``{"octo_dist_version": "0.1.0", "schema": 1, "host": ..., "python": "3.10.12", "gpu": true,
     "profile": "cuda11", "ok": false, "checks": [...]}``."""
-    return json.dumps({**(ctx or {}), "profile": profile, "ok": exit_code(checks) == 0,
-                       "checks": [c.as_dict() for c in checks]}, indent=2)
+    return json.dumps(
+        {
+            **(ctx or {}),
+            "profile": profile,
+            "ok": exit_code(checks) == 0,
+            "checks": [c.as_dict() for c in checks],
+        },
+        indent=2,
+    )
 
 
 def as_table(checks: Sequence[Check], profile: str, verbose: bool = False) -> str:

@@ -28,8 +28,13 @@ def check_python(profile: mf.Profile, python: str) -> Check:
     """``python`` is ``"3.11"``; the profile's images use ``profile.python``, locks exist for ``lock_pythons``."""
     allowed = profile.lock_pythons
     status = OK if python in allowed else FAIL
-    return Check("python.version", status, python, " or ".join(allowed),
-                 "" if status == OK else f"PYTHON=python{profile.python} make env PROFILE={profile.name}")
+    return Check(
+        "python.version",
+        status,
+        python,
+        " or ".join(allowed),
+        "" if status == OK else f"PYTHON=python{profile.python} make env PROFILE={profile.name}",
+    )
 
 
 def check_pins(profile: mf.Profile, python: str, versions: Mapping[str, str]) -> list[Check]:
@@ -37,8 +42,15 @@ def check_pins(profile: mf.Profile, python: str, versions: Mapping[str, str]) ->
     for name, want in sorted(profile.exact_pins(python).items()):
         have = versions.get(name)
         status = OK if have == want else FAIL
-        checks.append(Check(f"pin.{name}", status, have or "not installed", want,
-                            "" if status == OK else _pin_remedy(profile, name, want)))
+        checks.append(
+            Check(
+                f"pin.{name}",
+                status,
+                have or "not installed",
+                want,
+                "" if status == OK else _pin_remedy(profile, name, want),
+            )
+        )
     return checks
 
 
@@ -49,9 +61,13 @@ def check_scipy_tril(versions: Mapping[str, str], profile: mf.Profile) -> Option
         return None
     ok = Version(have) < Version("1.13")
     want = profile.exact_pins().get("scipy", "<1.13")
-    return Check("rule.scipy-tril", OK if ok else FAIL, have,
-                 "<1.13 (1.13 removed scipy.linalg.tril: \"module 'scipy.linalg' has no attribute 'tril'\")",
-                 "" if ok else f"pip install --no-deps scipy=={want}")
+    return Check(
+        "rule.scipy-tril",
+        OK if ok else FAIL,
+        have,
+        "<1.13 (1.13 removed scipy.linalg.tril: \"module 'scipy.linalg' has no attribute 'tril'\")",
+        "" if ok else f"pip install --no-deps scipy=={want}",
+    )
 
 
 def check_jax_jaxlib(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
@@ -62,8 +78,13 @@ def check_jax_jaxlib(versions: Mapping[str, str], profile: mf.Profile) -> Option
     public = jaxlib.split("+", 1)[0]
     ok = public == jax
     want = profile.exact_pins().get("jaxlib", jax)
-    return Check("rule.jax-jaxlib", OK if ok else FAIL, f"jax {jax}, jaxlib {jaxlib}", f"jaxlib == jax ({jax})",
-                 "" if ok else _pin_remedy(profile, "jaxlib", want))
+    return Check(
+        "rule.jax-jaxlib",
+        OK if ok else FAIL,
+        f"jax {jax}, jaxlib {jaxlib}",
+        f"jaxlib == jax ({jax})",
+        "" if ok else _pin_remedy(profile, "jaxlib", want),
+    )
 
 
 def cudnn_compatible(built: tuple[int, int], version: str) -> bool:
@@ -80,11 +101,18 @@ def check_cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optio
     want = profile.exact_pins().get("nvidia-cudnn-cu11", f"{tag[0]}.{tag[1]}")
     expected = f"cuDNN {tag[0]}.x with minor >= {tag[1]} (jaxlib {versions['jaxlib']} was built against {tag[0]}.{tag[1]})"
     ok = have is not None and cudnn_compatible(tag, have)
-    return Check("cudnn.wheel", OK if ok else FAIL, have or "nvidia-cudnn-cu11 not installed", expected,
-                 "" if ok else f"pip install --no-deps nvidia-cudnn-cu11=={want}")
+    return Check(
+        "cudnn.wheel",
+        OK if ok else FAIL,
+        have or "nvidia-cudnn-cu11 not installed",
+        expected,
+        "" if ok else f"pip install --no-deps nvidia-cudnn-cu11=={want}",
+    )
 
 
-def check_cudnn_load(versions: Mapping[str, str], profile: mf.Profile, probe: tuple) -> Optional[Check]:
+def check_cudnn_load(
+    versions: Mapping[str, str], profile: mf.Profile, probe: tuple
+) -> Optional[Check]:
     """``probe`` is cudnn.probe()'s (library, version, error). Unloadable: JAX says "Found cuDNN version 0" and runs on the CPU."""
     if not profile.gpu:
         return None
@@ -96,12 +124,21 @@ def check_cudnn_load(versions: Mapping[str, str], profile: mf.Profile, probe: tu
         return None  # this GPU profile pins no cuDNN wheel: nothing to compare with
     remedy = f"pip install --force-reinstall --no-deps nvidia-cudnn-cu11=={want}"
     if version is None:
-        return Check("cudnn.load", FAIL, f"cannot load libcudnn ({error})",
-                     f"a loadable libcudnn {tag[0]}.{tag[1]}+ (else JAX reports 'Found cuDNN version 0' and runs on the CPU)",
-                     remedy)
+        return Check(
+            "cudnn.load",
+            FAIL,
+            f"cannot load libcudnn ({error})",
+            f"a loadable libcudnn {tag[0]}.{tag[1]}+ (else JAX reports 'Found cuDNN version 0' and runs on the CPU)",
+            remedy,
+        )
     ok = cudnn_compatible(tag, version)
-    return Check("cudnn.load", OK if ok else FAIL, f"{version} from {lib}", f"{tag[0]}.x with minor >= {tag[1]}",
-                 "" if ok else remedy)
+    return Check(
+        "cudnn.load",
+        OK if ok else FAIL,
+        f"{version} from {lib}",
+        f"{tag[0]}.x with minor >= {tag[1]}",
+        "" if ok else remedy,
+    )
 
 
 def _marker_env(python: str) -> dict:
@@ -110,7 +147,9 @@ def _marker_env(python: str) -> dict:
     return env
 
 
-def check_consistency(installed: Mapping[str, Installed], profile: mf.Profile, python: str) -> Check:
+def check_consistency(
+    installed: Mapping[str, Installed], profile: mf.Profile, python: str
+) -> Check:
     """Every installed distribution's requirements (no extras) hold, the manifest's intended overrides excepted."""
     env = _marker_env(python)
     intended = {(o.required_by, o.package): o for o in profile.overrides}
@@ -142,38 +181,73 @@ def check_consistency(installed: Mapping[str, Installed], profile: mf.Profile, p
                 excused.append(f"{problem} (intended: {intended[(dist.name, name)].reason})")
             else:
                 broken.append(problem)
-    found = "; ".join(broken) if broken else ("consistent" + (f"; intended: {'; '.join(excused)}" if excused else ""))
-    return Check("deps.consistent", FAIL if broken else OK, found,
-                 "every installed requirement satisfied (intended overrides in env/stack.toml excepted)",
-                 ENV_FIX.format(profile=profile.name) if broken else "")
+    found = (
+        "; ".join(broken)
+        if broken
+        else ("consistent" + (f"; intended: {'; '.join(excused)}" if excused else ""))
+    )
+    return Check(
+        "deps.consistent",
+        FAIL if broken else OK,
+        found,
+        "every installed requirement satisfied (intended overrides in env/stack.toml excepted)",
+        ENV_FIX.format(profile=profile.name) if broken else "",
+    )
 
 
-def check_git(installed: Mapping[str, Installed], deps: Sequence[mf.GitDep], profile: mf.Profile) -> list[Check]:
+def check_git(
+    installed: Mapping[str, Installed], deps: Sequence[mf.GitDep], profile: mf.Profile
+) -> list[Check]:
     checks = []
     for dep in deps:
         dist = installed.get(mf.canonical_name(dep.distribution))
-        remedy = f"pip install --no-deps '{dep.pip_spec}'   (or: make git-deps PROFILE={profile.name})"
+        remedy = (
+            f"pip install --no-deps '{dep.pip_spec}'   (or: make git-deps PROFILE={profile.name})"
+        )
         if dist is None:
             # Not fatal off the GPU: CI here has no GitHub, and the engine and smoke job need no octo.
-            checks.append(Check(f"git.{dep.name}", FAIL if profile.gpu else WARN, "not installed",
-                                f"{dep.distribution} from {dep.url} at {dep.commit}", remedy))
+            checks.append(
+                Check(
+                    f"git.{dep.name}",
+                    FAIL if profile.gpu else WARN,
+                    "not installed",
+                    f"{dep.distribution} from {dep.url} at {dep.commit}",
+                    remedy,
+                )
+            )
             continue
         commit = ((dist.direct_url or {}).get("vcs_info") or {}).get("commit_id")
         ok = commit == dep.commit
-        checks.append(Check(f"git.{dep.name}", OK if ok else FAIL,
-                            f"{dist.version} at {commit or 'no recorded commit (not a pinned git install)'}",
-                            f"commit {dep.commit}", "" if ok else remedy))
+        checks.append(
+            Check(
+                f"git.{dep.name}",
+                OK if ok else FAIL,
+                f"{dist.version} at {commit or 'no recorded commit (not a pinned git install)'}",
+                f"commit {dep.commit}",
+                "" if ok else remedy,
+            )
+        )
     return checks
 
 
-def check_gpus(environ: Mapping[str, str], smi_output: Optional[str], profile: mf.Profile) -> list[Check]:
+def check_gpus(
+    environ: Mapping[str, str], smi_output: Optional[str], profile: mf.Profile
+) -> list[Check]:
     """``smi_output`` is ``nvidia-smi -L``'s stdout ("GPU 0: NVIDIA H200 (UUID: ...)"), None if it did not run."""
     if not profile.gpu:
         return []
     gpus = gpu_list.listed(smi_output) or []
-    checks = [Check("gpu.visible", OK if gpus else FAIL, f"{len(gpus)} GPU(s)" if smi_output is not None else "nvidia-smi not found",
-                    ">= 1 GPU from nvidia-smi -L",
-                    "" if gpus else "run on a GPU node (qsub/qrsh); in a container use `singularity exec --nv`")]
+    checks = [
+        Check(
+            "gpu.visible",
+            OK if gpus else FAIL,
+            f"{len(gpus)} GPU(s)" if smi_output is not None else "nvidia-smi not found",
+            ">= 1 GPU from nvidia-smi -L",
+            ""
+            if gpus
+            else "run on a GPU node (qsub/qrsh); in a container use `singularity exec --nv`",
+        )
+    ]
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and gpus:
         visible = [d.strip() for d in cvd.split(",") if d.strip()]
@@ -181,35 +255,75 @@ def check_gpus(environ: Mapping[str, str], smi_output: Optional[str], profile: m
         # "", "-1" or "NoDevFiles" hide every GPU: nvidia-smi still lists them, JAX sees none -> CPU.
         none_left = not visible or visible[0] in ("-1", "NoDevFiles")
         status = FAIL if none_left else (OK if hidden <= 0 else WARN)
-        checks.append(Check("gpu.cuda-visible-devices", status, f"CUDA_VISIBLE_DEVICES={cvd!r} with {len(gpus)} GPUs",
-                            "no GPU hidden (octo-dist binds one GPU per rank itself)",
-                            "" if status == OK else "unset CUDA_VISIBLE_DEVICES"))
+        checks.append(
+            Check(
+                "gpu.cuda-visible-devices",
+                status,
+                f"CUDA_VISIBLE_DEVICES={cvd!r} with {len(gpus)} GPUs",
+                "no GPU hidden (octo-dist binds one GPU per rank itself)",
+                "" if status == OK else "unset CUDA_VISIBLE_DEVICES",
+            )
+        )
     return checks
 
 
 def check_proxy(environ: Mapping[str, str]) -> Optional[Check]:
     """An HTTP(S) proxy without NO_PROXY for the coordinator can make jax.distributed.initialize hang (gRPC)."""
-    proxies = [k for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "GRPC_PROXY", "grpc_proxy") if environ.get(k)]
+    proxies = [
+        k
+        for k in (
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "GRPC_PROXY",
+            "grpc_proxy",
+        )
+        if environ.get(k)
+    ]
     if not proxies:
         return None
     coordinator = environ.get("COORDINATOR_ADDRESS") or environ.get("JAX_COORDINATOR_ADDRESS") or ""
     host = coordinator.rsplit(":", 1)[0] if coordinator else ""
-    no_proxy = [h.strip() for h in (environ.get("NO_PROXY") or environ.get("no_proxy") or "").split(",") if h.strip()]
-    needed = [h for h in ([host] if host else ["localhost"]) if not any(h == n or (n.startswith(".") and h.endswith(n)) or n == "*" for n in no_proxy)]
+    no_proxy = [
+        h.strip()
+        for h in (environ.get("NO_PROXY") or environ.get("no_proxy") or "").split(",")
+        if h.strip()
+    ]
+    needed = [
+        h
+        for h in ([host] if host else ["localhost"])
+        if not any(h == n or (n.startswith(".") and h.endswith(n)) or n == "*" for n in no_proxy)
+    ]
     status = OK if not needed else WARN
-    return Check("net.proxy", status, f"{', '.join(proxies)} set; NO_PROXY={','.join(no_proxy) or '(unset)'}",
-                 f"NO_PROXY covering the coordinator host ({host or 'the first node / localhost'})",
-                 "" if status == OK else f"export NO_PROXY={','.join(no_proxy + needed + ['127.0.0.1'])}")
+    return Check(
+        "net.proxy",
+        status,
+        f"{', '.join(proxies)} set; NO_PROXY={','.join(no_proxy) or '(unset)'}",
+        f"NO_PROXY covering the coordinator host ({host or 'the first node / localhost'})",
+        "" if status == OK else f"export NO_PROXY={','.join(no_proxy + needed + ['127.0.0.1'])}",
+    )
 
 
-def run_fast(profile: mf.Profile, manifest: mf.Manifest, python: str, installed: Mapping[str, Installed],
-             environ: Mapping[str, str], cudnn_probe: tuple, smi_output: Optional[str]) -> list[Check]:
+def run_fast(
+    profile: mf.Profile,
+    manifest: mf.Manifest,
+    python: str,
+    installed: Mapping[str, Installed],
+    environ: Mapping[str, str],
+    cudnn_probe: tuple,
+    smi_output: Optional[str],
+) -> list[Check]:
     versions = installed_versions(installed)
     checks: list[Optional[Check]] = [check_python(profile, python)]
     checks += check_pins(profile, python, versions)
-    checks += [check_scipy_tril(versions, profile), check_jax_jaxlib(versions, profile),
-               check_cudnn_wheel(versions, profile), check_cudnn_load(versions, profile, cudnn_probe),
-               check_consistency(installed, profile, python)]
+    checks += [
+        check_scipy_tril(versions, profile),
+        check_jax_jaxlib(versions, profile),
+        check_cudnn_wheel(versions, profile),
+        check_cudnn_load(versions, profile, cudnn_probe),
+        check_consistency(installed, profile, python),
+    ]
     checks += check_git(installed, manifest.git, profile)
     checks += check_gpus(environ, smi_output, profile)
     checks.append(check_proxy(environ))

@@ -20,12 +20,16 @@ import os
 from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Sequence
 
-IB_CLASS_DIR = "sys/class/infiniband"   # under the sys root: /sys/class/infiniband/mlx5_ibn1/ports/1/state
-VERBS_LIBRARY = "libibverbs.so.1"        # what NCCL dlopens (after plain libibverbs.so, which only -dev packages ship)
-VERBS_SYMBOL = "ibv_get_device_list"     # the first verbs call NCCL makes
-IMAGE_FIX = ("run the ranks in the octo-dist image (it installs libibverbs1, ibverbs-providers and librdmacm1; "
-             "rebuild an older .sif with `make sif`), or install rdma-core's libibverbs1 and ibverbs-providers "
-             "where the ranks run")
+IB_CLASS_DIR = (
+    "sys/class/infiniband"  # under the sys root: /sys/class/infiniband/mlx5_ibn1/ports/1/state
+)
+VERBS_LIBRARY = "libibverbs.so.1"  # what NCCL dlopens (after plain libibverbs.so, which only -dev packages ship)
+VERBS_SYMBOL = "ibv_get_device_list"  # the first verbs call NCCL makes
+IMAGE_FIX = (
+    "run the ranks in the octo-dist image (it installs libibverbs1, ibverbs-providers and librdmacm1; "
+    "rebuild an older .sif with `make sif`), or install rdma-core's libibverbs1 and ibverbs-providers "
+    "where the ranks run"
+)
 
 Loader = Callable[[str], object]
 
@@ -55,7 +59,9 @@ def active_ports(sys_root: os.PathLike, device: str) -> List[str]:
     return out
 
 
-def load_verbs(candidates: Sequence[str] = (VERBS_LIBRARY,), loader: Loader = ctypes.CDLL) -> Optional[str]:
+def load_verbs(
+    candidates: Sequence[str] = (VERBS_LIBRARY,), loader: Loader = ctypes.CDLL
+) -> Optional[str]:
     """None when a verbs library loads and exports ``ibv_get_device_list``; else why not, for every candidate."""
     errors = []
     for lib in candidates:
@@ -96,15 +102,23 @@ def socket_settings(environ: Mapping[str, str], devices: Sequence[str]) -> List[
     """Each setting in ``environ`` that makes NCCL skip InfiniBand on a host with ``devices``, and its fix."""
     out = []
     if _truthy(environ.get("NCCL_IB_DISABLE", "")):
-        out.append(f"NCCL_IB_DISABLE={environ['NCCL_IB_DISABLE']} turns InfiniBand off "
-                   f"(fix: unset NCCL_IB_DISABLE, and drop it from the job script and mpirun -x)")
+        out.append(
+            f"NCCL_IB_DISABLE={environ['NCCL_IB_DISABLE']} turns InfiniBand off "
+            f"(fix: unset NCCL_IB_DISABLE, and drop it from the job script and mpirun -x)"
+        )
     # Only "Socket" is refused: HPC-X's SHARP plugin registers other names ("IBext") that do use the HCAs.
     net = environ.get("NCCL_NET", "")
     if net.strip().lower() == "socket":
         out.append(f"NCCL_NET={net} forces TCP sockets (fix: unset NCCL_NET, or NCCL_NET=IB)")
-    if environ.get("NCCL_IB_HCA", "").strip() and devices and not hca_selected(environ["NCCL_IB_HCA"], devices):
-        out.append(f"NCCL_IB_HCA={environ['NCCL_IB_HCA']} selects none of this host's HCAs ({', '.join(devices)}) "
-                   f"(fix: NCCL_IB_HCA={_common_prefix(devices)} or unset it)")
+    if (
+        environ.get("NCCL_IB_HCA", "").strip()
+        and devices
+        and not hca_selected(environ["NCCL_IB_HCA"], devices)
+    ):
+        out.append(
+            f"NCCL_IB_HCA={environ['NCCL_IB_HCA']} selects none of this host's HCAs ({', '.join(devices)}) "
+            f"(fix: NCCL_IB_HCA={_common_prefix(devices)} or unset it)"
+        )
     return out
 
 
@@ -113,8 +127,12 @@ def _common_prefix(devices: Sequence[str]) -> str:
     return prefix or ",".join(devices)
 
 
-def facts(sys_root: os.PathLike, environ: Mapping[str, str], verbs_candidates: Sequence[str] = (VERBS_LIBRARY,),
-          loader: Loader = ctypes.CDLL) -> dict:
+def facts(
+    sys_root: os.PathLike,
+    environ: Mapping[str, str],
+    verbs_candidates: Sequence[str] = (VERBS_LIBRARY,),
+    loader: Loader = ctypes.CDLL,
+) -> dict:
     """What one rank reports: its HCAs, whether verbs load (only asked when there are HCAs), socket settings.
 
     ``{"ib_devices": ["mlx5_ibn1"], "verbs_error": None, "socket_settings": []}``
@@ -143,9 +161,13 @@ def problems(records: Sequence[Mapping]) -> List[str]:
             continue
         where = f"rank {r['rank']} on {r['host']} ({len(t['ib_devices'])} InfiniBand HCA(s): {', '.join(t['ib_devices'])})"
         if t.get("verbs_error"):
-            out.append(f"{where}: {VERBS_LIBRARY} cannot be loaded ({t['verbs_error']}), so NCCL would all-reduce "
-                       f"over TCP sockets between the {len(hosts)} hosts; expected the InfiniBand userland. "
-                       f"Fix: {IMAGE_FIX}")
+            out.append(
+                f"{where}: {VERBS_LIBRARY} cannot be loaded ({t['verbs_error']}), so NCCL would all-reduce "
+                f"over TCP sockets between the {len(hosts)} hosts; expected the InfiniBand userland. "
+                f"Fix: {IMAGE_FIX}"
+            )
         for setting in t.get("socket_settings") or []:
-            out.append(f"{where}: {setting}; expected NCCL over InfiniBand between the {len(hosts)} hosts")
+            out.append(
+                f"{where}: {setting}; expected NCCL over InfiniBand between the {len(hosts)} hosts"
+            )
     return out

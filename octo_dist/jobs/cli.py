@@ -29,38 +29,53 @@ SCHEDULER_HELP = {
 }
 SCHEDULER_DESCRIPTION = {
     "pbs": "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l select=N:mpiprocs=R, "
-           "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
-           "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
-           "(1x H200, for a cheap test).",
+    "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
+    "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
+    "(1x H200, for a cheap test).",
     "sge": "Render a job script for Grid Engine: #$ -l RESOURCE_TYPE=N, -notify so the job gets SIGUSR1 before it is "
-           "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in, rt_F and "
-           "rt_AF, are those of ABCI 2.0 (retired in 2024), an example of a Grid Engine site.",
+    "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in, rt_F and "
+    "rt_AF, are those of ABCI 2.0 (retired in 2024), an example of a Grid Engine site.",
     "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
-             "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
-             "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
+    "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
+    "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
 }
 COMMON_DESCRIPTION = (
     " Every rank runs in the image (or the venv); a preflight (octo-dist check-env --launch) runs under the same "
     "launcher first; every rank checkpoints and stops before the wall time. Bad choices are refused (exit 2) before "
     "anything is written. The training command follows `--` (default: the smoke job): -- smoke --model tiny, or "
-    "-- finetune --config.pretrained_path=weights/octo-small.")
+    "-- finetune --config.pretrained_path=weights/octo-small."
+)
 
 
-def add_parser(sub, checkers: Optional[Mapping[str, spec_mod.Checker]] = None) -> argparse.ArgumentParser:
+def add_parser(
+    sub, checkers: Optional[Mapping[str, spec_mod.Checker]] = None
+) -> argparse.ArgumentParser:
     """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments (see spec.Checker)."""
-    p = sub.add_parser("launch", help="render a job script for PBS (ABCI 3.0), Grid Engine or SLURM",
-                       description="Render a complete job script." + COMMON_DESCRIPTION + " Options: octo-dist launch "
-                       "SCHEDULER --help.")
+    p = sub.add_parser(
+        "launch",
+        help="render a job script for PBS (ABCI 3.0), Grid Engine or SLURM",
+        description="Render a complete job script."
+        + COMMON_DESCRIPTION
+        + " Options: octo-dist launch "
+        "SCHEDULER --help.",
+    )
     # One sub-parser per scheduler, so that the training command after `--` is the only positional: argparse would
     # otherwise fill an optional positional with nothing as soon as it meets the scheduler's name.
     schedulers = p.add_subparsers(dest="scheduler", metavar="{pbs,sge,slurm}", required=True)
     for name in spec_mod.SCHEDULERS:
-        sp = schedulers.add_parser(name, help=SCHEDULER_HELP[name],
-                                   description=SCHEDULER_DESCRIPTION[name] + COMMON_DESCRIPTION,
-                                   usage=f"octo-dist launch {name} [options] [-- {{smoke,finetune}} [ARGS...]]")
+        sp = schedulers.add_parser(
+            name,
+            help=SCHEDULER_HELP[name],
+            description=SCHEDULER_DESCRIPTION[name] + COMMON_DESCRIPTION,
+            usage=f"octo-dist launch {name} [options] [-- {{smoke,finetune}} [ARGS...]]",
+        )
         _add_options(sp, name)
-        sp.add_argument("train", nargs="*", metavar="-- COMMAND ARGS",
-                        help="the training command after --: smoke (default) or finetune, then its own flags")
+        sp.add_argument(
+            "train",
+            nargs="*",
+            metavar="-- COMMAND ARGS",
+            help="the training command after --: smoke (default) or finetune, then its own flags",
+        )
         sp.set_defaults(func=run, checkers=dict(checkers or {}))
     return p
 
@@ -72,14 +87,21 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         if f.name == "resource_type" and scheduler == "slurm":
             continue  # SLURM has none
         meta = f.metadata
-        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        group = groups.get(meta["group"]) or groups.setdefault(
+            meta["group"], parser.add_argument_group(meta["group"])
+        )
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
-        group.add_argument(*names, dest=f.name, default=NOT_GIVEN if configurable else f.default,
-                           help=meta["help"].format(default=default, **values), **meta["argparse"])
+        group.add_argument(
+            *names,
+            dest=f.name,
+            default=NOT_GIVEN if configurable else f.default,
+            help=meta["help"].format(default=default, **values),
+            **meta["argparse"],
+        )
 
 
 NOT_GIVEN = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
@@ -96,10 +118,14 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
             value, sources[f.name] = (files or {}).get(f.name, (f.default, defaults_mod.BUILT_IN))
         else:
-            given = f.name in defaults_mod.KEYS.values() or value != f.default  # those can tell; the others show it
+            given = (
+                f.name in defaults_mod.KEYS.values() or value != f.default
+            )  # those can tell; the others show it
             sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
         values[f.name] = tuple(value) if isinstance(value, list) else value
-    return spec_mod.LaunchOptions(scheduler=args.scheduler, train=tuple(args.train), **values), sources
+    return spec_mod.LaunchOptions(
+        scheduler=args.scheduler, train=tuple(args.train), **values
+    ), sources
 
 
 def command_line(options: spec_mod.LaunchOptions) -> list:
@@ -114,7 +140,9 @@ def command_line(options: spec_mod.LaunchOptions) -> list:
     return out + (["--", *options.train] if options.train else [])
 
 
-def parse(argv: Sequence[str], checkers: Optional[Mapping[str, spec_mod.Checker]] = None) -> spec_mod.JobSpec:
+def parse(
+    argv: Sequence[str], checkers: Optional[Mapping[str, spec_mod.Checker]] = None
+) -> spec_mod.JobSpec:
     """``octo-dist launch`` argv (without "launch") -> JobSpec; for the examples and tests."""
     parser = argparse.ArgumentParser(prog="octo-dist")
     add_parser(parser.add_subparsers(), checkers)
@@ -134,20 +162,28 @@ def syntax_check(text: str) -> None:
         return
     proc = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ScriptError(f"the rendered script fails bash -n ({proc.stderr.strip()}); nothing was written. This is a "
-                          f"bug in octo-dist: report it with the octo-dist launch line you ran")
+        raise ScriptError(
+            f"the rendered script fails bash -n ({proc.stderr.strip()}); nothing was written. This is a "
+            f"bug in octo-dist: report it with the octo-dist launch line you ran"
+        )
 
 
 def output_path(options: spec_mod.LaunchOptions) -> str:
     """Where ``-o`` writes: refuses a directory or a missing parent with the fix."""
     out = options.output or f"octo-dist-{options.scheduler}.sh"
     if os.path.isdir(out):
-        raise spec_mod.JobSpecError(f"-o {out!r} is a directory", "a file name for the script",
-                                    f"-o {os.path.join(out, f'octo-dist-{options.scheduler}.sh')}")
+        raise spec_mod.JobSpecError(
+            f"-o {out!r} is a directory",
+            "a file name for the script",
+            f"-o {os.path.join(out, f'octo-dist-{options.scheduler}.sh')}",
+        )
     parent = os.path.dirname(out) or "."
     if not os.path.isdir(parent):
-        raise spec_mod.JobSpecError(f"-o {out!r}: directory {parent!r} does not exist", "a file in an existing "
-                                    "directory", f"mkdir -p {shlex.quote(parent)}")
+        raise spec_mod.JobSpecError(
+            f"-o {out!r}: directory {parent!r} does not exist",
+            "a file in an existing directory",
+            f"mkdir -p {shlex.quote(parent)}",
+        )
     return out
 
 
@@ -166,7 +202,11 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
     width = max(len(flag) for flag, _, _ in rows)
     shown = []
     for flag, value, source in rows:
-        text = " ".join(value) if isinstance(value, tuple) else ("(none)" if value is None else str(value))
+        text = (
+            " ".join(value)
+            if isinstance(value, tuple)
+            else ("(none)" if value is None else str(value))
+        )
         shown.append(f"{flag:<{width}}  {text:<40}  {source}")
     return "\n".join(shown) + "\n"
 
@@ -203,19 +243,26 @@ def run(args: argparse.Namespace) -> int:
             f.write(text)
         os.chmod(out, 0o755)
     except OSError as e:
-        print(f"octo-dist launch: error: cannot write {out!r} ({e.strerror}); expected a file you can write. "
-              f"Fix: -o a path in a directory you own", file=sys.stderr)
+        print(
+            f"octo-dist launch: error: cannot write {out!r} ({e.strerror}); expected a file you can write. "
+            f"Fix: -o a path in a directory you own",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     submit = SUBMIT[job.scheduler].format(file=shlex.quote(out), group=job.group or "GROUP")
-    wrote = (f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
-             + (f", global batch {job.global_batch}" if job.global_batch else "")
-             + (f", {job.steps} steps" if job.steps else ""))
+    wrote = (
+        f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
+        + (f", global batch {job.global_batch}" if job.global_batch else "")
+        + (f", {job.steps} steps" if job.steps else "")
+    )
     if not (options.submit or options.chain):
         print(f"{wrote}. Submit: {submit}")
         return 0
     print(wrote)
     try:
-        jobs = submit_mod.submit(job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1)
+        jobs = submit_mod.submit(
+            job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1
+        )
     except submit_mod.SubmitError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -229,5 +276,8 @@ def _check_submit(options: spec_mod.LaunchOptions) -> None:
     if options.chain is not None and options.chain < 1:
         raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
     if options.dry_run and (options.submit or options.chain):
-        raise spec_mod.JobSpecError("--dry-run with --submit/--chain", "one of them: --dry-run only prints",
-                                    "drop --dry-run")
+        raise spec_mod.JobSpecError(
+            "--dry-run with --submit/--chain",
+            "one of them: --dry-run only prints",
+            "drop --dry-run",
+        )

@@ -30,10 +30,21 @@ BUILT_IN = "built in"
 COMMAND_LINE = "command line"
 
 # key in the file -> LaunchOptions field; lists are written space-separated.
-KEYS = {"group": "group", "image": "image", "skip-image-check": "skip_image_check", "module": "modules",
-        "venv": "venv", "bind": "bind", "save-dir": "save_dir", "data-dir": "data_dir",
-        "compile-cache": "compile_cache", "wandb-mode": "wandb_mode", "resource-type": "resource_type",
-        "walltime": "walltime", "name": "name"}
+KEYS = {
+    "group": "group",
+    "image": "image",
+    "skip-image-check": "skip_image_check",
+    "module": "modules",
+    "venv": "venv",
+    "bind": "bind",
+    "save-dir": "save_dir",
+    "data-dir": "data_dir",
+    "compile-cache": "compile_cache",
+    "wandb-mode": "wandb_mode",
+    "resource-type": "resource_type",
+    "walltime": "walltime",
+    "name": "name",
+}
 LISTS = ("modules", "bind")
 BOOLS = ("skip_image_check",)
 
@@ -44,7 +55,9 @@ class DefaultsError(ValueError):
 
 def files(environ: Mapping[str, str], cwd: str) -> Tuple[str, str]:
     """(user file, project file) for this environment and directory; either may not exist."""
-    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", "~"), ".config")
+    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(
+        environ.get("HOME", "~"), ".config"
+    )
     return os.path.join(config_home, USER_FILE), os.path.join(cwd, PROJECT_FILE)
 
 
@@ -53,34 +66,44 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
     try:
         parser.read_string(text, source=path)
     except configparser.Error as e:
-        raise DefaultsError(f"{path}: not an INI file ({str(e).splitlines()[0]}); expected [launch] and key = value "
-                            f"lines. Fix: correct or remove {path}") from None
+        raise DefaultsError(
+            f"{path}: not an INI file ({str(e).splitlines()[0]}); expected [launch] and key = value "
+            f"lines. Fix: correct or remove {path}"
+        ) from None
     out: Dict[str, object] = {}
     for section in ("launch", f"launch.{scheduler}"):
         if not parser.has_section(section):
             continue
         for key, value in parser.items(section):
             if key not in KEYS:
-                raise DefaultsError(f"{path} [{section}]: unknown key {key!r}; expected one of "
-                                    f"{', '.join(sorted(KEYS))}. Fix: remove or rename it")
+                raise DefaultsError(
+                    f"{path} [{section}]: unknown key {key!r}; expected one of "
+                    f"{', '.join(sorted(KEYS))}. Fix: remove or rename it"
+                )
             field = KEYS[key]
             if field in LISTS:
                 out[field] = tuple(value.split())
             elif field in BOOLS:
                 if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                    raise DefaultsError(f"{path} [{section}]: {key} = {value!r}; expected true or false. "
-                                        f"Fix: {key} = true")
+                    raise DefaultsError(
+                        f"{path} [{section}]: {key} = {value!r}; expected true or false. "
+                        f"Fix: {key} = true"
+                    )
                 out[field] = value.lower() in ("true", "yes", "1")
             else:
                 out[field] = value
     unknown = [s for s in parser.sections() if s != "launch" and not s.startswith("launch.")]
     if unknown:
-        raise DefaultsError(f"{path}: unknown section [{unknown[0]}]; expected [launch] or [launch.pbs|sge|slurm]. "
-                            f"Fix: rename it")
+        raise DefaultsError(
+            f"{path}: unknown section [{unknown[0]}]; expected [launch] or [launch.pbs|sge|slurm]. "
+            f"Fix: rename it"
+        )
     return out
 
 
-def resolve(texts: Sequence[Tuple[str, Optional[str]]], scheduler: str) -> Dict[str, Tuple[object, str]]:
+def resolve(
+    texts: Sequence[Tuple[str, Optional[str]]], scheduler: str
+) -> Dict[str, Tuple[object, str]]:
     """Field -> (value, the file it came from), later files winning; ``texts``: (path, text or None if absent)."""
     out: Dict[str, Tuple[object, str]] = {}
     for path, text in texts:
@@ -101,6 +124,8 @@ def read(paths: Sequence[str]) -> list:
         except FileNotFoundError:
             out.append((path, None))
         except OSError as e:
-            raise DefaultsError(f"{path}: cannot read it ({e.strerror}); expected a readable file. "
-                                f"Fix: chmod u+r {path}, or remove it") from None
+            raise DefaultsError(
+                f"{path}: cannot read it ({e.strerror}); expected a readable file. "
+                f"Fix: chmod u+r {path}, or remove it"
+            ) from None
     return out

@@ -23,11 +23,11 @@ NODE_LIST_ENV = OCTO_DIST_NODEFILE  # the job's node list, copied where every no
 
 @dataclasses.dataclass(frozen=True)
 class Scheduler:
-    hostfile_var: str     # "" when the launcher needs no node list (srun)
+    hostfile_var: str  # "" when the launcher needs no node list (srun)
     job_id_var: str
-    workdir: str          # where the job starts: qsub's directory
+    workdir: str  # where the job starts: qsub's directory
     launcher: str
-    stop_timer: bool      # False where the scheduler can signal the script ahead of the limit itself
+    stop_timer: bool  # False where the scheduler can signal the script ahead of the limit itself
 
 
 # mpirun: -x NAME passes a variable to the ranks on other nodes (Open MPI 4 gives them nothing else; the values stay
@@ -83,35 +83,51 @@ fi"""
 
 SCHEDULERS = {
     # PBS starts the job in $HOME; PBS_O_WORKDIR is where qsub ran.
-    "pbs": Scheduler("PBS_NODEFILE", "PBS_JOBID", '"${PBS_O_WORKDIR:-$PWD}"',
-                     MPIRUN.format(job_id="PBS_JOBID", node_list_env=NODE_LIST_ENV), stop_timer=True),
+    "pbs": Scheduler(
+        "PBS_NODEFILE",
+        "PBS_JOBID",
+        '"${PBS_O_WORKDIR:-$PWD}"',
+        MPIRUN.format(job_id="PBS_JOBID", node_list_env=NODE_LIST_ENV),
+        stop_timer=True,
+    ),
     # -cwd: Grid Engine starts the job where qsub ran.
-    "sge": Scheduler("SGE_JOB_HOSTLIST", "JOB_ID", '"$PWD"',
-                     MPIRUN.format(job_id="JOB_ID", node_list_env=NODE_LIST_ENV), stop_timer=True),
+    "sge": Scheduler(
+        "SGE_JOB_HOSTLIST",
+        "JOB_ID",
+        '"$PWD"',
+        MPIRUN.format(job_id="JOB_ID", node_list_env=NODE_LIST_ENV),
+        stop_timer=True,
+    ),
     "slurm": Scheduler("", "SLURM_JOB_ID", '"${SLURM_SUBMIT_DIR:-$PWD}"', SRUN, stop_timer=False),
 }
 
-TRUSTED_VALUE = re.compile(r"[A-Za-z0-9_.,:/=+-]+")  # values from octo-dist's own tables, written unquoted
+TRUSTED_VALUE = re.compile(
+    r"[A-Za-z0-9_.,:/=+-]+"
+)  # values from octo-dist's own tables, written unquoted
 
 
 def _scheduler_checks(spec: JobSpec) -> str:
     s = SCHEDULERS[spec.scheduler]
     submit = "sbatch" if spec.scheduler == "slurm" else "qsub"
-    job = f'JOB=${{{s.job_id_var}:-0}}  # the scheduler\'s job id'
+    job = f"JOB=${{{s.job_id_var}:-0}}  # the scheduler's job id"
     if not s.hostfile_var:
-        return (f"{job}\n"
-                f'[ -n "${{{s.job_id_var}:-}}" ] || fail "{s.job_id_var} is unset; expected to run inside a job. '
-                f'Fix: {submit} $SCRIPT_NAME"')
-    return (f"{job}\n"
-            f"HOSTFILE=${{{s.hostfile_var}:-}}\n"
-            f'if [ -z "$HOSTFILE" ] || [ ! -r "$HOSTFILE" ]; then\n'
-            f'  fail "{s.hostfile_var} is \'$HOSTFILE\'; expected the node list the scheduler gives every job. '
-            f'Fix: submit it ({submit} $SCRIPT_NAME) rather than running it"\n'
-            f"fi\n"
-            f"hosts_found=$(awk 'NF && !seen[$1]++' \"$HOSTFILE\" | wc -l)\n"
-            f'if [ "$hosts_found" -ne "$NODES" ]; then\n'
-            f'  note "warning: $HOSTFILE lists $hosts_found node(s); this script was rendered for $NODES"\n'
-            f"fi")
+        return (
+            f"{job}\n"
+            f'[ -n "${{{s.job_id_var}:-}}" ] || fail "{s.job_id_var} is unset; expected to run inside a job. '
+            f'Fix: {submit} $SCRIPT_NAME"'
+        )
+    return (
+        f"{job}\n"
+        f"HOSTFILE=${{{s.hostfile_var}:-}}\n"
+        f'if [ -z "$HOSTFILE" ] || [ ! -r "$HOSTFILE" ]; then\n'
+        f"  fail \"{s.hostfile_var} is '$HOSTFILE'; expected the node list the scheduler gives every job. "
+        f'Fix: submit it ({submit} $SCRIPT_NAME) rather than running it"\n'
+        f"fi\n"
+        f"hosts_found=$(awk 'NF && !seen[$1]++' \"$HOSTFILE\" | wc -l)\n"
+        f'if [ "$hosts_found" -ne "$NODES" ]; then\n'
+        f'  note "warning: $HOSTFILE lists $hosts_found node(s); this script was rendered for $NODES"\n'
+        f"fi"
+    )
 
 
 def train_lines(spec: JobSpec) -> list:
@@ -140,7 +156,10 @@ def _exports(variables) -> str:
     """``(name, value, why)`` -> ``export NAME=${NAME:-value}  # why`` lines: a value set before the job wins."""
     lines = []
     for name, value, why in variables:
-        assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) and TRUSTED_VALUE.fullmatch(value), (name, value)
+        assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) and TRUSTED_VALUE.fullmatch(value), (
+            name,
+            value,
+        )
         lines.append(f"export {name}=${{{name}:-{value}}}  # {why}\n")
     return "".join(lines)
 
@@ -162,27 +181,50 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
     s = SCHEDULERS[spec.scheduler]
     q = shlex.quote
     values = {
-        "group": spec.group or "", "group_or_placeholder": spec.group or "GROUP", "resource_type": spec.resource_type or "",
-        "nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node, "gpus_per_node": spec.gpus_per_node,
-        "sockets": spec.sockets, "cpus_per_rank": spec.cpus_per_rank,
-        "walltime": format_walltime(spec.walltime_s), "walltime_s": spec.walltime_s, "name": spec.name,
-        "script_name": q(script_name), "script_name_comment": q(script_name),
+        "group": spec.group or "",
+        "group_or_placeholder": spec.group or "GROUP",
+        "resource_type": spec.resource_type or "",
+        "nodes": spec.nodes,
+        "ranks_per_node": spec.ranks_per_node,
+        "gpus_per_node": spec.gpus_per_node,
+        "sockets": spec.sockets,
+        "cpus_per_rank": spec.cpus_per_rank,
+        "walltime": format_walltime(spec.walltime_s),
+        "walltime_s": spec.walltime_s,
+        "name": spec.name,
+        "script_name": q(script_name),
+        "script_name_comment": q(script_name),
         "command_line": shlex.join(spec.command_line) or "octo-dist launch",
         "slurm_account": f"#SBATCH --account={spec.group}\n" if spec.group else "",
-        "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n" if spec.cpus_per_rank else "",
-        "stop_margin_s": spec.stop_margin_s, "stop_timer": int(s.stop_timer),
-        "image": q(spec.image or ""), "venv": q(spec.venv), "save_dir": q(spec.save_dir), "data_dir": q(spec.data_dir or ""),
-        "compile_cache": q(spec.compile_cache), "binds": " ".join(map(q, spec.binds)),
-        "modules": " ".join(map(q, spec.modules)), "workdir": s.workdir, "wandb_mode": q(spec.wandb_mode),
+        "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n"
+        if spec.cpus_per_rank
+        else "",
+        "stop_margin_s": spec.stop_margin_s,
+        "stop_timer": int(s.stop_timer),
+        "image": q(spec.image or ""),
+        "venv": q(spec.venv),
+        "save_dir": q(spec.save_dir),
+        "data_dir": q(spec.data_dir or ""),
+        "compile_cache": q(spec.compile_cache),
+        "binds": " ".join(map(q, spec.binds)),
+        "modules": " ".join(map(q, spec.modules)),
+        "workdir": s.workdir,
+        "wandb_mode": q(spec.wandb_mode),
         "environment": _exports(spec.environment + COMMANDS[spec.command].environment),
-        "coordinator": (f"export COORDINATOR_ADDRESS={q(spec.coordinator)}  # asked for; else octo-dist agrees one"
-                        if spec.coordinator else
-                        "# coordinator: octo-dist agrees one (mpi4py broadcast, else the node list's first host and a "
-                        "port from the job id)"),
-        "forward_prefixes": " ".join(FORWARD_PREFIXES), "forward_names": " ".join(FORWARD_NAMES),
+        "coordinator": (
+            f"export COORDINATOR_ADDRESS={q(spec.coordinator)}  # asked for; else octo-dist agrees one"
+            if spec.coordinator
+            else "# coordinator: octo-dist agrees one (mpi4py broadcast, else the node list's first host and a "
+            "port from the job id)"
+        ),
+        "forward_prefixes": " ".join(FORWARD_PREFIXES),
+        "forward_names": " ".join(FORWARD_NAMES),
         "scheduler_checks": _scheduler_checks(spec),
-        "launcher_program": "srun" if spec.scheduler == "slurm" else "mpirun", "launcher": s.launcher,
+        "launcher_program": "srun" if spec.scheduler == "slurm" else "mpirun",
+        "launcher": s.launcher,
         "train": "\n".join(train_lines(spec)),
     }
     values["launcher"] = substitute(s.launcher, values)
-    return substitute(_template(f"{spec.scheduler}.tmpl"), values) + substitute(_template("body.tmpl"), values)
+    return substitute(_template(f"{spec.scheduler}.tmpl"), values) + substitute(
+        _template("body.tmpl"), values
+    )

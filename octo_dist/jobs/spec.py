@@ -17,31 +17,48 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 SCHEDULERS = ("pbs", "sge", "slurm")
 WANDB_MODES = ("online", "offline", "disabled")
-DEFAULT_STOP_MARGIN_S = 300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
-DEFAULT_COMPILE_CACHE = ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
+DEFAULT_STOP_MARGIN_S = (
+    300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
+)
+DEFAULT_COMPILE_CACHE = (
+    ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class ResourceType:
     scheduler: str
     gpus: int
-    sockets: int           # CPU sockets of the node, for one block of ranks per socket
-    cores: int             # CPU cores the job gets on one node
+    sockets: int  # CPU sockets of the node, for one block of ranks per socket
+    cores: int  # CPU cores the job gets on one node
     about: str
-    environment: Tuple[Tuple[str, str, str], ...] = ()  # (name, value, why) exported by the job, user's value wins
+    environment: Tuple[
+        Tuple[str, str, str], ...
+    ] = ()  # (name, value, why) exported by the job, user's value wins
 
 
 # ABCI 3.0's H nodes: 8 NDR InfiniBand HCAs for compute (mlx5_ibn1..8) and one HDR HCA for storage. NCCL picks every
 # HCA it finds unless told; the storage HCA is slower and shared with the file system.
-ABCI3_NCCL = (("NCCL_IB_HCA", ",".join(f"mlx5_ibn{i}" for i in range(1, 9)),
-               "NCCL's all-reduce over the 8 compute HCAs, not the storage one"),)
+ABCI3_NCCL = (
+    (
+        "NCCL_IB_HCA",
+        ",".join(f"mlx5_ibn{i}" for i in range(1, 9)),
+        "NCCL's all-reduce over the 8 compute HCAs, not the storage one",
+    ),
+)
 
 # Resource types: a job asks for N nodes of one of these. ABCI 2.0 (Grid Engine) was retired in October 2024; its
 # types stay as an example of a Grid Engine site.
 RESOURCE_TYPES = {
     "rt_HF": ResourceType("pbs", 8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
-    "rt_HG": ResourceType("pbs", 1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
-                          ABCI3_NCCL),
+    "rt_HG": ResourceType(
+        "pbs",
+        1,
+        1,
+        8,
+        "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
+        ABCI3_NCCL,
+    ),
     "rt_F": ResourceType("sge", 4, 2, 40, "ABCI 2.0 full node, 4x V100, 40 cores (retired system)"),
     "rt_AF": ResourceType("sge", 8, 2, 72, "ABCI 2.0 A node, 8x A100, 72 cores (retired system)"),
 }
@@ -68,7 +85,7 @@ class Command:
     """
 
     program: tuple
-    batch: str            # the GLOBAL batch (examples per step over all ranks)
+    batch: str  # the GLOBAL batch (examples per step over all ranks)
     steps: str
     save_dir: str
     data_dir: Optional[str]
@@ -80,13 +97,34 @@ class Command:
 
 # The one place the job's settings meet each program's flag names.
 COMMANDS = {
-    "smoke": Command(("octo-dist", "smoke"), batch="--global-batch", steps="--steps", save_dir="--save-dir",
-                     data_dir=None, wandb_mode="--wandb-mode", resume="--resume", compile_cache="--compile-cache"),
-    "finetune": Command(("octo-dist", "finetune"), batch="--config.batch_size", steps="--config.num_steps",
-                        save_dir="--config.save_dir", data_dir="--config.dataset_kwargs.data_dir",
-                        wandb_mode=None, resume="--resume", compile_cache="--compile_cache",
-                        environment=(("HF_HUB_OFFLINE", "1", "no download on every rank (compute nodes may be "
-                                      "offline): weights and T5 tokenizer from `make weights` on a login node"),)),
+    "smoke": Command(
+        ("octo-dist", "smoke"),
+        batch="--global-batch",
+        steps="--steps",
+        save_dir="--save-dir",
+        data_dir=None,
+        wandb_mode="--wandb-mode",
+        resume="--resume",
+        compile_cache="--compile-cache",
+    ),
+    "finetune": Command(
+        ("octo-dist", "finetune"),
+        batch="--config.batch_size",
+        steps="--config.num_steps",
+        save_dir="--config.save_dir",
+        data_dir="--config.dataset_kwargs.data_dir",
+        wandb_mode=None,
+        resume="--resume",
+        compile_cache="--compile_cache",
+        environment=(
+            (
+                "HF_HUB_OFFLINE",
+                "1",
+                "no download on every rank (compute nodes may be "
+                "offline): weights and T5 tokenizer from `make weights` on a login node",
+            ),
+        ),
+    ),
 }
 DEFAULT_COMMAND = "smoke"
 
@@ -103,14 +141,30 @@ class JobSpecError(ValueError):
         self.found, self.expected, self.fix = found, expected, fix
 
 
-def _opt(default, help: str, group: str, *, flag: Optional[str] = None, in_header: bool = True, **argparse_kwargs):
+def _opt(
+    default,
+    help: str,
+    group: str,
+    *,
+    flag: Optional[str] = None,
+    in_header: bool = True,
+    **argparse_kwargs,
+):
     """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
 
     ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
     scheduler's ``launch`` help is filled in with its own values (``launch_help``).
     """
-    return dataclasses.field(default=default, metadata={"help": help, "group": group, "flag": flag,
-                                                        "in_header": in_header, "argparse": argparse_kwargs})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "help": help,
+            "group": group,
+            "flag": flag,
+            "in_header": in_header,
+            "argparse": argparse_kwargs,
+        },
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,62 +174,159 @@ class LaunchOptions:
     scheduler: str = "pbs"
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
     nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
-    resource_type: Optional[str] = _opt(None, "{resource_types} (default: {resource_type})", "resources")
-    gpus_per_node: Optional[int] = _opt(None, "GPUs used on each node (default: {gpus_per_node})", "resources",
-                                        type=int)
-    ranks_per_node: Optional[int] = _opt(None, "processes per node (default: one per GPU)", "resources", type=int)
+    resource_type: Optional[str] = _opt(
+        None, "{resource_types} (default: {resource_type})", "resources"
+    )
+    gpus_per_node: Optional[int] = _opt(
+        None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
+    )
+    ranks_per_node: Optional[int] = _opt(
+        None, "processes per node (default: one per GPU)", "resources", type=int
+    )
     cpus_per_rank: Optional[int] = _opt(
-        None, "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
-        "resources", type=int)
-    walltime: str = _opt("1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources")
+        None,
+        "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
+        "resources",
+        type=int,
+    )
+    walltime: str = _opt(
+        "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
+    )
     group: Optional[str] = _opt(None, "{group_help}", "resources")
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
-    modules: Optional[tuple] = _opt(None, "environment module to load, repeatable; replaces the defaults "
-                                          "(default: {modules})", "resources", action="append", flag="--module")
-    image: Optional[str] = _opt(None, "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
-                                "environment")
-    skip_image_check: bool = _opt(False, "the image exists only on the cluster: do not look for it here; the script "
-                                         "checks it when the job starts (default: off)", "environment",
-                                  action="store_true")
-    venv: str = _opt(".venv", "environment to run from without an image (default: {default})", "environment")
-    bind: Optional[tuple] = _opt(None, "extra directory to bind into the image, repeatable (default: {binds})",
-                                 "environment", action="append")
-    coordinator: Optional[str] = _opt(None, "HOST:PORT of the coordinator (default: octo-dist agrees one when the "
-                                            "job starts)", "environment")
-    per_gpu_batch: Optional[int] = _opt(None, "examples per GPU per step; the global batch is this x GPUs per node x "
-                                              "nodes (default: the command's own)", "training", type=int)
-    global_batch: Optional[int] = _opt(None, "examples per step over all GPUs, a multiple of their number (default: "
-                                             "the command's own)", "training", type=int)
-    steps: Optional[int] = _opt(None, "optimizer steps (default: the command's own)", "training", type=int)
-    keep_samples_from: Optional[int] = _opt(None, "--steps were planned for this global batch: scale them so the job "
-                                                  "sees as many examples (default: no scaling)", "training", type=int,
-                                            metavar="BATCH")
-    save_dir: str = _opt("runs/octo-dist", "checkpoint directory, bound into the image (default: {default})",
-                         "training")
-    data_dir: Optional[str] = _opt(None, "dataset directory for finetune, bound into the image (default: none)",
-                                   "training")
-    compile_cache: str = _opt(DEFAULT_COMPILE_CACHE, "JAX's persistent compilation cache, shared by the nodes and by "
-                                                     "later jobs so a resubmission does not recompile; empty: off "
-                                                     "(default: {default})", "training")
-    wandb_mode: str = _opt("offline", "online needs WANDB_API_KEY or a key file only you can read "
-                                      "(default: {default})", "training", choices=WANDB_MODES)
-    resume: bool = _opt(True, "do not pass the command's resume flag (default: resume from --save-dir)", "training",
-                        action="store_false", flag="--no-resume")
-    stop_margin: int = _opt(DEFAULT_STOP_MARGIN_S, "seconds before the wall time at which every rank checkpoints and "
-                                                   "stops (default: {default})", "training", type=int,
-                            metavar="SECONDS")
-    dry_run: bool = _opt(False, "print the script instead of writing it (default: off)", "output",
-                         action="store_true", in_header=False)
-    output: Optional[str] = _opt(None, "file to write (default: octo-dist-{scheduler}.sh)", "output", flag="-o",
-                                 in_header=False)
-    show_defaults: bool = _opt(False, "print every option's value and where it came from: the command line, "
-                                      "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
-                                      "(default: off)", "output", action="store_true", in_header=False)
-    submit: bool = _opt(False, "submit the written script ({submit}) and print the job id and its log (default: off)",
-                        "output", action="store_true", in_header=False)
-    chain: Optional[int] = _opt(None, "submit N jobs, each held until the one before has ended ({depend}); a job "
-                                      "trains only when the one before did not fail, and resumes from its checkpoints "
-                                      "(default: one job)", "output", type=int, metavar="N", in_header=False)
+    modules: Optional[tuple] = _opt(
+        None,
+        "environment module to load, repeatable; replaces the defaults (default: {modules})",
+        "resources",
+        action="append",
+        flag="--module",
+    )
+    image: Optional[str] = _opt(
+        None,
+        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+        "environment",
+    )
+    skip_image_check: bool = _opt(
+        False,
+        "the image exists only on the cluster: do not look for it here; the script "
+        "checks it when the job starts (default: off)",
+        "environment",
+        action="store_true",
+    )
+    venv: str = _opt(
+        ".venv", "environment to run from without an image (default: {default})", "environment"
+    )
+    bind: Optional[tuple] = _opt(
+        None,
+        "extra directory to bind into the image, repeatable (default: {binds})",
+        "environment",
+        action="append",
+    )
+    coordinator: Optional[str] = _opt(
+        None,
+        "HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
+        "environment",
+    )
+    per_gpu_batch: Optional[int] = _opt(
+        None,
+        "examples per GPU per step; the global batch is this x GPUs per node x "
+        "nodes (default: the command's own)",
+        "training",
+        type=int,
+    )
+    global_batch: Optional[int] = _opt(
+        None,
+        "examples per step over all GPUs, a multiple of their number (default: the command's own)",
+        "training",
+        type=int,
+    )
+    steps: Optional[int] = _opt(
+        None, "optimizer steps (default: the command's own)", "training", type=int
+    )
+    keep_samples_from: Optional[int] = _opt(
+        None,
+        "--steps were planned for this global batch: scale them so the job "
+        "sees as many examples (default: no scaling)",
+        "training",
+        type=int,
+        metavar="BATCH",
+    )
+    save_dir: str = _opt(
+        "runs/octo-dist",
+        "checkpoint directory, bound into the image (default: {default})",
+        "training",
+    )
+    data_dir: Optional[str] = _opt(
+        None, "dataset directory for finetune, bound into the image (default: none)", "training"
+    )
+    compile_cache: str = _opt(
+        DEFAULT_COMPILE_CACHE,
+        "JAX's persistent compilation cache, shared by the nodes and by "
+        "later jobs so a resubmission does not recompile; empty: off "
+        "(default: {default})",
+        "training",
+    )
+    wandb_mode: str = _opt(
+        "offline",
+        "online needs WANDB_API_KEY or a key file only you can read (default: {default})",
+        "training",
+        choices=WANDB_MODES,
+    )
+    resume: bool = _opt(
+        True,
+        "do not pass the command's resume flag (default: resume from --save-dir)",
+        "training",
+        action="store_false",
+        flag="--no-resume",
+    )
+    stop_margin: int = _opt(
+        DEFAULT_STOP_MARGIN_S,
+        "seconds before the wall time at which every rank checkpoints and "
+        "stops (default: {default})",
+        "training",
+        type=int,
+        metavar="SECONDS",
+    )
+    dry_run: bool = _opt(
+        False,
+        "print the script instead of writing it (default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    output: Optional[str] = _opt(
+        None,
+        "file to write (default: octo-dist-{scheduler}.sh)",
+        "output",
+        flag="-o",
+        in_header=False,
+    )
+    show_defaults: bool = _opt(
+        False,
+        "print every option's value and where it came from: the command line, "
+        "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
+        "(default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    submit: bool = _opt(
+        False,
+        "submit the written script ({submit}) and print the job id and its log (default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    chain: Optional[int] = _opt(
+        None,
+        "submit N jobs, each held until the one before has ended ({depend}); a job "
+        "trains only when the one before did not fail, and resumes from its checkpoints "
+        "(default: one job)",
+        "output",
+        type=int,
+        metavar="N",
+        in_header=False,
+    )
 
     def changed(self) -> list:
         """``(flag, value)`` for every option that differs from its default, in field order: the header's line."""
@@ -211,21 +362,33 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         modules = f"{' '.join(DEFAULT_MODULES[scheduler])}, plus {' '.join(IMAGE_MODULES[scheduler])} with --image"
     return {
         "scheduler": scheduler,
-        "resource_types": ("resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
-                           if types else "not used: SLURM has no resource types, give --gpus-per-node"),
+        "resource_types": (
+            "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
+            if types
+            else "not used: SLURM has no resource types, give --gpus-per-node"
+        ),
         "resource_type": DEFAULT_RESOURCE_TYPE.get(scheduler, "none"),
-        "gpus_per_node": f"the resource type's, {rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}" if rt
-                         else "none, required",
-        "cpus_per_rank": (f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
-                          if rt else "0, none bound"),
-        "group_help": {"pbs": "ABCI group, qsub -P (required)",
-                       "sge": "group to charge, given to qsub -g at submission (default: none)",
-                       "slurm": "account, sbatch --account (default: the site's default account)"}[scheduler],
+        "gpus_per_node": f"the resource type's, {rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
+        if rt
+        else "none, required",
+        "cpus_per_rank": (
+            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
+            if rt
+            else "0, none bound"
+        ),
+        "group_help": {
+            "pbs": "ABCI group, qsub -P (required)",
+            "sge": "group to charge, given to qsub -g at submission (default: none)",
+            "slurm": "account, sbatch --account (default: the site's default account)",
+        }[scheduler],
         "modules": modules,
         "binds": "/groups/GROUP with --group" if scheduler != "slurm" else "none",
         "submit": {"pbs": "qsub", "sge": "qsub -g GROUP", "slurm": "sbatch"}[scheduler],
-        "depend": {"pbs": "qsub -W depend=afterany:ID", "sge": "qsub -hold_jid ID",
-                   "slurm": "sbatch --dependency=afterany:ID"}[scheduler],
+        "depend": {
+            "pbs": "qsub -W depend=afterany:ID",
+            "sge": "qsub -hold_jid ID",
+            "slurm": "sbatch --dependency=afterany:ID",
+        }[scheduler],
     }
 
 
@@ -235,31 +398,33 @@ class JobSpec:
     nodes: int
     gpus_per_node: int
     ranks_per_node: int
-    resource_type: Optional[str]   # "rt_HF"; None for SLURM
-    sockets: int                   # 0: unknown (SLURM)
-    cpus_per_rank: int             # 0: no binding
+    resource_type: Optional[str]  # "rt_HF"; None for SLURM
+    sockets: int  # 0: unknown (SLURM)
+    cpus_per_rank: int  # 0: no binding
     walltime_s: int
-    group: Optional[str]           # ABCI group (qsub -P / -g) or SLURM account
+    group: Optional[str]  # ABCI group (qsub -P / -g) or SLURM account
     name: str
-    image: Optional[str]           # a .sif; None runs from ``venv``
+    image: Optional[str]  # a .sif; None runs from ``venv``
     venv: str
-    binds: tuple                   # extra directories bound into the image when they exist on the node
+    binds: tuple  # extra directories bound into the image when they exist on the node
     save_dir: str
     data_dir: Optional[str]
-    compile_cache: str             # "" when off
+    compile_cache: str  # "" when off
     wandb_mode: str
-    coordinator: Optional[str]     # "host:port" only when asked; octo-dist agrees one otherwise
+    coordinator: Optional[str]  # "host:port" only when asked; octo-dist agrees one otherwise
     modules: tuple
-    environment: tuple             # (name, value, why) the job exports unless already set (NCCL for ABCI 3.0)
+    environment: tuple  # (name, value, why) the job exports unless already set (NCCL for ABCI 3.0)
     stop_margin_s: int
-    command: str                   # a key of COMMANDS
-    job_args: tuple                # the job's settings as the command's flags: ("--global-batch=64", "--steps=100")
-    user_args: tuple               # the training command's own flags, after `--` (the config file's excepted)
-    resume: bool                   # pass the command's resume flag (continue from save_dir after a stop)
+    command: str  # a key of COMMANDS
+    job_args: (
+        tuple  # the job's settings as the command's flags: ("--global-batch=64", "--steps=100")
+    )
+    user_args: tuple  # the training command's own flags, after `--` (the config file's excepted)
+    resume: bool  # pass the command's resume flag (continue from save_dir after a stop)
     global_batch: Optional[int]
     steps: Optional[int]
-    command_line: tuple = ()       # the `octo-dist launch ...` argv that rendered it, for the script's header
-    lead_args: tuple = ()          # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
+    command_line: tuple = ()  # the `octo-dist launch ...` argv that rendered it, for the script's header
+    lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
 
     @property
     def ranks(self) -> int:
@@ -273,8 +438,11 @@ def parse_walltime(text: str) -> int:
     """``"1:30:00"`` / ``"01:30"`` (H:MM) / ``"2-00:00:00"`` (D-H:MM:SS) -> seconds; nothing around it."""
     m = WALLTIME_RE.fullmatch(text)
     if not m or not any(int(g or 0) for g in m.groups()):
-        raise JobSpecError(f"--walltime {text!r} is not a wall time",
-                           "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)", "--walltime 1:30:00")
+        raise JobSpecError(
+            f"--walltime {text!r} is not a wall time",
+            "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)",
+            "--walltime 1:30:00",
+        )
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
@@ -300,9 +468,12 @@ def check_printable(label: str, value: str) -> None:
     bad = sorted({c for c in value if unicodedata.category(c) in UNSAFE_CATEGORIES})
     if bad:
         clean = "".join(c for c in value if c not in bad)
-        raise JobSpecError(f"{label} {value!r} contains {', '.join(f'U+{ord(c):04X}' for c in bad)}",
-                           "printable characters only (a newline or control character can end a comment or a quoted "
-                           "word in the job script and run as a command)", f"{label} {clean!r}")
+        raise JobSpecError(
+            f"{label} {value!r} contains {', '.join(f'U+{ord(c):04X}' for c in bad)}",
+            "printable characters only (a newline or control character can end a comment or a quoted "
+            "word in the job script and run as a command)",
+            f"{label} {clean!r}",
+        )
 
 
 def _path(label: str, value: Optional[str], bound: bool) -> None:
@@ -312,11 +483,18 @@ def _path(label: str, value: Optional[str], bound: bool) -> None:
     if not value:
         raise JobSpecError(f"{label} ''", "a path", f"{label} PATH")
     if value.startswith("-"):
-        raise JobSpecError(f"{label} {value!r} starts with '-'", "a path the script's commands cannot read as an option",
-                           f"{label} ./{value}")
+        raise JobSpecError(
+            f"{label} {value!r} starts with '-'",
+            "a path the script's commands cannot read as an option",
+            f"{label} ./{value}",
+        )
     if bound and (":" in value or "," in value):
-        raise JobSpecError(f"{label} {value!r} contains ':' or ','", "a path without them: singularity --bind "
-                           "reads ':' as source:destination and ',' as a list", f"{label} with a path without them")
+        raise JobSpecError(
+            f"{label} {value!r} contains ':' or ','",
+            "a path without them: singularity --bind "
+            "reads ':' as source:destination and ',' as a list",
+            f"{label} with a path without them",
+        )
 
 
 def _positive(name: str, value: Optional[int], fix: str) -> None:
@@ -332,8 +510,11 @@ def _coordinator(value: str) -> None:
     check_printable("--coordinator", value)
     m = re.fullmatch(r"([A-Za-z0-9_.-]+):(\d{1,5})", value)
     if not m or not 0 < int(m.group(2)) < 65536:
-        raise JobSpecError(f"--coordinator {value!r}", "HOST:PORT with a port from 1 to 65535 (e.g. g0001:23456)",
-                           "drop --coordinator (octo-dist agrees one), or --coordinator g0001:23456")
+        raise JobSpecError(
+            f"--coordinator {value!r}",
+            "HOST:PORT with a port from 1 to 65535 (e.g. g0001:23456)",
+            "drop --coordinator (octo-dist agrees one), or --coordinator g0001:23456",
+        )
 
 
 def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
@@ -346,7 +527,7 @@ def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
         if args[i].startswith("--config="):
             first.append(args[i])
         elif args[i] == "--config" and i + 1 < len(args):
-            first += args[i:i + 2]
+            first += args[i : i + 2]
             i += 1
         else:
             rest.append(args[i])
@@ -354,8 +535,13 @@ def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
     return first, rest
 
 
-def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.path.isfile,
-          checkers: Optional[Mapping[str, Checker]] = None, command_line: Sequence[str] = ()) -> JobSpec:
+def build(
+    options: LaunchOptions,
+    *,
+    image_exists: Callable[[str], bool] = os.path.isfile,
+    checkers: Optional[Mapping[str, Checker]] = None,
+    command_line: Sequence[str] = (),
+) -> JobSpec:
     """A validated JobSpec, or JobSpecError.
 
     Args:
@@ -368,9 +554,19 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
     o = options
     scheduler = o.scheduler
     if scheduler not in SCHEDULERS:
-        raise JobSpecError(f"scheduler {scheduler!r}", f"one of {', '.join(SCHEDULERS)}", "octo-dist launch pbs ...")
-    for label, value in (("--walltime", o.walltime), ("--resource-type", o.resource_type), ("--group", o.group),
-                         ("--name", o.name), ("--wandb-mode", o.wandb_mode), ("-o", o.output)):
+        raise JobSpecError(
+            f"scheduler {scheduler!r}",
+            f"one of {', '.join(SCHEDULERS)}",
+            "octo-dist launch pbs ...",
+        )
+    for label, value in (
+        ("--walltime", o.walltime),
+        ("--resource-type", o.resource_type),
+        ("--group", o.group),
+        ("--name", o.name),
+        ("--wandb-mode", o.wandb_mode),
+        ("-o", o.output),
+    ):
         if value is not None:
             check_printable(label, value)
     for arg in o.train:
@@ -385,66 +581,102 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
 
     if scheduler == "slurm":
         if o.resource_type:
-            raise JobSpecError(f"--resource-type {o.resource_type} for slurm", "none: SLURM has no resource types",
-                               "drop --resource-type and give --gpus-per-node")
+            raise JobSpecError(
+                f"--resource-type {o.resource_type} for slurm",
+                "none: SLURM has no resource types",
+                "drop --resource-type and give --gpus-per-node",
+            )
         if gpus_per_node is None:
-            raise JobSpecError("slurm without --gpus-per-node", "the GPUs of one node (SLURM sites differ)",
-                               "--gpus-per-node 8 (or what your nodes have)")
+            raise JobSpecError(
+                "slurm without --gpus-per-node",
+                "the GPUs of one node (SLURM sites differ)",
+                "--gpus-per-node 8 (or what your nodes have)",
+            )
         resource_type, rt = None, None
     else:
         resource_type = o.resource_type or DEFAULT_RESOURCE_TYPE[scheduler]
         rt = RESOURCE_TYPES.get(resource_type)
         if rt is None or rt.scheduler != scheduler:
-            known = ", ".join(f"{k} ({v.about})" for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler)
-            raise JobSpecError(f"--resource-type {resource_type!r} for {scheduler}", f"one of: {known}",
-                               f"--resource-type {DEFAULT_RESOURCE_TYPE[scheduler]}")
+            known = ", ".join(
+                f"{k} ({v.about})" for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler
+            )
+            raise JobSpecError(
+                f"--resource-type {resource_type!r} for {scheduler}",
+                f"one of: {known}",
+                f"--resource-type {DEFAULT_RESOURCE_TYPE[scheduler]}",
+            )
         if gpus_per_node is None:
             gpus_per_node = rt.gpus
         elif gpus_per_node > rt.gpus:
-            raise JobSpecError(f"--gpus-per-node {gpus_per_node} on {resource_type}",
-                               f"at most {rt.gpus} ({rt.about})", f"--gpus-per-node {rt.gpus}")
+            raise JobSpecError(
+                f"--gpus-per-node {gpus_per_node} on {resource_type}",
+                f"at most {rt.gpus} ({rt.about})",
+                f"--gpus-per-node {rt.gpus}",
+            )
     _positive("--gpus-per-node", gpus_per_node, f"--gpus-per-node {rt.gpus if rt else 8}")
     ranks_per_node = gpus_per_node if o.ranks_per_node is None else o.ranks_per_node
     _positive("--ranks-per-node", ranks_per_node, f"--ranks-per-node {gpus_per_node}")
     if ranks_per_node > gpus_per_node:
-        raise JobSpecError(f"--ranks-per-node {ranks_per_node} with --gpus-per-node {gpus_per_node}",
-                           "at most one rank per GPU (JAX binds one GPU per process; two ranks on one GPU fail "
-                           "or share its memory)", f"--ranks-per-node {gpus_per_node}")
+        raise JobSpecError(
+            f"--ranks-per-node {ranks_per_node} with --gpus-per-node {gpus_per_node}",
+            "at most one rank per GPU (JAX binds one GPU per process; two ranks on one GPU fail "
+            "or share its memory)",
+            f"--ranks-per-node {gpus_per_node}",
+        )
 
     # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
         cpus_per_rank = rt.cores // rt.gpus if rt else 0
     if cpus_per_rank < 0:
-        raise JobSpecError(f"--cpus-per-rank {cpus_per_rank}", "0 (no binding) or more", "--cpus-per-rank 0")
+        raise JobSpecError(
+            f"--cpus-per-rank {cpus_per_rank}", "0 (no binding) or more", "--cpus-per-rank 0"
+        )
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
-        raise JobSpecError(f"--cpus-per-rank {cpus_per_rank} x {ranks_per_node} rank(s) on {resource_type}",
-                           f"at most {rt.cores} cores ({rt.about})", f"--cpus-per-rank {rt.cores // ranks_per_node}")
+        raise JobSpecError(
+            f"--cpus-per-rank {cpus_per_rank} x {ranks_per_node} rank(s) on {resource_type}",
+            f"at most {rt.cores} cores ({rt.about})",
+            f"--cpus-per-rank {rt.cores // ranks_per_node}",
+        )
     if ranks_per_node == 1:
         cpus_per_rank = 0  # one rank per node has the node's CPUs to itself; a partial node's cores are the cgroup's
 
     walltime_s = parse_walltime(o.walltime)
     if not 0 <= o.stop_margin < walltime_s:
-        raise JobSpecError(f"--stop-margin {o.stop_margin} s with --walltime {o.walltime}",
-                           "a margin of 0 s or more, shorter than the wall time (the ranks need time to train)",
-                           f"--stop-margin {min(DEFAULT_STOP_MARGIN_S, walltime_s // 10)} or a longer --walltime")
+        raise JobSpecError(
+            f"--stop-margin {o.stop_margin} s with --walltime {o.walltime}",
+            "a margin of 0 s or more, shorter than the wall time (the ranks need time to train)",
+            f"--stop-margin {min(DEFAULT_STOP_MARGIN_S, walltime_s // 10)} or a longer --walltime",
+        )
 
     if scheduler == "pbs" and not o.group:
-        raise JobSpecError("pbs without --group", "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one",
-                           "--group gxx00000")
+        raise JobSpecError(
+            "pbs without --group",
+            "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one",
+            "--group gxx00000",
+        )
     for label, value in (("--group", o.group), ("--name", o.name)):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
-            raise JobSpecError(f"{label} {value!r}", "letters, digits, '_', '.', '-' (it goes into the scheduler's "
-                               "#PBS/#$/#SBATCH lines)",
-                               f"{label} {re.sub(r'[^A-Za-z0-9_.-]', '-', value).strip('-') or 'octo-dist'}")
+            raise JobSpecError(
+                f"{label} {value!r}",
+                "letters, digits, '_', '.', '-' (it goes into the scheduler's "
+                "#PBS/#$/#SBATCH lines)",
+                f"{label} {re.sub(r'[^A-Za-z0-9_.-]', '-', value).strip('-') or 'octo-dist'}",
+            )
     if o.wandb_mode not in WANDB_MODES:
-        raise JobSpecError(f"--wandb-mode {o.wandb_mode!r}", f"one of {', '.join(WANDB_MODES)}", "--wandb-mode offline")
+        raise JobSpecError(
+            f"--wandb-mode {o.wandb_mode!r}",
+            f"one of {', '.join(WANDB_MODES)}",
+            "--wandb-mode offline",
+        )
     if o.coordinator is not None:
         _coordinator(o.coordinator)
     for module in o.modules or ():
         check_printable("--module", module)
         if not module or module.startswith("-"):
-            raise JobSpecError(f"--module {module!r}", "a module name (e.g. hpcx/2.20)", "--module hpcx/2.20")
+            raise JobSpecError(
+                f"--module {module!r}", "a module name (e.g. hpcx/2.20)", "--module hpcx/2.20"
+            )
 
     image = o.image or None
     bound = bool(image)
@@ -459,22 +691,33 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
         _path("--bind", b, True)
     if image and not o.skip_image_check:
         if not image_exists(image):
-            raise JobSpecError(f"--image {image}: no such file", "a Singularity image (.sif) that exists here",
-                               "build it (make sif), fix the path, or --skip-image-check when it exists "
-                               "only on the cluster")
-        image = os.path.abspath(image)  # the job runs from another directory than the one it was rendered in
+            raise JobSpecError(
+                f"--image {image}: no such file",
+                "a Singularity image (.sif) that exists here",
+                "build it (make sif), fix the path, or --skip-image-check when it exists "
+                "only on the cluster",
+            )
+        image = os.path.abspath(
+            image
+        )  # the job runs from another directory than the one it was rendered in
 
     # The training command and the job settings it gets through COMMANDS.
     train = list(o.train) or [DEFAULT_COMMAND]
     command_name, user_args = train[0], train[1:]
     lead_args, user_args = config_file_first(user_args)
     if command_name not in COMMANDS:
-        raise JobSpecError(f"training command {command_name!r} after --", f"one of {', '.join(COMMANDS)}",
-                           "-- smoke --model tiny   or   -- finetune --config.pretrained_path=hf://rail-berkeley/octo-small")
+        raise JobSpecError(
+            f"training command {command_name!r} after --",
+            f"one of {', '.join(COMMANDS)}",
+            "-- smoke --model tiny   or   -- finetune --config.pretrained_path=hf://rail-berkeley/octo-small",
+        )
     cmd = COMMANDS[command_name]
     if o.data_dir and not cmd.data_dir:
-        raise JobSpecError(f"--data-dir with {command_name}", f"no --data-dir: {command_name} reads no dataset",
-                           "drop --data-dir")
+        raise JobSpecError(
+            f"--data-dir with {command_name}",
+            f"no --data-dir: {command_name} reads no dataset",
+            "drop --data-dir",
+        )
 
     _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32")
     _positive("--global-batch", o.global_batch, "--global-batch 256")
@@ -483,21 +726,29 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
     global_batch, steps = o.global_batch, o.steps
     ranks = nodes * ranks_per_node
     if o.per_gpu_batch is not None and global_batch is not None:
-        raise JobSpecError(f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}", "one of them",
-                           f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * ranks})")
+        raise JobSpecError(
+            f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}",
+            "one of them",
+            f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * ranks})",
+        )
     if o.per_gpu_batch is not None:
         global_batch = o.per_gpu_batch * ranks
     if global_batch is not None and global_batch % ranks:
         lower, upper = global_batch // ranks * ranks, (global_batch // ranks + 1) * ranks
-        raise JobSpecError(f"--global-batch {global_batch} over {ranks} GPU(s) ({nodes} node(s) x {ranks_per_node})",
-                           f"a multiple of {ranks}, so every GPU gets the same share",
-                           f"--global-batch {upper}" + (f" (or {lower})" if lower else "")
-                           + f", or --per-gpu-batch {max(global_batch // ranks, 1)}")
+        raise JobSpecError(
+            f"--global-batch {global_batch} over {ranks} GPU(s) ({nodes} node(s) x {ranks_per_node})",
+            f"a multiple of {ranks}, so every GPU gets the same share",
+            f"--global-batch {upper}"
+            + (f" (or {lower})" if lower else "")
+            + f", or --per-gpu-batch {max(global_batch // ranks, 1)}",
+        )
     if o.keep_samples_from is not None:
         if steps is None or global_batch is None:
-            raise JobSpecError("--keep-samples-from without --steps and a batch",
-                               "--steps N (planned for that global batch) and --per-gpu-batch or --global-batch",
-                               "--steps 50000 --keep-samples-from 256 --per-gpu-batch 32")
+            raise JobSpecError(
+                "--keep-samples-from without --steps and a batch",
+                "--steps N (planned for that global batch) and --per-gpu-batch or --global-batch",
+                "--steps 50000 --keep-samples-from 256 --per-gpu-batch 32",
+            )
         steps = scaled_steps(steps, o.keep_samples_from, global_batch)
 
     mapped = []
@@ -510,14 +761,20 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
     for flag in mapped:
         flag_name = flag.split("=", 1)[0]
         if _flag_given(user_args, flag_name):
-            raise JobSpecError(f"{flag_name} after -- while octo-dist launch sets it ({flag})", "each setting given once",
-                               f"drop {flag_name} after --")
+            raise JobSpecError(
+                f"{flag_name} after -- while octo-dist launch sets it ({flag})",
+                "each setting given once",
+                f"drop {flag_name} after --",
+            )
     for flag in (cmd.save_dir, cmd.data_dir, cmd.resume, cmd.compile_cache):
         if flag and _flag_given(user_args, flag):
-            raise JobSpecError(f"{flag} after --", "the job's directories and resumption set by octo-dist launch "
-                               "(they are bound into the image and created by the script)",
-                               f"drop {flag} after -- and use launch's own option (--save-dir, --data-dir, "
-                               f"--compile-cache, --no-resume)")
+            raise JobSpecError(
+                f"{flag} after --",
+                "the job's directories and resumption set by octo-dist launch "
+                "(they are bound into the image and created by the script)",
+                f"drop {flag} after -- and use launch's own option (--save-dir, --data-dir, "
+                f"--compile-cache, --no-resume)",
+            )
     resume = bool(o.resume and cmd.resume)
 
     checker = (checkers or {}).get(command_name)
@@ -531,18 +788,46 @@ def build(options: LaunchOptions, *, image_exists: Callable[[str], bool] = os.pa
         try:
             checker(argv)
         except ValueError as e:
-            raise JobSpecError(f"-- {command_name}: {e}", f"flags that octo-dist {command_name} accepts",
-                               f"octo-dist {command_name} --help lists them") from None
+            raise JobSpecError(
+                f"-- {command_name}: {e}",
+                f"flags that octo-dist {command_name} accepts",
+                f"octo-dist {command_name} --help lists them",
+            ) from None
 
     environment = rt.environment if rt else ()
-    modules = (tuple(o.modules) if o.modules is not None
-               else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ()))
+    modules = (
+        tuple(o.modules)
+        if o.modules is not None
+        else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ())
+    )
     return JobSpec(
-        scheduler=scheduler, nodes=nodes, gpus_per_node=gpus_per_node, ranks_per_node=ranks_per_node,
-        resource_type=resource_type, sockets=rt.sockets if rt else 0, cpus_per_rank=cpus_per_rank,
-        walltime_s=walltime_s, group=o.group, name=o.name, image=image, venv=o.venv, binds=binds,
-        save_dir=o.save_dir, data_dir=o.data_dir, compile_cache=o.compile_cache, wandb_mode=o.wandb_mode,
-        coordinator=o.coordinator, modules=modules, environment=environment, stop_margin_s=o.stop_margin,
-        command=command_name, job_args=tuple(mapped), user_args=tuple(user_args), lead_args=tuple(lead_args),
+        scheduler=scheduler,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        ranks_per_node=ranks_per_node,
+        resource_type=resource_type,
+        sockets=rt.sockets if rt else 0,
+        cpus_per_rank=cpus_per_rank,
+        walltime_s=walltime_s,
+        group=o.group,
+        name=o.name,
+        image=image,
+        venv=o.venv,
+        binds=binds,
+        save_dir=o.save_dir,
+        data_dir=o.data_dir,
+        compile_cache=o.compile_cache,
+        wandb_mode=o.wandb_mode,
+        coordinator=o.coordinator,
+        modules=modules,
+        environment=environment,
+        stop_margin_s=o.stop_margin,
+        command=command_name,
+        job_args=tuple(mapped),
+        user_args=tuple(user_args),
+        lead_args=tuple(lead_args),
         resume=resume,
-        global_batch=global_batch, steps=steps, command_line=tuple(command_line))
+        global_batch=global_batch,
+        steps=steps,
+        command_line=tuple(command_line),
+    )

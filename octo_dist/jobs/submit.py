@@ -23,9 +23,9 @@ class SubmitError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Submitted:
-    job_id: str   # "12345.pbs1" (PBS), "12345" (Grid Engine, SLURM)
-    log: str      # where the job's output goes
-    argv: tuple   # the command that submitted it
+    job_id: str  # "12345.pbs1" (PBS), "12345" (Grid Engine, SLURM)
+    log: str  # where the job's output goes
+    argv: tuple  # the command that submitted it
 
 
 def command(scheduler: str, script: str, group: Optional[str], after: Optional[str]) -> List[str]:
@@ -41,23 +41,30 @@ def command(scheduler: str, script: str, group: Optional[str], after: Optional[s
         extra = ["-hold_jid", after, "-v", f"{AFTER_ENV}={after}"] if after else []
         return ["qsub", "-terse", *(["-g", group] if group else []), *extra, script]
     if scheduler == "slurm":
-        extra = [f"--dependency=afterany:{after}", f"--export=ALL,{AFTER_ENV}={after}"] if after else []
+        extra = (
+            [f"--dependency=afterany:{after}", f"--export=ALL,{AFTER_ENV}={after}"] if after else []
+        )
         return ["sbatch", "--parsable", *extra, script]
     raise ValueError(scheduler)
 
 
 # What each prints: PBS `qsub` "12345.pbs1"; Grid Engine `qsub -terse` "12345" (an array job "12345.1-10:1");
 # `sbatch --parsable` "12345" or "12345;cluster".
-JOB_ID = {"pbs": re.compile(r"(\d+(?:\.[\w.-]+)?)"), "sge": re.compile(r"(\d+)(?:\.\S*)?"),
-          "slurm": re.compile(r"(\d+)(?:;\S+)?")}
+JOB_ID = {
+    "pbs": re.compile(r"(\d+(?:\.[\w.-]+)?)"),
+    "sge": re.compile(r"(\d+)(?:\.\S*)?"),
+    "slurm": re.compile(r"(\d+)(?:;\S+)?"),
+}
 
 
 def job_id(scheduler: str, stdout: str) -> str:
-    lines = [l.strip() for l in stdout.splitlines() if l.strip()]
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
     m = JOB_ID[scheduler].fullmatch(lines[-1]) if lines else None
     if not m:
-        raise SubmitError(f"cannot read a job id from the scheduler's answer {stdout.strip()!r}; expected e.g. "
-                          f"'12345{'.pbs1' if scheduler == 'pbs' else ''}'. Fix: check the job with qstat/squeue")
+        raise SubmitError(
+            f"cannot read a job id from the scheduler's answer {stdout.strip()!r}; expected e.g. "
+            f"'12345{'.pbs1' if scheduler == 'pbs' else ''}'. Fix: check the job with qstat/squeue"
+        )
     return m.group(1)
 
 
@@ -71,9 +78,17 @@ def log_path(scheduler: str, name: str, job: str, submit_dir: str, home: str) ->
     return os.path.join(submit_dir, f"{name}-{job}.out")
 
 
-def submit(scheduler: str, script: str, *, name: str, group: Optional[str], chain: int = 1,
-           run: Callable[..., subprocess.CompletedProcess] = subprocess.run, submit_dir: Optional[str] = None,
-           home: Optional[str] = None) -> List[Submitted]:
+def submit(
+    scheduler: str,
+    script: str,
+    *,
+    name: str,
+    group: Optional[str],
+    chain: int = 1,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    submit_dir: Optional[str] = None,
+    home: Optional[str] = None,
+) -> List[Submitted]:
     """Submit ``script`` ``chain`` times, each job after the previous one; stops at the first refusal."""
     submit_dir = submit_dir or os.getcwd()
     home = home or os.path.expanduser("~")
@@ -84,11 +99,17 @@ def submit(scheduler: str, script: str, *, name: str, group: Optional[str], chai
         try:
             proc = run(argv, capture_output=True, text=True)
         except FileNotFoundError:
-            raise SubmitError(f"no {argv[0]} here; expected to run on the cluster's login node. Fix: submit the "
-                              f"written script there ({' '.join(argv)})") from None
+            raise SubmitError(
+                f"no {argv[0]} here; expected to run on the cluster's login node. Fix: submit the "
+                f"written script there ({' '.join(argv)})"
+            ) from None
         if proc.returncode != 0:
-            raise SubmitError(f"{' '.join(argv)} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
-                              + (f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""))
+            raise SubmitError(
+                f"{' '.join(argv)} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+                + (f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else "")
+            )
         after = job_id(scheduler, proc.stdout)
-        out.append(Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv)))
+        out.append(
+            Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
+        )
     return out

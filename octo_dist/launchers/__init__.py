@@ -63,14 +63,21 @@ def _refuse_single_among_many(environ: Mapping[str, str]) -> None:
     except LauncherError:
         return  # the variables are broken or unsupported: forcing one process is then the user's explicit choice
     if launch.world_size > 1:
-        raise refuse(f"--launcher single, but {launch.detail or launch.launcher} started {launch.world_size} processes "
-                     f"(this is rank {launch.rank}; read from {', '.join(launch.variables)})",
-                     "one process when forcing --launcher single (otherwise each rank trains alone on the full batch)",
-                     "drop --launcher single to train as one job, or run one process without the launcher")
+        raise refuse(
+            f"--launcher single, but {launch.detail or launch.launcher} started {launch.world_size} processes "
+            f"(this is rank {launch.rank}; read from {', '.join(launch.variables)})",
+            "one process when forcing --launcher single (otherwise each rank trains alone on the full batch)",
+            "drop --launcher single to train as one job, or run one process without the launcher",
+        )
 
 
-ORDER: Dict[str, Detector] = {"openmpi": openmpi.detect, "pals": pals.detect, "pmi": pmi.detect,
-                              "slurm": slurm.detect, "single": _single}
+ORDER: Dict[str, Detector] = {
+    "openmpi": openmpi.detect,
+    "pals": pals.detect,
+    "pmi": pmi.detect,
+    "slurm": slurm.detect,
+    "single": _single,
+}
 
 
 def detect(environ: Mapping[str, str], name: str = "auto") -> Launch:
@@ -87,12 +94,18 @@ def detect(environ: Mapping[str, str], name: str = "auto") -> Launch:
     if name == "auto":
         return _auto(environ)
     if name not in ORDER:
-        raise refuse(f"unknown launcher {name!r}", f"auto or one of: {', '.join(ORDER)}", "pass --launcher auto")
+        raise refuse(
+            f"unknown launcher {name!r}",
+            f"auto or one of: {', '.join(ORDER)}",
+            "pass --launcher auto",
+        )
     if name == "single":
         _refuse_single_among_many(environ)
     found = ORDER[name](environ)
     if found is None:
-        raise refuse(f"--launcher {name} was asked for, but its environment variables are not set in this process",
-                     f"the variables {name} sets (see `octo-dist detect --json` for what this process sees)",
-                     "pass --launcher auto, or start the ranks with that launcher")
+        raise refuse(
+            f"--launcher {name} was asked for, but its environment variables are not set in this process",
+            f"the variables {name} sets (see `octo-dist detect --json` for what this process sees)",
+            "pass --launcher auto, or start the ranks with that launcher",
+        )
     return found

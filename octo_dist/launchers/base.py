@@ -52,15 +52,19 @@ class Launch:
     note: Optional[str] = None
 
     def __post_init__(self):
-        if not (0 <= self.rank < self.world_size) or not (0 <= self.local_rank < max(self.local_size, 1)) \
-                or self.local_size > self.world_size:
+        if (
+            not (0 <= self.rank < self.world_size)
+            or not (0 <= self.local_rank < max(self.local_size, 1))
+            or self.local_size > self.world_size
+        ):
             read = f" (read from {', '.join(self.variables)})" if self.variables else ""
             raise refuse(
                 f"{self.launcher}: rank {self.rank}/{self.world_size}, local rank {self.local_rank}/{self.local_size} "
                 f"are inconsistent{read}",
                 "0 <= rank < world size, 0 <= local rank < local size <= world size",
                 "start every rank with the launcher itself (mpirun, mpiexec, srun), not with variables set by hand; "
-                "`octo-dist detect` shows what this process sees")
+                "`octo-dist detect` shows what this process sees",
+            )
 
 
 def int_var(environ: Mapping[str, str], name: str, launcher: str) -> int:
@@ -71,8 +75,11 @@ def int_var(environ: Mapping[str, str], name: str, launcher: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise refuse(f"{launcher}: {name}={raw!r} is not an integer", f"{name} to be a number >= 0 set by the launcher",
-                     f"unset {name} if you exported it yourself, and start the ranks with the launcher")
+        raise refuse(
+            f"{launcher}: {name}={raw!r} is not an integer",
+            f"{name} to be a number >= 0 set by the launcher",
+            f"unset {name} if you exported it yourself, and start the ranks with the launcher",
+        )
     return value
 
 
@@ -89,10 +96,15 @@ def shown(environ: Mapping[str, str], *names: str) -> Tuple[str, ...]:
     return tuple(f"{n}={environ[n]}" for n in names if n in environ)
 
 
-def half_pair(environ: Mapping[str, str], launcher: str, rank_var: str, size_var: str, fix: str) -> None:
+def half_pair(
+    environ: Mapping[str, str], launcher: str, rank_var: str, size_var: str, fix: str
+) -> None:
     """A rank without a world size (or the reverse) is an error, never a silent single process."""
     has_rank, has_size = rank_var in environ, size_var in environ
     if has_rank != has_size:
         there, missing = (rank_var, size_var) if has_rank else (size_var, rank_var)
-        raise refuse(f"{launcher}: {there}={environ[there]!r} is set but {missing} is not",
-                     f"both {rank_var} and {size_var}, as the launcher sets them", fix)
+        raise refuse(
+            f"{launcher}: {there}={environ[there]!r} is set but {missing} is not",
+            f"both {rank_var} and {size_var}, as the launcher sets them",
+            fix,
+        )

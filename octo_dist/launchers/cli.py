@@ -50,18 +50,27 @@ def _coordinator(environ: Mapping[str, str], launch: launchers.Launch) -> Dict[s
     """The address start-up would use, and where it comes from; mpi4py's broadcast is described, not run."""
     if launch.world_size == 1 and not hostlists.explicit_coordinator(environ):
         return {"coordinator": None, "coordinator_source": "single process: none needed"}
-    mpi = (launch.launcher in coordinator.MPI_LAUNCHERS and not hostlists.explicit_coordinator(environ)
-           and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0"))
+    mpi = (
+        launch.launcher in coordinator.MPI_LAUNCHERS
+        and not hostlists.explicit_coordinator(environ)
+        and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0")
+    )
     try:
         c = coordinator.resolve(environ, launch)
     except coordinator.CoordinatorError as e:
         if not mpi:
             raise
-        return {"coordinator": None,
-                "coordinator_source": f"mpi4py broadcast from rank 0 at start-up; without mpi4py: {e}"}
+        return {
+            "coordinator": None,
+            "coordinator_source": f"mpi4py broadcast from rank 0 at start-up; without mpi4py: {e}",
+        }
     if c is None:
         return {"coordinator": None, "coordinator_source": "single process: none needed"}
-    source = f"mpi4py broadcast from rank 0 at start-up; without mpi4py: {c.address} ({c.source})" if mpi else c.source
+    source = (
+        f"mpi4py broadcast from rank 0 at start-up; without mpi4py: {c.address} ({c.source})"
+        if mpi
+        else c.source
+    )
     return {"coordinator": c.address, "coordinator_source": source}
 
 
@@ -77,12 +86,21 @@ def describe(environ: Mapping[str, str], launcher: str = "auto") -> Dict[str, ob
         if found:
             nodes_source, nodes = found[0], tuple(found[1])
     record: Dict[str, object] = {
-        "launcher": launch.launcher, "detail": launch.detail, "rank": launch.rank, "world_size": launch.world_size,
-        "local_rank": launch.local_rank, "local_size": launch.local_size, "job_id": launch.job_id,
-        "step_id": launch.step_id, "nodes": list(nodes) if nodes is not None else None, "nodes_source": nodes_source,
+        "launcher": launch.launcher,
+        "detail": launch.detail,
+        "rank": launch.rank,
+        "world_size": launch.world_size,
+        "local_rank": launch.local_rank,
+        "local_size": launch.local_size,
+        "job_id": launch.job_id,
+        "step_id": launch.step_id,
+        "nodes": list(nodes) if nodes is not None else None,
+        "nodes_source": nodes_source,
     }
     record.update(_coordinator(environ, launch))
-    record.update({"nodes_problem": nodes_problem, "note": launch.note, "variables": list(launch.variables)})
+    record.update(
+        {"nodes_problem": nodes_problem, "note": launch.note, "variables": list(launch.variables)}
+    )
     return record
 
 
@@ -97,26 +115,40 @@ def check_here(record: Mapping[str, object]) -> Optional[str]:
         return "not checked: rank 0 picks its own host and a free port at start-up"
     if not address:
         return None
-    return coordcheck.check(coordinator.Coordinator(str(address), source), int(record["rank"])) or "ok"
+    return (
+        coordcheck.check(coordinator.Coordinator(str(address), source), int(record["rank"])) or "ok"
+    )
 
 
 def _header() -> Dict[str, object]:
-    return {"schema": SCHEMA, "octo_dist_version": octo_dist.__version__, "host": socket.gethostname(),
-            "python": platform.python_version()}
+    return {
+        "schema": SCHEMA,
+        "octo_dist_version": octo_dist.__version__,
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+    }
 
 
 def as_text(record: Mapping[str, object]) -> str:
     nodes = record["nodes"]
-    shown_nodes = "-" if nodes is None else (",".join(nodes[:8]) + (f" ... ({len(nodes)} nodes)" if len(nodes) > 8 else ""))
+    shown_nodes = (
+        "-"
+        if nodes is None
+        else (",".join(nodes[:8]) + (f" ... ({len(nodes)} nodes)" if len(nodes) > 8 else ""))
+    )
     lines = [
         f"launcher     {record['launcher']}  ({record['detail'] or 'nothing detected'})",
         f"rank         {record['rank']} of {record['world_size']}",
         f"local rank   {record['local_rank']} of {record['local_size']} on {record['host']}",
-        f"nodes        {shown_nodes}" + (f"  (from {record['nodes_source']})" if record["nodes_source"] else ""),
+        f"nodes        {shown_nodes}"
+        + (f"  (from {record['nodes_source']})" if record["nodes_source"] else ""),
         f"coordinator  {record['coordinator'] or '-'}  ({record['coordinator_source']})",
     ]
     if record.get("job_id"):
-        lines.append(f"job          {record['job_id']}" + (f" step {record['step_id']}" if record.get("step_id") else ""))
+        lines.append(
+            f"job          {record['job_id']}"
+            + (f" step {record['step_id']}" if record.get("step_id") else "")
+        )
     if record.get("coordinator_check"):
         lines.append(f"check        {record['coordinator_check']}")
     if record.get("nodes_problem"):
@@ -130,7 +162,14 @@ def as_text(record: Mapping[str, object]) -> str:
 
 def _rank_guess(environ: Mapping[str, str]) -> str:
     """A file name for a rank whose detection failed: the first rank variable any launcher set, else "unknown"."""
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PALS_RANKID", "SLURM_PROCID", "PMIX_RANK", "RANK"):
+    for var in (
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PALS_RANKID",
+        "SLURM_PROCID",
+        "PMIX_RANK",
+        "RANK",
+    ):
         if environ.get(var, "").isdigit():
             return environ[var]
     return "unknown"
@@ -144,9 +183,11 @@ def run(args: argparse.Namespace) -> int:
                 with open(args.env_file) as f:
                     environ = read_env_file(f.read())
             except OSError as e:
-                raise refuse(f"--env-file {args.env_file} cannot be read ({e.strerror or e})",
-                             "a file holding `env` output (NAME=value lines)",
-                             "env > recorded.env, then octo-dist detect --env-file recorded.env")
+                raise refuse(
+                    f"--env-file {args.env_file} cannot be read ({e.strerror or e})",
+                    "a file holding `env` output (NAME=value lines)",
+                    "env > recorded.env, then octo-dist detect --env-file recorded.env",
+                )
         record = {**_header(), "ok": True, **describe(environ, args.launcher)}
         record["coordinator_check"] = None if args.env_file else check_here(record)
         code = 0
@@ -155,15 +196,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"octo-dist detect: error: {message}", file=sys.stderr)
         record = {**_header(), "ok": False, "error": message}
         code = octo_dist.EXIT_USAGE
-    text = json.dumps(record, indent=None if args.output else 2) if args.json or args.output else None
+    text = (
+        json.dumps(record, indent=None if args.output else 2) if args.json or args.output else None
+    )
     if args.output:
         path = args.output.replace("{rank}", str(record.get("rank", _rank_guess(environ))))
         try:
             with open(path, "w") as f:
                 f.write(text + "\n")
         except OSError as e:
-            print(f"octo-dist detect: error: --output {path} cannot be written ({e.strerror or e}); expected a file in "
-                  f"an existing, writable directory. Fix: mkdir -p {os.path.dirname(path) or '.'}", file=sys.stderr)
+            print(
+                f"octo-dist detect: error: --output {path} cannot be written ({e.strerror or e}); expected a file in "
+                f"an existing, writable directory. Fix: mkdir -p {os.path.dirname(path) or '.'}",
+                file=sys.stderr,
+            )
             return octo_dist.EXIT_USAGE
     if code == 0 or args.json:
         print(text if args.json else as_text(record))
@@ -171,12 +217,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("detect", help="show what this process's launcher says (rank, world, local rank, nodes, "
-                                      "coordinator), without starting JAX or MPI",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "detect",
+        help="show what this process's launcher says (rank, world, local rank, nodes, "
+        "coordinator), without starting JAX or MPI",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (schema %d)" % SCHEMA)
-    p.add_argument("--launcher", default="auto", choices=["auto", *launchers.ORDER],
-                   help="force one launcher's variables (default: detect)")
-    p.add_argument("--env-file", metavar="FILE", help="read this environment (`env` output) instead of the process's")
-    p.add_argument("--output", metavar="PATH", help="also write the JSON record here; {rank} becomes this rank")
+    p.add_argument(
+        "--launcher",
+        default="auto",
+        choices=["auto", *launchers.ORDER],
+        help="force one launcher's variables (default: detect)",
+    )
+    p.add_argument(
+        "--env-file",
+        metavar="FILE",
+        help="read this environment (`env` output) instead of the process's",
+    )
+    p.add_argument(
+        "--output", metavar="PATH", help="also write the JSON record here; {rank} becomes this rank"
+    )
     p.set_defaults(func=run)

@@ -30,7 +30,8 @@ def addresses(c: Coordinator, resolver: Resolver = socket.getaddrinfo) -> List[s
     except (socket.gaierror, UnicodeError) as e:
         raise CoordinatorError(
             f"coordinator {c.address} ({c.source}): host {c.host!r} does not resolve here ({e}); expected a name in DNS "
-            f"or /etc/hosts, or an IP address. Fix: {SET_IT}") from None
+            f"or /etc/hosts, or an IP address. Fix: {SET_IT}"
+        ) from None
     return [info[4][0] for info in infos]
 
 
@@ -89,20 +90,27 @@ def check(c: Coordinator, rank: int, resolver: Resolver = socket.getaddrinfo) ->
         return None
     here = socket.gethostname()
     if not is_local(ips):
-        message = (f"coordinator {c.address} ({c.source}) resolves to {', '.join(sorted(set(ips)))}, none of them this "
-                   f"host's ({here}), but rank 0 runs the coordination service")
+        message = (
+            f"coordinator {c.address} ({c.source}) resolves to {', '.join(sorted(set(ips)))}, none of them this "
+            f"host's ({here}), but rank 0 runs the coordination service"
+        )
         if c.explicit:
             return message + "; continuing since it was set explicitly (NAT or a port-forward?)"
-        why = ("this host's name resolves to an address that is not its own (check /etc/hosts)"
-               if c.source.startswith("mpi4py") else "the launcher placed rank 0 on another node than the list's first")
+        why = (
+            "this host's name resolves to an address that is not its own (check /etc/hosts)"
+            if c.source.startswith("mpi4py")
+            else "the launcher placed rank 0 on another node than the list's first"
+        )
         raise CoordinatorError(
             f"{message}: {why}; expected the coordinator host to be rank 0's. "
-            f"Fix: {SET_IT}, e.g. COORDINATOR_ADDRESS={here}:{c.port}")
+            f"Fix: {SET_IT}, e.g. COORDINATOR_ADDRESS={here}:{c.port}"
+        )
     why = port_in_use(c.port)
     if why:
         raise CoordinatorError(
             f"coordinator {c.address} ({c.source}): port {c.port} cannot be listened on on {here} ({why}): another "
             f"job or a leftover process holds it; expected a free port. Fix: pick another port "
             f"(export COORDINATOR_ADDRESS={c.host if ':' not in c.host else '[' + c.host + ']'}:<free port>), or end "
-            f"the process holding it (ss -ltnp 'sport = :{c.port}')")
+            f"the process holding it (ss -ltnp 'sport = :{c.port}')"
+        )
     return None

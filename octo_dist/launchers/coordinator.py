@@ -34,12 +34,19 @@ from octo_dist.launchers.base import Launch
 
 log = logging.getLogger(__name__)
 
-PORT_BASE, PORT_SPAN = 20000, 20000  # derived ports fall in 20000..39999, below Linux's ephemeral range
-DEFAULT_PORT = 61234                 # no job id at all: every rank still agrees, but two such jobs on a node collide
+PORT_BASE, PORT_SPAN = (
+    20000,
+    20000,
+)  # derived ports fall in 20000..39999, below Linux's ephemeral range
+DEFAULT_PORT = (
+    61234  # no job id at all: every rank still agrees, but two such jobs on a node collide
+)
 MPI_LAUNCHERS = ("openmpi4", "openmpi5", "pmi", "pals")
 EXPLICIT_SOURCES = ("--coordinator",) + hostlists.COORDINATOR_VARS
-SET_IT = ("export COORDINATOR_ADDRESS=<rank 0's host>:<free port> for every rank (mpirun -x COORDINATOR_ADDRESS; "
-          "srun passes the environment on)")
+SET_IT = (
+    "export COORDINATOR_ADDRESS=<rank 0's host>:<free port> for every rank (mpirun -x COORDINATOR_ADDRESS; "
+    "srun passes the environment on)"
+)
 
 
 class CoordinatorError(RuntimeError):
@@ -49,7 +56,7 @@ class CoordinatorError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Coordinator:
     address: str  # "g0001:23456", "[fd00::5]:23456": what jax.distributed.initialize gets
-    source: str   # how it was chosen, for the start-up line: "COORDINATOR_ADDRESS", "mpi4py broadcast", ...
+    source: str  # how it was chosen, for the start-up line: "COORDINATOR_ADDRESS", "mpi4py broadcast", ...
 
     @property
     def host(self) -> str:
@@ -84,10 +91,12 @@ def parse_address(address: str, source: str) -> Coordinator:
     ``"g0001:23456"``, ``"10.1.0.5:23456"`` and ``"[::1]:23456"`` are accepted; ``"g0001:99999"`` (no such port),
     ``"::1:23456"`` (ambiguous: brackets needed), ``"g0001"`` and ``"http://g0001:1"`` are not.
     """
+
     def bad(why: str) -> CoordinatorError:
         return CoordinatorError(
             f"{source}={address!r} is not HOST:PORT ({why}); expected e.g. g0001:23456, 10.1.0.5:23456 or "
-            f"[fd00::5]:23456 with a port from 1 to 65535. Fix: set {source} to rank 0's host and a free port")
+            f"[fd00::5]:23456 with a port from 1 to 65535. Fix: set {source} to rank 0's host and a free port"
+        )
 
     if address.strip().startswith("[") and "]:" not in address:
         raise bad("no ':PORT' after the bracketed address")
@@ -121,8 +130,9 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def from_environment(environ: Mapping[str, str], launch: Launch,
-                     read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
+def from_environment(
+    environ: Mapping[str, str], launch: Launch, read: hostlists.Reader = hostlists._read
+) -> Optional[Coordinator]:
     """Steps 3-6: a host derived from the launch and the scheduler, and the job's port; None when none applies.
 
     Raises:
@@ -132,8 +142,10 @@ def from_environment(environ: Mapping[str, str], launch: Launch,
     if launch.local_size == launch.world_size:
         return Coordinator(f"127.0.0.1:{port}", "all ranks on this node, port from the job id")
     if launch.nodes:
-        return Coordinator(f"{_bracket(launch.nodes[0])}:{port}",
-                           f"first host of {launch.nodes_source}, port from the job id")
+        return Coordinator(
+            f"{_bracket(launch.nodes[0])}:{port}",
+            f"first host of {launch.nodes_source}, port from the job id",
+        )
     unreadable: Optional[str] = None
     try:
         nodes = hostlists.node_list(environ, read)
@@ -143,7 +155,9 @@ def from_environment(environ: Mapping[str, str], launch: Launch,
         raise CoordinatorError(str(e)) from None
     if nodes and nodes[1]:
         var, hosts = nodes
-        return Coordinator(f"{_bracket(hosts[0])}:{port}", f"first host of {var}, port from the job id")
+        return Coordinator(
+            f"{_bracket(hosts[0])}:{port}", f"first host of {var}, port from the job id"
+        )
     published = openmpi.published_host(environ)
     if published:
         host, how = published
@@ -161,15 +175,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
-            broadcast: Optional[Callable[[Callable[[], str]], Optional[str]]] = None,
-            read: hostlists.Reader = hostlists._read) -> Optional[Coordinator]:
+def resolve(
+    environ: Mapping[str, str],
+    launch: Launch,
+    *,
+    explicit=None,
+    broadcast: Optional[Callable[[Callable[[], str]], Optional[str]]] = None,
+    read: hostlists.Reader = hostlists._read,
+) -> Optional[Coordinator]:
     """The coordinator every rank agrees on, or None for a single process.
 
     Args:
       explicit: "host:port" or a Coordinator, winning over everything.
       broadcast: step 2, ``broadcast(pick)`` returning rank 0's ``pick()`` on every rank or None when it cannot
-        (``octo_dist.dist.mpi.broadcaster``); None skips step 2.
+        (``octo_dist.runtime.mpi.broadcaster``); None skips step 2.
       read: reads a node file (tests pass a fake; the real one opens the path).
 
     Raises:
@@ -184,7 +203,11 @@ def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
             return parse_address(environ[var], var)
     if launch.world_size == 1:
         return None
-    if broadcast and launch.launcher in MPI_LAUNCHERS and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0"):
+    if (
+        broadcast
+        and launch.launcher in MPI_LAUNCHERS
+        and environ.get("OCTO_DIST_NO_MPI4PY", "") in ("", "0")
+    ):
         address = broadcast(lambda: f"{socket.gethostname()}:{free_port()}")
         if address:
             return Coordinator(address, "mpi4py broadcast from rank 0")
@@ -194,5 +217,6 @@ def resolve(environ: Mapping[str, str], launch: Launch, *, explicit=None,
             f"{launch.launcher}: {launch.world_size} ranks over several nodes ({launch.local_size} on this one), but no "
             f"coordinator address: mpi4py is not usable, no node list is set (SLURM_STEP_NODELIST, PBS_NODEFILE, "
             f"SGE_JOB_HOSTLIST, PE_HOSTFILE, SLURM_JOB_NODELIST) and the launcher publishes no host of its own "
-            f"(Open MPI 5 and MPICH do not); expected one of them. Fix: {SET_IT}")
+            f"(Open MPI 5 and MPICH do not); expected one of them. Fix: {SET_IT}"
+        )
     return found

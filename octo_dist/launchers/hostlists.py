@@ -21,19 +21,24 @@ from typing import Callable, List, Mapping, Optional, Tuple
 
 from octo_dist.launchers.base import LauncherError, refuse
 
-COORDINATOR_VARS = ("COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")  # "g0001:12345", an address the user chose
-PBS_HOSTFILE = "PBS_NODEFILE"        # "/var/spool/pbs/aux/123.pbs1": a host per MPI slot (PBS Professional, ABCI 3.0)
-SGE_HOSTFILE = "SGE_JOB_HOSTLIST"    # "/var/spool/.../hostlist": one host a line (ABCI 2.0's Grid Engine)
-SGE_PE_HOSTFILE = "PE_HOSTFILE"      # "/var/spool/sge/g0001/active_jobs/9876.1/pe_hostfile": "g0001 4 all.q@g0001 UNDEFINED"
-LSF_HOSTFILE = "LSB_DJOB_HOSTFILE"   # "/home/u/.lsbatch/1234.hostfile": one host per slot (LSF)
+COORDINATOR_VARS = (
+    "COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_ADDRESS",
+)  # "g0001:12345", an address the user chose
+PBS_HOSTFILE = "PBS_NODEFILE"  # "/var/spool/pbs/aux/123.pbs1": a host per MPI slot (PBS Professional, ABCI 3.0)
+SGE_HOSTFILE = (
+    "SGE_JOB_HOSTLIST"  # "/var/spool/.../hostlist": one host a line (ABCI 2.0's Grid Engine)
+)
+SGE_PE_HOSTFILE = "PE_HOSTFILE"  # "/var/spool/sge/g0001/active_jobs/9876.1/pe_hostfile": "g0001 4 all.q@g0001 UNDEFINED"
+LSF_HOSTFILE = "LSB_DJOB_HOSTFILE"  # "/home/u/.lsbatch/1234.hostfile": one host per slot (LSF)
 SLURM_NODELIST = "SLURM_JOB_NODELIST"  # "node[001-004,007]": the allocation (a step's own list is SLURM_STEP_NODELIST)
 # "/groups/gxx00000/runs/.octo-dist/nodes-123.pbs1": the rendered job scripts copy the scheduler's node list where
 # every node and the image see it (the scheduler's own file stays in its spool on the host); read first.
 OCTO_DIST_NODEFILE = "OCTO_DIST_NODEFILE"
 NODE_FILES = (OCTO_DIST_NODEFILE, PBS_HOSTFILE, SGE_HOSTFILE, SGE_PE_HOSTFILE, LSF_HOSTFILE)
 
-MAX_RANGE = 64 * 1024       # Slurm's MAX_RANGE: hosts in one bracket range
-MAX_HOSTS = 1024 * 1024     # all hosts of one list: "a[0-65535]b[0-65535]" is not a cluster
+MAX_RANGE = 64 * 1024  # Slurm's MAX_RANGE: hosts in one bracket range
+MAX_HOSTS = 1024 * 1024  # all hosts of one list: "a[0-65535]b[0-65535]" is not a cluster
 
 Reader = Callable[[str], str]
 
@@ -52,11 +57,13 @@ def _read(path: str) -> str:
 
 
 def _bad(spec: str, var: str, problem: str) -> NodeListError:
-    err = refuse(f"{var}={spec!r}: {problem}",
-                 "a Slurm host list such as node[001-004,007],gpu[1-2]-ib0 (ranges low-high, low <= high, "
-                 "brackets balanced and not nested)",
-                 f"if you set {var} yourself, write it in that form (`scontrol show hostnames '<list>'` expands one on a "
-                 f"Slurm node); or export COORDINATOR_ADDRESS=<rank 0's host>:<port> for every rank")
+    err = refuse(
+        f"{var}={spec!r}: {problem}",
+        "a Slurm host list such as node[001-004,007],gpu[1-2]-ib0 (ranges low-high, low <= high, "
+        "brackets balanced and not nested)",
+        f"if you set {var} yourself, write it in that form (`scontrol show hostnames '<list>'` expands one on a "
+        f"Slurm node); or export COORDINATOR_ADDRESS=<rank 0's host>:<port> for every rank",
+    )
     return NodeListError(str(err))
 
 
@@ -97,7 +104,9 @@ def _ranges(group: str, spec: str, var: str) -> List[str]:
         if lo > hi:
             raise _bad(spec, var, f"range {piece!r} runs backwards")
         if hi - lo + 1 > MAX_RANGE:
-            raise _bad(spec, var, f"range {piece!r} holds {hi - lo + 1} hosts, more than {MAX_RANGE}")
+            raise _bad(
+                spec, var, f"range {piece!r} holds {hi - lo + 1} hosts, more than {MAX_RANGE}"
+            )
         width = len(lo_text)
         out.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
     return out
@@ -144,7 +153,6 @@ def parse_node_file(text: str, var: str) -> List[str]:
     return out
 
 
-
 def node_list(environ: Mapping[str, str], read: Reader = _read) -> Optional[Tuple[str, List[str]]]:
     """(source variable, hosts) from the first scheduler node list present, else None.
 
@@ -165,7 +173,8 @@ def node_list(environ: Mapping[str, str], read: Reader = _read) -> Optional[Tupl
                 f"{var} readable here, or another way to find rank 0's host",
                 f"bind it into the container (singularity exec --bind {path}), start the ranks with mpirun so mpi4py "
                 f"can agree on the address, or export COORDINATOR_ADDRESS=<first node>:<port> for every rank "
-                f"(mpirun -x COORDINATOR_ADDRESS)")
+                f"(mpirun -x COORDINATOR_ADDRESS)",
+            )
             raise NodeFileError(str(err)) from None
         return var, parse_node_file(text, var)
     if environ.get(SLURM_NODELIST):

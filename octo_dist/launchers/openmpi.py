@@ -24,13 +24,13 @@ from typing import Mapping, Optional, Tuple
 
 from octo_dist.launchers.base import Launch, half_pair, int_var, shown
 
-WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"        # "8"
-RANK = "OMPI_COMM_WORLD_RANK"              # "5"
+WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"  # "8"
+RANK = "OMPI_COMM_WORLD_RANK"  # "5"
 LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"  # "1"
 LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"  # "4"
-VERSION = "OMPI_VERSION"                   # "5.0.8" (Open MPI 5 only)
-HNP_URI = "OMPI_MCA_orte_hnp_uri"          # "2934833152.0;tcp://10.1.0.5:42123" (Open MPI 4 only)
-PRRTE_JOB = "PMIX_NAMESPACE"               # "prterun-g0001-12345@1" (Open MPI 5 / PRRTE)
+VERSION = "OMPI_VERSION"  # "5.0.8" (Open MPI 5 only)
+HNP_URI = "OMPI_MCA_orte_hnp_uri"  # "2934833152.0;tcp://10.1.0.5:42123" (Open MPI 4 only)
+PRRTE_JOB = "PMIX_NAMESPACE"  # "prterun-g0001-12345@1" (Open MPI 5 / PRRTE)
 FIX = "start every rank with mpirun (mpirun -np N octo-dist ...); do not export OMPI_COMM_WORLD_* yourself"
 
 
@@ -58,8 +58,12 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
         local_rank=int_var(environ, LOCAL_RANK, name) if LOCAL_RANK in environ else 0,
         local_size=int_var(environ, LOCAL_SIZE, name) if LOCAL_SIZE in environ else 1,
         job_id=job or None,
-        detail=("Open MPI 4 (ORTE) mpirun" if four else f"Open MPI {version or '5'} (PRRTE) mpirun"),
-        variables=shown(environ, WORLD_SIZE, RANK, LOCAL_SIZE, LOCAL_RANK, HNP_URI, PRRTE_JOB, VERSION),
+        detail=(
+            "Open MPI 4 (ORTE) mpirun" if four else f"Open MPI {version or '5'} (PRRTE) mpirun"
+        ),
+        variables=shown(
+            environ, WORLD_SIZE, RANK, LOCAL_SIZE, LOCAL_RANK, HNP_URI, PRRTE_JOB, VERSION
+        ),
     )
 
 

@@ -13,12 +13,12 @@ from typing import Mapping, Optional
 
 from octo_dist.launchers.base import Launch, first, int_var, refuse, shown
 
-RANK = "PALS_RANKID"               # "5"
-LOCAL_RANK = "PALS_LOCAL_RANKID"   # "1"
-LOCAL_SIZE = "PALS_LOCAL_SIZE"     # "4"
-NODE = "PALS_NODEID"               # "1"
-APID = "PALS_APID"                 # "6c6bd2b6-1f3e-4cd6-a7b5-e3ea6ee6e1f4"
-PMI_RANK, PMI_SIZE = "PMI_RANK", "PMI_SIZE"                      # Cray PMI: "5", "8"
+RANK = "PALS_RANKID"  # "5"
+LOCAL_RANK = "PALS_LOCAL_RANKID"  # "1"
+LOCAL_SIZE = "PALS_LOCAL_SIZE"  # "4"
+NODE = "PALS_NODEID"  # "1"
+APID = "PALS_APID"  # "6c6bd2b6-1f3e-4cd6-a7b5-e3ea6ee6e1f4"
+PMI_RANK, PMI_SIZE = "PMI_RANK", "PMI_SIZE"  # Cray PMI: "5", "8"
 PMI_LOCAL_RANK, PMI_LOCAL_SIZE = "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"  # Cray PMI: "1", "4"
 FIX = "start the ranks with PALS mpiexec and Cray MPICH loaded (mpiexec -n N --ppn <GPUs per node> octo-dist ...)"
 
@@ -26,16 +26,36 @@ FIX = "start the ranks with PALS mpiexec and Cray MPICH loaded (mpiexec -n N --p
 def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     if RANK not in environ and LOCAL_RANK not in environ:
         return None
-    used = shown(environ, RANK, LOCAL_RANK, LOCAL_SIZE, NODE, PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK, PMI_LOCAL_SIZE)
+    used = shown(
+        environ,
+        RANK,
+        LOCAL_RANK,
+        LOCAL_SIZE,
+        NODE,
+        PMI_RANK,
+        PMI_SIZE,
+        PMI_LOCAL_RANK,
+        PMI_LOCAL_SIZE,
+    )
     rank_var = first(environ, RANK, PMI_RANK)
     lr = first(environ, LOCAL_RANK, PMI_LOCAL_RANK)
     ls = first(environ, LOCAL_SIZE, PMI_LOCAL_SIZE)
-    missing = [what for what, var in (("a rank (PALS_RANKID)", rank_var), ("a world size (PMI_SIZE)",
-               environ.get(PMI_SIZE)), ("a local rank (PALS_LOCAL_RANKID)", lr),
-               ("a local size (PALS_LOCAL_SIZE or PMI_LOCAL_SIZE)", ls)) if not var]
+    missing = [
+        what
+        for what, var in (
+            ("a rank (PALS_RANKID)", rank_var),
+            ("a world size (PMI_SIZE)", environ.get(PMI_SIZE)),
+            ("a local rank (PALS_LOCAL_RANKID)", lr),
+            ("a local size (PALS_LOCAL_SIZE or PMI_LOCAL_SIZE)", ls),
+        )
+        if not var
+    ]
     if missing:
-        raise refuse(f"pals: PALS variables found ({', '.join(used)}) but not {', '.join(missing)}",
-                     "PALS_RANKID, PALS_LOCAL_RANKID, PALS_LOCAL_SIZE from PALS and PMI_SIZE from Cray PMI", FIX)
+        raise refuse(
+            f"pals: PALS variables found ({', '.join(used)}) but not {', '.join(missing)}",
+            "PALS_RANKID, PALS_LOCAL_RANKID, PALS_LOCAL_SIZE from PALS and PMI_SIZE from Cray PMI",
+            FIX,
+        )
     return Launch(
         launcher="pals",
         world_size=int_var(environ, PMI_SIZE, "pals"),

@@ -16,12 +16,26 @@ from typing import Mapping, Optional
 
 from octo_dist.launchers.base import Launch, first, half_pair, int_var, refuse, shown
 
-RANK = "PMI_RANK"                   # "3"
-SIZE = "PMI_SIZE"                   # "8"
+RANK = "PMI_RANK"  # "3"
+SIZE = "PMI_SIZE"  # "8"
 HYDRA_LOCAL_RANK = "MPI_LOCALRANKID"  # "1": set by Hydra's proxy, never by srun
-LOCAL_RANK_VARS = (HYDRA_LOCAL_RANK, "PMI_LOCAL_RANK", "MPI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")  # "1"
-LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "MPI_LOCAL_NRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")  # "4"
-INTEL_MARKERS = ("I_MPI_ROOT", "I_MPI_HYDRA_BOOTSTRAP", "I_MPI_PIN")  # set by Intel MPI's env script / launcher
+LOCAL_RANK_VARS = (
+    HYDRA_LOCAL_RANK,
+    "PMI_LOCAL_RANK",
+    "MPI_LOCAL_RANK",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+)  # "1"
+LOCAL_SIZE_VARS = (
+    "MPI_LOCALNRANKS",
+    "PMI_LOCAL_SIZE",
+    "MPI_LOCAL_NRANKS",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+)  # "4"
+INTEL_MARKERS = (
+    "I_MPI_ROOT",
+    "I_MPI_HYDRA_BOOTSTRAP",
+    "I_MPI_PIN",
+)  # set by Intel MPI's env script / launcher
 FIX = "start every rank with mpiexec (mpiexec -n N -ppn <GPUs per node> octo-dist ...); do not export PMI_* yourself"
 
 
@@ -33,11 +47,13 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     lr, ls = first(environ, *LOCAL_RANK_VARS), first(environ, *LOCAL_SIZE_VARS)
     if (lr is None) != (ls is None) or (lr is None and world > 1):
         local = ", ".join(shown(environ, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS)) or "none set"
-        raise refuse(f"pmi: {RANK}={environ[RANK]}, {SIZE}={world} but the local rank/size pair is "
-                     f"{'incomplete' if lr or ls else 'missing'} ({local})",
-                     f"one of {'/'.join(LOCAL_RANK_VARS)} with its size, as Hydra's mpiexec sets them "
-                     "(without them every rank would bind GPU 0)",
-                     f"{FIX}; with another PMI launcher, export MPI_LOCALRANKID and MPI_LOCALNRANKS per rank")
+        raise refuse(
+            f"pmi: {RANK}={environ[RANK]}, {SIZE}={world} but the local rank/size pair is "
+            f"{'incomplete' if lr or ls else 'missing'} ({local})",
+            f"one of {'/'.join(LOCAL_RANK_VARS)} with its size, as Hydra's mpiexec sets them "
+            "(without them every rank would bind GPU 0)",
+            f"{FIX}; with another PMI launcher, export MPI_LOCALRANKID and MPI_LOCALNRANKS per rank",
+        )
     intel = any(m in environ for m in INTEL_MARKERS)
     return Launch(
         launcher="pmi",

@@ -12,12 +12,17 @@ from octo_dist.launchers.base import Launch, shown
 
 # Tried in order; the first one set names the job.
 JOB_ID_VARS = (
-    "PBS_JOBID",      # "12345.pbs1" (ABCI 3.0, PBS Professional)
-    "JOB_ID",         # "9876543" (Grid Engine, ABCI 2.0)
-    "SLURM_JOB_ID",   # "123456"
-    "LSB_JOBID",      # "4242" (IBM LSF)
+    "PBS_JOBID",  # "12345.pbs1" (ABCI 3.0, PBS Professional)
+    "JOB_ID",  # "9876543" (Grid Engine, ABCI 2.0)
+    "SLURM_JOB_ID",  # "123456"
+    "LSB_JOBID",  # "4242" (IBM LSF)
 )
-SCHEDULERS = {"PBS_JOBID": "PBS", "JOB_ID": "Grid Engine", "SLURM_JOB_ID": "Slurm", "LSB_JOBID": "LSF"}
+SCHEDULERS = {
+    "PBS_JOBID": "PBS",
+    "JOB_ID": "Grid Engine",
+    "SLURM_JOB_ID": "Slurm",
+    "LSB_JOBID": "LSF",
+}
 # Grid Engine's JOB_ID is a common name; only count it as a job with Grid Engine's own variables beside it.
 SGE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
 
@@ -38,7 +43,16 @@ def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
         if var == "JOB_ID" and not any(m in environ for m in SGE_MARKERS):
             continue
         name = SCHEDULERS[var]
-        return Launch(launcher="single", world_size=1, rank=0, local_rank=0, local_size=1, job_id=environ[var],
-                      detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
-                      variables=shown(environ, var, "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "NSLOTS"))
+        return Launch(
+            launcher="single",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            local_size=1,
+            job_id=environ[var],
+            detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
+            variables=shown(
+                environ, var, "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "NSLOTS"
+            ),
+        )
     return None

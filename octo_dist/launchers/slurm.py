@@ -25,23 +25,33 @@ from typing import List, Mapping, Optional
 from octo_dist.launchers import hostlists
 from octo_dist.launchers.base import Launch, int_var, refuse, shown
 
-PROCID = "SLURM_PROCID"                      # "5": rank in the step
-LOCALID = "SLURM_LOCALID"                    # "1": rank on this node
-NODEID = "SLURM_NODEID"                      # "1": this node's index in the step
-STEP_ID = "SLURM_STEP_ID"                    # "0" (an srun step); absent in a batch script
-STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"      # "8": the step's ranks
-STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"      # "2"
-STEP_NODELIST = "SLURM_STEP_NODELIST"        # "node[003-004]": the step's nodes, task 0's first
+PROCID = "SLURM_PROCID"  # "5": rank in the step
+LOCALID = "SLURM_LOCALID"  # "1": rank on this node
+NODEID = "SLURM_NODEID"  # "1": this node's index in the step
+STEP_ID = "SLURM_STEP_ID"  # "0" (an srun step); absent in a batch script
+STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"  # "8": the step's ranks
+STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"  # "2"
+STEP_NODELIST = "SLURM_STEP_NODELIST"  # "node[003-004]": the step's nodes, task 0's first
 STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"  # "4(x2)" or "3,5"
-NTASKS = "SLURM_NTASKS"                      # "8": the step's count in a step, the request in a batch script
-TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"      # "4(x2)": the job's layout (the step's inside a step)
-NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"    # "4": only with --ntasks-per-node
-GTIDS = "SLURM_GTIDS"                        # "4,5,6,7": this node's ranks (removed in Slurm 23.11)
-JOB_ID = "SLURM_JOB_ID"                      # "123456"
-JOB_NODELIST = "SLURM_JOB_NODELIST"          # "node[001-004]": the allocation
+NTASKS = "SLURM_NTASKS"  # "8": the step's count in a step, the request in a batch script
+TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"  # "4(x2)": the job's layout (the step's inside a step)
+NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"  # "4": only with --ntasks-per-node
+GTIDS = "SLURM_GTIDS"  # "4,5,6,7": this node's ranks (removed in Slurm 23.11)
+JOB_ID = "SLURM_JOB_ID"  # "123456"
+JOB_NODELIST = "SLURM_JOB_NODELIST"  # "node[001-004]": the allocation
 
-READ = (PROCID, LOCALID, NODEID, STEP_ID, STEP_NUM_TASKS, STEP_NUM_NODES, STEP_NODELIST, STEP_TASKS_PER_NODE,
-        NTASKS, JOB_ID)
+READ = (
+    PROCID,
+    LOCALID,
+    NODEID,
+    STEP_ID,
+    STEP_NUM_TASKS,
+    STEP_NUM_NODES,
+    STEP_NODELIST,
+    STEP_TASKS_PER_NODE,
+    NTASKS,
+    JOB_ID,
+)
 SRUN_FIX = "start the ranks with srun inside the allocation (srun --ntasks-per-node=<GPUs per node> octo-dist ...)"
 
 
@@ -51,8 +61,11 @@ def parse_tasks_per_node(value: str, var: str = STEP_TASKS_PER_NODE) -> List[int
     for piece in value.split(","):
         m = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", piece)
         if not m or (m.group(2) is not None and int(m.group(2)) == 0):
-            raise refuse(f"slurm: {var}={value!r} is not a per-node task count",
-                         "counts such as 4(x2) or 3,5, as srun sets them", f"unset {var} if you set it yourself")
+            raise refuse(
+                f"slurm: {var}={value!r} is not a per-node task count",
+                "counts such as 4(x2) or 3,5, as srun sets them",
+                f"unset {var} if you set it yourself",
+            )
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
 
@@ -69,8 +82,11 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     used = shown(environ, *READ, TASKS_PER_NODE, NTASKS_PER_NODE, GTIDS)
     for var in (PROCID, LOCALID):
         if var not in environ:
-            raise refuse(f"slurm: an srun step ({STEP_NUM_TASKS}={environ[STEP_NUM_TASKS]}) without {var}",
-                         f"{PROCID} and {LOCALID} in every task srun starts", SRUN_FIX)
+            raise refuse(
+                f"slurm: an srun step ({STEP_NUM_TASKS}={environ[STEP_NUM_TASKS]}) without {var}",
+                f"{PROCID} and {LOCALID} in every task srun starts",
+                SRUN_FIX,
+            )
     world = int_var(environ, STEP_NUM_TASKS, "slurm")
     rank = int_var(environ, PROCID, "slurm")
     local_rank = int_var(environ, LOCALID, "slurm")
@@ -81,33 +97,58 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     step = environ.get(STEP_ID)
     job = environ.get(JOB_ID)
     return Launch(
-        launcher="slurm", world_size=world, rank=rank, local_rank=local_rank, local_size=local_size, job_id=job,
-        nodes=nodes, nodes_source=STEP_NODELIST if nodes else None, step_id=step,
-        detail=f"Slurm srun step {step if step is not None else '?'} of job {job or '?'}", variables=used)
+        launcher="slurm",
+        world_size=world,
+        rank=rank,
+        local_rank=local_rank,
+        local_size=local_size,
+        job_id=job,
+        nodes=nodes,
+        nodes_source=STEP_NODELIST if nodes else None,
+        step_id=step,
+        detail=f"Slurm srun step {step if step is not None else '?'} of job {job or '?'}",
+        variables=used,
+    )
 
 
 def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
     """Ranks on this node: SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, else what older Slurm leaves."""
-    tpn_var = STEP_TASKS_PER_NODE if environ.get(STEP_TASKS_PER_NODE) else (
-        TASKS_PER_NODE if environ.get(TASKS_PER_NODE) else None)
+    tpn_var = (
+        STEP_TASKS_PER_NODE
+        if environ.get(STEP_TASKS_PER_NODE)
+        else (TASKS_PER_NODE if environ.get(TASKS_PER_NODE) else None)
+    )
     if tpn_var:
         counts = parse_tasks_per_node(environ[tpn_var], tpn_var)
         if sum(counts) != world:
-            raise refuse(f"slurm: {tpn_var}={environ[tpn_var]!r} adds up to {sum(counts)} tasks but "
-                         f"{STEP_NUM_TASKS}={world}", "the per-node counts to add up to the step's tasks",
-                         f"unset {tpn_var} and {STEP_NUM_TASKS} if you set them yourself; {SRUN_FIX}")
+            raise refuse(
+                f"slurm: {tpn_var}={environ[tpn_var]!r} adds up to {sum(counts)} tasks but "
+                f"{STEP_NUM_TASKS}={world}",
+                "the per-node counts to add up to the step's tasks",
+                f"unset {tpn_var} and {STEP_NUM_TASKS} if you set them yourself; {SRUN_FIX}",
+            )
         if nodes is not None and len(nodes) != len(counts):
-            raise refuse(f"slurm: {STEP_NODELIST} names {len(nodes)} node(s) but {tpn_var}={environ[tpn_var]!r} "
-                         f"counts {len(counts)}", "one count per node of the step", SRUN_FIX)
+            raise refuse(
+                f"slurm: {STEP_NODELIST} names {len(nodes)} node(s) but {tpn_var}={environ[tpn_var]!r} "
+                f"counts {len(counts)}",
+                "one count per node of the step",
+                SRUN_FIX,
+            )
         if len(counts) == 1:
             return counts[0]
         if NODEID not in environ:
-            raise refuse(f"slurm: a step over {len(counts)} nodes ({tpn_var}={environ[tpn_var]}) without {NODEID}",
-                         f"{NODEID} in every task srun starts", SRUN_FIX)
+            raise refuse(
+                f"slurm: a step over {len(counts)} nodes ({tpn_var}={environ[tpn_var]}) without {NODEID}",
+                f"{NODEID} in every task srun starts",
+                SRUN_FIX,
+            )
         node = int_var(environ, NODEID, "slurm")
         if node >= len(counts):
-            raise refuse(f"slurm: {NODEID}={node} but the step has {len(counts)} node(s)",
-                         f"0 <= {NODEID} < {len(counts)}", SRUN_FIX)
+            raise refuse(
+                f"slurm: {NODEID}={node} but the step has {len(counts)} node(s)",
+                f"0 <= {NODEID} < {len(counts)}",
+                SRUN_FIX,
+            )
         return counts[node]
     if environ.get(GTIDS):
         return len([g for g in environ[GTIDS].split(",") if g.strip()])
@@ -115,9 +156,11 @@ def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
         return int(environ[NTASKS_PER_NODE])
     if world == 1:
         return 1
-    raise refuse(f"slurm: an srun step of {world} tasks without {STEP_TASKS_PER_NODE}, {GTIDS} or {NTASKS_PER_NODE}",
-                 "srun's per-node task counts, to know how many ranks share this node",
-                 f"{SRUN_FIX}, or pass --ntasks-per-node")
+    raise refuse(
+        f"slurm: an srun step of {world} tasks without {STEP_TASKS_PER_NODE}, {GTIDS} or {NTASKS_PER_NODE}",
+        "srun's per-node task counts, to know how many ranks share this node",
+        f"{SRUN_FIX}, or pass --ntasks-per-node",
+    )
 
 
 def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
@@ -127,9 +170,19 @@ def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
     asked = environ.get(NTASKS, "")
     note = None
     if asked.isdigit() and int(asked) > 1:
-        note = (f"Slurm job {environ[JOB_ID]} asked for {asked} tasks ({NTASKS}={asked}) but this process is its batch "
-                f"script or salloc shell, not an srun step: it runs as one process. To run {asked} ranks: "
-                f"srun octo-dist ...")
-    return Launch(launcher="single", world_size=1, rank=0, local_rank=0, local_size=1, job_id=environ[JOB_ID],
-                  detail=f"Slurm job {environ[JOB_ID]} without an srun step (batch script or salloc shell)",
-                  variables=shown(environ, JOB_ID, NTASKS, PROCID, JOB_NODELIST), note=note)
+        note = (
+            f"Slurm job {environ[JOB_ID]} asked for {asked} tasks ({NTASKS}={asked}) but this process is its batch "
+            f"script or salloc shell, not an srun step: it runs as one process. To run {asked} ranks: "
+            f"srun octo-dist ..."
+        )
+    return Launch(
+        launcher="single",
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        local_size=1,
+        job_id=environ[JOB_ID],
+        detail=f"Slurm job {environ[JOB_ID]} without an srun step (batch script or salloc shell)",
+        variables=shown(environ, JOB_ID, NTASKS, PROCID, JOB_NODELIST),
+        note=note,
+    )

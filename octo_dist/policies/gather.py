@@ -59,18 +59,24 @@ def check_leaves(local_batch: Any) -> int:
 
     leaves = jax.tree_util.tree_flatten_with_path(local_batch)[0]
     if not leaves:
-        raise GatherError("example batch has no arrays; expected Octo's "
-                          "{'observation': ..., 'task': ..., 'action': ...}")
+        raise GatherError(
+            "example batch has no arrays; expected Octo's "
+            "{'observation': ..., 'task': ..., 'action': ...}"
+        )
     sizes = {}
     for keypath, leaf in leaves:
         arr = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
         where = _path(keypath)
         if arr.dtype.kind not in "biuf":
-            raise GatherError(f"example batch leaf {where} has dtype {arr.dtype}; expected numbers or bools. "
-                              f"Strings must be encoded (octo.utils.train_utils.process_text) or removed "
-                              f"(del batch['dataset_name']) before from_config")
+            raise GatherError(
+                f"example batch leaf {where} has dtype {arr.dtype}; expected numbers or bools. "
+                f"Strings must be encoded (octo.utils.train_utils.process_text) or removed "
+                f"(del batch['dataset_name']) before from_config"
+            )
         if arr.ndim == 0:
-            raise GatherError(f"example batch leaf {where} is a scalar; every leaf needs a leading batch axis")
+            raise GatherError(
+                f"example batch leaf {where} is a scalar; every leaf needs a leading batch axis"
+            )
         sizes[where] = arr.shape[0]
     if len(set(sizes.values())) != 1:
         raise GatherError(f"example batch leaves disagree on the batch size: {sizes}")
@@ -95,9 +101,11 @@ def for_from_config(local_batch: Any, mesh, axis: str = BATCH_AXIS) -> Any:
     local = check_leaves(local_batch)
     devices_here = mesh.local_mesh.devices.size
     if local % devices_here:
-        raise GatherError(f"local example batch of {local} does not divide by this process's {devices_here} "
-                          f"device(s); expected a multiple of {devices_here}. Fix: a global batch that divides by the "
-                          f"device count")
+        raise GatherError(
+            f"local example batch of {local} does not divide by this process's {devices_here} "
+            f"device(s); expected a multiple of {devices_here}. Fix: a global batch that divides by the "
+            f"device count"
+        )
     return multihost_utils.host_local_array_to_global_array(local_batch, mesh, P(axis))
 
 

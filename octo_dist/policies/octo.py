@@ -40,23 +40,43 @@ class OctoPolicy:
         Traceable (the engine jits it, replicated): ``example_batch`` is the global batch, so no allgather is
         needed (``from_config`` gathers eagerly, which is what ``gather.py`` is for)."""
         first = jax.tree_util.tree_map(lambda x: x[:1], example_batch)
-        return self.module.init(rng, first["observation"], first["task"], first["observation"]["timestep_pad_mask"],
-                                train=False)["params"]
+        return self.module.init(
+            rng,
+            first["observation"],
+            first["task"],
+            first["observation"]["timestep_pad_mask"],
+            train=False,
+        )["params"]
 
     def model(self, params, example_batch, config: Optional[Mapping[str, Any]] = None) -> OctoModel:
         """An ``OctoModel`` around ``params``, for ``save_pretrained`` (the layout ``load_pretrained`` reads).
 
         ``example_batch``: one example as numpy (leading axis 1), the same on every process."""
-        return OctoModel(module=self.module, text_processor=self.text_processor, config=dict(config or self.config),
-                         params=params, example_batch=example_batch, dataset_statistics=self.dataset_statistics)
+        return OctoModel(
+            module=self.module,
+            text_processor=self.text_processor,
+            config=dict(config or self.config),
+            params=params,
+            example_batch=example_batch,
+            dataset_statistics=self.dataset_statistics,
+        )
 
     def loss(self, params, batch, rng, train: bool) -> Tuple[jax.Array, dict]:
         """The fork's ``scripts/finetune.py`` ``loss_fn``: the transformer, then the action head's loss."""
         bound = self.module.bind({"params": params}, rngs={"dropout": rng})
-        embeddings = bound.octo_transformer(batch["observation"], batch["task"],
-                                            batch["observation"]["timestep_pad_mask"], train=train)
-        return bound.heads["action"].loss(embeddings, batch["action"], batch["observation"]["timestep_pad_mask"],
-                                          batch["action_pad_mask"], train=train)
+        embeddings = bound.octo_transformer(
+            batch["observation"],
+            batch["task"],
+            batch["observation"]["timestep_pad_mask"],
+            train=train,
+        )
+        return bound.heads["action"].loss(
+            embeddings,
+            batch["action"],
+            batch["observation"]["timestep_pad_mask"],
+            batch["action_pad_mask"],
+            train=train,
+        )
 
 
 def with_pretrained(params, pretrained_params):
@@ -67,7 +87,10 @@ def with_pretrained(params, pretrained_params):
 
 def smoke_config(spec: data.Spec = SMOKE_SPEC) -> dict:
     """The tiny Octo config of the smoke job: no weights, no text model, nothing downloaded."""
-    return {"model": tiny_model_config(spec.action_horizon, spec.action_dim), "text_processor": None}
+    return {
+        "model": tiny_model_config(spec.action_horizon, spec.action_dim),
+        "text_processor": None,
+    }
 
 
 def smoke_policy() -> Tuple[OctoPolicy, data.Spec]:

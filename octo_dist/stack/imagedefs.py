@@ -45,8 +45,10 @@ OS_PACKAGES_SCRIPT = "containers/os-packages.sh"
 # found` and all-reduces over TCP sockets between nodes. Every GPU image installs them.
 INFINIBAND_PACKAGES = ("libibverbs1", "ibverbs-providers", "librdmacm1")
 INFINIBAND_RUN = re.compile(r"os-packages\.sh\s+(build|runtime)\s+--infiniband\b")
-IMAGE_PREFIX = "/opt/octo-dist"                      # venv, env/ and (build only) the source live here
-IMAGE_MANIFEST = f"{IMAGE_PREFIX}/env/stack.toml"   # what OCTO_DIST_MANIFEST points at in every image
+IMAGE_PREFIX = "/opt/octo-dist"  # venv, env/ and (build only) the source live here
+IMAGE_MANIFEST = (
+    f"{IMAGE_PREFIX}/env/stack.toml"  # what OCTO_DIST_MANIFEST points at in every image
+)
 PROFILE_LABEL = "io.github.octo-dist.profile"
 REQUIRED_LABELS = (
     "org.opencontainers.image.source",
@@ -57,7 +59,9 @@ REQUIRED_LABELS = (
     PROFILE_LABEL,
 )
 # Names that must never be set at build time: credentials come in with `docker run -e` / SINGULARITYENV_.
-SECRET_NAME = re.compile(r"(API_KEY|TOKEN|PASSWORD|SECRET)$|^(PIP_CERT|SSL_CERT_FILE|REQUESTS_CA_BUNDLE|GIT_SSL_CAINFO)$")
+SECRET_NAME = re.compile(
+    r"(API_KEY|TOKEN|PASSWORD|SECRET)$|^(PIP_CERT|SSL_CERT_FILE|REQUESTS_CA_BUNDLE|GIT_SSL_CAINFO)$"
+)
 SINGULARITY_SECTIONS = ("files", "post", "environment", "runscript", "test", "labels", "help")
 
 
@@ -65,7 +69,7 @@ SINGULARITY_SECTIONS = ("files", "post", "environment", "runscript", "test", "la
 class Finding:
     """One disagreement: where, what was found, what env/ or the image contract expects, how to fix it."""
 
-    where: str     # "Dockerfile target cuda11" / "singularity.def %environment"
+    where: str  # "Dockerfile target cuda11" / "singularity.def %environment"
     found: str
     expected: str
     fix: str
@@ -78,22 +82,25 @@ class Finding:
 # Dockerfile
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Instruction:
-    keyword: str   # "RUN", upper case
-    args: str      # the rest of the logical line, continuations joined: "--mount=type=secret,id=ca ..."
+    keyword: str  # "RUN", upper case
+    args: str  # the rest of the logical line, continuations joined: "--mount=type=secret,id=ca ..."
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    base: str      # as written: "${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST}" or an earlier stage's name
-    name: str      # "cuda11"; "" when unnamed
+    base: str  # as written: "${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST}" or an earlier stage's name
+    name: str  # "cuda11"; "" when unnamed
     instructions: tuple[Instruction, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Dockerfile:
-    args: Mapping[str, str]          # global ARG defaults, before the first FROM: {"CUDA11_BASE_TAG": "11.8.0-..."}
+    args: Mapping[
+        str, str
+    ]  # global ARG defaults, before the first FROM: {"CUDA11_BASE_TAG": "11.8.0-..."}
     stages: tuple[Stage, ...]
 
     def stage(self, name: str) -> Optional[Stage]:
@@ -154,7 +161,9 @@ def parse_dockerfile(text: str) -> Dockerfile:
 
 def substitute(value: str, variables: Mapping[str, str]) -> str:
     """``${X}`` and ``$X`` from ``variables``; unknown ones stay as written (so a finding shows them)."""
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), value)
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), value
+    )
 
 
 def _chain(df: Dockerfile, name: str) -> tuple[list[Stage], str]:
@@ -209,8 +218,9 @@ def install_runs(commands: Iterable[str], profile: str) -> list[str]:
     return [c for c in commands if pat.search(c + " ")]
 
 
-def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = None,
-                     version: str = __version__) -> list[Finding]:
+def check_dockerfile(
+    text: str, manifest: mf.Manifest, source: Optional[Path] = None, version: str = __version__
+) -> list[Finding]:
     """Every disagreement between a Dockerfile's targets and the manifest's image profiles.
 
     Args:
@@ -222,97 +232,197 @@ def check_dockerfile(text: str, manifest: mf.Manifest, source: Optional[Path] = 
     df = parse_dockerfile(text)
     findings: list[Finding] = []
     if df.args.get("VERSION") != version:
-        findings.append(Finding(f"{DOCKERFILE} ARG VERSION", repr(df.args.get("VERSION")),
-                                f"{version!r} (octo_dist.__version__)", f"ARG VERSION={version}"))
+        findings.append(
+            Finding(
+                f"{DOCKERFILE} ARG VERSION",
+                repr(df.args.get("VERSION")),
+                f"{version!r} (octo_dist.__version__)",
+                f"ARG VERSION={version}",
+            )
+        )
     fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
     for image in manifest.images.values():
         key = image.name.upper().replace("-", "_")
-        for suffix, want in (("REPO", image.repository), ("TAG", image.tag), ("DIGEST", image.digest)):
+        for suffix, want in (
+            ("REPO", image.repository),
+            ("TAG", image.tag),
+            ("DIGEST", image.digest),
+        ):
             got = df.args.get(f"{key}_BASE_{suffix}")
             if got != want:
-                findings.append(Finding(f"{DOCKERFILE} ARG {key}_BASE_{suffix}", repr(got),
-                                        f"{want!r} (env/stack.toml [images.{image.name}] {suffix.lower()})", fix_pins))
+                findings.append(
+                    Finding(
+                        f"{DOCKERFILE} ARG {key}_BASE_{suffix}",
+                        repr(got),
+                        f"{want!r} (env/stack.toml [images.{image.name}] {suffix.lower()})",
+                        fix_pins,
+                    )
+                )
     for profile in (p for p in manifest.profiles.values() if p.image_base):
         where = f"{DOCKERFILE} target {profile.name}"
         image = manifest.images[profile.image_base]
         if df.stage(profile.name) is None:
-            findings.append(Finding(where, f"no stage named {profile.name!r} (stages: "
-                                    f"{', '.join(s.name for s in df.stages if s.name) or 'none'})",
-                                    f"a final stage `FROM ... AS {profile.name}` for `--target {profile.name}`",
-                                    f"add the stage; `make docker PROFILE={profile.name}` builds it"))
+            findings.append(
+                Finding(
+                    where,
+                    f"no stage named {profile.name!r} (stages: "
+                    f"{', '.join(s.name for s in df.stages if s.name) or 'none'})",
+                    f"a final stage `FROM ... AS {profile.name}` for `--target {profile.name}`",
+                    f"add the stage; `make docker PROFILE={profile.name}` builds it",
+                )
+            )
             continue
         chain, base = _chain(df, profile.name)
         resolved = substitute(base, df.args)
         if resolved != image.pinned:
-            findings.append(Finding(where, f"base image {base!r} = {resolved!r}",
-                                    f"{image.pinned!r} (env/stack.toml [images.{image.name}])", fix_pins))
+            findings.append(
+                Finding(
+                    where,
+                    f"base image {base!r} = {resolved!r}",
+                    f"{image.pinned!r} (env/stack.toml [images.{image.name}])",
+                    fix_pins,
+                )
+            )
         env = _env_of(chain, "ENV")
         if env.get(mf.PROFILE_ENV) != profile.name:
-            findings.append(Finding(where, f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}", repr(profile.name),
-                                    f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage"))
+            findings.append(
+                Finding(
+                    where,
+                    f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}",
+                    repr(profile.name),
+                    f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage",
+                )
+            )
         if env.get(mf.MANIFEST_ENV) != IMAGE_MANIFEST:
-            findings.append(Finding(where, f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}", repr(IMAGE_MANIFEST),
-                                    f"COPY env/ to {IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={IMAGE_MANIFEST}`"))
+            findings.append(
+                Finding(
+                    where,
+                    f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}",
+                    repr(IMAGE_MANIFEST),
+                    f"COPY env/ to {IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={IMAGE_MANIFEST}`",
+                )
+            )
         labels = {k: substitute(v, df.args) for k, v in _env_of(chain, "LABEL").items()}
         for label in REQUIRED_LABELS:
             if label not in labels:
-                findings.append(Finding(where, f"no LABEL {label}", "the OCI labels source, revision, version, "
-                                        "base.name, base.digest and the profile", f"add `LABEL {label}=...`"))
-        for label, want in (("org.opencontainers.image.base.name", image.tagged),
-                            ("org.opencontainers.image.base.digest", image.digest), (PROFILE_LABEL, profile.name)):
+                findings.append(
+                    Finding(
+                        where,
+                        f"no LABEL {label}",
+                        "the OCI labels source, revision, version, "
+                        "base.name, base.digest and the profile",
+                        f"add `LABEL {label}=...`",
+                    )
+                )
+        for label, want in (
+            ("org.opencontainers.image.base.name", image.tagged),
+            ("org.opencontainers.image.base.digest", image.digest),
+            (PROFILE_LABEL, profile.name),
+        ):
             if label in labels and labels[label] != want:
-                findings.append(Finding(where, f"LABEL {label}={labels[label]!r}", repr(want), fix_pins))
+                findings.append(
+                    Finding(where, f"LABEL {label}={labels[label]!r}", repr(want), fix_pins)
+                )
         reach = _reachable(df, profile.name)
         if not install_runs(target_runs(df, profile.name), profile.name):
-            findings.append(Finding(where, f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
-                                    "the one install script, for this target's profile",
-                                    f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git"))
-        if profile.gpu and not any(INFINIBAND_RUN.search(i.args) for s in chain for i in s.instructions
-                                   if i.keyword == "RUN"):
-            findings.append(Finding(where, "no RUN of `os-packages.sh runtime --infiniband` in its stages",
-                                    f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
-                                    "else NCCL runs over TCP sockets between nodes",
-                                    "RUN bash /tmp/os-packages.sh runtime --infiniband"))
-        users = [i.args.split(":")[0].strip() for s in reversed(chain) for i in s.instructions if i.keyword == "USER"]
+            findings.append(
+                Finding(
+                    where,
+                    f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
+                    "the one install script, for this target's profile",
+                    f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git",
+                )
+            )
+        if profile.gpu and not any(
+            INFINIBAND_RUN.search(i.args)
+            for s in chain
+            for i in s.instructions
+            if i.keyword == "RUN"
+        ):
+            findings.append(
+                Finding(
+                    where,
+                    "no RUN of `os-packages.sh runtime --infiniband` in its stages",
+                    f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                    "else NCCL runs over TCP sockets between nodes",
+                    "RUN bash /tmp/os-packages.sh runtime --infiniband",
+                )
+            )
+        users = [
+            i.args.split(":")[0].strip()
+            for s in reversed(chain)
+            for i in s.instructions
+            if i.keyword == "USER"
+        ]
         if not users or users[-1] in ("root", "0"):
-            findings.append(Finding(where, f"USER {users[-1] if users else '(none: root)'}", "a non-root user",
-                                    "`USER octo` after the install, in the final stage"))
+            findings.append(
+                Finding(
+                    where,
+                    f"USER {users[-1] if users else '(none: root)'}",
+                    "a non-root user",
+                    "`USER octo` after the install, in the final stage",
+                )
+            )
         cmds = [i.args for s in chain for i in s.instructions if i.keyword == "CMD"]
         if not cmds or not re.search(r"octo-dist\W+check-env", cmds[0]):
-            findings.append(Finding(where, f"CMD {cmds[0] if cmds else '(none)'}", '["octo-dist", "check-env"]',
-                                    'CMD ["octo-dist", "check-env"]'))
+            findings.append(
+                Finding(
+                    where,
+                    f"CMD {cmds[0] if cmds else '(none)'}",
+                    '["octo-dist", "check-env"]',
+                    'CMD ["octo-dist", "check-env"]',
+                )
+            )
         for stage in reach:
             for ins in stage.instructions:
                 if ins.keyword in ("ENV", "ARG"):
-                    names = _key_values(ins.args) if ins.keyword == "ENV" else {ins.args.split("=")[0].strip(): ""}
+                    names = (
+                        _key_values(ins.args)
+                        if ins.keyword == "ENV"
+                        else {ins.args.split("=")[0].strip(): ""}
+                    )
                     for name in names:
                         if SECRET_NAME.search(name):
-                            findings.append(Finding(f"{where} (stage {stage.name or stage.base})",
-                                                    f"{ins.keyword} {name}", "no credential or CA set at build time",
-                                                    "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
-                                                    "build secret (RUN --mount=type=secret,id=ca)"))
+                            findings.append(
+                                Finding(
+                                    f"{where} (stage {stage.name or stage.base})",
+                                    f"{ins.keyword} {name}",
+                                    "no credential or CA set at build time",
+                                    "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
+                                    "build secret (RUN --mount=type=secret,id=ca)",
+                                )
+                            )
         if source is not None:
             findings += _lock_findings(where, profile, manifest, source)
     return findings
 
 
-def _lock_findings(where: str, profile: mf.Profile, manifest: mf.Manifest, source: Path) -> list[Finding]:
+def _lock_findings(
+    where: str, profile: mf.Profile, manifest: mf.Manifest, source: Path
+) -> list[Finding]:
     lock = manifest.lock_path(profile.name, profile.python)
     if lock.is_file():
         return []
     shown = lock.relative_to(source) if lock.is_relative_to(source) else lock
-    return [Finding(where, f"no lock {shown}",
-                    f"the lock for the image's Python {profile.python}", "make lock")]
+    return [
+        Finding(
+            where,
+            f"no lock {shown}",
+            f"the lock for the image's Python {profile.python}",
+            "make lock",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------
 # singularity.def
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Definition:
-    header: Mapping[str, str]             # {"bootstrap": "docker", "from": "docker.io/nvidia/cuda@sha256:..."}
-    sections: Mapping[str, list[str]]      # "post" -> its lines, as written
+    header: Mapping[str, str]  # {"bootstrap": "docker", "from": "docker.io/nvidia/cuda@sha256:..."}
+    sections: Mapping[str, list[str]]  # "post" -> its lines, as written
 
 
 def parse_definition(text: str) -> Definition:
@@ -338,8 +448,13 @@ def shell_body(lines: Sequence[str]) -> str:
     return "\n".join(_logical_lines("\n".join(lines)))
 
 
-def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda11",
-                     source: Optional[Path] = None, version: str = __version__) -> list[Finding]:
+def check_definition(
+    text: str,
+    manifest: mf.Manifest,
+    profile_name: str = "cuda11",
+    source: Optional[Path] = None,
+    version: str = __version__,
+) -> list[Finding]:
     """Every disagreement between singularity.def and the manifest's ``profile_name`` (the GPU image)."""
     d = parse_definition(text)
     profile = manifest.profile(profile_name)
@@ -348,67 +463,159 @@ def check_definition(text: str, manifest: mf.Manifest, profile_name: str = "cuda
     w = SINGULARITY_DEF
     fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
     if d.header.get("bootstrap", "").lower() != "docker":
-        findings.append(Finding(f"{w} header", f"Bootstrap: {d.header.get('bootstrap')!r}", "'docker'", "Bootstrap: docker"))
+        findings.append(
+            Finding(
+                f"{w} header",
+                f"Bootstrap: {d.header.get('bootstrap')!r}",
+                "'docker'",
+                "Bootstrap: docker",
+            )
+        )
     if d.header.get("from") != image.pinned:
-        findings.append(Finding(f"{w} header", f"From: {d.header.get('from')!r}",
-                                f"{image.pinned!r} (env/stack.toml [images.{image.name}])", fix_pins))
+        findings.append(
+            Finding(
+                f"{w} header",
+                f"From: {d.header.get('from')!r}",
+                f"{image.pinned!r} (env/stack.toml [images.{image.name}])",
+                fix_pins,
+            )
+        )
     for section in SINGULARITY_SECTIONS:
-        if not [l for l in d.sections.get(section, []) if l.strip()]:
-            findings.append(Finding(f"{w} %{section}", "no such section, or an empty one",
-                                    f"every one of %{', %'.join(SINGULARITY_SECTIONS)}", f"add %{section}"))
-    files = {l.split()[0].rstrip("/") for l in d.sections.get("files", []) if l.strip() and not l.strip().startswith("#")}
+        if not [ln for ln in d.sections.get(section, []) if ln.strip()]:
+            findings.append(
+                Finding(
+                    f"{w} %{section}",
+                    "no such section, or an empty one",
+                    f"every one of %{', %'.join(SINGULARITY_SECTIONS)}",
+                    f"add %{section}",
+                )
+            )
+    files = {
+        ln.split()[0].rstrip("/")
+        for ln in d.sections.get("files", [])
+        if ln.strip() and not ln.strip().startswith("#")
+    }
     for needed in ("env", "containers", "octo_dist", "scripts", "pyproject.toml"):
         if needed not in files:
-            findings.append(Finding(f"{w} %files", f"no {needed}", "env/, containers/, octo_dist/, scripts/ and "
-                                    "pyproject.toml copied in (the install script installs from them)",
-                                    f"`{needed} {IMAGE_PREFIX}/{needed}` under %files"))
+            findings.append(
+                Finding(
+                    f"{w} %files",
+                    f"no {needed}",
+                    "env/, containers/, octo_dist/, scripts/ and "
+                    "pyproject.toml copied in (the install script installs from them)",
+                    f"`{needed} {IMAGE_PREFIX}/{needed}` under %files",
+                )
+            )
     post = shell_body(d.sections.get("post", []))
     installs = install_runs(post.splitlines(), profile.name)
     if not installs:
-        findings.append(Finding(f"{w} %post", f"no `{INSTALL_SCRIPT} {profile.name} ...`",
-                                "the one install script, for the GPU profile",
-                                f"{IMAGE_PREFIX}/{INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git"))
+        findings.append(
+            Finding(
+                f"{w} %post",
+                f"no `{INSTALL_SCRIPT} {profile.name} ...`",
+                "the one install script, for the GPU profile",
+                f"{IMAGE_PREFIX}/{INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git",
+            )
+        )
     elif not all("--require-git" in c for c in installs):
-        findings.append(Finding(f"{w} %post", installs[0], "--require-git (an image without octo is not an image)",
-                                "add --require-git"))
+        findings.append(
+            Finding(
+                f"{w} %post",
+                installs[0],
+                "--require-git (an image without octo is not an image)",
+                "add --require-git",
+            )
+        )
     if profile.gpu and not INFINIBAND_RUN.search(post):
-        findings.append(Finding(f"{w} %post", "no `os-packages.sh build --infiniband`",
-                                f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
-                                "else NCCL runs over TCP sockets between nodes",
-                                f"bash {IMAGE_PREFIX}/{OS_PACKAGES_SCRIPT} build --infiniband"))
+        findings.append(
+            Finding(
+                f"{w} %post",
+                "no `os-packages.sh build --infiniband`",
+                f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                "else NCCL runs over TCP sockets between nodes",
+                f"bash {IMAGE_PREFIX}/{OS_PACKAGES_SCRIPT} build --infiniband",
+            )
+        )
     env_body = shell_body(d.sections.get("environment", []))
     env = dict(re.findall(r"(?:export\s+)?(\w+)=(\S*)", env_body))
-    for name, want in ((mf.PROFILE_ENV, profile.name), ("PYTHONNOUSERSITE", "1"), (mf.MANIFEST_ENV, IMAGE_MANIFEST)):
+    for name, want in (
+        (mf.PROFILE_ENV, profile.name),
+        ("PYTHONNOUSERSITE", "1"),
+        (mf.MANIFEST_ENV, IMAGE_MANIFEST),
+    ):
         if env.get(name, "").strip("\"'") != want:
-            findings.append(Finding(f"{w} %environment", f"{name}={env.get(name)!r}", repr(want),
-                                    f"`export {name}={want}` in %environment"))
+            findings.append(
+                Finding(
+                    f"{w} %environment",
+                    f"{name}={env.get(name)!r}",
+                    repr(want),
+                    f"`export {name}={want}` in %environment",
+                )
+            )
     # --nv binds the host driver's libraries and points LD_LIBRARY_PATH at them; overwriting it here hides them.
     if "LD_LIBRARY_PATH" in env:
-        findings.append(Finding(f"{w} %environment", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
-                                "no LD_LIBRARY_PATH (singularity --nv sets it to the bound driver libraries)",
-                                "remove it; the CUDA libraries come from the nvidia-*-cu11 wheels, found by jaxlib"))
+        findings.append(
+            Finding(
+                f"{w} %environment",
+                f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
+                "no LD_LIBRARY_PATH (singularity --nv sets it to the bound driver libraries)",
+                "remove it; the CUDA libraries come from the nvidia-*-cu11 wheels, found by jaxlib",
+            )
+        )
     for name in env:
         if SECRET_NAME.search(name):
-            findings.append(Finding(f"{w} %environment", name, "no credentials in the image",
-                                    f"pass it at run time: SINGULARITYENV_{name}=... or --env-file"))
+            findings.append(
+                Finding(
+                    f"{w} %environment",
+                    name,
+                    "no credentials in the image",
+                    f"pass it at run time: SINGULARITYENV_{name}=... or --env-file",
+                )
+            )
     runscript = shell_body(d.sections.get("runscript", []))
     if not re.search(r"\bexec\b.*\bocto-dist\b", runscript):
-        findings.append(Finding(f"{w} %runscript", repr(runscript), '`exec octo-dist "$@"`', 'exec octo-dist "$@"'))
+        findings.append(
+            Finding(
+                f"{w} %runscript", repr(runscript), '`exec octo-dist "$@"`', 'exec octo-dist "$@"'
+            )
+        )
     test = shell_body(d.sections.get("test", []))
     if not re.search(r"octo-dist\s+check-env\b.*--no-gpu", test):
-        findings.append(Finding(f"{w} %test", repr(test), "`octo-dist check-env --no-gpu` (build hosts have no GPU)",
-                                "octo-dist check-env --no-gpu"))
-    labels = dict(l.strip().split(None, 1) for l in d.sections.get("labels", [])
-                  if l.strip() and not l.strip().startswith("#") and len(l.split()) > 1)
+        findings.append(
+            Finding(
+                f"{w} %test",
+                repr(test),
+                "`octo-dist check-env --no-gpu` (build hosts have no GPU)",
+                "octo-dist check-env --no-gpu",
+            )
+        )
+    labels = dict(
+        ln.strip().split(None, 1)
+        for ln in d.sections.get("labels", [])
+        if ln.strip() and not ln.strip().startswith("#") and len(ln.split()) > 1
+    )
     for label in REQUIRED_LABELS:
         if label not in labels:
-            findings.append(Finding(f"{w} %labels", f"no {label}", "the OCI labels and the profile", f"add {label}"))
-    for label, want in (("org.opencontainers.image.base.name", image.tagged),
-                        ("org.opencontainers.image.base.digest", image.digest), (PROFILE_LABEL, profile.name),
-                        ("org.opencontainers.image.version", version)):
+            findings.append(
+                Finding(
+                    f"{w} %labels", f"no {label}", "the OCI labels and the profile", f"add {label}"
+                )
+            )
+    for label, want in (
+        ("org.opencontainers.image.base.name", image.tagged),
+        ("org.opencontainers.image.base.digest", image.digest),
+        (PROFILE_LABEL, profile.name),
+        ("org.opencontainers.image.version", version),
+    ):
         if label in labels and labels[label] != want:
-            findings.append(Finding(f"{w} %labels", f"{label} {labels[label]}", want,
-                                    f"`{label} {want}` under %labels"))
+            findings.append(
+                Finding(
+                    f"{w} %labels",
+                    f"{label} {labels[label]}",
+                    want,
+                    f"`{label} {want}` under %labels",
+                )
+            )
     if source is not None:
         findings += _lock_findings(w, profile, manifest, source)
     return findings
@@ -424,12 +631,19 @@ def check_os_packages(text: str) -> list[Finding]:
     missing = [p for p in INFINIBAND_PACKAGES if p not in have]
     if not missing:
         return []
-    return [Finding(OS_PACKAGES_SCRIPT, f"infiniband=({' '.join(have)})" if m else "no infiniband=(...) array",
-                    f"every one of {', '.join(INFINIBAND_PACKAGES)}",
-                    f"infiniband=({' '.join(INFINIBAND_PACKAGES)}) in {OS_PACKAGES_SCRIPT}")]
+    return [
+        Finding(
+            OS_PACKAGES_SCRIPT,
+            f"infiniband=({' '.join(have)})" if m else "no infiniband=(...) array",
+            f"every one of {', '.join(INFINIBAND_PACKAGES)}",
+            f"infiniband=({' '.join(INFINIBAND_PACKAGES)}) in {OS_PACKAGES_SCRIPT}",
+        )
+    ]
 
 
-def check_checkout(source: Path = mf.REPO_ROOT, manifest: Optional[mf.Manifest] = None) -> list[Finding]:
+def check_checkout(
+    source: Path = mf.REPO_ROOT, manifest: Optional[mf.Manifest] = None
+) -> list[Finding]:
     """Both definitions and the OS package script of a checkout against its env/stack.toml."""
     manifest = manifest or mf.load_manifest(source / "env" / "stack.toml")
     gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
@@ -473,7 +687,9 @@ def registry_resolver(which: Callable[[str], Optional[str]] = shutil.which) -> R
         try:
             res = subprocess.run(cmd, capture_output=True, timeout=120)
         except subprocess.TimeoutExpired:
-            raise RefreshError(f"{' '.join(cmd)} timed out after 120 s; is a registry reachable from here?") from None
+            raise RefreshError(
+                f"{' '.join(cmd)} timed out after 120 s; is a registry reachable from here?"
+            ) from None
         if res.returncode != 0:
             tail = res.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise RefreshError(
@@ -492,7 +708,9 @@ def refreshed(manifest: mf.Manifest, resolve: Resolver) -> dict[str, str]:
     for image in manifest.images.values():
         new = resolve(image.tagged)
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", new):
-            raise RefreshError(f"resolving {image.tagged} gave {new!r}; expected 'sha256:' and 64 hex")
+            raise RefreshError(
+                f"resolving {image.tagged} gave {new!r}; expected 'sha256:' and 64 hex"
+            )
         if new != image.digest:
             changes[image.digest] = new
     return changes
@@ -519,11 +737,18 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("check", "refresh-digests"),
-                        help="check: both definitions against env/stack.toml; refresh-digests: re-resolve the base "
-                             "image digests (needs crane or skopeo), then check")
-    parser.add_argument("--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)")
+    parser = argparse.ArgumentParser(
+        prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "command",
+        choices=("check", "refresh-digests"),
+        help="check: both definitions against env/stack.toml; refresh-digests: re-resolve the base "
+        "image digests (needs crane or skopeo), then check",
+    )
+    parser.add_argument(
+        "--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)"
+    )
     args = parser.parse_args(argv)
     source = Path(args.source)
     try:
@@ -531,8 +756,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             changes = refresh_digests(source, registry_resolver())
             for old, new in changes.items():
                 print(f"{old} -> {new}")
-            print(f"refresh-digests: {len(changes)} base image digest(s) changed" +
-                  ("; rebuild the images" if changes else ""))
+            print(
+                f"refresh-digests: {len(changes)} base image digest(s) changed"
+                + ("; rebuild the images" if changes else "")
+            )
         findings = check_checkout(source)
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -543,7 +770,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for f in findings:
         print(f"error: {f}", file=sys.stderr)
     if findings:
-        print(f"{len(findings)} disagreement(s) between the image definitions and env/stack.toml", file=sys.stderr)
+        print(
+            f"{len(findings)} disagreement(s) between the image definitions and env/stack.toml",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(f"{DOCKERFILE} and {SINGULARITY_DEF} agree with env/stack.toml")
     return 0

@@ -49,7 +49,15 @@ def git_reachable(url: str, timeout: float = 20.0) -> bool:
 
 
 def pip(python: str) -> list[str]:
-    return [python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check"]
+    return [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+    ]
 
 
 def install_direct(profile: mf.Profile, python: str, run: Runner = _run) -> None:
@@ -86,28 +94,66 @@ def install_git(
             skipped.append(dep.name)
             continue
         if run(pip(python) + [dep.pip_spec]) != 0:
-            raise SystemExit(f"error: pip could not install {dep.pip_spec} (reachable, so see pip's error above)")
+            raise SystemExit(
+                f"error: pip could not install {dep.pip_spec} (reachable, so see pip's error above)"
+            )
     return skipped
 
 
 def install_self(source: Path, python: str, editable: bool, run: Runner = _run) -> None:
     # setuptools and wheel are in every lock: build without fetching an unhashed build env.
-    cmd = pip(python) + ["--no-build-isolation"] + (["--editable", str(source)] if editable else [str(source)])
+    cmd = (
+        pip(python)
+        + ["--no-build-isolation"]
+        + (["--editable", str(source)] if editable else [str(source)])
+    )
     if run(cmd) != 0:
         raise SystemExit(f"error: could not install octo-dist from {source}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m octo_dist.stack.install", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", required=True, help="profile of env/stack.toml to install (required: cpu, cuda11, ...)")
-    parser.add_argument("--manifest", help="env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)")
-    parser.add_argument("--source", default=str(mf.REPO_ROOT), help="octo-dist source tree to install (default: this checkout)")
-    parser.add_argument("--editable", action="store_true", help="editable install (make env) (default: a regular install)")
-    parser.add_argument("--no-self", action="store_true", help="do not install octo-dist itself (default: install it)")
-    parser.add_argument("--only-git", action="store_true", help="only the git dependencies (make git-deps) (default: everything)")
+    parser = argparse.ArgumentParser(
+        prog="python -m octo_dist.stack.install", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--profile",
+        required=True,
+        help="profile of env/stack.toml to install (required: cpu, cuda11, ...)",
+    )
+    parser.add_argument(
+        "--manifest", help="env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)"
+    )
+    parser.add_argument(
+        "--source",
+        default=str(mf.REPO_ROOT),
+        help="octo-dist source tree to install (default: this checkout)",
+    )
+    parser.add_argument(
+        "--editable",
+        action="store_true",
+        help="editable install (make env) (default: a regular install)",
+    )
+    parser.add_argument(
+        "--no-self",
+        action="store_true",
+        help="do not install octo-dist itself (default: install it)",
+    )
+    parser.add_argument(
+        "--only-git",
+        action="store_true",
+        help="only the git dependencies (make git-deps) (default: everything)",
+    )
     git = parser.add_mutually_exclusive_group()
-    git.add_argument("--skip-git", action="store_true", help="do not try the git dependencies (default: try, warn when unreachable)")
-    git.add_argument("--require-git", action="store_true", help="fail when a git dependency cannot be installed (default: warn)")
+    git.add_argument(
+        "--skip-git",
+        action="store_true",
+        help="do not try the git dependencies (default: try, warn when unreachable)",
+    )
+    git.add_argument(
+        "--require-git",
+        action="store_true",
+        help="fail when a git dependency cannot be installed (default: warn)",
+    )
     args = parser.parse_args(argv)
 
     try:

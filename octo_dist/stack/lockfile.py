@@ -105,9 +105,13 @@ def lock_mismatches(
             problems.append(f"{name}: override to {version} in env/stack.toml, lock has {found}")
     for name, (version, url) in sorted(direct.items()):
         if name in pins:
-            problems.append(f"{name}: a non-PyPI wheel, yet the hashed part of the lock pins {pins[name].version}")
+            problems.append(
+                f"{name}: a non-PyPI wheel, yet the hashed part of the lock pins {pins[name].version}"
+            )
         if trailer.get(name) != (version, url):
-            problems.append(f"{name}: expected trailer line '# {name}=={version} @ {url}', found {trailer.get(name)}")
+            problems.append(
+                f"{name}: expected trailer line '# {name}=={version} @ {url}', found {trailer.get(name)}"
+            )
     for name in unhashed(pins):
         problems.append(f"{name}: no --hash in the lock (pip --require-hashes would refuse it)")
     if problems:

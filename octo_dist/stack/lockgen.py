@@ -71,14 +71,21 @@ def compile_lock(
         req.write_text("\n".join(requirements) + "\n")
         cmd = _uv() + [
             # Relative input names keep "# via -r env-stack.in" stable across runs (cwd=tmp).
-            "pip", "compile", req.name,
-            "--python-version", python,
-            "--python-platform", platform,
+            "pip",
+            "compile",
+            req.name,
+            "--python-version",
+            python,
+            "--python-platform",
+            platform,
             "--generate-hashes",
             "--no-strip-extras",
-            "--index-url", "https://pypi.org/simple",
-            "--custom-compile-command", "make lock",
-            "--output-file", str(output.resolve()),
+            "--index-url",
+            "https://pypi.org/simple",
+            "--custom-compile-command",
+            "make lock",
+            "--output-file",
+            str(output.resolve()),
             "--quiet",
         ]
         if exclude_newer:
@@ -138,8 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="make lock", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", action="append", help="lock only this profile (repeatable) (default: every profile)")
-    parser.add_argument("--manifest", help="path to env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)")
+    parser.add_argument(
+        "--profile",
+        action="append",
+        help="lock only this profile (repeatable) (default: every profile)",
+    )
+    parser.add_argument(
+        "--manifest", help="path to env/stack.toml (default: $OCTO_DIST_MANIFEST or the checkout's)"
+    )
     args = parser.parse_args(argv)
     try:
         manifest = mf.load_manifest(args.manifest)

@@ -84,10 +84,10 @@ class GitDep:
 class BaseImage:
     """A container base image pinned by tag (for people) and digest (what engines pull)."""
 
-    name: str         # the profiles' `image_base`: "cuda11"
-    repository: str   # "docker.io/nvidia/cuda"
-    tag: str          # "11.8.0-base-ubuntu22.04"
-    digest: str       # "sha256:79e5b2cf…" (64 hex)
+    name: str  # the profiles' `image_base`: "cuda11"
+    repository: str  # "docker.io/nvidia/cuda"
+    tag: str  # "11.8.0-base-ubuntu22.04"
+    digest: str  # "sha256:79e5b2cf…" (64 hex)
 
     @property
     def tagged(self) -> str:
@@ -114,7 +114,9 @@ class Profile:
     overrides: tuple[Override, ...]
     direct: tuple[DirectWheel, ...]
     by_python: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-    image_base: str = ""  # key into [images]: the base image of this profile's container target, if any
+    image_base: str = (
+        ""  # key into [images]: the base image of this profile's container target, if any
+    )
 
     def requirements_for(self, python: str) -> dict[str, str]:
         """Requirements for one ``major.minor`` Python: the profile's plus that Python's own."""
@@ -143,7 +145,9 @@ class Manifest:
     profiles: Mapping[str, Profile]
     git: tuple[GitDep, ...]
     dev_requirements: Mapping[str, str]
-    lock_exclude_newer: str = ""  # `make lock` ignores uploads after this instant: "2026-12-01T00:00:00Z"
+    lock_exclude_newer: str = (
+        ""  # `make lock` ignores uploads after this instant: "2026-12-01T00:00:00Z"
+    )
     images: Mapping[str, BaseImage] = dataclasses.field(default_factory=dict)
 
     @property
@@ -171,7 +175,13 @@ class Manifest:
 
 
 _MISSING = object()
-_KINDS: Dict[type, str] = {str: "a string", bool: "true or false", int: "an integer", dict: "a table", list: "an array"}
+_KINDS: Dict[type, str] = {
+    str: "a string",
+    bool: "true or false",
+    int: "an integer",
+    dict: "a table",
+    list: "an array",
+}
 
 
 class _Fields:
@@ -184,8 +194,10 @@ class _Fields:
     def __init__(self, table: Any, where: str, path: Path):
         self.path, self.where = path, where
         if not isinstance(table, dict):
-            raise ManifestError(f"{path}: {where or 'the document'} must be {_KINDS[dict]}"
-                                f"{f' ([{where}])' if where else ''}, found {_shown(table)}")
+            raise ManifestError(
+                f"{path}: {where or 'the document'} must be {_KINDS[dict]}"
+                f"{f' ([{where}])' if where else ''}, found {_shown(table)}"
+            )
         self.table = table
 
     def key(self, key: str) -> str:
@@ -195,13 +207,20 @@ class _Fields:
         value = self.table.get(key, _MISSING)
         if value is _MISSING:
             if default is _MISSING:
-                raise ManifestError(f"{self.path}: {self.key(key)} is missing; expected {_KINDS[kind]}")
+                raise ManifestError(
+                    f"{self.path}: {self.key(key)} is missing; expected {_KINDS[kind]}"
+                )
             return default
         # bool is an int in Python; TOML keeps them apart.
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ManifestError(f"{self.path}: {self.key(key)} must be {_KINDS[kind]}, found {_shown(value)}"
-                                + (f' (write {key} = {str(value).lower()})' if kind is bool and
-                                   str(value).lower() in ("true", "false") else ""))
+            raise ManifestError(
+                f"{self.path}: {self.key(key)} must be {_KINDS[kind]}, found {_shown(value)}"
+                + (
+                    f" (write {key} = {str(value).lower()})"
+                    if kind is bool and str(value).lower() in ("true", "false")
+                    else ""
+                )
+            )
         return value
 
     def strings(self, key: str, default: Any = _MISSING) -> Optional[tuple]:
@@ -210,7 +229,9 @@ class _Fields:
             return None
         bad = [v for v in value if not isinstance(v, str)]
         if bad:
-            raise ManifestError(f"{self.path}: {self.key(key)} must be an array of strings, found {_shown(bad[0])} in it")
+            raise ManifestError(
+                f"{self.path}: {self.key(key)} must be an array of strings, found {_shown(bad[0])} in it"
+            )
         return tuple(value)
 
     def sub(self, key: str) -> "_Fields":
@@ -218,7 +239,9 @@ class _Fields:
 
     def tables(self) -> Dict[str, "_Fields"]:
         """Every value of this table, each of which must itself be a table."""
-        return {name: _Fields(self.get(name, dict), self.key(name), self.path) for name in self.table}
+        return {
+            name: _Fields(self.get(name, dict), self.key(name), self.path) for name in self.table
+        }
 
 
 def _quoted(key: str) -> str:
@@ -226,7 +249,14 @@ def _quoted(key: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    kind = {str: "string", bool: "boolean", int: "integer", float: "float", dict: "table", list: "array"}
+    kind = {
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        dict: "table",
+        list: "array",
+    }
     return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
 
 
@@ -234,14 +264,20 @@ def _requirements(fields: _Fields) -> dict[str, str]:
     out = {}
     for name, spec in fields.table.items():
         if not isinstance(spec, str):
-            raise ManifestError(f"{fields.path}: {fields.key(name)} must be a version string like '==1.2.3', "
-                                f"found {_shown(spec)}")
+            raise ManifestError(
+                f"{fields.path}: {fields.key(name)} must be a version string like '==1.2.3', "
+                f"found {_shown(spec)}"
+            )
         out[canonical_name(name)] = spec.replace(" ", "")
     return out
 
 
-def _profile(name: str, raw: _Fields, common: Mapping[str, str],
-             common_by_python: Mapping[str, Mapping[str, str]]) -> Profile:
+def _profile(
+    name: str,
+    raw: _Fields,
+    common: Mapping[str, str],
+    common_by_python: Mapping[str, Mapping[str, str]],
+) -> Profile:
     # `inherit = ["numpy", ...]` takes only those common requirements (a slim test profile).
     inherit = raw.strings("inherit", None)
     keep = None if inherit is None else {canonical_name(n) for n in inherit}
@@ -250,19 +286,31 @@ def _profile(name: str, raw: _Fields, common: Mapping[str, str],
     overrides = []
     for i, o in enumerate(raw.get("overrides", list, [])):
         o = _Fields(o, f"{raw.key('overrides')}[{i}]", raw.path)
-        overrides.append(Override(package=canonical_name(o.get("package", str)), version=o.get("version", str),
-                                  required_by=canonical_name(o.get("required_by", str)),
-                                  required_spec=o.get("required_spec", str), reason=o.get("reason", str)))
+        overrides.append(
+            Override(
+                package=canonical_name(o.get("package", str)),
+                version=o.get("version", str),
+                required_by=canonical_name(o.get("required_by", str)),
+                required_spec=o.get("required_spec", str),
+                reason=o.get("reason", str),
+            )
+        )
     direct = tuple(
-        DirectWheel(name=canonical_name(n), version=d.get("version", str), url=d.get("url", str),
-                    find_links=d.get("find_links", str, ""))
+        DirectWheel(
+            name=canonical_name(n),
+            version=d.get("version", str),
+            url=d.get("url", str),
+            find_links=d.get("find_links", str, ""),
+        )
         for n, d in raw.sub("direct").tables().items()
     )
     python = raw.get("python", str)
     lock_pythons = raw.strings("lock_pythons", [python])
     if not lock_pythons:
-        raise ManifestError(f"{raw.path}: {raw.key('lock_pythons')} is empty; expected at least one Python, "
-                            f"e.g. lock_pythons = [\"{python}\"]")
+        raise ManifestError(
+            f"{raw.path}: {raw.key('lock_pythons')} is empty; expected at least one Python, "
+            f'e.g. lock_pythons = ["{python}"]'
+        )
     return Profile(
         name=name,
         description=raw.get("description", str, ""),
@@ -273,7 +321,10 @@ def _profile(name: str, raw: _Fields, common: Mapping[str, str],
         requirements=reqs,
         overrides=tuple(overrides),
         direct=direct,
-        by_python={py: {n: s for n, s in t.items() if keep is None or n in keep} for py, t in common_by_python.items()},
+        by_python={
+            py: {n: s for n, s in t.items() if keep is None or n in keep}
+            for py, t in common_by_python.items()
+        },
         image_base=raw.get("image_base", str, ""),
     )
 
@@ -289,8 +340,14 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
         raise ManifestError(f"{path}: expected `schema = 1`, found {data.get('schema')!r}")
     common_fields = top.sub("common")
     common = _requirements(common_fields.sub("requirements"))
-    common_by_python = {py: _requirements(t.sub("requirements")) for py, t in common_fields.sub("by_python").tables().items()}
-    profiles = {name: _profile(name, raw, common, common_by_python) for name, raw in top.sub("profiles").tables().items()}
+    common_by_python = {
+        py: _requirements(t.sub("requirements"))
+        for py, t in common_fields.sub("by_python").tables().items()
+    }
+    profiles = {
+        name: _profile(name, raw, common, common_by_python)
+        for name, raw in top.sub("profiles").tables().items()
+    }
     git = []
     for name, raw in top.sub("git").tables().items():
         commit = raw.get("commit", str, "")
@@ -299,24 +356,40 @@ def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
                 f"{path}: git.{name}.commit must be a full 40-hex commit SHA, found {commit!r}; "
                 f"a branch or tag is not a pin"
             )
-        git.append(GitDep(name=name, url=raw.get("url", str), commit=commit,
-                          distribution=raw.get("distribution", str, name)))
+        git.append(
+            GitDep(
+                name=name,
+                url=raw.get("url", str),
+                commit=commit,
+                distribution=raw.get("distribution", str, name),
+            )
+        )
     dev = _requirements(top.sub("dev").sub("requirements"))
-    images = {name: _base_image(name, raw, path) for name, raw in top.sub("images").tables().items()}
+    images = {
+        name: _base_image(name, raw, path) for name, raw in top.sub("images").tables().items()
+    }
     for profile in profiles.values():
         if profile.image_base and profile.image_base not in images:
             raise ManifestError(
                 f"{path}: profiles.{profile.name}.image_base = {profile.image_base!r}, but there is no "
                 f"[images.{profile.image_base}]; expected one of: {', '.join(sorted(images)) or '(none)'}"
             )
-    return Manifest(path=path, profiles=profiles, git=tuple(git), dev_requirements=dev,
-                    lock_exclude_newer=top.sub("project").get("lock_exclude_newer", str, ""), images=images)
+    return Manifest(
+        path=path,
+        profiles=profiles,
+        git=tuple(git),
+        dev_requirements=dev,
+        lock_exclude_newer=top.sub("project").get("lock_exclude_newer", str, ""),
+        images=images,
+    )
 
 
 def _base_image(name: str, fields: _Fields, path: Path) -> BaseImage:
     missing = [k for k in ("repository", "tag", "digest") if not fields.table.get(k)]
     if missing:
-        raise ManifestError(f"{path}: [images.{name}] lacks {', '.join(missing)}; expected repository, tag and digest")
+        raise ManifestError(
+            f"{path}: [images.{name}] lacks {', '.join(missing)}; expected repository, tag and digest"
+        )
     raw = {k: fields.get(k, str) for k in ("repository", "tag", "digest")}
     # A tag alone is not a pin: it is re-pushed (nvidia/cuda tags are rebuilt for OS security updates).
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", raw["digest"]):
@@ -326,7 +399,9 @@ def _base_image(name: str, fields: _Fields, path: Path) -> BaseImage:
         )
     # "localhost:5000/base" is a registry port, "ubuntu:22.04" a tag in the wrong field.
     if "@" in raw["repository"] or ":" in raw["repository"].rsplit("/", 1)[-1]:
-        raise ManifestError(f"{path}: images.{name}.repository must hold no tag or digest, found {raw['repository']!r}")
+        raise ManifestError(
+            f"{path}: images.{name}.repository must hold no tag or digest, found {raw['repository']!r}"
+        )
     return BaseImage(name=name, repository=raw["repository"], tag=raw["tag"], digest=raw["digest"])
 
 
@@ -338,7 +413,9 @@ def manifest_path(environ: Mapping[str, str] = os.environ, explicit: Optional[st
     return DEFAULT_MANIFEST
 
 
-def load_manifest(path: Optional[os.PathLike] = None, environ: Mapping[str, str] = os.environ) -> Manifest:
+def load_manifest(
+    path: Optional[os.PathLike] = None, environ: Mapping[str, str] = os.environ
+) -> Manifest:
     """Read the manifest from ``path``, ``$OCTO_DIST_MANIFEST`` or the checkout's env/."""
     p = Path(path) if path else manifest_path(environ)
     try:
@@ -350,7 +427,10 @@ def load_manifest(path: Optional[os.PathLike] = None, environ: Mapping[str, str]
         ) from None
     try:
         data = loads(raw.decode())
-    except (ValueError, UnicodeDecodeError) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors
+    except (
+        ValueError,
+        UnicodeDecodeError,
+    ) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors
         raise ManifestError(f"{p} is not valid TOML: {e}") from None
     return parse_manifest(data, p)
 

@@ -22,7 +22,9 @@ from typing import Any, Dict, List
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _INTEGER = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)(?![0-9A-Za-z_.:+-])")
-_FLOAT = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)(\.[0-9](_?[0-9])*)?([eE][+-]?[0-9](_?[0-9])*)?(?![0-9A-Za-z_.:+-])")
+_FLOAT = re.compile(
+    r"[+-]?(0|[1-9](_?[0-9])*)(\.[0-9](_?[0-9])*)?([eE][+-]?[0-9](_?[0-9])*)?(?![0-9A-Za-z_.:+-])"
+)
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
@@ -49,8 +51,10 @@ class _Reader:
         self.pos = 0
         self.root: Dict[str, Any] = {}
         self.current: Dict[str, Any] = self.root
-        self.headers: set = set()        # ids of tables opened by a [header] (a second one is an error)
-        self.static_arrays: set = set()  # ids of arrays written as `key = [...]` ([[key]] may not extend them)
+        self.headers: set = set()  # ids of tables opened by a [header] (a second one is an error)
+        self.static_arrays: set = (
+            set()
+        )  # ids of arrays written as `key = [...]` ([[key]] may not extend them)
 
     # -- positions and errors ----------------------------------------------------------------------
     @property
@@ -61,7 +65,7 @@ class _Reader:
         return TomlSubsetError(message, self.line)
 
     def peek(self, n: int = 1) -> str:
-        return self.text[self.pos:self.pos + n]
+        return self.text[self.pos : self.pos + n]
 
     def skip_blanks(self) -> None:
         """Spaces and tabs on this line."""
@@ -80,7 +84,9 @@ class _Reader:
         if self.peek() == "\r" and self.peek(2) == "\r\n":
             self.pos += 1
         if self.peek() not in ("\n", ""):
-            raise self.error(f"expected the end of the line, found {self.text[self.pos:].splitlines()[0]!r}")
+            raise self.error(
+                f"expected the end of the line, found {self.text[self.pos :].splitlines()[0]!r}"
+            )
         self.pos += 1
 
     # -- document --------------------------------------------------------------------------------------
@@ -112,7 +118,9 @@ class _Reader:
         if array:
             existing = parent.setdefault(last, [])
             if not isinstance(existing, list) or id(existing) in self.static_arrays:
-                raise self.error(f"[[{'.'.join(keys)}]] redefines a key that is not an array of tables")
+                raise self.error(
+                    f"[[{'.'.join(keys)}]] redefines a key that is not an array of tables"
+                )
             table: Dict[str, Any] = {}
             existing.append(table)
         else:
@@ -143,7 +151,9 @@ class _Reader:
         for key in keys[:-1]:
             sub = table.setdefault(key, {})
             if not isinstance(sub, dict) or id(sub) in self.headers:
-                raise self.error(f"dotted key {'.'.join(keys)!r} runs through {key!r}, which is already a value")
+                raise self.error(
+                    f"dotted key {'.'.join(keys)!r} runs through {key!r}, which is already a value"
+                )
             table = sub
         if keys[-1] in table:
             raise self.error(f"key {'.'.join(keys)!r} is defined twice")
@@ -164,7 +174,9 @@ class _Reader:
             else:
                 m = _BARE_KEY.match(self.text, self.pos)
                 if not m:
-                    raise self.error(f"expected a key, found {self.text[self.pos:].splitlines()[0][:40]!r}")
+                    raise self.error(
+                        f"expected a key, found {self.text[self.pos :].splitlines()[0][:40]!r}"
+                    )
                 keys.append(m.group(0))
                 self.pos = m.end()
             self.skip_blanks()
@@ -174,14 +186,18 @@ class _Reader:
                 continue
             if c == end:
                 return keys
-            raise self.error(f"expected '.' or {end!r} after the key {'.'.join(keys)!r}, found {c or 'the end'!r}")
+            raise self.error(
+                f"expected '.' or {end!r} after the key {'.'.join(keys)!r}, found {c or 'the end'!r}"
+            )
 
     # -- values --------------------------------------------------------------------------------------
     def value(self) -> Any:
         c = self.peek()
         if self.peek(3) in ('"""', "'''"):
-            raise self.error("multi-line strings are outside the TOML subset octo-dist reads without tomllib "
-                             "(Python < 3.11); write the string on one line")
+            raise self.error(
+                "multi-line strings are outside the TOML subset octo-dist reads without tomllib "
+                "(Python < 3.11); write the string on one line"
+            )
         if c == '"':
             return self.basic_string()
         if c == "'":
@@ -189,10 +205,14 @@ class _Reader:
         if c == "[":
             return self.array()
         if c == "{":
-            raise self.error("inline tables are outside the TOML subset octo-dist reads without tomllib "
-                             "(Python < 3.11); write a [table] instead")
+            raise self.error(
+                "inline tables are outside the TOML subset octo-dist reads without tomllib "
+                "(Python < 3.11); write a [table] instead"
+            )
         for word, value in (("true", True), ("false", False)):
-            if self.text.startswith(word, self.pos) and not _BARE_KEY.match(self.text, self.pos + len(word)):
+            if self.text.startswith(word, self.pos) and not _BARE_KEY.match(
+                self.text, self.pos + len(word)
+            ):
                 self.pos += len(word)
                 return value
         m = _INTEGER.match(self.text, self.pos)
@@ -203,9 +223,11 @@ class _Reader:
         if m and m.group(0) not in ("+", "-"):
             self.pos = m.end()
             return float(m.group(0).replace("_", ""))
-        found = self.text[self.pos:].splitlines()[0][:40] if self.pos < len(self.text) else ""
-        raise self.error(f"expected a string, number, boolean or array, found {found!r} (dates, inf, nan and "
-                         f"0x/0o/0b integers are outside the TOML subset octo-dist reads without tomllib)")
+        found = self.text[self.pos :].splitlines()[0][:40] if self.pos < len(self.text) else ""
+        raise self.error(
+            f"expected a string, number, boolean or array, found {found!r} (dates, inf, nan and "
+            f"0x/0o/0b integers are outside the TOML subset octo-dist reads without tomllib)"
+        )
 
     def basic_string(self) -> str:
         self.pos += 1
@@ -239,7 +261,7 @@ class _Reader:
         newline = self.text.find("\n", self.pos + 1)
         if end < 0 or (0 <= newline < end):
             raise self.error("unterminated string")
-        value = self.text[self.pos + 1:end]
+        value = self.text[self.pos + 1 : end]
         self.pos = end + 1
         return value
 

@@ -98,7 +98,9 @@ def image_dir(image: str) -> Path:
     try:
         magic, path = Path(image).read_text().split(None, 1)
     except (OSError, ValueError):
-        raise UsageError(f"could not open image {image}: not a simulated image (expected '{IMAGE_MAGIC} DIR')")
+        raise UsageError(
+            f"could not open image {image}: not a simulated image (expected '{IMAGE_MAGIC} DIR')"
+        )
     if magic != IMAGE_MAGIC:
         raise UsageError(f"could not open image {image}: not a simulated image")
     return Path(path.strip())
@@ -139,7 +141,11 @@ def build_root(image: Path, writable_image: bool, home: str, cwd: str, binds: li
         bind(d, d, read_only=False)
     # The interpreter the image venv was made from, and the packages its .pth reaches (see image.py): after the
     # default binds, so that one under /tmp (octo's source, say) is still read-only.
-    for d in json.loads((image / "host-paths.json").read_text()) if (image / "host-paths.json").exists() else []:
+    for d in (
+        json.loads((image / "host-paths.json").read_text())
+        if (image / "host-paths.json").exists()
+        else []
+    ):
         bind(d, d, read_only=True)
     bind(str(image), IMAGE_MOUNT, read_only=not writable_image)
     for src in (home, cwd):
@@ -171,7 +177,9 @@ def main(argv: list[str]) -> int:
             image, writable = image_dir(opts["image"]), False
             env_script = IMAGE_MOUNT + "/environment.sh"
             if not (image / "environment.sh").exists():
-                raise UsageError(f"image {opts['image']}: {image} holds no environment.sh (rebuild it)")
+                raise UsageError(
+                    f"image {opts['image']}: {image} holds no environment.sh (rebuild it)"
+                )
         home = os.environ.get("HOME", "")
         cwd = os.getcwd()
         unshare_mounts()
@@ -179,7 +187,11 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"FATAL:   {e}", file=sys.stderr)
         return 255
-    overrides = {k[len("SINGULARITYENV_"):]: v for k, v in os.environ.items() if k.startswith("SINGULARITYENV_")}
+    overrides = {
+        k[len("SINGULARITYENV_") :]: v
+        for k, v in os.environ.items()
+        if k.startswith("SINGULARITYENV_")
+    }
     env = container_env(dict(os.environ), Path(opts.get("image") or image))
     os.chroot(ROOT)
     workdir = opts["pwd"] or (cwd if os.path.isdir(cwd) else home or "/")
@@ -188,8 +200,12 @@ def main(argv: list[str]) -> int:
     prelude = f". {env_script}; " if env_script else ""
     prelude += "".join(f"export {k}={shlex.quote(v)}; " for k, v in overrides.items())
     if record:
-        prelude += (f"env -0 > {shlex.quote(record)}/{socket.gethostname()}-$$.env; ")
-    os.execve("/bin/bash", ["/bin/bash", "-c", prelude + 'exec "$@"', "singularity", *opts["command"]], env)
+        prelude += f"env -0 > {shlex.quote(record)}/{socket.gethostname()}-$$.env; "
+    os.execve(
+        "/bin/bash",
+        ["/bin/bash", "-c", prelude + 'exec "$@"', "singularity", *opts["command"]],
+        env,
+    )
     return 127
 
 

@@ -64,8 +64,11 @@ def git_package_dirs() -> list[str]:
 def host_paths() -> list[str]:
     """The base interpreter's prefix, the test venv's packages, then the directories holding octo and dlimp where
     the test process imports them (:func:`git_package_dirs`), as real paths."""
-    return [os.path.realpath(sys.base_prefix), os.path.realpath(sysconfig.get_paths()["purelib"]),
-            *git_package_dirs()]
+    return [
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sysconfig.get_paths()["purelib"]),
+        *git_package_dirs(),
+    ]
 
 
 def _context_files() -> list[Path]:
@@ -73,8 +76,13 @@ def _context_files() -> list[Path]:
     for name in CONTEXT:
         p = REPO / name
         if p.is_dir():
-            out += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts
-                          and not any(part.endswith(".egg-info") for part in f.parts))
+            out += sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file()
+                and "__pycache__" not in f.parts
+                and not any(part.endswith(".egg-info") for part in f.parts)
+            )
         else:
             out.append(p)
     return out
@@ -83,7 +91,11 @@ def _context_files() -> list[Path]:
 def input_key() -> str:
     """Digest of everything the image is made from: the context, the definition, this builder, the host paths."""
     h = hashlib.sha256()
-    for f in _context_files() + [REPO / "singularity.def", HERE / "image.py", HERE / "container.py"]:
+    for f in _context_files() + [
+        REPO / "singularity.def",
+        HERE / "image.py",
+        HERE / "container.py",
+    ]:
         h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(json.dumps([sys.version, host_paths()]).encode())
     return h.hexdigest()[:16]
@@ -97,7 +109,9 @@ def environment_script() -> str:
     definition = imagedefs.parse_definition((REPO / "singularity.def").read_text())
     body = imagedefs.shell_body(definition.sections["environment"])
     if "OCTO_DIST_PROFILE=cuda11" not in body:
-        raise RuntimeError(f"singularity.def's %environment no longer sets OCTO_DIST_PROFILE=cuda11:\n{body}")
+        raise RuntimeError(
+            f"singularity.def's %environment no longer sets OCTO_DIST_PROFILE=cuda11:\n{body}"
+        )
     return body.replace("OCTO_DIST_PROFILE=cuda11", "OCTO_DIST_PROFILE=cpu") + "\n"
 
 
@@ -116,11 +130,15 @@ def build(log=sys.stderr) -> Path:
     for name in CONTEXT:
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy(src, work / name)
     (work / "host-paths.json").write_text(json.dumps(host_paths()))
-    overlay = " ".join(shlex.quote(d) for d in host_paths()[1:])  # the venv's packages; octo's, dlimp's directories
+    overlay = " ".join(
+        shlex.quote(d) for d in host_paths()[1:]
+    )  # the venv's packages; octo's, dlimp's directories
     py_mm = "%d.%d" % sys.version_info[:2]
     post = (
         "set -euo pipefail\n"
@@ -130,11 +148,29 @@ def build(log=sys.stderr) -> Path:
         "rm -rf /opt/octo-dist/octo_dist /opt/octo-dist/scripts /opt/octo-dist/build /opt/octo-dist/*.egg-info\n"
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
-    res = subprocess.run([BASE_PYTHON, "-I", str(HERE / "container.py"), "exec", "--build", str(work),
-                          "/bin/bash", "-c", post], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            BASE_PYTHON,
+            "-I",
+            str(HERE / "container.py"),
+            "exec",
+            "--build",
+            str(work),
+            "/bin/bash",
+            "-c",
+            post,
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if res.returncode != 0:
-        raise RuntimeError(f"building the simulated image failed (exit {res.returncode}):\n"
-                           f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+        raise RuntimeError(
+            f"building the simulated image failed (exit {res.returncode}):\n"
+            f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+        )
     (work / "environment.sh").write_text(environment_script())
     work.rename(dest)
     print(f"cluster: built the simulated image in {dest}", file=log)

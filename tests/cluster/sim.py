@@ -114,7 +114,9 @@ class Cluster:
     def up(self) -> "Cluster":
         global _HELD
         if _HELD:
-            raise RuntimeError("a simulated cluster is already up in this process: one at a time (down() it first)")
+            raise RuntimeError(
+                "a simulated cluster is already up in this process: one at a time (down() it first)"
+            )
         LOCK.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(LOCK, "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
@@ -153,9 +155,25 @@ class Cluster:
     def _holder(self, node: str) -> None:
         # ip netns exec: the netns + a mount namespace with /etc/netns/<ns>/hosts over /etc/hosts; unshare: UTS.
         # Every command execs the next, so the holder's pid is the sleep's: nsenter -t <pid> enters all three.
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns(node), "unshare", "--uts", "--mount", "--propagation",
-                              "slave", "sh", "-c", f"hostname {node} && echo up && exec sleep infinity"],
-                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.ns(node),
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "slave",
+                "sh",
+                "-c",
+                f"hostname {node} && echo up && exec sleep infinity",
+            ],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         line = p.stdout.readline()
         if line.strip() != b"up":
             raise RuntimeError(f"node {node} did not start (said {line!r})")
@@ -196,13 +214,33 @@ class Cluster:
 
     # ---- running things on a node ---------------------------------------------------------------------------------
 
-    def exec_argv(self, node: str, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+    def exec_argv(
+        self, node: str, argv: Sequence[str], env: Mapping[str, str], cwd: str
+    ) -> list[str]:
         """argv that runs ``argv`` on ``node`` (its network, hostname and /etc/hosts) with exactly ``env``."""
-        return (["nsenter", "-F", "-t", str(self.pid(node)), "-n", "-u", "-m", f"--wd={cwd}", "env", "-i"]
-                + [f"{k}={v}" for k, v in env.items()] + list(argv))
+        return (
+            [
+                "nsenter",
+                "-F",
+                "-t",
+                str(self.pid(node)),
+                "-n",
+                "-u",
+                "-m",
+                f"--wd={cwd}",
+                "env",
+                "-i",
+            ]
+            + [f"{k}={v}" for k, v in env.items()]
+            + list(argv)
+        )
 
-    def popen(self, node: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.exec_argv(node, argv, env, cwd), stdin=subprocess.DEVNULL, **kw)
+    def popen(
+        self, node: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, **kw
+    ) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.exec_argv(node, argv, env, cwd), stdin=subprocess.DEVNULL, **kw
+        )
 
     def cut_link(self, node: str) -> None:
         """Pull node's cable: its switch port goes down (packets to and from it are dropped, no RST)."""
@@ -222,23 +260,32 @@ class Cluster:
 
 # ---- scheduler-shaped job environments ----------------------------------------------------------------------------
 
+
 def module_function(cluster: Cluster) -> str:
     """``module load hpcx/... singularitypro``: what Lmod's exported bash function does, for two modules."""
-    return ("() { if [ \"$1\" != load ]; then echo \"module: only 'module load' is simulated\" >&2; return 1; fi; "
-            "shift; local m; for m in \"$@\"; do case $m in "
-            f"hpcx/*) PATH={cluster.hpcx}:$PATH ;; singularity*) ;; "
-            "*) echo \"Lmod has detected the following error: unknown module $m\" >&2; return 1 ;; esac; done; "
-            "export PATH; }")
+    return (
+        '() { if [ "$1" != load ]; then echo "module: only \'module load\' is simulated" >&2; return 1; fi; '
+        'shift; local m; for m in "$@"; do case $m in '
+        f"hpcx/*) PATH={cluster.hpcx}:$PATH ;; singularity*) ;; "
+        '*) echo "Lmod has detected the following error: unknown module $m" >&2; return 1 ;; esac; done; '
+        "export PATH; }"
+    )
 
 
 def base_env(cluster: Cluster, home: Path, extra: Mapping[str, str] = ()) -> dict:
     """A job's environment before the scheduler's variables: a login's PATH plus the site's ``singularity``."""
     env = {
-        "PATH": f"{cluster.bin}:{NODE_PATH}", "HOME": str(home), "USER": "root", "LOGNAME": "root",
-        "SHELL": "/bin/bash", "LANG": "C.UTF-8", "BASH_FUNC_module%%": module_function(cluster),
+        "PATH": f"{cluster.bin}:{NODE_PATH}",
+        "HOME": str(home),
+        "USER": "root",
+        "LOGNAME": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "BASH_FUNC_module%%": module_function(cluster),
         # The site's Open MPI: ssh is the agent (here the namespace-entering one); root needs the two overrides.
         "PRTE_MCA_plm_ssh_agent": str(cluster.bin / "rsh-agent"),
-        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     }
     env.update(extra)
     return env
@@ -250,10 +297,22 @@ def pbs_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per
     aux.mkdir(parents=True, exist_ok=True)
     nodefile = aux / job_id
     nodefile.write_text("".join(f"{n}\n" * ranks_per_node for n in cluster.nodes))
-    return {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": job_id, "PBS_JOBNAME": "octo-dist", "PBS_NODEFILE": str(nodefile),
-            "PBS_O_WORKDIR": str(workdir), "PBS_O_HOST": "login1", "PBS_O_QUEUE": "rt_HF", "PBS_QUEUE": "rt_HF",
-            "PBS_O_SHELL": "/bin/bash", "PBS_O_LOGNAME": "root", "PBS_TASKNUM": "1", "PBS_NODENUM": "0",
-            "PBS_MOMPORT": "15003", "NCPUS": str(ranks_per_node)}
+    return {
+        "PBS_ENVIRONMENT": "PBS_BATCH",
+        "PBS_JOBID": job_id,
+        "PBS_JOBNAME": "octo-dist",
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_O_WORKDIR": str(workdir),
+        "PBS_O_HOST": "login1",
+        "PBS_O_QUEUE": "rt_HF",
+        "PBS_QUEUE": "rt_HF",
+        "PBS_O_SHELL": "/bin/bash",
+        "PBS_O_LOGNAME": "root",
+        "PBS_TASKNUM": "1",
+        "PBS_NODENUM": "0",
+        "PBS_MOMPORT": "15003",
+        "NCPUS": str(ranks_per_node),
+    }
 
 
 def sge_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per_node: int) -> dict:
@@ -261,34 +320,77 @@ def sge_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per
     job = spool / "active_jobs" / f"{job_id}.1"
     job.mkdir(parents=True, exist_ok=True)
     (job / "hostlist").write_text("".join(f"{n}\n" for n in cluster.nodes))
-    (job / "pe_hostfile").write_text("".join(f"{n} {ranks_per_node} all.q@{n} UNDEFINED\n" for n in cluster.nodes))
-    return {"JOB_ID": job_id, "JOB_NAME": "octo-dist", "SGE_JOB_HOSTLIST": str(job / "hostlist"),
-            "PE_HOSTFILE": str(job / "pe_hostfile"), "NHOSTS": str(len(cluster.nodes)),
-            "NSLOTS": str(len(cluster.nodes) * ranks_per_node), "SGE_O_WORKDIR": str(workdir),
-            "SGE_CWD_PATH": str(workdir), "SGE_TASK_ID": "undefined", "ENVIRONMENT": "BATCH", "QUEUE": "gpu",
-            "REQUEST": "octo-dist"}
+    (job / "pe_hostfile").write_text(
+        "".join(f"{n} {ranks_per_node} all.q@{n} UNDEFINED\n" for n in cluster.nodes)
+    )
+    return {
+        "JOB_ID": job_id,
+        "JOB_NAME": "octo-dist",
+        "SGE_JOB_HOSTLIST": str(job / "hostlist"),
+        "PE_HOSTFILE": str(job / "pe_hostfile"),
+        "NHOSTS": str(len(cluster.nodes)),
+        "NSLOTS": str(len(cluster.nodes) * ranks_per_node),
+        "SGE_O_WORKDIR": str(workdir),
+        "SGE_CWD_PATH": str(workdir),
+        "SGE_TASK_ID": "undefined",
+        "ENVIRONMENT": "BATCH",
+        "QUEUE": "gpu",
+        "REQUEST": "octo-dist",
+    }
 
 
-def slurm_env(cluster: Cluster, job_id: str, workdir: Path, ranks_per_node: int, gpus_per_node: int) -> dict:
+def slurm_env(
+    cluster: Cluster, job_id: str, workdir: Path, ranks_per_node: int, gpus_per_node: int
+) -> dict:
     """What sbatch sets for the batch step (which runs on the first node as task 0 of step 'batch')."""
     n = len(cluster.nodes)
-    nodelist = f"node[{cluster.nodes[0][4:]}-{cluster.nodes[-1][4:]}]" if n > 1 else cluster.nodes[0]
-    return {"SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_JOB_NAME": "octo-dist",
-            "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": str(n),
-            "SLURM_NNODES": str(n), "SLURM_NTASKS": str(n * ranks_per_node), "SLURM_NPROCS": str(n * ranks_per_node),
-            "SLURM_NTASKS_PER_NODE": str(ranks_per_node), "SLURM_TASKS_PER_NODE": f"{ranks_per_node}(x{n})",
-            "SLURM_JOB_CPUS_PER_NODE": f"{ranks_per_node}(x{n})", "SLURM_CPUS_ON_NODE": str(ranks_per_node),
-            "SLURM_GPUS_PER_NODE": str(gpus_per_node), "SLURM_SUBMIT_DIR": str(workdir), "SLURM_SUBMIT_HOST": "login1",
-            "SLURM_CLUSTER_NAME": "sim", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0",
-            "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": cluster.nodes[0],
-            "SLURM_GTIDS": "0", "SLURM_TOPOLOGY_ADDR": cluster.nodes[0], "SLURM_TOPOLOGY_ADDR_PATTERN": "node"}
+    nodelist = (
+        f"node[{cluster.nodes[0][4:]}-{cluster.nodes[-1][4:]}]" if n > 1 else cluster.nodes[0]
+    )
+    return {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOBID": job_id,
+        "SLURM_JOB_NAME": "octo-dist",
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_NODELIST": nodelist,
+        "SLURM_JOB_NUM_NODES": str(n),
+        "SLURM_NNODES": str(n),
+        "SLURM_NTASKS": str(n * ranks_per_node),
+        "SLURM_NPROCS": str(n * ranks_per_node),
+        "SLURM_NTASKS_PER_NODE": str(ranks_per_node),
+        "SLURM_TASKS_PER_NODE": f"{ranks_per_node}(x{n})",
+        "SLURM_JOB_CPUS_PER_NODE": f"{ranks_per_node}(x{n})",
+        "SLURM_CPUS_ON_NODE": str(ranks_per_node),
+        "SLURM_GPUS_PER_NODE": str(gpus_per_node),
+        "SLURM_SUBMIT_DIR": str(workdir),
+        "SLURM_SUBMIT_HOST": "login1",
+        "SLURM_CLUSTER_NAME": "sim",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_JOB_USER": "root",
+        "SLURM_JOB_UID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": cluster.nodes[0],
+        "SLURM_GTIDS": "0",
+        "SLURM_TOPOLOGY_ADDR": cluster.nodes[0],
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
+    }
 
 
 class Job:
     """``bash job.sh`` on node001 under a scheduler's environment; stdout and stderr to files in the workdir."""
 
-    def __init__(self, cluster: Cluster, script: Path, env: Mapping[str, str], cwd: Path, name: str):
-        self.cluster, self.script, self.env, self.cwd, self.name = cluster, script, dict(env), cwd, name
+    def __init__(
+        self, cluster: Cluster, script: Path, env: Mapping[str, str], cwd: Path, name: str
+    ):
+        self.cluster, self.script, self.env, self.cwd, self.name = (
+            cluster,
+            script,
+            dict(env),
+            cwd,
+            name,
+        )
         self.out = cwd / f"{name}.out"
         self.err = cwd / f"{name}.err"
         self.proc: Optional[subprocess.Popen] = None
@@ -297,8 +399,15 @@ class Job:
     def start(self) -> "Job":
         self.started = time.monotonic()
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = self.cluster.popen(self.cluster.nodes[0], ["/bin/bash", str(self.script)], self.env,
-                                           str(self.cwd), stdout=out, stderr=err, start_new_session=True)
+            self.proc = self.cluster.popen(
+                self.cluster.nodes[0],
+                ["/bin/bash", str(self.script)],
+                self.env,
+                str(self.cwd),
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
         return self
 
     def wait(self, timeout: float) -> Optional[int]:

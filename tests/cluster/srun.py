@@ -64,29 +64,59 @@ def main(argv: list[str]) -> int:
     state, argv = Path(argv[0]), argv[1:]
     env = dict(os.environ)
     if "SLURM_JOB_ID" not in env:
-        print("srun: error: no job allocation (SLURM_JOB_ID unset): run inside sbatch/salloc", file=sys.stderr)
+        print(
+            "srun: error: no job allocation (SLURM_JOB_ID unset): run inside sbatch/salloc",
+            file=sys.stderr,
+        )
         return 1
     opts, cmd = parse(argv)
     nodes = expand(env["SLURM_JOB_NODELIST"])[: opts["nodes"] or None]
     per_node = opts["ntasks_per_node"] or int(env.get("SLURM_NTASKS_PER_NODE", "1"))
     ntasks = opts["ntasks"] or per_node * len(nodes)
-    step_env = {k: v for k, v in env.items() if not k.startswith(("SLURM_STEP_", "SLURM_PROCID", "SLURM_LOCALID"))}
-    step_env.update(SLURM_STEP_ID="0", SLURM_STEPID="0", SLURM_STEP_NODELIST=env["SLURM_JOB_NODELIST"],
-                    SLURM_STEP_NUM_NODES=str(len(nodes)), SLURM_STEP_NUM_TASKS=str(ntasks),
-                    SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x{len(nodes)})", SLURM_NTASKS=str(ntasks),
-                    SLURM_NPROCS=str(ntasks), SLURM_NNODES=str(len(nodes)), SLURM_NTASKS_PER_NODE=str(per_node),
-                    SLURM_TASKS_PER_NODE=f"{per_node}(x{len(nodes)})", SLURM_STEP_LAUNCHER_PORT="0",
-                    SLURM_SRUN_COMM_HOST=nodes[0], SLURM_LAUNCH_NODE_IPADDR=nodes[0])
+    step_env = {
+        k: v
+        for k, v in env.items()
+        if not k.startswith(("SLURM_STEP_", "SLURM_PROCID", "SLURM_LOCALID"))
+    }
+    step_env.update(
+        SLURM_STEP_ID="0",
+        SLURM_STEPID="0",
+        SLURM_STEP_NODELIST=env["SLURM_JOB_NODELIST"],
+        SLURM_STEP_NUM_NODES=str(len(nodes)),
+        SLURM_STEP_NUM_TASKS=str(ntasks),
+        SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x{len(nodes)})",
+        SLURM_NTASKS=str(ntasks),
+        SLURM_NPROCS=str(ntasks),
+        SLURM_NNODES=str(len(nodes)),
+        SLURM_NTASKS_PER_NODE=str(per_node),
+        SLURM_TASKS_PER_NODE=f"{per_node}(x{len(nodes)})",
+        SLURM_STEP_LAUNCHER_PORT="0",
+        SLURM_SRUN_COMM_HOST=nodes[0],
+        SLURM_LAUNCH_NODE_IPADDR=nodes[0],
+    )
     tasks: list[tuple[int, str, subprocess.Popen]] = []
     for t in range(ntasks):
         node = nodes[t // per_node]
         pid = (state / "nodes" / node).read_text().strip()
-        task_env = dict(step_env, SLURM_PROCID=str(t), SLURM_LOCALID=str(t % per_node), SLURM_NODEID=str(t // per_node),
-                        SLURMD_NODENAME=node, SLURM_TOPOLOGY_ADDR=node,
-                        SLURM_GTIDS=",".join(str(i) for i in range(t - t % per_node, t - t % per_node + per_node)))
-        argv_t = (["nsenter", "-F", "-t", pid, "-n", "-u", "-m", f"--wd={os.getcwd()}", "env", "-i"]
-                  + [f"{k}={v}" for k, v in task_env.items()] + cmd)
-        tasks.append((t, node, subprocess.Popen(argv_t, stdin=subprocess.DEVNULL, start_new_session=True)))
+        task_env = dict(
+            step_env,
+            SLURM_PROCID=str(t),
+            SLURM_LOCALID=str(t % per_node),
+            SLURM_NODEID=str(t // per_node),
+            SLURMD_NODENAME=node,
+            SLURM_TOPOLOGY_ADDR=node,
+            SLURM_GTIDS=",".join(
+                str(i) for i in range(t - t % per_node, t - t % per_node + per_node)
+            ),
+        )
+        argv_t = (
+            ["nsenter", "-F", "-t", pid, "-n", "-u", "-m", f"--wd={os.getcwd()}", "env", "-i"]
+            + [f"{k}={v}" for k, v in task_env.items()]
+            + cmd
+        )
+        tasks.append(
+            (t, node, subprocess.Popen(argv_t, stdin=subprocess.DEVNULL, start_new_session=True))
+        )
 
     def forward(sig, _frame):
         for _, _, p in tasks:
@@ -107,7 +137,11 @@ def main(argv: list[str]) -> int:
                 what = f"Killed by signal {-rc}" if rc < 0 else f"Exited with exit code {rc}"
                 print(f"srun: error: {node}: task {t}: {what}", file=sys.stderr, flush=True)
                 if opts["kill_on_bad_exit"] and killing_since is None:
-                    print("srun: error: a task failed; terminating the step (--kill-on-bad-exit)", file=sys.stderr, flush=True)
+                    print(
+                        "srun: error: a task failed; terminating the step (--kill-on-bad-exit)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     killing_since = time.monotonic()
                     forward(signal.SIGTERM, None)
         if killing_since is not None and time.monotonic() - killing_since > KILL_WAIT_S:

@@ -15,7 +15,12 @@ from octo_dist.engine import parallel as engine
 from octo_dist.policies.tiny import TinyPolicy
 
 policy = TinyPolicy()
-out = {"jax": jax.__version__, "devices": jax.device_count(), "platform": jax.devices()[0].platform, "steps": {}}
+out = {
+    "jax": jax.__version__,
+    "devices": jax.device_count(),
+    "platform": jax.devices()[0].platform,
+    "steps": {},
+}
 # None: the engine's default, exactly as callers get it (shard_map on the CPU: not compiled a second time by name).
 for name in (None, "jit"):
     kwargs = {} if name is None else {"step_fn": name}
@@ -25,9 +30,12 @@ for name in (None, "jit"):
     state = eng.init_state(policy, batch)
     reduces = hlo.all_reduces(eng.compiled_text(state, batch))
     state, metrics = eng.step(state, batch)
-    out["steps"][name or "default"] = {"runs": eng.step_fn, "all_reduces": reduces,
-                                       "metrics": sorted(engine.to_host(metrics)),
-                                       "loss_finite": bool(np.isfinite(engine.to_host(metrics)["loss"]))}
+    out["steps"][name or "default"] = {
+        "runs": eng.step_fn,
+        "all_reduces": reduces,
+        "metrics": sorted(engine.to_host(metrics)),
+        "loss_finite": bool(np.isfinite(engine.to_host(metrics)["loss"])),
+    }
     out["params"] = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(state.params)))
     out["max_signal"] = engine.MAX_SIGNAL
 print(json.dumps(out))

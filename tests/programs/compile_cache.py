@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 
-from octo_dist.dist import compile_cache
+from octo_dist.runtime import compile_cache
 
 captured = io.StringIO()
 handler = logging.StreamHandler(captured)
@@ -21,4 +21,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 value = float(jax.jit(lambda x: jnp.sin(x) * 2 + 1)(jnp.arange(8.0)).sum())
-print(json.dumps({"jax": jax.__version__, "value": value, "hit": "Persistent compilation cache hit" in captured.getvalue()}))
+print(
+    json.dumps(
+        {
+            "jax": jax.__version__,
+            "value": value,
+            "hit": "Persistent compilation cache hit" in captured.getvalue(),
+        }
+    )
+)

@@ -10,7 +10,7 @@ import sys
 
 import optax
 
-from octo_dist.dist import stopping
+from octo_dist.runtime import stopping
 from octo_dist.engine import data
 from octo_dist.engine import train
 from octo_dist.policies.tiny import TinyPolicy
@@ -32,11 +32,19 @@ def run(save_dir, stop_at=None):
     def on_step(step, values):
         events.append(["read", step])
         if step == stop_at:
-            signal.raise_signal(signal.SIGUSR1)   # handled by ``stop``: recorded, passed into the next dispatch
+            signal.raise_signal(
+                signal.SIGUSR1
+            )  # handled by ``stop``: recorded, passed into the next dispatch
 
     try:
-        result = train.fit(TinyPolicy(), optax.adam(1e-3), source, train.TrainConfig(steps=STEPS, save_dir=save_dir),
-                           on_step=on_step, stop=stop)
+        result = train.fit(
+            TinyPolicy(),
+            optax.adam(1e-3),
+            source,
+            train.TrainConfig(steps=STEPS, save_dir=save_dir),
+            on_step=on_step,
+            stop=stop,
+        )
     finally:
         stop.close()
     return result
@@ -47,6 +55,17 @@ full = run(None)
 order = list(events)
 events.clear()
 stopped = run(sys.argv[1], stop_at=1)
-print(json.dumps({"order": order, "losses": {str(k): v for k, v in full.losses.items()},
-                  "stopped": {"end_step": stopped.end_step, "stopped_by": stopped.stopped_by,
-                              "losses": {str(k): v for k, v in stopped.losses.items()}, "order": events}}))
+print(
+    json.dumps(
+        {
+            "order": order,
+            "losses": {str(k): v for k, v in full.losses.items()},
+            "stopped": {
+                "end_step": stopped.end_step,
+                "stopped_by": stopped.stopped_by,
+                "losses": {str(k): v for k, v in stopped.losses.items()},
+                "order": events,
+            },
+        }
+    )
+)

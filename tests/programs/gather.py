@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--global-batch", type=int, default=4)
@@ -33,12 +33,18 @@ with runtime.distributed(timeout_s=60) as rt:
         b, t = len(idx), 2
         return {
             "observation": {
-                "image_primary": np.broadcast_to(idx[:, None, None, None, None], (b, t, 8, 8, 3)).astype(np.uint8),
+                "image_primary": np.broadcast_to(
+                    idx[:, None, None, None, None], (b, t, 8, 8, 3)
+                ).astype(np.uint8),
                 "timestep_pad_mask": np.ones((b, t), bool),
                 "pad_mask_dict": {"image_primary": np.ones((b, t), bool)},
                 "timestep": np.broadcast_to(idx[:, None], (b, t)).astype(np.int32),
             },
-            "task": {"image_primary": np.broadcast_to(idx[:, None, None, None], (b, 8, 8, 3)).astype(np.uint8)},
+            "task": {
+                "image_primary": np.broadcast_to(idx[:, None, None, None], (b, 8, 8, 3)).astype(
+                    np.uint8
+                )
+            },
             "action": np.broadcast_to(idx[:, None, None, None], (b, t, 4, 7)).astype(np.float32),
         }
 
@@ -46,15 +52,25 @@ with runtime.distributed(timeout_s=60) as rt:
     raw = multihost_utils.process_allgather(octo_like(index))
     fixed = gather.gathered(octo_like(index), mesh)
     image = np.asarray(fixed["observation"]["image_primary"])
-    print(json.dumps({
-        "rank": rt.process_index, "world": rt.process_count, "devices": jax.device_count(), "jax": jax.__version__,
-        "raw_shape": list(np.shape(raw["observation"]["image_primary"])),
-        "fixed_shape": list(image.shape),
-        "fixed_shapes": {"/".join(str(k.key) for k in path): list(np.shape(v))
-                         for path, v in jax.tree_util.tree_flatten_with_path(fixed)[0]},
-        "fixed_order": image[:, 0, 0, 0, 0].tolist(),
-        "fixed_action_order": np.asarray(fixed["action"])[:, 0, 0, 0].tolist(),
-        # What from_config keeps after its x[:1]: the first example's window, not a process's whole slice.
-        "from_config_keeps": list(image[:1].shape),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rt.process_index,
+                "world": rt.process_count,
+                "devices": jax.device_count(),
+                "jax": jax.__version__,
+                "raw_shape": list(np.shape(raw["observation"]["image_primary"])),
+                "fixed_shape": list(image.shape),
+                "fixed_shapes": {
+                    "/".join(str(k.key) for k in path): list(np.shape(v))
+                    for path, v in jax.tree_util.tree_flatten_with_path(fixed)[0]
+                },
+                "fixed_order": image[:, 0, 0, 0, 0].tolist(),
+                "fixed_action_order": np.asarray(fixed["action"])[:, 0, 0, 0].tolist(),
+                # What from_config keeps after its x[:1]: the first example's window, not a process's whole slice.
+                "from_config_keeps": list(image[:1].shape),
+            }
+        ),
+        flush=True,
+    )
 sys.exit(0)

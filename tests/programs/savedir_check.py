@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 from octo_dist.engine import savedir
 
 save_dir, out_dir = sys.argv[1], Path(sys.argv[2])
@@ -18,6 +18,10 @@ with runtime.distributed(timeout_s=120) as rt:
     except savedir.SaveDirError as e:
         outcome = {"rank": rt.process_index, "error": str(e)}
     else:
-        outcome = {"rank": rt.process_index, "error": None, "locked": isinstance(claim, savedir.RunLock)}
+        outcome = {
+            "rank": rt.process_index,
+            "error": None,
+            "locked": isinstance(claim, savedir.RunLock),
+        }
         claim.release()
     (out_dir / f"{rt.process_index}.json").write_text(json.dumps(outcome))

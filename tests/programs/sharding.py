@@ -34,14 +34,18 @@ def run(devices, step_fn, steps=2):
             state, metrics = eng.step(state, batch)
         got.append(float(parallel.to_host(metrics)["loss"]))
     out.setdefault("replicated", {})[step_fn] = all(
-        x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(state.params))
+        x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(state.params)
+    )
     return got, eng, state
 
 
 # The same global batches on 1 device and on every device, with jit and with shard_map: the same losses.
 # (Without dropout: shard_map draws masks per device, so with dropout its losses depend on the device count.)
 policy = TinyPolicy(dropout=0.0)
-out["losses"] = {"jit_one": run(jax.devices()[:1], "jit")[0], "shard_map_many": run(jax.devices(), "shard_map")[0]}
+out["losses"] = {
+    "jit_one": run(jax.devices()[:1], "jit")[0],
+    "shard_map_many": run(jax.devices(), "shard_map")[0],
+}
 out["losses"]["jit_many"], eng, state = run(jax.devices(), "jit")
 
 # Batch sizes at NDEV-1, NDEV, NDEV+1: the odd ones are refused before anything is compiled.
@@ -67,24 +71,31 @@ batch = eng.global_batch(src.batch(0))
 template, fresh = eng.abstract_state(policy, batch, 3), eng.init_state(policy, batch, 3)
 out["template_matches"] = all(
     (t.shape, t.dtype, t.sharding.is_equivalent_to(x.sharding, x.ndim)) == (x.shape, x.dtype, True)
-    for t, x in zip(jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(fresh)))
-out["template_is_abstract"] = all(isinstance(t, jax.ShapeDtypeStruct) for t in jax.tree_util.tree_leaves(template))
+    for t, x in zip(jax.tree_util.tree_leaves(template), jax.tree_util.tree_leaves(fresh))
+)
+out["template_is_abstract"] = all(
+    isinstance(t, jax.ShapeDtypeStruct) for t in jax.tree_util.tree_leaves(template)
+)
 try:
     parallel.assert_replicated(batch)
     out["sharded_batch"] = "accepted"
 except parallel.NotReplicatedError as e:
     out["sharded_batch"] = str(e)
 
+
 # shard_map's replication check: erf_inv (Octo's diffusion head) has a rule only from 0.4.22 on.
 def erf_loss(params, batch, rng, train):
     return jnp.mean(jax.scipy.special.erfinv(jnp.tanh(params["w"] * batch["x"]))), {}
+
 
 x = {"x": np.linspace(-0.5, 0.5, ndev * 2, dtype=np.float32).reshape(ndev * 2, 1)}
 out["check_rep_default"] = parallel.default_check_rep(jax.__version__)
 for check in (True, None):
     key = "forced" if check else "default"
     try:
-        e2 = parallel.Engine(parallel.make_mesh(), erf_loss, optax.sgd(0.1), step_fn="shard_map", check_rep=check)
+        e2 = parallel.Engine(
+            parallel.make_mesh(), erf_loss, optax.sgd(0.1), step_fn="shard_map", check_rep=check
+        )
         st = e2.init_state(None, None, params={"w": np.ones((1,), np.float32)})
         e2.step(st, e2.global_batch(x))
         out.setdefault("erf_inv", {})[key] = "ok"

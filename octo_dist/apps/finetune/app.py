@@ -39,7 +39,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
 from octo_dist.apps.finetune import config
-from octo_dist.dist import tracking
+from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,22 @@ class OctoData:
         ``dataset_statistics``. ``process``: one batch -> what the model reads (default: Octo's ``process_batch``).
     """
 
-    def __init__(self, job_config: config.FinetuneConfig, text_processor, local_batch_size: int, process_index: int,
-                 process_count: int, start_step: int = 0, build=None, process=None):
+    def __init__(
+        self,
+        job_config: config.FinetuneConfig,
+        text_processor,
+        local_batch_size: int,
+        process_index: int,
+        process_count: int,
+        start_step: int = 0,
+        build=None,
+        process=None,
+    ):
         self.config = job_config
         self.text_processor = text_processor
         self.local_batch_size = local_batch_size
         self.process_index = process_index
-        self.builds = 0                     # how many times the pipeline was built on this rank (tests, logs)
+        self.builds = 0  # how many times the pipeline was built on this rank (tests, logs)
         self._build_fn = build or self._make_single_dataset
         self._process = process or functools.partial(process_batch, text_processor=text_processor)
         # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
@@ -97,19 +106,27 @@ class OctoData:
         if process_count > 1:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices("octo_dist.apps.finetune.app: dataset statistics written")
+            multihost_utils.sync_global_devices(
+                "octo_dist.apps.finetune.app: dataset statistics written"
+            )
         if process_index != 0:
             dataset = self._seeded_build(start_step)
         self.dataset_statistics = dataset.dataset_statistics
         self._stream = self._batches_of(dataset, start_step)
-        self.example = next(self._stream)   # training's first batch, kept for the parameters' initialisation
+        self.example = next(
+            self._stream
+        )  # training's first batch, kept for the parameters' initialisation
 
     def _make_single_dataset(self):
         from octo.data.dataset import make_single_dataset
 
         c = self.config.config
-        return make_single_dataset(c["dataset_kwargs"], traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
-                                   frame_transform_kwargs=c.get("frame_transform_kwargs", {}), train=True)
+        return make_single_dataset(
+            c["dataset_kwargs"],
+            traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
+            frame_transform_kwargs=c.get("frame_transform_kwargs", {}),
+            train=True,
+        )
 
     def _seeded_build(self, start_step: int):
         import tensorflow as tf
@@ -120,7 +137,9 @@ class OctoData:
         with warnings.catch_warnings():
             # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
             # purpose (Octo's augmentation draws from the global seed set above).
-            warnings.filterwarnings("ignore", message="Seed .* from outer graph", category=UserWarning)
+            warnings.filterwarnings(
+                "ignore", message="Seed .* from outer graph", category=UserWarning
+            )
             return self._build_fn()
 
     def _batches_of(self, dataset, start_step: int) -> Iterator[dict]:
@@ -134,14 +153,21 @@ class OctoData:
         options.deterministic = True
         absl_log = logging.getLogger("absl")
         level = absl_log.level
-        absl_log.setLevel(logging.ERROR)   # "Changing the value of option deterministic from False to True"
+        absl_log.setLevel(
+            logging.ERROR
+        )  # "Changing the value of option deterministic from False to True"
         try:
             dataset = dataset.with_options(options)
         finally:
             absl_log.setLevel(level)
         # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
-        pipeline = (dataset.repeat().unbatch().shuffle(self.config.shuffle_buffer_size, seed=seed)
-                    .batch(self.local_batch_size).prefetch(tf.data.AUTOTUNE))
+        pipeline = (
+            dataset.repeat()
+            .unbatch()
+            .shuffle(self.config.shuffle_buffer_size, seed=seed)
+            .batch(self.local_batch_size)
+            .prefetch(tf.data.AUTOTUNE)
+        )
         for batch in pipeline.as_numpy_iterator():
             yield self._process(batch)
 
@@ -150,14 +176,19 @@ class OctoData:
         if start_step != self.start_step:
             # Training resumes elsewhere than the directory suggested (its newest step failed verification): the
             # seeds depend on the start, so the pipeline is built again for it (statistics are cached by now).
-            log.warning("training starts at step %d, not %d: building the data pipeline again for that step",
-                        start_step, self.start_step)
+            log.warning(
+                "training starts at step %d, not %d: building the data pipeline again for that step",
+                start_step,
+                self.start_step,
+            )
             self.start_step = start_step
             self._stream = self._batches_of(self._seeded_build(start_step), start_step)
             self.example = next(self._stream)
         stream, self._stream = self._stream, None
         if stream is None:
-            raise RuntimeError("OctoData.batches was called twice; expected one training stream per process")
+            raise RuntimeError(
+                "OctoData.batches was called twice; expected one training stream per process"
+            )
         yield self.example
         yield from stream
 
@@ -194,12 +225,22 @@ def _json_default(o):
     return repr(o)
 
 
-def run(job_config: config.FinetuneConfig, environ: Mapping[str, str] = os.environ,
-        runtime_options: Optional[Mapping[str, Any]] = None) -> int:
+def run(
+    job_config: config.FinetuneConfig,
+    environ: Mapping[str, str] = os.environ,
+    runtime_options: Optional[Mapping[str, Any]] = None,
+) -> int:
     """Fine-tune as ``job_config`` says (:func:`config.parse` made it). Call on every rank; returns the exit code:
     0 done (or stopped by a signal after saving), 2 refused before anything was compiled (printed once)."""
-    options = harness.Options.from_environment(runtime_options or {}, job_config.compile_cache, environ)
-    return harness.run("finetune", options, lambda job: _finetune(job, job_config, environ), refusals=(config.ConfigError,))
+    options = harness.Options.from_environment(
+        runtime_options or {}, job_config.compile_cache, environ
+    )
+    return harness.run(
+        "finetune",
+        options,
+        lambda job: _finetune(job, job_config, environ),
+        refusals=(config.ConfigError,),
+    )
 
 
 def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str, str]) -> int:
@@ -222,27 +263,47 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
 
     rt, c = job.runtime, cfg.config
     local_batch = data.local_batch_size(cfg.batch_size, rt.process_count, rt.device_count)
-    log.info("Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
-             "  global batch %d = %d per process x %d processes (%d devices), %d steps",
-             rt.describe(), cfg.pretrained_path or "none (model_config)", cfg.dataset_name,
-             c["dataset_kwargs"]["data_dir"], cfg.finetuning_mode, c.get("modality"), cfg.batch_size,
-             local_batch, rt.process_count, rt.device_count, cfg.num_steps)
+    log.info(
+        "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
+        "  global batch %d = %d per process x %d processes (%d devices), %d steps",
+        rt.describe(),
+        cfg.pretrained_path or "none (model_config)",
+        cfg.dataset_name,
+        c["dataset_kwargs"]["data_dir"],
+        cfg.finetuning_mode,
+        c.get("modality"),
+        cfg.batch_size,
+        local_batch,
+        rt.process_count,
+        rt.device_count,
+        cfg.num_steps,
+    )
 
     # --- the model config: the pretrained model's, edited (or the config's own model_config) ----------------------
     pretrained = None
     if cfg.pretrained_path:
-        pretrained = OctoModel.load_pretrained(resolve_pretrained(cfg.pretrained_path), step=cfg.pretrained_step)
+        pretrained = OctoModel.load_pretrained(
+            resolve_pretrained(cfg.pretrained_path), step=cfg.pretrained_step
+        )
         base = pretrained.config
     else:
         base = c["model_config"]
-    model_config = config.edit_model_config(base, c.get("config_delete_keys"), c.get("update_config"))
+    model_config = config.edit_model_config(
+        base, c.get("config_delete_keys"), c.get("update_config")
+    )
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
 
     # --- data: this process's share, its own seed ------------------------------------------------------------------
-    source = OctoData(cfg, text_processor, local_batch, rt.process_index, rt.process_count,
-                      start_step=config.expected_start(cfg.train_state_dir, cfg.resume))
+    source = OctoData(
+        cfg,
+        text_processor,
+        local_batch,
+        rt.process_index,
+        rt.process_count,
+        start_step=config.expected_start(cfg.train_state_dir, cfg.resume),
+    )
     example = source.example
 
     # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
@@ -255,7 +316,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
         params = octo.with_pretrained(params, pretrained.params)
     del pretrained
     # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.
-    first_example = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], gather.gathered(example, mesh))
+    first_example = jax.tree_util.tree_map(
+        lambda x: np.asarray(x)[:1], gather.gathered(example, mesh)
+    )
 
     optimizer_kwargs = dict(c["optimizer"], frozen_keys=config.resolve_frozen_keys(c, model_config))
     tx, lr_schedule, _ = create_optimizer(params, **optimizer_kwargs)
@@ -264,7 +327,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     out_dir = cfg.run_dir
     window = int(example["observation"]["timestep_pad_mask"].shape[1])
     if out_dir is None:
-        log.warning("save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from")
+        log.warning(
+            "save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from"
+        )
     elif rt.is_main:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "finetune_config.json"), "w") as f:
@@ -272,51 +337,88 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     run_id = None
     if out_dir and cfg.resume and os.path.exists(os.path.join(out_dir, RUN_ID_FILE)):
         with open(os.path.join(out_dir, RUN_ID_FILE)) as f:
-            run_id = f.read().strip() or None   # the resumed run continues the same wandb run
+            run_id = f.read().strip() or None  # the resumed run continues the same wandb run
     tracker = tracking.make_tracker(
-        rt.process_index, project=cfg.wandb_project, group=cfg.wandb_group, entity=cfg.wandb_entity, name=cfg.name,
-        run_id=run_id, mode=tracking.resolve_mode(environ, "disabled" if cfg.debug else None), environ=environ,
-        config={**c, "run_dir": out_dir, "processes": rt.process_count, "devices": rt.device_count}, launch=rt.launch)
+        rt.process_index,
+        project=cfg.wandb_project,
+        group=cfg.wandb_group,
+        entity=cfg.wandb_entity,
+        name=cfg.name,
+        run_id=run_id,
+        mode=tracking.resolve_mode(environ, "disabled" if cfg.debug else None),
+        environ=environ,
+        config={**c, "run_dir": out_dir, "processes": rt.process_count, "devices": rt.device_count},
+        launch=rt.launch,
+    )
     if out_dir and rt.is_main:
         with open(os.path.join(out_dir, RUN_ID_FILE), "w") as f:
             f.write(tracker.run_id)
 
-    fit_cfg = train.TrainConfig(steps=cfg.num_steps, seed=cfg.seed, step_fn=cfg.step_fn, save_dir=cfg.train_state_dir,
-                                save_every=cfg.save_interval, resume=cfg.resume, log_every=cfg.log_interval)
-    result, timing = harness.fit(job, policy, tx, source, fit_cfg, tracker=ScheduleTracker(tracker, lr_schedule),
-                                 params=params, fingerprint=cfg.fingerprint())
+    fit_cfg = train.TrainConfig(
+        steps=cfg.num_steps,
+        seed=cfg.seed,
+        step_fn=cfg.step_fn,
+        save_dir=cfg.train_state_dir,
+        save_every=cfg.save_interval,
+        resume=cfg.resume,
+        log_every=cfg.log_interval,
+    )
+    result, timing = harness.fit(
+        job,
+        policy,
+        tx,
+        source,
+        fit_cfg,
+        tracker=ScheduleTracker(tracker, lr_schedule),
+        params=params,
+        fingerprint=cfg.fingerprint(),
+    )
 
     if out_dir and result.end_step > result.start_step:
         # Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
         # load_pretrained and the fork's eval scripts read the result. Collective: every process calls it.
-        model = policy.model(result.state.params, first_example, {**model_config, "window_size": window})
+        model = policy.model(
+            result.state.params, first_example, {**model_config, "window_size": window}
+        )
         model.save_pretrained(result.end_step, out_dir)
     losses = [result.losses[k] for k in sorted(result.losses)]
     digests = harness.parameter_digests(result)
     same = len(set(digests)) == 1
-    harness.say(job, f"octo-dist finetune: {rt.process_count} process(es), {rt.device_count} device(s), global batch "
-                     f"{cfg.batch_size} ({local_batch} per process); steps {result.start_step} -> {result.end_step} "
-                     f"of {cfg.num_steps}" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
-                     + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
-                     + (f"; run dir {out_dir}" if out_dir else "")
-                     + f"\n  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
-                     + ", ".join(digests))
+    harness.say(
+        job,
+        f"octo-dist finetune: {rt.process_count} process(es), {rt.device_count} device(s), global batch "
+        f"{cfg.batch_size} ({local_batch} per process); steps {result.start_step} -> {result.end_step} "
+        f"of {cfg.num_steps}"
+        + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
+        + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
+        + (f"; run dir {out_dir}" if out_dir else "")
+        + f"\n  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
+        + ", ".join(digests),
+    )
     harness.summary(job, "finetune", result, timing, cfg.batch_size, out_dir, digests=digests)
     if not same:
         # Data parallelism keeps one set of parameters; ranks that disagree trained different models.
-        harness.say(job, "octo-dist finetune: error: the ranks' parameters differ after training; expected one "
-                         "model on every rank. Fix: rerun with OCTO_DIST_LOG_ALL_RANKS=1 and report the output")
+        harness.say(
+            job,
+            "octo-dist finetune: error: the ranks' parameters differ after training; expected one "
+            "model on every rank. Fix: rerun with OCTO_DIST_LOG_ALL_RANKS=1 and report the output",
+        )
         return EXIT_FAILED
     return EXIT_OK
 
 
 # --- the command line ---------------------------------------------------------------------------------------------
 
+
 def add_parser(sub) -> argparse.ArgumentParser:
     """Lists ``finetune`` in ``octo-dist --help``; its flags are the fork's absl flags (``octo_dist.cli`` hands
     them to :func:`main` unparsed, since ``--config.<field>=`` cannot be declared to argparse)."""
-    p = sub.add_parser("finetune", add_help=False, help="fine-tune Octo on every rank (run under mpirun); "
-                                                        "octo-dist finetune --help lists its flags and config fields")
+    p = sub.add_parser(
+        "finetune",
+        add_help=False,
+        help="fine-tune Octo on every rank (run under mpirun); "
+        "octo-dist finetune --help lists its flags and config fields",
+    )
     p.set_defaults(func=None)
     return p
 
@@ -330,7 +432,9 @@ def check_command(argv: Sequence[str]) -> None:
         config.parse_flags(["octo-dist finetune", *argv])
     except ImportError:
         raise  # absl or ml_collections missing (a login node's bare Python): the caller skips the check
-    except Exception as e:  # absl's flags.Error, ml_collections' AttributeError for an unknown field, ConfigError
+    except (
+        Exception
+    ) as e:  # absl's flags.Error, ml_collections' AttributeError for an unknown field, ConfigError
         text = " ".join(str(e).replace("\\n", " ").split())
         # ml_collections: '\'num_stepz\'\nDid you mean "num_steps" instead of "num_stepz"?' -> a sentence
         close = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
@@ -342,7 +446,11 @@ def check_command(argv: Sequence[str]) -> None:
 TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
 
-def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Optional[config.HfProbe] = None) -> int:
+def main(
+    argv: Sequence[str],
+    environ: Mapping[str, str] = os.environ,
+    probe: Optional[config.HfProbe] = None,
+) -> int:
     """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
     the config, then :func:`run`."""
     if config.wants_help(argv):
@@ -359,8 +467,15 @@ def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ, probe: Op
             from octo_dist.apps.finetune import weights
 
             probe = functools.partial(weights.probe, environ=environ)
-        job_config = config.parse(flags.config, probe, name=flags.name, debug=flags.debug, resume=flags.resume,
-                              step_fn=flags.step_fn, compile_cache=flags.compile_cache)
+        job_config = config.parse(
+            flags.config,
+            probe,
+            name=flags.name,
+            debug=flags.debug,
+            resume=flags.resume,
+            step_fn=flags.step_fn,
+            compile_cache=flags.compile_cache,
+        )
     except Exception as e:  # absl's flags.Error, get_config refusing its config string, ConfigError
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
         print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)

@@ -30,13 +30,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 FINETUNING_MODES = ("full", "head_only", "head_mlp_only")
 MODALITIES = ("image_conditioned", "language_conditioned", "multimodal")
 HF_PREFIX = "hf://"
-URL = re.compile(r"^[a-z][a-z0-9+.-]*://")   # "gs://bucket/rlds", "hf://rail-berkeley/octo-small"
-TRAIN_STATE_DIR = "train_state"              # <run dir>/train_state: the engine's resumable checkpoints
+URL = re.compile(r"^[a-z][a-z0-9+.-]*://")  # "gs://bucket/rlds", "hf://rail-berkeley/octo-small"
+TRAIN_STATE_DIR = "train_state"  # <run dir>/train_state: the engine's resumable checkpoints
 # What OctoModel.load_pretrained reads from a checkpoint directory, besides at least one <step>/ directory.
 CHECKPOINT_FILES = ("config.json", "example_batch.msgpack", "dataset_statistics.json")
 DEFAULT_HF_MODEL = "hf://rail-berkeley/octo-small"
-WEIGHTS_FIX = ("on a login node: make weights (downloads {hf} into weights/), "
-               "then --config.pretrained_path=weights/{leaf}")
+WEIGHTS_FIX = (
+    "on a login node: make weights (downloads {hf} into weights/), "
+    "then --config.pretrained_path=weights/{leaf}"
+)
 
 # probe(repo_id) -> None when the repository is usable (cached or reachable), else why not.
 HfProbe = Callable[[str], Optional[str]]
@@ -50,9 +52,11 @@ def parse_mode(config_string: str) -> Tuple[str, str]:
     """``"head_only,image_conditioned"`` -> (finetuning mode, modality), as the fork's ``get_config`` accepts."""
     parts = [p.strip() for p in config_string.split(",")]
     if len(parts) != 2 or parts[0] not in FINETUNING_MODES or parts[1] not in MODALITIES:
-        raise ConfigError(f"config string {config_string!r}; expected '<mode>,<modality>' with mode one of "
-                          f"{FINETUNING_MODES} and modality one of {MODALITIES} "
-                          f"(e.g. --config=finetune_config.py:head_only,image_conditioned)")
+        raise ConfigError(
+            f"config string {config_string!r}; expected '<mode>,<modality>' with mode one of "
+            f"{FINETUNING_MODES} and modality one of {MODALITIES} "
+            f"(e.g. --config=finetune_config.py:head_only,image_conditioned)"
+        )
     return parts[0], parts[1]
 
 
@@ -66,11 +70,16 @@ def frozen_keys(mode: str) -> Optional[tuple]:
     if mode == "head_only":
         return ("octo_transformer.*",)
     if mode == "head_mlp_only":
-        return ("octo_transformer.*", "heads_*.map_head.probe", "heads_*.map_head.MultiHeadDotProductAttention_0.*")
+        return (
+            "octo_transformer.*",
+            "heads_*.map_head.probe",
+            "heads_*.map_head.MultiHeadDotProductAttention_0.*",
+        )
     raise ConfigError(f"finetuning_mode {mode!r}; expected one of {FINETUNING_MODES}")
 
 
 # --- the model config: the pretrained one, edited as the fork edits it ------------------------------------------
+
 
 def _flat_keys(d: Mapping, prefix: tuple = ()) -> dict:
     """{("a", "b"): leaf}; an empty dict is a leaf (flax's keep_empty_nodes), so it survives a round trip."""
@@ -103,7 +112,9 @@ def _update(target: dict, other: Mapping) -> dict:
     return target
 
 
-def edit_model_config(base: Mapping, delete: Optional[Mapping] = None, update: Optional[Mapping] = None) -> dict:
+def edit_model_config(
+    base: Mapping, delete: Optional[Mapping] = None, update: Optional[Mapping] = None
+) -> dict:
     """The fork's ``config_delete_keys`` then ``update_config``, as plain dicts.
 
     ``delete={"model": {"heads": {"action": None}}}`` removes every key whose dotted path starts with
@@ -132,6 +143,7 @@ def resolve_frozen_keys(config: Mapping, model_config: Mapping) -> tuple:
 
 # --- names and directories --------------------------------------------------------------------------------------
 
+
 def format_name(name: str, config: Mapping) -> str:
     """The fork's ``format_name_with_config``: ``"ft_{batch_size}_{finetuning_mode}"`` -> ``"ft_256_full"``.
 
@@ -142,8 +154,10 @@ def format_name(name: str, config: Mapping) -> str:
     try:
         return name.format(**values)
     except (KeyError, IndexError) as e:
-        raise ConfigError(f"--name={name!r} names {e} which is not a config field; expected fields like "
-                          f"{{batch_size}} or {{dataset_kwargs_name}}") from None
+        raise ConfigError(
+            f"--name={name!r} names {e} which is not a config field; expected fields like "
+            f"{{batch_size}} or {{dataset_kwargs_name}}"
+        ) from None
 
 
 def run_dir(config: Mapping, name: str) -> Optional[str]:
@@ -169,7 +183,11 @@ def saved_steps(directory: str | Path) -> list:
     """Finished checkpoint steps in an orbax directory (``3/``, ``6/``; half-written ``3.orbax-checkpoint-tmp-*``
     directories are not steps)."""
     d = Path(directory)
-    return sorted(int(c.name) for c in d.iterdir() if c.is_dir() and c.name.isdigit()) if d.is_dir() else []
+    return (
+        sorted(int(c.name) for c in d.iterdir() if c.is_dir() and c.name.isdigit())
+        if d.is_dir()
+        else []
+    )
 
 
 def expected_start(train_state_dir: Optional[str], resume: bool) -> int:
@@ -185,13 +203,16 @@ def resume_problem(train_state_dir: Optional[str], resume: bool) -> Optional[str
     only after every rank has loaded data and compiled the model)."""
     steps = saved_steps(train_state_dir) if train_state_dir else []
     if steps and not resume:
-        return (f"{train_state_dir} already holds checkpoints (latest: step {steps[-1]}) and --resume was not given; "
-                f"expected a new run directory. Fix: add --resume to continue that run, or pick another --name or "
-                f"--config.save_dir (nothing was overwritten)")
+        return (
+            f"{train_state_dir} already holds checkpoints (latest: step {steps[-1]}) and --resume was not given; "
+            f"expected a new run directory. Fix: add --resume to continue that run, or pick another --name or "
+            f"--config.save_dir (nothing was overwritten)"
+        )
     return None
 
 
 # --- checks over the config: what must exist before any rank compiles ------------------------------------------
+
 
 def is_url(path: str) -> bool:
     """``"gs://bucket/x"`` and ``"hf://owner/name"`` are URLs; ``"runs/x"`` and ``"/data/x"`` are local paths."""
@@ -214,13 +235,15 @@ def checkpoint_problems(path: str | Path) -> list:
     if missing:
         problems.append(f"pretrained checkpoint {str(path)!r} lacks {', '.join(missing)}")
     if not steps:
-        problems.append(f"pretrained checkpoint {str(path)!r} has no <step>/ directory of parameters")
+        problems.append(
+            f"pretrained checkpoint {str(path)!r} has no <step>/ directory of parameters"
+        )
     return problems
 
 
 def hf_repo(path: str) -> str:
     """``"hf://rail-berkeley/octo-small"`` -> ``"rail-berkeley/octo-small"``."""
-    repo = path[len(HF_PREFIX):].strip("/")
+    repo = path[len(HF_PREFIX) :].strip("/")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ConfigError(f"pretrained_path {path!r}; expected hf://<owner>/<name>")
     return repo
@@ -249,10 +272,12 @@ def _dependency_problems(path: str, model_config: Mapping, probe: HfProbe) -> li
     for repo in hf_dependencies(model_config):
         why = probe(repo)
         if why is not None:
-            out.append(f"pretrained model {path} loads {repo!r} from Hugging Face at start-up (tokenizer / encoder "
-                       f"config): not in the local cache and the Hub is unreachable ({why}). Fix: on a login node: "
-                       f"make weights (caches {repo} in ~/.cache/huggingface too), and export HF_HUB_OFFLINE=1 in "
-                       f"the job")
+            out.append(
+                f"pretrained model {path} loads {repo!r} from Hugging Face at start-up (tokenizer / encoder "
+                f"config): not in the local cache and the Hub is unreachable ({why}). Fix: on a login node: "
+                f"make weights (caches {repo} in ~/.cache/huggingface too), and export HF_HUB_OFFLINE=1 in "
+                f"the job"
+            )
     return out
 
 
@@ -261,32 +286,43 @@ def pretrained_problems(config: Mapping, probe: HfProbe) -> list:
     if not path:
         if config.get("model_config"):
             # A model from config (the smoke config): no weights; a text processor may still need a tokenizer.
-            model_config = edit_model_config(config["model_config"], config.get("config_delete_keys"),
-                                             config.get("update_config"))
+            model_config = edit_model_config(
+                config["model_config"],
+                config.get("config_delete_keys"),
+                config.get("update_config"),
+            )
             return _dependency_problems("config.model_config", model_config, probe)
-        return [f"no model: --config.pretrained_path is unset and the config has no model_config. Fix: "
-                f"{weights_fix()}, or --config=finetune_smoke_config.py for a tiny model from config"]
+        return [
+            f"no model: --config.pretrained_path is unset and the config has no model_config. Fix: "
+            f"{weights_fix()}, or --config=finetune_smoke_config.py for a tiny model from config"
+        ]
     path = str(path)
     if path.startswith(HF_PREFIX):
         repo = hf_repo(path)
         why = probe(repo)
         if why is None:
             return []
-        return [f"pretrained_path {path}: not in the local Hugging Face cache and the Hub is unreachable ({why}). "
-                f"Compute nodes often have no internet. Fix: {weights_fix(path)}"]
+        return [
+            f"pretrained_path {path}: not in the local Hugging Face cache and the Hub is unreachable ({why}). "
+            f"Compute nodes often have no internet. Fix: {weights_fix(path)}"
+        ]
     if _is_remote(path):
         return []
     found = checkpoint_problems(path)
     if found:
-        found[-1] += (f". Expected a directory written by OctoModel.save_pretrained ({', '.join(CHECKPOINT_FILES)}, "
-                      f"<step>/). Fix: {weights_fix()}")
+        found[-1] += (
+            f". Expected a directory written by OctoModel.save_pretrained ({', '.join(CHECKPOINT_FILES)}, "
+            f"<step>/). Fix: {weights_fix()}"
+        )
         return found
     try:
         with open(Path(path) / "config.json") as f:
             saved = json.load(f)
     except (OSError, ValueError) as e:
         return [f"pretrained checkpoint {path!r}: config.json cannot be read ({e})"]
-    model_config = edit_model_config(saved, config.get("config_delete_keys"), config.get("update_config"))
+    model_config = edit_model_config(
+        saved, config.get("config_delete_keys"), config.get("update_config")
+    )
     return _dependency_problems(path, model_config, probe)
 
 
@@ -294,8 +330,10 @@ def dataset_problems(dataset_kwargs: Mapping, smoke_fix: str = "make synthetic-d
     """Whether ``<data_dir>/<name>/<version>/dataset_info.json`` exists, as tfds.builder(name, data_dir) needs."""
     name, data_dir = dataset_kwargs.get("name"), dataset_kwargs.get("data_dir")
     if not name or not data_dir:
-        return [f"dataset_kwargs needs name and data_dir (got name={name!r}, data_dir={data_dir!r}). Fix: "
-                f"--config.dataset_kwargs.name=<rlds name> --config.dataset_kwargs.data_dir=<dir holding it>"]
+        return [
+            f"dataset_kwargs needs name and data_dir (got name={name!r}, data_dir={data_dir!r}). Fix: "
+            f"--config.dataset_kwargs.name=<rlds name> --config.dataset_kwargs.data_dir=<dir holding it>"
+        ]
     data_dir = str(data_dir)
     if _is_remote(data_dir):
         return []
@@ -306,12 +344,19 @@ def dataset_problems(dataset_kwargs: Mapping, smoke_fix: str = "make synthetic-d
         return []
     from octo_dist.apps.finetune.synthetic_rlds import NAME as SYNTHETIC
 
-    fix = (f"{smoke_fix} (writes it to runs/synthetic_rlds), or --config.dataset_kwargs.data_dir=<where you wrote it>"
-           if base == SYNTHETIC else
-           f"--config.dataset_kwargs.data_dir=<the directory that holds {base}/<version>/>")
-    where = ("does not exist" if not Path(data_dir).is_dir()
-             else f"has no {base}/{version or '<version>'}/dataset_info.json")
-    return [f"dataset {name!r}: data_dir {data_dir!r} (absolute: {Path(data_dir).absolute()}) {where}. Fix: {fix}"]
+    fix = (
+        f"{smoke_fix} (writes it to runs/synthetic_rlds), or --config.dataset_kwargs.data_dir=<where you wrote it>"
+        if base == SYNTHETIC
+        else f"--config.dataset_kwargs.data_dir=<the directory that holds {base}/<version>/>"
+    )
+    where = (
+        "does not exist"
+        if not Path(data_dir).is_dir()
+        else f"has no {base}/{version or '<version>'}/dataset_info.json"
+    )
+    return [
+        f"dataset {name!r}: data_dir {data_dir!r} (absolute: {Path(data_dir).absolute()}) {where}. Fix: {fix}"
+    ]
 
 
 def problems(config: Mapping, probe: HfProbe) -> list:
@@ -335,12 +380,18 @@ def problems(config: Mapping, probe: HfProbe) -> list:
         # optax: "The cosine_decay_schedule requires positive decay_steps!", raised after the data is loaded.
         warmup, decay = lr.get("warmup_steps", 0), lr.get("decay_steps", 0)
         if not decay > warmup:
-            out.append(f"optimizer.learning_rate: a cosine schedule needs decay_steps ({decay}) > warmup_steps "
-                       f"({warmup}); decay_steps follows num_steps in the shipped configs. Fix: "
-                       f"--config.optimizer.learning_rate.warmup_steps=<fewer than {decay}> or more --config.num_steps")
-    if config.get("pretrained_step") is not None and str(config.get("pretrained_path", "")).startswith(HF_PREFIX):
-        out.append("pretrained_step is set with an hf:// pretrained_path; Octo loads only the latest step from the "
-                   "Hub. Fix: download it (make weights) and point pretrained_path at the local directory")
+            out.append(
+                f"optimizer.learning_rate: a cosine schedule needs decay_steps ({decay}) > warmup_steps "
+                f"({warmup}); decay_steps follows num_steps in the shipped configs. Fix: "
+                f"--config.optimizer.learning_rate.warmup_steps=<fewer than {decay}> or more --config.num_steps"
+            )
+    if config.get("pretrained_step") is not None and str(
+        config.get("pretrained_path", "")
+    ).startswith(HF_PREFIX):
+        out.append(
+            "pretrained_step is set with an hf:// pretrained_path; Octo loads only the latest step from the "
+            "Hub. Fix: download it (make weights) and point pretrained_path at the local directory"
+        )
     out += pretrained_problems(config, probe)
     out += dataset_problems(config.get("dataset_kwargs") or {})
     return out
@@ -355,18 +406,22 @@ def validate(config: Mapping, probe: HfProbe) -> None:
 
 # --- the parsed configuration -----------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
     """One fine-tune job, checked and parsed once (:func:`parse`): what the job reads, nothing re-derived later."""
-    config: Mapping[str, Any]       # the whole config as plain data: Octo's calls, finetune_config.json, wandb
-    name: str                       # the run's name, formatted: "ft_{batch_size}" -> "ft_256"
-    run_dir: Optional[str]          # absolute (or a URL); None without --config.save_dir
+
+    config: Mapping[
+        str, Any
+    ]  # the whole config as plain data: Octo's calls, finetune_config.json, wandb
+    name: str  # the run's name, formatted: "ft_{batch_size}" -> "ft_256"
+    run_dir: Optional[str]  # absolute (or a URL); None without --config.save_dir
     seed: int
-    batch_size: int                 # global, over every process
+    batch_size: int  # global, over every process
     num_steps: int
-    shuffle_buffer_size: int        # per process
+    shuffle_buffer_size: int  # per process
     log_interval: int
-    save_interval: int              # 0: only at the end and on a stop signal
+    save_interval: int  # 0: only at the end and on a stop signal
     pretrained_path: Optional[str]
     pretrained_step: Optional[int]
     dataset_name: str
@@ -374,7 +429,7 @@ class FinetuneConfig:
     wandb_project: str
     wandb_group: Optional[str]
     wandb_entity: Optional[str]
-    debug: bool = False             # wandb disabled
+    debug: bool = False  # wandb disabled
     resume: bool = False
     step_fn: str = "auto"
     compile_cache: Optional[str] = None
@@ -386,9 +441,14 @@ class FinetuneConfig:
 
     def fingerprint(self) -> dict:
         """The settings a resumed run must share with the run it continues (checked against the checkpoint)."""
-        return {"batch_size": self.batch_size, "seed": self.seed, "step_fn": self.step_fn,
-                "pretrained_path": str(self.pretrained_path), "dataset": self.dataset_name,
-                "finetuning_mode": self.finetuning_mode}
+        return {
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "step_fn": self.step_fn,
+            "pretrained_path": str(self.pretrained_path),
+            "dataset": self.dataset_name,
+            "finetuning_mode": self.finetuning_mode,
+        }
 
 
 def plain(config) -> dict:
@@ -396,8 +456,16 @@ def plain(config) -> dict:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
-def parse(config, probe: HfProbe, *, name: str = "experiment", debug: bool = False, resume: bool = False,
-          step_fn: str = "auto", compile_cache: Optional[str] = None) -> FinetuneConfig:
+def parse(
+    config,
+    probe: HfProbe,
+    *,
+    name: str = "experiment",
+    debug: bool = False,
+    resume: bool = False,
+    step_fn: str = "auto",
+    compile_cache: Optional[str] = None,
+) -> FinetuneConfig:
     """Check ``config`` (every problem at once, as a ConfigError) and return the job it describes.
 
     Also refused here: a run directory that already holds checkpoints without ``resume`` (the engine refuses it
@@ -412,31 +480,65 @@ def parse(config, probe: HfProbe, *, name: str = "experiment", debug: bool = Fal
         raise ConfigError(refused)
     wandb = cfg.get("wandb") or {}
     return FinetuneConfig(
-        config=cfg, name=format_name(name, cfg), run_dir=out, seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]),
-        num_steps=int(cfg["num_steps"]), shuffle_buffer_size=int(cfg["shuffle_buffer_size"]),
-        log_interval=int(cfg.get("log_interval") or 1), save_interval=int(cfg.get("save_interval") or 0),
+        config=cfg,
+        name=format_name(name, cfg),
+        run_dir=out,
+        seed=int(cfg["seed"]),
+        batch_size=int(cfg["batch_size"]),
+        num_steps=int(cfg["num_steps"]),
+        shuffle_buffer_size=int(cfg["shuffle_buffer_size"]),
+        log_interval=int(cfg.get("log_interval") or 1),
+        save_interval=int(cfg.get("save_interval") or 0),
         pretrained_path=str(cfg["pretrained_path"]) if cfg.get("pretrained_path") else None,
-        pretrained_step=cfg.get("pretrained_step"), dataset_name=str(cfg["dataset_kwargs"]["name"]),
-        finetuning_mode=str(cfg.get("finetuning_mode", "full")), wandb_project=str(wandb.get("project") or "octo_finetune"),
-        wandb_group=wandb.get("group"), wandb_entity=wandb.get("entity"), debug=debug, resume=resume, step_fn=step_fn,
-        compile_cache=compile_cache)
+        pretrained_step=cfg.get("pretrained_step"),
+        dataset_name=str(cfg["dataset_kwargs"]["name"]),
+        finetuning_mode=str(cfg.get("finetuning_mode", "full")),
+        wandb_project=str(wandb.get("project") or "octo_finetune"),
+        wandb_group=wandb.get("group"),
+        wandb_entity=wandb.get("entity"),
+        debug=debug,
+        resume=resume,
+        step_fn=step_fn,
+        compile_cache=compile_cache,
+    )
 
 
 # --- flags ------------------------------------------------------------------------------------------------------
 
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "finetune_config.py"
-STEP_FNS = ("auto", "jit", "shard_map")  # octo_dist.engine.parallel.STEP_FNS (this module imports no JAX)
+STEP_FNS = (
+    "auto",
+    "jit",
+    "shard_map",
+)  # octo_dist.engine.parallel.STEP_FNS (this module imports no JAX)
 # (flag, absl kind, default, value's name in --help, help): the flags besides --config, defined and described
 # from this one table.
 FLAGS = (
-    ("name", "string", "experiment", "NAME", "the run's name; may use config fields (ft_{batch_size}_{finetuning_mode}); "
-                                             "the run directory is <save_dir>/<wandb.project>/[<wandb.group>/]<name>"),
+    (
+        "name",
+        "string",
+        "experiment",
+        "NAME",
+        "the run's name; may use config fields (ft_{batch_size}_{finetuning_mode}); "
+        "the run directory is <save_dir>/<wandb.project>/[<wandb.group>/]<name>",
+    ),
     ("debug", "bool", False, "", "a debug run: wandb disabled"),
     ("resume", "bool", False, "", "continue from the latest checkpoint in the run directory"),
-    ("step_fn", "enum", "auto", "|".join(STEP_FNS), "auto: shard_map on the CPU, jit on GPUs; or either by name"),
-    ("compile_cache", "string", None, "DIR", "persistent compilation cache directory (default: "
-                                             "$OCTO_DIST_COMPILE_CACHE, else none)"),
+    (
+        "step_fn",
+        "enum",
+        "auto",
+        "|".join(STEP_FNS),
+        "auto: shard_map on the CPU, jit on GPUs; or either by name",
+    ),
+    (
+        "compile_cache",
+        "string",
+        None,
+        "DIR",
+        "persistent compilation cache directory (default: $OCTO_DIST_COMPILE_CACHE, else none)",
+    ),
 )
 
 
@@ -456,9 +558,11 @@ def resolve_config_file(value: str) -> str:
         return value
     if "/" not in path and (PACKAGED_CONFIGS / path).is_file():
         return f"{PACKAGED_CONFIGS / path}{sep}{rest}"
-    raise ConfigError(f"--config={value}: no config file {path!r} (absolute: {Path(path).absolute()}); expected a "
-                      f"path to your own config file or one shipped with octo-dist ({', '.join(packaged_configs())}). "
-                      f"Fix: --config=finetune_config.py:full,multimodal, or the right path")
+    raise ConfigError(
+        f"--config={value}: no config file {path!r} (absolute: {Path(path).absolute()}); expected a "
+        f"path to your own config file or one shipped with octo-dist ({', '.join(packaged_configs())}). "
+        f"Fix: --config=finetune_config.py:full,multimodal, or the right path"
+    )
 
 
 def _with_config_resolved(argv: Sequence[str]) -> list:
@@ -493,8 +597,14 @@ def define_flags(flag_values, argv: Sequence[str]) -> None:
             flags.DEFINE_enum(name, default, STEP_FNS, text, flag_values=flag_values)
         else:
             define[kind](name, default, text, flag_values=flag_values)
-    config_flags.DEFINE_config_file("config", str(PACKAGED_CONFIGS / DEFAULT_CONFIG), "the config file",
-                                    flag_values=flag_values, lock_config=False, sys_argv=list(argv))
+    config_flags.DEFINE_config_file(
+        "config",
+        str(PACKAGED_CONFIGS / DEFAULT_CONFIG),
+        "the config file",
+        flag_values=flag_values,
+        lock_config=False,
+        sys_argv=list(argv),
+    )
 
 
 def parse_flags(argv: Sequence[str]):
@@ -533,8 +643,10 @@ def load_config(value: str):
     return module.get_config(arg) if arg else module.get_config()
 
 
-USAGE = ("usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
-         "                          [--resume] [--step_fn=auto|jit|shard_map] [--compile_cache=DIR]")
+USAGE = (
+    "usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
+    "                          [--resume] [--step_fn=auto|jit|shard_map] [--compile_cache=DIR]"
+)
 DESCRIPTION = """\
 Fine-tune Octo on every rank (run it under mpirun, srun, or alone): the pretrained model, edited as the config
 says, trained data-parallel on the RLDS dataset; checkpoints in the run directory, resumable with --resume.
@@ -546,23 +658,42 @@ The config is checked before any rank starts: a missing dataset or unreachable w
 
 def help_text(argv: Sequence[str], width: int = 118) -> str:
     """``octo-dist finetune --help``: the flags with their defaults, then the fields of the chosen config."""
-    rows = [("--config=FILE[:ARGS]", f"a config shipped with octo-dist ({', '.join(packaged_configs())}; "
-                                     f"finetune_config.py takes <mode>,<modality>: mode one of "
-                                     f"{', '.join(FINETUNING_MODES)}; modality one of {', '.join(MODALITIES)}), "
-                                     f"or the path to your own (default: {DEFAULT_CONFIG})")]
+    rows = [
+        (
+            "--config=FILE[:ARGS]",
+            f"a config shipped with octo-dist ({', '.join(packaged_configs())}; "
+            f"finetune_config.py takes <mode>,<modality>: mode one of "
+            f"{', '.join(FINETUNING_MODES)}; modality one of {', '.join(MODALITIES)}), "
+            f"or the path to your own (default: {DEFAULT_CONFIG})",
+        )
+    ]
     for name, kind, default, metavar, text in FLAGS:
         shown = f"={metavar}" if metavar else ""
-        rows.append((f"--{name}{shown}", text if default is None else
-                     f"{text} (default: {'off' if default is False else default})"))
+        rows.append(
+            (
+                f"--{name}{shown}",
+                text
+                if default is None
+                else f"{text} (default: {'off' if default is False else default})",
+            )
+        )
     lines = [USAGE, "", DESCRIPTION, "", "flags:"]
     for flag, text in rows:
-        lines += textwrap.wrap(text, width, initial_indent=f"  {flag:<24} ", subsequent_indent=" " * 27)
+        lines += textwrap.wrap(
+            text, width, initial_indent=f"  {flag:<24} ", subsequent_indent=" " * 27
+        )
     value = _config_value(argv)
-    lines += ["", f"config fields of {value} (default value shown; set any with --config.FIELD=VALUE):"]
+    lines += [
+        "",
+        f"config fields of {value} (default value shown; set any with --config.FIELD=VALUE):",
+    ]
     try:
         config = plain(load_config(value))
     except Exception as e:  # a bad config string or path: still show the flags
         lines.append(f"  (cannot load {value}: {e})")
     else:
-        lines += [f"  --config.{'.'.join(map(str, key))}={value!r}" for key, value in _flat_keys(config).items()]
+        lines += [
+            f"  --config.{'.'.join(map(str, key))}={value!r}"
+            for key, value in _flat_keys(config).items()
+        ]
     return "\n".join(lines) + "\n"

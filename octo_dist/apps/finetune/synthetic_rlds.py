@@ -29,12 +29,18 @@ import numpy as np
 NAME = "octo_dist_synthetic"
 DATASET_VERSION = "1.0.0"
 ACTION_DIM = 7
-INSTRUCTIONS = ("pick up the red block", "open the drawer", "push the cup to the left", "wipe the table")
+INSTRUCTIONS = (
+    "pick up the red block",
+    "open the drawer",
+    "push the cup to the left",
+    "wipe the table",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """How much to write: ``train_episodes`` + ``val_episodes`` episodes of ``steps`` steps, ``image_size`` pixels."""
+
     train_episodes: int = 16
     val_episodes: int = 4
     steps: int = 12
@@ -47,21 +53,33 @@ def episode(layout: Layout, index: int) -> dict:
     rng = np.random.default_rng([layout.seed, index])
     n, s = layout.steps, layout.image_size
     state = np.cumsum(0.05 * rng.standard_normal((n, ACTION_DIM)), axis=0).astype(np.float32)
-    state[:, -1] = (np.arange(n) < n // 2).astype(np.float32)                 # gripper open, then closed
-    action = np.concatenate([np.diff(state[:, :6], axis=0, append=state[-1:, :6]), state[:, -1:]], axis=1)
-    colour = (np.tanh(state[:, :3]) * 100 + 128).astype(np.uint8)            # (n, 3): the state shows in the image
+    state[:, -1] = (np.arange(n) < n // 2).astype(np.float32)  # gripper open, then closed
+    action = np.concatenate(
+        [np.diff(state[:, :6], axis=0, append=state[-1:, :6]), state[:, -1:]], axis=1
+    )
+    colour = (np.tanh(state[:, :3]) * 100 + 128).astype(
+        np.uint8
+    )  # (n, 3): the state shows in the image
     ramp = np.linspace(0.5, 1.0, s, dtype=np.float32)[None, :, None, None]
-    images = (colour[:, None, None, :] * ramp).astype(np.uint8)             # (n, 1, s, 3) -> broadcast rows below
+    images = (colour[:, None, None, :] * ramp).astype(
+        np.uint8
+    )  # (n, 1, s, 3) -> broadcast rows below
     images = np.broadcast_to(images, (n, s, s, 3)).copy()
     instruction = INSTRUCTIONS[index % len(INSTRUCTIONS)]
     return {
-        "steps": [{
-            "observation": {"image_0": images[t], "state": state[t]},
-            "action": action[t].astype(np.float32),
-            "language_instruction": instruction,
-            "is_first": t == 0, "is_last": t == n - 1, "is_terminal": t == n - 1,
-            "reward": np.float32(t == n - 1), "discount": np.float32(1.0),
-        } for t in range(n)],
+        "steps": [
+            {
+                "observation": {"image_0": images[t], "state": state[t]},
+                "action": action[t].astype(np.float32),
+                "language_instruction": instruction,
+                "is_first": t == 0,
+                "is_last": t == n - 1,
+                "is_terminal": t == n - 1,
+                "reward": np.float32(t == n - 1),
+                "discount": np.float32(1.0),
+            }
+            for t in range(n)
+        ],
         "episode_metadata": {"file_path": f"synthetic/episode_{index:05d}"},
     }
 
@@ -75,7 +93,9 @@ def _builder_class():
 
     class OctoDistSynthetic(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version(DATASET_VERSION)
-        RELEASE_NOTES = {DATASET_VERSION: "Synthetic Bridge-layout RLDS episodes for the octo-dist smoke run."}
+        RELEASE_NOTES = {
+            DATASET_VERSION: "Synthetic Bridge-layout RLDS episodes for the octo-dist smoke run."
+        }
 
         def __init__(self, *, layout: Layout = Layout(), **kwargs):
             self._layout = layout
@@ -83,26 +103,54 @@ def _builder_class():
 
         def _info(self):
             s = self._layout.image_size
-            scalar = lambda dtype: tfds.features.Scalar(dtype=dtype)
+
+            def scalar(dtype):
+                return tfds.features.Scalar(dtype=dtype)
+
             # DatasetInfo directly: dataset_info_from_configs looks for a README beside the defining module.
-            return tfds.core.DatasetInfo(builder=self, description=__doc__, features=tfds.features.FeaturesDict({
-                "steps": tfds.features.Dataset({
-                    "observation": tfds.features.FeaturesDict({
-                        "image_0": tfds.features.Image(shape=(s, s, 3), dtype=np.uint8, encoding_format="jpeg"),
-                        "state": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
-                    }),
-                    "action": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
-                    "language_instruction": tfds.features.Text(),
-                    "is_first": scalar(np.bool_), "is_last": scalar(np.bool_), "is_terminal": scalar(np.bool_),
-                    "reward": scalar(np.float32), "discount": scalar(np.float32),
-                }),
-                "episode_metadata": tfds.features.FeaturesDict({"file_path": tfds.features.Text()}),
-            }))
+            return tfds.core.DatasetInfo(
+                builder=self,
+                description=__doc__,
+                features=tfds.features.FeaturesDict(
+                    {
+                        "steps": tfds.features.Dataset(
+                            {
+                                "observation": tfds.features.FeaturesDict(
+                                    {
+                                        "image_0": tfds.features.Image(
+                                            shape=(s, s, 3), dtype=np.uint8, encoding_format="jpeg"
+                                        ),
+                                        "state": tfds.features.Tensor(
+                                            shape=(ACTION_DIM,), dtype=np.float32
+                                        ),
+                                    }
+                                ),
+                                "action": tfds.features.Tensor(
+                                    shape=(ACTION_DIM,), dtype=np.float32
+                                ),
+                                "language_instruction": tfds.features.Text(),
+                                "is_first": scalar(np.bool_),
+                                "is_last": scalar(np.bool_),
+                                "is_terminal": scalar(np.bool_),
+                                "reward": scalar(np.float32),
+                                "discount": scalar(np.float32),
+                            }
+                        ),
+                        "episode_metadata": tfds.features.FeaturesDict(
+                            {"file_path": tfds.features.Text()}
+                        ),
+                    }
+                ),
+            )
 
         def _split_generators(self, dl_manager):
             lay = self._layout
-            return {"train": self._generate_examples(range(lay.train_episodes)),
-                    "val": self._generate_examples(range(lay.train_episodes, lay.train_episodes + lay.val_episodes))}
+            return {
+                "train": self._generate_examples(range(lay.train_episodes)),
+                "val": self._generate_examples(
+                    range(lay.train_episodes, lay.train_episodes + lay.val_episodes)
+                ),
+            }
 
         def _generate_examples(self, indices) -> Iterator:
             for i in indices:
@@ -121,17 +169,39 @@ def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0])
-    p.add_argument("data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)")
-    p.add_argument("--train-episodes", type=int, default=Layout.train_episodes,
-                   help="episodes in the train split (default: %(default)s)")
-    p.add_argument("--val-episodes", type=int, default=Layout.val_episodes,
-                   help="episodes in the val split (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=Layout.steps, help="steps per episode (default: %(default)s)")
-    p.add_argument("--image-size", type=int, default=Layout.image_size,
-                   help="side of the square camera images, in pixels (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=Layout.seed,
-                   help="seed of the images, actions and instructions (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)"
+    )
+    p.add_argument(
+        "--train-episodes",
+        type=int,
+        default=Layout.train_episodes,
+        help="episodes in the train split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--val-episodes",
+        type=int,
+        default=Layout.val_episodes,
+        help="episodes in the val split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=Layout.steps, help="steps per episode (default: %(default)s)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=Layout.image_size,
+        help="side of the square camera images, in pixels (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=Layout.seed,
+        help="seed of the images, actions and instructions (default: %(default)s)",
+    )
     a = p.parse_args(argv)
     out = write(a.data_dir, Layout(a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed))
     print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from octo_dist import EXIT_FAILED
-from octo_dist.apps.finetune.config import DEFAULT_HF_MODEL, HF_PREFIX, checkpoint_problems, hf_dependencies, hf_repo
+from octo_dist.apps.finetune.config import (
+    DEFAULT_HF_MODEL,
+    HF_PREFIX,
+    checkpoint_problems,
+    hf_dependencies,
+    hf_repo,
+)
 
 PROBE_TIMEOUT_S = 10.0
 # What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).
@@ -60,10 +66,14 @@ def probe(repo: str, timeout_s: float = PROBE_TIMEOUT_S, environ=os.environ) -> 
         return _short(e)
 
 
-def download(source: str, local_dir: str | Path, snapshot: Optional[Callable[..., str]] = None) -> Path:
+def download(
+    source: str, local_dir: str | Path, snapshot: Optional[Callable[..., str]] = None
+) -> Path:
     """Fetch ``hf://owner/name`` into ``local_dir`` and check it has Octo's checkpoint layout."""
     if not source.startswith(HF_PREFIX):
-        raise WeightsError(f"source {source!r}; expected hf://<owner>/<name> (e.g. {DEFAULT_HF_MODEL})")
+        raise WeightsError(
+            f"source {source!r}; expected hf://<owner>/<name> (e.g. {DEFAULT_HF_MODEL})"
+        )
     repo = hf_repo(source)
     if snapshot is None:
         import huggingface_hub
@@ -77,10 +87,13 @@ def download(source: str, local_dir: str | Path, snapshot: Optional[Callable[...
             f"could not download {source} into {local_dir}: {_short(e)}. Expected huggingface.co to be reachable: "
             f"run `make weights` on a login node (ABCI compute nodes have no internet), behind the proxy if your "
             f"site needs one (export HTTPS_PROXY=...). Or copy an Octo checkpoint directory (config.json, "
-            f"example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}") from None
+            f"example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}"
+        ) from None
     found = checkpoint_problems(local_dir)
     if found:
-        raise WeightsError(f"downloaded {source} into {local_dir}, but {'; '.join(found)}: not an Octo checkpoint?")
+        raise WeightsError(
+            f"downloaded {source} into {local_dir}, but {'; '.join(found)}: not an Octo checkpoint?"
+        )
     with open(local_dir / "config.json") as f:
         dependencies = hf_dependencies(json.load(f))
     for repo in dependencies:
@@ -89,15 +102,24 @@ def download(source: str, local_dir: str | Path, snapshot: Optional[Callable[...
         try:
             snapshot(repo, allow_patterns=DEPENDENCY_FILES)
         except Exception as e:
-            raise WeightsError(f"{source} is in {local_dir}, but caching {repo!r} (its tokenizer / encoder config, "
-                               f"loaded at start-up) failed: {_short(e)}. Fix: rerun make weights where "
-                               f"huggingface.co is reachable") from None
+            raise WeightsError(
+                f"{source} is in {local_dir}, but caching {repo!r} (its tokenizer / encoder config, "
+                f"loaded at start-up) failed: {_short(e)}. Fix: rerun make weights where "
+                f"huggingface.co is reachable"
+            ) from None
     return local_dir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m octo_dist.apps.finetune.weights", description=__doc__.splitlines()[0])
-    p.add_argument("source", nargs="?", default=DEFAULT_HF_MODEL, help=f"hf://owner/name (default {DEFAULT_HF_MODEL})")
+    p = argparse.ArgumentParser(
+        prog="python -m octo_dist.apps.finetune.weights", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        default=DEFAULT_HF_MODEL,
+        help=f"hf://owner/name (default {DEFAULT_HF_MODEL})",
+    )
     p.add_argument("local_dir", nargs="?", help="where to put it (default weights/<name>)")
     a = p.parse_args(argv)
     local_dir = a.local_dir or os.path.join("weights", a.source.rstrip("/").split("/")[-1])

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 
 log = logging.getLogger(__name__)
 
@@ -33,38 +33,98 @@ MAX_GLOBAL_BATCH = 65536
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("smoke", help="data-parallel smoke training on synthetic Octo-shaped data (run under mpirun)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=MODELS, default="auto",
-                   help="auto: octo when importable, else tiny (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=20,
-                   help="total optimizer steps; a resumed run does the rest (default: %(default)s)")
-    p.add_argument("--global-batch", type=int, default=8,
-                   help="examples per step over all ranks; must divide by the device count (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the parameters, dropout and data (default: %(default)s)")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam's learning rate (default: %(default)s)")
-    p.add_argument("--step-fn", choices=("auto", "jit", "shard_map"), default="auto",
-                   help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
-                        "GPUs; or either by name (default: %(default)s)")
-    p.add_argument("--save-dir", help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)")
-    p.add_argument("--save-every", type=int, default=None,
-                   help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
-                        f"{DEFAULT_SAVE_EVERY} with --save-dir, so a killed job loses little)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --save-dir (default: off)")
-    p.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
-                   help="wandb logging (default: $WANDB_MODE, else disabled: a smoke job needs no account)")
-    p.add_argument("--wandb-project", default="octo-dist-smoke", help="wandb project (default: %(default)s)")
-    p.add_argument("--compile-cache",
-                   help="persistent compilation cache directory (default: $OCTO_DIST_COMPILE_CACHE, else none)")
-    p.add_argument("--record", help="rank 0 writes the run's losses, digests and input counts here as JSON "
-                                    "(default: none)")
-    p.add_argument("--check-equivalence", action="store_true",
-                   help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare "
-                        "(default: off)")
-    p.add_argument("--np", type=int, default=2, help="processes for --check-equivalence (default: %(default)s)")
-    p.add_argument("--tolerance", type=float, default=1e-5,
-                   help="largest relative loss difference --check-equivalence accepts (default: %(default)s)")
+    p = sub.add_parser(
+        "smoke",
+        help="data-parallel smoke training on synthetic Octo-shaped data (run under mpirun)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="auto",
+        help="auto: octo when importable, else tiny (default: %(default)s)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="total optimizer steps; a resumed run does the rest (default: %(default)s)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=8,
+        help="examples per step over all ranks; must divide by the device count (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the parameters, dropout and data (default: %(default)s)",
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=1e-3,
+        help="Adam's learning rate (default: %(default)s)",
+    )
+    p.add_argument(
+        "--step-fn",
+        choices=("auto", "jit", "shard_map"),
+        default="auto",
+        help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
+        "GPUs; or either by name (default: %(default)s)",
+    )
+    p.add_argument(
+        "--save-dir",
+        help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)",
+    )
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
+        f"{DEFAULT_SAVE_EVERY} with --save-dir, so a killed job loses little)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --save-dir (default: off)",
+    )
+    p.add_argument(
+        "--wandb-mode",
+        choices=("online", "offline", "disabled"),
+        default=None,
+        help="wandb logging (default: $WANDB_MODE, else disabled: a smoke job needs no account)",
+    )
+    p.add_argument(
+        "--wandb-project", default="octo-dist-smoke", help="wandb project (default: %(default)s)"
+    )
+    p.add_argument(
+        "--compile-cache",
+        help="persistent compilation cache directory (default: $OCTO_DIST_COMPILE_CACHE, else none)",
+    )
+    p.add_argument(
+        "--record",
+        help="rank 0 writes the run's losses, digests and input counts here as JSON "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--check-equivalence",
+        action="store_true",
+        help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare "
+        "(default: off)",
+    )
+    p.add_argument(
+        "--np", type=int, default=2, help="processes for --check-equivalence (default: %(default)s)"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        help="largest relative loss difference --check-equivalence accepts (default: %(default)s)",
+    )
     runtime.argv_options(p)
     p.set_defaults(func=main)
     return p
@@ -84,8 +144,10 @@ def pick_model(name: str):
             from octo_dist.policies import octo
         except ImportError as e:
             if name == "octo":
-                raise ModelError(f"--model octo, but octo cannot be imported ({e}); expected the pinned fork. "
-                                 f"Fix: make git-deps (needs GitHub), or --model tiny") from None
+                raise ModelError(
+                    f"--model octo, but octo cannot be imported ({e}); expected the pinned fork. "
+                    f"Fix: make git-deps (needs GitHub), or --model tiny"
+                ) from None
             return TinyPolicy(), data.Spec(), f"tiny (octo not importable: {e})"
         policy, spec = octo.smoke_policy()
         return policy, spec, "octo (a tiny Octo config, initialised as OctoModel.from_config does)"
@@ -113,37 +175,84 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
     """The smoke job on this rank, inside the harness."""
     import optax
 
-    from octo_dist.dist import collectives
-    from octo_dist.dist import tracking
+    from octo_dist.runtime import collectives
+    from octo_dist.runtime import tracking
     from octo_dist.engine import data
     from octo_dist.engine import train
 
     rt = job.runtime
     policy, spec, model_note = pick_model(args.model)
-    source = data.SyntheticData(spec, args.global_batch, rt.process_index, rt.process_count, rt.device_count, args.seed)
-    log.info("model: %s; %s; global batch %d = %d per rank", model_note, rt.describe(), args.global_batch,
-             source.local_batch_size)
-    fingerprint = {"model": policy.name, "global_batch": args.global_batch, "seed": args.seed, "step_fn": args.step_fn,
-                   "learning_rate": args.learning_rate}
-    tracker = tracking.make_tracker(rt.process_index, project=args.wandb_project, launch=rt.launch, environ=environ,
-                                    mode=tracking.resolve_mode(environ, args.wandb_mode, default="disabled"),
-                                    config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count})
-    cfg = train.TrainConfig(steps=args.steps, seed=args.seed, step_fn=args.step_fn, save_dir=args.save_dir,
-                            save_every=args.save_every, resume=args.resume)
-    result, timing = harness.fit(job, policy, optax.adam(args.learning_rate), source, cfg, tracker=tracker,
-                                 fingerprint=fingerprint)
+    source = data.SyntheticData(
+        spec, args.global_batch, rt.process_index, rt.process_count, rt.device_count, args.seed
+    )
+    log.info(
+        "model: %s; %s; global batch %d = %d per rank",
+        model_note,
+        rt.describe(),
+        args.global_batch,
+        source.local_batch_size,
+    )
+    fingerprint = {
+        "model": policy.name,
+        "global_batch": args.global_batch,
+        "seed": args.seed,
+        "step_fn": args.step_fn,
+        "learning_rate": args.learning_rate,
+    }
+    tracker = tracking.make_tracker(
+        rt.process_index,
+        project=args.wandb_project,
+        launch=rt.launch,
+        environ=environ,
+        mode=tracking.resolve_mode(environ, args.wandb_mode, default="disabled"),
+        config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count},
+    )
+    cfg = train.TrainConfig(
+        steps=args.steps,
+        seed=args.seed,
+        step_fn=args.step_fn,
+        save_dir=args.save_dir,
+        save_every=args.save_every,
+        resume=args.resume,
+    )
+    result, timing = harness.fit(
+        job,
+        policy,
+        optax.adam(args.learning_rate),
+        source,
+        cfg,
+        tracker=tracker,
+        fingerprint=fingerprint,
+    )
     # Examples this rank made per batch it made (a run stopped by a signal has made one batch ahead of its last step).
-    ranks = collectives.allgather_json({"digest": result.params_digest,
-                                        "reads_per_step": source.reads // source.batches_made if source.batches_made else 0,
-                                        "host": rt.host})
-    rec = {"model": policy.name, "ranks": rt.process_count, "devices": rt.device_count,
-           "local_devices": rt.local_device_count, "platform": rt.platform, "global_batch": args.global_batch,
-           "steps": args.steps, "start_step": result.start_step, "end_step": result.end_step,
-           "losses": {str(k): v for k, v in result.losses.items()}, "stopped_by": result.stopped_by,
-           "digests": [r["digest"] for r in ranks], "reads_per_step": [r["reads_per_step"] for r in ranks],
-           "hosts": [r["host"] for r in ranks], "run_id": tracker.run_id}
+    ranks = collectives.allgather_json(
+        {
+            "digest": result.params_digest,
+            "reads_per_step": source.reads // source.batches_made if source.batches_made else 0,
+            "host": rt.host,
+        }
+    )
+    rec = {
+        "model": policy.name,
+        "ranks": rt.process_count,
+        "devices": rt.device_count,
+        "local_devices": rt.local_device_count,
+        "platform": rt.platform,
+        "global_batch": args.global_batch,
+        "steps": args.steps,
+        "start_step": result.start_step,
+        "end_step": result.end_step,
+        "losses": {str(k): v for k, v in result.losses.items()},
+        "stopped_by": result.stopped_by,
+        "digests": [r["digest"] for r in ranks],
+        "reads_per_step": [r["reads_per_step"] for r in ranks],
+        "hosts": [r["host"] for r in ranks],
+        "run_id": tracker.run_id,
+    }
     harness.say(job, verdict(rec))
-    summary = harness.summary(job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"])
+    summary = harness.summary(
+        job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"]
+    )
     rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
         with open(args.record, "w") as f:
@@ -153,26 +262,46 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
 
 def argument_problem(args) -> Optional[str]:
     """The first flag no run could use, as "found; expected. Fix: ..." (None when every flag is sound)."""
+
     def bad(flag, found, expected, fix):
         return f"{flag} {found}; expected {expected}. Fix: {fix}"
 
     if args.steps < 1:
         return bad("--steps", args.steps, "at least 1 step", "--steps 20")
     if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH:
-        return bad("--global-batch", args.global_batch, f"1 to {MAX_GLOBAL_BATCH} examples, a multiple of the device "
-                   "count", "--global-batch 8")
+        return bad(
+            "--global-batch",
+            args.global_batch,
+            f"1 to {MAX_GLOBAL_BATCH} examples, a multiple of the device count",
+            "--global-batch 8",
+        )
     if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
-        return bad("--learning-rate", args.learning_rate, "a finite number above 0", "--learning-rate 1e-3")
+        return bad(
+            "--learning-rate", args.learning_rate, "a finite number above 0", "--learning-rate 1e-3"
+        )
     if args.save_every is not None and args.save_every < 0:
-        return bad("--save-every", args.save_every, "0 (at the end and on a stop only) or a positive number of "
-                   "steps", f"--save-every {DEFAULT_SAVE_EVERY}")
+        return bad(
+            "--save-every",
+            args.save_every,
+            "0 (at the end and on a stop only) or a positive number of steps",
+            f"--save-every {DEFAULT_SAVE_EVERY}",
+        )
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        return bad("--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5")
+        return bad(
+            "--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5"
+        )
     if args.record:
         parent = os.path.dirname(os.path.abspath(args.record))
-        expected = "a file path in an existing directory (rank 0 writes the run's record there at the end)"
+        expected = (
+            "a file path in an existing directory (rank 0 writes the run's record there at the end)"
+        )
         if os.path.isdir(args.record):
-            return bad("--record", args.record, expected, f"--record {os.path.join(args.record, 'record.json')}")
+            return bad(
+                "--record",
+                args.record,
+                expected,
+                f"--record {os.path.join(args.record, 'record.json')}",
+            )
         if not os.path.isdir(parent):
             return bad("--record", args.record, expected, f"mkdir -p {parent}, or another --record")
     return None
@@ -194,8 +323,12 @@ def check_command(argv: Sequence[str]) -> None:
     args, unknown = parser.parse_known_args(list(argv))
     if unknown:
         flag = unknown[0].split("=", 1)[0]
-        close = difflib.get_close_matches(flag, [o for o in parser._option_string_actions if o.startswith("--")], n=1)
-        raise ValueError(f"unknown flag {unknown[0]}" + (f", did you mean {close[0]}?" if close else ""))
+        close = difflib.get_close_matches(
+            flag, [o for o in parser._option_string_actions if o.startswith("--")], n=1
+        )
+        raise ValueError(
+            f"unknown flag {unknown[0]}" + (f", did you mean {close[0]}?" if close else "")
+        )
     problem = argument_problem(args)
     if problem:  # "--steps -5; expected at least 1 step. Fix: ..." -> "--steps -5 (expected at least 1 step)"
         found, _, rest = problem.partition("; expected ")
@@ -216,4 +349,6 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
 
         return equivalence.main(args)
     options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
-    return harness.run("smoke", options, lambda job: train(job, args, environ), refusals=(ModelError,))
+    return harness.run(
+        "smoke", options, lambda job: train(job, args, environ), refusals=(ModelError,)
+    )

@@ -38,26 +38,40 @@ def compare(reference: Mapping, distributed: Mapping, np_: int, tolerance: float
     out = []
     ref, dist = reference["losses"], distributed["losses"]
     if sorted(ref, key=int) != sorted(dist, key=int):
-        out.append(f"steps differ: reference {sorted(ref, key=int)}, distributed {sorted(dist, key=int)}")
+        out.append(
+            f"steps differ: reference {sorted(ref, key=int)}, distributed {sorted(dist, key=int)}"
+        )
     for k in sorted(set(ref) & set(dist), key=int):
         a, b = ref[k], dist[k]
         rel = abs(a - b) / max(abs(a), abs(b), 1e-12)
         if rel > tolerance:
-            out.append(f"step {k}: loss {b!r} with {np_} processes vs {a!r} with 1 process (relative {rel:.2e} > {tolerance:g})")
+            out.append(
+                f"step {k}: loss {b!r} with {np_} processes vs {a!r} with 1 process (relative {rel:.2e} > {tolerance:g})"
+            )
     if len(set(distributed["digests"])) != 1:
         out.append(f"parameters differ across ranks: {distributed['digests']}")
     expected = distributed["global_batch"] // np_
     if set(distributed["reads_per_step"]) != {expected}:
-        out.append(f"examples read per rank per step {distributed['reads_per_step']}; expected {expected} (global batch / {np_})")
+        out.append(
+            f"examples read per rank per step {distributed['reads_per_step']}; expected {expected} (global batch / {np_})"
+        )
     if distributed["ranks"] != np_ or reference["devices"] != np_:
-        out.append(f"ran {distributed['ranks']} processes and {reference['devices']} reference devices; expected {np_} each")
+        out.append(
+            f"ran {distributed['ranks']} processes and {reference['devices']} reference devices; expected {np_} each"
+        )
     return out
 
 
 def max_relative(reference: Mapping, distributed: Mapping) -> float:
     common = set(reference["losses"]) & set(distributed["losses"])
-    return max((abs(reference["losses"][k] - distributed["losses"][k]) /
-                max(abs(reference["losses"][k]), abs(distributed["losses"][k]), 1e-12) for k in common), default=0.0)
+    return max(
+        (
+            abs(reference["losses"][k] - distributed["losses"][k])
+            / max(abs(reference["losses"][k]), abs(distributed["losses"][k]), 1e-12)
+            for k in common
+        ),
+        default=0.0,
+    )
 
 
 def commands(args, record_dir: Path, python: str = sys.executable) -> tuple[list[str], list[str]]:
@@ -68,17 +82,27 @@ def commands(args, record_dir: Path, python: str = sys.executable) -> tuple[list
     job += ["--init-timeout", str(args.init_timeout or 120)]
     mpirun = mpirun_path(python)
     if mpirun is None:
-        raise FileNotFoundError("no mpirun beside this Python or on PATH; expected the cpu profile's Open MPI. "
-                                "Fix: make env PROFILE=cpu")
+        raise FileNotFoundError(
+            "no mpirun beside this Python or on PATH; expected the cpu profile's Open MPI. "
+            "Fix: make env PROFILE=cpu"
+        )
     ref = job + ["--launcher", "single", "--record", str(record_dir / "reference.json")]
     # --oversubscribe: N may exceed the cores of a laptop or CI machine; this check is about numbers, not speed.
-    dist = [mpirun, "--oversubscribe", "-np", str(args.np)] + job + ["--record", str(record_dir / "distributed.json")]
+    dist = (
+        [mpirun, "--oversubscribe", "-np", str(args.np)]
+        + job
+        + ["--record", str(record_dir / "distributed.json")]
+    )
     return ref, dist
 
 
 def environments(np_: int, base: Mapping[str, str] = os.environ) -> tuple[dict, dict]:
     """Both runs on the CPU; the reference with N forced host devices, the ranks with 1 each."""
-    env = {k: v for k, v in base.items() if k not in ("XLA_FLAGS", "COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")}
+    env = {
+        k: v
+        for k, v in base.items()
+        if k not in ("XLA_FLAGS", "COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+    }
     env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Open MPI refuses to run as root without both (containers and CI run as root).
@@ -94,10 +118,16 @@ def _run(argv: Sequence[str], env: Mapping[str, str], what: str) -> int:
 
 def main(args) -> int:
     if args.np < 2:
-        print(f"octo-dist smoke: error: --np {args.np}; expected at least 2 processes to compare with 1", file=sys.stderr)
+        print(
+            f"octo-dist smoke: error: --np {args.np}; expected at least 2 processes to compare with 1",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.save_dir or args.resume:
-        print("octo-dist smoke: error: --check-equivalence runs fresh jobs; expected no --save-dir/--resume", file=sys.stderr)
+        print(
+            "octo-dist smoke: error: --check-equivalence runs fresh jobs; expected no --save-dir/--resume",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     with tempfile.TemporaryDirectory(prefix="octo-dist-equiv-") as tmp:
         tmp = Path(tmp)
@@ -107,8 +137,10 @@ def main(args) -> int:
             print(f"octo-dist smoke: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         ref_env, dist_env = environments(args.np)
-        for argv, env, what in ((ref_argv, ref_env, f"reference, 1 process x {args.np} devices"),
-                                (dist_argv, dist_env, f"{args.np} processes x 1 device")):
+        for argv, env, what in (
+            (ref_argv, ref_env, f"reference, 1 process x {args.np} devices"),
+            (dist_argv, dist_env, f"{args.np} processes x 1 device"),
+        ):
             code = _run(argv, env, what)
             if code != 0:
                 print(f"octo-dist smoke: equivalence: FAIL ({what} exited {code})", flush=True)
@@ -118,9 +150,15 @@ def main(args) -> int:
     problems = compare(reference, distributed, args.np, args.tolerance)
     worst = max_relative(reference, distributed)
     if problems:
-        print("octo-dist smoke: equivalence: FAIL\n" + "\n".join(f"  {p}" for p in problems), flush=True)
+        print(
+            "octo-dist smoke: equivalence: FAIL\n" + "\n".join(f"  {p}" for p in problems),
+            flush=True,
+        )
         return EXIT_FAILED
-    print(f"octo-dist smoke: equivalence: OK: {len(reference['losses'])} steps, {args.np} processes x 1 device match "
-          f"1 process x {args.np} devices (largest relative loss difference {worst:.1e} <= {args.tolerance:g}); "
-          f"parameters identical on all {args.np} ranks", flush=True)
+    print(
+        f"octo-dist smoke: equivalence: OK: {len(reference['losses'])} steps, {args.np} processes x 1 device match "
+        f"1 process x {args.np} devices (largest relative loss difference {worst:.1e} <= {args.tolerance:g}); "
+        f"parameters identical on all {args.np} ranks",
+        flush=True,
+    )
     return EXIT_OK

@@ -25,11 +25,13 @@ def measure(mib: float, iterations: int, warmup: int = 2) -> dict:
     from jax.sharding import Mesh, PartitionSpec as P
 
     n = jax.device_count()
-    elems = max(int(mib * 2 ** 20) // 4, 1)
+    elems = max(int(mib * 2**20) // 4, 1)
     mesh = Mesh(np.array(jax.devices()), ("d",))
     local = np.ones((jax.local_device_count() * elems,), np.float32)
     x = multihost_utils.host_local_array_to_global_array(local, mesh, P("d"))
-    step = jax.jit(shard_map(lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    step = jax.jit(
+        shard_map(lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+    )
     for _ in range(warmup):
         y = step(x)
         y.block_until_ready()
@@ -42,6 +44,13 @@ def measure(mib: float, iterations: int, warmup: int = 2) -> dict:
     got = float(np.asarray(y.addressable_data(0))[0])
     median = statistics.median(times)
     nbytes = elems * 4
-    return {"devices": n, "bytes": nbytes, "iterations": iterations, "median_s": median,
-            "algbw_gbs": nbytes / median / 1e9, "busbw_gbs": nbytes / median / 1e9 * bus_factor(n),
-            "sum": got, "sum_expected": float(n)}
+    return {
+        "devices": n,
+        "bytes": nbytes,
+        "iterations": iterations,
+        "median_s": median,
+        "algbw_gbs": nbytes / median / 1e9,
+        "busbw_gbs": nbytes / median / 1e9 * bus_factor(n),
+        "sum": got,
+        "sum_expected": float(n),
+    }

@@ -26,35 +26,77 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.apps.validate.report import FAIL, OK, SKIP, Step
-from octo_dist.dist import runtime
+from octo_dist.runtime import runtime
 
 MODELS = ("tiny", "auto", "octo")
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # NCCL expands %h (host) and %p (pid): one file per rank
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("validate", help="first run on a GPU node: check-env --deep, 1 GPU vs all GPUs, NCCL across "
-                                        "nodes under mpirun (short report, non-zero on any problem)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", help="stack profile for check-env (default: $OCTO_DIST_PROFILE, else from the jaxlib build)")
-    p.add_argument("--model", choices=MODELS, default="tiny",
-                   help="smoke model for the scaling step (default: %(default)s: no octo needed)")
-    p.add_argument("--steps", type=int, default=30, help="smoke steps per run, >= 5 (default: %(default)s)")
-    p.add_argument("--per-device-batch", type=int, default=8,
-                   help="examples per device per step; the global batch grows with the devices (default: %(default)s)")
-    p.add_argument("--min-efficiency", type=float, default=0.6,
-                   help="scaling efficiency t(1 GPU)/t(all GPUs) below which the node fails (default: %(default)s)")
-    p.add_argument("--cpu-devices", type=int, default=0,
-                   help="on the CPU, run the scaling step with this many forced host devices, shown but not judged "
-                        "(default: %(default)s: skipped)")
-    p.add_argument("--allreduce-mib", type=float, default=64.0,
-                   help="all-reduce buffer per device, MiB (default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=20, help="timed all-reduces (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=900.0,
-                   help="seconds each check-env or smoke subprocess may take (default: %(default)s)")
-    p.add_argument("--nccl-log-dir", help="keep the NCCL logs here, one per rank (default: a temporary directory, removed)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (rank 0) (default: text)")
-    p.add_argument("--report", help="rank 0 also writes the JSON report to this file (default: none)")
+    p = sub.add_parser(
+        "validate",
+        help="first run on a GPU node: check-env --deep, 1 GPU vs all GPUs, NCCL across "
+        "nodes under mpirun (short report, non-zero on any problem)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--profile",
+        help="stack profile for check-env (default: $OCTO_DIST_PROFILE, else from the jaxlib build)",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="smoke model for the scaling step (default: %(default)s: no octo needed)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=30, help="smoke steps per run, >= 5 (default: %(default)s)"
+    )
+    p.add_argument(
+        "--per-device-batch",
+        type=int,
+        default=8,
+        help="examples per device per step; the global batch grows with the devices (default: %(default)s)",
+    )
+    p.add_argument(
+        "--min-efficiency",
+        type=float,
+        default=0.6,
+        help="scaling efficiency t(1 GPU)/t(all GPUs) below which the node fails (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=0,
+        help="on the CPU, run the scaling step with this many forced host devices, shown but not judged "
+        "(default: %(default)s: skipped)",
+    )
+    p.add_argument(
+        "--allreduce-mib",
+        type=float,
+        default=64.0,
+        help="all-reduce buffer per device, MiB (default: %(default)s)",
+    )
+    p.add_argument(
+        "--iterations", type=int, default=20, help="timed all-reduces (default: %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds each check-env or smoke subprocess may take (default: %(default)s)",
+    )
+    p.add_argument(
+        "--nccl-log-dir",
+        help="keep the NCCL logs here, one per rank (default: a temporary directory, removed)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the report as JSON (rank 0) (default: text)"
+    )
+    p.add_argument(
+        "--report", help="rank 0 also writes the JSON report to this file (default: none)"
+    )
     runtime.argv_options(p)
     p.set_defaults(func=main)
     return p
@@ -64,7 +106,9 @@ def usage_problems(args) -> list:
     """Flag values refused before anything runs."""
     out = []
     if args.steps < 5:
-        out.append(f"--steps {args.steps}: expected >= 5 (the first two steps compile; the median needs the rest)")
+        out.append(
+            f"--steps {args.steps}: expected >= 5 (the first two steps compile; the median needs the rest)"
+        )
     if args.per_device_batch < 1:
         out.append(f"--per-device-batch {args.per_device_batch}: expected >= 1")
     if not 0 < args.min_efficiency <= 1:
@@ -80,19 +124,34 @@ def usage_problems(args) -> list:
 
 def check_env(args, deep: bool, environ: Mapping[str, str]) -> tuple:
     """``octo-dist check-env [--deep] --json`` in a subprocess: (its JSON or None, the Step)."""
-    cmd = [sys.executable, "-m", "octo_dist", "check-env", "--json"] + (["--deep"] if deep else []) \
+    cmd = (
+        [sys.executable, "-m", "octo_dist", "check-env", "--json"]
+        + (["--deep"] if deep else [])
         + (["--profile", args.profile] if args.profile else [])
+    )
     try:
-        proc = subprocess.run(cmd, env=dict(environ), capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(
+            cmd, env=dict(environ), capture_output=True, text=True, timeout=args.timeout
+        )
     except subprocess.TimeoutExpired:
-        return None, Step("environment", FAIL, f"`octo-dist check-env` did not finish within {args.timeout:g} s",
-                          "a finished check", "octo-dist check-env --deep (read where it stops)")
+        return None, Step(
+            "environment",
+            FAIL,
+            f"`octo-dist check-env` did not finish within {args.timeout:g} s",
+            "a finished check",
+            "octo-dist check-env --deep (read where it stops)",
+        )
     try:
         result = json.loads(proc.stdout)
     except ValueError:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return None, Step("environment", FAIL, f"`octo-dist check-env` exited {proc.returncode}: {tail[0]}",
-                          "a check-env report", "octo-dist check-env")
+        return None, Step(
+            "environment",
+            FAIL,
+            f"`octo-dist check-env` exited {proc.returncode}: {tail[0]}",
+            "a check-env report",
+            "octo-dist check-env",
+        )
     failures = [c for c in result["checks"] if c["status"] == "fail"]
     deep_check = next((c for c in result["checks"] if c["id"] == "deep.backend"), None)
     found = f"check-env{' --deep' if deep else ''} (profile {result['profile']}): {len(failures)} failure(s)"
@@ -100,9 +159,15 @@ def check_env(args, deep: bool, environ: Mapping[str, str]) -> tuple:
         found += f"; JAX: {deep_check['found']}"
     if failures:
         shown = "; ".join(f"{c['id']}: {c['found']}" for c in failures[:3])
-        return result, Step("environment", FAIL, f"{found}: {shown}", "no failure",
-                            f"octo-dist check-env{' --deep' if deep else ''} --profile {result['profile']} "
-                            f"(each failure prints its fix)", data={"failures": [c["id"] for c in failures]})
+        return result, Step(
+            "environment",
+            FAIL,
+            f"{found}: {shown}",
+            "no failure",
+            f"octo-dist check-env{' --deep' if deep else ''} --profile {result['profile']} "
+            f"(each failure prints its fix)",
+            data={"failures": [c["id"] for c in failures]},
+        )
     return result, Step("environment", OK, found)
 
 
@@ -118,7 +183,9 @@ def visible_gpus(environ: Mapping[str, str], listed: Sequence[str]) -> list:
     """The GPU ids a process on this node sees: ``CUDA_VISIBLE_DEVICES`` ("0,1") when set, else every listed one."""
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
-        return [d.strip() for d in cvd.split(",") if d.strip() and d.strip() not in ("-1", "NoDevFiles")]
+        return [
+            d.strip() for d in cvd.split(",") if d.strip() and d.strip() not in ("-1", "NoDevFiles")
+        ]
     return [str(i) for i in range(len(listed))]
 
 
@@ -134,27 +201,76 @@ def node(args, environ: Mapping[str, str]) -> tuple:
     if backend == "gpu":
         ids = visible_gpus(environ, gpu_list.listed(gpu_list.nvidia_smi_list()) or [])
         if len(ids) < 2:
-            steps.append(Step("scaling", SKIP, f"{len(ids)} GPU visible on this node: nothing to compare with"))
+            steps.append(
+                Step(
+                    "scaling", SKIP, f"{len(ids)} GPU visible on this node: nothing to compare with"
+                )
+            )
         else:
-            steps.append(scaling.run(environ, ids, 0, args.per_device_batch, args.steps, args.model,
-                                     args.min_efficiency, args.timeout))
+            steps.append(
+                scaling.run(
+                    environ,
+                    ids,
+                    0,
+                    args.per_device_batch,
+                    args.steps,
+                    args.model,
+                    args.min_efficiency,
+                    args.timeout,
+                )
+            )
     elif backend == "cpu" and args.cpu_devices >= 2:
-        steps.append(scaling.run(environ, [], args.cpu_devices, args.per_device_batch, args.steps, args.model,
-                                 args.min_efficiency, args.timeout))
+        steps.append(
+            scaling.run(
+                environ,
+                [],
+                args.cpu_devices,
+                args.per_device_batch,
+                args.steps,
+                args.model,
+                args.min_efficiency,
+                args.timeout,
+            )
+        )
     else:
-        steps.append(Step("scaling", SKIP, f"{backend or 'unknown'} backend: the 1 GPU vs all GPUs comparison needs "
-                                           f"GPUs (--cpu-devices N shows it on forced CPU devices, not judged)"))
+        steps.append(
+            Step(
+                "scaling",
+                SKIP,
+                f"{backend or 'unknown'} backend: the 1 GPU vs all GPUs comparison needs "
+                f"GPUs (--cpu-devices N shows it on forced CPU devices, not judged)",
+            )
+        )
     across = "mpirun -npernode <GPUs per node> -hostfile $PBS_NODEFILE octo-dist validate"
-    steps.append(Step("allreduce", SKIP, f"one process: the all-reduce bandwidth needs several, run `{across}`"))
-    steps.append(Step("transport", SKIP, f"one process: the NCCL network between nodes shows under `{across}`"))
-    context = {"mode": "node", "profile": profile, "backend": backend, "host": socket.gethostname(), "processes": 1}
+    steps.append(
+        Step(
+            "allreduce",
+            SKIP,
+            f"one process: the all-reduce bandwidth needs several, run `{across}`",
+        )
+    )
+    steps.append(
+        Step(
+            "transport", SKIP, f"one process: the NCCL network between nodes shows under `{across}`"
+        )
+    )
+    context = {
+        "mode": "node",
+        "profile": profile,
+        "backend": backend,
+        "host": socket.gethostname(),
+        "processes": 1,
+    }
     return context, steps
 
 
 def nccl_environment(log_dir: str) -> dict:
     """What this rank exports before JAX starts so NCCL writes its choices into a file of its own."""
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
-            "NCCL_DEBUG_FILE": os.path.join(log_dir, NCCL_LOG_NAME)}
+    return {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
+        "NCCL_DEBUG_FILE": os.path.join(log_dir, NCCL_LOG_NAME),
+    }
 
 
 def read_nccl_logs(log_dir: str) -> list:
@@ -175,42 +291,85 @@ def across_steps(records: Sequence[Mapping], gpu_profile: bool) -> list:
     steps = []
     found = f"{len(records)} ranks on {len(hosts)} host(s), JAX backend {'/'.join(platforms)}"
     if failing:
-        steps.append(Step("environment", FAIL, f"{found}; check-env fails on rank(s) "
-                          + "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(failing.items())),
-                          "check-env passes on every rank", "mpirun ... octo-dist check-env --launch"))
+        steps.append(
+            Step(
+                "environment",
+                FAIL,
+                f"{found}; check-env fails on rank(s) "
+                + "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(failing.items())),
+                "check-env passes on every rank",
+                "mpirun ... octo-dist check-env --launch",
+            )
+        )
     elif gpu_profile and platforms != ["gpu"]:
-        steps.append(Step("environment", FAIL, f"{found}; a GPU profile on the CPU backend", "gpu on every rank",
-                          "singularity exec --nv ... octo-dist check-env --deep (the cudnn.* checks say why)"))
+        steps.append(
+            Step(
+                "environment",
+                FAIL,
+                f"{found}; a GPU profile on the CPU backend",
+                "gpu on every rank",
+                "singularity exec --nv ... octo-dist check-env --deep (the cudnn.* checks say why)",
+            )
+        )
     else:
         steps.append(Step("environment", OK, f"{found}; check-env ok on every rank"))
     bench = [r["allreduce"] for r in records]
     wrong = [r["rank"] for r in records if r["allreduce"]["sum"] != r["allreduce"]["sum_expected"]]
     b0 = bench[0]
     slowest = max(bench, key=lambda b: b["median_s"])
-    found = (f"{b0['bytes'] / 2 ** 20:g} MiB per device over {b0['devices']} devices: {b0['median_s'] * 1e3:.2f} ms, "
-             f"algbw {b0['algbw_gbs']:.2f} GB/s, busbw {b0['busbw_gbs']:.2f} GB/s (rank 0; slowest rank "
-             f"{slowest['median_s'] * 1e3:.2f} ms)")
+    found = (
+        f"{b0['bytes'] / 2**20:g} MiB per device over {b0['devices']} devices: {b0['median_s'] * 1e3:.2f} ms, "
+        f"algbw {b0['algbw_gbs']:.2f} GB/s, busbw {b0['busbw_gbs']:.2f} GB/s (rank 0; slowest rank "
+        f"{slowest['median_s'] * 1e3:.2f} ms)"
+    )
     if wrong:
-        steps.append(Step("allreduce", FAIL, f"{found}; wrong sum on rank(s) {wrong}", f"{b0['sum_expected']:g}",
-                          "a broken collective: check the NCCL log (NCCL_DEBUG=INFO)"))
+        steps.append(
+            Step(
+                "allreduce",
+                FAIL,
+                f"{found}; wrong sum on rank(s) {wrong}",
+                f"{b0['sum_expected']:g}",
+                "a broken collective: check the NCCL log (NCCL_DEBUG=INFO)",
+            )
+        )
     else:
         steps.append(Step("allreduce", OK, found, data={"rank0": b0}))
     if platforms != ["gpu"]:
-        steps.append(Step("transport", SKIP, "CPU backend: JAX's CPU collectives go over gloo (TCP), not NCCL; "
-                                             "the NCCL network is checked on GPUs"))
+        steps.append(
+            Step(
+                "transport",
+                SKIP,
+                "CPU backend: JAX's CPU collectives go over gloo (TCP), not NCCL; "
+                "the NCCL network is checked on GPUs",
+            )
+        )
     else:
         ok, what, fix = nccl_log.judge({r["rank"]: r["nccl"] for r in records}, len(hosts))
-        steps.append(Step("transport", OK if ok else FAIL, what, "NCCL over InfiniBand between hosts", fix,
-                          data={"rank0": records[0]["nccl"]}))
-    steps.append(Step("scaling", SKIP, "under mpirun: run `octo-dist validate` without mpirun on one node for the "
-                                       "1 GPU vs all GPUs comparison"))
+        steps.append(
+            Step(
+                "transport",
+                OK if ok else FAIL,
+                what,
+                "NCCL over InfiniBand between hosts",
+                fix,
+                data={"rank0": records[0]["nccl"]},
+            )
+        )
+    steps.append(
+        Step(
+            "scaling",
+            SKIP,
+            "under mpirun: run `octo-dist validate` without mpirun on one node for the "
+            "1 GPU vs all GPUs comparison",
+        )
+    )
     return steps
 
 
 def across(args, environ: Mapping[str, str]) -> int:
     """Every rank: fast check-env, start the runtime with NCCL logging to a file, all-reduce, gather, rank 0 reports."""
     from octo_dist.apps.validate import allreduce, nccl_log
-    from octo_dist.dist import collectives
+    from octo_dist.runtime import collectives
 
     result, _ = check_env(args, deep=False, environ=environ)
     if result is None:
@@ -225,13 +384,26 @@ def across(args, environ: Mapping[str, str]) -> int:
         with runtime.distributed(**runtime.from_args(args)) as rt:
             bench = allreduce.measure(args.allreduce_mib, args.iterations)
             nccl = nccl_log.parse(read_nccl_logs(log_dir)) if rt.platform == "gpu" else None
-            records = collectives.allgather_json({"rank": rt.process_index, "host": rt.host, "platform": rt.platform,
-                                                  "env_failures": env_failures, "allreduce": bench, "nccl": nccl})
+            records = collectives.allgather_json(
+                {
+                    "rank": rt.process_index,
+                    "host": rt.host,
+                    "platform": rt.platform,
+                    "env_failures": env_failures,
+                    "allreduce": bench,
+                    "nccl": nccl,
+                }
+            )
             steps = across_steps(records, gpu_profile)
             if rt.is_main:
-                context = {"mode": "across", "profile": (result or {}).get("profile"), "backend": rt.platform,
-                           "host": rt.host, "processes": rt.process_count,
-                           "hosts": sorted({r["host"] for r in records})}
+                context = {
+                    "mode": "across",
+                    "profile": (result or {}).get("profile"),
+                    "backend": rt.platform,
+                    "host": rt.host,
+                    "processes": rt.process_count,
+                    "hosts": sorted({r["host"] for r in records}),
+                }
                 _emit(args, context, steps)
             return EXIT_FAILED if any(s.status == FAIL for s in steps) else 0
     finally:
@@ -246,8 +418,10 @@ def _emit(args, context: Mapping, steps: Sequence[Step]) -> None:
     if args.json:
         print(json.dumps(report.as_dict(context, steps), indent=1), flush=True)
     else:
-        header = (f"octo-dist validate: profile {context['profile']}, {context['processes']} process(es) on "
-                  f"{', '.join(context.get('hosts') or [context['host']])}, JAX backend {context['backend'] or 'unknown'}")
+        header = (
+            f"octo-dist validate: profile {context['profile']}, {context['processes']} process(es) on "
+            f"{', '.join(context.get('hosts') or [context['host']])}, JAX backend {context['backend'] or 'unknown'}"
+        )
         print(report.as_text(header, steps), flush=True)
 
 

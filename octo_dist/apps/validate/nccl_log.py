@@ -22,13 +22,17 @@ from __future__ import annotations
 import re
 from typing import Iterable, List, Mapping, Optional
 
-_VERSION = re.compile(r"NCCL version (\S+)")                          # "NCCL version 2.19.3+cuda11.8"
-_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")               # "Using network IB"
-_IB_USING = re.compile(r"NCCL INFO NET/IB\s*: Using (.*?)(?:\s*;|$)")  # "[0]mlx5_ibn1:1/IB [1]mlx5_ibn2:1/IB ; OOB ..."
-_IB_DEVICE = re.compile(r"\[\d+\]([^:\s]+):\d+/(\w+)")                 # "[0]mlx5_ibn1:1/IB" -> mlx5_ibn1, IB
-_CHANNEL_VIA = re.compile(r"NCCL INFO Channel .* via (\S+)")           # "via NET/IB/0/GDRDMA", "via P2P/IPC/read"
+_VERSION = re.compile(r"NCCL version (\S+)")  # "NCCL version 2.19.3+cuda11.8"
+_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")  # "Using network IB"
+_IB_USING = re.compile(
+    r"NCCL INFO NET/IB\s*: Using (.*?)(?:\s*;|$)"
+)  # "[0]mlx5_ibn1:1/IB [1]mlx5_ibn2:1/IB ; OOB ..."
+_IB_DEVICE = re.compile(r"\[\d+\]([^:\s]+):\d+/(\w+)")  # "[0]mlx5_ibn1:1/IB" -> mlx5_ibn1, IB
+_CHANNEL_VIA = re.compile(
+    r"NCCL INFO Channel .* via (\S+)"
+)  # "via NET/IB/0/GDRDMA", "via P2P/IPC/read"
 _INIT_DONE = re.compile(r"NCCL INFO comm \S+ rank (\d+) nranks (\d+) .*Init COMPLETE")
-_PREFIX = re.compile(r"^(\S+?):(\d+):(\d+) \[(\d+)\] NCCL ")            # "host:pid:tid [cudaDev] NCCL ..."
+_PREFIX = re.compile(r"^(\S+?):(\d+):(\d+) \[(\d+)\] NCCL ")  # "host:pid:tid [cudaDev] NCCL ..."
 
 
 def parse(lines: Iterable[str]) -> dict:
@@ -40,8 +44,17 @@ def parse(lines: Iterable[str]) -> dict:
         ``network`` is what NCCL chose between hosts (None when no line said), ``transports`` the distinct
         kinds of channel connections (inter-node ``NET/...``, intra-node ``P2P/...``, ``SHM/...``).
     """
-    out: dict = {"version": None, "network": None, "ib_devices": [], "ib_missing": False, "ib_disabled": False,
-                 "transports": [], "gdrdma": False, "nranks": None, "lines": 0}
+    out: dict = {
+        "version": None,
+        "network": None,
+        "ib_devices": [],
+        "ib_missing": False,
+        "ib_disabled": False,
+        "transports": [],
+        "gdrdma": False,
+        "nranks": None,
+        "lines": 0,
+    }
     transports: List[str] = []
     for line in lines:
         if "NCCL" not in line:
@@ -55,7 +68,9 @@ def parse(lines: Iterable[str]) -> dict:
             out["network"] = m.group(1)
         m = _IB_USING.search(line)
         if m:
-            out["ib_devices"] = sorted({d for d, _ in _IB_DEVICE.findall(m.group(1))} | set(out["ib_devices"]))
+            out["ib_devices"] = sorted(
+                {d for d, _ in _IB_DEVICE.findall(m.group(1))} | set(out["ib_devices"])
+            )
         if "NET/IB : No device found" in line or "Failed to open libibverbs" in line:
             out["ib_missing"] = True
         if "NCCL_IB_DISABLE set by environment to 1" in line:
@@ -65,7 +80,9 @@ def parse(lines: Iterable[str]) -> dict:
             via = m.group(1)
             if "GDRDMA" in via:
                 out["gdrdma"] = True
-            kind = "/".join(via.split("/")[:2])  # "NET/IB/0/GDRDMA" -> "NET/IB", "SHM/direct/direct" -> "SHM/direct"
+            kind = "/".join(
+                via.split("/")[:2]
+            )  # "NET/IB/0/GDRDMA" -> "NET/IB", "SHM/direct/direct" -> "SHM/direct"
             if kind not in transports:
                 transports.append(kind)
         m = _INIT_DONE.search(line)
@@ -94,11 +111,17 @@ def judge(summaries: Mapping[int, Mapping], hosts: int) -> tuple:
     nets = {rank: inter_node(s) for rank, s in summaries.items()}
     seen = sorted({n or "none" for n in nets.values()})
     silent = sorted(rank for rank, s in summaries.items() if not s.get("lines"))
-    found = f"network {'/'.join(seen)}" + (f"; transports {', '.join(sorted({t for s in summaries.values() for t in s.get('transports', ())}))}"
-                                          if any(s.get("transports") for s in summaries.values()) else "")
+    found = f"network {'/'.join(seen)}" + (
+        f"; transports {', '.join(sorted({t for s in summaries.values() for t in s.get('transports', ())}))}"
+        if any(s.get("transports") for s in summaries.values())
+        else ""
+    )
     if silent:
-        return (False, f"no NCCL INFO line from rank(s) {silent}",
-                "NCCL was not used or NCCL_DEBUG_FILE was not honoured; run with NCCL_DEBUG=INFO and read the log")
+        return (
+            False,
+            f"no NCCL INFO line from rank(s) {silent}",
+            "NCCL was not used or NCCL_DEBUG_FILE was not honoured; run with NCCL_DEBUG=INFO and read the log",
+        )
     if hosts < 2:
         return True, found + " (one host: NVLink/PCIe inside the node, no network)", ""
     sockets = sorted(rank for rank, n in nets.items() if n == "Socket")
@@ -108,11 +131,18 @@ def judge(summaries: Mapping[int, Mapping], hosts: int) -> tuple:
             why.append("NCCL_IB_DISABLE=1 is set")
         if any(s.get("ib_missing") for s in summaries.values()):
             why.append("NCCL found no usable InfiniBand device (libibverbs missing or no HCA)")
-        return (False, f"{found}: rank(s) {sockets} all-reduce over TCP sockets between {hosts} hosts"
-                + (f" ({'; '.join(why)})" if why else ""),
-                "run the ranks in the octo-dist image (it carries libibverbs1, ibverbs-providers), unset NCCL_IB_DISABLE "
-                "and NCCL_NET, then `mpirun ... octo-dist check-env --launch` to see what is left")
+        return (
+            False,
+            f"{found}: rank(s) {sockets} all-reduce over TCP sockets between {hosts} hosts"
+            + (f" ({'; '.join(why)})" if why else ""),
+            "run the ranks in the octo-dist image (it carries libibverbs1, ibverbs-providers), unset NCCL_IB_DISABLE "
+            "and NCCL_NET, then `mpirun ... octo-dist check-env --launch` to see what is left",
+        )
     if any(n is None for n in nets.values()):
         missing = sorted(rank for rank, n in nets.items() if n is None)
-        return False, f"{found}: rank(s) {missing} logged no inter-node network", "run with NCCL_DEBUG=INFO and read the log"
+        return (
+            False,
+            f"{found}: rank(s) {missing} logged no inter-node network",
+            "run with NCCL_DEBUG=INFO and read the log",
+        )
     return True, found, ""

@@ -39,7 +39,10 @@ def as_text(header: str, steps: Sequence[Step]) -> str:
     failed = [s.name for s in steps if s.status == FAIL]
     skipped = [s.name for s in steps if s.status == SKIP]
     verdict = f"FAILED: {', '.join(failed)}" if failed else "OK"
-    lines.append(f"octo-dist validate: {verdict}" + (f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""))
+    lines.append(
+        f"octo-dist validate: {verdict}"
+        + (f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else "")
+    )
     return "\n".join(lines)
 
 

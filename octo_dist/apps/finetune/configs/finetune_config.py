@@ -32,7 +32,9 @@ def get_config(config_string="full,multimodal"):
         # We want to avoid normalizing the gripper
         "action_normalization_mask": [True, True, True, True, True, True, False],
         # standardize_fn is loaded by name, e.g. "my_package.transforms:my_dataset_transform"
-        "standardize_fn": module_spec("octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"),
+        "standardize_fn": module_spec(
+            "octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"
+        ),
         # If the default data loading speed is too slow, try these:
         # "num_parallel_reads": 8,  # for reading from disk / GCS
         # "num_parallel_calls": 16,  # for initial dataset construction
@@ -42,14 +44,16 @@ def get_config(config_string="full,multimodal"):
     window_size = FieldReference(default=1)
 
     config = dict(
-        pretrained_path=placeholder(str),   # a local dir from `make weights` (weights/octo-small), or hf://...
+        pretrained_path=placeholder(
+            str
+        ),  # a local dir from `make weights` (weights/octo-small), or hf://...
         pretrained_step=placeholder(int),
         model_config=None,
-        batch_size=256,                     # global: over every process
-        shuffle_buffer_size=10000,          # per process
+        batch_size=256,  # global: over every process
+        shuffle_buffer_size=10000,  # per process
         num_steps=max_steps,
         log_interval=100,
-        eval_interval=5000,                 # kept for the fork's configs; octo-dist does not run its eval callbacks
+        eval_interval=5000,  # kept for the fork's configs; octo-dist does not run its eval callbacks
         save_interval=5000,
         save_dir=placeholder(str),
         seed=42,
@@ -73,7 +77,9 @@ def get_config(config_string="full,multimodal"):
             grad_accumulation_steps=None,  # if you use grad accumulation, adjust max_steps accordingly
         ),
         val_kwargs=dict(val_shuffle_buffer_size=1000, num_val_batches=16),
-        viz_kwargs=dict(eval_batch_size=128, trajs_for_metrics=100, trajs_for_viz=8, samples_per_state=8),
+        viz_kwargs=dict(
+            eval_batch_size=128, trajs_for_metrics=100, trajs_for_viz=8, samples_per_state=8
+        ),
     )
 
     if task == "image_conditioned":
@@ -99,8 +105,13 @@ def get_config(config_string="full,multimodal"):
         random_contrast=[0.9, 1.1],
         random_saturation=[0.9, 1.1],
         random_hue=[0.05],
-        augment_order=["random_resized_crop", "random_brightness", "random_contrast", "random_saturation",
-                       "random_hue"],
+        augment_order=[
+            "random_resized_crop",
+            "random_brightness",
+            "random_contrast",
+            "random_saturation",
+            "random_hue",
+        ],
     )
     wrist_augment_kwargs = dict(
         random_brightness=[0.1],

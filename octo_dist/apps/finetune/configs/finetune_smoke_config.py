@@ -18,7 +18,9 @@ ACTION_HORIZON, ACTION_DIM = 4, 7
 
 
 def get_config(config_string="full"):
-    num_steps = FieldReference(6)  # the learning-rate schedule's decay_steps follows --config.num_steps
+    num_steps = FieldReference(
+        6
+    )  # the learning-rate schedule's decay_steps follows --config.num_steps
     config = dict(
         pretrained_path=placeholder(str),
         pretrained_step=placeholder(int),
@@ -42,7 +44,9 @@ def get_config(config_string="full"):
             "action_proprio_normalization_type": "normal",
             "action_normalization_mask": [True, True, True, True, True, True, False],
             # The fork's own Bridge transform: the synthetic data has Bridge's layout.
-            "standardize_fn": module_spec("octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"),
+            "standardize_fn": module_spec(
+                "octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"
+            ),
             "num_parallel_reads": 1,
             "num_parallel_calls": 1,
         },
@@ -50,8 +54,14 @@ def get_config(config_string="full"):
         finetuning_mode=config_string,
         window_size=2,
         optimizer=dict(
-            learning_rate=dict(name="cosine", init_value=0.0, peak_value=3e-4, warmup_steps=1, decay_steps=num_steps,
-                               end_value=0.0),
+            learning_rate=dict(
+                name="cosine",
+                init_value=0.0,
+                peak_value=3e-4,
+                warmup_steps=1,
+                decay_steps=num_steps,
+                end_value=0.0,
+            ),
             weight_decay=0.01,
             clip_gradient=1.0,
             frozen_keys=None,
@@ -67,7 +77,9 @@ def get_config(config_string="full"):
         ),
         frame_transform_kwargs=dict(
             resize_size={"primary": (64, 64)},
-            image_augment_kwargs=dict(primary=dict(random_brightness=[0.1], augment_order=["random_brightness"])),
+            image_augment_kwargs=dict(
+                primary=dict(random_brightness=[0.1], augment_order=["random_brightness"])
+            ),
             num_parallel_calls=1,
         ),
     )

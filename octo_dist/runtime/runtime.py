@@ -34,19 +34,24 @@ from octo_dist.stack import builds
 from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
-from octo_dist.dist import mpi
-from octo_dist.dist import watchdog
+from octo_dist.runtime import mpi
+from octo_dist.runtime import watchdog
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 300   # jax's own default for initialization_timeout
-INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"   # "600"
+DEFAULT_TIMEOUT_S = 300  # jax's own default for initialization_timeout
+INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"  # "600"
 # The watchdog is the backstop: the waits with their own timeout and a more precise message (the coordinator
 # that does not answer) get to report first.
 WATCHDOG_MARGIN_S = 2
-JAX_TIMEOUT_GRACE_S = 15  # jax aborts the process at its timeout; ours fires first, with a useful message
-EXIT_STARTUP = EXIT_FAILED   # a rank that could not start: the job failed, not the input
-DEVICE_MODES = ("one", "all")  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
+JAX_TIMEOUT_GRACE_S = (
+    15  # jax aborts the process at its timeout; ours fires first, with a useful message
+)
+EXIT_STARTUP = EXIT_FAILED  # a rank that could not start: the job failed, not the input
+DEVICE_MODES = (
+    "one",
+    "all",
+)  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
 
 
 class StartupError(RuntimeError):
@@ -74,9 +79,15 @@ class Runtime:
         return self.process_index == 0
 
     def describe(self) -> str:
-        where = f", coordinator {self.coordinator.address} ({self.coordinator.source})" if self.coordinator else ""
-        return (f"{self.launch.launcher}: process {self.process_index}/{self.process_count} on {self.host}, "
-                f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}")
+        where = (
+            f", coordinator {self.coordinator.address} ({self.coordinator.source})"
+            if self.coordinator
+            else ""
+        )
+        return (
+            f"{self.launch.launcher}: process {self.process_index}/{self.process_count} on {self.host}, "
+            f"{self.local_device_count} of {self.device_count} {self.platform} device(s){where}"
+        )
 
 
 def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
@@ -101,8 +112,10 @@ def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> O
     if len(visible) == 1:
         return [0]
     if visible and launch.local_rank >= len(visible):
-        raise StartupError(f"local rank {launch.local_rank} but CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} "
-                           f"shows {len(visible)} GPU(s): more ranks on this node than GPUs. Fix: mpirun -npernode {len(visible)}")
+        raise StartupError(
+            f"local rank {launch.local_rank} but CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} "
+            f"shows {len(visible)} GPU(s): more ranks on this node than GPUs. Fix: mpirun -npernode {len(visible)}"
+        )
     return [launch.local_rank]
 
 
@@ -121,9 +134,11 @@ def _check_own_hostname_resolves(host: str) -> None:
     try:
         socket.getaddrinfo(host, None)
     except socket.gaierror as e:
-        raise StartupError(f"this host's name {host!r} does not resolve ({e}); CPU collectives (gloo) bind to it. "
-                           f"Expected a name in DNS or /etc/hosts. Fix: add it to /etc/hosts, or start the container "
-                           f"with --hostname localhost") from None
+        raise StartupError(
+            f"this host's name {host!r} does not resolve ({e}); CPU collectives (gloo) bind to it. "
+            f"Expected a name in DNS or /etc/hosts. Fix: add it to /etc/hosts, or start the container "
+            f"with --hostname localhost"
+        ) from None
 
 
 def _enable_cpu_collectives(jax_version: str) -> None:
@@ -135,7 +150,8 @@ def _enable_cpu_collectives(jax_version: str) -> None:
         raise StartupError(
             f"jax {jax_version} on the CPU cannot run one computation across processes (no gloo collectives before "
             f"0.4.22: 0.4.20 silently reports process_count()==1 in every rank). Expected the cpu profile's jax 0.4.22. "
-            f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile") from None
+            f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile"
+        ) from None
 
 
 def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int) -> None:
@@ -147,8 +163,10 @@ def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int
             with socket.create_connection((c.host, c.port), timeout=min(2.0, max(timeout_s, 0.1))):
                 return
         except socket.gaierror as e:
-            raise StartupError(f"rank {rank}: coordinator host {c.host!r} ({c.source}) does not resolve: {e}. "
-                               f"Fix: export COORDINATOR_ADDRESS=<rank 0's hostname or IP>:<port>") from None
+            raise StartupError(
+                f"rank {rank}: coordinator host {c.host!r} ({c.source}) does not resolve: {e}. "
+                f"Fix: export COORDINATOR_ADDRESS=<rank 0's hostname or IP>:<port>"
+            ) from None
         except OSError as e:
             last = e
             time.sleep(0.25)
@@ -156,7 +174,8 @@ def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int
         f"rank {rank}: coordinator {c.address} ({c.source}) did not accept connections within {timeout_s:g} s "
         f"(last error: {last}). Likely: rank 0 failed before starting it (see its log), the address is not rank 0's "
         f"node, or a firewall blocks port {c.port}. Fix: export COORDINATOR_ADDRESS=<rank 0 host>:<open port>, "
-        f"or raise the timeout (--init-timeout / OCTO_DIST_INIT_TIMEOUT)")
+        f"or raise the timeout (--init-timeout / OCTO_DIST_INIT_TIMEOUT)"
+    )
 
 
 def startup_timeout(timeout_s: Optional[float], environ: Mapping[str, str]) -> float:
@@ -168,12 +187,21 @@ def startup_timeout(timeout_s: Optional[float], environ: Mapping[str, str]) -> f
         value = float("nan")
     if not value > 0 or value == float("inf"):
         where = "--init-timeout" if timeout_s is not None else INIT_TIMEOUT_ENV
-        raise SettingError(f"{where}={raw!r}; expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})")
+        raise SettingError(
+            f"{where}={raw!r}; expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})"
+        )
     return value
 
 
-def initialize(*, launcher: str = "auto", coordinator=None, timeout_s: Optional[float] = None,
-               devices: str = "one", use_mpi: bool = True, environ: Optional[Mapping[str, str]] = None) -> Runtime:
+def initialize(
+    *,
+    launcher: str = "auto",
+    coordinator=None,
+    timeout_s: Optional[float] = None,
+    devices: str = "one",
+    use_mpi: bool = True,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Runtime:
     """Start JAX's distributed runtime as the launcher describes (a no-op start for a single process).
 
     Args:
@@ -210,11 +238,16 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
     if launch.world_size == 1:
         yield watchdog.NoWatchdog()
         return
-    dog = watchdog.Watchdog(timeout_s + WATCHDOG_MARGIN_S, (
-        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete within {timeout_s:g} s. "
-        f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
-        f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
-        f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"), exit_code=EXIT_STARTUP)
+    dog = watchdog.Watchdog(
+        timeout_s + WATCHDOG_MARGIN_S,
+        (
+            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete within {timeout_s:g} s. "
+            f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
+            f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
+            f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"
+        ),
+        exit_code=EXIT_STARTUP,
+    )
     try:
         dog.stage("start-up (import jax)")
         yield dog
@@ -228,14 +261,23 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
 
 def _fail_job(exc: BaseException, launch: Launch) -> None:
     """One line naming this rank and its error, then MPI_Abort: every rank of the job ends now."""
-    sys.stderr.write(f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up failed: {exc}\n")
+    sys.stderr.write(
+        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up failed: {exc}\n"
+    )
     sys.stderr.flush()
     mpi.abort(EXIT_STARTUP)
     os._exit(EXIT_STARTUP)
 
 
-def _start(launch: Launch, environ: Mapping[str, str], explicit, timeout_s: float, devices: str, use_mpi: bool,
-           dog) -> Runtime:
+def _start(
+    launch: Launch,
+    environ: Mapping[str, str],
+    explicit,
+    timeout_s: float,
+    devices: str,
+    use_mpi: bool,
+    dog,
+) -> Runtime:
     import jax
     import jaxlib
 
@@ -243,46 +285,83 @@ def _start(launch: Launch, environ: Mapping[str, str], explicit, timeout_s: floa
         raise StartupError(
             "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
             "jax.devices() or ran a computation at import time, or initialize() was called twice); jax 0.4.20 then "
-            "runs every rank as an independent single-process job. Fix: call octo_dist.dist.runtime.initialize() "
-            "once, before any JAX computation")
+            "runs every rank as an independent single-process job. Fix: call octo_dist.runtime.runtime.initialize() "
+            "once, before any JAX computation"
+        )
     gpu = expects_gpu(jaxlib.__version__, environ)
-    dog.stage("the coordinator agreement through mpi4py (MPI_Init, broadcast)" if use_mpi else "the coordinator agreement")
-    c = coordinator.resolve(environ, launch, explicit=explicit, broadcast=mpi.broadcaster(launch) if use_mpi else None)
+    dog.stage(
+        "the coordinator agreement through mpi4py (MPI_Init, broadcast)"
+        if use_mpi
+        else "the coordinator agreement"
+    )
+    c = coordinator.resolve(
+        environ, launch, explicit=explicit, broadcast=mpi.broadcaster(launch) if use_mpi else None
+    )
     started = time.monotonic()
     if launch.world_size > 1:
         assert c is not None
-        warning = coordcheck.check(c, launch.rank)  # resolves; rank 0: its own host, port free (else XLA segfaults)
+        warning = coordcheck.check(
+            c, launch.rank
+        )  # resolves; rank 0: its own host, port free (else XLA segfaults)
         if warning:
             log.warning(warning)
         if not gpu:
             _check_own_hostname_resolves(socket.gethostname())
             _enable_cpu_collectives(jax.__version__)
         ids = local_device_ids(launch, devices, environ) if gpu else None
-        log.info("starting %d processes: coordinator %s (%s), timeout %g s", launch.world_size, c.address, c.source, timeout_s)
+        log.info(
+            "starting %d processes: coordinator %s (%s), timeout %g s",
+            launch.world_size,
+            c.address,
+            c.source,
+            timeout_s,
+        )
         if launch.rank != 0:
             dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
             wait_for_coordinator(c, timeout_s, launch.rank)
         remaining = max(timeout_s - (time.monotonic() - started), 1.0)
         dog.stage("jax.distributed.initialize")
         try:
-            jax.distributed.initialize(c.address, launch.world_size, launch.rank, local_device_ids=ids,
-                                       initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S))
+            jax.distributed.initialize(
+                c.address,
+                launch.world_size,
+                launch.rank,
+                local_device_ids=ids,
+                initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S),
+            )
         except Exception as e:
-            raise StartupError(f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
-                               f"{launch.rank}) failed: {e}") from e
+            raise StartupError(
+                f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
+                f"{launch.rank}) failed: {e}"
+            ) from e
 
     count = jax.process_count()
     if count != launch.world_size or jax.process_index() != launch.rank:
-        cause = ("CPU jax before 0.4.22 runs each process alone" if not gpu else
-                 "the distributed runtime did not start (jax.distributed.initialize not reached?)")
-        raise StartupError(f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
-                           f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch")
+        cause = (
+            "CPU jax before 0.4.22 runs each process alone"
+            if not gpu
+            else "the distributed runtime did not start (jax.distributed.initialize not reached?)"
+        )
+        raise StartupError(
+            f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
+            f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch"
+        )
     devices_seen = jax.local_devices()
-    rt = Runtime(launch=launch, coordinator=c, host=socket.gethostname(), platform=devices_seen[0].platform,
-                 process_index=jax.process_index(), process_count=count,
-                 local_device_count=len(devices_seen), device_count=jax.device_count())
+    rt = Runtime(
+        launch=launch,
+        coordinator=c,
+        host=socket.gethostname(),
+        platform=devices_seen[0].platform,
+        process_index=jax.process_index(),
+        process_count=count,
+        local_device_count=len(devices_seen),
+        device_count=jax.device_count(),
+    )
     if gpu and rt.platform == "cpu":
-        log.warning("jaxlib %s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`", jaxlib.__version__)
+        log.warning(
+            "jaxlib %s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`",
+            jaxlib.__version__,
+        )
     return rt
 
 
@@ -331,16 +410,35 @@ def running(rt: Runtime) -> Iterator[Runtime]:
 
 def argv_options(parser) -> None:
     """The start-up flags every multi-process subcommand shares."""
-    parser.add_argument("--launcher", default="auto", choices=["auto", *launchers.ORDER],
-                        help="who started the ranks (default: detect; order: %s)" % ", ".join(launchers.ORDER))
-    parser.add_argument("--coordinator", help="HOST:PORT of rank 0's coordination service (default: agreed automatically)")
-    parser.add_argument("--init-timeout", type=float, default=None,
-                        help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})")
-    parser.add_argument("--devices-per-process", choices=DEVICE_MODES, default="one",
-                        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank "
-                             "(default: %(default)s)")
+    parser.add_argument(
+        "--launcher",
+        default="auto",
+        choices=["auto", *launchers.ORDER],
+        help="who started the ranks (default: detect; order: %s)" % ", ".join(launchers.ORDER),
+    )
+    parser.add_argument(
+        "--coordinator",
+        help="HOST:PORT of rank 0's coordination service (default: agreed automatically)",
+    )
+    parser.add_argument(
+        "--init-timeout",
+        type=float,
+        default=None,
+        help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--devices-per-process",
+        choices=DEVICE_MODES,
+        default="one",
+        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank "
+        "(default: %(default)s)",
+    )
 
 
 def from_args(args) -> dict:
-    return dict(launcher=args.launcher, coordinator=args.coordinator, timeout_s=args.init_timeout,
-                devices=args.devices_per_process)
+    return dict(
+        launcher=args.launcher,
+        coordinator=args.coordinator,
+        timeout_s=args.init_timeout,
+        devices=args.devices_per_process,
+    )

@@ -18,16 +18,18 @@ MAX_BYTES = 8192
 def _encode(text: str, max_bytes: int) -> np.ndarray:
     raw = text.encode()
     if len(raw) > max_bytes:
-        raise ValueError(f"{len(raw)} bytes to share across processes; at most {max_bytes} fit (raise max_bytes)")
+        raise ValueError(
+            f"{len(raw)} bytes to share across processes; at most {max_bytes} fit (raise max_bytes)"
+        )
     out = np.zeros(max_bytes + 1, np.int32)
     out[0] = len(raw)
-    out[1:1 + len(raw)] = np.frombuffer(raw, np.uint8)
+    out[1 : 1 + len(raw)] = np.frombuffer(raw, np.uint8)
     return out
 
 
 def _decode(codes: np.ndarray) -> str:
     n = int(codes[0])
-    return bytes(codes[1:1 + n].astype(np.uint8)).decode()
+    return bytes(codes[1 : 1 + n].astype(np.uint8)).decode()
 
 
 def broadcast_str(value: Optional[str], max_bytes: int = MAX_BYTES) -> str:
@@ -55,5 +57,7 @@ def allgather_json(value: Any, max_bytes: int = MAX_BYTES) -> list:
     mine = _encode(json.dumps(value, sort_keys=True), max_bytes)
     if jax.process_count() == 1:
         return [json.loads(_decode(mine))]
-    every = np.asarray(multihost_utils.process_allgather(mine, tiled=True)).reshape(jax.process_count(), -1)
+    every = np.asarray(multihost_utils.process_allgather(mine, tiled=True)).reshape(
+        jax.process_count(), -1
+    )
     return [json.loads(_decode(row)) for row in every]

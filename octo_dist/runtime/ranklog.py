@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Optional, TextIO, TypeVar
 
 T = TypeVar("T")
 _HANDLER_FLAG = "_octo_dist_ranklog"
-ALL_RANKS_ENV = "OCTO_DIST_LOG_ALL_RANKS"   # "1": INFO from every rank, not only rank 0
+ALL_RANKS_ENV = "OCTO_DIST_LOG_ALL_RANKS"  # "1": INFO from every rank, not only rank 0
 
 
 def all_ranks_requested(environ: Mapping[str, str]) -> bool:
@@ -25,8 +25,15 @@ def prefix(rank: int, world: int, host: Optional[str] = None) -> str:
     return f"[rank {rank}/{world} {host or socket.gethostname()}]"
 
 
-def setup(rank: int, world: int, host: Optional[str] = None, *, level: int = logging.INFO,
-          all_ranks: bool = False, stream: Optional[TextIO] = None) -> logging.Logger:
+def setup(
+    rank: int,
+    world: int,
+    host: Optional[str] = None,
+    *,
+    level: int = logging.INFO,
+    all_ranks: bool = False,
+    stream: Optional[TextIO] = None,
+) -> logging.Logger:
     """Configure the root logger (and absl's, which Octo uses) for this rank; idempotent."""
     effective = level if rank == 0 or all_ranks else max(level, logging.WARNING)
     root = logging.getLogger()
@@ -34,7 +41,9 @@ def setup(rank: int, world: int, host: Optional[str] = None, *, level: int = log
         root.removeHandler(h)
     handler = logging.StreamHandler(stream or sys.stderr)
     setattr(handler, _HANDLER_FLAG, True)
-    handler.setFormatter(logging.Formatter(f"{prefix(rank, world, host)} %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        logging.Formatter(f"{prefix(rank, world, host)} %(levelname)s %(name)s: %(message)s")
+    )
     root.addHandler(handler)
     root.setLevel(effective)
     # jax logs every backend it could not load ("Unable to initialize backend 'tpu'") at INFO: noise on every run.
@@ -42,7 +51,9 @@ def setup(rank: int, world: int, host: Optional[str] = None, *, level: int = log
     try:
         from absl import logging as absl_logging
 
-        absl_logging.set_verbosity(absl_logging.INFO if effective <= logging.INFO else absl_logging.WARNING)
+        absl_logging.set_verbosity(
+            absl_logging.INFO if effective <= logging.INFO else absl_logging.WARNING
+        )
         # absl's own handler would print a second, unprefixed copy of every record.
         absl_handler = absl_logging.get_absl_handler()
         if absl_handler in root.handlers:

@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Optional
 
-GRACE_S = 5.0   # the child's SIGKILL comes this long after the thread's exit, which it only backs up
+GRACE_S = 5.0  # the child's SIGKILL comes this long after the thread's exit, which it only backs up
 
 # The child: stdin is the pipe of stage names; argv: pid, seconds, message with a {stage} field.
 _CHILD = r"""
@@ -47,11 +47,16 @@ while True:
 class Watchdog:
     """Ends this process with ``message`` (``{stage}`` replaced by the last :meth:`stage`) after ``seconds``."""
 
-    def __init__(self, seconds: float, message: str, exit_code: int = 1, python: str = sys.executable):
+    def __init__(
+        self, seconds: float, message: str, exit_code: int = 1, python: str = sys.executable
+    ):
         self.message, self.exit_code, self._stage = message, exit_code, "start-up"
         self._child: Optional[subprocess.Popen] = subprocess.Popen(
             [python, "-c", _CHILD, str(os.getpid()), repr(float(seconds) + GRACE_S), message],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
         self._timer = threading.Timer(seconds, self._fire)
         self._timer.daemon = True
         self._timer.start()

@@ -21,7 +21,7 @@ from octo_dist.launchers.coordinator import MPI_LAUNCHERS
 
 log = logging.getLogger(__name__)
 
-NO_MPI4PY_ENV = "OCTO_DIST_NO_MPI4PY"   # "1": the container has no MPI library; never import mpi4py
+NO_MPI4PY_ENV = "OCTO_DIST_NO_MPI4PY"  # "1": the container has no MPI library; never import mpi4py
 
 
 class WorldMismatch(RuntimeError):
@@ -53,7 +53,11 @@ def _world(launch: Launch, warn: bool):
         from mpi4py import MPI
     except Exception as e:  # ImportError, or RuntimeError from MPI_Init when the image's MPI does not match the host's
         if warn:
-            log.warning("mpi4py unavailable (%s: %s); falling back to the launcher's environment", type(e).__name__, e)
+            log.warning(
+                "mpi4py unavailable (%s: %s); falling back to the launcher's environment",
+                type(e).__name__,
+                e,
+            )
         return None
     comm = MPI.COMM_WORLD
     if 1 < comm.Get_size() != launch.world_size:
@@ -61,23 +65,30 @@ def _world(launch: Launch, warn: bool):
             f"{launch.launcher}'s environment says {launch.world_size} ranks (this is rank {launch.rank}), but MPI "
             f"started {comm.Get_size()}: the ranks disagree about the world size (a wrapper script or module that "
             f"changes OMPI_COMM_WORLD_SIZE/PMI_SIZE on some ranks?). Fix: start every rank with the same environment; "
-            f"octo-dist check-env --launch compares them")
+            f"octo-dist check-env --launch compares them"
+        )
     if comm.Get_size() != launch.world_size:
         # A host mpirun the image's MPI does not understand makes every rank a singleton world of 1.
         if warn:
-            log.warning("mpi4py sees a world of %d, the launcher %d (MPI mismatch between host and image?); "
-                        "falling back to the launcher's environment", comm.Get_size(), launch.world_size)
+            log.warning(
+                "mpi4py sees a world of %d, the launcher %d (MPI mismatch between host and image?); "
+                "falling back to the launcher's environment",
+                comm.Get_size(),
+                launch.world_size,
+            )
         return None
     return comm
 
 
 def broadcaster(launch: Launch) -> Callable[[Callable[[], str]], Optional[str]]:
     """``broadcast(pick)``: rank 0's ``pick()`` on every rank, or None when MPI cannot be used."""
+
     def broadcast(pick: Callable[[], str]) -> Optional[str]:
         comm = _world(launch, warn=True)
         if comm is None:
             return None
         return comm.bcast(pick() if comm.Get_rank() == 0 else None, root=0)
+
     return broadcast
 
 

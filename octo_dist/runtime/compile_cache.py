@@ -21,13 +21,17 @@ def problem(directory: Optional[str]) -> Optional[str]:
         return None
     path = os.path.abspath(directory)
     while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)   # the nearest part that exists: it will be created below that
+        path = os.path.dirname(path)  # the nearest part that exists: it will be created below that
     if os.path.exists(directory) and not os.path.isdir(directory):
-        return (f"compile cache {directory} is a file; expected a directory (or a path to create). "
-                f"Fix: pass another --compile-cache, or move the file away")
+        return (
+            f"compile cache {directory} is a file; expected a directory (or a path to create). "
+            f"Fix: pass another --compile-cache, or move the file away"
+        )
     if not os.path.isdir(path):
-        return (f"compile cache {directory}: {path} is a file; expected directories up to it. "
-                f"Fix: pass another --compile-cache")
+        return (
+            f"compile cache {directory}: {path} is a file; expected directories up to it. "
+            f"Fix: pass another --compile-cache"
+        )
     return None
 
 
@@ -45,5 +49,9 @@ def enable(directory: Optional[str], min_compile_secs: float = 1.0) -> Optional[
 
         compilation_cache.initialize_cache(directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
-    log.info("persistent compilation cache: %s (entries compiled in >= %g s)", directory, min_compile_secs)
+    log.info(
+        "persistent compilation cache: %s (entries compiled in >= %g s)",
+        directory,
+        min_compile_secs,
+    )
     return directory

@@ -40,13 +40,32 @@ class NoopTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    def __init__(self, run_id: str, *, project: str, mode: str, group: Optional[str] = None, name: Optional[str] = None,
-                 config: Optional[Mapping[str, Any]] = None, entity: Optional[str] = None, dir: Optional[str] = None):
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        project: str,
+        mode: str,
+        group: Optional[str] = None,
+        name: Optional[str] = None,
+        config: Optional[Mapping[str, Any]] = None,
+        entity: Optional[str] = None,
+        dir: Optional[str] = None,
+    ):
         super().__init__(run_id)
         import wandb
 
-        self.run = wandb.init(id=run_id, project=project, entity=entity, group=group, name=name, mode=mode, dir=dir,
-                              config=redact(config or {}), resume="allow")
+        self.run = wandb.init(
+            id=run_id,
+            project=project,
+            entity=entity,
+            group=group,
+            name=name,
+            mode=mode,
+            dir=dir,
+            config=redact(config or {}),
+            resume="allow",
+        )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self.run.log(dict(metrics), step=step)
@@ -73,28 +92,52 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def resolve_mode(environ: Mapping[str, str], mode: Optional[str] = None, default: str = "online") -> str:
+def resolve_mode(
+    environ: Mapping[str, str], mode: Optional[str] = None, default: str = "online"
+) -> str:
     """``mode`` if given, else ``WANDB_MODE`` ("dryrun" is wandb's old word for offline), else ``default``."""
     value = (mode or environ.get("WANDB_MODE") or default).lower()
     value = {"dryrun": "offline", "run": "online"}.get(value, value)
     if value not in MODES:
-        raise ValueError(f"wandb mode {value!r}; expected one of {MODES} (from {'--wandb-mode' if mode else 'WANDB_MODE'})")
+        raise ValueError(
+            f"wandb mode {value!r}; expected one of {MODES} (from {'--wandb-mode' if mode else 'WANDB_MODE'})"
+        )
     return value
 
 
-def make_tracker(rank: int, *, project: str, run_id: Optional[str] = None, group: Optional[str] = None,
-                 name: Optional[str] = None, config: Optional[Mapping[str, Any]] = None, mode: Optional[str] = None,
-                 entity: Optional[str] = None, dir: Optional[str] = None, launch=None,
-                 broadcast: Optional[Callable[[Optional[str]], str]] = None,
-                 environ: Optional[Mapping[str, str]] = None) -> Tracker:
+def make_tracker(
+    rank: int,
+    *,
+    project: str,
+    run_id: Optional[str] = None,
+    group: Optional[str] = None,
+    name: Optional[str] = None,
+    config: Optional[Mapping[str, Any]] = None,
+    mode: Optional[str] = None,
+    entity: Optional[str] = None,
+    dir: Optional[str] = None,
+    launch=None,
+    broadcast: Optional[Callable[[Optional[str]], str]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Tracker:
     """Call on every rank: the run id is agreed by ``broadcast`` (default ``collectives.broadcast_str``), then rank 0
     gets a WandbTracker (a NoopTracker when the mode is disabled) and the others a NoopTracker with the same id."""
     environ = os.environ if environ is None else environ
     mode = resolve_mode(environ, mode)
     if broadcast is None:
-        from octo_dist.dist.collectives import broadcast_str as broadcast
-    agreed = broadcast(run_id or environ.get("WANDB_RUN_ID") or (new_run_id() if rank == 0 else None))
+        from octo_dist.runtime.collectives import broadcast_str as broadcast
+    agreed = broadcast(
+        run_id or environ.get("WANDB_RUN_ID") or (new_run_id() if rank == 0 else None)
+    )
     if rank != 0 or mode == "disabled":
         return NoopTracker(agreed)
-    return WandbTracker(agreed, project=project, mode=mode, group=group or scheduler.job_id(environ, launch),
-                        name=name, config=config, entity=entity, dir=dir)
+    return WandbTracker(
+        agreed,
+        project=project,
+        mode=mode,
+        group=group or scheduler.job_id(environ, launch),
+        name=name,
+        config=config,
+        entity=entity,
+        dir=dir,
+    )
