@@ -146,6 +146,31 @@ def _add_completion(sub) -> None:
     p.set_defaults(func=lambda args: print(completion_script(args.shell), end="") or 0)
 
 
+def _innermost_parser(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> argparse.ArgumentParser:
+    """The parser of the deepest subcommand named in ``argv``: ``["launch", "pbs", "--nodse", "2"]`` -> launch pbs's."""
+    for word in argv:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            if word == "--":
+                break
+            continue
+        parser = sub.choices[word]
+    return parser
+
+
+def _unknown_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """``["--profle", "cpu"]`` -> "unrecognized argument --profle; did you mean --profile?"."""
+    import difflib
+
+    word = unknown[0]
+    flag = word.split("=", 1)[0]
+    flags = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(flag, flags, n=1) if flag.startswith("-") else []
+    return f"unrecognized argument {word}" + (f"; did you mean {close[0]}?" if close else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [RAW_ARGV]:
@@ -153,7 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return app.main([f"octo-dist {RAW_ARGV}", *argv[1:]])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse reports a subcommand's unknown flag through the top-level parser ("usage: octo-dist [-h] ...
+        # unrecognized arguments: --profle cpu"): name the subcommand's usage and the closest flag instead.
+        innermost = _innermost_parser(parser, argv)
+        innermost.error(_unknown_message(innermost, unknown))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

@@ -146,3 +146,12 @@ def test_the_jobs_offer_the_engines_step_functions_with_its_default():
         == train.TrainConfig.step_fn
         == "auto"
     )
+
+
+def test_np_without_the_equivalence_check_is_refused():
+    # `--np 2` alone used to run one process and report success: the launcher decides a plain job's size.
+    refused(
+        ["--np", "2"],
+        "--np 2; expected --np only with --check-equivalence (the smoke job runs as many processes as "
+        "its launcher starts). Fix: octo-dist smoke --check-equivalence --np 2, or mpirun -np 2 octo-dist smoke",
+    )

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MODELS = ("auto", "tiny", "octo")
 DEFAULT_SAVE_EVERY = 10
+DEFAULT_NP = 2  # --check-equivalence: 2 processes x 1 device vs 1 process x 2 devices
 # The synthetic batch is built in host memory on every rank before the first step, where no stop signal is seen
 # yet: 65,536 examples is far beyond any smoke run and still fits; more would only hang a node.
 MAX_GLOBAL_BATCH = 65536
@@ -117,7 +118,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(default: off)",
     )
     p.add_argument(
-        "--np", type=int, default=2, help="processes for --check-equivalence (default: %(default)s)"
+        "--np",
+        type=int,
+        default=None,
+        help=f"processes for --check-equivalence, and only with it: a plain smoke job runs as many "
+        f"processes as its launcher starts (default: {DEFAULT_NP})",
     )
     p.add_argument(
         "--tolerance",
@@ -286,6 +291,16 @@ def argument_problem(args) -> Optional[str]:
             "0 (at the end and on a stop only) or a positive number of steps",
             f"--save-every {DEFAULT_SAVE_EVERY}",
         )
+    if args.np is not None and not args.check_equivalence:
+        # Without the equivalence check the job is whatever the launcher started: `--np 2` alone would run one
+        # process and look like a success.
+        return bad(
+            "--np",
+            args.np,
+            "--np only with --check-equivalence (the smoke job runs as many processes as its launcher "
+            "starts)",
+            f"octo-dist smoke --check-equivalence --np {args.np}, or mpirun -np {args.np} octo-dist smoke",
+        )
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         return bad(
             "--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5"
@@ -347,6 +362,7 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
     if args.check_equivalence:
         from octo_dist.apps.smoke import equivalence
 
+        args.np = DEFAULT_NP if args.np is None else args.np
         return equivalence.main(args)
     options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
     return harness.run(
