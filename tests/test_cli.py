@@ -55,3 +55,19 @@ def test_an_unknown_flag_names_the_subcommand_and_the_closest_flag(argv, usage, 
     assert proc.stderr.startswith(usage), proc.stderr
     assert proc.stderr.splitlines()[-1] == error
     assert proc.stdout == ""
+
+
+def test_check_env_script_on_a_python_without_packaging_says_so_in_one_line():
+    # `python -S` leaves site-packages out: the interpreter a login node has before any environment is set up.
+    proc = subprocess.run(
+        [sys.executable, "-S", str(REPO / "scripts" / "check_env.py"), "--profile", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"check_env.py: error: {sys.executable} (Python ")
+    assert "has no 'packaging' module" in proc.stderr and "Fix: run it with" in proc.stderr
