@@ -22,9 +22,9 @@ HEAD = ["launch", "pbs", "--nodes", "2", "--group", "gxx00000"]
         (["smoke", "--steps", "-5"], "-- smoke: --steps -5 (expected at least 1 step)"),
         (
             ["finetune", "--config.num_stepz=3"],
-            "-- finetune: unknown config field num_stepz, did you mean num_steps?",
+            "-- finetune: unknown config field num_stepz, did you mean --config.num_steps?",
         ),
-        (["finetune", "--bogus"], "-- finetune: Unknown command line flag 'bogus'"),
+        (["finetune", "--bogus"], "-- finetune: unknown flag --bogus;"),
         (
             ["finetune", "--config=no_such_config.py"],
             "-- finetune: --config=no_such_config.py: no config file",

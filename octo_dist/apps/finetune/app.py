@@ -31,14 +31,13 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 import warnings
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
-from octo_dist.apps.finetune import config
+from octo_dist.apps.finetune import config, flagerrors
 from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
@@ -428,19 +427,33 @@ def check_command(argv: Sequence[str]) -> None:
 
     ``octo-dist launch`` calls this when it renders a job script; it parses the fork's flags and loads the config
     file (standard library, absl and ml_collections only: no JAX, no Octo)."""
+    parse_flags(["octo-dist finetune", *argv])
+
+
+def parse_flags(argv: Sequence[str]):
+    """argv (program name first) -> absl's FlagValues; any refusal is a one-line ValueError (ImportError passes:
+    absl or ml_collections missing on a login node's bare Python, where the caller skips the check)."""
+    argv = flagerrors.with_aliases(argv)
+    problem = flagerrors.argv_problem(argv)
+    if problem:
+        raise ValueError(problem)
     try:
-        config.parse_flags(["octo-dist finetune", *argv])
+        return config.parse_flags(argv)
     except ImportError:
-        raise  # absl or ml_collections missing (a login node's bare Python): the caller skips the check
+        raise
     except (
         Exception
-    ) as e:  # absl's flags.Error, ml_collections' AttributeError for an unknown field, ConfigError
-        text = " ".join(str(e).replace("\\n", " ").split())
-        # ml_collections: '\'num_stepz\'\nDid you mean "num_steps" instead of "num_stepz"?' -> a sentence
-        close = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
-        if close:
-            text = f"unknown config field {close.group(2)}, did you mean {close.group(1)}?"
-        raise ValueError(text) from None
+    ) as e:  # absl's flags.Error, ml_collections' KeyError for an unknown field, ConfigError
+        raise ValueError(flagerrors.one_line(e, argv, _config_fields(argv))) from None
+
+
+def _config_fields(argv: Sequence[str]) -> list:
+    """The chosen config's fields as dotted names, for suggestions (none when the config itself cannot load)."""
+    try:
+        loaded = config.plain(config.load_config(config.config_value(argv)))
+    except Exception:
+        return []
+    return [".".join(map(str, key)) for key in config.flat_keys(loaded)]
 
 
 TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -462,7 +475,16 @@ def main(
         # who wants TF's log sets TF_CPP_MIN_LOG_LEVEL (0 shows everything).
         os.environ[TF_LOG_LEVEL_ENV] = "3"
     try:
-        flags = config.parse_flags(argv)
+        flags = parse_flags(argv)
+    except ValueError as e:
+        # "unknown flag --steps, did you mean --config.num_steps?" gets the fix; a refusal with its own keeps it.
+        text = str(e)
+        if "Fix: " not in text:
+            text += "" if text.endswith("?") else "."
+            text += " Fix: octo-dist finetune --help lists the flags and config fields"
+        print(f"octo-dist finetune: error: {text}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    try:
         if probe is None:
             from octo_dist.apps.finetune import weights
 
@@ -476,7 +498,7 @@ def main(
             step_fn=flags.step_fn,
             compile_cache=flags.compile_cache,
         )
-    except Exception as e:  # absl's flags.Error, get_config refusing its config string, ConfigError
+    except Exception as e:  # ConfigError: a dataset, weights or save directory the run cannot use
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
         print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE

@@ -81,12 +81,12 @@ def frozen_keys(mode: str) -> Optional[tuple]:
 # --- the model config: the pretrained one, edited as the fork edits it ------------------------------------------
 
 
-def _flat_keys(d: Mapping, prefix: tuple = ()) -> dict:
+def flat_keys(d: Mapping, prefix: tuple = ()) -> dict:
     """{("a", "b"): leaf}; an empty dict is a leaf (flax's keep_empty_nodes), so it survives a round trip."""
     out = {}
     for k, v in d.items():
         if isinstance(v, Mapping) and v:
-            out.update(_flat_keys(v, prefix + (k,)))
+            out.update(flat_keys(v, prefix + (k,)))
         else:
             out[prefix + (k,)] = v
     return out
@@ -108,7 +108,7 @@ def _update(target: dict, other: Mapping) -> dict:
         if isinstance(v, Mapping) and isinstance(target.get(k), dict):
             _update(target[k], v)
         else:
-            target[k] = _unflat(_flat_keys(v)) if isinstance(v, Mapping) else v
+            target[k] = _unflat(flat_keys(v)) if isinstance(v, Mapping) else v
     return target
 
 
@@ -120,8 +120,8 @@ def edit_model_config(
     ``delete={"model": {"heads": {"action": None}}}`` removes every key whose dotted path starts with
     ``model.heads.action`` (a prefix match, as the fork does); ``update`` then merges key by key.
     """
-    flat = _flat_keys(base)
-    for d_key in _flat_keys(delete or {}):
+    flat = flat_keys(base)
+    for d_key in flat_keys(delete or {}):
         prefix = ".".join(map(str, d_key))
         for c_key in [c for c in flat if ".".join(map(str, c)).startswith(prefix)]:
             del flat[c_key]
@@ -149,7 +149,7 @@ def format_name(name: str, config: Mapping) -> str:
 
     Keys are a leaf's name or its full path joined by ``_`` (``{dataset_kwargs_name}``).
     """
-    flat = {"_".join(map(str, k)): v for k, v in _flat_keys(config).items()}
+    flat = {"_".join(map(str, k)): v for k, v in flat_keys(config).items()}
     values = {**{k.split("_")[-1]: v for k, v in flat.items()}, **flat}
     try:
         return name.format(**values)
@@ -625,7 +625,7 @@ def wants_help(argv: Sequence[str]) -> bool:
     return any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:])
 
 
-def _config_value(argv: Sequence[str]) -> str:
+def config_value(argv: Sequence[str]) -> str:
     for i, a in enumerate(argv[1:], 1):
         if a.startswith(("--config=", "-config=")):
             return a.partition("=")[2]
@@ -682,7 +682,7 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
         lines += textwrap.wrap(
             text, width, initial_indent=f"  {flag:<24} ", subsequent_indent=" " * 27
         )
-    value = _config_value(argv)
+    value = config_value(argv)
     lines += [
         "",
         f"config fields of {value} (default value shown; set any with --config.FIELD=VALUE):",
@@ -694,6 +694,6 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
     else:
         lines += [
             f"  --config.{'.'.join(map(str, key))}={value!r}"
-            for key, value in _flat_keys(config).items()
+            for key, value in flat_keys(config).items()
         ]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""`octo-dist finetune`'s bad flags and config values: one line each, naming what was found and the fix.
+
+Runs without Octo: flags and the config file are parsed (absl, ml_collections) before anything imports JAX or
+Octo, so every case below is the real command line refused by the real parser.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, clean_env
+from octo_dist.apps.finetune import app, flagerrors
+
+FINETUNE = [sys.executable, "-m", "octo_dist", "finetune"]
+FIX = "Fix: octo-dist finetune --help lists the flags and config fields"
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        (
+            "--config.batch_sise=3",
+            f"unknown config field batch_sise, did you mean --config.batch_size? {FIX}",
+        ),
+        (
+            "--config.num-steps=5",
+            "--config.num-steps=5: config fields are spelled with underscores, did you mean "
+            f"--config.num_steps=5? {FIX}",
+        ),
+        ("--steps=5", f"unknown flag --steps, did you mean --config.num_steps? {FIX}"),
+        ("--nam=x", f"unknown flag --nam, did you mean --name? {FIX}"),
+        ("--zzz", f"unknown flag --zzz. {FIX}"),
+        (
+            "--config=finetune_config.py:bogus",
+            "--config=finetune_config.py:bogus: config string 'bogus'; expected '<mode>,<modality>'",
+        ),
+        ("--config.num_steps=many", "--config.num_steps=many: invalid literal for int()"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(flag, line):
+    proc = subprocess.run(
+        [*FINETUNE, flag], capture_output=True, text=True, timeout=180, env=clean_env(), cwd=REPO
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr  # no traceback, no TensorFlow start-up lines
+    assert proc.stderr.startswith(f"octo-dist finetune: error: {line}"), proc.stderr
+    assert "object at 0x" not in proc.stderr and "\\n" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_the_hyphenated_spelling_of_octo_dist_flags_is_accepted():
+    # smoke spells them --step-fn / --compile-cache, the fork's style --step_fn: either works in finetune.
+    flags = app.parse_flags(
+        ["octo-dist finetune", "--config=finetune_smoke_config.py", "--step-fn=jit"]
+    )
+    assert flags.step_fn == "jit"
+    flags = app.parse_flags(["octo-dist finetune", "--compile-cache", "/tmp/cache", "--debug"])
+    assert flags.compile_cache == "/tmp/cache" and flags.debug
+
+
+def test_a_field_word_is_suggested_from_the_least_nested_field():
+    error = ValueError("Unknown command line flag 'steps'. Did you mean: step_fn ?")
+    fields = [
+        "optimizer.learning_rate.decay_steps",
+        "num_steps",
+        "optimizer.grad_accumulation_steps",
+    ]
+    assert flagerrors.one_line(error, ["prog"], fields) == (
+        "unknown flag --steps, did you mean --config.num_steps?"
+    )
+    # A node above the fields is suggested too: the user then finds its fields in --help.
+    error = ValueError("Unknown command line flag 'learnin_rate'.")
+    assert flagerrors.one_line(error, ["prog"], ["optimizer.learning_rate.peak_value"]) == (
+        "unknown flag --learnin_rate, did you mean --config.optimizer.learning_rate?"
+    )
