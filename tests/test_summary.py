@@ -96,6 +96,7 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert (got["processes"], got["devices"], got["global_batch"]) == (1, record["devices"], 8)
     assert (got["start_step"], got["end_step"]) == (0, 6)
     assert got["losses"] == record["losses"] and got["params_digests"] == record["digests"]
+    assert [(j["start_step"], j["end_step"]) for j in got["jobs"]] == [(0, 6)]
     assert got["loss_first"] == record["losses"]["0"] and got["loss_last"] == record["losses"]["5"]
     assert got["median_step_s"] == record["step_time_median_s"] > 0
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
@@ -105,3 +106,102 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
         "octo-dist smoke: run summary: wall " in proc.stdout
         and "examples/s (global batch 8)" in proc.stdout
     )
+
+
+def one_job(start, end, losses, command="smoke"):
+    return summary.summarize(
+        command=command,
+        processes=2,
+        devices=2,
+        global_batch=8,
+        start_step=start,
+        end_step=end,
+        losses=losses,
+        process_started=0.0,
+        fit_started=1.0,
+        step_ends=[2.0 + i for i in range(end - start)],
+        ended=3.0 + end - start,
+    )
+
+
+def test_a_resumed_job_continues_the_run_history():
+    first = one_job(0, 6, {k: 1.0 - k / 10 for k in range(6)})
+    jobs, losses = summary.history(None, first, {k: 1.0 - k / 10 for k in range(6)})
+    previous = {**first.as_json(), "losses": {str(k): v for k, v in losses.items()}, "jobs": jobs}
+    # The second job resumed from the checkpoint at step 4: steps 4 and 5 are redone, its losses win.
+    second = one_job(4, 9, {k: 0.5 for k in range(4, 9)})
+    jobs, losses = summary.history(previous, second, {k: 0.5 for k in range(4, 9)})
+    assert [(j["start_step"], j["end_step"]) for j in jobs] == [(0, 6), (4, 9)]
+    assert sorted(losses) == list(range(9))
+    assert [losses[k] for k in range(4)] == [1.0, 0.9, 0.8, 0.7] and losses[4] == losses[5] == 0.5
+
+
+def test_a_new_run_or_another_command_starts_a_new_history():
+    old = {**one_job(0, 6, {0: 1.0}).as_json(), "losses": {"0": 1.0}, "jobs": [{"start_step": 0}]}
+    jobs, losses = summary.history(old, one_job(0, 3, {0: 2.0}), {0: 2.0})
+    assert len(jobs) == 1 and losses == {0: 2.0}
+    finetune = one_job(6, 8, {6: 0.3}, command="finetune")
+    jobs, losses = summary.history(old, finetune, {6: 0.3})
+    assert len(jobs) == 1 and losses == {6: 0.3}
+
+
+def test_a_schema_1_summary_becomes_the_first_job():
+    # What octo-dist wrote before the history existed: one job, no "jobs" key.
+    old = {**one_job(0, 6, {}).as_json(), "schema": 1, "losses": {str(k): 1.0 for k in range(6)}}
+    jobs, losses = summary.history(old, one_job(6, 8, {}), {6: 0.2, 7: 0.1})
+    assert [(j["start_step"], j["end_step"]) for j in jobs] == [(0, 6), (6, 8)]
+    assert sorted(losses) == list(range(8))
+
+
+def test_a_long_run_plot_is_smoothed_log_scaled_and_marks_each_job(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    losses = {k: 10.0 * 0.995**k for k in range(3000)}  # 10 -> 3e-6: more than two decades
+    path = tmp_path / "loss.png"
+    summary.plot(losses, path, "title", job_starts=[1000, 2000])
+    assert png_size(path) == summary.PLOT_SIZE_PX
+    # The same curve drawn again, without smoothing or jobs, is another picture.
+    plain = tmp_path / "plain.png"
+    summary.plot({k: losses[k] for k in range(100)}, plain, "title")
+    assert path.read_bytes() != plain.read_bytes()
+    assert summary.smoothed([1.0, 3.0, 3.0], span=1) == [1.0, 3.0, 3.0]
+    assert summary.smoothed([0.0, 3.0], span=2) == [0.0, 2.0]
+
+
+@pytest.mark.slow
+def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(tmp_path):
+    save = tmp_path / "run"
+
+    def smoke(steps, *extra):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "octo_dist",
+                "smoke",
+                "--model",
+                "tiny",
+                "--steps",
+                str(steps),
+                "--save-dir",
+                str(save),
+                "--save-every",
+                "3",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=clean_env(),
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((save / "summary.json").read_text())
+
+    first = smoke(6)
+    resumed = smoke(9, "--resume")
+    assert [(j["start_step"], j["end_step"]) for j in resumed["jobs"]] == [(0, 6), (6, 9)]
+    assert (resumed["start_step"], resumed["end_step"]) == (6, 9)  # the top level is this job's
+    assert sorted(map(int, resumed["losses"])) == list(range(9))
+    assert all(resumed["losses"][k] == v for k, v in first["losses"].items())

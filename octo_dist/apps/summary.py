@@ -1,4 +1,5 @@
-"""What a training run ends with, on rank 0: the figures people look at, in the log, ``summary.json`` and ``loss.png``.
+"""What a training run ends with, on rank 0: the figures people look at, in the log, ``summary.json`` and
+``loss.png`` (the whole run: every job of a resumed or chained run).
 
     octo-dist smoke: run summary: wall 41.2 s, first step after 17.9 s (compile 6.3 s), median step 21.0 ms,
       381 examples/s (global batch 8), loss 0.8303 -> 0.0255 over steps 0 -> 20
@@ -16,7 +17,12 @@ import statistics
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
-SCHEMA = 1
+# 2: `losses` is the whole run's (every job of a resumed or chained run), `jobs` lists each job's figures.
+SCHEMA = 2
+# loss.png: past this many steps the raw losses are drawn faint under a smoothed line (EMA); the y axis turns
+# logarithmic when the losses span at least LOG_SCALE_SPAN (a factor: 100 = two decades).
+SMOOTH_FROM_STEPS = 200
+LOG_SCALE_SPAN = 100.0
 PLOT_SIZE_PX = (800, 480)  # loss.png, width x height
 PLOT_DPI = 100
 
@@ -30,22 +36,18 @@ class RunSummary:
     start_step: int
     end_step: int
     wall_s: float  # process start -> end of training
-    time_to_first_step_s: Optional[
-        float
-    ]  # process start -> first step finished (None: no step ran)
-    compile_s: Optional[
-        float
-    ]  # training start -> first step finished: building, compiling, the first batch
-    median_step_s: Optional[
-        float
-    ]  # steps after the first two (which compile the step, then the metric reads)
+    # process start -> first step finished (None: no step ran)
+    time_to_first_step_s: Optional[float]
+    # training start -> first step finished: building, compiling, the first batch
+    compile_s: Optional[float]
+    # the steps after the first two (which compile the step, then the metric reads)
+    median_step_s: Optional[float]
     examples_per_s: Optional[float]  # global batch / median step
     loss_first: Optional[float]
     loss_last: Optional[float]
     stopped_by: Optional[str]
-    params_digests: Optional[list] = (
-        None  # every rank's parameter digest, in rank order (identical when sound)
-    )
+    # every rank's parameter digest, in rank order (identical when sound)
+    params_digests: Optional[list] = None
 
     def as_json(self) -> dict:
         return {"schema": SCHEMA, **dataclasses.asdict(self)}
@@ -113,31 +115,81 @@ def lines(s: RunSummary) -> str:
     )
 
 
+def history(
+    previous: Optional[Mapping], s: RunSummary, losses: Mapping[int, float]
+) -> Tuple[list, dict]:
+    """The run's jobs and losses after this job: ``previous`` is the summary.json an earlier job left (or None).
+
+    A job that resumed (``start_step > 0``) continues the run: the earlier jobs' losses before its first step are
+    kept, its own replace any from its first step on (a job that resumed from an older checkpoint redoes those
+    steps). A job that starts at step 0, or a summary of another command, begins a new history.
+    """
+    this_job = {k: v for k, v in s.as_json().items() if k not in ("schema", "params_digests")}
+    own = {int(k): v for k, v in losses.items()}
+    if not previous or s.start_step == 0 or previous.get("command") != s.command:
+        return [this_job], own
+    jobs = previous.get("jobs")
+    if not isinstance(jobs, list):  # a schema-1 summary: the one job it describes
+        jobs = [{k: v for k, v in previous.items() if k in this_job}]
+    kept = {int(k): v for k, v in (previous.get("losses") or {}).items() if int(k) < s.start_step}
+    return [*jobs, this_job], {**kept, **own}
+
+
+def read_previous(path: Path) -> Optional[dict]:
+    """The summary.json an earlier job wrote, or None when there is none or it cannot be read (a new history)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write(
     directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float]
 ) -> Tuple[Path, Path]:
-    """``directory/summary.json`` and ``directory/loss.png`` (this run's losses by step); returns both paths."""
+    """``directory/summary.json`` and ``directory/loss.png``: this job's figures, the run's history across resumed
+    and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, png_path = directory / "summary.json", directory / "loss.png"
+    jobs, run_losses = history(read_previous(json_path), s, losses)
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(
         json.dumps(
-            {**s.as_json(), "losses": {str(k): v for k, v in sorted(losses.items())}}, indent=1
+            {
+                **s.as_json(),
+                "losses": {str(k): v for k, v in sorted(run_losses.items())},
+                "jobs": jobs,
+            },
+            indent=1,
         )
     )
     tmp.replace(json_path)
     plot(
-        losses,
+        run_losses,
         png_path,
         f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
         f"global batch {s.global_batch}",
+        job_starts=[j["start_step"] for j in jobs[1:]],
     )
     return json_path, png_path
 
 
-def plot(losses: Mapping[int, float], path: Path, title: str) -> None:
-    """The loss by step as a PNG of PLOT_SIZE_PX, drawn without a display (matplotlib's Agg backend)."""
+def smoothed(values: Sequence[float], span: int) -> list:
+    """An exponential moving average over ``span`` points (alpha 2 / (span + 1)), started at the first value."""
+    alpha, out = 2.0 / (span + 1), []
+    for v in values:
+        out.append(v if not out else out[-1] + alpha * (v - out[-1]))
+    return out
+
+
+def plot(
+    losses: Mapping[int, float], path: Path, title: str, job_starts: Sequence[int] = ()
+) -> None:
+    """The loss by step as a PNG of PLOT_SIZE_PX, drawn without a display (matplotlib's Agg backend).
+
+    Each job after the first is marked where it started; over SMOOTH_FROM_STEPS steps the raw losses are faint and
+    a smoothed line is drawn over them; losses spanning LOG_SCALE_SPAN or more get a logarithmic axis."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -146,7 +198,30 @@ def plot(losses: Mapping[int, float], path: Path, title: str) -> None:
     fig = Figure(figsize=(PLOT_SIZE_PX[0] / PLOT_DPI, PLOT_SIZE_PX[1] / PLOT_DPI), dpi=PLOT_DPI)
     ax = fig.add_subplot()
     steps = sorted(losses)
-    ax.plot(steps, [losses[k] for k in steps], marker="." if len(steps) < 50 else None)
+    values = [losses[k] for k in steps]
+    if len(steps) >= SMOOTH_FROM_STEPS:
+        ax.plot(steps, values, color="C0", alpha=0.25, linewidth=0.8, label="loss")
+        span = max(10, len(steps) // 50)
+        ax.plot(
+            steps, smoothed(values, span), color="C0", label=f"smoothed (EMA over {span} steps)"
+        )
+        ax.legend(loc="lower left")
+    else:
+        ax.plot(steps, values, color="C0", marker="." if len(steps) < 50 else None)
+    positive = [v for v in values if v > 0]
+    if values and len(positive) == len(values) and max(values) >= LOG_SCALE_SPAN * min(values):
+        ax.set_yscale("log")
+    for i, start in enumerate(job_starts, 2):
+        ax.axvline(start, color="0.5", linestyle="--", linewidth=0.8)
+        ax.annotate(
+            f"job {i}",
+            (start, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+            color="0.35",
+        )
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
