@@ -173,6 +173,14 @@ def test_the_next_batch_is_made_before_the_previous_steps_metrics_are_read(tmp_p
     for k in range(steps - 2):
         # batch k+2 (for the step after next) is in hand before step k's metrics are read
         assert order.index(("make", k + 2)) < order.index(("read", k)), order
+    # The host's time making batch k+1 while step k ran: every step but the last, at least the source's delay,
+    # sent to the tracker beside the step time (the summary's data-bound / compute-bound figure).
+    assert sorted(map(int, out["input_s"])) == list(range(steps - 1))
+    assert all(v >= 0.05 for v in out["input_s"].values()), out["input_s"]
+    assert [out["logged"][str(k)]["timer/input_s"] for k in range(steps - 1)] == [
+        out["input_s"][str(k)] for k in range(steps - 1)
+    ]
+    assert "timer/input_s" not in out["logged"][str(steps - 1)]
     stopped = out["stopped"]
     # SIGUSR1 arrives while step 1 is read (step 2 already dispatched): step 3 carries it, it is read after step 4
     # was dispatched, so the run ends after step 4, reading every step it ran.

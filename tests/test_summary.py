@@ -40,6 +40,32 @@ def test_figures_come_from_the_timestamps():
     assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
 
 
+def test_the_input_share_of_a_step_says_data_or_compute_bound():
+    ends = [110.0, 110.5, 110.75, 111.0, 111.25]  # median step 0.25 s from the third step on
+    common = dict(
+        command="finetune",
+        processes=1,
+        devices=1,
+        global_batch=8,
+        start_step=10,
+        end_step=15,
+        losses={},
+        process_started=100.0,
+        fit_started=103.0,
+        step_ends=ends,
+        ended=112.0,
+    )
+    # Steps 10 and 11 (compiling) are left out, as for the step time: 0.05 s of 0.25 s is input.
+    fast = summary.summarize(**common, input_s={10: 9.0, 11: 3.0, 12: 0.05, 13: 0.05, 14: 0.04})
+    assert fast.median_input_s == 0.05 and fast.input_share == pytest.approx(0.2)
+    assert fast.bound == "compute-bound" and fast.as_json()["bound"] == "compute-bound"
+    assert "\n  input 50.0 ms of each step (20%): compute-bound" in summary.lines(fast)
+    slow = summary.summarize(**common, input_s={12: 0.24, 13: 0.23, 14: 0.25})
+    assert slow.bound == "data-bound" and "octo-dist launch --cpus-per-rank" in summary.lines(slow)
+    unknown = summary.summarize(**common)
+    assert unknown.bound is None and "input" not in summary.lines(unknown)
+
+
 def test_a_run_that_did_no_step_says_so():
     s = summary.summarize(
         command="finetune",
@@ -99,6 +125,8 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert [(j["start_step"], j["end_step"]) for j in got["jobs"]] == [(0, 6)]
     assert got["loss_first"] == record["losses"]["0"] and got["loss_last"] == record["losses"]["5"]
     assert got["median_step_s"] == record["step_time_median_s"] > 0
+    assert got["bound"] in ("data-bound", "compute-bound") and 0 < got["median_input_s"] < 1
+    assert f"input {got['median_input_s'] * 1000:.1f} ms of each step" in proc.stdout
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
     assert 0 < got["compile_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
     assert png_size(save / "loss.png") == summary.PLOT_SIZE_PX

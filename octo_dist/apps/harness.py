@@ -208,6 +208,7 @@ def summary(
         ended=time.time(),
         stopped_by=result.stopped_by,
         params_digests=digests,
+        input_s=result.input_s,
     )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)

@@ -3,6 +3,7 @@
 
     octo-dist smoke: run summary: wall 41.2 s, first step after 17.9 s (compile 6.3 s), median step 21.0 ms,
       381 examples/s (global batch 8), loss 0.8303 -> 0.0255 over steps 0 -> 20
+      input 2.1 ms of each step (10%): compute-bound
 
 :func:`summarize` is pure over the timestamps the harness took (process start, training start, the end of every
 step), so it is tested with numbers; :func:`write` puts the JSON and the plot in the run's directory.
@@ -23,6 +24,9 @@ SCHEMA = 2
 # logarithmic when the losses span at least LOG_SCALE_SPAN (a factor: 100 = two decades).
 SMOOTH_FROM_STEPS = 200
 LOG_SCALE_SPAN = 100.0
+# Making the next batch takes this share of a step or more: the host barely keeps up (it also dispatches the
+# step and reads metrics), so the devices wait for input.
+DATA_BOUND_SHARE = 0.8
 PLOT_SIZE_PX = (800, 480)  # loss.png, width x height
 PLOT_DPI = 100
 
@@ -48,9 +52,20 @@ class RunSummary:
     stopped_by: Optional[str]
     # every rank's parameter digest, in rank order (identical when sound)
     params_digests: Optional[list] = None
+    # the host's time making the next batch while a step ran (median over the same steps as median_step_s),
+    # and its share of the step: at DATA_BOUND_SHARE or more the devices wait for input
+    median_input_s: Optional[float] = None
+    input_share: Optional[float] = None
+
+    @property
+    def bound(self) -> Optional[str]:
+        """ "data-bound" or "compute-bound" (None: too few steps to tell)."""
+        if self.input_share is None:
+            return None
+        return "data-bound" if self.input_share >= DATA_BOUND_SHARE else "compute-bound"
 
     def as_json(self) -> dict:
-        return {"schema": SCHEMA, **dataclasses.asdict(self)}
+        return {"schema": SCHEMA, **dataclasses.asdict(self), "bound": self.bound}
 
 
 def summarize(
@@ -68,12 +83,16 @@ def summarize(
     ended: float,
     stopped_by: Optional[str] = None,
     params_digests: Optional[Sequence[str]] = None,
+    input_s: Optional[Mapping[int, float]] = None,
 ) -> RunSummary:
     """The figures from timestamps in seconds on one clock (``time.time()``), e.g. ``step_ends=[17.9, 17.93, ...]``."""
     ends = list(step_ends)
     steady = [b - a for a, b in zip(ends[1:], ends[2:])]  # from the third step on
     median = statistics.median(steady) if steady else None
     ordered = [losses[k] for k in sorted(losses)]
+    # input_s by step, from the third step of this job on (the steps `steady` measures)
+    inputs = [v for k, v in sorted((input_s or {}).items()) if k >= start_step + 2]
+    median_input = statistics.median(inputs) if inputs and median else None
     return RunSummary(
         command=command,
         processes=processes,
@@ -90,6 +109,8 @@ def summarize(
         loss_last=ordered[-1] if ordered else None,
         stopped_by=stopped_by,
         params_digests=list(params_digests) if params_digests is not None else None,
+        median_input_s=median_input,
+        input_share=median_input / median if median_input is not None else None,
     )
 
 
@@ -100,19 +121,24 @@ def _seconds(value: Optional[float], unit: str = "s") -> str:
 
 
 def lines(s: RunSummary) -> str:
-    """Two lines for the log (see the module docstring)."""
+    """Two lines for the log (see the module docstring), and a third on input once 3 steps ran."""
     loss = (
         f"loss {s.loss_first:.4f} -> {s.loss_last:.4f}"
         if s.loss_first is not None
         else "no steps run"
     )
     rate = f"{s.examples_per_s:.0f} examples/s" if s.examples_per_s else "- examples/s"
-    return (
+    text = (
         f"octo-dist {s.command}: run summary: wall {_seconds(s.wall_s)}, first step after "
         f"{_seconds(s.time_to_first_step_s)} (compile {_seconds(s.compile_s)}), median step "
         f"{_seconds(s.median_step_s, 'ms')},\n  {rate} (global batch {s.global_batch}), {loss} over steps "
         f"{s.start_step} -> {s.end_step}" + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
     )
+    if s.bound is not None:
+        text += f"\n  input {_seconds(s.median_input_s, 'ms')} of each step ({s.input_share:.0%}): {s.bound}"
+        if s.bound == "data-bound":
+            text += ": the host makes batches about as slowly as the devices use them; give each rank more CPU cores (octo-dist launch --cpus-per-rank)"
+    return text
 
 
 def history(

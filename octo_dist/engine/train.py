@@ -41,6 +41,9 @@ class FitResult:
     stopped_by: Optional[str]  # "SIGTERM", "SIGUSR1", ... when a stop signal ended the run early
     params_digest: str  # parallel.tree_digest of this rank's parameters
     state: Any = None
+    # step -> seconds the host spent making the next global batch while that step ran (reading, stacking,
+    # starting the transfer): when it nears the step time, the device waits for input (data-bound).
+    input_s: dict = dataclasses.field(default_factory=dict)
 
 
 def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], directory) -> None:
@@ -146,14 +149,12 @@ def fit(
             if hasattr(bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
                 bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
-                # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up.
-                tracker.log(
-                    {
-                        **{f"training/{k}": v for k, v in values.items()},
-                        "timer/step_s": tick[0] - now,
-                    },
-                    step,
-                )
+                # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up;
+                # "timer/input_s": the host's time making the next batch during this step.
+                timers = {"timer/step_s": tick[0] - now}
+                if step in input_s:
+                    timers["timer/input_s"] = input_s[step]
+                tracker.log({**{f"training/{k}": v for k, v in values.items()}, **timers}, step)
             if on_step is not None:
                 on_step(step, values)
             return agreed_signal
@@ -164,10 +165,16 @@ def fit(
         # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
         upcoming = first
         unread = None  # (step, metrics) dispatched but not read yet
+        input_s: dict = {}
         for step in bar:
             state, metrics = eng.step(state, upcoming, stop.pending)
             done = step + 1
-            upcoming = eng.global_batch(next(batches)) if done < cfg.steps else None
+            if done < cfg.steps:
+                made = time.perf_counter()
+                upcoming = eng.global_batch(next(batches))
+                input_s[step] = time.perf_counter() - made
+            else:
+                upcoming = None
             agreed_signal = read(*unread) if unread is not None else 0
             unread = (step, metrics)
             if agreed_signal:
@@ -195,6 +202,7 @@ def fit(
             stopped_by=stopped_by,
             params_digest=parallel.tree_digest(state.params),
             state=state,
+            input_s=input_s,
         )
     finally:
         if owned:

@@ -7,22 +7,35 @@ usage: python fit_order.py SAVE_DIR
 import json
 import signal
 import sys
+import time
 
 import optax
 
-from octo_dist.runtime import stopping
+from octo_dist.runtime import stopping, tracking
 from octo_dist.engine import data
 from octo_dist.engine import train
 from octo_dist.policies.tiny import TinyPolicy
 
 STEPS = 6
+MAKE_S = (
+    0.05  # every batch takes at least this long to make: the input time fit() reports must see it
+)
 events = []
+logged = {}
 
 
 class Logged(data.SyntheticData):
     def batch(self, step):
         events.append(["make", step])
+        time.sleep(MAKE_S)
         return super().batch(step)
+
+
+class Recording(tracking.Tracker):
+    """An in-memory tracker: what fit() would send to wandb, by step."""
+
+    def log(self, metrics, step):
+        logged[step] = dict(metrics)
 
 
 def run(save_dir, stop_at=None):
@@ -41,7 +54,8 @@ def run(save_dir, stop_at=None):
             TinyPolicy(),
             optax.adam(1e-3),
             source,
-            train.TrainConfig(steps=STEPS, save_dir=save_dir),
+            train.TrainConfig(steps=STEPS, save_dir=save_dir, log_every=1),
+            tracker=Recording("fit-order"),
             on_step=on_step,
             stop=stop,
         )
@@ -53,6 +67,7 @@ def run(save_dir, stop_at=None):
 events.clear()
 full = run(None)
 order = list(events)
+logged_full = dict(logged)
 events.clear()
 stopped = run(sys.argv[1], stop_at=1)
 print(
@@ -60,6 +75,8 @@ print(
         {
             "order": order,
             "losses": {str(k): v for k, v in full.losses.items()},
+            "input_s": {str(k): v for k, v in full.input_s.items()},
+            "logged": {str(k): v for k, v in sorted(logged_full.items())},
             "stopped": {
                 "end_step": stopped.end_step,
                 "stopped_by": stopped.stopped_by,
