@@ -269,16 +269,21 @@ def test_one_rank_raising_ends_the_whole_job_quickly(mpirun):
 
 @pytest.mark.mpi
 def test_wandb_offline_under_mpirun_makes_exactly_one_run(mpirun, tmp_path):
-    env = clean_env(
-        WANDB_MODE="offline", WANDB_API_KEY="sk-must-not-leak-0123456789", WANDB_SILENT="true"
-    )
+    env = clean_env(WANDB_MODE="offline", WANDB_API_KEY="sk-must-not-leak-0123456789")
     proc = mpirun(2, ALLREDUCE, "--wandb-dir", str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FileExistsError" not in proc.stderr
     ids = {d["run_id"] for d in json_lines(proc.stdout)}
     assert len(ids) == 1 and None not in ids  # every rank agreed on rank 0's id
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and runs[0].name.endswith(ids.pop())
+    run_id = ids.pop()
+    assert len(runs) == 1 and runs[0].name.endswith(run_id)
+    # Offline, wandb's own banner (about 20 "wandb:" lines) is silenced; rank 0 says where the run is instead.
+    out0, err0 = proc.ranks[0]
+    said = [ln for ln in (out0 + err0).splitlines() if "wandb" in ln.lower()]
+    assert said == [
+        f"octo-dist: wandb run {run_id} saved offline in {runs[0]}; upload it with: wandb sync {runs[0]}"
+    ], said
     for f in runs[0].rglob("*"):
         if f.is_file():
             data = f.read_bytes()

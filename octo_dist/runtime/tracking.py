@@ -53,6 +53,14 @@ class WandbTracker(Tracker):
         dir: Optional[str] = None,
     ):
         super().__init__(run_id)
+        self.offline = mode == "offline"
+        if self.offline:
+            # An offline run (compute nodes without internet) would otherwise print about 20 "wandb:" lines into
+            # the job log and retry its error reports to sentry.io; wandb reads both when it is imported. The one
+            # line that matters, where the run is and how to upload it, is printed by finish(). A user's own
+            # WANDB_SILENT / WANDB_ERROR_REPORTING still win.
+            os.environ.setdefault("WANDB_SILENT", "true")
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         import wandb
 
         self.run = wandb.init(
@@ -64,14 +72,23 @@ class WandbTracker(Tracker):
             mode=mode,
             dir=dir,
             config=redact(config or {}),
-            resume="allow",
+            # offline runs cannot resume (wandb warns and starts a new run with the same id)
+            resume=None if self.offline else "allow",
         )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
     def finish(self) -> None:
+        run_dir = os.path.dirname(
+            self.run.dir
+        )  # ".../wandb/offline-run-20261204_052811-k3x9a2bq/files" -> its run
         self.run.finish()
+        if self.offline:
+            print(
+                f"octo-dist: wandb run {self.run_id} saved offline in {run_dir}; upload it with: wandb sync {run_dir}",
+                flush=True,
+            )
 
 
 def redact(config: Mapping[str, Any]) -> dict:
