@@ -10,6 +10,7 @@ from octo_dist.launchers import coordinator as coord
 from octo_dist.envcheck import launch as preflight
 from octo_dist.runtime import runtime
 from octo_dist.runtime import tracking
+from octo_dist.runtime import ranklog
 from octo_dist.envcheck.result import FAIL, OK, Check
 from octo_dist.launchers import Launch
 
@@ -364,3 +365,38 @@ def test_an_unresolvable_own_hostname_is_named_before_gloo_crashes():
         match=r"'no-such-host\.invalid' does not resolve.*--hostname localhost",
     ):
         runtime._check_own_hostname_resolves("no-such-host.invalid")
+
+
+def test_orbax_routine_lines_are_dropped_but_its_warnings_and_other_absl_lines_pass():
+    import io
+    import logging
+
+    stream = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    ranklog.setup(0, 1, "n1", stream=stream)
+    try:
+        emit_and_check(stream)
+    finally:  # the test process's logging as it was
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def emit_and_check(stream):
+    import logging
+
+    def record(level, path, msg):
+        return logging.LogRecord("absl", level, path, 1, msg, None, None)
+
+    orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/future.py"
+    root = logging.getLogger()
+    for r in (
+        record(logging.INFO, orbax, "Saving item to /run/4.orbax-checkpoint-tmp-17963/state."),
+        record(logging.WARNING, orbax, "orbax warns"),
+        record(logging.INFO, "/venv/lib/python3.11/site-packages/octo/model.py", "octo says"),
+    ):
+        root.handle(r)
+    assert stream.getvalue().splitlines() == [
+        "[rank 0/1 n1] WARNING absl: orbax warns",
+        "[rank 0/1 n1] INFO absl: octo says",
+    ]

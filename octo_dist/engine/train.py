@@ -147,7 +147,8 @@ def fit(
             losses[step] = values["loss"]
             now, tick[0] = tick[0], time.perf_counter()
             if hasattr(bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
-                bar.set_postfix(loss=f"{values['loss']:.4f}", refresh=False)
+                # The loss read lags the bar by a step (the host reads step k-1 after dispatching step k): say so.
+                bar.set_postfix_str(f"loss {values['loss']:.4f} at step {step}", refresh=False)
             if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
                 # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up;
                 # "timer/input_s": the host's time making the next batch during this step.

@@ -25,6 +25,17 @@ def prefix(rank: int, world: int, host: Optional[str] = None) -> str:
     return f"[rank {rank}/{world} {host or socket.gethostname()}]"
 
 
+def _routine_orbax(record: logging.LogRecord) -> bool:
+    """False for orbax's INFO records ("Saving item to /run/4.orbax-checkpoint-tmp-1796.../state.", "Renaming ...":
+    8 lines per checkpoint, through absl, into the middle of the progress bar); its warnings still pass. The
+    checkpointer logs one line of its own per save."""
+    return not (
+        record.levelno < logging.WARNING
+        and record.name == "absl"
+        and "orbax" in record.pathname.replace("\\", "/").split("/")
+    )
+
+
 def setup(
     rank: int,
     world: int,
@@ -44,6 +55,7 @@ def setup(
     handler.setFormatter(
         logging.Formatter(f"{prefix(rank, world, host)} %(levelname)s %(name)s: %(message)s")
     )
+    handler.addFilter(_routine_orbax)
     root.addHandler(handler)
     root.setLevel(effective)
     # jax logs every backend it could not load ("Unable to initialize backend 'tpu'") at INFO: noise on every run.
