@@ -71,6 +71,10 @@ def test_a_listing_that_stopped_part_way_is_reported_as_incomplete():
         and "listing incomplete: libcusparse.so.12: cuobjdump fatal" in check.found
     )
     assert check.remedy.startswith(archs.CUOBJDUMP_FIX)
+    # Nor can "nothing runs" be concluded from part of a listing.
+    partial = archs.check_listing(listing("no-sm90.txt"), "sm_90", ["/s/x.so"], errors=[error])
+    assert partial.status == WARN and "no kernel image runs" in partial.found
+    assert archs.check_listing(listing("no-sm90.txt"), "sm_90", ["/s/x.so"]).status == FAIL
 
 
 def test_parser_counts_sass_and_ptx_per_architecture():

@@ -219,7 +219,7 @@ def check_listing(
       target: the visible GPU's architecture (``"sm_90"``); None when no GPU is visible here.
       libraries: the binaries listed (for the report).
       skipped: why cuobjdump did not run (``listing`` None).
-      errors: listings that stopped part way (:func:`cuobjdump_error`): the verdict is then at most a warning.
+      errors: listings that stopped part way (:func:`cuobjdump_error`): the verdict is then a warning.
     """
     if listing is None:
         return Check("jaxlib.arch", SKIP, f"skipped: {skipped}", "", "")
@@ -238,7 +238,8 @@ def check_listing(
     where = "" if target else f" (no GPU visible: judged for {DEFAULT_TARGET}, ABCI 3.0's H200)"
     fix = ""
     if errors:
-        status = FAIL if status == FAIL else WARN
+        # Part of the listing is missing: neither "SASS for all" nor "nothing runs" can be concluded from it.
+        status = WARN
         fix = f"{CUOBJDUMP_FIX}, then run it again; "
     if status != OK:
         fix += (
