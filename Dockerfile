@@ -1,8 +1,10 @@
-# octo-dist images, two targets from one recipe:
+# octo-dist images, three targets from one recipe:
 #   cpu     Ubuntu 22.04 + the cpu profile (jax 0.4.22, Open MPI 5 from PyPI): local smoke tests, CI
 #   cuda11  nvidia/cuda 11.8 base + the cuda11 profile (jax 0.4.20, CUDA libraries from nvidia-*-cu11 wheels)
+#   cuda12  nvidia/cuda 12.2 base + the cuda12 profile (jax 0.4.20, CUDA 12 / cuDNN 8.9 from nvidia-*-cu12 wheels):
+#           ABCI 3.0's H200 nodes (README, "Which profile on H200")
 #
-#   make docker PROFILE=cpu|cuda11     (docker build --target <profile> .)
+#   make docker PROFILE=cpu|cuda11|cuda12     (docker build --target <profile> .)
 #   make docker-smoke                  (cpu image, 2-rank smoke job under the image's mpirun)
 #
 # Every pin comes from env/: the base images below must equal env/stack.toml [images] (tests and
@@ -18,6 +20,9 @@ ARG CPU_BASE_DIGEST=sha256:0eb0f877e1c869a300c442c41120e778db7161419244ee5cbc6fa
 ARG CUDA11_BASE_REPO=docker.io/nvidia/cuda
 ARG CUDA11_BASE_TAG=11.8.0-base-ubuntu22.04
 ARG CUDA11_BASE_DIGEST=sha256:79e5b2cf878ee9006f5b3738caeea34fdc7708a32db53fe3e80db0b48bd286a0
+ARG CUDA12_BASE_REPO=docker.io/nvidia/cuda
+ARG CUDA12_BASE_TAG=12.2.2-base-ubuntu22.04
+ARG CUDA12_BASE_DIGEST=sha256:1a8a738e81d4adbef0c709241f5238cec5bb77186dcb5b2103db293315ed42d1
 # OCI labels. VERSION is octo_dist.__version__ (checked); `make docker` passes the git REVISION.
 ARG SOURCE=https://github.com/octo-dist/octo-dist
 ARG REVISION=unknown
@@ -26,10 +31,11 @@ ARG VERSION=0.1.0
 # local build (make docker-local-base, no GitHub) passes --skip-git.
 ARG GIT_DEPS=--require-git
 
-# ---- the two operating systems (same Ubuntu 22.04, python3 = 3.10) ---------------------------------
+# ---- the three operating systems (same Ubuntu 22.04, python3 = 3.10) -------------------------------
 # No engine but Docker takes a tag and a digest in one reference, so FROM pulls by digest alone.
 FROM ${CPU_BASE_REPO}@${CPU_BASE_DIGEST} AS os-cpu
 FROM ${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST} AS os-cuda11
+FROM ${CUDA12_BASE_REPO}@${CUDA12_BASE_DIGEST} AS os-cuda12
 
 # ---- build: the one install script, into /opt/octo-dist/venv ---------------------------------------
 FROM os-cpu AS build-cpu
@@ -60,6 +66,20 @@ COPY scripts/ scripts/
 ARG GIT_DEPS
 RUN --mount=type=secret,id=ca,required=false \
     OCTO_DIST_CA=/run/secrets/ca containers/install.sh cuda11 /opt/octo-dist/venv "${GIT_DEPS}"
+
+FROM os-cuda12 AS build-cuda12
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY containers/os-packages.sh /tmp/os-packages.sh
+RUN bash /tmp/os-packages.sh build
+WORKDIR /opt/octo-dist
+COPY pyproject.toml README.md ./
+COPY env/ env/
+COPY containers/ containers/
+COPY octo_dist/ octo_dist/
+COPY scripts/ scripts/
+ARG GIT_DEPS
+RUN --mount=type=secret,id=ca,required=false \
+    OCTO_DIST_CA=/run/secrets/ca containers/install.sh cuda12 /opt/octo-dist/venv "${GIT_DEPS}"
 
 # ---- runtime: python3, the venv, env/ (for check-env), a non-root user ------------------------------
 FROM os-cpu AS cpu
@@ -120,6 +140,39 @@ RUN /opt/octo-dist/venv/bin/python -c 'import sys; from octo_dist.envcheck impor
 COPY env/ /opt/octo-dist/env/
 # LD_LIBRARY_PATH is left as the base sets it: jaxlib finds cuDNN/cuBLAS in the nvidia-*-cu11 wheels itself.
 ENV OCTO_DIST_PROFILE=cuda11 \
+    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \
+    PATH=/opt/octo-dist/venv/bin:$PATH \
+    PYTHONNOUSERSITE=1 \
+    PYTHONUNBUFFERED=1
+USER octo
+WORKDIR /home/octo
+CMD ["octo-dist", "check-env"]
+
+FROM os-cuda12 AS cuda12
+ARG CUDA12_BASE_REPO
+ARG CUDA12_BASE_TAG
+ARG CUDA12_BASE_DIGEST
+ARG SOURCE
+ARG REVISION
+ARG VERSION
+LABEL org.opencontainers.image.title="octo-dist (cuda12)" \
+      org.opencontainers.image.description="Octo data-parallel fine-tuning, cuda12 profile: CUDA 12 GPUs (H200)" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${CUDA12_BASE_REPO}:${CUDA12_BASE_TAG}" \
+      org.opencontainers.image.base.digest="${CUDA12_BASE_DIGEST}" \
+      io.github.octo-dist.profile="cuda12"
+COPY containers/os-packages.sh /tmp/os-packages.sh
+# --infiniband: as cuda11, so NCCL uses the InfiniBand HCAs between nodes instead of TCP sockets.
+RUN bash /tmp/os-packages.sh runtime --infiniband && rm /tmp/os-packages.sh \
+    && useradd --create-home --uid 1000 --shell /bin/bash octo
+COPY --from=build-cuda12 /opt/octo-dist/venv /opt/octo-dist/venv
+RUN /opt/octo-dist/venv/bin/python -c 'import sys; from octo_dist.envcheck import transport; sys.exit(transport.load_verbs())'
+COPY env/ /opt/octo-dist/env/
+# LD_LIBRARY_PATH is left as the base sets it: jaxlib finds cuDNN/cuBLAS in the nvidia-*-cu12 wheels itself.
+ENV OCTO_DIST_PROFILE=cuda12 \
     OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \
     PATH=/opt/octo-dist/venv/bin:$PATH \
     PYTHONNOUSERSITE=1 \

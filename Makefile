@@ -3,7 +3,8 @@
 #   make smoke      build the cpu env if missing, run the 2-rank smoke job under the venv's mpirun
 #   make test       build the cpu env + test tools if missing, run the test suite (what CI runs)
 #
-# PROFILE picks the stack from env/stack.toml (cpu: CI, laptops, the CPU image; cuda11: ABCI GPUs).
+# PROFILE picks the stack from env/stack.toml (cpu: CI, laptops, the CPU image; cuda11: the researchers' CUDA 11.8
+# stack; cuda12: CUDA 12 for ABCI 3.0's H200).
 # PYTHON is the interpreter the venv is made from; its X.Y picks env/locks/<profile>-pyX.Y.txt.
 
 SHELL := bash
@@ -27,13 +28,13 @@ JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
 .PHONY: help env dev-env jax020-env git-deps lock check-env test lint format test-repeat smoke bench-check-env bench-engine bench-startup clean-env
 
-HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF LOCAL_BASE LOCAL_SUITE
+HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF SIF_DEF LOCAL_BASE LOCAL_SUITE
 help: ## list the targets and the variables that change them (with their values now)
 	@echo "usage: make TARGET [VARIABLE=value ...]"
 	@echo
 	@echo "variables (now):"
 	@printf '  %-18s %s\n' \
-	  PROFILE '$(PROFILE): the stack from env/stack.toml (cpu: CI, laptops, the CPU image; cuda11: ABCI GPUs)' \
+	  PROFILE '$(PROFILE): the stack from env/stack.toml (cpu: CI, laptops, the CPU image; cuda11, cuda12: GPUs)' \
 	  PYTHON '$(PYTHON) (Python $(or $(PY_MM),not found)): makes the venv; its X.Y picks $(LOCK)' \
 	  VENV '$(VENV): the environment make env builds' \
 	  PYTEST_ARGS '$(or $(PYTEST_ARGS),(none)): extra pytest arguments for make test / test-repeat' \
@@ -142,7 +143,7 @@ job-examples: ## re-render scripts/jobs/*.sh with `octo-dist launch` (stdlib onl
 # ---- validation on the first GPU node ------------------------------------------------------------------
 # One process: check-env --deep, then the smoke job on 1 GPU vs every GPU of the node (scaling efficiency).
 # VALIDATE_MPIRUN set: the same command again under that launcher (NCCL network between nodes, all-reduce).
-# From the image: make validate-gpu VALIDATE_CMD="singularity exec --nv octo-dist.sif octo-dist" \
+# From the image: make validate-gpu VALIDATE_CMD="singularity exec --nv octo-dist-cuda12.sif octo-dist" \
 #   VALIDATE_MPIRUN="mpirun -npernode 8 -hostfile $$PBS_NODEFILE"
 VALIDATE_CMD ?= $(OCTO_DIST)
 VALIDATE_MPIRUN ?=
@@ -153,13 +154,17 @@ validate-gpu: $(if $(filter $(OCTO_DIST),$(VALIDATE_CMD)),$(ENV_STAMP)) ## on a 
 	$(VALIDATE_CMD) validate $(VALIDATE_ARGS)
 	$(if $(VALIDATE_MPIRUN),$(MPIRUN_ROOT_ENV) $(VALIDATE_MPIRUN) $(VALIDATE_CMD) validate $(VALIDATE_ARGS))
 
-# ---- container images (Dockerfile targets cpu/cuda11, singularity.def) --------------------------------
+# ---- container images (Dockerfile targets cpu/cuda11/cuda12, singularity.def, singularity-cuda12.def) ----
 # DOCKER can be podman or `buildah` (build-compatible). Behind a TLS-intercepting proxy, CA_SECRET=<bundle>
 # passes its CA as a build secret (never a layer). SIF_TMPDIR: node-local disk on ABCI ($PBS_LOCALDIR).
 DOCKER ?= docker
 IMAGE ?= octo-dist
 CA_SECRET ?=
-SIF ?= octo-dist.sif
+# make sif: the cuda11 image from singularity.def; make sif PROFILE=cuda12: singularity-cuda12.def. The profile
+# stays in the file name: `octo-dist launch --image` reads it there (a .sif's labels need singularity to read).
+SIF_PROFILE = $(if $(filter cuda12,$(PROFILE)),cuda12,cuda11)
+SIF_DEF = $(if $(filter cuda11,$(SIF_PROFILE)),singularity.def,singularity-$(SIF_PROFILE).def)
+SIF ?= octo-dist-$(SIF_PROFILE).sif
 SIF_TMPDIR ?= $${PBS_LOCALDIR:-/tmp}
 REVISION = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 CA_SECRET_ARG = --secret id=ca,src=$(CA_SECRET)
@@ -170,14 +175,14 @@ DOCKER_BUILD = $(DOCKER) build --build-arg REVISION=$(REVISION) $(if $(CA_SECRET
 images-check: ## check Dockerfile and singularity.def against env/stack.toml (base digests, profile, install)
 	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs check
 
-docker: images-check ## build image $(IMAGE):$(PROFILE) (Dockerfile target cpu or cuda11)
+docker: images-check ## build image $(IMAGE):$(PROFILE) (Dockerfile target cpu, cuda11 or cuda12)
 	$(DOCKER_BUILD) --target $(PROFILE) -t $(IMAGE):$(PROFILE) .
 
 docker-smoke: ## build the cpu image and run the 2-rank smoke job in it under the image's mpirun
 	$(MAKE) docker PROFILE=cpu
 	$(DOCKER) run --rm $(IMAGE):cpu mpirun --oversubscribe -np 2 octo-dist smoke
 
-sif: images-check ## build $(SIF) from singularity.def with --fakeroot (singularity or apptainer)
+sif: images-check ## build $(SIF) from $(SIF_DEF) with --fakeroot (PROFILE=cuda12: the cuda12 image)
 	@tool=$$(command -v singularity || command -v apptainer) || { \
 	  echo "error: make sif needs singularity or apptainer on PATH; found neither." >&2; \
 	  echo "  fix: on ABCI 3.0, SingularityCE 4.x is on the nodes without a module (elsewhere: module load singularitypro, or install SingularityCE 4.x or Apptainer)" >&2; \
@@ -185,7 +190,7 @@ sif: images-check ## build $(SIF) from singularity.def with --fakeroot (singular
 	tmp=$(SIF_TMPDIR); mkdir -p "$$tmp"; \
 	echo "building $(SIF) with $$tool (temp dir $$tmp)"; \
 	OCTO_DIST_REVISION=$(REVISION) SINGULARITY_TMPDIR="$$tmp" APPTAINER_TMPDIR="$$tmp" \
-	  "$$tool" build --fakeroot $(SIF) singularity.def
+	  "$$tool" build --fakeroot $(SIF) $(SIF_DEF)
 
 refresh-digests: ## re-resolve the base image digests in env/stack.toml + both definitions (needs crane/skopeo and a registry)
 	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs refresh-digests

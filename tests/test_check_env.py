@@ -3,7 +3,7 @@
 Each broken environment is a site dir put first on PYTHONPATH (so it shadows the venv, as it would
 for imports) holding the dist-info of the failure, plus a real shared library built with gcc that
 exports cudnnGetVersion, and a fake nvidia-smi on PATH. The manifest is the real one, with Python
-3.11 allowed for cuda11 (this machine has no Python 3.10 venv to spare).
+3.11 allowed for cuda11 and cuda12 (this machine has no Python 3.10 venv to spare).
 """
 
 import json
@@ -20,6 +20,7 @@ from octo_dist.envcheck import cudnn, rules
 
 REAL = mf.load_manifest()
 CUDA = REAL.profile("cuda11")
+CUDA12 = REAL.profile("cuda12")
 
 
 def make_dist(site: Path, name: str, version: str, requires=(), commit=None):
@@ -63,9 +64,19 @@ def build_cudnn(site: Path, version=8600, export=True):
 @pytest.fixture
 def cuda_env(tmp_path):
     """A complete, correct cuda11 environment (fabricated); tests break one thing each."""
+    return fabricate(tmp_path, CUDA)
+
+
+@pytest.fixture
+def cuda12_env(tmp_path):
+    """The same for cuda12: jaxlib 0.4.20+cuda12.cudnn89 and every nvidia-*-cu12 at its pin."""
+    return fabricate(tmp_path, CUDA12)
+
+
+def fabricate(tmp_path, profile):
     site = tmp_path / "site"
     site.mkdir()
-    for name, version in CUDA.exact_pins("3.11").items():
+    for name, version in profile.exact_pins("3.11").items():
         if name in ("octo", "dlimp"):
             continue
         make_dist(site, name, version)
@@ -79,7 +90,8 @@ def cuda_env(tmp_path):
     )
     smi.chmod(0o755)
     data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
-    data["profiles"]["cuda11"]["lock_pythons"] = ["3.10", "%d.%d" % sys.version_info[:2]]
+    for name in ("cuda11", "cuda12"):
+        data["profiles"][name]["lock_pythons"] = ["3.10", "%d.%d" % sys.version_info[:2]]
     manifest = tmp_path / "stack.toml"
     manifest.write_text(_to_toml(data))
     return site, bin_dir, manifest
@@ -119,7 +131,7 @@ def _to_toml(data) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_check(site, bin_dir, manifest, *extra, env_extra=None):
+def run_check(site, bin_dir, manifest, *extra, env_extra=None, profile="cuda11"):
     env = dict(os.environ, PYTHONPATH=str(site), PATH=f"{bin_dir}:{os.environ['PATH']}")
     for k in (
         "HTTP_PROXY",
@@ -137,8 +149,7 @@ def run_check(site, bin_dir, manifest, *extra, env_extra=None):
             "-m",
             "octo_dist",
             "check-env",
-            "--profile",
-            "cuda11",
+            *(["--profile", profile] if profile else []),
             "--manifest",
             str(manifest),
             "--json",
@@ -242,6 +253,105 @@ def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
     assert "somepkg 1.0 requires numpy>=2, found 1.24.3" in checks["deps.consistent"]["found"]
 
 
+# ---- cuda12: the same rules for jaxlib 0.4.20+cuda12.cudnn89 and the nvidia-*-cu12 wheels ----------------
+
+
+def test_correct_cuda12_environment_passes(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    rc, checks, proc = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert failing(checks) == set(), proc.stdout
+    assert rc == 0
+    assert checks["pin.jaxlib"]["found"] == "0.4.20+cuda12.cudnn89"
+    assert checks["pin.nvidia-cudnn-cu12"]["found"] == "8.9.7.29"
+    assert checks["cudnn.wheel"]["status"] == "ok" and checks["cudnn.load"]["found"].startswith(
+        "8.9.7 from "
+    )
+    assert not [i for i in checks if i.endswith("-cu11")]  # no cuda11 library asked for
+
+
+def test_the_profile_is_inferred_from_a_cuda12_jaxlib(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    proc = run_check(site, bin_dir, manifest, profile=None)[2]
+    assert json.loads(proc.stdout)["profile"] == "cuda12", proc.stdout
+
+
+def test_cudnn9_wheel_beside_cudnn89_jaxlib_fails_with_the_89_pin(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    replace_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1
+    assert failing(checks) == {"cudnn.wheel", "pin.nvidia-cudnn-cu12"}
+    assert checks["cudnn.wheel"]["remedy"] == "pip install --no-deps nvidia-cudnn-cu12==8.9.7.29"
+    assert "built against 8.9" in checks["cudnn.wheel"]["expected"]
+
+
+def test_cudnn86_is_too_old_for_a_cudnn89_jaxlib(cuda12_env):
+    # cuDNN 8.6 satisfies cuda11's jaxlib, not cuda12's: the minor must be >= the one it was built with.
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8600)
+    replace_dist(site, "nvidia-cudnn-cu12", "8.6.0.163")
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and {"cudnn.wheel", "cudnn.load"} <= failing(checks)
+    assert checks["cudnn.load"]["expected"] == "8.x with minor >= 9"
+    assert (
+        checks["cudnn.load"]["remedy"]
+        == "pip install --force-reinstall --no-deps nvidia-cudnn-cu12==8.9.7.29"
+    )
+
+
+def test_loaded_cudnn_9_beside_a_cuda12_jaxlib_is_the_silent_cpu_fallback(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 90100)
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and failing(checks) == {"cudnn.load"}
+    assert checks["cudnn.load"]["found"].startswith("9.1.0 from ")
+
+
+def test_a_cuda11_jaxlib_in_a_cuda12_environment_fails_with_the_cuda12_wheel(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    replace_dist(site, "jaxlib", "0.4.20+cuda11.cudnn86")
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and "pin.jaxlib" in failing(checks)
+    assert "jaxlib-0.4.20+cuda12.cudnn89-cp310" in checks["pin.jaxlib"]["remedy"]
+    # Its cuDNN is looked for in the cu11 wheel it was built for, which this environment lacks.
+    assert checks["cudnn.wheel"]["found"] == "nvidia-cudnn-cu11 not installed"
+
+
+def test_no_gpu_reports_the_gpu_checks_as_skipped_with_the_reason(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    (bin_dir / "nvidia-smi").unlink()  # a login node or an image build: no GPU, no nvidia-smi
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and failing(checks) == {"gpu.visible"}
+    rc, checks, proc = run_check(site, bin_dir, manifest, "--no-gpu", profile="cuda12")
+    assert rc == 0 and failing(checks) == set(), proc.stdout
+    assert checks["gpu.*"]["status"] == "skip" and "need a GPU node" in checks["gpu.*"]["found"]
+    table = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda12"]
+        + ["--manifest", str(manifest), "--no-gpu"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(site), PATH=f"{bin_dir}:{os.environ['PATH']}"),
+        timeout=120,
+    ).stdout
+    assert "skip  gpu.*" in table and ", 1 skipped" in table, table
+
+
+def test_cudnn_wheel_follows_the_jaxlib_build():
+    assert rules.cudnn_wheel({"jaxlib": "0.4.20+cuda12.cudnn89"}, CUDA) == "nvidia-cudnn-cu12"
+    assert rules.cudnn_wheel({}, CUDA12) == "nvidia-cudnn-cu12"  # from the profile's pinned jaxlib
+    assert rules.cudnn_wheel({"jaxlib": "0.4.22"}, CUDA) == "nvidia-cudnn-cu11"
+    assert rules.cudnn_wheel({"jaxlib": "0.4.22"}, REAL.profile("cpu")) is None
+    assert rules.cudnn_tag("0.4.20+cuda12.cudnn89") == (8, 9)
+    assert rules.cudnn_compatible((8, 9), "8.9.7.29") and not rules.cudnn_compatible(
+        (8, 9), "8.6.0"
+    )
+
+
 def test_no_gpu_and_hidden_gpus(cuda_env, tmp_path):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
@@ -273,11 +383,11 @@ def test_real_cpu_venv_passes_with_git_deps_as_warnings():
 
 def test_usage_errors_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda12"],
+        [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cuda13"],
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2 and "unknown profile 'cuda12'" in proc.stderr
+    assert proc.returncode == 2 and "unknown profile 'cuda13'" in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "octo_dist", "check-env", "--manifest", str(tmp_path / "x.toml")],
         capture_output=True,
@@ -377,7 +487,7 @@ def test_deep_fails_a_gpu_profile_that_ends_on_the_cpu():
 @pytest.mark.parametrize(
     "edit",
     [
-        ("gpu = true", 'gpu = "false"'),
+        ('gpu = true\nimage_base = "cuda11"', 'gpu = "false"\nimage_base = "cuda11"'),
         ("[profiles.cpu]\n", "profiles = 3\n[x]\n"),
         ("schema = 1", "schema = ["),
     ],

@@ -23,6 +23,9 @@ BIN = Path(sys.executable).parent
 MANIFEST = mf.load_manifest()
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 DEFINITION = (REPO / "singularity.def").read_text()
+# Every GPU profile's image: its Dockerfile target and its Singularity definition, checked alike.
+GPU_PROFILES = ("cuda11", "cuda12")
+DEFINITIONS = {p: (REPO / images.definition_file(p)).read_text() for p in GPU_PROFILES}
 NEW_DIGEST = "sha256:" + "ab" * 32
 
 
@@ -110,16 +113,17 @@ def shell_scripts() -> list[Path]:
 
 
 def definition_scripts(tmp_path: Path) -> list[Path]:
-    """singularity.def's %post, %test and %runscript as the scripts the build runs (bash: %post -c /bin/bash)."""
-    d = images.parse_definition(DEFINITION)
+    """Each definition's %post, %test and %runscript as the scripts the build runs (bash: %post -c /bin/bash)."""
     out = []
-    for section in ("post", "test", "runscript"):
-        path = tmp_path / f"singularity-{section}.sh"
-        # SC2154: the build runtime, not this script, defines variables such as OCTO_DIST_REVISION.
-        path.write_text(
-            "#!/bin/bash\n# shellcheck disable=SC2154\n" + "\n".join(d.sections[section]) + "\n"
-        )
-        out.append(path)
+    for profile, text in DEFINITIONS.items():
+        d = images.parse_definition(text)
+        for section in ("post", "test", "runscript"):
+            path = tmp_path / f"singularity-{profile}-{section}.sh"
+            # SC2154: the build runtime, not this script, defines variables such as OCTO_DIST_REVISION.
+            path.write_text(
+                "#!/bin/bash\n# shellcheck disable=SC2154\n" + "\n".join(d.sections[section]) + "\n"
+            )
+            out.append(path)
     return out
 
 
@@ -152,20 +156,33 @@ def test_the_committed_definitions_agree_with_env():
 
 def test_the_checker_sees_every_image_profile():
     # Non-vacuous: the checks above loop over these, so they must exist.
-    assert {p.name for p in MANIFEST.profiles.values() if p.image_base} == {"cpu", "cuda11"}
+    assert {p.name for p in MANIFEST.profiles.values() if p.image_base} == {"cpu", *GPU_PROFILES}
     df = images.parse_dockerfile(DOCKERFILE)
-    assert df.stage("cpu") and df.stage("cuda11")
+    assert df.stage("cpu") and df.stage("cuda11") and df.stage("cuda12")
+    assert images.definition_files(MANIFEST) == ["singularity.def", "singularity-cuda12.def"]
 
 
-def test_spython_parses_the_definition_like_the_checker_does():
+def test_a_gpu_profile_without_its_definition_is_reported(tmp_path):
+    src = copy_definitions(tmp_path / "src")
+    (src / "singularity-cuda12.def").unlink()
+    findings = images.check_checkout(src)
+    assert [str(f).splitlines()[0] for f in findings] == [
+        "singularity-cuda12.def: found no such file; expected a Singularity definition for the cuda12 "
+        "profile's image"
+    ]
+
+
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+def test_spython_parses_the_definition_like_the_checker_does(profile):
     from spython.main.parse.parsers import SingularityParser
 
-    recipe = next(iter(SingularityParser(str(REPO / "singularity.def")).recipe.values()))
-    ours = images.parse_definition(DEFINITION)
-    cuda = MANIFEST.images["cuda11"]
+    path = REPO / images.definition_file(profile)
+    recipe = next(iter(SingularityParser(str(path)).recipe.values()))
+    ours = images.parse_definition(DEFINITIONS[profile])
+    cuda = MANIFEST.images[MANIFEST.profile(profile).image_base]
     assert recipe.fromHeader == ours.header["from"] == cuda.pinned
     env = dict(e.split("=", 1) for e in recipe.environ)
-    assert env["PYTHONNOUSERSITE"] == "1" and env["OCTO_DIST_PROFILE"] == "cuda11"
+    assert env["PYTHONNOUSERSITE"] == "1" and env["OCTO_DIST_PROFILE"] == profile
     assert env["OCTO_DIST_MANIFEST"] == images.IMAGE_MANIFEST
     assert "LD_LIBRARY_PATH" not in env and "$PATH" in env["PATH"]
     assert {f.split()[0] for f in recipe.files} >= {
@@ -180,34 +197,37 @@ def test_spython_parses_the_definition_like_the_checker_does():
     assert labels["org.opencontainers.image.base.digest"] == cuda.digest
     assert re.match(r"exec \S*octo-dist \"\$@\"", recipe.cmd)
     post = "\n".join(recipe.install)
-    assert "containers/install.sh cuda11 /opt/octo-dist/venv --require-git" in post
+    assert f"containers/install.sh {profile} /opt/octo-dist/venv --require-git" in post
+    assert labels[images.PROFILE_LABEL] == profile
     assert "octo-dist check-env --no-gpu" in "\n".join(ours.sections["test"])
     for section in images.SINGULARITY_SECTIONS:
         assert any(ln.strip() for ln in ours.sections[section]), section
 
 
-def test_singularity_and_docker_cuda11_share_base_install_script_and_lock():
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+def test_singularity_and_docker_share_base_install_script_and_lock(profile):
     df = images.parse_dockerfile(DOCKERFILE)
-    sif = images.parse_definition(DEFINITION)
-    assert (
-        images.target_base(df, "cuda11") == sif.header["from"] == MANIFEST.images["cuda11"].pinned
-    )
+    sif = images.parse_definition(DEFINITIONS[profile])
+    assert images.target_base(df, profile) == sif.header["from"] == MANIFEST.images[profile].pinned
     assert images.target_base(df, "cpu") == MANIFEST.images["cpu"].pinned
-    # Same script, same profile, hence the same lock: env/locks/cuda11-py3.10.txt (Ubuntu 22.04's python3).
-    assert images.install_runs(images.target_runs(df, "cuda11"), "cuda11")
-    assert not images.install_runs(
-        images.target_runs(df, "cuda11"), "cpu"
-    )  # the cpu build stage does not leak in
-    assert images.install_runs(images.shell_body(sif.sections["post"]).splitlines(), "cuda11")
-    assert (REPO / "env/locks/cuda11-py3.10.txt").is_file() and MANIFEST.profile(
-        "cuda11"
+    # Same script, same profile, hence the same lock: env/locks/<profile>-py3.10.txt (Ubuntu 22.04's python3).
+    assert images.install_runs(images.target_runs(df, profile), profile)
+    for other in {"cpu", *GPU_PROFILES} - {profile}:  # another build stage does not leak in
+        assert not images.install_runs(images.target_runs(df, profile), other), other
+        assert not images.install_runs(
+            images.shell_body(sif.sections["post"]).splitlines(), other
+        ), other
+    assert images.install_runs(images.shell_body(sif.sections["post"]).splitlines(), profile)
+    assert (REPO / f"env/locks/{profile}-py3.10.txt").is_file() and MANIFEST.profile(
+        profile
     ).python == "3.10"
 
 
-def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not():
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not(profile):
     df = images.parse_dockerfile(DOCKERFILE)
-    sif = images.parse_definition(DEFINITION)
-    cuda_chain = [r for r in images.target_runs(df, "cuda11") if images.INFINIBAND_RUN.search(r)]
+    sif = images.parse_definition(DEFINITIONS[profile])
+    cuda_chain = [r for r in images.target_runs(df, profile) if images.INFINIBAND_RUN.search(r)]
     assert cuda_chain and not [
         r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)
     ]
@@ -313,9 +333,51 @@ DOCKER_DRIFTS = {
     ),
     "version": ("ARG VERSION=0.1.0", "ARG VERSION=0.0.9", "ARG VERSION", "octo_dist.__version__"),
     "no InfiniBand in the GPU image": (
-        "os-packages.sh runtime --infiniband",
-        "os-packages.sh runtime",
+        "# nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime --infiniband",
+        "# nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime",
         "target cuda11",
+        "libibverbs1",
+    ),
+    "cuda12 base digest": (
+        "ARG CUDA12_BASE_DIGEST=sha256:1a8a",
+        "ARG CUDA12_BASE_DIGEST=sha256:008a",
+        "ARG CUDA12_BASE_DIGEST",
+        "env/stack.toml [images.cuda12]",
+    ),
+    "cuda12 on the cuda11 base": (
+        "FROM os-cuda12 AS cuda12",
+        "FROM os-cuda11 AS cuda12",
+        "target cuda12",
+        "env/stack.toml [images.cuda12]",
+    ),
+    "cuda12 target missing": (
+        "FROM os-cuda12 AS cuda12",
+        "FROM os-cuda12 AS gpu12",
+        "target cuda12",
+        "no stage named 'cuda12'",
+    ),
+    "cuda12 installs the cuda11 lock": (
+        "containers/install.sh cuda12",
+        "containers/install.sh cuda11",
+        "target cuda12",
+        "containers/install.sh cuda12",
+    ),
+    "cuda12 profile env": (
+        "ENV OCTO_DIST_PROFILE=cuda12",
+        "ENV OCTO_DIST_PROFILE=cuda11",
+        "target cuda12",
+        "OCTO_DIST_PROFILE",
+    ),
+    "cuda12 profile label": (
+        'io.github.octo-dist.profile="cuda12"',
+        'io.github.octo-dist.profile="cuda11"',
+        "target cuda12",
+        "io.github.octo-dist.profile",
+    ),
+    "no InfiniBand in the cuda12 image": (
+        "between nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime --infiniband",
+        "between nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime",
+        "target cuda12",
         "libibverbs1",
     ),
 }
@@ -385,13 +447,49 @@ DEF_DRIFTS = {
 }
 
 
-@pytest.mark.parametrize("name", DEF_DRIFTS)
-def test_a_drifted_definition_is_reported(name, tmp_path):
-    old, new, where, what = DEF_DRIFTS[name]
-    drifted = tmp_path / "singularity.def"
-    drifted.write_text(mutate(DEFINITION, old, new))
-    findings = images.check_definition(drifted.read_text(), MANIFEST)
+# The cuda11 drifts whose text is not about the cuda11 base, applied to the cuda12 definition as well, plus its own.
+CUDA12_DEF_DRIFTS = {
+    **{
+        k: v
+        for k, v in DEF_DRIFTS.items()
+        if k not in ("From digest", "From by tag", "label digest")
+    },
+    "From digest": (
+        "From: docker.io/nvidia/cuda@sha256:1a8a",
+        "From: docker.io/nvidia/cuda@sha256:79e5",
+        "header",
+        "env/stack.toml [images.cuda12]",
+    ),
+    "profile": (
+        "export OCTO_DIST_PROFILE=cuda12",
+        "export OCTO_DIST_PROFILE=cuda11",
+        "%environment",
+        "OCTO_DIST_PROFILE",
+    ),
+    "installs the cuda11 lock": (
+        "install.sh cuda12 /opt",
+        "install.sh cuda11 /opt",
+        "%post",
+        "install.sh cuda12",
+    ),
+    "label profile": (
+        "io.github.octo-dist.profile cuda12",
+        "io.github.octo-dist.profile cuda11",
+        "%labels",
+        "io.github.octo-dist.profile",
+    ),
+}
+DRIFT_CASES = [("cuda11", n) for n in DEF_DRIFTS] + [("cuda12", n) for n in CUDA12_DEF_DRIFTS]
+
+
+@pytest.mark.parametrize("profile,name", DRIFT_CASES)
+def test_a_drifted_definition_is_reported(profile, name, tmp_path):
+    old, new, where, what = (DEF_DRIFTS if profile == "cuda11" else CUDA12_DEF_DRIFTS)[name]
+    drifted = tmp_path / images.definition_file(profile)
+    drifted.write_text(mutate(DEFINITIONS[profile], old, new))
+    findings = images.check_definition(drifted.read_text(), MANIFEST, profile)
     assert found(findings, where, what), "\n".join(map(str, findings)) or "no findings"
+    assert all(f.where.startswith(images.definition_file(profile)) for f in findings)
 
 
 def test_a_moved_pin_in_env_fails_both_definitions():
@@ -459,28 +557,33 @@ def copy_definitions(dest: Path) -> Path:
     shutil.copy(REPO / "env" / "stack.toml", dest / "env" / "stack.toml")
     shutil.copytree(REPO / "env" / "locks", dest / "env" / "locks")
     (dest / "containers").mkdir()
-    for name in ("Dockerfile", "singularity.def", "containers/os-packages.sh"):
+    for name in ("Dockerfile", "containers/os-packages.sh", *images.definition_files(MANIFEST)):
         shutil.copy(REPO / name, dest / name)
     return dest
 
 
-def test_refresh_digests_rewrites_env_and_both_definitions(tmp_path):
+def test_refresh_digests_rewrites_env_and_every_definition(tmp_path):
     src = copy_definitions(tmp_path / "src")
-    old = MANIFEST.images["cuda11"].digest
+    old = MANIFEST.images["cuda12"].digest
     asked = []
 
     def resolve(ref):
         asked.append(ref)
-        return NEW_DIGEST if "cuda" in ref else MANIFEST.images["cpu"].digest
+        return (
+            NEW_DIGEST
+            if ref == MANIFEST.images["cuda12"].tagged
+            else MANIFEST.images["cuda11" if "cuda" in ref else "cpu"].digest
+        )
 
     changes = images.refresh_digests(src, resolve)
     assert changes == {old: NEW_DIGEST}
     assert sorted(asked) == sorted(
         i.tagged for i in MANIFEST.images.values()
     )  # asked by tag, not by the old digest
-    for name in ("env/stack.toml", "Dockerfile", "singularity.def"):
+    for name in ("env/stack.toml", "Dockerfile", "singularity-cuda12.def"):
         text = (src / name).read_text()
         assert NEW_DIGEST in text and old not in text, name
+    assert NEW_DIGEST not in (src / "singularity.def").read_text()  # the cuda11 base did not move
     assert images.check_checkout(src) == []
 
 
@@ -696,17 +799,22 @@ def test_buildah_builds_the_cpu_image_and_check_env_passes_in_it():
 
 
 def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
-    """The build-time line of the cuda11 target and the .sif's %test, run here against a libibverbs built with gcc."""
+    """The build-time line of the GPU targets and the .sifs' %test, run here against a libibverbs built with gcc."""
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
     df = images.parse_dockerfile(DOCKERFILE)
-    docker = [r for r in images.target_runs(df, "cuda11") if "load_verbs" in r]
-    sif = [
+    docker = {r for p in GPU_PROFILES for r in images.target_runs(df, p) if "load_verbs" in r}
+    sif = {
         ln.strip()
-        for ln in images.parse_definition(DEFINITION).sections["test"]
+        for p in GPU_PROFILES
+        for ln in images.parse_definition(DEFINITIONS[p]).sections["test"]
         if "load_verbs" in ln
-    ]
-    assert len(docker) == 1 and len(sif) == 1 and docker[0] == sif[0]
+    }
+    assert len(docker) == 1 and docker == sif
+    assert all(
+        len([r for r in images.target_runs(df, p) if "load_verbs" in r]) == 1 for p in GPU_PROFILES
+    )
+    docker = sorted(docker)
     assert not [r for r in images.target_runs(df, "cpu") if "load_verbs" in r]
     command = docker[0].replace("/opt/octo-dist/venv/bin/python", sys.executable)
     lib = tmp_path / "lib"

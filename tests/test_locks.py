@@ -46,6 +46,29 @@ def test_cuda11_lock_holds_the_known_fixes():
     assert "jaxlib" not in pins  # not on PyPI: installed by URL after the lock
 
 
+def test_cuda12_lock_holds_the_cuda12_stack_and_no_cuda11_library():
+    text = MANIFEST.lock_path("cuda12", "3.10").read_text()
+    pins = parse_lock(text)
+    # cuDNN 8.9, what jaxlib 0.4.20+cuda12.cudnn89 was built against, not the 9.x an unpinned resolve picks.
+    assert pins["nvidia-cudnn-cu12"].version == "8.9.7.29"
+    assert pins["jax"].version == "0.4.20" and pins["scipy"].version == "1.12.0"
+    assert parse_direct(text)["jaxlib"][0] == "0.4.20+cuda12.cudnn89"
+    assert "jaxlib" not in pins  # not on PyPI: installed by URL after the lock
+    nvidia = {n for n in pins if n.startswith("nvidia-")}
+    assert nvidia and all(n.endswith("-cu12") for n in nvidia), nvidia
+    # Every CUDA library in the lock is pinned in the manifest, not left to the resolver (NVRTC came in unasked).
+    assert nvidia == {n for n in MANIFEST.profile("cuda12").requirements if n.startswith("nvidia-")}
+
+
+def test_cuda12_differs_from_cuda11_only_in_the_cuda_libraries_and_jaxlib():
+    cuda11, cuda12 = MANIFEST.profile("cuda11"), MANIFEST.profile("cuda12")
+    strip = lambda reqs: {n: s for n, s in reqs.items() if not n.startswith("nvidia-")}  # noqa: E731
+    assert strip(cuda11.requirements) == strip(cuda12.requirements)  # Octo, Flax, jax: as pinned
+    assert cuda11.python == cuda12.python == "3.10" and cuda11.gpu and cuda12.gpu
+    assert [w.name for w in cuda11.direct] == [w.name for w in cuda12.direct] == ["jaxlib"]
+    assert cuda11.direct[0].public_version == cuda12.direct[0].public_version == "0.4.20"
+
+
 def test_cpu_profile_differs_from_cuda11_only_where_recorded():
     cpu, cuda = MANIFEST.profile("cpu"), MANIFEST.profile("cuda11")
     only_cpu = set(cpu.requirements) - set(cuda.requirements)

@@ -29,6 +29,31 @@ def test_the_committed_manifest_pins_the_known_fixes():
     assert m.profile("cpu").exact_pins("3.11")["jax"] == "0.4.22"
 
 
+def test_the_cuda12_profile_pins_every_cuda12_library_and_cudnn_89():
+    cuda12 = mf.load_manifest().profile("cuda12")
+    pins = cuda12.exact_pins("3.10")
+    assert pins["jaxlib"] == "0.4.20+cuda12.cudnn89" and pins["jax"] == "0.4.20"
+    assert pins["nvidia-cudnn-cu12"] == "8.9.7.29"  # cudnn89: 9.x would be the silent CPU fallback
+    # jax[cuda12_pip]==0.4.20's libraries (its METADATA), each pinned exactly, and no CUDA 11 one.
+    extra = {
+        "nvidia-cublas-cu12",
+        "nvidia-cuda-cupti-cu12",
+        "nvidia-cuda-nvcc-cu12",
+        "nvidia-cuda-runtime-cu12",
+        "nvidia-cudnn-cu12",
+        "nvidia-cufft-cu12",
+        "nvidia-cusolver-cu12",
+        "nvidia-cusparse-cu12",
+        "nvidia-nccl-cu12",
+        "nvidia-nvjitlink-cu12",
+    }
+    assert extra <= set(pins) and not [n for n in pins if n.endswith("-cu11")]
+    assert cuda12.image_base == "cuda12" and cuda12.python == "3.10" and cuda12.gpu
+    assert cuda12.direct[0].url.endswith(
+        "/cuda12/jaxlib-0.4.20+cuda12.cudnn89-cp310-cp310-manylinux2014_x86_64.whl"
+    )
+
+
 def test_per_python_requirements_apply_to_their_python_only():
     cpu = mf.load_manifest().profile("cpu")
     assert cpu.requirements_for("3.10")["protobuf"] == "==3.20.3"
@@ -60,9 +85,9 @@ def test_short_sha_is_refused():
 
 def test_unknown_profile_names_the_known_ones():
     with pytest.raises(
-        mf.ManifestError, match=r"unknown profile 'cuda12'.*cpu, cuda11, jax020-cpu"
+        mf.ManifestError, match=r"unknown profile 'cuda13'.*cpu, cuda11, cuda12, jax020-cpu"
     ):
-        mf.load_manifest().profile("cuda12")
+        mf.load_manifest().profile("cuda13")
 
 
 def test_wrong_schema_and_missing_file_are_clear(tmp_path):

@@ -13,14 +13,14 @@ from octo_dist.envcheck import report
 
 def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str, str]) -> str:
     """``--profile``, else ``$OCTO_DIST_PROFILE``, else inferred from the jaxlib build ("0.4.20+cuda11.cudnn86" ->
-    cuda11, a CPU wheel -> cpu)."""
+    cuda11, "0.4.20+cuda12.cudnn89" -> cuda12, a CPU wheel -> cpu)."""
     from octo_dist.stack import builds
     from octo_dist.stack import manifest as mf
 
     if requested or mf.default_profile(environ):
         return requested or mf.default_profile(environ)
     jaxlib = dists.get("jaxlib")
-    return "cuda11" if jaxlib and builds.is_cuda_jaxlib(jaxlib.version) else "cpu"
+    return builds.profile_for(jaxlib.version) if jaxlib else "cpu"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -31,7 +31,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        help="cuda11, cpu, ... (default: $OCTO_DIST_PROFILE, else cuda11 when jaxlib is a CUDA build, else cpu)",
+        help="cuda11, cuda12, cpu, ... (default: $OCTO_DIST_PROFILE, else the jaxlib build's: cuda11 for "
+        "+cuda11.cudnn86, cuda12 for +cuda12.cudnn89, else cpu)",
     )
     p.add_argument(
         "--manifest",
@@ -45,7 +46,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--deep",
         action="store_true",
-        help="also import jax in a subprocess and check the backend it ends on (default: off)",
+        help="also import jax in a subprocess: the backend it ends on, the driver's time before the first kernel, "
+        "and which CUDA architectures jaxlib carries SASS or PTX for (cuobjdump) (default: off)",
     )
     p.add_argument(
         "--verbose",
@@ -56,7 +58,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-gpu",
         action="store_true",
-        help="skip the checks that need a GPU on this machine (image builds: singularity %%test) (default: off)",
+        help="skip the checks that need a GPU on this machine, reported as skipped (image builds: singularity "
+        "%%test) (default: off)",
     )
     p.add_argument(
         "--launch",
@@ -98,13 +101,17 @@ def run(args: argparse.Namespace) -> int:
     smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
     checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
     if args.no_gpu:
+        # Shown as skipped with the reason, so a report from a build host says what it did not check.
         checks = [c for c in checks if not c.id.startswith("gpu.")]
+        if profile.gpu:
+            checks.append(rules.skipped_gpu_checks())
     if args.launch:
         return _launch(args, profile, checks, smi)
     if args.deep:
         from octo_dist.envcheck.deep import run_deep
 
-        checks.append(run_deep(profile, os.environ))
+        compute_cap = gpus.compute_capability() if smi else None
+        checks += run_deep(profile, os.environ, installed.site_dirs(dists.values()), compute_cap)
     print(
         report.as_json(checks, profile.name, report.context(profile.gpu))
         if args.json

@@ -1,13 +1,15 @@
-"""`--deep`: import jax in a subprocess and see which backend it really ends on."""
+"""`--deep`: import jax in a subprocess and see which backend it really ends on, how long the driver takes before
+the first kernel runs, and which CUDA architectures jaxlib's binaries carry code for (octo_dist.envcheck.archs)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from octo_dist.stack import manifest as mf
+from octo_dist.envcheck import archs
 from octo_dist.envcheck.result import FAIL, OK, Check
 
 _PROBE = r"""
@@ -20,6 +22,20 @@ try:
         out["cudnn_runtime"] = cuda_versions.cudnn_get_version()
 except Exception as e:
     out["cudnn_error"] = repr(e)
+if out["backend"] == "gpu":
+    # The first kernel, timed in three parts (run with CUDA_CACHE_DISABLE=1, so the driver's JIT cache cannot hide
+    # a PTX compile): XLA's compile, the first execution (module load + any driver JIT), the same one again.
+    # jax.random.bits lowers to jaxlib's own threefry CUDA kernel on 0.4.20: a kernel from jaxlib's binaries.
+    import time
+    key = jax.random.PRNGKey(0)
+    t0 = time.perf_counter()
+    compiled = jax.jit(lambda k: jax.random.bits(k, (1 << 16,))).lower(key).compile()
+    t1 = time.perf_counter()
+    compiled(key).block_until_ready()
+    t2 = time.perf_counter()
+    compiled(key).block_until_ready()
+    t3 = time.perf_counter()
+    out["first_kernel"] = {"compile_s": t1 - t0, "first_run_s": t2 - t1, "steady_run_s": t3 - t2}
 print("OCTO_DIST_DEEP " + json.dumps(out))
 """
 
@@ -58,12 +74,58 @@ def judge(result: Optional[dict], stderr: str, profile: mf.Profile) -> Check:
     )
 
 
-def run_deep(profile: mf.Profile, environ: Mapping[str, str], timeout: float = 300.0) -> Check:
+def jit_check(result: Optional[dict]) -> Check:
+    """``deep.jit`` from the probe: skipped with the reason where no kernel ran on a GPU."""
+    if result is None:
+        return archs.check_jit(None, "`import jax` failed (see deep.backend)")
+    if "first_kernel" not in result:
+        return archs.check_jit(
+            None, f"JAX runs on the {result['backend']} backend here: no GPU kernel to time"
+        )
+    return archs.check_jit(result["first_kernel"])
+
+
+def arch_check(
+    site_dirs: Sequence[str], environ: Mapping[str, str], compute_cap: Optional[str]
+) -> Check:
+    """``jaxlib.arch``: cuobjdump's listing of jaxlib's binaries, judged for the visible GPU (else sm_90).
+
+    ``compute_cap`` is ``nvidia-smi --query-gpu=compute_cap --format=csv,noheader``'s output ("9.0"), None
+    without a GPU. Skipped with the reason where cuobjdump or jaxlib's binaries are missing.
+    """
+    libraries = archs.kernel_libraries(site_dirs)
+    if not libraries:
+        return archs.check_listing(None, None, [], "no jaxlib binaries (xla_extension.so) found")
+    exe = archs.cuobjdump_path(environ)
+    if exe is None:
+        return archs.check_listing(
+            None,
+            None,
+            libraries,
+            f"cuobjdump not found on PATH nor in $CUDA_HOME/bin; {archs.CUOBJDUMP_FIX}",
+        )
+    text, errors = archs.run_cuobjdump(exe, libraries)
+    target = archs.target_arch(compute_cap) if compute_cap else None
+    return archs.check_listing(archs.parse_listing(text), target, libraries, errors=errors)
+
+
+def run_deep(
+    profile: mf.Profile,
+    environ: Mapping[str, str],
+    site_dirs: Sequence[str] = (),
+    compute_cap: Optional[str] = None,
+    timeout: float = 300.0,
+) -> list[Check]:
+    """``deep.backend``, ``deep.jit`` and, for a GPU profile, ``jaxlib.arch``."""
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE],
         capture_output=True,
         text=True,
-        env=dict(environ),
+        env=dict(environ, CUDA_CACHE_DISABLE="1"),
         timeout=timeout,
     )
-    return judge(parse_probe(proc.stdout), proc.stderr, profile)
+    result = parse_probe(proc.stdout)
+    checks = [judge(result, proc.stderr, profile), jit_check(result)]
+    if profile.gpu:
+        checks.append(arch_check(site_dirs, environ, compute_cap))
+    return checks

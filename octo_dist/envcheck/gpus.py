@@ -39,3 +39,23 @@ def nvidia_smi_list(
         return subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=timeout).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+def compute_capability(
+    which: Callable[[str], Optional[str]] = shutil.which, timeout: float = 30.0
+) -> Optional[str]:
+    """``nvidia-smi --query-gpu=compute_cap --format=csv,noheader``'s stdout (``"9.0\\n9.0\\n"`` on an H200 node);
+    None when nvidia-smi is missing, fails or is too old for the field (drivers before 510)."""
+    exe = which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None

@@ -9,9 +9,9 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import __version__
 
-from octo_dist.envcheck.result import FAIL, OK, WARN, Check
+from octo_dist.envcheck.result import FAIL, OK, SKIP, WARN, Check
 
-_MARK = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL"}
+_MARK = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL", SKIP: "skip"}
 # The JSON report's layout; bumped when a field changes meaning or disappears (adding one does not).
 SCHEMA = 1
 
@@ -52,10 +52,11 @@ def as_table(checks: Sequence[Check], profile: str, verbose: bool = False) -> st
     width = max((len(c.id) for c in shown), default=0)
     for c in shown:
         lines.append(f"  {_MARK[c.status]}  {c.id:<{width}}  found: {c.found}")
-        if c.status != OK:
+        if c.status not in (OK, SKIP):
             lines.append(f"        {'':<{width}}  expected: {c.expected}")
             if c.remedy:
                 lines.append(f"        {'':<{width}}  fix: {c.remedy}")
-    n = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL)}
-    lines.append(f"{n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failure(s)")
+    n = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL, SKIP)}
+    skipped = f", {n[SKIP]} skipped" if n[SKIP] else ""
+    lines.append(f"{n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failure(s){skipped}")
     return "\n".join(lines)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-OK, WARN, FAIL = "ok", "warn", "fail"
+# SKIP: a check that cannot run here (no GPU, no cuobjdump); its ``found`` says why. It never fails a report.
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
 
 @dataclasses.dataclass(frozen=True)

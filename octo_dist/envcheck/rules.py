@@ -9,10 +9,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from octo_dist.stack import manifest as mf
-from octo_dist.stack.builds import cudnn_tag
+from octo_dist.stack.builds import cudnn_tag, cudnn_wheel as build_cudnn_wheel
 from octo_dist.envcheck import gpus as gpu_list
 from octo_dist.envcheck.installed import Installed, versions as installed_versions
-from octo_dist.envcheck.result import FAIL, OK, WARN, Check
+from octo_dist.envcheck.result import FAIL, OK, SKIP, WARN, Check
 
 ENV_FIX = "make env PROFILE={profile}"
 
@@ -93,20 +93,35 @@ def cudnn_compatible(built: tuple[int, int], version: str) -> bool:
     return parts[0] == built[0] and parts[1] >= built[1]
 
 
+def cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optional[str]:
+    """The wheel that carries cuDNN for this jaxlib: ``nvidia-cudnn-cu12`` for ``0.4.20+cuda12.cudnn89``.
+
+    From the installed jaxlib's CUDA major, else from the profile's pinned jaxlib, else the ``nvidia-cudnn-cu*``
+    the profile pins; None for a profile without one (cpu).
+    """
+    pins = profile.exact_pins()
+    for jaxlib in (versions.get("jaxlib", ""), pins.get("jaxlib", "")):
+        wheel = build_cudnn_wheel(jaxlib)
+        if wheel:
+            return wheel
+    return next((n for n in sorted(pins) if n.startswith("nvidia-cudnn-cu")), None)
+
+
 def check_cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
     tag = cudnn_tag(versions.get("jaxlib", ""))
-    if tag is None:
+    wheel = cudnn_wheel(versions, profile)
+    if tag is None or wheel is None:
         return None
-    have = versions.get("nvidia-cudnn-cu11")
-    want = profile.exact_pins().get("nvidia-cudnn-cu11", f"{tag[0]}.{tag[1]}")
+    have = versions.get(wheel)
+    want = profile.exact_pins().get(wheel, f"{tag[0]}.{tag[1]}")
     expected = f"cuDNN {tag[0]}.x with minor >= {tag[1]} (jaxlib {versions['jaxlib']} was built against {tag[0]}.{tag[1]})"
     ok = have is not None and cudnn_compatible(tag, have)
     return Check(
         "cudnn.wheel",
         OK if ok else FAIL,
-        have or "nvidia-cudnn-cu11 not installed",
+        have or f"{wheel} not installed",
         expected,
-        "" if ok else f"pip install --no-deps nvidia-cudnn-cu11=={want}",
+        "" if ok else f"pip install --no-deps {wheel}=={want}",
     )
 
 
@@ -118,11 +133,12 @@ def check_cudnn_load(
         return None
     lib, version, error = probe
     pins = profile.exact_pins()
-    want = pins.get("nvidia-cudnn-cu11")
+    wheel = cudnn_wheel(versions, profile)
+    want = pins.get(wheel) if wheel else None
     tag = cudnn_tag(versions.get("jaxlib", "")) or cudnn_tag(pins.get("jaxlib", ""))
     if want is None or tag is None:
         return None  # this GPU profile pins no cuDNN wheel: nothing to compare with
-    remedy = f"pip install --force-reinstall --no-deps nvidia-cudnn-cu11=={want}"
+    remedy = f"pip install --force-reinstall --no-deps {wheel}=={want}"
     if version is None:
         return Check(
             "cudnn.load",
@@ -265,6 +281,17 @@ def check_gpus(
             )
         )
     return checks
+
+
+def skipped_gpu_checks() -> Check:
+    """What ``--no-gpu`` leaves out, said in the report (image builds and login nodes have no GPU)."""
+    return Check(
+        "gpu.*",
+        SKIP,
+        "skipped (--no-gpu): gpu.visible and gpu.cuda-visible-devices need a GPU node",
+        "",
+        "",
+    )
 
 
 def check_proxy(environ: Mapping[str, str]) -> Optional[Check]:

@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.jobs import defaults as defaults_mod
+from octo_dist.jobs import imagefit
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -224,11 +225,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+        refusal, warning = imagefit.check(job.image, job.resource_type)
+        if refusal:
+            raise spec_mod.JobSpecError(*refusal)
         _check_submit(options)
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if warning:
+        print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
     try:
         syntax_check(text)

@@ -11,6 +11,7 @@ import re
 from typing import Optional, Tuple
 
 _CUDNN_TAG = re.compile(r"cudnn(\d)(\d+)")
+_CUDA_TAG = re.compile(r"^cuda(\d+)")
 
 
 def local_tag(jaxlib_version: str) -> str:
@@ -32,3 +33,21 @@ def cudnn_tag(jaxlib_version: str) -> Optional[Tuple[int, int]]:
     """``"0.4.20+cuda11.cudnn86"`` -> ``(8, 6)``: the cuDNN it was built against; a CPU jaxlib -> None."""
     m = _CUDNN_TAG.search(local_tag(jaxlib_version))
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def cuda_major(jaxlib_version: str) -> Optional[int]:
+    """``"0.4.20+cuda12.cudnn89"`` -> ``12``: the CUDA major it was built for; a CPU or ROCm jaxlib -> None."""
+    m = _CUDA_TAG.match(local_tag(jaxlib_version))
+    return int(m.group(1)) if m else None
+
+
+def cudnn_wheel(jaxlib_version: str) -> Optional[str]:
+    """``"0.4.20+cuda12.cudnn89"`` -> ``"nvidia-cudnn-cu12"``: the PyPI wheel that carries its cuDNN."""
+    major = cuda_major(jaxlib_version)
+    return f"nvidia-cudnn-cu{major}" if major else None
+
+
+def profile_for(jaxlib_version: str) -> str:
+    """The profile a jaxlib build belongs to: ``"0.4.20+cuda12.cudnn89"`` -> ``"cuda12"``, a CPU wheel -> ``"cpu"``."""
+    major = cuda_major(jaxlib_version)
+    return f"cuda{major}" if major else "cpu"

@@ -1,4 +1,4 @@
-"""The container definitions (``Dockerfile``, ``singularity.def``) checked against env/stack.toml.
+"""The container definitions (``Dockerfile``, ``singularity.def``, ``singularity-cuda12.def``) checked against env/stack.toml.
 
 Both definitions pin their base image and run ``containers/install.sh`` for a profile; env/ is the
 one place those pins are decided. This module reads the definitions as text and reports every place
@@ -15,8 +15,10 @@ Conventions the checks rely on, written in both definitions:
 * Dockerfile: global ``ARG <KEY>_BASE_REPO / _TAG / _DIGEST`` per ``[images.<key>]`` (``CUDA11_BASE_DIGEST``),
   a final stage named after each profile (``--target cuda11``), ``FROM <repo>@<digest>`` (no engine but
   Docker accepts a tag and a digest in one reference, so the tag travels in a label).
-* singularity.def: ``From: <repo>@<digest>`` and the same labels.
-* GPU images (the ``cuda11`` target, singularity.def) run ``containers/os-packages.sh ... --infiniband``, whose
+* one Singularity definition per GPU profile (:func:`definition_file`): ``singularity.def`` for ``cuda11`` (the
+  first, whose name ``make sif`` and the README have always used), ``singularity-<profile>.def`` for the others
+  (``singularity-cuda12.def``); each has ``From: <repo>@<digest>`` and the same labels.
+* GPU images (the ``cuda11``/``cuda12`` targets, the definitions) run ``containers/os-packages.sh ... --infiniband``, whose
   ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`: without rdma-core's userland NCCL uses TCP sockets.
 """
 
@@ -37,7 +39,10 @@ from octo_dist import EXIT_FAILED, EXIT_USAGE, __version__
 from octo_dist.stack import manifest as mf
 
 DOCKERFILE = "Dockerfile"
-SINGULARITY_DEF = "singularity.def"
+SINGULARITY_DEF = (
+    "singularity.def"  # the cuda11 image's; other GPU profiles: singularity-<profile>.def
+)
+FIRST_GPU_PROFILE = "cuda11"
 INSTALL_SCRIPT = "containers/install.sh"
 OS_PACKAGES_SCRIPT = "containers/os-packages.sh"
 # rdma-core's userland, from the OS: NCCL dlopens libibverbs.so.1, which loads the mlx5 provider from
@@ -448,6 +453,12 @@ def shell_body(lines: Sequence[str]) -> str:
     return "\n".join(_logical_lines("\n".join(lines)))
 
 
+def definition_file(profile: str) -> str:
+    """The Singularity definition of a GPU profile's image: ``"cuda11"`` -> ``"singularity.def"``,
+    ``"cuda12"`` -> ``"singularity-cuda12.def"``."""
+    return SINGULARITY_DEF if profile == FIRST_GPU_PROFILE else f"singularity-{profile}.def"
+
+
 def check_definition(
     text: str,
     manifest: mf.Manifest,
@@ -455,12 +466,12 @@ def check_definition(
     source: Optional[Path] = None,
     version: str = __version__,
 ) -> list[Finding]:
-    """Every disagreement between singularity.def and the manifest's ``profile_name`` (the GPU image)."""
+    """Every disagreement between a Singularity definition and the manifest's ``profile_name`` (a GPU image)."""
     d = parse_definition(text)
     profile = manifest.profile(profile_name)
     image = manifest.images[profile.image_base]
     findings: list[Finding] = []
-    w = SINGULARITY_DEF
+    w = definition_file(profile_name)
     fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
     if d.header.get("bootstrap", "").lower() != "docker":
         findings.append(
@@ -559,7 +570,7 @@ def check_definition(
                 f"{w} %environment",
                 f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}",
                 "no LD_LIBRARY_PATH (singularity --nv sets it to the bound driver libraries)",
-                "remove it; the CUDA libraries come from the nvidia-*-cu11 wheels, found by jaxlib",
+                "remove it; the CUDA libraries come from the nvidia-*-cu11/-cu12 wheels, found by jaxlib",
             )
         )
     for name in env:
@@ -644,14 +655,31 @@ def check_os_packages(text: str) -> list[Finding]:
 def check_checkout(
     source: Path = mf.REPO_ROOT, manifest: Optional[mf.Manifest] = None
 ) -> list[Finding]:
-    """Both definitions and the OS package script of a checkout against its env/stack.toml."""
+    """The Dockerfile, every GPU profile's Singularity definition and the OS package script of a checkout
+    against its env/stack.toml."""
     manifest = manifest or mf.load_manifest(source / "env" / "stack.toml")
     gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
     findings = check_os_packages((source / OS_PACKAGES_SCRIPT).read_text())
     findings += check_dockerfile((source / DOCKERFILE).read_text(), manifest, source)
     for name in gpu:
-        findings += check_definition((source / SINGULARITY_DEF).read_text(), manifest, name, source)
+        path = source / definition_file(name)
+        if not path.is_file():
+            findings.append(
+                Finding(
+                    definition_file(name),
+                    "no such file",
+                    f"a Singularity definition for the {name} profile's image",
+                    f"copy {SINGULARITY_DEF} to {definition_file(name)} and change its profile and base image",
+                )
+            )
+            continue
+        findings += check_definition(path.read_text(), manifest, name, source)
     return findings
+
+
+def definition_files(manifest: mf.Manifest) -> list[str]:
+    """Every GPU profile's definition file name, in the manifest's order."""
+    return [definition_file(p.name) for p in manifest.profiles.values() if p.image_base and p.gpu]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -724,10 +752,10 @@ def rewrite(text: str, changes: Mapping[str, str]) -> str:
 
 
 def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
-    """Re-resolve every base image and rewrite env/stack.toml and both definitions; return the changes."""
+    """Re-resolve every base image and rewrite env/stack.toml and every definition; return the changes."""
     manifest = mf.load_manifest(source / "env" / "stack.toml")
     changes = refreshed(manifest, resolve)
-    for name in ("env/stack.toml", DOCKERFILE, SINGULARITY_DEF):
+    for name in ("env/stack.toml", DOCKERFILE, *definition_files(manifest)):
         path = source / name
         text = path.read_text()
         new = rewrite(text, changes)
@@ -743,7 +771,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "command",
         choices=("check", "refresh-digests"),
-        help="check: both definitions against env/stack.toml; refresh-digests: re-resolve the base "
+        help="check: every definition against env/stack.toml; refresh-digests: re-resolve the base "
         "image digests (needs crane or skopeo), then check",
     )
     parser.add_argument(
@@ -775,7 +803,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    print(f"{DOCKERFILE} and {SINGULARITY_DEF} agree with env/stack.toml")
+    names = ", ".join(
+        [DOCKERFILE, *definition_files(mf.load_manifest(source / "env" / "stack.toml"))]
+    )
+    print(f"{names} agree with env/stack.toml")
     return 0
 
 

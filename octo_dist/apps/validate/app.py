@@ -171,6 +171,24 @@ def check_env(args, deep: bool, environ: Mapping[str, str]) -> tuple:
     return result, Step("environment", OK, found)
 
 
+def architecture_step(result: Optional[Mapping]) -> Step:
+    """check-env --deep's ``jaxlib.arch`` and ``deep.jit`` as one step: which profile suits this node's GPUs.
+
+    A jaxlib with only PTX for the GPU still runs (the driver JIT-compiles it), so that is reported, not failed;
+    a jaxlib with no code at all for the GPU fails.
+    """
+    checks = {c["id"]: c for c in (result or {}).get("checks", ())}
+    arch, jit = checks.get("jaxlib.arch"), checks.get("deep.jit")
+    if arch is None:
+        return Step("architecture", SKIP, "no jaxlib.arch check in the report (a cpu profile?)")
+    found = arch["found"] + (f"; {jit['found']}" if jit and jit["status"] != "skip" else "")
+    if arch["status"] == "skip":
+        return Step("architecture", SKIP, found)
+    if arch["status"] == "fail":
+        return Step("architecture", FAIL, found, arch["expected"], arch["remedy"])
+    return Step("architecture", OK, found)
+
+
 def backend_of(result: Optional[Mapping]) -> str:
     """``"gpu"``/``"cpu"`` from check-env --deep's ``deep.backend`` ("gpu backend, 8 device(s), ..."); "" unknown."""
     for c in (result or {}).get("checks", ()):
@@ -195,7 +213,7 @@ def node(args, environ: Mapping[str, str]) -> tuple:
     from octo_dist.envcheck import gpus as gpu_list
 
     result, env_step = check_env(args, deep=True, environ=environ)
-    steps = [env_step]
+    steps = [env_step, architecture_step(result)]
     backend = backend_of(result)
     profile = (result or {}).get("profile", args.profile or "?")
     if backend == "gpu":
