@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from octo_dist import cli
 from octo_dist.jobs import examples, render, spec
@@ -365,7 +366,7 @@ def fake_job(tmp_path):
 
 
 def start(script, env, cwd):
-    return subprocess.Popen(
+    return helpers.popen(
         ["bash", str(script)],
         cwd=cwd,
         env=env,
@@ -411,7 +412,9 @@ def finish(proc, timeout=60):
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT], ids=lambda s: s.name
+)
 def test_a_stop_signal_reaches_the_launcher_as_sigusr1(fake_job, tmp_path, sig):
     """PBS/SLURM's SIGTERM, SGE -notify's SIGUSR1/SIGUSR2, Ctrl-C: mpirun gets SIGUSR1 (it would kill the ranks on
     SIGTERM), the script waits for it and exits with its status."""
@@ -441,7 +444,7 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
     else:  # srun passes the environment on by itself
         env.update(SLURM_JOB_ID="99", SLURM_SUBMIT_DIR=str(tmp_path))
         expected = "argv --nodes=1 --ntasks-per-node=2 --export=ALL --kill-on-bad-exit=1 --cpu-bind=none bash -c "
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         ["bash", str(make(scheduler=scheduler))],
         cwd="/",
         env=env,
@@ -639,7 +642,7 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
     script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", str(script)],
         cwd=tmp_path,
         env=env,
@@ -670,7 +673,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     )
     script = smoke_script(tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny")
     started = time.monotonic()
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         ["bash", str(script)],
         cwd="/",
         env=env,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import RANK_OUTPUT, REPO, clean_env
 
 # Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
@@ -57,7 +58,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float 
     ],
 )
 def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, then):
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         [sys.executable, "-c", PROGRAM, str(tmp_path)],
         env=clean_env(),
         cwd=REPO,
@@ -142,7 +143,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         "--record",
         str(tmp_path / "rec.json"),
     ]
-    job = subprocess.Popen(
+    job = helpers.popen(
         cmd,
         env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)),
         cwd=REPO,
