@@ -426,6 +426,44 @@ def test_a_stop_signal_reaches_the_launcher_as_sigusr1(fake_job, tmp_path, sig):
     assert proc.returncode == 0, out
     assert "signal USR1" in log.read_text() and "signal TERM" not in log.read_text()
     assert f"{sig.name} after" in out and f"stop requested by {sig.name}" in out
+    assert "will not stop this job" not in out  # nothing was ignored on entry
+
+
+@pytest.mark.parametrize(
+    "ignored", [(signal.SIGINT,), (signal.SIGINT, signal.SIGTERM)], ids=["INT", "INT+TERM"]
+)
+def test_a_stop_signal_ignored_on_entry_is_named_once_and_the_others_still_stop_the_job(
+    fake_job, tmp_path, ignored
+):
+    """Started as `job.sh &` from a script (SIGINT ignored) or under `trap '' TERM`: bash cannot trap those, so the
+    script says once which signals will not stop the job and which will; SIGUSR1 still stops it cleanly."""
+    make, env, log = fake_job
+    proc = subprocess.Popen(
+        ["bash", str(make())],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=helpers.ignoring(*ignored),
+    )
+    wait_for(log, "training started")
+    for sig in ignored:  # delivered before SIGUSR1: a script that trapped them would say so first
+        os.kill(proc.pid, sig)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    assert "SIGUSR1 after" in out and "stop requested by SIGUSR1" in out, out
+    names = " ".join(s.name for s in sorted(ignored, reverse=True))  # the script's order: TERM, INT
+    warnings = [ln for ln in out.splitlines() if "will not stop this job" in ln]
+    assert len(warnings) == 1, out
+    assert f"warning: {names} ignored since this script started" in warnings[0], warnings[0]
+    assert f"{names} will not stop this job; SIGUSR1 SIGUSR2" in warnings[0], warnings[0]
+    assert f"(kill -USR1 {proc.pid})" in warnings[0] and ". Fix: " in warnings[0], warnings[0]
+    for sig in ignored:
+        assert f"{sig.name} after" not in out, out
 
 
 @pytest.mark.parametrize("scheduler", ["pbs", "slurm"])

@@ -201,10 +201,24 @@ trap 'stop_ranks TERM' TERM
 trap 'stop_ranks USR1' USR1
 trap 'stop_ranks USR2' USR2
 trap 'stop_ranks INT' INT
+# A signal ignored when this script started stays ignored: a non-interactive bash can neither trap nor reset it.
+# `job.sh &` from another script (POSIX: such a command ignores SIGINT), nohup, cron and some CI runners start it so.
+# Linux lists the ignored signals in /proc as a hex mask, bit N-1 for signal N ("SigIgn: 0000000000000006": INT and
+# QUIT). Each ignored stop signal is named once, with those that still stop the job; the timer below uses one of those.
+IGNORED=()
+STOPPING=()
+sig_ign=$(sed -n 's/^SigIgn:[[:space:]]*//p' "/proc/$$/status" 2>/dev/null || true)
+case "$sig_ign" in "" | *[!0-9a-fA-F]*) sig_ign=0 ;; esac
+for sig in USR1 USR2 TERM INT; do
+  if (((16#$sig_ign >> ($(kill -l "$sig") - 1)) & 1)); then IGNORED+=("SIG$sig"); else STOPPING+=("SIG$sig"); fi
+done
+if [ "${#IGNORED[@]}" -gt 0 ]; then
+  note "warning: ${IGNORED[*]} ignored since this script started (run with '&' from a script, by nohup or a CI runner?) and a script cannot undo that: ${IGNORED[*]} will not stop this job; ${STOPPING[*]:-no signal} will${STOPPING[0]:+ (kill -${STOPPING[0]#SIG} $$)}. Fix: start it in the foreground, or after 'set -m' in the script that runs it with '&', or submit it"
+fi
 # PBS signals every process of the job at the wall time, mpirun included (which then kills the ranks at once), and
 # Grid Engine's h_rt kills outright: so this script asks for the stop itself, STOP_MARGIN_S before the wall time.
-if [ "$STOP_TIMER" = 1 ]; then
-  (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
+if [ "$STOP_TIMER" = 1 ] && [ "${#STOPPING[@]}" -gt 0 ]; then
+  (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill "-${STOPPING[0]#SIG}" $$) </dev/null >/dev/null 2>&1 &
   TIMER_PID=$!
   disown "$TIMER_PID"  # no "Terminated" notice when it is ended below
 fi
