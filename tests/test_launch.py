@@ -700,6 +700,53 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     print(f"SGE job: {time.monotonic() - started:.0f} s")
 
 
+# Open MPI 5.0.8's prterun often aborts (a glibc assertion, exit 134; 137 seen under the job script) while it ends a
+# job one of whose ranks refused to start (exit 2); this wrapper makes a crash certain, around the real mpirun and ranks.
+CRASHING_MPIRUN = """#!/bin/bash
+"$REAL_MPIRUN" "$@"
+status=$?
+if [ "$status" -ne 0 ]; then kill -ABRT $$; fi
+exit "$status"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpirun", "mpirun-then-abort"])
+def test_a_ranks_refusal_is_the_jobs_final_word_when_the_launcher_crashes_after_it(
+    tmp_path, launcher
+):
+    """RANK=0 exported to both ranks (a stale export): rank 1's preflight refuses with exit 2, whatever the launcher
+    exits with after it; the job exits 2 and its last line names that rank, not the launcher's crash."""
+    hosts = tmp_path / "hostlist"
+    hosts.write_text("localhost\nlocalhost\n")
+    env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
+    env.update(RANK="0", WORLD_SIZE="2")
+    if launcher == "mpirun-then-abort":
+        wrapper = tmp_path / "bin" / "mpirun"
+        wrapper.parent.mkdir()
+        wrapper.write_text(CRASHING_MPIRUN)
+        wrapper.chmod(0o755)
+        env.update(PATH=f"{wrapper.parent}:{env['PATH']}", REAL_MPIRUN=str(VENV_BIN / "mpirun"))
+    script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
+    proc = helpers.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert "openmpi5 says rank 1 of 2 (local 1) but RANK=0 is also set" in out, out
+    last = proc.stderr.rstrip("\n").splitlines()[-1]
+    assert proc.returncode == 2, out
+    assert last.startswith("octo-dist job: preflight failed: rank 1 on "), last
+    assert "exited with status 2" in last and "not training" in last, last
+    if launcher == "mpirun-then-abort":
+        assert "the launcher then exited with status 134" in last, last
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):

@@ -298,6 +298,11 @@ run_ranks() {  # "$@": the command every rank runs
     failure=$(first_failure)
     if [ -n "$failure" ]; then note "$failure"; fi
   fi
+  # The rank that failed first decides the job's status and final line, not what the launcher exits with after it:
+  # Open MPI 5.0.8's prterun may abort itself (134) while it ends a job whose rank refused to start (2).
+  LAUNCHER_STATUS=$status
+  RANK_FAILURE=${failure:-}
+  case "${RANK_FAILURE##* }" in "" | *[!0-9]*) ;; *) status=${RANK_FAILURE##* } ;; esac
   if [ -n "$failed_at" ] && [ "$status" -eq 0 ]; then status=1; fi
   if [ "$status" -eq 0 ]; then
     local missing
@@ -318,12 +323,17 @@ if [ -n "$STOP" ]; then
   note "stop requested during the preflight: not training"
   exit 0
 fi
+# ": rank 1 on g0001 exited with status 2 (the launcher then exited with status 134)"; " (exit 1)" when no rank said.
+outcome() {
+  if [ -z "$RANK_FAILURE" ]; then echo " (exit $status)"; return; fi
+  echo ": $RANK_FAILURE$([ "$LAUNCHER_STATUS" = "$status" ] || echo " (the launcher then exited with status $LAUNCHER_STATUS)")"
+}
 if [ "$status" -ne 0 ]; then
-  note "preflight failed (exit $status): not training; its report above names the fix"
+  note "preflight failed$(outcome): not training; its report above names the fix"
   exit "$status"
 fi
 note "training: ${TRAIN[*]}"
 status=0
 run_ranks "${TRAIN[@]}" || status=$?
-note "training exited with $status after ${SECONDS}s${STOP:+ (stop requested by SIG$STOP)}"
+note "training exited with $status after ${SECONDS}s${STOP:+ (stop requested by SIG$STOP)}${RANK_FAILURE:+$(outcome)}"
 exit "$status"
