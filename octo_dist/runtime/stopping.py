@@ -30,9 +30,8 @@ from typing import Iterable, Optional
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 log = logging.getLogger(__name__)
-_reported: set = (
-    set()
-)  # the signals already named as re-armed: once per process, however many handlers follow
+# The signals already named as re-armed: once per process, however many handlers follow.
+_reported: set = set()
 _ignored_here: set = set()  # the signals a handler below ignored after a stop: not inherited
 
 
