@@ -65,6 +65,48 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
+# The signals the product stops on (INT, TERM, USR1, USR2) and nohup's HUP. An ignored disposition survives fork and
+# exec: a pytest started as `pytest &` from a script (POSIX makes such a command ignore SIGINT), under nohup, cron or
+# some CI runners hands it to every job script, mpirun and rank it starts, and a non-interactive bash cannot trap a
+# signal that was ignored when it started. So every process a test starts begins with the defaults, as from a
+# terminal, whatever the test run inherited. A test that wants an ignored signal sets it in its own preexec_fn.
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def restore_signals() -> None:
+    """``preexec_fn`` for every process a test starts: DEFAULT_SIGNALS at their default action and unblocked.
+
+    Runs in the child between fork and exec (a handler of this process would be reset by exec anyway; SIG_IGN and
+    the blocked mask would not). Public for any code that starts processes for a test: ``popen``/``run`` below,
+    the namespace cluster's nodes (``subprocess.Popen(..., preexec_fn=helpers.restore_signals)``).
+    """
+    for s in DEFAULT_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFAULT_SIGNALS)
+
+
+def ignoring(*signals: int):
+    """``preexec_fn`` for a test of an inherited ignore: the defaults, then ``signals`` ignored, as a process run with
+    ``&`` from a script (SIGINT) or under ``trap '' TERM`` starts."""
+
+    def preexec() -> None:
+        restore_signals()
+        for s in signals:
+            signal.signal(s, signal.SIG_IGN)
+
+    return preexec
+
+
+def popen(args, **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` for job scripts, mpirun and ranks: the child starts with default stop signals."""
+    return subprocess.Popen(args, preexec_fn=restore_signals, **kwargs)
+
+
+def run(args, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for job scripts, mpirun and ranks: the child starts with default stop signals."""
+    return subprocess.run(args, preexec_fn=restore_signals, **kwargs)
+
+
 def json_lines(text: str) -> list:
     return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
 
@@ -112,7 +154,7 @@ def run_mpirun(
         sys.executable,
         *argv,
     ]
-    proc = subprocess.Popen(
+    proc = popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -175,7 +217,7 @@ class VersionRuns:
                     out_dir / f"{program.stem}-{version}.err",
                 )
                 with open(out, "w") as o, open(err, "w") as e:
-                    proc = subprocess.Popen(
+                    proc = popen(
                         [str(python), str(program)],
                         stdout=o,
                         stderr=e,

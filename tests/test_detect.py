@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
@@ -228,7 +229,7 @@ def test_detect_under_a_real_mpirun(tmp_path, python):
     if not Path(python).exists():
         pytest.skip(f"no {python}")
     out = tmp_path / "detect-{rank}.json"
-    proc = subprocess.run(
+    proc = helpers.run(
         [
             str(MPIRUN),
             "--oversubscribe",
@@ -298,7 +299,7 @@ def test_detect_refuses_under_mpirun_with_a_stale_torchrun_export(tmp_path):
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
     out = tmp_path / "detect-{rank}.json"
     env = clean_env(RANK="0", WORLD_SIZE="2")  # every rank inherits RANK=0: rank 1 disagrees
-    proc = subprocess.run(
+    proc = helpers.run(
         [
             str(MPIRUN),
             "--oversubscribe",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from octo_dist import cli
 from octo_dist.jobs import examples, render, spec
@@ -365,7 +366,7 @@ def fake_job(tmp_path):
 
 
 def start(script, env, cwd):
-    return subprocess.Popen(
+    return helpers.popen(
         ["bash", str(script)],
         cwd=cwd,
         env=env,
@@ -411,7 +412,9 @@ def finish(proc, timeout=60):
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT], ids=lambda s: s.name
+)
 def test_a_stop_signal_reaches_the_launcher_as_sigusr1(fake_job, tmp_path, sig):
     """PBS/SLURM's SIGTERM, SGE -notify's SIGUSR1/SIGUSR2, Ctrl-C: mpirun gets SIGUSR1 (it would kill the ranks on
     SIGTERM), the script waits for it and exits with its status."""
@@ -423,6 +426,44 @@ def test_a_stop_signal_reaches_the_launcher_as_sigusr1(fake_job, tmp_path, sig):
     assert proc.returncode == 0, out
     assert "signal USR1" in log.read_text() and "signal TERM" not in log.read_text()
     assert f"{sig.name} after" in out and f"stop requested by {sig.name}" in out
+    assert "will not stop this job" not in out  # nothing was ignored on entry
+
+
+@pytest.mark.parametrize(
+    "ignored", [(signal.SIGINT,), (signal.SIGINT, signal.SIGTERM)], ids=["INT", "INT+TERM"]
+)
+def test_a_stop_signal_ignored_on_entry_is_named_once_and_the_others_still_stop_the_job(
+    fake_job, tmp_path, ignored
+):
+    """Started as `job.sh &` from a script (SIGINT ignored) or under `trap '' TERM`: bash cannot trap those, so the
+    script says once which signals will not stop the job and which will; SIGUSR1 still stops it cleanly."""
+    make, env, log = fake_job
+    proc = subprocess.Popen(
+        ["bash", str(make())],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=helpers.ignoring(*ignored),
+    )
+    wait_for(log, "training started")
+    for sig in ignored:  # delivered before SIGUSR1: a script that trapped them would say so first
+        os.kill(proc.pid, sig)
+    os.kill(proc.pid, signal.SIGUSR1)
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    assert "SIGUSR1 after" in out and "stop requested by SIGUSR1" in out, out
+    names = " ".join(s.name for s in sorted(ignored, reverse=True))  # the script's order: TERM, INT
+    warnings = [ln for ln in out.splitlines() if "will not stop this job" in ln]
+    assert len(warnings) == 1, out
+    assert f"warning: {names} ignored since this script started" in warnings[0], warnings[0]
+    assert f"{names} will not stop this job; SIGUSR1 SIGUSR2" in warnings[0], warnings[0]
+    assert f"(kill -USR1 {proc.pid})" in warnings[0] and ". Fix: " in warnings[0], warnings[0]
+    for sig in ignored:
+        assert f"{sig.name} after" not in out, out
 
 
 @pytest.mark.parametrize("scheduler", ["pbs", "slurm"])
@@ -441,7 +482,7 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
     else:  # srun passes the environment on by itself
         env.update(SLURM_JOB_ID="99", SLURM_SUBMIT_DIR=str(tmp_path))
         expected = "argv --nodes=1 --ntasks-per-node=2 --export=ALL --kill-on-bad-exit=1 --cpu-bind=none bash -c "
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         ["bash", str(make(scheduler=scheduler))],
         cwd="/",
         env=env,
@@ -639,7 +680,7 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
     script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", str(script)],
         cwd=tmp_path,
         env=env,
@@ -659,6 +700,53 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     print(f"SGE job: {time.monotonic() - started:.0f} s")
 
 
+# Open MPI 5.0.8's prterun often aborts (a glibc assertion, exit 134; 137 seen under the job script) while it ends a
+# job one of whose ranks refused to start (exit 2); this wrapper makes a crash certain, around the real mpirun and ranks.
+CRASHING_MPIRUN = """#!/bin/bash
+"$REAL_MPIRUN" "$@"
+status=$?
+if [ "$status" -ne 0 ]; then kill -ABRT $$; fi
+exit "$status"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["mpirun", "mpirun-then-abort"])
+def test_a_ranks_refusal_is_the_jobs_final_word_when_the_launcher_crashes_after_it(
+    tmp_path, launcher
+):
+    """RANK=0 exported to both ranks (a stale export): rank 1's preflight refuses with exit 2, whatever the launcher
+    exits with after it; the job exits 2 and its last line names that rank, not the launcher's crash."""
+    hosts = tmp_path / "hostlist"
+    hosts.write_text("localhost\nlocalhost\n")
+    env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
+    env.update(RANK="0", WORLD_SIZE="2")
+    if launcher == "mpirun-then-abort":
+        wrapper = tmp_path / "bin" / "mpirun"
+        wrapper.parent.mkdir()
+        wrapper.write_text(CRASHING_MPIRUN)
+        wrapper.chmod(0o755)
+        env.update(PATH=f"{wrapper.parent}:{env['PATH']}", REAL_MPIRUN=str(VENV_BIN / "mpirun"))
+    script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
+    proc = helpers.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert "openmpi5 says rank 1 of 2 (local 1) but RANK=0 is also set" in out, out
+    last = proc.stderr.rstrip("\n").splitlines()[-1]
+    assert proc.returncode == 2, out
+    assert last.startswith("octo-dist job: preflight failed: rank 1 on "), last
+    assert "exited with status 2" in last and "not training" in last, last
+    if launcher == "mpirun-then-abort":
+        assert "the launcher then exited with status 134" in last, last
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
@@ -670,7 +758,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     )
     script = smoke_script(tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny")
     started = time.monotonic()
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         ["bash", str(script)],
         cwd="/",
         env=env,

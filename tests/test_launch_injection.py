@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from test_launch import kill_session
 from octo_dist.jobs import cli as jobs_cli
@@ -264,7 +265,7 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
             (run_dir / f"{value}d").mkdir()
             (run_dir / f"{value}b").mkdir()
         argv_log.unlink(missing_ok=True)
-        proc = subprocess.run(
+        proc = helpers.run(
             ["bash", "job.sh"],
             cwd=run_dir,
             env=dict(env, FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
@@ -335,7 +336,7 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
     env = {
         k: v for k, v in env.items() if k != "SGE_JOB_HOSTLIST"
     }  # outside a job: the script says to submit it
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", str(out)],
         cwd=job_dir,
         env=env,
@@ -399,7 +400,7 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
         )
     )
     env = dict(env, FAKE_RANKS="2", FAKE_HANG="1", FAKE_SLEEP="600", FAKE_FAIL_RANK="1")
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         ["bash", "job.sh"],
         cwd=job_dir,
         env=env,
@@ -465,7 +466,7 @@ def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
     hosts = tmp_path / "hostlist"
     hosts.write_text("localhost\nlocalhost\n")
     env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin", RANK_OUT=str(tmp_path))
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,
         env=env,
@@ -566,7 +567,7 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
         if after:
             env_job["OCTO_DIST_AFTER"] = after
         argv_log.unlink(missing_ok=True)
-        return subprocess.run(
+        return helpers.run(
             ["bash", "job.sh"],
             cwd=job_dir,
             env=env_job,
@@ -622,7 +623,7 @@ def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
     )
     (tmp_path / "hostlist").write_text("localhost\nlocalhost\n")
     env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin")
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,
         env=env,
@@ -674,7 +675,7 @@ def test_the_environment_reaches_other_nodes_by_prefix(cluster):
         "PYTHONUNBUFFERED": "1",
     }
     env = dict(env, **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
-    proc = subprocess.run(
+    proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,
         env=env,

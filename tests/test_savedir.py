@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import PROGRAMS, REPO, clean_env
 
 from octo_dist.engine import savedir
@@ -122,7 +123,7 @@ def test_one_rank_that_cannot_write_stops_every_rank_with_its_error(tmp_path):
         str(save),
         str(out),
     ]
-    p = subprocess.run(
+    p = helpers.run(
         cmd,
         capture_output=True,
         text=True,

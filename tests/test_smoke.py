@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from octo_dist import EXIT_USAGE
 from octo_dist.apps.smoke import equivalence
@@ -107,7 +108,7 @@ def mpirun_smoke(np_, *args, env=None, **popen):
     if not exe.exists():
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
     cmd = [str(exe), "--oversubscribe", "-np", str(np_), sys.executable, *SMOKE, *args]
-    return subprocess.Popen(
+    return helpers.popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -127,7 +128,7 @@ def finish(proc, timeout=240):
 @pytest.mark.slow
 def test_make_smoke_runs_two_ranks_and_matches_one_process():
     # What a new user runs first; the env already exists here, so make only runs the job.
-    proc = subprocess.run(
+    proc = helpers.run(
         ["make", "--no-print-directory", "smoke", "SMOKE_ARGS=--model tiny"],
         cwd=REPO,
         capture_output=True,
@@ -321,7 +322,7 @@ def mpirun_wrapped(tmp_path, shell: str, *args: str, env=None, timeout=300):
         *args,
     ]
     # The timeout is what a hang would hit: these jobs must end on their own within --init-timeout.
-    return subprocess.run(
+    return helpers.run(
         cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or clean_env()
     )
 

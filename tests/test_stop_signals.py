@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import RANK_OUTPUT, REPO, clean_env
 
 # Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
@@ -57,7 +58,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float 
     ],
 )
 def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, then):
-    proc = subprocess.Popen(
+    proc = helpers.popen(
         [sys.executable, "-c", PROGRAM, str(tmp_path)],
         env=clean_env(),
         cwd=REPO,
@@ -81,6 +82,59 @@ def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, t
             proc.wait()
     assert proc.returncode == 0, (proc.returncode, err[-3000:])
     assert (tmp_path / "handlers").read_text() == "SIG_IGN SIG_IGN SIG_IGN"
+
+
+# A stop handler installed, closed (the inherited ignore comes back) and installed again, as a program that runs
+# two commands would: the process names what it re-armed once, then stops on SIGTERM all the same.
+REARM = """
+import logging, os, signal, sys, time
+from pathlib import Path
+from octo_dist.runtime import stopping
+
+logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s")
+out = Path(sys.argv[1])
+stopping.StopSignal().close()
+stop = stopping.StopSignal()
+(out / "rearmed").write_text(" ".join(stop.name(s) for s in stop.rearmed))
+(out / "ready").write_text(str(os.getpid()))
+while not stop.pending:
+    time.sleep(0.01)
+(out / "stopping").write_text(stop.name(stop.pending))
+"""
+
+
+@pytest.mark.parametrize(
+    "ignored",
+    [(), (signal.SIGTERM,), (signal.SIGTERM, signal.SIGUSR1)],
+    ids=["none", "TERM", "TERM+USR1"],
+)
+def test_a_stop_signal_ignored_at_start_is_rearmed_and_named_once(tmp_path, ignored):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REARM, str(tmp_path)],
+        env=clean_env(),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=helpers.ignoring(*ignored),
+    )
+    try:
+        wait_for_file(tmp_path / "ready", proc, "the handler to be installed")
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for_file(tmp_path / "stopping", proc, "the stop") == "SIGTERM"
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    names = " ".join(s.name for s in ignored)
+    assert (tmp_path / "rearmed").read_text() == names
+    said = [ln for ln in err.splitlines() if "ignored when this process started" in ln]
+    if ignored:
+        assert len(said) == 1 and said[0].startswith(f"WARNING {names} ignored when"), err
+        assert "octo-dist stops on it anyway, with a checkpoint" in said[0], err
+    else:
+        assert said == [], err
 
 
 def test_without_a_stop_signal_close_puts_the_previous_handlers_back():
@@ -142,7 +196,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         "--record",
         str(tmp_path / "rec.json"),
     ]
-    job = subprocess.Popen(
+    job = helpers.popen(
         cmd,
         env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)),
         cwd=REPO,

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import helpers
 from helpers import REPO, clean_env
 from octo_dist.apps.validate import allreduce, app, nccl_log, scaling
 from octo_dist.apps.validate.report import FAIL, OK, SKIP
@@ -284,7 +285,7 @@ def test_under_a_real_2_rank_mpirun_rank_0_reports_allreduce_and_skips_nccl(mpir
 def test_make_validate_gpu_runs_here_on_the_cpu():
     env = clean_env()
     env.pop("MAKEFLAGS", None)
-    proc = subprocess.run(
+    proc = helpers.run(
         [
             "make",
             "-s",

@@ -105,9 +105,10 @@ def run(
         from octo_dist.engine.checkpoint import CheckpointError
         from octo_dist.engine.data import BatchSizeError
 
+        # Logging first: installing the stop handler may log (a stop signal this process inherited ignored).
+        ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
         stop = stopping.StopSignal()
         try:
-            ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
             compile_cache.enable(options.compile_cache)
             try:
                 return work(Job(rt, stop))

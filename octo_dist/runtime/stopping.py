@@ -16,14 +16,23 @@ SIGUSR1 arriving while the checkpoint is written or the process shuts down would
 (the default action: ``close()`` restores it, and so does Python's own shutdown for every Python-level handler).
 The first signal therefore sets ``SIG_IGN`` for all of them, which stays in force through interpreter shutdown.
 SIGKILL (a scheduler's last word after its grace period) cannot be ignored and still ends the job.
+
+A stop signal already ignored when the handler is installed was ignored by whatever started this process (a
+launcher run with ``&`` from a script, ``nohup``, some CI runners; an ignore survives fork and exec): the handler
+replaces the ignore, so the signal stops the run with a checkpoint all the same, and the process says so once.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import Iterable, Optional
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+log = logging.getLogger(__name__)
+# The signals already named as re-armed: once per process, however many handlers follow.
+_reported: set = set()
+_ignored_here: set = set()  # the signals a handler below ignored after a stop: not inherited
 
 
 class StopSignal:
@@ -32,6 +41,18 @@ class StopSignal:
     def __init__(self, signals: Iterable[int] = SIGNALS):
         self.received: Optional[int] = None
         self._previous = {s: signal.signal(s, self._handle) for s in signals}
+        # (SIGTERM,): the stop signals this process inherited ignored, handled from now on.
+        self.rearmed = tuple(
+            s for s, h in self._previous.items() if h == signal.SIG_IGN and s not in _ignored_here
+        )
+        unreported = [s for s in self.rearmed if s not in _reported]
+        if unreported:
+            _reported.update(unreported)
+            log.warning(
+                "%s ignored when this process started (by whatever launched it: nohup, '&' in a script, a CI "
+                "runner?): octo-dist stops on it anyway, with a checkpoint",
+                " ".join(self.name(s) for s in unreported),
+            )
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
@@ -39,6 +60,7 @@ class StopSignal:
             self.received = signum
             for s in self._previous:
                 signal.signal(s, signal.SIG_IGN)
+            _ignored_here.update(self._previous)
 
     @property
     def pending(self) -> int:

@@ -166,10 +166,24 @@ trap 'stop_ranks TERM' TERM
 trap 'stop_ranks USR1' USR1
 trap 'stop_ranks USR2' USR2
 trap 'stop_ranks INT' INT
+# A signal ignored when this script started stays ignored: a non-interactive bash can neither trap nor reset it.
+# `job.sh &` from another script (POSIX: such a command ignores SIGINT), nohup, cron and some CI runners start it so.
+# Linux lists the ignored signals in /proc as a hex mask, bit N-1 for signal N ("SigIgn: 0000000000000006": INT and
+# QUIT). Each ignored stop signal is named once, with those that still stop the job; the timer below uses one of those.
+IGNORED=()
+STOPPING=()
+sig_ign=$(sed -n 's/^SigIgn:[[:space:]]*//p' "/proc/$$/status" 2>/dev/null || true)
+case "$sig_ign" in "" | *[!0-9a-fA-F]*) sig_ign=0 ;; esac
+for sig in USR1 USR2 TERM INT; do
+  if (((16#$sig_ign >> ($(kill -l "$sig") - 1)) & 1)); then IGNORED+=("SIG$sig"); else STOPPING+=("SIG$sig"); fi
+done
+if [ "${#IGNORED[@]}" -gt 0 ]; then
+  note "warning: ${IGNORED[*]} ignored since this script started (run with '&' from a script, by nohup or a CI runner?) and a script cannot undo that: ${IGNORED[*]} will not stop this job; ${STOPPING[*]:-no signal} will${STOPPING[0]:+ (kill -${STOPPING[0]#SIG} $$)}. Fix: start it in the foreground, or after 'set -m' in the script that runs it with '&', or submit it"
+fi
 # PBS signals every process of the job at the wall time, mpirun included (which then kills the ranks at once), and
 # Grid Engine's h_rt kills outright: so this script asks for the stop itself, STOP_MARGIN_S before the wall time.
-if [ "$STOP_TIMER" = 1 ]; then
-  (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
+if [ "$STOP_TIMER" = 1 ] && [ "${#STOPPING[@]}" -gt 0 ]; then
+  (sleep $((WALLTIME_S - STOP_MARGIN_S)) && kill "-${STOPPING[0]#SIG}" $$) </dev/null >/dev/null 2>&1 &
   TIMER_PID=$!
   disown "$TIMER_PID"  # no "Terminated" notice when it is ended below
 fi
@@ -250,6 +264,11 @@ run_ranks() {  # "$@": the command every rank runs
     failure=$(first_failure)
     if [ -n "$failure" ]; then note "$failure"; fi
   fi
+  # The rank that failed first decides the job's status and final line, not what the launcher exits with after it:
+  # Open MPI 5.0.8's prterun may abort itself (134) while it ends a job whose rank refused to start (2).
+  LAUNCHER_STATUS=$status
+  RANK_FAILURE=${failure:-}
+  case "${RANK_FAILURE##* }" in "" | *[!0-9]*) ;; *) status=${RANK_FAILURE##* } ;; esac
   if [ -n "$failed_at" ] && [ "$status" -eq 0 ]; then status=1; fi
   if [ "$status" -eq 0 ]; then
     local missing
@@ -270,12 +289,17 @@ if [ -n "$STOP" ]; then
   note "stop requested during the preflight: not training"
   exit 0
 fi
+# ": rank 1 on g0001 exited with status 2 (the launcher then exited with status 134)"; " (exit 1)" when no rank said.
+outcome() {
+  if [ -z "$RANK_FAILURE" ]; then echo " (exit $status)"; return; fi
+  echo ": $RANK_FAILURE$([ "$LAUNCHER_STATUS" = "$status" ] || echo " (the launcher then exited with status $LAUNCHER_STATUS)")"
+}
 if [ "$status" -ne 0 ]; then
-  note "preflight failed (exit $status): not training; its report above names the fix"
+  note "preflight failed$(outcome): not training; its report above names the fix"
   exit "$status"
 fi
 note "training: ${TRAIN[*]}"
 status=0
 run_ranks "${TRAIN[@]}" || status=$?
-note "training exited with $status after ${SECONDS}s${STOP:+ (stop requested by SIG$STOP)}"
+note "training exited with $status after ${SECONDS}s${STOP:+ (stop requested by SIG$STOP)}${RANK_FAILURE:+$(outcome)}"
 exit "$status"

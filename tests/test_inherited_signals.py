@@ -1,0 +1,90 @@
+"""The signal tests pass whatever dispositions the test run inherits: a child pytest started with SIGINT and SIGTERM
+ignored, as `pytest &` from a script, cron and some CI runners start it (an ignore survives fork and exec).
+
+helpers.restore_signals gives every job script, mpirun and rank a test starts the default dispositions back; without
+it the job script inherits the ignore, cannot trap SIGINT, and the SIGINT case of the launcher test waits forever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import helpers
+from helpers import REPO
+
+SIGNAL_TESTS = (
+    "tests/test_launch.py::test_a_stop_signal_reaches_the_launcher_as_sigusr1",
+    "tests/test_launch.py::test_a_stop_signal_ignored_on_entry_is_named_once_and_the_others_still_stop_the_job",
+    "tests/test_stop_signals.py",
+)
+IGNORED = (signal.SIGINT, signal.SIGTERM)
+
+
+def sig_ign(status: str) -> int:
+    """The ignored-signal mask of /proc/PID/status ("SigIgn:\t0000000000004002": INT and TERM)."""
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
+
+
+def test_helpers_give_the_defaults_back_under_a_parent_that_ignores_them():
+    """The fabricated input (a process started with SIGINT and SIGTERM ignored) is what it says, and a process that
+    helpers.run starts from such a parent has every signal of helpers.DEFAULT_SIGNALS at its default again."""
+    status = ["cat", "/proc/self/status"]
+    ignoring = subprocess.run(
+        status, capture_output=True, text=True, preexec_fn=helpers.ignoring(*IGNORED)
+    )
+    assert all(sig_ign(ignoring.stdout) >> (s - 1) & 1 for s in IGNORED), ignoring.stdout
+    nested = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import helpers; print(helpers.run({status!r}, capture_output=True, text=True).stdout)",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "tests")),
+        preexec_fn=helpers.ignoring(*IGNORED),
+    )
+    assert nested.returncode == 0, nested.stderr
+    mask = sig_ign(nested.stdout)
+    assert not any(mask >> (s - 1) & 1 for s in helpers.DEFAULT_SIGNALS), hex(mask)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_the_signal_tests_pass_with_sigint_and_sigterm_ignored_on_entry(tmp_path):
+    report = tmp_path / "report.xml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={tmp_path / 'child'}",
+            f"--junitxml={report}",
+            *SIGNAL_TESTS,
+        ],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        preexec_fn=helpers.ignoring(*IGNORED),
+    )
+    assert proc.returncode == 0, helpers.tail(proc.stdout, 6000) + helpers.tail(proc.stderr)
+    cases = {
+        f"{c.get('classname')}.{c.get('name')}": c
+        for c in ET.parse(report).getroot().iter("testcase")
+    }
+    ran = [name for name, c in cases.items() if c.find("skipped") is None]
+    # The case that failed under an inherited ignore, and the re-arming test, ran (not skipped) and passed.
+    assert any("sigusr1[SIGINT]" in name for name in ran), sorted(cases)
+    assert any("rearmed_and_named_once[TERM]" in name for name in ran), sorted(cases)
