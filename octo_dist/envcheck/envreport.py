@@ -22,7 +22,7 @@ import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_OK, EXIT_USAGE
-from octo_dist.envcheck import cli, installed, report
+from octo_dist.envcheck import cli, installed, provenance, report
 from octo_dist.stack import manifest as mf
 
 # Variables a job's behaviour depends on: the scheduler's, the launcher's, and the settings octo-dist, NCCL, XLA,
@@ -145,6 +145,8 @@ def collect(
         "profile": profile.name,
         "manifest": str(manifest.path),
         "stack": stack_rows(profile, dists, python),
+        # octo and dlimp: the commit each runs, from pip's record, an editable checkout or a source tree
+        "git": provenance.rows(manifest.git, dists, provenance.source_dirs(manifest.git)),
         "jax": jax_info,
         "gpus": run_command(
             ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv"]
@@ -175,6 +177,12 @@ def as_text(r: Mapping) -> str:
         bad = row["installed"] is None or (exact and row["pinned"][2:] != row["installed"])
         out.append(
             f"  {'!! ' if bad else '   '}{row['name']:<28} {row['pinned']:<34} {row['installed'] or 'not installed'}"
+        )
+    out += ["", "git-only packages (pinned commit -> what runs):"]
+    for row in r["git"]:
+        flag = "   " if row["matches"] else "!! "
+        out.append(
+            f"  {flag}{row['name']:<28} {row['pinned'][:12]:<34} {row['installed'] or 'not installed'}"
         )
     for key, title in (("jax", "JAX"), ("gpus", "GPUs"), ("mpirun", "MPI")):
         out += ["", f"{title} ({r[key]['command']}):"] + [
