@@ -111,7 +111,7 @@ MPIRUN_ROOT_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 .PHONY: weights synthetic-data finetune-smoke
 
 weights: $(ENV_STAMP) ## download HF_MODEL (octo-small) into WEIGHTS_DIR on a login node (needs huggingface.co)
-	$(VENV)/bin/python -m octo_dist.apps.finetune.weights $(HF_MODEL) $(WEIGHTS_DIR)
+	$(OCTO_DIST) weights $(HF_MODEL) $(WEIGHTS_DIR)
 
 synthetic-data: $(ENV_STAMP) ## write the small synthetic RLDS dataset (TFRecords) to SYNTHETIC_DATA
 	$(VENV)/bin/python -m octo_dist.apps.finetune.synthetic_rlds $(SYNTHETIC_DATA)

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
     "finetune": "octo_dist.apps.finetune.app",
+    "weights": "octo_dist.apps.finetune.weights",
     "detect": "octo_dist.launchers.cli",
     "validate": "octo_dist.apps.validate.app",
 }

@@ -71,3 +71,12 @@ def test_check_env_script_on_a_python_without_packaging_says_so_in_one_line():
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"check_env.py: error: {sys.executable} (Python ")
     assert "has no 'packaging' module" in proc.stderr and "Fix: run it with" in proc.stderr
+
+
+def test_weights_is_a_subcommand_that_refuses_a_bad_source_in_one_line():
+    proc = octo_dist("weights", "ftp://example/octo-small")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "octo-dist weights: error: source 'ftp://example/octo-small'; expected hf://<owner>/<name>. "
+        "Fix: octo-dist weights hf://rail-berkeley/octo-small"
+    )

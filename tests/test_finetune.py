@@ -585,7 +585,7 @@ def test_weights_download_failure_says_to_run_it_on_a_login_node(tmp_path):
     with pytest.raises(weights.WeightsError) as e:
         weights.download("hf://rail-berkeley/octo-small", tmp_path / "w", snapshot=offline)
     assert "could not download hf://rail-berkeley/octo-small" in str(e.value)
-    assert "run `make weights` on a login node" in str(e.value)
+    assert "run `octo-dist weights` (or make weights) on a login node" in str(e.value)
     with pytest.raises(weights.WeightsError, match="expected hf://<owner>/<name>"):
         weights.download("rail-berkeley/octo-small", tmp_path / "w", snapshot=offline)
 
@@ -614,7 +614,8 @@ def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
         [
             sys.executable,
             "-m",
-            "octo_dist.apps.finetune.weights",
+            "octo_dist",
+            "weights",
             "hf://rail-berkeley/octo-small",
             str(tmp_path / "w"),
         ],
@@ -628,7 +629,7 @@ def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
     assert proc.stderr.startswith(
         "octo-dist weights: error: could not download hf://rail-berkeley/octo-small into "
     )
-    assert "login node" in proc.stderr
+    assert "run `octo-dist weights` (or make weights) on a login node" in proc.stderr
 
 
 # --- the synthetic RLDS dataset (tensorflow_datasets, no Octo) ---------------------------------------------------

@@ -1,6 +1,6 @@
 """Pretrained Octo weights on disk, for compute nodes without internet.
 
-    python -m octo_dist.apps.finetune.weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
+    octo-dist weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
 
 ``OctoModel.load_pretrained("hf://...")`` calls ``huggingface_hub.snapshot_download`` on every rank at start-up;
 on an ABCI compute node that fails (no route out), after the job has waited for its nodes. Run this once on a login
@@ -18,9 +18,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
-from octo_dist import EXIT_FAILED
+from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.apps.finetune.config import (
     DEFAULT_HF_MODEL,
     HF_PREFIX,
@@ -85,7 +85,7 @@ def download(
     except Exception as e:
         raise WeightsError(
             f"could not download {source} into {local_dir}: {_short(e)}. Expected huggingface.co to be reachable: "
-            f"run `make weights` on a login node (ABCI compute nodes have no internet), behind the proxy if your "
+            f"run `octo-dist weights` (or make weights) on a login node (ABCI compute nodes have no internet), behind the proxy if your "
             f"site needs one (export HTTPS_PROXY=...). Or copy an Octo checkpoint directory (config.json, "
             f"example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}"
         ) from None
@@ -104,33 +104,46 @@ def download(
         except Exception as e:
             raise WeightsError(
                 f"{source} is in {local_dir}, but caching {repo!r} (its tokenizer / encoder config, "
-                f"loaded at start-up) failed: {_short(e)}. Fix: rerun make weights where "
+                f"loaded at start-up) failed: {_short(e)}. Fix: rerun octo-dist weights where "
                 f"huggingface.co is reachable"
             ) from None
     return local_dir
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m octo_dist.apps.finetune.weights", description=__doc__.splitlines()[0]
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "weights",
+        help="download pretrained Octo weights (and the tokenizer files they load) for offline compute nodes",
+        description="Download hf://owner/name into a local directory on a login node, check it is an Octo "
+        "checkpoint, and cache the tokenizer and encoder config files its config names (into ~/.cache/huggingface, "
+        "where transformers looks). Progress is shown per file; an interrupted download resumes where it stopped "
+        "when the same command runs again. Then fine-tune with --config.pretrained_path=DIR and HF_HUB_OFFLINE=1.",
     )
     p.add_argument(
         "source",
         nargs="?",
         default=DEFAULT_HF_MODEL,
-        help=f"hf://owner/name (default {DEFAULT_HF_MODEL})",
+        help=f"hf://owner/name (default: {DEFAULT_HF_MODEL})",
     )
-    p.add_argument("local_dir", nargs="?", help="where to put it (default weights/<name>)")
-    a = p.parse_args(argv)
-    local_dir = a.local_dir or os.path.join("weights", a.source.rstrip("/").split("/")[-1])
+    p.add_argument("local_dir", nargs="?", help="where to put it (default: weights/<name>)")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    """``octo-dist weights [SOURCE [LOCAL_DIR]]``."""
+    if not args.source.startswith(HF_PREFIX):
+        print(
+            f"octo-dist weights: error: source {args.source!r}; expected hf://<owner>/<name>. "
+            f"Fix: octo-dist weights {DEFAULT_HF_MODEL}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    local_dir = args.local_dir or os.path.join("weights", args.source.rstrip("/").split("/")[-1])
     try:
-        out = download(a.source, local_dir)
+        out = download(args.source, local_dir)
     except WeightsError as e:
         print(f"octo-dist weights: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{a.source} -> {out}\nuse: --config.pretrained_path={out}")
+    print(f"{args.source} -> {out}\nuse: --config.pretrained_path={out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
