@@ -127,6 +127,12 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert got["median_step_s"] == record["step_time_median_s"] > 0
     assert got["bound"] in ("data-bound", "compute-bound") and 0 < got["median_input_s"] < 1
     assert f"input {got['median_input_s'] * 1000:.1f} ms of each step" in proc.stdout
+    # The start-up profile: every phase measured, together the time to the first step (within 10%).
+    assert list(got["startup"]) == [name for name, _ in summary.STARTUP_PHASES]
+    assert all(v >= 0 for v in got["startup"].values())
+    assert sum(got["startup"].values()) == pytest.approx(got["time_to_first_step_s"], rel=0.1)
+    assert got["slowest_rank"] == 0 and got["slowest_startup"] == got["startup"]
+    assert "\n  start-up: imports " in proc.stdout and "compile + first step " in proc.stdout
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
     assert 0 < got["compile_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
     assert png_size(save / "loss.png") == summary.PLOT_SIZE_PX
@@ -233,3 +239,44 @@ def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(tmp_path):
     assert (resumed["start_step"], resumed["end_step"]) == (6, 9)  # the top level is this job's
     assert sorted(map(int, resumed["losses"])) == list(range(9))
     assert all(resumed["losses"][k] == v for k, v in first["losses"].items())
+
+
+def test_startup_phases_partition_the_time_to_the_first_step():
+    marks = {"first_batch": 112.0, "state": 113.5}
+    phases = summary.startup_phases(100.0, 102.0, 102.5, 110.0, marks, 120.0)
+    assert phases == {
+        "imports": 2.0,
+        "distributed": 0.5,
+        "setup": 7.5,
+        "first_batch": 2.0,
+        "parameters": 1.5,
+        "compile_first_step": 6.5,
+    }
+    # A mark that was never reached (no run() around fit): its time goes to the next phase, the total stays.
+    partial = summary.startup_phases(100.0, None, None, 110.0, marks, 120.0)
+    assert partial["setup"] == 10.0 and "imports" not in partial and sum(partial.values()) == 20.0
+
+
+def test_the_slowest_ranks_start_up_is_named():
+    fast = {"imports": 1.0, "compile_first_step": 5.0}
+    slow = {"imports": 4.0, "compile_first_step": 5.0}
+    s = summary.summarize(
+        command="smoke",
+        processes=3,
+        devices=3,
+        global_batch=6,
+        start_step=0,
+        end_step=3,
+        losses={0: 1.0},
+        process_started=0.0,
+        fit_started=1.0,
+        step_ends=[6.0, 7.0, 8.0],
+        ended=9.0,
+        startup=fast,
+        startup_by_rank=[fast, slow, fast],
+    )
+    assert (s.slowest_rank, s.slowest_startup) == (1, slow)
+    assert (
+        "start-up: imports 1.0 s, compile + first step 5.0 s (slowest: rank 1, first step after 9.0 s)"
+        in (summary.lines(s))
+    )

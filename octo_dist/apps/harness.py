@@ -87,6 +87,7 @@ def run(
 
     from octo_dist.runtime import compile_cache
 
+    _STARTUP["entered"] = time.time()
     refused = compile_cache.problem(options.compile_cache)
     if refused:  # found before start-up, the same on every rank
         print(f"octo-dist {command}: error: {refused}", file=sys.stderr, flush=True)
@@ -99,6 +100,7 @@ def run(
     except runtime.StartupError as e:
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+    _STARTUP["distributed"] = time.time()
     with runtime.running(rt):
         from octo_dist.runtime import ranklog
         from octo_dist.runtime import stopping
@@ -127,6 +129,9 @@ class Timing:
 
     fit_started: float
     step_ends: list
+    # when run() was entered and when distributed start-up was done (time.time(); None outside run())
+    entered: Optional[float] = None
+    distributed: Optional[float] = None
 
 
 def process_started() -> float:
@@ -142,6 +147,8 @@ def process_started() -> float:
 
 
 _IMPORTED = time.time()
+# run()'s marks for the start-up profile: "entered" (imports and flags done), "distributed" (start-up done)
+_STARTUP: dict = {}
 
 
 def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **fit_kwargs):
@@ -150,7 +157,12 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
     Returns ``(train.FitResult, Timing)``."""
     from octo_dist.engine import train
 
-    timing = Timing(fit_started=time.time(), step_ends=[])
+    timing = Timing(
+        fit_started=time.time(),
+        step_ends=[],
+        entered=_STARTUP.get("entered"),
+        distributed=_STARTUP.get("distributed"),
+    )
 
     def timed(step, values):
         timing.step_ends.append(time.time())  # the metrics were fetched: the step has finished
@@ -194,7 +206,20 @@ def summary(
     ``digests``: every rank's parameter digest (``parameter_digests``), recorded in summary.json."""
     from octo_dist.apps import summary as summary_mod
 
+    from octo_dist.runtime import collectives
+
     rt = job.runtime
+    started = process_started()
+    phases = summary_mod.startup_phases(
+        started,
+        timing.entered,
+        timing.distributed,
+        timing.fit_started,
+        result.marks,
+        timing.step_ends[0] if timing.step_ends else None,
+    )
+    # Every rank's profile (a collective: every rank calls summary()); the slowest rank is the one others waited for.
+    everyone = collectives.allgather_json({"phases": phases})
     s = summary_mod.summarize(
         command=command,
         processes=rt.process_count,
@@ -203,13 +228,15 @@ def summary(
         start_step=result.start_step,
         end_step=result.end_step,
         losses=result.losses,
-        process_started=process_started(),
+        process_started=started,
         fit_started=timing.fit_started,
         step_ends=timing.step_ends,
         ended=time.time(),
         stopped_by=result.stopped_by,
         params_digests=digests,
         input_s=result.input_s,
+        startup=phases,
+        startup_by_rank=[r["phases"] for r in everyone],
     )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)

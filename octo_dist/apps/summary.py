@@ -3,6 +3,8 @@
 
     octo-dist smoke: run summary: wall 41.2 s, first step after 17.9 s (compile 6.3 s), median step 21.0 ms,
       381 examples/s (global batch 8), loss 0.8303 -> 0.0255 over steps 0 -> 20
+      start-up: imports 2.6 s, distributed 0.3 s, setup 8.7 s, first batch 0.1 s, parameters 0.5 s,
+      compile + first step 5.7 s
       input 2.1 ms of each step (10%): compute-bound
 
 :func:`summarize` is pure over the timestamps the harness took (process start, training start, the end of every
@@ -56,6 +58,11 @@ class RunSummary:
     # and its share of the step: at DATA_BOUND_SHARE or more the devices wait for input
     median_input_s: Optional[float] = None
     input_share: Optional[float] = None
+    # where the time to the first step went, in seconds by phase (STARTUP_PHASES, in order), this rank's; and the
+    # rank whose first step came last, with its phases
+    startup: Optional[dict] = None
+    slowest_rank: Optional[int] = None
+    slowest_startup: Optional[dict] = None
 
     @property
     def bound(self) -> Optional[str]:
@@ -66,6 +73,43 @@ class RunSummary:
 
     def as_json(self) -> dict:
         return {"schema": SCHEMA, **dataclasses.asdict(self), "bound": self.bound}
+
+
+# The start-up profile's phases, in order; together they are the time from process start to the first step's end.
+STARTUP_PHASES = (
+    ("imports", "imports and flags: process start -> the job's start-up"),
+    ("distributed", "launcher detection, coordinator, jax.distributed"),
+    ("setup", "the job's own set-up: config checks, data pipeline, model definition"),
+    ("first_batch", "checkpoints scanned, the first global batch made"),
+    ("parameters", "parameters initialised or restored"),
+    ("compile_first_step", "the train step compiled, the first step run and read"),
+)
+
+
+def startup_phases(
+    process_started: float,
+    entered: Optional[float],
+    distributed: Optional[float],
+    fit_started: float,
+    marks: Mapping[str, float],
+    first_step_end: Optional[float],
+) -> dict:
+    """Seconds per phase from the marks start-up passed (``time.time()``); a phase whose end mark is missing is left
+    out and its time goes to the next one, so the phases always add up to the time to the first step."""
+    points = [
+        ("imports", entered),
+        ("distributed", distributed),
+        ("setup", fit_started),
+        ("first_batch", marks.get("first_batch")),
+        ("parameters", marks.get("state")),
+        ("compile_first_step", first_step_end),
+    ]
+    out, last = {}, process_started
+    for name, at in points:
+        if at is not None:
+            out[name] = max(0.0, at - last)
+            last = at
+    return out
 
 
 def summarize(
@@ -84,6 +128,8 @@ def summarize(
     stopped_by: Optional[str] = None,
     params_digests: Optional[Sequence[str]] = None,
     input_s: Optional[Mapping[int, float]] = None,
+    startup: Optional[Mapping[str, float]] = None,
+    startup_by_rank: Optional[Sequence[Mapping[str, float]]] = None,
 ) -> RunSummary:
     """The figures from timestamps in seconds on one clock (``time.time()``), e.g. ``step_ends=[17.9, 17.93, ...]``."""
     ends = list(step_ends)
@@ -93,6 +139,8 @@ def summarize(
     # input_s by step, from the third step of this job on (the steps `steady` measures)
     inputs = [v for k, v in sorted((input_s or {}).items()) if k >= start_step + 2]
     median_input = statistics.median(inputs) if inputs and median else None
+    totals = [sum(p.values()) for p in startup_by_rank or []]
+    slowest = max(range(len(totals)), key=totals.__getitem__) if totals else None
     return RunSummary(
         command=command,
         processes=processes,
@@ -111,6 +159,9 @@ def summarize(
         params_digests=list(params_digests) if params_digests is not None else None,
         median_input_s=median_input,
         input_share=median_input / median if median_input is not None else None,
+        startup=dict(startup) if startup else None,
+        slowest_rank=slowest,
+        slowest_startup=dict(startup_by_rank[slowest]) if slowest is not None else None,
     )
 
 
@@ -121,7 +172,7 @@ def _seconds(value: Optional[float], unit: str = "s") -> str:
 
 
 def lines(s: RunSummary) -> str:
-    """Two lines for the log (see the module docstring), and a third on input once 3 steps ran."""
+    """The lines for the log (see the module docstring): start-up and input lines where they were measured."""
     loss = (
         f"loss {s.loss_first:.4f} -> {s.loss_last:.4f}"
         if s.loss_first is not None
@@ -134,6 +185,15 @@ def lines(s: RunSummary) -> str:
         f"{_seconds(s.median_step_s, 'ms')},\n  {rate} (global batch {s.global_batch}), {loss} over steps "
         f"{s.start_step} -> {s.end_step}" + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
     )
+    if s.startup:
+        text += "\n  start-up: " + ", ".join(
+            f"{'compile + first step' if name == 'compile_first_step' else name.replace('_', ' ')} "
+            f"{_seconds(s.startup[name])}"
+            for name, _ in STARTUP_PHASES
+            if name in s.startup
+        )
+        if s.slowest_rank not in (None, 0) and s.slowest_startup:
+            text += f" (slowest: rank {s.slowest_rank}, first step after {_seconds(sum(s.slowest_startup.values()))})"
     if s.bound is not None:
         text += f"\n  input {_seconds(s.median_input_s, 'ms')} of each step ({s.input_share:.0%}): {s.bound}"
         if s.bound == "data-bound":

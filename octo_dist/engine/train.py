@@ -44,6 +44,9 @@ class FitResult:
     # step -> seconds the host spent making the next global batch while that step ran (reading, stacking,
     # starting the transfer): when it nears the step time, the device waits for input (data-bound).
     input_s: dict = dataclasses.field(default_factory=dict)
+    # time.time() when start-up reached each point inside fit: "first_batch" (checkpoints scanned, the first
+    # global batch made), "state" (parameters initialised or restored, room for checkpoints checked)
+    marks: dict = dataclasses.field(default_factory=dict)
 
 
 def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], directory) -> None:
@@ -114,6 +117,7 @@ def fit(
         batches = data.batches(start)
         # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
         first = eng.global_batch(next(batches))
+        marks = {"first_batch": time.time()}
         if resume_from is None:
             state = eng.init_state(policy, first, cfg.seed, params)
         else:
@@ -130,6 +134,7 @@ def fit(
             )
         # Room for two checkpoints of this state, known now that its size is (before the first step).
         savedir.check_space(cfg.save_dir, savedir.state_nbytes(state))
+        marks["state"] = time.time()
 
         losses: dict = {}
         stopped_by = None
@@ -204,6 +209,7 @@ def fit(
             params_digest=parallel.tree_digest(state.params),
             state=state,
             input_s=input_s,
+            marks=marks,
         )
     finally:
         if owned:
