@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env, tail
+from helpers import PROGRAMS, REPO, clean_env, tail
 
 from octo_dist.engine import savedir
 from octo_dist.engine.train import TrainConfig, planned_saves
@@ -177,3 +177,29 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
     c = ck.Checkpoints(str(directory), max_to_keep=3)
     assert c.latest_step() == 2
     c.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_disk_that_fills_under_mpirun_ends_the_job_in_one_line_keeping_the_verified_step(
+    small_fs, mpirun
+):
+    """Two ranks through the harness (as smoke and finetune run): rank 0's save fails alone while rank 1 waits in
+    orbax's barrier, so rank 0 ends the job, with one line and exit 2, not a traceback or a hang."""
+    pytest.importorskip("jax")
+    from octo_dist.engine import checkpoint as ck
+
+    fs = small_fs(12)  # passes the room check (4 x ~2 MiB) until the filler takes it
+    directory = fs / "run"
+    proc = mpirun(2, str(PROGRAMS / "disk_fills.py"), str(directory), str(fs / "another-job.bin"))
+    out0, err0 = proc.ranks[0]
+    assert proc.returncode == 2, (proc.returncode, tail(err0), tail(proc.ranks[1][1]))
+    errors = [ln for ln in err0.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "Traceback" not in err0, tail(err0)
+    assert errors[0].startswith(
+        f"octo-dist disk-fills: error: checkpoint step 4 could not be written to {directory}: the file system is "
+        "full (No space left on device); kept the newest verified checkpoint, step 2, and removed the partial step 4"
+    ), errors[0]
+    assert "3 kept plus 1 being written" in errors[0]
+    assert sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) == ["2"]
+    assert ck.verify(directory / "2", 2) is None
