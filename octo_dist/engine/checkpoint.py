@@ -411,7 +411,8 @@ class Checkpoints:
         # One checkpoint's size: the newest verified step's files as recorded, else the bound for this state.
         one = _recorded_bytes(self.directory / str(newest)) if newest is not None else None
         one = one or savedir.checkpoint_nbytes(savedir.state_nbytes(state))
-        copies = savedir.copies_needed(self.max_to_keep, saves=1 << 30)
+        # The run at its fullest: the checkpoints it keeps (all so far when max_to_keep is None) plus this one.
+        copies = (self.max_to_keep or len(self._trusted)) + 1
         free = savedir.free_bytes(self.directory)
         kept = (
             f"kept the newest verified checkpoint, step {newest}"
