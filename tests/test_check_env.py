@@ -534,3 +534,33 @@ def test_json_report_says_where_and_with_what_it_was_made():
     assert report["octo_dist_version"] == octo_dist.__version__ and report["schema"] == 1
     assert report["host"] == socket.gethostname() and report["python"] == platform.python_version()
     assert report["profile"] == "cpu" and report["gpu"] is False and report["checks"]
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["check-env", "--manifest", "{dir}"], {}),
+        (["env", "--no-jax", "--manifest", "{dir}"], {}),
+        (["check-env"], {"OCTO_DIST_MANIFEST": "{dir}"}),
+        (["env", "--no-jax"], {"OCTO_DIST_MANIFEST": "{dir}"}),
+    ],
+    ids=["check-env", "env", "check-env-variable", "env-variable"],
+)
+def test_a_manifest_that_is_a_directory_is_a_one_line_usage_error(tmp_path, argv, env):
+    """``OCTO_DIST_MANIFEST=env/`` (the folder instead of env/stack.toml): one line, exit 2, not IsADirectoryError."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", *[a.format(dir=tmp_path) for a in argv]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **{k: v.format(dir=tmp_path) for k, v in env.items()}},
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"manifest {tmp_path} is a directory; expected the file env/stack.toml" in proc.stderr
+    assert "Fix: pass --manifest /path/to/env/stack.toml" in proc.stderr
+
+
+def test_an_endless_manifest_is_refused_without_reading_it_whole():
+    with pytest.raises(mf.ManifestError, match=r"^manifest /dev/zero is longer than 1048576 bytes"):
+        mf.load_manifest("/dev/zero")

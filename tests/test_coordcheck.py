@@ -2,13 +2,16 @@
 resolve, IPv6, and a derived address that is not rank 0's; and the check wired into start-up (rank 0 refuses in one
 line where jaxlib would segfault)."""
 
+import re
+import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, run_mpirun, tail
 
 from octo_dist.launchers import coordcheck
 from octo_dist.launchers.coordinator import Coordinator, CoordinatorError
@@ -66,22 +69,31 @@ def test_a_host_that_does_not_resolve_is_refused_on_every_rank():
             )
 
 
-def test_a_derived_host_that_is_not_rank_0s_is_refused_an_explicit_one_warns():
-    other = "192.0.2.77:23456"  # TEST-NET-1: never an address of this machine
-    refused = "none of them this host's.*placed rank 0 on another node.*expected the coordinator host to be rank 0's"
-    with pytest.raises(CoordinatorError, match=refused):
+def test_an_address_that_is_not_rank_0s_is_refused_derived_or_explicit():
+    """jax 0.4.20/0.4.22 listen on exactly the coordinator's address: one not of this host segfaults rank 0 there,
+    even one the user set (a NAT address cannot work). Rank 0 tries to listen on it first (192.0.2.77 is TEST-NET-1:
+    never this machine's, and only bound here, never sent to)."""
+    other = "192.0.2.77:23456"
+    derived = "none of them this host's.*placed rank 0 on another node.*expected the coordinator host to be rank 0's"
+    with pytest.raises(CoordinatorError, match=derived):
         coordcheck.check(
             Coordinator(other, "first host of PBS_NODEFILE, port from the job id"), rank=0
         )
-    assert "continuing since it was set explicitly" in coordcheck.check(
-        Coordinator(other, "COORDINATOR_ADDRESS"), 0
-    )
-    assert (
-        coordcheck.check(
-            Coordinator(other, "first host of PBS_NODEFILE, port from the job id"), rank=1
-        )
-        is None
-    )
+    here = socket.gethostname()
+    for source, fix in [
+        ("--coordinator", f"Fix: pass --coordinator {here}:23456$"),
+        ("COORDINATOR_ADDRESS", f"Fix: export COORDINATOR_ADDRESS={here}:23456 for every rank"),
+    ]:
+        with pytest.raises(CoordinatorError) as e:
+            coordcheck.check(Coordinator(other, source), 0)
+        message = str(e.value)
+        assert message.startswith(
+            f"coordinator {other} ({source}) resolves to 192.0.2.77, none of them this host's ({here}: "
+        ), message
+        assert "listens on exactly that address" in message and "\n" not in message
+        assert re.search(fix, message), message
+    for source in ("first host of PBS_NODEFILE, port from the job id", "COORDINATOR_ADDRESS"):
+        assert coordcheck.check(Coordinator(other, source), rank=1) is None
 
 
 START = (
@@ -130,3 +142,72 @@ def test_start_up_refuses_a_coordinator_that_does_not_resolve():
     proc = start(1, "no-such-node.invalid:23456")
     assert proc.returncode == 3, (proc.returncode, proc.stderr[-2000:])
     assert "does not resolve here" in proc.stdout
+
+
+# --- end to end: a real mpirun of 2 ranks, in a network namespace of its own ---------------------------------------
+
+OTHER_HOST = "192.0.2.1:23456"  # TEST-NET-1: rank 0 only tries to listen on it; rank 1's connects stay in the netns
+NETNS_MPIRUN = """#!/bin/sh
+# mpirun in a new network namespace with only loopback up: nothing the ranks send can leave this machine.
+exec unshare --net -- sh -c 'ip link set lo up || exit 97; exec "$@"' sh {mpirun} "$@"
+"""
+
+
+@pytest.fixture
+def netns_mpirun(tmp_path):
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2)")
+    if subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here (needs root or user namespaces)")
+    exe = tmp_path / "netns-mpirun"
+    exe.write_text(NETNS_MPIRUN.format(mpirun=mpirun))
+    exe.chmod(0o755)
+    return exe
+
+
+OCTO_DIST = ["-m", "octo_dist"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "argv, env, fix",
+    [
+        (
+            ["smoke", "--model", "tiny", "--steps", "3", "--coordinator", OTHER_HOST],
+            {},
+            "Fix: pass --coordinator ",
+        ),
+        (
+            ["smoke", "--model", "tiny", "--steps", "3"],
+            {"COORDINATOR_ADDRESS": OTHER_HOST},
+            "Fix: export COORDINATOR_ADDRESS=",
+        ),
+        (
+            ["check-env", "--launch", "--no-gpu", "--coordinator", OTHER_HOST],
+            {},
+            "Fix: pass --coordinator ",
+        ),
+    ],
+    ids=["smoke-flag", "smoke-variable", "check-env-launch"],
+)
+def test_a_coordinator_that_is_not_rank_0s_host_is_refused_in_one_line_not_a_segfault(
+    netns_mpirun, tmp_path, argv, env, fix
+):
+    """Before: rank 0 warned "continuing since it was set explicitly", gRPC logged "No address added out of total 1
+    resolved" and rank 0 died on signal 11 (exit 139). Now rank 0 listens there first and refuses: exit 2."""
+    proc = run_mpirun(
+        netns_mpirun,
+        2,
+        [*OCTO_DIST, *argv, "--init-timeout", "60"],
+        out_dir=tmp_path / "ranks",
+        env=clean_env(**env),
+    )
+    out0, err0 = proc.ranks[0]
+    assert proc.returncode == 2, (proc.returncode, tail(err0), tail(proc.stderr))
+    lines = [ln for ln in err0.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "Traceback" not in err0, err0
+    assert f"coordinator {OTHER_HOST} (" in lines[0] and "none of them this host's" in lines[0]
+    assert "expected the coordinator host to be rank 0's" in lines[0] and fix in lines[0], lines[0]

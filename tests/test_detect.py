@@ -14,6 +14,7 @@ from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
 
 from octo_dist import cli
+from octo_dist.launchers import cli as detect_cli
 from octo_dist.launchers import coordinator as coord
 
 PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
@@ -321,3 +322,64 @@ def test_detect_refuses_under_mpirun_with_a_stale_torchrun_export(tmp_path):
     assert proc.returncode != 0
     ok, refused = (json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1))
     assert ok["ok"] is True and refused["ok"] is False and "RANK=0" in refused["error"]
+
+
+# --- outside input: bounded, binary, a directory, a real login shell's environment --------------------------------
+
+
+@pytest.mark.parametrize(
+    "path, needle",
+    [
+        ("/dev/zero", "is longer than 4194304 bytes (read stopped there)"),
+        ("{tmp}", "is a directory"),
+        ("{tmp}/core", "is not UTF-8 text (byte 0x80 at offset 4)"),
+    ],
+    ids=["endless", "directory", "binary"],
+)
+def test_an_env_file_that_is_endless_binary_or_a_directory_is_refused_in_one_line(
+    capsys, tmp_path, path, needle
+):
+    (tmp_path / "core").write_bytes(b"\x7fELF\x80\x00\x01" * 100)
+    code, out, err = run_detect(capsys, "--json", "--env-file", path.format(tmp=tmp_path))
+    assert code == 2 and json.loads(out)["ok"] is False
+    assert err.startswith("octo-dist detect: error: --env-file ") and err.count("\n") == 1, err
+    assert needle in err and "Fix: env > recorded.env" in err, err
+
+
+ENV_OF_A_LOGIN_SHELL = {
+    "PATH": "/usr/bin:/bin",
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "PMIX_NAMESPACE": "x",
+    "OMPI_VERSION": "5.0.8",
+}
+
+
+@pytest.mark.parametrize("null", [False, True], ids=["env", "env-0"])
+def test_env_output_with_exported_bash_functions_is_read(capsys, tmp_path, null):
+    """What Environment Modules leaves in a login shell: ``module`` exported as a multi-line bash function, here
+    placed between two rank variables, as the real `env` prints it (not a hand-written file)."""
+    script = (
+        'module() { eval "$(echo hi)"\n  X=1; }\nml() { module "$@"; }\nexport -f module ml\n'
+        f"env{' -0' if null else ''}"
+    )
+    recorded = subprocess.run(
+        ["env", "-i", *[f"{k}={v}" for k, v in ENV_OF_A_LOGIN_SHELL.items()], "bash", "-c", script],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert b"BASH_FUNC_module" in recorded
+    (tmp_path / "f.env").write_bytes(recorded)
+    code, out, err = run_detect(capsys, "--json", "--env-file", str(tmp_path / "f.env"))
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["launcher"], record["rank"], record["world_size"]) == ("openmpi5", 0, 2)
+    parsed = detect_cli.read_env_file(recorded.decode())
+    assert {k: parsed[k] for k in ENV_OF_A_LOGIN_SHELL} == ENV_OF_A_LOGIN_SHELL
+    assert not [k for k, v in parsed.items() if "\n" in v and not k.startswith("BASH_FUNC_")], (
+        parsed
+    )
+    body = parsed.get("BASH_FUNC_module%%") or parsed["BASH_FUNC_module()"]
+    assert body.startswith("() {") and body.endswith("}") and "X=1" in body

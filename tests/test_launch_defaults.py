@@ -92,3 +92,35 @@ def test_a_broken_defaults_file_is_refused_naming_the_file(home, capsys, text, n
         and needle in err
         and err.count("\n") == 1
     ), err
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"[launch]\ngroup = gxx\xff00000\n", "is not UTF-8 text (byte 0xff at offset 20)"),
+        (b"[launch]\nname = " + b"x" * (50 << 20) + b"\n", "is longer than 65536 bytes"),
+    ],
+    ids=["not-utf8", "50MB-name"],
+)
+def test_a_defaults_file_not_utf8_or_huge_is_refused_in_one_line(home, capsys, content, needle):
+    _, project = home
+    project.write_bytes(content)
+    assert cli.main(["launch", "pbs", "--nodes", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"octo-dist launch: error: {project} ") and err.count("\n") == 1, err
+    assert needle in err and f"Fix: correct or remove {project}" in err, err
+
+
+def test_terminal_sequences_in_a_defaults_file_are_shown_escaped(home, capsys):
+    user, _ = home
+    user.write_text("[launch]\ngroup = g\x1b]0;owned\x07x\nsave-dir = runs/\x1b[2J\x1b[31mred\n")
+    assert cli.main(["launch", "pbs", "--show-defaults"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, repr(out)
+    rows = shown_raw(out)
+    assert rows["--group"] == ["g\\x1b]0;owned\\x07x", str(user)]
+    assert rows["--save-dir"] == ["runs/\\x1b[2J\\x1b[31mred", str(user)]
+
+
+def shown_raw(out: str) -> dict:
+    return {line.split()[0]: line.split()[1:] for line in out.splitlines()}

@@ -180,3 +180,101 @@ def test_without_the_scheduler_here_the_script_is_still_written(tmp_path, monkey
         "no qsub here; expected to run on the cluster's login node" in err
         and (tmp_path / "job.sh").exists()
     )
+
+
+# --- a scheduler that hangs, answers in bytes that are not UTF-8, or colours its error -----------------------------
+
+ODD_SCHEDULER = f"""#!{sys.executable}
+# The first call answers like PBS qsub; the call FAKE_ODD_AT behaves as FAKE_ODD says.
+import os, sys, time
+log = os.environ["FAKE_SUBMIT_LOG"]
+n = len(open(log).read().splitlines()) if os.path.exists(log) else 0
+with open(log, "a") as f:
+    f.write("call\\n")
+if os.environ.get("FAKE_ODD_AT") == str(n + 1):
+    odd = os.environ["FAKE_ODD"]
+    if odd == "hang":
+        time.sleep(600)
+    if odd == "bytes":
+        sys.stdout.buffer.write(b"\\xff\\xfe job \\x80 accepted\\n")
+        sys.exit(0)
+    if odd == "colour":
+        sys.stderr.buffer.write(b"\\x1b[31mqsub: \\x1b]0;owned\\x07Unknown queue \\xc3\\n")
+        sys.exit(1)
+print(f"{{100 + n}}.pbs1")
+"""
+
+
+@pytest.fixture
+def odd_scheduler(tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "qsub").write_text(ODD_SCHEDULER)
+    (tools / "qsub").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_SUBMIT_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "calls.log"
+
+
+def test_a_scheduler_answering_bytes_that_are_not_utf8_mid_chain_reports_the_job_submitted(
+    odd_scheduler, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_ODD_AT", "2")
+    monkeypatch.setenv("FAKE_ODD", "bytes")
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--chain", "3"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("octo-dist launch: error: "), err
+    assert (
+        "cannot read a job id from the scheduler's answer '\\xff\\xfe job \\x80 accepted'" in err
+    ), err
+    assert err.rstrip().endswith("submitted before it: 100.pbs1"), err
+    assert len(odd_scheduler.read_text().splitlines()) == 2  # the chain stopped there
+
+
+def test_a_failing_schedulers_terminal_sequences_are_shown_escaped(
+    odd_scheduler, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_ODD_AT", "1")
+    monkeypatch.setenv("FAKE_ODD", "colour")
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and err.count("\n") == 1, repr(err)
+    assert "failed (exit 1): \\x1b[31mqsub: \\x1b]0;owned\\x07Unknown queue \\xc3" in err, err
+
+
+def test_a_scheduler_that_hangs_mid_chain_is_stopped_after_the_timeout(odd_scheduler, monkeypatch):
+    monkeypatch.setenv("FAKE_ODD_AT", "2")
+    monkeypatch.setenv("FAKE_ODD", "hang")
+    with pytest.raises(submit.SubmitError) as e:
+        submit.submit("pbs", "job.sh", name="octo-dist", group=None, chain=3, timeout_s=3)
+    message = str(e.value)
+    assert "qsub -W depend=afterany:100.pbs1" in message and "did not answer within 3 s" in message
+    assert message.endswith("submitted before it: 100.pbs1") and "\n" not in message
+
+
+def test_launch_submit_with_a_hanging_scheduler_returns_with_one_line(
+    odd_scheduler, monkeypatch, capsys
+):
+    """Through the command line, with the built-in timeout (SUBMIT_TIMEOUT_S) made short for the test."""
+    monkeypatch.setenv("FAKE_ODD_AT", "1")
+    monkeypatch.setenv("FAKE_ODD", "hang")
+    monkeypatch.setattr(submit, "SUBMIT_TIMEOUT_S", 3)
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "qsub job.sh did not answer within 3 s and was stopped" in err
+    ), err
+
+
+def test_a_chain_longer_than_the_maximum_is_refused_before_anything_is_written(
+    odd_scheduler, capsys
+):
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--chain", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert f"--chain 100000; expected at most {submit.MAX_CHAIN} jobs in one chain" in err, err
+    assert not odd_scheduler.exists() and not (odd_scheduler.parent / "job.sh").exists()
+    with pytest.raises(submit.SubmitError, match="a chain of 100000 jobs; expected 1 to"):
+        submit.submit("pbs", "job.sh", name="x", group=None, chain=100000)
+    assert not odd_scheduler.exists()

@@ -104,7 +104,7 @@ def run(
     with runtime.running(rt):
         from octo_dist.runtime import ranklog
         from octo_dist.runtime import stopping
-        from octo_dist.engine.checkpoint import CheckpointError
+        from octo_dist.engine.checkpoint import CheckpointError, CheckpointWriteError
         from octo_dist.engine.data import BatchSizeError
 
         # Logging first: installing the stop handler may log (a stop signal this process inherited ignored).
@@ -114,6 +114,13 @@ def run(
             compile_cache.enable(options.compile_cache)
             try:
                 return work(Job(rt, stop))
+            except CheckpointWriteError as e:
+                # A full disk seen by the process whose write failed, maybe alone: the others may wait in orbax's
+                # barrier, so with several ranks this one ends the job (one line, no traceback).
+                print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+                if rt.process_count > 1:
+                    runtime.end_job(EXIT_USAGE)
+                return EXIT_USAGE
             except (BatchSizeError, CheckpointError, *refusals) as e:
                 # The same on every rank (the same flags, shared directories): refuse together, shut down cleanly.
                 if rt.is_main:

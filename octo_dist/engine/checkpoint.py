@@ -23,10 +23,12 @@ runs only after the new step's record is written and never removes the newest ve
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -41,6 +43,44 @@ _CHUNK = 1 << 20
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be resumed from as asked."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A save that failed because the file system is full: one line with the room the run needs. Unlike other
+    checkpoint errors it may be seen by one process alone (the one whose write failed)."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a full file system or quota: an ``OSError`` with ENOSPC/EDQUOT, or
+    tensorstore's ``ValueError("... No space left on device ...")``."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return True
+        if any(os.strerror(code) in str(error) for code in _FULL):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _reason(error: BaseException) -> str:
+    for code in _FULL:
+        if os.strerror(code) in str(error) or getattr(error, "errno", None) == code:
+            return os.strerror(code)
+    return type(error).__name__
+
+
+def _recorded_bytes(step_dir: Path) -> Optional[int]:
+    """The bytes a verified step's ``checksums.json`` records (its files' sizes), or None when unreadable."""
+    try:
+        record = json.loads((step_dir / MANIFEST).read_text())
+        return sum(int(f["size"]) for f in record["files"].values()) or None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 # --- checksums: pure functions over a step directory ---------------------------------------------------------
@@ -222,6 +262,9 @@ def to_prune(steps: List[int], trusted: List[int], max_to_keep: Optional[int]) -
 class NoCheckpoints:
     directory = None
 
+    def kept_steps(self) -> List[int]:
+        return []
+
     def latest_step(self) -> Optional[int]:
         return None
 
@@ -313,13 +356,36 @@ class Checkpoints:
         """The newest verified step (damaged newer ones were set aside when the directory was opened)."""
         return self._latest
 
+    def kept_steps(self) -> List[int]:
+        """The verified or recorded steps on disk that pruning keeps counting (a resumed run's room is theirs too)."""
+        return sorted(self._trusted)
+
     def save(self, step: int, state, meta: Mapping[str, Any]) -> None:
-        """Collective: every process calls it at the same step."""
+        """Collective: every process calls it at the same step.
+
+        Raises:
+          CheckpointWriteError: the file system filled up (ENOSPC, EDQUOT) during the save; the partial step was
+            removed and the newest verified one kept; the message says how much room the run needs.
+        """
         step_dir = self.directory / str(step)
-        self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
-        self._manager.wait_until_finished()  # ends in orbax's barrier: every process's files are in place
+        try:
+            self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
+            self._manager.wait_until_finished()  # ends in orbax's barrier: every process's files are in place
+        except Exception as e:  # orbax raises OSError; tensorstore a ValueError naming the errno
+            if not disk_full(e):
+                raise
+            raise self._full(step, state, e) from None
+
+        def record() -> str:
+            try:
+                return str(write_manifest(step_dir, step))
+            except OSError as e:
+                if not disk_full(e):
+                    raise
+                raise self._full(step, state, e) from None
+
         # Shared, so that a failure here (a full disk) stops every process instead of leaving them in the next save.
-        self._agree(lambda: str(write_manifest(step_dir, step)))
+        self._agree(record)
         self._latest = step
         self._verified.add(step)
         self._trusted.add(step)
@@ -328,6 +394,38 @@ class Checkpoints:
             self._manager.delete(old)  # collective; process 0 removes the directory
             self._trusted.discard(old)
         log.info("checkpoint saved: %s", step_dir)
+
+    def _full(self, step: int, state, error: BaseException) -> "CheckpointWriteError":
+        """On process 0: remove what the failed save of ``step`` left, and say how much room the run needs."""
+        from octo_dist.engine import savedir
+
+        removed = []
+        if self._main:
+            for partial in sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp-*")) + [
+                self.directory / str(step)
+            ]:
+                if partial.is_dir() and not (partial / MANIFEST).is_file():
+                    shutil.rmtree(partial, ignore_errors=True)
+                    removed.append(partial.name)
+        newest = self._latest
+        # One checkpoint's size: the newest verified step's files as recorded, else the bound for this state.
+        one = _recorded_bytes(self.directory / str(newest)) if newest is not None else None
+        one = one or savedir.checkpoint_nbytes(savedir.state_nbytes(state))
+        # The run at its fullest: the checkpoints it keeps (all so far when max_to_keep is None) plus this one.
+        copies = (self.max_to_keep or len(self._trusted)) + 1
+        free = savedir.free_bytes(self.directory)
+        kept = (
+            f"kept the newest verified checkpoint, step {newest}"
+            if newest is not None
+            else "no verified checkpoint was written before it"
+        )
+        return CheckpointWriteError(
+            f"checkpoint step {step} could not be written to {self.directory}: the file system is full "
+            f"({_reason(error)}); {kept}, and removed the partial step{' ' + str(step) if removed else ''}; "
+            f"expected room for {savedir.room_phrase(copies, one)} ({savedir._size(copies * one)} in all, "
+            f"{savedir._size(free)} free now). Fix: free space there, or pass a --save-dir on a larger file "
+            f"system; then rerun with --resume"
+        )
 
     def restore(self, step: int, abstract_state) -> Tuple[Any, dict]:
         """The state at ``step`` laid out like ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves with shardings),

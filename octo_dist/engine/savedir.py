@@ -42,7 +42,7 @@ HEARTBEAT_S = 60
 STALE_AFTER_S = (
     15 * 60
 )  # 15 heartbeats missed: no live holder is that late, even on a loaded file server
-COPIES = 2  # room for the checkpoint being written while the previous one is still kept
+COPIES = 2  # room for the checkpoint being written while the previous one is still kept (see copies_needed)
 OVERHEAD = (
     1.05  # zarr/orbax metadata and chunk headers; chunks are compressed, so this is an upper bound
 )
@@ -113,14 +113,42 @@ def free_bytes(directory: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def space_problem(directory, free: int, state_bytes: int, copies: int = COPIES) -> Optional[str]:
-    """None when ``free`` bytes hold ``copies`` checkpoints of a ``state_bytes`` state; else the one-line problem."""
-    need = copies * checkpoint_nbytes(state_bytes)
+def copies_needed(max_to_keep: Optional[int], saves: int, kept_now: int = 0) -> int:
+    """Checkpoints of free room a run needs at its fullest: the ones kept plus the one being written, less those
+    already on disk (``kept_now``, a resumed run's; the free space already excludes them).
+
+    Pruning runs only after a save is complete, so during the j-th save of the run the directory holds
+    ``min(max_to_keep, kept_now + j - 1)`` complete checkpoints and the one being written. ``max_to_keep`` None or
+    0 keeps all; ``saves``: how many this run writes. ``copies_needed(3, 10)`` -> 4; ``copies_needed(3, 10, 3)``
+    -> 1; ``copies_needed(3, 1)`` -> 1."""
+    if saves <= 0:
+        return 0
+    fullest = kept_now + saves - 1 if not max_to_keep else min(max_to_keep, kept_now + saves - 1)
+    return max(1, fullest + 1 - kept_now)
+
+
+def room_phrase(copies: int, one: int, kept_now: int = 0) -> str:
+    """``"4 checkpoints of 1.1 MiB each: 3 kept plus 1 being written"``, for the messages about room."""
+    kept = copies - 1 + kept_now
+    on_disk = f", {kept_now} of them already there" if kept_now else ""
+    return (
+        f"{copies} checkpoint{'s' if copies != 1 else ''} of {_size(one)} each: "
+        f"{kept} kept plus 1 being written{on_disk}"
+    )
+
+
+def space_problem(
+    directory, free: int, state_bytes: int, copies: int = COPIES, kept_now: int = 0
+) -> Optional[str]:
+    """None when ``free`` bytes hold ``copies`` checkpoints of a ``state_bytes`` state (:func:`copies_needed`);
+    else the one-line problem."""
+    one = checkpoint_nbytes(state_bytes)
+    need = copies * one
     if free >= need:
         return None
     return (
-        f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} ({copies} checkpoints "
-        f"of {_size(checkpoint_nbytes(state_bytes))} each for this run's state). Fix: free space there (old runs, "
+        f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} "
+        f"({room_phrase(copies, one, kept_now)}, for this run's state). Fix: free space there (old runs, "
         f"*.damaged steps), or pass a --save-dir on a larger file system"
     )
 
@@ -368,9 +396,12 @@ def prepare(
     return claim
 
 
-def check_space(directory: Optional[str], state_bytes: int, copies: int = COPIES) -> None:
-    """Collective: process 0 checks the free space for ``copies`` checkpoints; every rank raises if it is short."""
-    if not directory:
+def check_space(
+    directory: Optional[str], state_bytes: int, copies: int = COPIES, kept_now: int = 0
+) -> None:
+    """Collective: process 0 checks the free space for ``copies`` more checkpoints (:func:`copies_needed`); every
+    rank raises if it is short."""
+    if not directory or copies <= 0:
         return
     import jax
 
@@ -379,7 +410,7 @@ def check_space(directory: Optional[str], state_bytes: int, copies: int = COPIES
     problem = None
     if jax.process_index() == 0:
         problem = space_problem(
-            Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies
+            Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies, kept_now
         )
     verdict = first_problem(
         collectives.allgather_json({"rank": jax.process_index(), "problem": problem})

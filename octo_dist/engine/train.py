@@ -77,6 +77,20 @@ def resolve_start(ckpt, cfg: TrainConfig) -> Optional[int]:
     return latest
 
 
+def planned_saves(start: int, cfg: TrainConfig) -> int:
+    """How many checkpoints a run from ``start`` writes: one every ``save_every`` steps before the end, and the last.
+
+    ``planned_saves(0, TrainConfig(steps=10, save_every=3))`` -> 4 (steps 3, 6, 9 and 10)."""
+    if start >= cfg.steps:
+        return 0
+    every = (
+        [s for s in range(start + 1, cfg.steps) if s % cfg.save_every == 0]
+        if cfg.save_every
+        else []
+    )
+    return len(every) + 1
+
+
 def fit(
     policy,
     optimizer,
@@ -132,8 +146,15 @@ def fit(
                 start,
                 cfg.steps,
             )
-        # Room for two checkpoints of this state, known now that its size is (before the first step).
-        savedir.check_space(cfg.save_dir, savedir.state_nbytes(state))
+        # Room for the checkpoints this run keeps plus the one being written, known now that the state's size is
+        # (before the first step); a resumed run's kept checkpoints are on disk already.
+        kept_now = len(ckpt.kept_steps())
+        savedir.check_space(
+            cfg.save_dir,
+            savedir.state_nbytes(state),
+            savedir.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
+            kept_now,
+        )
         marks["state"] = time.time()
 
         losses: dict = {}

@@ -121,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args, profile, checks, smi) -> int:
-    from octo_dist.launchers import coordinator
     from octo_dist import launchers
     from octo_dist.envcheck import launch as preflight
     from octo_dist.runtime import ranklog
@@ -147,10 +146,10 @@ def _launch(args, profile, checks, smi) -> int:
             json_output=args.json,
             ctx=dict(report.context(profile.gpu), profile=profile.name),
         )
-    except runtime.SettingError as e:
+    except runtime.REFUSALS as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (runtime.StartupError, coordinator.CoordinatorError, mpi.WorldMismatch) as e:
+    except (runtime.StartupError, mpi.WorldMismatch) as e:
         print(f"octo-dist: error: {e}", file=sys.stderr)
         return EXIT_FAILED
 

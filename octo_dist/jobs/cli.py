@@ -20,6 +20,7 @@ from octo_dist.jobs import imagefit
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
+from octo_dist.launchers import outside
 
 SUBMIT = {"pbs": "qsub {file}", "sge": "qsub -g {group} {file}", "slurm": "sbatch {file}"}
 
@@ -208,7 +209,8 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             if isinstance(value, tuple)
             else ("(none)" if value is None else str(value))
         )
-        shown.append(f"{flag:<{width}}  {text:<40}  {source}")
+        # Values come from files: an ESC/OSC sequence in one is shown, never sent to the terminal.
+        shown.append(f"{flag:<{width}}  {outside.escape(text):<40}  {outside.escape(source)}")
     return "\n".join(shown) + "\n"
 
 
@@ -281,6 +283,12 @@ def run(args: argparse.Namespace) -> int:
 def _check_submit(options: spec_mod.LaunchOptions) -> None:
     if options.chain is not None and options.chain < 1:
         raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
+    if options.chain is not None and options.chain > submit_mod.MAX_CHAIN:
+        raise spec_mod.JobSpecError(
+            f"--chain {options.chain}",
+            f"at most {submit_mod.MAX_CHAIN} jobs in one chain",
+            f"--chain {submit_mod.MAX_CHAIN}, then another chain after it ends",
+        )
     if options.dry_run and (options.submit or options.chain):
         raise spec_mod.JobSpecError(
             "--dry-run with --submit/--chain",

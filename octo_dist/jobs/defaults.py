@@ -24,9 +24,12 @@ import configparser
 import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from octo_dist.launchers import outside
+
 USER_FILE = os.path.join("octo-dist", "launch.ini")
 PROJECT_FILE = "octo-dist.ini"
 BUILT_IN = "built in"
+FILE_LIMIT = 64 << 10  # bytes: a defaults file is a dozen lines; anything near this is not one
 COMMAND_LINE = "command line"
 
 # key in the file -> LaunchOptions field; lists are written space-separated.
@@ -115,17 +118,15 @@ def resolve(
 
 
 def read(paths: Sequence[str]) -> list:
-    """(path, text or None) for each path: the only side effect here."""
+    """(path, text or None) for each path: the only side effect here. Each file is read to at most ``FILE_LIMIT``
+    bytes and must be UTF-8 (``outside.read_text``): a 50 MB or binary file is refused at once, naming it."""
     out = []
     for path in paths:
+        fix = f"correct or remove {path}"
         try:
-            with open(path) as f:
-                out.append((path, f.read()))
+            out.append((path, outside.read_text(path, FILE_LIMIT, "", fix)))
         except FileNotFoundError:
             out.append((path, None))
-        except OSError as e:
-            raise DefaultsError(
-                f"{path}: cannot read it ({e.strerror}); expected a readable file. "
-                f"Fix: chmod u+r {path}, or remove it"
-            ) from None
+        except outside.InputError as e:
+            raise DefaultsError(str(e)) from None
     return out

@@ -3,7 +3,9 @@ until the one before it has ended.
 
 A chained job gets the previous job's id as ``OCTO_DIST_AFTER``; the script reads the exit status the previous job
 left in the save directory and trains only when it did not fail (stopping for the wall time exits 0).
-The scheduler's command runs through ``run`` (``subprocess.run`` by default), so tests give it fake executables.
+The scheduler's command runs through ``run`` (``outside.run_command`` by default: at most ``SUBMIT_TIMEOUT_S``,
+its output bounded and shown escaped), so tests give it fake executables on PATH. A chain is at most ``MAX_CHAIN``
+jobs: a typo (``--chain 100000``) must not fill the queue.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
 from typing import Callable, List, Optional
 
+from octo_dist.launchers import outside
+
 AFTER_ENV = "OCTO_DIST_AFTER"
+MAX_CHAIN = 50  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
+SUBMIT_TIMEOUT_S = (
+    120  # a qsub/sbatch answers in seconds; a hung scheduler server must not hang launch
+)
 
 
 class SubmitError(RuntimeError):
@@ -62,7 +69,7 @@ def job_id(scheduler: str, stdout: str) -> str:
     m = JOB_ID[scheduler].fullmatch(lines[-1]) if lines else None
     if not m:
         raise SubmitError(
-            f"cannot read a job id from the scheduler's answer {stdout.strip()!r}; expected e.g. "
+            f"cannot read a job id from the scheduler's answer '{outside.shown(stdout)}'; expected e.g. "
             f"'12345{'.pbs1' if scheduler == 'pbs' else ''}'. Fix: check the job with qstat/squeue"
         )
     return m.group(1)
@@ -85,30 +92,56 @@ def submit(
     name: str,
     group: Optional[str],
     chain: int = 1,
-    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    run: Callable[..., outside.Finished] = outside.run_command,
     submit_dir: Optional[str] = None,
     home: Optional[str] = None,
+    timeout_s: Optional[float] = None,
 ) -> List[Submitted]:
-    """Submit ``script`` ``chain`` times, each job after the previous one; stops at the first refusal."""
+    """Submit ``script`` ``chain`` times, each job after the previous one; stops at the first refusal. Each
+    submission may take ``timeout_s`` (default ``SUBMIT_TIMEOUT_S``).
+
+    Raises:
+      SubmitError: one line: the command that failed, timed out or answered without a job id, what the scheduler
+        said (escaped), and the jobs submitted before it, which are queued and must not be forgotten.
+    """
+    if not 1 <= chain <= MAX_CHAIN:
+        raise SubmitError(
+            f"a chain of {chain} jobs; expected 1 to {MAX_CHAIN}. Fix: --chain {min(max(chain, 1), MAX_CHAIN)}"
+        )
     submit_dir = submit_dir or os.getcwd()
     home = home or os.path.expanduser("~")
+    timeout_s = SUBMIT_TIMEOUT_S if timeout_s is None else timeout_s
     out: List[Submitted] = []
     after = None
+
+    def failed(what: str) -> SubmitError:
+        before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
+        return SubmitError(what + before)
+
     for _ in range(chain):
         argv = command(scheduler, script, group, after)
         try:
-            proc = run(argv, capture_output=True, text=True)
+            proc = run(argv, timeout_s)
         except FileNotFoundError:
-            raise SubmitError(
+            raise failed(
                 f"no {argv[0]} here; expected to run on the cluster's login node. Fix: submit the "
                 f"written script there ({' '.join(argv)})"
             ) from None
+        except outside.CommandTimeout as e:
+            said = f" (it said: {outside.shown(e.stderr)})" if e.stderr.strip() else ""
+            raise failed(
+                f"{' '.join(argv)} did not answer within {timeout_s:g} s and was stopped{said}; expected a job "
+                f"id in seconds. Fix: check the scheduler (qstat/squeue), then submit the written script by hand"
+            ) from None
         if proc.returncode != 0:
-            raise SubmitError(
-                f"{' '.join(argv)} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
-                + (f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else "")
+            raise failed(
+                f"{' '.join(argv)} failed (exit {proc.returncode}): "
+                f"{outside.shown(proc.stderr) or outside.shown(proc.stdout)}"
             )
-        after = job_id(scheduler, proc.stdout)
+        try:
+            after = job_id(scheduler, proc.stdout)
+        except SubmitError as e:
+            raise failed(str(e)) from None
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )

@@ -13,34 +13,60 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import sys
 from typing import Dict, Mapping, Optional
 
 import octo_dist
 from octo_dist import launchers
-from octo_dist.launchers import coordcheck, coordinator, hostlists
+from octo_dist.launchers import coordcheck, coordinator, hostlists, outside
 from octo_dist.launchers.base import LauncherError, refuse
 
 SCHEMA = 1  # bump when a field changes meaning or goes away; adding fields keeps it
 
 
+# bytes: Linux caps a process's arguments and environment together near 2 MiB; /dev/zero must not be read whole
+ENV_FILE_LIMIT = 4 << 20
+# "OMPI_COMM_WORLD_RANK=0" starts a variable; bash's exported functions start an entry named
+# "BASH_FUNC_module%%=() {  eval ..." (bash 4.4+) or "BASH_FUNC_module()=() {..." (bash 4.3), whose body spans lines
+# up to a lone "}".
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_FUNCTION = re.compile(r"BASH_FUNC_[^=\s]+(?:%%|\(\))=")
+
+
 def read_env_file(text: str) -> Dict[str, str]:
     """``env`` output (``NAME=value`` lines, ``#`` comments) or ``env -0`` output -> a dict.
 
-    A line without ``=`` continues the previous value (``env`` prints multi-line values that way).
+    A line that starts no variable continues the previous value (``env`` prints multi-line values that way); an
+    exported bash function (Environment Modules' ``module``) is an entry of its own up to its closing ``}``::
+
+        OMPI_COMM_WORLD_RANK=0
+        BASH_FUNC_module%%=() {  eval $($LMOD_CMD bash "$@")
+        }
+        PMIX_NAMESPACE=x
     """
     if "\0" in text:
         return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
     out: Dict[str, str] = {}
     last = None
+    in_function = False
     for line in text.splitlines():
+        if in_function:
+            out[last] += "\n" + line
+            in_function = line != "}"
+            continue
         if line.startswith("#") or (not line.strip() and last is None):
             continue
-        name, sep, value = line.partition("=")
-        if sep and name and name.replace("_", "a").isalnum():
+        function = _FUNCTION.match(line)
+        if function or _NAME.match(line):
+            if function:
+                name, value = line[: function.end() - 1], line[function.end() :]
+            else:
+                name, _, value = line.partition("=")
             out[name] = value
             last = name
+            in_function = bool(function) and not value.rstrip().endswith("}")
         elif last is not None:
             out[last] += "\n" + line
     return out
@@ -105,19 +131,18 @@ def describe(environ: Mapping[str, str], launcher: str = "auto") -> Dict[str, ob
 
 
 def check_here(record: Mapping[str, object]) -> Optional[str]:
-    """The start-up check of the coordinator, run in this process: ``"ok"``, a warning, or why it is not checked.
+    """The start-up check of the coordinator, run in this process: ``"ok"``, or why it is not checked.
 
     Raises:
-      CoordinatorError: the host does not resolve; on rank 0, a derived host not this one's, or a port in use.
+      CoordinatorError: the host does not resolve; on rank 0, an address not this host's, or a port in use.
     """
     address, source = record["coordinator"], str(record["coordinator_source"])
     if source.startswith("mpi4py"):
         return "not checked: rank 0 picks its own host and a free port at start-up"
     if not address:
         return None
-    return (
-        coordcheck.check(coordinator.Coordinator(str(address), source), int(record["rank"])) or "ok"
-    )
+    coordcheck.check(coordinator.Coordinator(str(address), source), int(record["rank"]))
+    return "ok"
 
 
 def _header() -> Dict[str, object]:
@@ -179,15 +204,18 @@ def run(args: argparse.Namespace) -> int:
     environ: Mapping[str, str] = os.environ
     try:
         if args.env_file:
+            fix = "env > recorded.env (or env -0), then octo-dist detect --env-file recorded.env"
             try:
-                with open(args.env_file) as f:
-                    environ = read_env_file(f.read())
-            except OSError as e:
+                text = outside.read_text(args.env_file, ENV_FILE_LIMIT, "--env-file", fix)
+            except FileNotFoundError as e:
                 raise refuse(
-                    f"--env-file {args.env_file} cannot be read ({e.strerror or e})",
-                    "a file holding `env` output (NAME=value lines)",
-                    "env > recorded.env, then octo-dist detect --env-file recorded.env",
+                    f"--env-file {args.env_file} cannot be read ({e.strerror})",
+                    "a file of `env` output (NAME=value lines)",
+                    fix,
                 )
+            except outside.InputError as e:
+                raise refuse(e.found, f"{e.expected} of `env` output (NAME=value lines)", fix)
+            environ = read_env_file(text)
         record = {**_header(), "ok": True, **describe(environ, args.launcher)}
         record["coordinator_check"] = None if args.env_file else check_here(record)
         code = 0

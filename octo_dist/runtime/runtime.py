@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
-from octo_dist import EXIT_FAILED
+from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.launchers import coordcheck
 from octo_dist.stack import builds
 from octo_dist.launchers import coordinator
@@ -61,6 +61,10 @@ class StartupError(RuntimeError):
 class SettingError(StartupError):
     """A start-up setting is malformed (``--init-timeout``, ``OCTO_DIST_INIT_TIMEOUT``, ``--devices-per-process``):
     refused before anything starts."""
+
+
+# Start-up errors that refuse the input (exit 2) rather than report a start-up that failed (exit 1).
+REFUSALS = (SettingError, coordinator.CoordinatorError, launchers.LauncherError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,20 +257,20 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
         yield dog
     except Exception as e:
         if mpi.initialized():
-            _fail_job(e, launch)
+            _fail_job(e, launch, EXIT_USAGE if isinstance(e, REFUSALS) else EXIT_STARTUP)
         raise
     finally:
         dog.cancel()
 
 
-def _fail_job(exc: BaseException, launch: Launch) -> None:
-    """One line naming this rank and its error, then MPI_Abort: every rank of the job ends now."""
+def _fail_job(exc: BaseException, launch: Launch, code: int) -> None:
+    """One line naming this rank and its error, then MPI_Abort with ``code``: every rank of the job ends now."""
     sys.stderr.write(
         f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up failed: {exc}\n"
     )
     sys.stderr.flush()
-    mpi.abort(EXIT_STARTUP)
-    os._exit(EXIT_STARTUP)
+    mpi.abort(code)
+    os._exit(code)
 
 
 def _start(
@@ -300,11 +304,8 @@ def _start(
     started = time.monotonic()
     if launch.world_size > 1:
         assert c is not None
-        warning = coordcheck.check(
-            c, launch.rank
-        )  # resolves; rank 0: its own host, port free (else XLA segfaults)
-        if warning:
-            log.warning(warning)
+        # Resolves; rank 0 listens on exactly that address and port first (else XLA segfaults, exit 139).
+        coordcheck.check(c, launch.rank)
         if not gpu:
             _check_own_hostname_resolves(socket.gethostname())
             _enable_cpu_collectives(jax.__version__)
@@ -370,6 +371,15 @@ def shutdown() -> None:
     import jax
 
     jax.distributed.shutdown()
+
+
+def end_job(code: int) -> None:
+    """End every rank now without a traceback (the caller printed its one line): MPI_Abort when MPI is up, else exit
+    this process, which mpirun notices and ends the others for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi.abort(code)
+    os._exit(code)
 
 
 def abort(exc: BaseException, rank: int, world: int) -> None:

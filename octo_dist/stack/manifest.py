@@ -25,6 +25,7 @@ except ImportError:  # 3.10 in the images has tomli (in every lock); ABCI's syst
         _toml = None
 
 MANIFEST_ENV = "OCTO_DIST_MANIFEST"
+MANIFEST_LIMIT = 1 << 20  # bytes; env/stack.toml is about 10 KiB
 PROFILE_ENV = "OCTO_DIST_PROFILE"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO_ROOT / "env" / "stack.toml"
@@ -418,20 +419,36 @@ def load_manifest(
 ) -> Manifest:
     """Read the manifest from ``path``, ``$OCTO_DIST_MANIFEST`` or the checkout's env/."""
     p = Path(path) if path else manifest_path(environ)
+    fix = f"pass --manifest /path/to/env/stack.toml, or set {MANIFEST_ENV}=/path/to/env/stack.toml"
     try:
-        raw = p.read_bytes()
+        # Bounded: the manifest is a few KiB; a path to /dev/zero or a disk image must not be read whole.
+        with open(p, "rb") as f:
+            raw = f.read(MANIFEST_LIMIT + 1)
     except FileNotFoundError:
         raise ManifestError(
-            f"no manifest at {p}; expected env/stack.toml of an octo-dist checkout, or set "
-            f"{MANIFEST_ENV}=/path/to/env/stack.toml"
+            f"no manifest at {p}; expected env/stack.toml of an octo-dist checkout. Fix: {fix}"
         ) from None
+    except OSError as e:  # IsADirectoryError (OCTO_DIST_MANIFEST=env/), PermissionError
+        what = (
+            "a directory" if isinstance(e, IsADirectoryError) else f"unreadable ({e.strerror or e})"
+        )
+        raise ManifestError(
+            f"manifest {p} is {what}; expected the file env/stack.toml of an octo-dist checkout. Fix: {fix}"
+        ) from None
+    if len(raw) > MANIFEST_LIMIT:
+        raise ManifestError(
+            f"manifest {p} is longer than {MANIFEST_LIMIT} bytes; expected env/stack.toml (a few KiB). Fix: {fix}"
+        )
     try:
         data = loads(raw.decode())
     except (
         ValueError,
         UnicodeDecodeError,
     ) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors
-        raise ManifestError(f"{p} is not valid TOML: {e}") from None
+        raise ManifestError(
+            f"{p} is not valid TOML ({str(e).splitlines()[0] if str(e) else type(e).__name__}); expected "
+            f"env/stack.toml of an octo-dist checkout. Fix: {fix}"
+        ) from None
     return parse_manifest(data, p)
 
 
