@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "validate": "octo_dist.apps.validate.app",
 }
 RAW_ARGV = "finetune"  # the subcommand whose arguments are handed over unparsed
+TRAINING_COMMANDS = ("smoke", "finetune")  # what `launch ... --` runs
 
 
 def _checker(module_name: str, command: str):
@@ -81,18 +82,32 @@ FINETUNE_FLAGS = (
     "--help",
 )
 
-BASH_COMPLETION = """\
+BASH_COMPLETION = """\\
 # bash completion for octo-dist, generated from its parsers: eval "$(octo-dist completion bash)"
 _octo_dist() {{
-  local cur=${{COMP_WORDS[COMP_CWORD]}} key=${{COMP_WORDS[1]}} words
-  # "launch/pbs": a command with its own subcommands completes that subcommand's flags from the third word on.
-  if [ "$COMP_CWORD" -ge 3 ]; then key="$key/${{COMP_WORDS[2]}}"; fi
+  local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} key=${{COMP_WORDS[1]}} words="" i dd=0
+  # `launch pbs ... -- smoke --st`: after `--` come the training command and its own flags.
+  for ((i = 2; i < COMP_CWORD; i++)); do
+    if [ "${{COMP_WORDS[i]}}" = "--" ]; then dd=$i; break; fi
+  done
   if [ "$COMP_CWORD" -eq 1 ]; then
     words="{commands}"
+  elif [ "$dd" -gt 0 ] && [ "$COMP_CWORD" -eq $((dd + 1)) ]; then
+    words="{training}"
   else
-    case "$key" in
+    if [ "$dd" -gt 0 ]; then
+      key=${{COMP_WORDS[dd+1]}}
+    elif [ "$COMP_CWORD" -ge 3 ]; then
+      # "launch/pbs": a command with its own subcommands completes that subcommand's flags from the third word on.
+      key="$key/${{COMP_WORDS[2]}}"
+    fi
+    # The value of the flag before the cursor: its choices, a path, or nothing to offer (a number, a name).
+    case "$key $prev" in
+{values}
+      *)
+        case "$key" in
 {cases}
-      *) words="" ;;
+        esac ;;
     esac
   fi
   COMPREPLY=($(compgen -W "$words" -- "$cur"))
@@ -103,35 +118,100 @@ ZSH_PREAMBLE = (
     '# zsh completion for octo-dist (bash\'s, through bashcompinit): eval "$(octo-dist completion zsh)"\n'
     "autoload -U +X bashcompinit && bashcompinit\n"
 )
+# Flags whose value is a path (by their dest): completed with file names.
+PATH_DESTS = {
+    "compile_cache",
+    "data_dir",
+    "env_file",
+    "image",
+    "manifest",
+    "nccl_log_dir",
+    "output",
+    "record",
+    "report",
+    "save_dir",
+    "venv",
+}
+
+
+def _value_words(key: str, action: argparse.Action) -> list:
+    """What a flag's value may be, for completion: ``--step-fn`` -> ["auto", "jit", "shard_map"]; [] for free text.
+
+    Choices argparse does not know (profiles from the manifest, a scheduler's resource types) are read where they
+    are defined, so completion never lists a value the command would refuse."""
+    if action.choices:
+        return [str(c) for c in action.choices]
+    if action.dest == "profile":
+        from octo_dist.stack import manifest as mf
+
+        try:
+            return sorted(mf.load_manifest().profiles)
+        except Exception:  # a checkout without env/stack.toml: no values, the flag still completes
+            return []
+    if action.dest == "resource_type" and "/" in key:
+        from octo_dist.jobs import spec
+
+        scheduler = key.split("/", 1)[1]
+        return sorted(n for n, rt in spec.RESOURCE_TYPES.items() if rt.scheduler == scheduler)
+    return []
+
+
+def _completion_cases(key: str, parser: argparse.ArgumentParser, pattern: str) -> tuple:
+    """(the value cases, the flags case) of one parser for the bash function."""
+    values, flags, positional = [], set(), []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            positional += list(a.choices)
+        elif not a.option_strings:
+            positional += [str(c) for c in a.choices or ()]
+        flags.update(o for o in a.option_strings if o.startswith("--"))
+        if (
+            not a.option_strings
+            or a.nargs == 0
+            or isinstance(a, (argparse._HelpAction, argparse._VersionAction))
+        ):
+            continue
+        shown = " ".join(a.option_strings)
+        # "smoke/*" must stay a glob: quote the words around it ("smoke/"*" --steps")
+        when = "|".join(
+            f'"{k[:-1]}"*" {o}"' if k.endswith("/*") else f'"{k} {o}"'
+            for k in pattern.split("|")
+            for o in a.option_strings
+        )
+        if a.dest in PATH_DESTS:
+            values.append(f'      {when}) COMPREPLY=($(compgen -f -- "$cur")); return ;;')
+        else:
+            words = _value_words(key, a)
+            values.append(f'      {when}) words="{" ".join(words)}" ;;  # {shown}')
+    case = f'          {pattern}) words="{" ".join([*positional, *sorted(flags)])}" ;;'
+    return values, case
 
 
 def completion_script(shell: str) -> str:
-    """A completion script for ``shell`` ("bash" or "zsh") listing every subcommand and each one's flags."""
+    """A completion script for ``shell`` ("bash" or "zsh"): every subcommand, its flags and their values (choices,
+    paths), the training command after ``launch ... --`` with its own flags."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    cases = []
+    values, cases = [], []
     for name, command in sub.choices.items():
-        flags = (
-            FINETUNE_FLAGS
-            if name == RAW_ARGV
-            else sorted(
-                {o for a in command._actions for o in a.option_strings if o.startswith("--")}
-            )
-        )
+        if name == RAW_ARGV:
+            cases.append(f'          {name}|{name}/*) words="{" ".join(FINETUNE_FLAGS)}" ;;')
+            continue
         nested = next(
             (a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None
         )
-        if nested is None:
-            cases.append(f'      {name}|{name}/*) words="{" ".join(flags)}" ;;')
-            continue
-        cases.append(f'      {name}) words="{" ".join([*nested.choices, *flags])}" ;;')
-        for inner, inner_parser in nested.choices.items():
-            inner_flags = sorted(
-                {o for a in inner_parser._actions for o in a.option_strings if o.startswith("--")}
-            )
-            cases.append(f'      {name}/{inner}) words="{" ".join(inner_flags)}" ;;')
+        v, c = _completion_cases(name, command, name if nested else f"{name}|{name}/*")
+        values += v
+        cases.append(c)
+        for inner, inner_parser in (nested.choices if nested else {}).items():
+            v, c = _completion_cases(f"{name}/{inner}", inner_parser, f"{name}/{inner}")
+            values += v
+            cases.append(c)
     script = BASH_COMPLETION.format(
-        commands=" ".join([*sub.choices, "--help", "--version"]), cases="\n".join(cases)
+        commands=" ".join([*sub.choices, "--help", "--version"]),
+        training=" ".join(sorted(TRAINING_COMMANDS)),
+        values="\n".join(values),
+        cases="\n".join(cases),
     )
     return (ZSH_PREAMBLE + script) if shell == "zsh" else script
 

@@ -158,6 +158,30 @@ def test_bash_completion_knows_every_command_and_their_flags():
     assert complete("finetune", "--con") == ["--config="]
 
 
+def test_bash_completion_offers_values_paths_and_the_training_commands_flags(tmp_path):
+    # choices argparse knows, and the ones defined elsewhere (the manifest's profiles, a scheduler's resource types)
+    assert complete("smoke", "--step-fn", "") == ["auto", "jit", "shard_map"]
+    assert complete("smoke", "--steps", "3", "--step-fn", "s") == ["shard_map"]
+    assert "cuda12" in complete("check-env", "--profile", "") and "cpu" in complete(
+        "check-env", "--profile", ""
+    )
+    assert complete("launch", "pbs", "--resource-type", "") == ["rt_HF", "rt_HG"]
+    assert complete("completion", "") == ["bash", "zsh", "--help"]
+    # a free value (a number) gets no flags offered in its place
+    assert complete("smoke", "--steps", "") == []
+    # a path flag completes file names
+    (tmp_path / "runs-a").mkdir()
+    assert complete("smoke", "--save-dir", f"{tmp_path}/run") == [f"{tmp_path}/runs-a"]
+    # after `launch ... --`: the training command, then its own flags (not launch's)
+    assert complete("launch", "pbs", "--nodes", "2", "--", "") == ["finetune", "smoke"]
+    assert complete("launch", "pbs", "--nodes", "2", "--", "smoke", "--ste") == [
+        "--step-fn",
+        "--steps",
+    ]
+    assert complete("launch", "pbs", "--", "smoke", "--step-fn", "j") == ["jit"]
+    assert complete("launch", "slurm", "--", "finetune", "--con") == ["--config="]
+
+
 def test_zsh_completion_wraps_the_bash_one():
     out = subprocess.run(
         [sys.executable, "-m", "octo_dist", "completion", "zsh"],
