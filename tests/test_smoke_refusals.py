@@ -127,19 +127,19 @@ def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
 
 
 def test_the_jobs_offer_the_engines_step_functions_with_its_default():
-    """The command lines import no JAX, so they spell the step functions out: they must not drift from the engine's."""
+    """One list of step functions (engine/stepfns.py, no JAX) for both command lines and the engine."""
     import argparse
 
     from octo_dist.apps.finetune import config
     from octo_dist.apps.smoke import app as smoke
-    from octo_dist.engine import parallel, train
+    from octo_dist.engine import parallel, stepfns, train
 
     step_fn = next(
         a
         for a in smoke.add_parser(argparse.ArgumentParser().add_subparsers())._actions
         if a.dest == "step_fn"
     )
-    assert tuple(step_fn.choices) == tuple(config.STEP_FNS) == tuple(parallel.STEP_FNS)
+    assert step_fn.choices is config.STEP_FNS is parallel.STEP_FNS is stepfns.STEP_FNS
     assert (
         step_fn.default
         == config.FinetuneConfig.__dataclass_fields__["step_fn"].default

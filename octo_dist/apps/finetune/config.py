@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
+from octo_dist.engine.stepfns import STEP_FNS
+
 
 FINETUNING_MODES = ("full", "head_only", "head_mlp_only")
 MODALITIES = ("image_conditioned", "language_conditioned", "multimodal")
@@ -507,11 +509,6 @@ def parse(
 
 PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "finetune_config.py"
-STEP_FNS = (
-    "auto",
-    "jit",
-    "shard_map",
-)  # octo_dist.engine.parallel.STEP_FNS (this module imports no JAX)
 # (flag, absl kind, default, value's name in --help, help): the flags besides --config, defined and described
 # from this one table.
 FLAGS = (

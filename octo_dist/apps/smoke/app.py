@@ -21,6 +21,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
+from octo_dist.engine import stepfns
 from octo_dist.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--step-fn",
-        choices=("auto", "jit", "shard_map"),
+        choices=stepfns.STEP_FNS,
         default="auto",
         help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
         "GPUs; or either by name (default: %(default)s)",
