@@ -260,6 +260,27 @@ def test_slurm_step_cross_checks(change, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"SLURM_PROCID": "3"},
+        {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "123456"},
+        {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "123456"},
+    ],
+    ids=["alone", "with-job-ntasks", "task-ids-no-step"],
+)
+def test_a_slurm_rank_without_the_steps_size_is_refused_not_read_as_one_process(environ):
+    with pytest.raises(LauncherError) as err:
+        detect(environ)
+    msg = str(err.value)
+    assert "\n" not in msg and "SLURM_PROCID=3 but no SLURM_STEP_NUM_TASKS" in msg, msg
+    assert "srun" in msg, msg
+    # The batch step itself (SLURM_PROCID=0) stays one process; a real step with the same rank is read as one.
+    assert detect({**environ, "SLURM_PROCID": "0"}).world_size == 1
+    step = {**env("slurm-srun-no-ntasks-per-node"), "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}
+    assert detect(step).rank == 3
+
+
 def test_older_slurm_without_step_tasks_per_node():
     e = {k: v for k, v in env("slurm-srun-no-ntasks-per-node").items() if "TASKS_PER_NODE" not in k}
     assert detect({**e, "SLURM_GTIDS": "4,5,6,7"}).local_size == 4
