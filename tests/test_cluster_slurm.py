@@ -270,7 +270,9 @@ def job_processes(cluster: sim.Cluster) -> list[str]:
             except OSError:
                 continue
             name = " ".join(c.decode(errors="replace") for c in cmd[:3])
-            if not any(d in name for d in ("slurmd", "slurmctld", "munged", "slurmstepd")):
+            if not any(
+                d in name for d in ("slurmd", "slurmctld", "munged", "runuser", "slurmstepd")
+            ):
                 out.append(f"{node}: {name}")
     return out
 
@@ -400,3 +402,31 @@ def test_detect_under_the_real_srun_matches_slurms_own_variables(slurm, tmp_path
             ("node002", r) for r in range(per_node["node001"], world)
         ]
         assert ranks_by_host == expect, (shape, ranks_by_host)
+
+
+def test_a_new_set_up_removes_what_a_crashed_run_left(slurm_ready, tmp_path):
+    crashed_cluster = sim.Cluster(tmp_path / "crashed").up()
+    crashed = sim_slurm.Slurm(crashed_cluster).up()
+    daemons = {name: p.pid for name, p in crashed.daemons.items()}
+    (crashed.run / "left-behind").write_text("")
+    # "Crashed": neither down() ran; the lock goes with the process that held it.
+    crashed_cluster._lock.close()
+    crashed_cluster._lock = None
+    sim._HELD = False
+    try:
+        with sim.Cluster(tmp_path / "again") as c, sim_slurm.Slurm(c) as s:
+            for p in crashed.daemons.values():
+                p.wait(timeout=30)  # killed by the new set-up (they lived in the old namespaces)
+            assert not (s.run / "left-behind").exists()
+            assert sorted(s.daemons) == sorted(daemons)
+            assert s.client("node001", ["sinfo", "-h", "-o", "%D %t"]).stdout.split() == [
+                "2",
+                "idle",
+            ]
+    finally:
+        for p in list(crashed.daemons.values()) + list(crashed_cluster.holders.values()):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    # (Not the namespaces: another test process may set up its cluster as soon as the lock is free.)
+    assert not sim_slurm.RUN.exists()
