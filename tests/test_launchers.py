@@ -37,7 +37,8 @@ DETECTED = {
     "intelmpi-hydra-rank0of2": ("pmi", 2, 0, 0, 2),
     "hydra-under-slurm": ("pmi", 8, 6, 2, 4),
     "pals-rank5of8": ("pals", 8, 5, 1, 4),
-    "slurm-srun-ntasks-per-node": ("slurm", 8, 6, 2, 4),
+    "slurm-srun-ntasks-per-node": ("slurm", 4, 3, 1, 2),
+    "slurm-srun-uneven-n3": ("slurm", 3, 2, 0, 1),
     "slurm-srun-no-ntasks-per-node": ("slurm", 8, 5, 1, 4),
     "slurm-srun-heterogeneous": ("slurm", 8, 5, 2, 5),
     "slurm-srun-gpus-per-task": ("slurm", 7, 6, 2, 3),
@@ -203,7 +204,7 @@ def test_grid_engine_pe_hostfile_and_abci_hostlist():
 
 def test_selection_by_name_and_its_errors():
     both = {**env("slurm-srun-ntasks-per-node"), **env("openmpi4-hpcx-rank5of8")}
-    assert detect(both).launcher == "openmpi4" and detect(both, "slurm").rank == 6
+    assert detect(both).launcher == "openmpi4" and detect(both, "slurm").rank == 3
     with pytest.raises(LauncherError, match="--launcher pmi was asked for"):
         detect(env("slurm-srun-ntasks-per-node"), "pmi")
     with pytest.raises(LauncherError, match="unknown launcher 'lsf'"):
