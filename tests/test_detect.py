@@ -58,6 +58,10 @@ COORDINATORS = {
         f"node001:{coord.port_for_job('123456', '1')}",
         "first host of SLURM_STEP_NODELIST",
     ),
+    "slurm-srun-uneven-n3": (
+        f"node001:{coord.port_for_job('1', '1')}",
+        "first host of SLURM_STEP_NODELIST",
+    ),
     "slurm-step-on-subset": (
         f"node003:{coord.port_for_job('123461', '0')}",
         "first host of SLURM_STEP_NODELIST",

@@ -148,7 +148,7 @@ def test_headers_follow_each_scheduler():
         "#SBATCH --time=24:00:00",
         "#SBATCH --account=acct",
         "#SBATCH --signal=B:USR1@120",
-        "LAUNCHER=(srun ",
+        'LAUNCHER=("${SRUN_GUARD[@]}" srun ',
         "STOP_TIMER=0",
     ):
         assert line in slurm

@@ -37,7 +37,8 @@ DETECTED = {
     "intelmpi-hydra-rank0of2": ("pmi", 2, 0, 0, 2),
     "hydra-under-slurm": ("pmi", 8, 6, 2, 4),
     "pals-rank5of8": ("pals", 8, 5, 1, 4),
-    "slurm-srun-ntasks-per-node": ("slurm", 8, 6, 2, 4),
+    "slurm-srun-ntasks-per-node": ("slurm", 4, 3, 1, 2),
+    "slurm-srun-uneven-n3": ("slurm", 3, 2, 0, 1),
     "slurm-srun-no-ntasks-per-node": ("slurm", 8, 5, 1, 4),
     "slurm-srun-heterogeneous": ("slurm", 8, 5, 2, 5),
     "slurm-srun-gpus-per-task": ("slurm", 7, 6, 2, 3),
@@ -203,7 +204,7 @@ def test_grid_engine_pe_hostfile_and_abci_hostlist():
 
 def test_selection_by_name_and_its_errors():
     both = {**env("slurm-srun-ntasks-per-node"), **env("openmpi4-hpcx-rank5of8")}
-    assert detect(both).launcher == "openmpi4" and detect(both, "slurm").rank == 6
+    assert detect(both).launcher == "openmpi4" and detect(both, "slurm").rank == 3
     with pytest.raises(LauncherError, match="--launcher pmi was asked for"):
         detect(env("slurm-srun-ntasks-per-node"), "pmi")
     with pytest.raises(LauncherError, match="unknown launcher 'lsf'"):
@@ -258,6 +259,27 @@ def test_slurm_step_cross_checks(change, message):
     with pytest.raises(LauncherError) as err:
         detect(e)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"SLURM_PROCID": "3"},
+        {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "123456"},
+        {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "123456"},
+    ],
+    ids=["alone", "with-job-ntasks", "task-ids-no-step"],
+)
+def test_a_slurm_rank_without_the_steps_size_is_refused_not_read_as_one_process(environ):
+    with pytest.raises(LauncherError) as err:
+        detect(environ)
+    msg = str(err.value)
+    assert "\n" not in msg and "SLURM_PROCID=3 but no SLURM_STEP_NUM_TASKS" in msg, msg
+    assert "srun" in msg, msg
+    # The batch step itself (SLURM_PROCID=0) stays one process; a real step with the same rank is read as one.
+    assert detect({**environ, "SLURM_PROCID": "0"}).world_size == 1
+    step = {**env("slurm-srun-no-ntasks-per-node"), "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}
+    assert detect(step).rank == 3
 
 
 def test_older_slurm_without_step_tasks_per_node():

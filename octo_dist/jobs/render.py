@@ -73,8 +73,38 @@ while IFS= read -r var; do
 done < <(compgen -e)"""
 
 # srun passes the whole environment on (--export=ALL, said explicitly); --cpus-per-task binds each rank's cores.
+# srun has no keepalive: when a node's link is cut (no RST), srun waits for its tasks until Slurm marks the node down
+# (SlurmdTimeout, 300 s by default) and the ranks left hang in a collective. So while srun runs, a probe step
+# (srun --overlap, one task per node: Slurm's own channel to every slurmd) is started every NODE_PROBE_S seconds; one
+# that fails naming a node ("Task launch for StepId=7.3 failed on node node002: Communication connection failure",
+# after Slurm's MessageTimeout, 10 s by default) ends the ranks' step, naming the node. A probe that fails without
+# naming a node (a busy controller) only leaves a note.
 SRUN = """\
-LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
+NODE_PROBE_S=15
+SRUN_GUARD=(bash -c 'nodes=$1 every=$2; shift 2
+"$@" &
+pid=$!
+for sig in USR1 USR2 TERM INT; do trap "kill -$sig $pid 2>/dev/null" "$sig"; done
+probe=
+if [ "$nodes" -gt 1 ]; then
+  (while sleep "$every"; do
+    if said=$(srun --overlap --quiet --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 true 2>&1 >/dev/null); then continue; fi
+    said=$(tr "\\n" " " <<<"$said")
+    node=$(sed -n "s/.* failed on node \\([^:]*\\):.*/\\1/p" <<<"$said")
+    if [ -z "$node" ]; then echo "octo-dist job: a node probe failed, not ending the job: $said" >&2; continue; fi
+    echo "octo-dist job: node $node cannot be reached by Slurm: ending the job step ($said)" >&2
+    kill -TERM "$pid" 2>/dev/null; sleep 10; kill -KILL "$pid" 2>/dev/null; exit
+  done) </dev/null &
+  probe=$!
+fi
+while :; do
+  status=0; wait "$pid" || status=$?
+  if [ "$status" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+  break
+done
+if [ -n "$probe" ]; then kill "$probe" 2>/dev/null; fi
+exit "$status"' octo-dist-srun "$NODES" "$NODE_PROBE_S")
+LAUNCHER=("${SRUN_GUARD[@]}" srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
 if [ "$CPUS_PER_RANK" -gt 0 ]; then
   LAUNCHER+=(--cpus-per-task="$CPUS_PER_RANK" --cpu-bind=cores)
 else

@@ -9,6 +9,7 @@ library only, Python 3.9 compatible. In order, the first that recognises the env
 4. ``pmi``      MPICH / Intel MPI Hydra mpiexec: PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
 5. ``slurm``    an srun step: SLURM_STEP_NUM_TASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE
 6. refused     torchrun/DeepSpeed, LSF jsrun, horovodrun, a PMIx-only launcher (``unsupported.py``)
+   refused     SLURM_PROCID > 0 outside an srun step (the number of ranks is unknown)
 7. ``single``  a Slurm batch script or salloc shell, a PBS/Grid Engine/LSF job script, or nothing at all
 
 MPI launchers come before Slurm because ``mpirun``/``mpiexec.hydra`` inside an allocation start their daemons with
@@ -53,6 +54,7 @@ def _auto(environ: Mapping[str, str]) -> Launch:
         if found is not None:
             return unsupported.check_agrees(environ, found)
     unsupported.refuse_unsupported(environ)
+    slurm.refuse_rank_without_step(environ)
     return _single(environ)
 
 

@@ -163,6 +163,29 @@ def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
     )
 
 
+def refuse_rank_without_step(environ: Mapping[str, str]) -> None:
+    """A task's rank (SLURM_PROCID=3) with no step size is not a batch script: refuse rather than train alone.
+
+    A batch script or salloc shell has SLURM_PROCID=0 (or none); a task srun starts always has
+    SLURM_STEP_NUM_TASKS. ``SLURM_PROCID=3`` without it (variables copied by hand, a wrapper that dropped the step's
+    ones) read as one process would make every rank train alone on the full batch.
+    """
+    if is_step(environ):
+        return
+    rank = environ.get(PROCID, "").strip()
+    if rank in ("", "0"):
+        return
+    present = shown(environ, NTASKS, STEP_NUM_TASKS, JOB_ID)
+    raise refuse(
+        f"slurm: {PROCID}={rank} but no {STEP_NUM_TASKS}"
+        + (f" (only {', '.join(present)})" if present else "")
+        + ": the number of ranks is unknown",
+        f"{STEP_NUM_TASKS} beside {PROCID} in every task srun starts ({PROCID}=0 or none in a batch script "
+        f"or salloc shell)",
+        f"unset {PROCID} if you set it yourself; {SRUN_FIX}",
+    )
+
+
 def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
     """A batch script or salloc shell (SLURM_JOB_ID, no step): one process, with a note when more were asked for."""
     if not environ.get(JOB_ID) or is_step(environ):

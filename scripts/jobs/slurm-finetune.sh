@@ -132,7 +132,31 @@ if [ "$WANDB_MODE" = online ] && [ -z "${WANDB_API_KEY:-}" ]; then
 fi
 
 # ---- the launcher: one rank per GPU, each with its own cores --------------------------------------------------------
-LAUNCHER=(srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
+NODE_PROBE_S=15
+SRUN_GUARD=(bash -c 'nodes=$1 every=$2; shift 2
+"$@" &
+pid=$!
+for sig in USR1 USR2 TERM INT; do trap "kill -$sig $pid 2>/dev/null" "$sig"; done
+probe=
+if [ "$nodes" -gt 1 ]; then
+  (while sleep "$every"; do
+    if said=$(srun --overlap --quiet --gres=none --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 true 2>&1 >/dev/null); then continue; fi
+    said=$(tr "\n" " " <<<"$said")
+    node=$(sed -n "s/.* failed on node \([^:]*\):.*/\1/p" <<<"$said")
+    if [ -z "$node" ]; then echo "octo-dist job: a node probe failed, not ending the job: $said" >&2; continue; fi
+    echo "octo-dist job: node $node cannot be reached by Slurm: ending the job step ($said)" >&2
+    kill -TERM "$pid" 2>/dev/null; sleep 10; kill -KILL "$pid" 2>/dev/null; exit
+  done) </dev/null &
+  probe=$!
+fi
+while :; do
+  status=0; wait "$pid" || status=$?
+  if [ "$status" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+  break
+done
+if [ -n "$probe" ]; then kill "$probe" 2>/dev/null; fi
+exit "$status"' octo-dist-srun "$NODES" "$NODE_PROBE_S")
+LAUNCHER=("${SRUN_GUARD[@]}" srun --nodes="$NODES" --ntasks-per-node="$RANKS_PER_NODE" --export=ALL --kill-on-bad-exit=1)
 if [ "$CPUS_PER_RANK" -gt 0 ]; then
   LAUNCHER+=(--cpus-per-task="$CPUS_PER_RANK" --cpu-bind=cores)
 else

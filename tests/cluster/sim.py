@@ -8,9 +8,9 @@ with no default route and no NAT, so no traffic leaves them. ``cut_link(node)`` 
 
 ``ssh`` is ``bin/rsh-agent`` (``PRTE_MCA_plm_ssh_agent``): it enters the node's namespaces and runs the command
 through ``bash -c`` with a clean environment, as sshd would, so ranks on other nodes see only what ``mpirun``
-forwards. ``srun`` is ``srun.py`` (tasks started on the nodes through the same agent, per-task ``SLURM_*``);
-``singularity`` is ``container.py``; ``module load`` is a bash function exported in the job's environment
-(``BASH_FUNC_module%%``, as Lmod does) that puts the launcher on PATH.
+forwards. Slurm is the real one (``slurm.py`` starts its daemons on these nodes); ``singularity`` is
+``container.py``; ``module load`` is a bash function exported in the job's environment (``BASH_FUNC_module%%``, as
+Lmod does) that puts the launcher on PATH.
 
 Every set-up first removes what an earlier crashed run left (namespaces with this prefix, the processes in them,
 ``/etc/netns`` entries); ``down()`` does the same, and is idempotent. One cluster at a time (a lock file).
@@ -33,6 +33,9 @@ PREFIX = "octosim"
 SWITCH = f"{PREFIX}-sw"
 SUBNET = "10.231.0"
 LOCK = Path("/run/lock/octosim.lock")
+# A scheduler's spool for the imitated PBS and Grid Engine jobs (node files): outside $HOME, /tmp and the working
+# directory, so no container binds it. One cluster at a time: a fixed name, removed by every set-up and teardown.
+SPOOL = Path("/var/spool") / f"{PREFIX}-spool"
 BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2]))
 VENV_BIN = Path(sys.executable).parent
 # What a login shell on a compute node has before the job's own settings (rsh-agent gives ssh's narrower /usr/bin:/bin).
@@ -67,7 +70,7 @@ def namespaces() -> list[str]:
 
 
 def remove_leftovers() -> None:
-    """Every process in our namespaces, the namespaces, their hosts files, a veth stranded on the host."""
+    """Every process in our namespaces, the namespaces, their hosts files, a veth stranded on the host, the spool."""
     for ns in namespaces():
         pids = _ip("netns", "pids", ns, check=False).stdout.split()
         for pid in pids:
@@ -79,6 +82,7 @@ def remove_leftovers() -> None:
         _ip("netns", "del", ns, check=False)
     for d in Path("/etc/netns").glob(f"{PREFIX}-*"):
         shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(SPOOL, ignore_errors=True)
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if name.startswith(PREFIX + "-"):
@@ -103,7 +107,7 @@ class Cluster:
 
     @property
     def bin(self) -> Path:
-        """The site's programs: ssh agent, srun, singularity (on node001's PATH only, like a module's)."""
+        """The site's programs: ssh agent, singularity (on node001's PATH only, like a module's)."""
         return self.state / "bin"
 
     @property
@@ -190,7 +194,6 @@ class Cluster:
                 link.symlink_to(VENV_BIN / name)
         wrappers = {
             "rsh-agent": f'exec {HERE}/rsh-agent {self.state} "$@"',
-            "srun": f'exec {BASE_PYTHON} -I {HERE}/srun.py {self.state} "$@"',
             "singularity": f'exec {BASE_PYTHON} -I {HERE}/container.py --record {self.state}/rank-env "$@"',
         }
         (self.state / "rank-env").mkdir(exist_ok=True)
@@ -336,45 +339,6 @@ def sge_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per
         "ENVIRONMENT": "BATCH",
         "QUEUE": "gpu",
         "REQUEST": "octo-dist",
-    }
-
-
-def slurm_env(
-    cluster: Cluster, job_id: str, workdir: Path, ranks_per_node: int, gpus_per_node: int
-) -> dict:
-    """What sbatch sets for the batch step (which runs on the first node as task 0 of step 'batch')."""
-    n = len(cluster.nodes)
-    nodelist = (
-        f"node[{cluster.nodes[0][4:]}-{cluster.nodes[-1][4:]}]" if n > 1 else cluster.nodes[0]
-    )
-    return {
-        "SLURM_JOB_ID": job_id,
-        "SLURM_JOBID": job_id,
-        "SLURM_JOB_NAME": "octo-dist",
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_NODELIST": nodelist,
-        "SLURM_JOB_NUM_NODES": str(n),
-        "SLURM_NNODES": str(n),
-        "SLURM_NTASKS": str(n * ranks_per_node),
-        "SLURM_NPROCS": str(n * ranks_per_node),
-        "SLURM_NTASKS_PER_NODE": str(ranks_per_node),
-        "SLURM_TASKS_PER_NODE": f"{ranks_per_node}(x{n})",
-        "SLURM_JOB_CPUS_PER_NODE": f"{ranks_per_node}(x{n})",
-        "SLURM_CPUS_ON_NODE": str(ranks_per_node),
-        "SLURM_GPUS_PER_NODE": str(gpus_per_node),
-        "SLURM_SUBMIT_DIR": str(workdir),
-        "SLURM_SUBMIT_HOST": "login1",
-        "SLURM_CLUSTER_NAME": "sim",
-        "SLURM_JOB_PARTITION": "gpu",
-        "SLURM_JOB_USER": "root",
-        "SLURM_JOB_UID": "0",
-        "SLURM_NODEID": "0",
-        "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0",
-        "SLURMD_NODENAME": cluster.nodes[0],
-        "SLURM_GTIDS": "0",
-        "SLURM_TOPOLOGY_ADDR": cluster.nodes[0],
-        "SLURM_TOPOLOGY_ADDR_PATTERN": "node",
     }
 
 

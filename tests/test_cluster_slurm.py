@@ -1,0 +1,432 @@
+"""The rendered SLURM job under real Slurm 22.05 on the two-node namespace cluster (root; Debian's slurmctld,
+slurmd, slurm-client and munge).
+
+Every job is rendered and submitted as a user does it, on the login node (node001): ``octo-dist launch slurm
+--nodes 2 ... --submit`` (the real ``sbatch``); the job's ``srun`` is the real one, its ``--signal`` and time limit
+are Slurm's own, and so is ``--chain``'s dependency. Results come from rank 0's record (``--record``: every rank's
+parameter digest and host) and from ``scontrol show job`` (no ``sacct`` without ``slurmdbd``); never from
+interleaved output. ``tests/cluster/slurm.py`` says how the daemons run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import image as sim_image
+from cluster import sim
+from cluster import slurm as sim_slurm
+from helpers import REPO, clean_env
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+STEPS = 1000  # about a minute of training after the first step's compilation: long enough to stop it midway
+GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
+SAVE_EVERY = 100
+LONG = 10**6  # steps of a run that only a fault or scancel ends
+STOP_MARGIN_S = 60
+JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
+FAULT_DEADLINE_S = 60  # a lost node must end the job within this (measured from the fault)
+FAULT_GRACE_S = 30  # ... plus this much for a loaded machine before the test gives up
+VENV = Path(sys.executable).parent.parent
+# Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task.
+SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
+REPORT = (
+    sim_image.CACHE / "cluster-slurm.txt"
+)  # what each run measured, for a reader (`make cluster-smoke` style)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+
+
+@pytest.fixture(scope="session")
+def slurm_ready():
+    reason = sim_slurm.unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def slurm(slurm_ready, tmp_path):
+    """Two nodes with munged, slurmctld (node001) and a slurmd on each; all of it gone after the test."""
+    with sim.Cluster(tmp_path / "cluster") as c, sim_slurm.Slurm(c) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def sif(slurm_ready, tmp_path_factory) -> Path:
+    groups = tmp_path_factory.mktemp("groups")
+    return sim_image.write_sif(groups / "octo-dist.sif", sim_image.build())
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory) -> Path:
+    """One JAX compilation cache for every job of the session (as a site shares one between jobs): only the first
+    job compiles."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+class Submitted:
+    """What ``octo-dist launch ... --submit`` said: the job ids and their logs; the submit directory."""
+
+    def __init__(self, slurm: sim_slurm.Slurm, work: Path, stdout: str):
+        self.slurm, self.work = slurm, work
+        # "submitted job 12, after 11: log /path/octo-dist-12.out"
+        found = re.findall(r"^submitted job (\d+)(?:, after \d+)?: log (\S+)$", stdout, re.M)
+        assert found, stdout
+        self.ids = [j for j, _ in found]
+        self.logs = [Path(log) for _, log in found]
+
+    @property
+    def id(self) -> str:
+        return self.ids[0]
+
+    def log(self, i: int = 0) -> str:
+        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else "(no log yet)"
+
+    def tail(self, i: int = 0, n: int = 4000) -> str:
+        return f"--- job {self.ids[i]} log ---\n{self.log(i)[-n:]}\n--- daemons ---\n{self.slurm.logs(1500)}"
+
+    def wait(self, i: int = 0, timeout: float = JOB_TIMEOUT_S) -> dict:
+        """The job's final record (``scontrol show job``); fails the test if it has not ended by ``timeout``."""
+        record = self.slurm.wait_job(self.ids[i], timeout)
+        if record.get("JobState") not in ENDED:
+            self.slurm.client("node001", ["scancel", self.ids[i]], check=False)
+            pytest.fail(
+                f"job {self.ids[i]} is {record.get('JobState')} after {timeout:.0f} s\n"
+                + self.tail(i)
+            )
+        return record
+
+
+def launch(
+    slurm: sim_slurm.Slurm,
+    tmp_path: Path,
+    cache: Path,
+    *extra: str,
+    steps: int = STEPS,
+    ranks_per_node: int = 2,
+    global_batch: int = GLOBAL_BATCH,
+    walltime: str = "0:30:00",
+    image: Path | None = None,
+    train: list | None = None,
+) -> Submitted:
+    """``octo-dist launch slurm --nodes 2 ... --submit`` in a submit directory on node001 (the login node)."""
+    work, home = tmp_path / "submit", tmp_path / "home"
+    work.mkdir(exist_ok=True)
+    home.mkdir(exist_ok=True)
+    assert REPO not in work.parents
+    train = train or [
+        "smoke",
+        "--model",
+        "tiny",
+        f"--save-every={SAVE_EVERY}",
+        f"--record={work / 'record.json'}",
+    ]
+    where = ["--image", str(image)] if image else ["--venv", str(VENV)]
+    argv = [
+        sys.executable,
+        "-m",
+        "octo_dist",
+        "launch",
+        "slurm",
+        "--nodes",
+        "2",
+        "--ranks-per-node",
+        str(ranks_per_node),
+        "--gpus-per-node",
+        str(ranks_per_node),
+        "--walltime",
+        walltime,
+        *where,
+        "--global-batch",
+        str(global_batch),
+        "--steps",
+        str(steps),
+        "--save-dir",
+        "runs/smoke",
+        "--wandb-mode",
+        "disabled",
+        "--compile-cache",
+        str(cache),
+        "-o",
+        "job.sh",
+        "--submit",
+        *extra,
+        "--",
+        *train,
+    ]
+    # The login shell: the site's PATH (singularity), Slurm's config, the checkout importable for `python -m`.
+    env = sim.base_env(slurm.cluster, home, SUBMIT_VARS)
+    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
+    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return Submitted(slurm, work, res.stdout)
+
+
+def record(work: Path) -> dict:
+    path = work / "record.json"
+    assert path.exists(), f"rank 0 wrote no {path}"
+    return json.loads(path.read_text())
+
+
+def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        state = job.slurm.job(job.id).get("JobState")
+        if state in ENDED:
+            pytest.fail(f"job {job.id} ended ({state}) before {path.name} appeared\n" + job.tail())
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {path} after {timeout:.0f} s\n" + job.tail())
+        time.sleep(1)
+
+
+def hosts(rec: dict, ranks_per_node: int = 2) -> None:
+    assert sorted(rec["hosts"]) == ["node001"] * ranks_per_node + ["node002"] * ranks_per_node, rec[
+        "hosts"
+    ]
+
+
+# ---- the runs -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(slurm_ready, tmp_path_factory, compile_cache) -> dict:
+    """The venv job run once to the end under real Slurm: the run the others must equal."""
+    tmp = tmp_path_factory.mktemp("slurm-complete")
+    with sim.Cluster(tmp / "cluster") as c, sim_slurm.Slurm(c) as s:
+        job = launch(s, tmp, compile_cache)
+        final = job.wait()
+        return {
+            "final": final,
+            "record": record(job.work) if final["JobState"] == "COMPLETED" else None,
+            "tail": job.tail(),
+            "log": job.log(),
+        }
+
+
+def test_submitted_job_completes_on_both_nodes_with_identical_parameters(uninterrupted):
+    assert uninterrupted["final"]["JobState"] == "COMPLETED", uninterrupted["tail"]
+    assert uninterrupted["final"]["ExitCode"] == "0:0", uninterrupted["final"]
+    assert uninterrupted["final"]["NodeList"] == "node[001-002]", uninterrupted["final"]
+    rec = uninterrupted["record"]
+    hosts(rec)
+    assert len(rec["digests"]) == 4 and len(set(rec["digests"])) == 1, rec["digests"]
+    assert rec["end_step"] == STEPS and not rec["stopped_by"], rec
+
+
+def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_identically(
+    slurm, tmp_path, compile_cache, uninterrupted
+):
+    job = launch(
+        slurm, tmp_path, compile_cache, "--chain", "2", "--stop-margin", str(STOP_MARGIN_S)
+    )
+    first, second = job.ids
+    assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
+    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    # The time limit brought forward to now + the stop margin (Slurm counts it in minutes), as an admin's
+    # `scontrol update` does: Slurm's own --signal=B:USR1@<margin> then comes within its 30 s check period, while
+    # the ranks are past their first checkpoint whatever the machine's load.
+    elapsed = int(slurm.job(first)["RunTime"].split(":")[-2]) * 60 + int(
+        slurm.job(first)["RunTime"].split(":")[-1]
+    )
+    minutes = -(-(elapsed + STOP_MARGIN_S) // 60)
+    slurm.client("node001", ["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"])
+    final = job.wait(0)
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
+    stopped = record(job.work)
+    assert stopped["stopped_by"] and 0 < stopped["end_step"] < STEPS, (stopped, job.tail(0))
+    hosts(stopped)
+    assert "SIGUSR1" in job.log(0), job.tail(
+        0
+    )  # the script's own note: "SIGUSR1 after Ns: asking every rank..."
+
+    resumed_final = job.wait(1)
+    assert resumed_final["JobState"] == "COMPLETED", (resumed_final, job.tail(1))
+    resumed = record(job.work)
+    assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
+    hosts(resumed)
+    assert uninterrupted["record"], uninterrupted["tail"]
+    assert resumed["digests"] == uninterrupted["record"]["digests"], (
+        "the stopped and resumed run differs from the uninterrupted one",
+        resumed["digests"],
+        uninterrupted["record"]["digests"],
+    )
+
+
+def job_processes(cluster: sim.Cluster) -> list[str]:
+    """The job's programs still running on the nodes (Slurm's own daemons excepted): 'node002: octo-dist smoke'."""
+    out = []
+    for node in cluster.nodes:
+        for pid in cluster.processes_on(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            name = " ".join(c.decode(errors="replace") for c in cmd[:3])
+            if not any(
+                d in name for d in ("slurmd", "slurmctld", "munged", "runuser", "slurmstepd")
+            ):
+                out.append(f"{node}: {name}")
+    return out
+
+
+def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
+    job = launch(slurm, tmp_path, compile_cache, steps=LONG, ranks_per_node=1, global_batch=8)
+    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    assert any(p.startswith("node002:") and "octo-dist" in p for p in job_processes(slurm.cluster))
+    slurm.client("node001", ["scancel", job.id])
+    final = job.wait(timeout=120)
+    assert final["JobState"] == "CANCELLED", (final, job.tail())
+    deadline = time.monotonic() + 60
+    while job_processes(slurm.cluster) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert job_processes(slurm.cluster) == [], job_processes(slurm.cluster)
+
+
+def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
+    """node's slurmd and every rank on it SIGKILLed (slurmstepd stays: it is the rest of the node)."""
+    daemon = slurm.daemons[f"slurmd-{node}"]
+    daemon.kill()
+    daemon.wait()
+    killed = []
+    for pid in slurm.cluster.processes_on(node):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"octo-dist") for part in cmd[:2]):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    assert killed, f"no rank processes found on {node}"
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
+def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_failed(
+    fault, slurm, tmp_path, compile_cache
+):
+    # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
+    job = launch(slurm, tmp_path, compile_cache, steps=LONG, ranks_per_node=1, global_batch=8)
+    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    seen = len(job.log())  # the preflight already names node002: read what follows the fault
+    if fault == "link-cut":
+        slurm.cluster.cut_link("node002")
+    else:
+        kill_node(slurm, "node002")
+    t0 = time.monotonic()
+    state = slurm.job(job.id)
+    while (
+        state.get("JobState") == "RUNNING"
+        and time.monotonic() - t0 < FAULT_DEADLINE_S + FAULT_GRACE_S
+    ):
+        time.sleep(1)
+        state = slurm.job(job.id)
+    took = time.monotonic() - t0
+    assert state.get("JobState") != "RUNNING", (
+        f"{fault}: job {job.id} still RUNNING {took:.0f} s after the fault\n" + job.tail()
+    )
+    # The batch script has ended: Slurm records it as failed (COMPLETING while it cannot reach node002 to clean
+    # up, with the script's exit status; FAILED or NODE_FAIL once done).
+    assert state["JobState"] in ("FAILED", "NODE_FAIL", "COMPLETING"), state
+    assert state["ExitCode"] != "0:0", state
+    said = job.log()[seen:]
+    assert "node002" in said, f"{fault}: nothing after the fault names node002\n" + job.tail()
+    report(
+        f"lost node ({fault}): job {job.id} ended {took:.0f} s after the fault, Slurm: JobState="
+        f"{state['JobState']} ExitCode={state['ExitCode']}; the job said: "
+        + " | ".join(ln for ln in said.splitlines() if "node002" in ln)[:600]
+    )
+
+
+def report(line: str) -> None:
+    REPORT.parent.mkdir(exist_ok=True)
+    with open(REPORT, "a") as f:
+        f.write(line + "\n")
+
+
+# ---- what the real srun gives a task, and what octo-dist reads from it (no JAX: seconds) --------------------------
+
+DETECT_JOB = """#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=2 --output=detect-%j.out
+# Every task: its environment (NUL-separated) and octo-dist's reading of it, one file each.
+each='env -0 >"$1-env-$SLURM_PROCID" && exec "$2" detect --json --output "$1-detect-{{rank}}.json" >/dev/null'
+srun --nodes=2 --ntasks-per-node=2 bash -c "$each" task 2x2 {octo}
+srun --nodes=2 --ntasks=3 bash -c "$each" task n3 {octo}
+"""
+
+
+def read_task_files(work: Path, shape: str) -> list[tuple[dict, dict]]:
+    out = []
+    for f in sorted(work.glob(f"{shape}-env-*")):
+        env = dict(kv.split("=", 1) for kv in f.read_text().split("\0") if "=" in kv)
+        detected = json.loads((work / f"{shape}-detect-{env['SLURM_PROCID']}.json").read_text())
+        out.append((env, detected))
+    return out
+
+
+def test_detect_under_the_real_srun_matches_slurms_own_variables(slurm, tmp_path):
+    work = tmp_path / "submit"
+    work.mkdir()
+    (work / "detect.sh").write_text(DETECT_JOB.format(octo=VENV / "bin" / "octo-dist"))
+    job_id = slurm.client("node001", ["sbatch", "--parsable", "detect.sh"], cwd=str(work)).stdout
+    final = slurm.wait_job(job_id.strip(), 120)
+    log = (work / f"detect-{job_id.strip()}.out").read_text(errors="replace")
+    assert final["JobState"] == "COMPLETED", (final, log, slurm.logs(1500))
+    for shape, per_node in (
+        ("2x2", {"node001": 2, "node002": 2}),
+        ("n3", {"node001": 2, "node002": 1}),
+    ):
+        tasks = read_task_files(work, shape)
+        world = sum(per_node.values())
+        assert len(tasks) == world, (shape, log)
+        for env, d in tasks:
+            host = env["SLURMD_NODENAME"]
+            assert d["ok"] and d["launcher"] == "slurm", d
+            assert (d["rank"], d["world_size"], d["local_rank"], d["local_size"]) == (
+                int(env["SLURM_PROCID"]),
+                int(env["SLURM_STEP_NUM_TASKS"]),
+                int(env["SLURM_LOCALID"]),
+                per_node[host],
+            ), (shape, env, d)
+            assert d["nodes"] == ["node001", "node002"] and d["job_id"] == env["SLURM_JOB_ID"], d
+            assert d["host"] == host, d
+        ranks_by_host = sorted((e["SLURMD_NODENAME"], int(e["SLURM_PROCID"])) for e, _ in tasks)
+        # Block distribution: the first node's tasks come first.
+        expect = [("node001", r) for r in range(per_node["node001"])] + [
+            ("node002", r) for r in range(per_node["node001"], world)
+        ]
+        assert ranks_by_host == expect, (shape, ranks_by_host)
+
+
+def test_a_new_set_up_removes_what_a_crashed_run_left(slurm_ready, tmp_path):
+    crashed_cluster = sim.Cluster(tmp_path / "crashed").up()
+    crashed = sim_slurm.Slurm(crashed_cluster).up()
+    daemons = {name: p.pid for name, p in crashed.daemons.items()}
+    (crashed.run / "left-behind").write_text("")
+    # "Crashed": neither down() ran; the lock goes with the process that held it.
+    crashed_cluster._lock.close()
+    crashed_cluster._lock = None
+    sim._HELD = False
+    try:
+        with sim.Cluster(tmp_path / "again") as c, sim_slurm.Slurm(c) as s:
+            for p in crashed.daemons.values():
+                p.wait(timeout=30)  # killed by the new set-up (they lived in the old namespaces)
+            assert not (s.run / "left-behind").exists()
+            assert sorted(s.daemons) == sorted(daemons)
+            assert s.client("node001", ["sinfo", "-h", "-o", "%D %t"]).stdout.split() == [
+                "2",
+                "idle",
+            ]
+    finally:
+        for p in list(crashed.daemons.values()) + list(crashed_cluster.holders.values()):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    # (Not the namespaces: another test process may set up its cluster as soon as the lock is free.)
+    assert not sim_slurm.RUN.exists()
