@@ -206,7 +206,9 @@ def test_a_lost_node_ends_the_job_naming_it(ge, tmp_path):
         time.sleep(1)
     took = time.monotonic() - t0
     text = log(work, job)
-    assert "training exited with" in text, f"still running {took:.0f} s after the cut\n{text[-4000:]}"
+    assert "training exited with" in text, (
+        f"still running {took:.0f} s after the cut\n{text[-4000:]}"
+    )
     said = text[seen:]
     assert "training exited with 0" not in said, said[-4000:]
     assert "node002" in said or "rank 2" in said or "rank 3" in said, said[-4000:]
