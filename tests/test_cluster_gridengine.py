@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,50 @@ def rank_processes(ge: gridengine.GridEngine, node: str) -> list[int]:
         if b"octo-dist" in cmdline or b"orted" in cmdline:
             out.append(pid)
     return out
+
+
+CRASHING_RUN = """
+import json, os, sys
+from pathlib import Path
+from cluster import gridengine, sim
+cluster = sim.Cluster(Path(sys.argv[1])).up()
+engine = gridengine.GridEngine(cluster).up()
+pids = [p for n in cluster.nodes for p in cluster.processes_on(n)
+        if b"sge_" in Path(f"/proc/{p}/cmdline").read_bytes()]
+print(json.dumps(pids), flush=True)
+os.kill(os.getpid(), 9)  # no teardown at all
+"""
+
+
+def test_a_crashed_run_leaves_no_daemon_behind(tmp_path):
+    """A run killed with its daemons up (no teardown): the next set-up ends them; they wrote only under the dead
+    run's state directory."""
+    for reason in (sim.unavailable(), gridengine.unavailable()):
+        if reason:
+            pytest.skip(reason)
+    crashed = tmp_path / "crashed"
+    # Files, not pipes: the daemons and the nodes' holder processes it leaves behind would hold a pipe open.
+    out, err = tmp_path / "crashed.out", tmp_path / "crashed.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CRASHING_RUN, str(crashed)],
+            stdout=o,
+            stderr=e,
+            stdin=subprocess.DEVNULL,
+            cwd=Path(__file__).parent,
+        )
+        rc = proc.wait(timeout=300)
+    assert rc == -9, err.read_text()[-3000:]
+    daemons = json.loads(out.read_text())
+    assert len(daemons) >= 3, daemons  # sge_qmaster and two sge_execd
+    assert all(Path(f"/proc/{p}").exists() for p in daemons)  # left running by the crash
+    again = sim.Cluster(tmp_path / "next").up()
+    try:
+        left = [p for p in daemons if Path(f"/proc/{p}").exists()]
+        assert left == [], left
+    finally:
+        again.down()
+    assert (crashed / "sge" / "spool" / "qmaster" / "messages").exists()
 
 
 def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path):

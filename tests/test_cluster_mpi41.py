@@ -56,6 +56,20 @@ def cluster(tmp_path):
         c.down()
 
 
+SPOOL_PREFIX = "octosim-ompi41-"
+
+
+def spool_dir() -> Path:
+    """PBS's spool for this run, outside the job's directories; one a crashed earlier run left (its pid gone) goes."""
+    for old in Path("/var/spool").glob(SPOOL_PREFIX + "*"):
+        pid = old.name[len(SPOOL_PREFIX) :]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["rm", "-rf", str(old)])
+    path = Path("/var/spool") / f"{SPOOL_PREFIX}{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def hpcx41(cluster: sim.Cluster) -> Path:
     """What this ``module load hpcx/...`` puts on PATH: Open MPI 4.1's mpirun (its orted is on the nodes' PATH)."""
     d = cluster.state / "hpcx41" / "bin"
@@ -130,8 +144,7 @@ def test_pbs_job_in_the_image_under_open_mpi_4_1_binds_forwards_and_trains(clust
     assert 'BIND=(--map-by "ppr:$RANKS_PER_NODE:node:PE=$CPUS_PER_RANK" --bind-to core)' in text
     assert "CPUS_PER_RANK=1" in text
 
-    spool = Path("/var/spool") / f"octosim-{os.getpid()}-ompi41"
-    spool.mkdir(parents=True, exist_ok=True)
+    spool = spool_dir()
     try:
         env = sim.base_env(cluster, home, {**SUBMIT_VARS, **LOCAL_ONLY})
         env["BASH_FUNC_module%%"] = module_function(hpcx41(cluster))
