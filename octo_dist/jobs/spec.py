@@ -62,10 +62,10 @@ RESOURCE_TYPES = {
 }
 DEFAULT_RESOURCE_TYPE = {"pbs": "rt_HF"}
 
-# Grid Engine's parallel environment (-pe NAME SLOTS): "mpi" is the name most sites give the PE for MPI jobs (and
-# the one Son of Grid Engine's and Altair's guides use); Open MPI's tight integration needs it to have
-# control_slaves TRUE, and its allocation_rule decides how the slots spread over nodes (`qconf -spl` lists a site's
-# PEs, `qconf -sp mpi` shows one).
+# Grid Engine's parallel environment (-pe NAME SLOTS): no name is built into Grid Engine; "mpi" is the common name
+# for a site's MPI PE and says what it is for (Open MPI's own FAQ example calls it "orte": --pe orte there). Open
+# MPI's tight integration needs control_slaves TRUE, and the allocation_rule decides how the slots spread over the
+# nodes (`qconf -spl` lists a site's PEs, `qconf -sp mpi` shows one).
 DEFAULT_PE = "mpi"
 
 # Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand. Grid Engine and SLURM
@@ -205,7 +205,7 @@ class LaunchOptions:
         "Grid Engine parallel environment, #$ -pe NAME SLOTS with one slot per rank; it needs "
         "control_slaves TRUE (Open MPI starts the other nodes' ranks through qrsh -inherit) and an "
         "allocation_rule that gives each node --ranks-per-node slots; `qconf -spl` lists your site's "
-        "(default: {default}, the usual name)",
+        "(default: {default}, the common name; Open MPI's FAQ example uses orte)",
         "resources",
         schedulers=("sge",),
     )
