@@ -175,7 +175,8 @@ def test_a_crashed_run_leaves_no_daemon_behind(tmp_path):
     assert rc == -9, err.read_text()[-3000:]
     daemons = json.loads(out.read_text())
     assert len(daemons) >= 3, daemons  # sge_qmaster and two sge_execd
-    assert alive(daemons) == daemons  # left running by the crash
+    # Not asserted that they are still running here: another session's cluster set-up (the lock is free once the
+    # crashed run died) may already have ended them, which is the behaviour under test too.
     again = sim.Cluster(tmp_path / "next").up()
     try:
         # SIGKILLed by the set-up; gone once the kernel has ended them (a zombie awaiting its reaper counts as gone).
