@@ -234,11 +234,12 @@ docker-local-smoke: docker-local ## build $(IMAGE):cpu-local, run check-env and 
 	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- octo-dist check-env; \
 	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- mpirun --oversubscribe -np 2 octo-dist smoke
 
-# ---- a cluster on one machine (root): the rendered PBS, SGE and SLURM jobs run as deployed --------------------------
-# Two nodes as network + UTS + mount namespaces on a private link, ssh as a namespace agent, the scheduler's
-# variables, srun and singularity stand-ins, the image prefix built by containers/install.sh (tests/cluster/).
+# ---- a cluster on one machine (root): the rendered PBS, Grid Engine and SLURM jobs run as deployed -------------------
+# Two nodes as network + UTS + mount namespaces on a private link, ssh as a namespace agent; real Slurm 22.05 and
+# Grid Engine 8.1.9 daemons on them, PBS's variables imitated, a Singularity stand-in, the image prefix built by
+# containers/install.sh (tests/cluster/). The Debian packages: .ci/debian-packages.txt.
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py $(CLUSTER_ARGS) || status=$$?; \
+	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
 	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status

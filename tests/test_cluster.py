@@ -163,7 +163,7 @@ def render(
 ) -> Path:
     """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
     ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
-    args = {"pbs": ["--group", "gxx00000"], "sge": [], "slurm": ["--gpus-per-node", "2"]}[scheduler]
+    args = {"pbs": ["--group", "gxx00000"], "slurm": ["--gpus-per-node", "2"]}[scheduler]
     if train is None:
         train = [
             "smoke",
@@ -219,11 +219,11 @@ def submit(
     ranks_per_node: int = 2,
 ) -> sim.Job:
     """The job started on node001 with what the scheduler gives a batch job (qsub -V / sbatch: the submit env)."""
+    # Only PBS is imitated (OpenPBS is not packaged): Grid Engine and Slurm run for real (test_cluster_gridengine.py,
+    # test_cluster_slurm.py).
+    assert scheduler == "pbs", scheduler
     env = sim.base_env(cluster, home, submit_env or {})
-    if scheduler == "pbs":
-        env.update(sim.pbs_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
-    else:
-        env.update(sim.sge_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
+    env.update(sim.pbs_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
     return sim.Job(cluster, script, env, work, name).start()
 
 
@@ -479,22 +479,6 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     assert (
         uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
     )
-
-
-def test_sge_job_runs_2_nodes_x_2_ranks_in_the_image(
-    cluster, sif, spool, tmp_path, reference, uninterrupted
-):
-    work, home = workdir(tmp_path)
-    script = render("sge", work, sif)
-    job = submit(cluster, "sge", script, work, home, spool, "sge", "4242")
-    assert finish(job) == 0, tail(job)
-    record = json.loads((work / "record.json").read_text())
-    report(
-        "SGE, 2 nodes x 2 ranks, in the image",
-        job,
-        check_smoke_run(job, record, reference, cluster),
-    )
-    assert uninterrupted["record"] and record["digests"][0] == uninterrupted["record"]["digests"][0]
 
 
 def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:

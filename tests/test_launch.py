@@ -38,7 +38,7 @@ def write_script(tmp_path: Path, *argv) -> Path:
 
 BASE = {
     "pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"],
-    "sge": ["sge", "--nodes", "2"],
+    "sge": ["sge", "--nodes", "2", "--gpus-per-node", "4"],
     "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8", "--group", "acct"],
 }
 
@@ -131,11 +131,12 @@ def test_headers_follow_each_scheduler():
         assert line in pbs
     sge = rendered(*BASE["sge"], "--walltime", "0:10:00", "--image", "x.sif", "--skip-image-check")
     for line in (
-        "#$ -l rt_F=2",
+        "#$ -pe mpi 8",
         "#$ -l h_rt=00:10:00",
         "#$ -notify",
-        "MODULES=(hpcx/2.12 singularitypro)",
-        "HOSTFILE=${SGE_JOB_HOSTLIST:-}",
+        "MODULES=()",
+        "HOSTFILE=${PE_HOSTFILE:-}",
+        'LAUNCHER=(mpirun "${BIND[@]}" -x JOB_ID)',  # Open MPI reads PE_HOSTFILE itself
         "RANKS_PER_NODE=4",
         "STOP_TIMER=1",
     ):
@@ -214,10 +215,11 @@ def test_coordinator_only_when_asked():
 def test_launch_writes_the_script_and_prints_how_to_submit(tmp_path, capsys):
     out = tmp_path / "job.sh"
     assert cli.main(["launch", *BASE["sge"], "--group", "gxx00000", "-o", str(out)]) == 0
-    assert "qsub -g gxx00000" in capsys.readouterr().out
+    assert f"Submit: qsub {out}" in capsys.readouterr().out
     assert out.stat().st_mode & stat.S_IXUSR and out.read_text().startswith(
-        "#!/bin/bash\n#$ -l rt_F=2"
+        "#!/bin/bash\n#$ -pe mpi 8\n"
     )
+    assert "#$ -P gxx00000\n" in out.read_text()
     assert cli.main(["launch", *BASE["sge"], "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("#!/bin/bash")
 
@@ -229,7 +231,15 @@ REFUSALS = {
         ["pbs", "--nodes", "1", "--group", "g1", "--ranks-per-node", "9"],
         "--ranks-per-node 9",
     ),
-    "more GPUs than the node": (["sge", "--nodes", "1", "--gpus-per-node", "8"], "at most 4"),
+    "more GPUs than the node": (
+        ["pbs", "--nodes", "1", "--group", "g1", "--gpus-per-node", "9"],
+        "at most 8",
+    ),
+    "sge without gpus per node": (["sge", "--nodes", "1"], "--gpus-per-node 8"),
+    "a PE name with a space": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--pe", "mpi x"],
+        "--pe mpi-x",
+    ),
     "zero nodes": (["pbs", "--nodes", "0", "--group", "g1"], "--nodes 0"),
     "batch not divisible": (
         ["pbs", "--nodes", "2", "--group", "g1", "--global-batch", "100"],
@@ -239,46 +249,95 @@ REFUSALS = {
         ["pbs", "--nodes", "1", "--group", "g1", "--image", "/nonexistent/octo.sif"],
         "no such file",
     ),
-    "walltime malformed": (["sge", "--nodes", "1", "--walltime", "2h"], "H:MM:SS"),
-    "walltime minutes > 59": (["sge", "--nodes", "1", "--walltime", "1:75:00"], "H:MM:SS"),
-    "walltime zero": (["sge", "--nodes", "1", "--walltime", "0:00:00"], "more than zero"),
+    "walltime malformed": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "2h"],
+        "H:MM:SS",
+    ),
+    "walltime minutes > 59": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "1:75:00"],
+        "H:MM:SS",
+    ),
+    "walltime zero": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "0:00:00"],
+        "more than zero",
+    ),
     "walltime shorter than the stop margin": (
-        ["sge", "--nodes", "1", "--walltime", "0:05:00"],
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "0:05:00"],
         "--stop-margin 30",
     ),
     "pbs without a group": (["pbs", "--nodes", "1"], "qsub -P"),
     "slurm without gpus per node": (["slurm", "--nodes", "1"], "--gpus-per-node 8"),
     "resource type of another scheduler": (
-        ["sge", "--nodes", "1", "--resource-type", "rt_HF"],
-        "rt_F",
+        ["pbs", "--nodes", "1", "--group", "g1", "--resource-type", "rt_F"],
+        "rt_HF",
     ),
-    "unknown training command": (["sge", "--nodes", "1", "--", "train.py"], "smoke"),
+    "unknown training command": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--", "train.py"],
+        "smoke",
+    ),
     "a setting given twice": (
-        ["sge", "--nodes", "1", "--steps", "10", "--", "smoke", "--steps=20"],
+        [
+            "sge",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--steps",
+            "10",
+            "--",
+            "smoke",
+            "--steps=20",
+        ],
         "drop --steps",
     ),
-    "save dir after --": (["sge", "--nodes", "1", "--", "smoke", "--save-dir", "x"], "--save-dir"),
+    "save dir after --": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--", "smoke", "--save-dir", "x"],
+        "--save-dir",
+    ),
     "group with a space": (["pbs", "--nodes", "1", "--group", "g 1"], "--group g-1"),
     "walltime with a trailing newline": (
-        ["sge", "--nodes", "1", "--walltime", "1:00:00\n"],
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "1:00:00\n"],
         "U+000A",
     ),
     "coordinator port out of range": (
-        ["sge", "--nodes", "1", "--coordinator", "host:99999"],
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--coordinator", "host:99999"],
         "1 to 65535",
     ),
-    "coordinator port zero": (["sge", "--nodes", "1", "--coordinator", "host:0"], "1 to 65535"),
-    "a newline after --": (["sge", "--nodes", "1", "--", "smoke", "--model\ntouch X #"], "U+000A"),
-    "a path read as an option": (["sge", "--nodes", "1", "--save-dir=-rf"], "--save-dir ./-rf"),
+    "coordinator port zero": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--coordinator", "host:0"],
+        "1 to 65535",
+    ),
+    "a newline after --": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--", "smoke", "--model\ntouch X #"],
+        "U+000A",
+    ),
+    "a path read as an option": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--save-dir=-rf"],
+        "--save-dir ./-rf",
+    ),
     "a bound path with a colon": (
-        ["sge", "--nodes", "1", "--image", "x.sif", "--skip-image-check", "--save-dir", "a:b"],
+        [
+            "sge",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--image",
+            "x.sif",
+            "--skip-image-check",
+            "--save-dir",
+            "a:b",
+        ],
         "source:destination",
     ),
     "more cores than the node": (
         ["pbs", "--nodes", "1", "--group", "g1", "--cpus-per-rank", "13"],
         "--cpus-per-rank 12",
     ),
-    "a bidi override in a module": (["sge", "--nodes", "1", "--module", "hpcx\u202e"], "U+202E"),
+    "a bidi override in a module": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--module", "hpcx\u202e"],
+        "U+202E",
+    ),
 }
 
 
@@ -327,13 +386,16 @@ def fake_job(tmp_path):
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
-    hostlist = tmp_path / "hostlist"
+    hostlist = tmp_path / "hostlist"  # PBS's form, for the PBS case
     hostlist.write_text("localhost\nlocalhost\n")
+    pe_hostfile = tmp_path / "pe_hostfile"  # Grid Engine's: host, slots, queue, processors
+    pe_hostfile.write_text("localhost 2 all.q@localhost UNDEFINED\n")
     log = tmp_path / "launcher.log"
     env = {k: v for k, v in clean_env().items() if not k.startswith("BASH_FUNC_module")}
     env.update(
         PATH=f"{bin_dir}:/usr/bin:/bin",
-        SGE_JOB_HOSTLIST=str(hostlist),
+        PE_HOSTFILE=str(pe_hostfile),
+        NSLOTS="2",
         JOB_ID="4242",
         FAKE_LAUNCHER_LOG=str(log),
         HOME=str(tmp_path),
@@ -471,7 +533,7 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
     fake_job, tmp_path, scheduler
 ):
     make, env, log = fake_job
-    env = {k: v for k, v in env.items() if k not in ("SGE_JOB_HOSTLIST", "JOB_ID")}
+    env = {k: v for k, v in env.items() if k not in ("PE_HOSTFILE", "NSLOTS", "JOB_ID")}
     if scheduler == "pbs":  # PBS starts the job in $HOME; the script goes back to where qsub ran
         env.update(
             PBS_NODEFILE=str(tmp_path / "hostlist"),
@@ -529,12 +591,10 @@ def test_launcher_line_one_rank_per_gpu_and_key_stays_out_of_argv(fake_job, tmp_
     assert proc.returncode == 0, out
     argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert len(argv) == 2 and "check-env --launch" in argv[0] and " smoke " in argv[1]
-    assert argv[1].startswith(
-        f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x JOB_ID "
-    )
+    assert argv[1].startswith("argv --map-by ppr:2:node --bind-to none -x JOB_ID ")
     for var in ("WANDB_MODE", "WANDB_API_KEY", "OCTO_DIST_NODEFILE"):
         assert f"-x {var} " in argv[1]
-    assert "SGE_JOB_HOSTLIST" not in argv[1]  # the scheduler's variable is left as it set it
+    assert "PE_HOSTFILE" not in argv[1]  # the scheduler's variable is left as it set it
     assert "sk-secret" not in "".join(argv) and "sk-secret" not in out
     assert (
         "env WANDB_API_KEY=sk-secret-0123456789" in log.read_text()
@@ -592,10 +652,20 @@ def test_a_launcher_exiting_0_without_every_rank_finishing_fails_the_job(fake_jo
 
 def test_outside_a_job_the_script_says_to_submit_it(fake_job, tmp_path):
     make, env, log = fake_job
-    env = {k: v for k, v in env.items() if k != "SGE_JOB_HOSTLIST"}
+    env = {k: v for k, v in env.items() if k != "PE_HOSTFILE"}
     proc = start(make(), env, tmp_path)
     out = finish(proc)
-    assert proc.returncode == 2 and "SGE_JOB_HOSTLIST is ''" in out and "qsub job.sh" in out
+    assert proc.returncode == 2 and "PE_HOSTFILE is ''" in out and "qsub job.sh" in out
+
+
+def test_a_grid_engine_pe_of_another_shape_is_refused_naming_it(fake_job, tmp_path):
+    """PE_HOSTFILE with both slots on one host (a PE whose allocation_rule fills up a node): refused before mpirun."""
+    make, env, log = fake_job
+    (tmp_path / "pe_hostfile").write_text("node001 2 all.q@node001 UNDEFINED\n")
+    proc = start(make("--nodes", "2", "--gpus-per-node", "1"), env, tmp_path)
+    out = finish(proc)
+    assert proc.returncode == 2 and "NSLOTS=2 as node001:2" in out and "allocation_rule is 1" in out
+    assert not log.exists() or "argv" not in log.read_text()
 
 
 # ---- for real: the smoke job's 2 ranks under the venv's mpirun, in a fake SGE / PBS job -----------------------------
@@ -675,9 +745,9 @@ def smoke_script(tmp_path: Path, scheduler: str, *extra: str) -> Path:
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
-    hosts = tmp_path / "hostlist"
-    hosts.write_text("localhost\nlocalhost\n")
-    env = real_job_env(tmp_path, SGE_JOB_HOSTLIST=str(hosts), JOB_ID="4242")
+    hosts = tmp_path / "pe_hostfile"
+    hosts.write_text("localhost 2 all.q@localhost UNDEFINED\n")
+    env = real_job_env(tmp_path, PE_HOSTFILE=str(hosts), NSLOTS="2", JOB_ID="4242")
     script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
     started = time.monotonic()
     proc = helpers.run(
@@ -811,12 +881,24 @@ def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, c
 
     with pytest.raises(spec.JobSpecError, match="did you mean --steps"):
         parse(
-            ["sge", "--nodes", "1", "--", "smoke", "--stepz", "3"],
+            ["sge", "--nodes", "1", "--gpus-per-node", "4", "--", "smoke", "--stepz", "3"],
             checkers={"smoke": smoke_checker},
         )
     seen = []
     parse(
-        ["sge", "--nodes", "1", "--steps", "5", "--", "smoke", "--model", "tiny"],
+        [
+            "sge",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--steps",
+            "5",
+            "--",
+            "smoke",
+            "--model",
+            "tiny",
+        ],
         checkers={"smoke": seen.append, "finetune": smoke_checker},
     )
     assert seen == [
@@ -839,7 +921,20 @@ def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, c
     jobs_cli.add_parser(parser.add_subparsers(), checkers={"smoke": smoke_checker})
     out = tmp_path / "job.sh"
     args = parser.parse_args(
-        ["launch", "sge", "--nodes", "1", "-o", str(out), "--", "smoke", "--stepz", "3"]
+        [
+            "launch",
+            "sge",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "-o",
+            str(out),
+            "--",
+            "smoke",
+            "--stepz",
+            "3",
+        ]
     )
     assert args.func(args) == 2 and not out.exists()
     err = capsys.readouterr().err
@@ -873,8 +968,8 @@ def test_each_schedulers_help_stands_alone(scheduler):
         assert "``" not in action.help and ":ref:" not in action.help and "seed" not in action.help
     text = sub.format_help()
     others = {
-        "pbs": ("SGE_JOB_HOSTLIST", "sbatch"),
-        "sge": ("rt_HF", "hpcx/2.20", "sbatch"),
+        "pbs": ("PE_HOSTFILE", "sbatch", "--pe PE", "--queue"),
+        "sge": ("rt_HF", "hpcx/2.20", "sbatch", "SGE_JOB_HOSTLIST", "rt_F"),
         "slurm": ("rt_HF", "hpcx", "qsub", "PBS_NODEFILE"),
     }[scheduler]
     for word in others:

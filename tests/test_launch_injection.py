@@ -70,7 +70,11 @@ FIELDS = {
     "--coordinator": lambda v: ["--coordinator", v],
     "--walltime": lambda v: ["--walltime", v],
     "--wandb-mode": lambda v: ["--wandb-mode", v],
-    "--resource-type": lambda v: ["--resource-type", v],
+    "--pe": lambda v: [
+        "--pe",
+        v,
+    ],  # Grid Engine's directives (PBS's resource type is a table lookup)
+    "--queue": lambda v: ["--queue", v],
     "-o": lambda v: ["-o", v],  # after launch()'s own -o: argparse keeps the last
 }
 
@@ -136,18 +140,25 @@ def cluster(tmp_path):
     _executable(tools / "module", FAKE_MODULE)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    hostlist = tmp_path / "hostlist"
-    hostlist.write_text("localhost\n")
+    hostlist = tmp_path / "pe_hostfile"
+    hostlist.write_text("localhost 4 all.q@localhost UNDEFINED\n")
     env = {k: v for k, v in clean_env().items() if not k.startswith("BASH_FUNC_module")}
     env.update(
         PATH=f"{tools}:/usr/bin:/bin",
-        SGE_JOB_HOSTLIST=str(hostlist),
+        PE_HOSTFILE=str(hostlist),
+        NSLOTS="4",
         JOB_ID="4242",
         HOME=str(tmp_path),
         FAKE_LOG=str(tmp_path / "tools.log"),
         FAKE_ARGV_LOG=str(tmp_path / "argv.log"),
     )
     return job_dir, env, tmp_path / "argv.log"
+
+
+def with_slots(env: dict, slots: int) -> dict:
+    """The job's Grid Engine variables for one node with ``slots`` slots (the rendered script checks the shape)."""
+    Path(env["PE_HOSTFILE"]).write_text(f"localhost {slots} all.q@localhost UNDEFINED\n")
+    return dict(env, NSLOTS=str(slots))
 
 
 def fake_venv(where: Path) -> None:
@@ -268,7 +279,7 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
         proc = helpers.run(
             ["bash", "job.sh"],
             cwd=run_dir,
-            env=dict(env, FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
+            env=dict(with_slots(env, 1), FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -297,13 +308,15 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
 
 
 @pytest.mark.parametrize(
-    "field", ["--name", "--group", "--coordinator", "--walltime", "--wandb-mode", "--resource-type"]
+    "field", ["--name", "--group", "--coordinator", "--walltime", "--wandb-mode", "--pe", "--queue"]
 )
 def test_scheduler_directives_take_no_free_text(tmp_path, capsys, field):
     """What lands in #PBS/#$/#SBATCH lines or in a number is refused unless it has the expected form."""
     (tmp_path / "job").mkdir()
     for value in HOSTILE:
-        code, err, script = launch(tmp_path, ["sge", "--nodes", "1", *FIELDS[field](value)], capsys)
+        code, err, script = launch(
+            tmp_path, ["sge", "--nodes", "1", "--gpus-per-node", "4", *FIELDS[field](value)], capsys
+        )
         assert code == 2 and script is None and one_line_refusal(err), (value, err)
 
 
@@ -313,7 +326,7 @@ def test_unprintable_values_are_refused_in_every_field(tmp_path, capsys, field):
     for value in UNPRINTABLE:
         if "\x00" in value and field != "-- smoke":
             continue  # argv cannot hold NUL; tested once through the training command's path below
-        argv = ["sge", "--nodes", "1", *FIELDS[field](value)]
+        argv = ["sge", "--nodes", "1", "--gpus-per-node", "4", *FIELDS[field](value)]
         if "\x00" in value:
             with pytest.raises(Exception):
                 parse(argv)
@@ -329,12 +342,26 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
     """-o lands in the header's submit hint and in the 'submit it' error: quoted in both."""
     job_dir, env, _ = cluster
     out = job_dir / name
-    assert cli.main(["launch", "sge", "--nodes", "1", "--venv", "venv", "-o", str(out)]) == 0, (
-        capsys.readouterr().err
-    )
+    assert (
+        cli.main(
+            [
+                "launch",
+                "sge",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "4",
+                "--venv",
+                "venv",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     shellcheck(out)
     env = {
-        k: v for k, v in env.items() if k != "SGE_JOB_HOSTLIST"
+        k: v for k, v in env.items() if k != "PE_HOSTFILE"
     }  # outside a job: the script says to submit it
     proc = helpers.run(
         ["bash", str(out)],
@@ -350,14 +377,31 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
 
 
 def test_output_that_is_a_directory_or_in_a_missing_one_is_refused(tmp_path, capsys):
-    assert cli.main(["launch", "sge", "--nodes", "1", "-o", str(tmp_path)]) == 2
+    assert (
+        cli.main(["launch", "sge", "--nodes", "1", "--gpus-per-node", "4", "-o", str(tmp_path)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert (
         "is a directory" in err
         and err.count("\n") == 1
         and f"-o {tmp_path}/octo-dist-sge.sh" in err
     )
-    assert cli.main(["launch", "sge", "--nodes", "1", "-o", str(tmp_path / "no" / "job.sh")]) == 2
+    assert (
+        cli.main(
+            [
+                "launch",
+                "sge",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "4",
+                "-o",
+                str(tmp_path / "no" / "job.sh"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "does not exist" in err and f"mkdir -p {tmp_path / 'no'}" in err
 
@@ -366,7 +410,7 @@ def test_bash_n_catches_a_script_bash_cannot_parse():
     """The last check before a script is written (a broken template is octo-dist's bug, not the user's)."""
     with pytest.raises(jobs_cli.ScriptError, match="fails bash -n"):
         jobs_cli.syntax_check("#!/bin/bash\nif then fi\n")
-    jobs_cli.syntax_check(render.render(parse(["sge", "--nodes", "1"])))
+    jobs_cli.syntax_check(render.render(parse(["sge", "--nodes", "1", "--gpus-per-node", "4"])))
 
 
 # ---- a failed rank ends the job --------------------------------------------------------------------------------------
@@ -399,7 +443,9 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
             'if rank == os.environ.get("FAKE_FAIL_RANK") and "check-env" not in sys.argv:',
         )
     )
-    env = dict(env, FAKE_RANKS="2", FAKE_HANG="1", FAKE_SLEEP="600", FAKE_FAIL_RANK="1")
+    env = dict(
+        with_slots(env, 2), FAKE_RANKS="2", FAKE_HANG="1", FAKE_SLEEP="600", FAKE_FAIL_RANK="1"
+    )
     proc = helpers.popen(
         ["bash", "job.sh"],
         cwd=job_dir,
@@ -463,9 +509,7 @@ def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
             )
         )
     )
-    hosts = tmp_path / "hostlist"
-    hosts.write_text("localhost\nlocalhost\n")
-    env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin", RANK_OUT=str(tmp_path))
+    env = dict(with_slots(env, 2), PATH=f"{VENV_BIN}:/usr/bin:/bin", RANK_OUT=str(tmp_path))
     proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,
@@ -515,7 +559,7 @@ def test_every_scheduler_renders_the_same_on_a_bare_python(version, tmp_path):
     # The command itself, with -S (no site-packages at all): writes a script for every scheduler.
     for scheduler, extra in (
         ("pbs", ["--group", "gxx00000"]),
-        ("sge", []),
+        ("sge", ["--gpus-per-node", "4"]),
         ("slurm", ["--gpus-per-node", "4"]),
     ):
         code = (
@@ -563,7 +607,7 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
     )
 
     def job(job_id, after=None, **extra):
-        env_job = dict(env, JOB_ID=job_id, **extra)
+        env_job = dict(with_slots(env, 1), JOB_ID=job_id, **extra)
         if after:
             env_job["OCTO_DIST_AFTER"] = after
         argv_log.unlink(missing_ok=True)
@@ -621,8 +665,7 @@ def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
             )
         )
     )
-    (tmp_path / "hostlist").write_text("localhost\nlocalhost\n")
-    env = dict(env, PATH=f"{VENV_BIN}:/usr/bin:/bin")
+    env = dict(with_slots(env, 2), PATH=f"{VENV_BIN}:/usr/bin:/bin")
     proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,
@@ -674,7 +717,7 @@ def test_the_environment_reaches_other_nodes_by_prefix(cluster):
         "WANDB_ENTITY": "lab",
         "PYTHONUNBUFFERED": "1",
     }
-    env = dict(env, **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
+    env = dict(with_slots(env, 1), **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
     proc = helpers.run(
         ["bash", "job.sh"],
         cwd=job_dir,

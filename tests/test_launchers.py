@@ -1,7 +1,8 @@
 """Launcher detection and the coordinator it leads to, over recorded and source-derived environments.
 
 Each environment lives in ``tests/launch_envs/<name>.env`` with its shape and its source written at the top:
-RECORDED ones were captured here from a real launcher (the venv's Open MPI 5), DERIVED ones were written from the
+RECORDED ones were captured here from a real launcher (the venv's Open MPI 5; Debian's Open MPI 4.1.4, plain and
+under a real Grid Engine 8.1.9; Debian's MPICH 4.0 Hydra), DERIVED ones were written from the
 launcher's source or documentation (named in the file) where no such launcher can run here.
 """
 
@@ -31,7 +32,8 @@ DETECTED = {
     "openmpi5-np2-rank1": ("openmpi5", 2, 1, 1, 2),
     "openmpi4-hpcx-rank5of8": ("openmpi4", 8, 5, 1, 4),
     "openmpi4-under-slurm": ("openmpi4", 8, 5, 1, 4),
-    "sge-abci2-openmpi4": ("openmpi4", 8, 4, 0, 4),
+    "openmpi4-gridengine-rank3of4": ("openmpi4", 4, 3, 1, 2),
+    "openmpi4-np2-rank1": ("openmpi4", 2, 1, 1, 2),
     "wrapper-exports-agree": ("openmpi5", 2, 1, 1, 2),
     "mpich-hydra-rank3of4": ("pmi", 4, 3, 1, 2),
     "intelmpi-hydra-rank0of2": ("pmi", 2, 0, 0, 2),
@@ -188,18 +190,18 @@ def test_one_node_needs_no_node_file_and_an_unreadable_one_is_one_line():
     assert coord.resolve(pals, detect(pals), read=lambda p: "x3001\nx3002\n").host == "x3001"
 
 
-def test_grid_engine_pe_hostfile_and_abci_hostlist():
-    sge = env("sge-abci2-openmpi4")
+def test_grid_engine_pe_hostfile_and_open_mpi_4s_address():
+    """Recorded under a real Grid Engine: rank 3 on node002 reads the PE_HOSTFILE for the node list; its coordinator
+    is node001 from that list, or from mpirun's address (OMPI_MCA_orte_hnp_uri) when the spool file is not readable."""
+    sge = env("openmpi4-gridengine-rank3of4")
     files = {
-        sge["SGE_JOB_HOSTLIST"]: "g0001\ng0002\n",
-        sge["PE_HOSTFILE"]: "g0001 40 all.q@g0001 UNDEFINED\n",
+        sge["PE_HOSTFILE"]: "node001 2 all.q@node001 UNDEFINED\nnode002 2 all.q@node002 UNDEFINED\n"
     }
-    assert (
-        coord.resolve(sge, detect(sge), read=files.__getitem__).address
-        == f"g0001:{coord.port_for_job('9876543')}"
-    )
-    pe = {k: v for k, v in sge.items() if k != "SGE_JOB_HOSTLIST"}
-    assert hostlists.node_list(pe, files.__getitem__) == ("PE_HOSTFILE", ["g0001"])
+    assert hostlists.node_list(sge, files.__getitem__) == ("PE_HOSTFILE", ["node001", "node002"])
+    from_file = coord.resolve(sge, detect(sge), read=files.__getitem__).address
+    from_mpirun = coord.resolve(sge, detect(sge), read=no_file).address
+    port = from_file.rsplit(":", 1)[1]
+    assert (from_file, from_mpirun) == (f"node001:{port}", f"10.231.0.1:{port}")  # both node001
 
 
 def test_selection_by_name_and_its_errors():

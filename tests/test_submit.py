@@ -25,7 +25,7 @@ print({{"pbs": f"{{n}}.pbs1", "sge": f"{{n}}", "slurm": f"{{n}};cluster1"}}[os.e
 
 HEADS = {
     "pbs": ["pbs", "--nodes", "2", "--group", "gxx00000"],
-    "sge": ["sge", "--nodes", "2", "--group", "gxx00000"],
+    "sge": ["sge", "--nodes", "2", "--gpus-per-node", "4", "--group", "gxx00000"],
     "slurm": ["slurm", "--nodes", "2", "--gpus-per-node", "8"],
 }
 
@@ -63,8 +63,6 @@ EXPECTED = {  # scheduler -> (argv of the 2nd and 3rd submission, ids printed, l
             [
                 "qsub",
                 "-terse",
-                "-g",
-                "gxx00000",
                 "-hold_jid",
                 "100",
                 "-v",
@@ -74,8 +72,6 @@ EXPECTED = {  # scheduler -> (argv of the 2nd and 3rd submission, ids printed, l
             [
                 "qsub",
                 "-terse",
-                "-g",
-                "gxx00000",
                 "-hold_jid",
                 "101",
                 "-v",

@@ -22,11 +22,11 @@ from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
 from octo_dist.launchers import outside
 
-SUBMIT = {"pbs": "qsub {file}", "sge": "qsub -g {group} {file}", "slurm": "sbatch {file}"}
+SUBMIT = {"pbs": "qsub {file}", "sge": "qsub {file}", "slurm": "sbatch {file}"}
 
 SCHEDULER_HELP = {
     "pbs": "PBS Professional, as on ABCI 3.0 (rt_HF: 8x H200 per node)",
-    "sge": "Grid Engine (ABCI 2.0's resource types as an example)",
+    "sge": "Grid Engine (Son of Grid Engine, Altair Grid Engine, Open Cluster Scheduler): -pe NAME SLOTS",
     "slurm": "SLURM",
 }
 SCHEDULER_DESCRIPTION = {
@@ -34,9 +34,11 @@ SCHEDULER_DESCRIPTION = {
     "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
     "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
     "(1x H200, for a cheap test).",
-    "sge": "Render a job script for Grid Engine: #$ -l RESOURCE_TYPE=N, -notify so the job gets SIGUSR1 before it is "
-    "stopped, mpirun from a module, the node list from SGE_JOB_HOSTLIST. The resource types built in, rt_F and "
-    "rt_AF, are those of ABCI 2.0 (retired in 2024), an example of a Grid Engine site.",
+    "sge": "Render a job script for Grid Engine: #$ -pe PE SLOTS (one slot per rank) and -l h_rt, -notify so the "
+    "job gets SIGUSR1 before it is stopped, nodes and slots from PE_HOSTFILE and NSLOTS, and mpirun started "
+    "without a host file: Open MPI's gridengine support reads PE_HOSTFILE and starts the other nodes' ranks "
+    "through qrsh -inherit (the PE needs control_slaves TRUE). Give --gpus-per-node, --pe if your site's PE is "
+    "not called mpi, --queue/--group (project) where your site wants them, --module for its MPI.",
     "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
     "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
     "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
@@ -86,8 +88,10 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     values = spec_mod.launch_help(scheduler)
     groups = {}
     for f in spec_mod.option_fields():
-        if f.name == "resource_type" and scheduler == "slurm":
-            continue  # SLURM has none
+        if f.name == "resource_type" and scheduler != "pbs":
+            continue  # only ABCI 3.0's PBS has resource types here
+        if scheduler not in f.metadata["schedulers"]:
+            continue
         meta = f.metadata
         group = groups.get(meta["group"]) or groups.setdefault(
             meta["group"], parser.add_argument_group(meta["group"])
@@ -194,6 +198,8 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
     rows = []
     for f in spec_mod.option_fields():
         if f.name in ("show_defaults", "dry_run"):
+            continue
+        if options.scheduler not in f.metadata["schedulers"]:
             continue
         value = getattr(options, f.name)
         if f.metadata["argparse"].get("action") == "store_false":

@@ -16,7 +16,7 @@ GROUP = "gxx00000"  # an ABCI group's shape; yours is in the ABCI user portal
 IMAGE = f"/groups/{GROUP}/octo-dist/octo-dist_cuda11.sif"
 OCTO_SMALL = "--config.pretrained_path=weights/octo-small"  # `make weights` on a login node: compute nodes are offline
 
-# file -> `octo-dist launch` argv. ABCI 3.0 (PBS) first, then Grid Engine (with ABCI 2.0's resource types) and SLURM.
+# file -> `octo-dist launch` argv. ABCI 3.0 (PBS) first, then Grid Engine (a PE named mpi) and SLURM.
 EXAMPLES = {
     "abci3-pbs-smoke.sh": [
         "pbs",
@@ -93,8 +93,10 @@ EXAMPLES = {
         "sge",
         "--nodes",
         "2",
-        "--group",
-        GROUP,
+        "--gpus-per-node",
+        "4",
+        "--module",
+        "openmpi/4.1",
         "--walltime",
         "2:00:00",
         "--global-batch",

@@ -62,7 +62,7 @@ fi
 for param in keepalive_time=10 keepalive_intvl=5 keepalive_probes=3; do
   export "OMPI_MCA_oob_tcp_${{param%%=*}}=${{param#*=}}" "PRTE_MCA_oob_tcp_${{param%%=*}}=${{param#*=}}"
 done
-LAUNCHER=(mpirun -hostfile "$HOSTFILE" "${{BIND[@]}}" -x {job_id})
+LAUNCHER=(mpirun {hostfile}"${{BIND[@]}}" -x {job_id})
 while IFS= read -r var; do
   for prefix in "${{FORWARD_PREFIXES[@]}}"; do
     if [[ "$var" == "$prefix"* ]]; then LAUNCHER+=(-x "$var"); continue 2; fi
@@ -117,15 +117,19 @@ SCHEDULERS = {
         "PBS_NODEFILE",
         "PBS_JOBID",
         '"${PBS_O_WORKDIR:-$PWD}"',
-        MPIRUN.format(job_id="PBS_JOBID", node_list_env=NODE_LIST_ENV),
+        MPIRUN.format(
+            job_id="PBS_JOBID", node_list_env=NODE_LIST_ENV, hostfile='-hostfile "$HOSTFILE" '
+        ),
         stop_timer=True,
     ),
-    # -cwd: Grid Engine starts the job where qsub ran.
+    # -cwd: Grid Engine starts the job where qsub ran. No -hostfile: Open MPI's gridengine components read
+    # PE_HOSTFILE ("node001 4 all.q@node001 UNDEFINED", not a host file Open MPI can read) and start the other
+    # nodes' ranks through `qrsh -inherit`, inside the job's accounting and limits.
     "sge": Scheduler(
-        "SGE_JOB_HOSTLIST",
+        "PE_HOSTFILE",
         "JOB_ID",
         '"$PWD"',
-        MPIRUN.format(job_id="JOB_ID", node_list_env=NODE_LIST_ENV),
+        MPIRUN.format(job_id="JOB_ID", node_list_env=NODE_LIST_ENV, hostfile=""),
         stop_timer=True,
     ),
     "slurm": Scheduler("", "SLURM_JOB_ID", '"${SLURM_SUBMIT_DIR:-$PWD}"', SRUN, stop_timer=False),
@@ -156,8 +160,17 @@ def _scheduler_checks(spec: JobSpec) -> str:
         f"hosts_found=$(awk 'NF && !seen[$1]++' \"$HOSTFILE\" | wc -l)\n"
         f'if [ "$hosts_found" -ne "$NODES" ]; then\n'
         f'  note "warning: $HOSTFILE lists $hosts_found node(s); this script was rendered for $NODES"\n'
-        f"fi"
+        f"fi" + (SGE_SLOTS_CHECK if spec.scheduler == "sge" else "")
     )
+
+
+# Grid Engine: the PE's allocation_rule decides where the slots land; mpirun --map-by ppr:R:node needs R slots on
+# each of the job's nodes. PE_HOSTFILE: "node001 2 all.q@node001 UNDEFINED" per host; NSLOTS: "4".
+SGE_SLOTS_CHECK = """
+shape=$(awk 'NF { printf "%s%s:%s", sep, $1, $2; sep = " " }' "$HOSTFILE")
+if [ "${NSLOTS:-}" != $((NODES * RANKS_PER_NODE)) ] || awk -v r="$RANKS_PER_NODE" 'NF && $2 != r { bad = 1 } END { exit !bad }' "$HOSTFILE"; then
+  fail "Grid Engine gave NSLOTS=${NSLOTS:-unset} as $shape (PE_HOSTFILE); expected $NODES node(s) x $RANKS_PER_NODE slot(s). Fix: submit to a PE whose allocation_rule is $RANKS_PER_NODE (qconf -sp NAME; re-render with --pe NAME)"
+fi"""
 
 
 def train_lines(spec: JobSpec) -> list:
@@ -226,6 +239,10 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "script_name_comment": q(script_name),
         "command_line": shlex.join(spec.command_line) or "octo-dist launch",
         "slurm_account": f"#SBATCH --account={spec.group}\n" if spec.group else "",
+        "pe": spec.pe,
+        "slots": spec.ranks,
+        "sge_site": (f"#$ -q {spec.queue}\n" if spec.queue else "")
+        + (f"#$ -P {spec.group}\n" if spec.group else ""),
         "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n"
         if spec.cpus_per_rank
         else "",

@@ -47,8 +47,8 @@ ABCI3_NCCL = (
     ),
 )
 
-# Resource types: a job asks for N nodes of one of these. ABCI 2.0 (Grid Engine) was retired in October 2024; its
-# types stay as an example of a Grid Engine site.
+# Resource types: a job asks for N nodes of one of these (ABCI 3.0's PBS). Grid Engine and SLURM sites have none
+# in common: give --gpus-per-node (and, for Grid Engine, --pe).
 RESOURCE_TYPES = {
     "rt_HF": ResourceType("pbs", 8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
     "rt_HG": ResourceType(
@@ -59,15 +59,19 @@ RESOURCE_TYPES = {
         "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
         ABCI3_NCCL,
     ),
-    "rt_F": ResourceType("sge", 4, 2, 40, "ABCI 2.0 full node, 4x V100, 40 cores (retired system)"),
-    "rt_AF": ResourceType("sge", 8, 2, 72, "ABCI 2.0 A node, 8x A100, 72 cores (retired system)"),
 }
-DEFAULT_RESOURCE_TYPE = {"pbs": "rt_HF", "sge": "rt_F"}
+DEFAULT_RESOURCE_TYPE = {"pbs": "rt_HF"}
 
-# Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand; ABCI 2.0 needed
-# singularitypro for containers (ABCI 3.0 has SingularityCE 4.x without a module). SLURM sites differ: --module.
-DEFAULT_MODULES = {"pbs": ("hpcx/2.20",), "sge": ("hpcx/2.12",), "slurm": ()}
-IMAGE_MODULES = {"pbs": (), "sge": ("singularitypro",), "slurm": ()}
+# Grid Engine's parallel environment (-pe NAME SLOTS): no name is built into Grid Engine; "mpi" is the common name
+# for a site's MPI PE and says what it is for (Open MPI's own FAQ example calls it "orte": --pe orte there). Open
+# MPI's tight integration needs control_slaves TRUE, and the allocation_rule decides how the slots spread over the
+# nodes (`qconf -spl` lists a site's PEs, `qconf -sp mpi` shows one).
+DEFAULT_PE = "mpi"
+
+# Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand. Grid Engine and SLURM
+# sites differ: --module.
+DEFAULT_MODULES = {"pbs": ("hpcx/2.20",), "sge": (), "slurm": ()}
+IMAGE_MODULES = {"pbs": (), "sge": (), "slurm": ()}
 
 # Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
 # srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
@@ -148,6 +152,7 @@ def _opt(
     *,
     flag: Optional[str] = None,
     in_header: bool = True,
+    schedulers: Tuple[str, ...] = SCHEDULERS,
     **argparse_kwargs,
 ):
     """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
@@ -162,6 +167,7 @@ def _opt(
             "group": group,
             "flag": flag,
             "in_header": in_header,
+            "schedulers": schedulers,
             "argparse": argparse_kwargs,
         },
     )
@@ -194,6 +200,21 @@ class LaunchOptions:
     )
     group: Optional[str] = _opt(None, "{group_help}", "resources")
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
+    pe: str = _opt(
+        DEFAULT_PE,
+        "Grid Engine parallel environment, #$ -pe NAME SLOTS with one slot per rank; it needs "
+        "control_slaves TRUE (Open MPI starts the other nodes' ranks through qrsh -inherit) and an "
+        "allocation_rule that gives each node --ranks-per-node slots; `qconf -spl` lists your site's "
+        "(default: {default}, the common name; Open MPI's FAQ example uses orte)",
+        "resources",
+        schedulers=("sge",),
+    )
+    queue: Optional[str] = _opt(
+        None,
+        "Grid Engine queue, #$ -q QUEUE (default: the site's choice)",
+        "resources",
+        schedulers=("sge",),
+    )
     modules: Optional[tuple] = _opt(
         None,
         "environment module to load, repeatable; replaces the defaults (default: {modules})",
@@ -350,7 +371,7 @@ def flag_of(field: dataclasses.Field) -> str:
 
 def default_binds(scheduler: str, group: Optional[str]) -> tuple:
     """ABCI's group area, where shared weights, datasets and caches live: ``/groups/gxx00000``."""
-    return (f"/groups/{group}",) if scheduler in ("pbs", "sge") and group else ()
+    return (f"/groups/{group}",) if scheduler == "pbs" and group else ()
 
 
 def launch_help(scheduler: str) -> Mapping[str, str]:
@@ -365,7 +386,7 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         "resource_types": (
             "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
             if types
-            else "not used: SLURM has no resource types, give --gpus-per-node"
+            else "not used: no resource types on this scheduler, give --gpus-per-node"
         ),
         "resource_type": DEFAULT_RESOURCE_TYPE.get(scheduler, "none"),
         "gpus_per_node": f"the resource type's, {rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
@@ -378,12 +399,12 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         ),
         "group_help": {
             "pbs": "ABCI group, qsub -P (required)",
-            "sge": "group to charge, given to qsub -g at submission (default: none)",
+            "sge": "Grid Engine project to charge, #$ -P PROJECT (default: the site's default project)",
             "slurm": "account, sbatch --account (default: the site's default account)",
         }[scheduler],
         "modules": modules,
-        "binds": "/groups/GROUP with --group" if scheduler != "slurm" else "none",
-        "submit": {"pbs": "qsub", "sge": "qsub -g GROUP", "slurm": "sbatch"}[scheduler],
+        "binds": "/groups/GROUP with --group" if scheduler == "pbs" else "none",
+        "submit": {"pbs": "qsub", "sge": "qsub", "slurm": "sbatch"}[scheduler],
         "depend": {
             "pbs": "qsub -W depend=afterany:ID",
             "sge": "qsub -hold_jid ID",
@@ -398,11 +419,11 @@ class JobSpec:
     nodes: int
     gpus_per_node: int
     ranks_per_node: int
-    resource_type: Optional[str]  # "rt_HF"; None for SLURM
-    sockets: int  # 0: unknown (SLURM)
+    resource_type: Optional[str]  # "rt_HF"; None for SLURM and Grid Engine
+    sockets: int  # 0: unknown (SLURM, Grid Engine)
     cpus_per_rank: int  # 0: no binding
     walltime_s: int
-    group: Optional[str]  # ABCI group (qsub -P / -g) or SLURM account
+    group: Optional[str]  # ABCI group (qsub -P), Grid Engine project (-P) or SLURM account
     name: str
     image: Optional[str]  # a .sif; None runs from ``venv``
     venv: str
@@ -425,6 +446,8 @@ class JobSpec:
     steps: Optional[int]
     command_line: tuple = ()  # the `octo-dist launch ...` argv that rendered it, for the script's header
     lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
+    pe: str = DEFAULT_PE  # Grid Engine's parallel environment: "mpi"
+    queue: Optional[str] = None  # Grid Engine's queue: "gpu.q"; None: the site's choice
 
     @property
     def ranks(self) -> int:
@@ -579,17 +602,18 @@ def build(
     nodes = o.nodes
     gpus_per_node = o.gpus_per_node
 
-    if scheduler == "slurm":
+    if scheduler in ("slurm", "sge"):
+        label = {"slurm": "SLURM", "sge": "Grid Engine"}[scheduler]
         if o.resource_type:
             raise JobSpecError(
-                f"--resource-type {o.resource_type} for slurm",
-                "none: SLURM has no resource types",
+                f"--resource-type {o.resource_type} for {scheduler}",
+                f"none: octo-dist knows no {label} resource types (ABCI 3.0's are PBS's)",
                 "drop --resource-type and give --gpus-per-node",
             )
         if gpus_per_node is None:
             raise JobSpecError(
-                "slurm without --gpus-per-node",
-                "the GPUs of one node (SLURM sites differ)",
+                f"{scheduler} without --gpus-per-node",
+                f"the GPUs of one node ({label} sites differ)",
                 "--gpus-per-node 8 (or what your nodes have)",
             )
         resource_type, rt = None, None
@@ -655,7 +679,18 @@ def build(
             "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one",
             "--group gxx00000",
         )
-    for label, value in (("--group", o.group), ("--name", o.name)):
+    if scheduler != "sge" and (o.pe != DEFAULT_PE or o.queue is not None):
+        raise JobSpecError(
+            f"--pe/--queue for {scheduler}",
+            "them only with Grid Engine (sge)",
+            "drop --pe and --queue",
+        )
+    for label, value in (
+        ("--group", o.group),
+        ("--name", o.name),
+        ("--pe", o.pe),
+        ("--queue", o.queue),
+    ):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
             raise JobSpecError(
                 f"{label} {value!r}",
@@ -826,6 +861,8 @@ def build(
         job_args=tuple(mapped),
         user_args=tuple(user_args),
         lead_args=tuple(lead_args),
+        pe=o.pe,
+        queue=o.queue,
         resume=resume,
         global_batch=global_batch,
         steps=steps,

@@ -46,7 +46,7 @@ def command(scheduler: str, script: str, group: Optional[str], after: Optional[s
         return ["qsub", *extra, script]
     if scheduler == "sge":
         extra = ["-hold_jid", after, "-v", f"{AFTER_ENV}={after}"] if after else []
-        return ["qsub", "-terse", *(["-g", group] if group else []), *extra, script]
+        return ["qsub", "-terse", *extra, script]  # the project (-P) and queue are in the script
     if scheduler == "slurm":
         extra = (
             [f"--dependency=afterany:{after}", f"--export=ALL,{AFTER_ENV}={after}"] if after else []

@@ -1,18 +1,16 @@
 #!/bin/bash
-#$ -l rt_F=2
+#$ -pe mpi 8
 #$ -l h_rt=02:00:00
 #$ -N octo-dist
 #$ -j y
 #$ -cwd
 #$ -notify
-#$ -l USE_SSH=1
-#$ -v SSH_PORT=2299
 # octo-dist job for Grid Engine: 2 node(s) x 4 rank(s), one rank per GPU.
-#   submit:    qsub -g gxx00000 sge-finetune.sh        (the group is given at submission)
-#   rendered:  octo-dist launch sge --nodes 2 --walltime 2:00:00 --group gxx00000 --global-batch 256 --steps 50000 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
+#   submit:    qsub sge-finetune.sh
+#   rendered:  octo-dist launch sge --nodes 2 --gpus-per-node 4 --walltime 2:00:00 --module openmpi/4.1 --global-batch 256 --steps 50000 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
-# The resource request (-l rt_F=N) and USE_SSH/SSH_PORT, which let mpirun start the ranks of other nodes
-# over ssh, are ABCI 2.0's (retired in 2024), kept as an example of a Grid Engine site.
+# -pe mpi 8: one slot per rank; the PE's allocation_rule must give each node 4 slot(s) (checked below
+# from PE_HOSTFILE), and control_slaves TRUE lets mpirun start the other nodes' ranks through `qrsh -inherit`.
 # -notify makes Grid Engine send SIGUSR1/SIGUSR2 before it suspends/kills the job: the trap below turns both into a stop.
 # shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 set -eo pipefail
@@ -21,17 +19,17 @@ set -eo pipefail
 SCRIPT_NAME=sge-finetune.sh
 NODES=2
 RANKS_PER_NODE=4
-CPUS_PER_RANK=10  # cores bound to each rank for its input pipeline; 0: no binding
+CPUS_PER_RANK=0  # cores bound to each rank for its input pipeline; 0: no binding
 WALLTIME_S=7200
 STOP_MARGIN_S=300  # the ranks are asked to checkpoint and stop this long before the wall time
 STOP_TIMER=1  # 1: this script asks for the stop itself (the scheduler's own signal comes too late)
 IMAGE=''  # a Singularity image; empty: run from VENV
 VENV=.venv
-BINDS=(/groups/gxx00000)  # bound into the image too, where they exist: shared weights, datasets and caches
+BINDS=()  # bound into the image too, where they exist: shared weights, datasets and caches
 SAVE_DIR=runs/octo-small-ft
 DATA_DIR=data
 COMPILE_CACHE=.octo-dist/compile-cache  # JAX's compilation cache, shared by the nodes and by later jobs; empty: off
-MODULES=(hpcx/2.12)
+MODULES=(openmpi/4.1)
 WORKDIR="$PWD"
 export WANDB_MODE=online
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # no download on every rank (compute nodes may be offline): weights and T5 tokenizer from `make weights` on a login node
@@ -44,13 +42,17 @@ fail() { echo "octo-dist job: error: $*" >&2; exit 2; }
 
 cd -- "$WORKDIR"
 JOB=${JOB_ID:-0}  # the scheduler's job id
-HOSTFILE=${SGE_JOB_HOSTLIST:-}
+HOSTFILE=${PE_HOSTFILE:-}
 if [ -z "$HOSTFILE" ] || [ ! -r "$HOSTFILE" ]; then
-  fail "SGE_JOB_HOSTLIST is '$HOSTFILE'; expected the node list the scheduler gives every job. Fix: submit it (qsub $SCRIPT_NAME) rather than running it"
+  fail "PE_HOSTFILE is '$HOSTFILE'; expected the node list the scheduler gives every job. Fix: submit it (qsub $SCRIPT_NAME) rather than running it"
 fi
 hosts_found=$(awk 'NF && !seen[$1]++' "$HOSTFILE" | wc -l)
 if [ "$hosts_found" -ne "$NODES" ]; then
   note "warning: $HOSTFILE lists $hosts_found node(s); this script was rendered for $NODES"
+fi
+shape=$(awk 'NF { printf "%s%s:%s", sep, $1, $2; sep = " " }' "$HOSTFILE")
+if [ "${NSLOTS:-}" != $((NODES * RANKS_PER_NODE)) ] || awk -v r="$RANKS_PER_NODE" 'NF && $2 != r { bad = 1 } END { exit !bad }' "$HOSTFILE"; then
+  fail "Grid Engine gave NSLOTS=${NSLOTS:-unset} as $shape (PE_HOSTFILE); expected $NODES node(s) x $RANKS_PER_NODE slot(s). Fix: submit to a PE whose allocation_rule is $RANKS_PER_NODE (qconf -sp NAME; re-render with --pe NAME)"
 fi
 
 # ---- modules: hpcx's mpirun is built for the nodes' InfiniBand ------------------------------------------------------
@@ -141,7 +143,7 @@ if [ "$WANDB_MODE" = online ] && [ -z "${WANDB_API_KEY:-}" ]; then
 fi
 
 # ---- the launcher: one rank per GPU, each with its own cores --------------------------------------------------------
-SOCKETS=2  # CPU sockets of a node of this resource type; 0: unknown
+SOCKETS=0  # CPU sockets of a node of this resource type; 0: unknown
 # Exported variables with these prefixes, and these names, reach every rank on every node.
 FORWARD_PREFIXES=(NCCL_ XLA_ JAX_ TF_ OCTO_DIST_ HF_ WANDB_ UCX_)
 FORWARD_NAMES=(COORDINATOR_ADDRESS PYTHONUNBUFFERED)
@@ -166,7 +168,7 @@ fi
 for param in keepalive_time=10 keepalive_intvl=5 keepalive_probes=3; do
   export "OMPI_MCA_oob_tcp_${param%%=*}=${param#*=}" "PRTE_MCA_oob_tcp_${param%%=*}=${param#*=}"
 done
-LAUNCHER=(mpirun -hostfile "$HOSTFILE" "${BIND[@]}" -x JOB_ID)
+LAUNCHER=(mpirun "${BIND[@]}" -x JOB_ID)
 while IFS= read -r var; do
   for prefix in "${FORWARD_PREFIXES[@]}"; do
     if [[ "$var" == "$prefix"* ]]; then LAUNCHER+=(-x "$var"); continue 2; fi

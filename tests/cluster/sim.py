@@ -318,30 +318,6 @@ def pbs_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per
     }
 
 
-def sge_env(cluster: Cluster, spool: Path, job_id: str, workdir: Path, ranks_per_node: int) -> dict:
-    """Grid Engine (ABCI 2.0) batch variables; SGE_JOB_HOSTLIST and PE_HOSTFILE in the spool."""
-    job = spool / "active_jobs" / f"{job_id}.1"
-    job.mkdir(parents=True, exist_ok=True)
-    (job / "hostlist").write_text("".join(f"{n}\n" for n in cluster.nodes))
-    (job / "pe_hostfile").write_text(
-        "".join(f"{n} {ranks_per_node} all.q@{n} UNDEFINED\n" for n in cluster.nodes)
-    )
-    return {
-        "JOB_ID": job_id,
-        "JOB_NAME": "octo-dist",
-        "SGE_JOB_HOSTLIST": str(job / "hostlist"),
-        "PE_HOSTFILE": str(job / "pe_hostfile"),
-        "NHOSTS": str(len(cluster.nodes)),
-        "NSLOTS": str(len(cluster.nodes) * ranks_per_node),
-        "SGE_O_WORKDIR": str(workdir),
-        "SGE_CWD_PATH": str(workdir),
-        "SGE_TASK_ID": "undefined",
-        "ENVIRONMENT": "BATCH",
-        "QUEUE": "gpu",
-        "REQUEST": "octo-dist",
-    }
-
-
 class Job:
     """``bash job.sh`` on node001 under a scheduler's environment; stdout and stderr to files in the workdir."""
 
