@@ -10,7 +10,7 @@ An INI file (``configparser``: standard library on Python 3.9, which ABCI's logi
 
     [launch]              ; every scheduler
     group = gxx00000
-    image = /groups/gxx00000/octo-dist/octo-dist_cuda11.sif
+    image = /groups/gxx00000/octo-dist/octo-dist-cuda12.sif
     wandb-mode = online
     [launch.pbs]          ; one scheduler, over [launch]
     module = hpcx/2.20

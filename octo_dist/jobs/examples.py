@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 GROUP = "gxx00000"  # an ABCI group's shape; yours is in the ABCI user portal
-IMAGE = f"/groups/{GROUP}/octo-dist/octo-dist_cuda11.sif"
+IMAGE = f"/groups/{GROUP}/octo-dist/octo-dist-cuda12.sif"
 OCTO_SMALL = "--config.pretrained_path=weights/octo-small"  # `make weights` on a login node: compute nodes are offline
 
 # file -> `octo-dist launch` argv. ABCI 3.0 (PBS) first, then Grid Engine (a PE named mpi) and SLURM.
@@ -122,7 +122,7 @@ EXAMPLES = {
         "--walltime",
         "12:00:00",
         "--image",
-        "octo-dist_cuda11.sif",
+        "octo-dist-cuda12.sif",
         "--skip-image-check",
         "--per-gpu-batch",
         "32",

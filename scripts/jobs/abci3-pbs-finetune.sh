@@ -8,7 +8,7 @@
 #PBS -k oe
 # octo-dist job for PBS Professional (as on ABCI 3.0): 2 node(s) x 8 rank(s), one rank per GPU.
 #   submit:    qsub abci3-pbs-finetune.sh
-#   rendered:  octo-dist launch pbs --nodes 2 --walltime 12:00:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist_cuda11.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
+#   rendered:  octo-dist launch pbs --nodes 2 --walltime 12:00:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
 # -j oe -k oe: one output file, written while the job runs (in your home directory) rather than copied at its end.
 # shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
@@ -22,7 +22,7 @@ CPUS_PER_RANK=12  # cores bound to each rank for its input pipeline; 0: no bindi
 WALLTIME_S=43200
 STOP_MARGIN_S=300  # the ranks are asked to checkpoint and stop this long before the wall time
 STOP_TIMER=1  # 1: this script asks for the stop itself (the scheduler's own signal comes too late)
-IMAGE=/groups/gxx00000/octo-dist/octo-dist_cuda11.sif  # a Singularity image; empty: run from VENV
+IMAGE=/groups/gxx00000/octo-dist/octo-dist-cuda12.sif  # a Singularity image; empty: run from VENV
 VENV=.venv
 BINDS=(/groups/gxx00000)  # bound into the image too, where they exist: shared weights, datasets and caches
 SAVE_DIR=runs/octo-small-ft

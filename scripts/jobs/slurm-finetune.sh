@@ -8,7 +8,7 @@
 #SBATCH --output=octo-dist-%j.out
 # octo-dist job for SLURM: 2 node(s) x 8 rank(s), one rank per GPU.
 #   submit:    sbatch slurm-finetune.sh
-#   rendered:  octo-dist launch slurm --nodes 2 --gpus-per-node 8 --walltime 12:00:00 --image octo-dist_cuda11.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
+#   rendered:  octo-dist launch slurm --nodes 2 --gpus-per-node 8 --walltime 12:00:00 --image octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
 # --signal=B:USR1@300 sends SIGUSR1 to this script 300 s before the time limit; the trap below
 # forwards it to srun, which forwards it to every rank.
@@ -23,7 +23,7 @@ CPUS_PER_RANK=0  # cores bound to each rank for its input pipeline; 0: no bindin
 WALLTIME_S=43200
 STOP_MARGIN_S=300  # the ranks are asked to checkpoint and stop this long before the wall time
 STOP_TIMER=0  # 1: this script asks for the stop itself (the scheduler's own signal comes too late)
-IMAGE=octo-dist_cuda11.sif  # a Singularity image; empty: run from VENV
+IMAGE=octo-dist-cuda12.sif  # a Singularity image; empty: run from VENV
 VENV=.venv
 BINDS=()  # bound into the image too, where they exist: shared weights, datasets and caches
 SAVE_DIR=runs/octo-small-ft
@@ -140,7 +140,7 @@ for sig in USR1 USR2 TERM INT; do trap "kill -$sig $pid 2>/dev/null" "$sig"; don
 probe=
 if [ "$nodes" -gt 1 ]; then
   (while sleep "$every"; do
-    if said=$(srun --overlap --quiet --gres=none --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 true 2>&1 >/dev/null); then continue; fi
+    if said=$(srun --overlap --quiet --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 true 2>&1 >/dev/null); then continue; fi
     said=$(tr "\n" " " <<<"$said")
     node=$(sed -n "s/.* failed on node \([^:]*\):.*/\1/p" <<<"$said")
     if [ -z "$node" ]; then echo "octo-dist job: a node probe failed, not ending the job: $said" >&2; continue; fi
