@@ -182,3 +182,18 @@ def test_node_files(tmp_path):
     with pytest.raises(hostlists.NodeFileError) as e:
         hostlists.node_list({"PBS_NODEFILE": str(tmp_path / "missing")})
     assert "cannot be read in this process (No such file or directory)" in str(e.value)
+
+
+def test_a_node_file_past_the_bound_is_refused_not_read_to_the_end(tmp_path):
+    # /dev/zero, or a variable naming the wrong file: read up to the bound, then refused in one line.
+    big = tmp_path / "nodefile"
+    with open(big, "wb") as f:
+        f.truncate(hostlists.NODE_FILE_LIMIT + 1)
+    var = hostlists.NODE_FILES[0]
+    with pytest.raises(NodeListError, match=f"node file {big} is larger than 16 MiB"):
+        hostlists.node_list({var: str(big)})
+    with pytest.raises(NodeListError, match="is larger than 16 MiB"):
+        hostlists.node_list({var: "/dev/zero"})
+    ok = tmp_path / "ok"
+    ok.write_text("node001\nnode002\n")
+    assert hostlists.node_list({var: str(ok)}) == (var, ["node001", "node002"])

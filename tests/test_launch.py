@@ -974,3 +974,18 @@ def test_each_schedulers_help_stands_alone(scheduler):
     }[scheduler]
     for word in others:
         assert word not in text, (word, text)
+
+
+def test_a_syntax_check_that_hangs_is_refused_not_waited_for(tmp_path, monkeypatch):
+    # A `bash` that never answers (a wedged login node): the check gives up after its timeout.
+    from octo_dist.jobs import cli as jobs_cli
+
+    fake = tmp_path / "bash"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(jobs_cli, "SYNTAX_CHECK_TIMEOUT_S", 1)
+    with pytest.raises(
+        jobs_cli.ScriptError, match="did not finish within 1 s; nothing was written"
+    ):
+        jobs_cli.syntax_check("echo hi\n")

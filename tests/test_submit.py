@@ -274,3 +274,18 @@ def test_a_chain_longer_than_the_maximum_is_refused_before_anything_is_written(
     with pytest.raises(submit.SubmitError, match="a chain of 100000 jobs; expected 1 to"):
         submit.submit("pbs", "job.sh", name="x", group=None, chain=100000)
     assert not odd_scheduler.exists()
+
+
+def test_the_chains_maximum_is_in_launchs_help():
+    import subprocess
+
+    from helpers import REPO
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "launch", "pbs", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    ).stdout
+    assert f"at most {submit.MAX_CHAIN}" in " ".join(help_text.split())

@@ -161,12 +161,23 @@ class ScriptError(RuntimeError):
     """A rendered script that bash cannot parse: a bug in octo-dist's templates, never the user's input."""
 
 
+SYNTAX_CHECK_TIMEOUT_S = 60  # bash -n of a 300-line script takes milliseconds
+
+
 def syntax_check(text: str) -> None:
     """``bash -n`` on the rendered script; skipped where there is no bash (the job needs bash anyway)."""
     bash = shutil.which("bash")
     if bash is None:
         return
-    proc = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(
+            [bash, "-n"], input=text, capture_output=True, text=True, timeout=SYNTAX_CHECK_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise ScriptError(
+            f"bash -n on the rendered script did not finish within {SYNTAX_CHECK_TIMEOUT_S} s; nothing was "
+            f"written. Fix: rerun on a less loaded login node, or report it with the octo-dist launch line"
+        ) from None
     if proc.returncode != 0:
         raise ScriptError(
             f"the rendered script fails bash -n ({proc.stderr.strip()}); nothing was written. This is a "

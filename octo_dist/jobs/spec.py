@@ -341,8 +341,8 @@ class LaunchOptions:
     chain: Optional[int] = _opt(
         None,
         "submit N jobs, each held until the one before has ended ({depend}); a job "
-        "trains only when the one before did not fail, and resumes from its checkpoints "
-        "(default: one job)",
+        "trains only when the one before did not fail, and resumes from its checkpoints; "
+        "at most 50 (default: one job)",
         "output",
         type=int,
         metavar="N",

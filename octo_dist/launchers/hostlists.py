@@ -51,9 +51,25 @@ class NodeFileError(LauncherError):
     """A node file named by the scheduler that this process cannot read (e.g. a host spool file inside a container)."""
 
 
+# A node file has a line per rank slot (PBS_NODEFILE) or per host (PE_HOSTFILE): 1,000 nodes x 8 slots is about
+# 200 KB. Anything past this bound is not a node file (a wrong variable, /dev/zero): refused, not read to the end.
+NODE_FILE_LIMIT = 16 << 20
+
+
 def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    with open(path, errors="replace") as f:
+        text = f.read(NODE_FILE_LIMIT + 1)
+    if len(text) > NODE_FILE_LIMIT:
+        raise NodeListError(
+            str(
+                refuse(
+                    f"node file {path} is larger than {NODE_FILE_LIMIT >> 20} MiB",
+                    "a node file with one host per line (PBS_NODEFILE, PE_HOSTFILE, OCTO_DIST_NODEFILE)",
+                    "point the variable at the scheduler's node file",
+                )
+            )
+        )
+    return text
 
 
 def _bad(spec: str, var: str, problem: str) -> NodeListError:
