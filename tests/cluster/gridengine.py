@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from cluster import sim
+from helpers import restore_signals
 
 DEBIAN_ROOT = Path("/var/lib/gridengine")
 DEFAULT_CONFIGURATION = Path("/usr/share/gridengine/default-configuration")
@@ -54,12 +55,6 @@ def unavailable() -> Optional[str]:
     if not Path("/usr/bin/mpirun").exists():
         return "no /usr/bin/mpirun: apt-get install openmpi-bin"
     return None
-
-
-def _default_signals() -> None:
-    # The test process may run with SIGINT ignored (started in the background); daemons get the defaults.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 class GridEngine:
@@ -240,7 +235,7 @@ class GridEngine:
                 str(self.root),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_default_signals,
+                preexec_fn=restore_signals,
             )
             if proc.wait(timeout=60) != 0:
                 raise RuntimeError(f"{daemon} on {node} did not start: {log.read_text().strip()}")

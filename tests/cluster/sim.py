@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from helpers import restore_signals
+
 HERE = Path(__file__).resolve().parent
 PREFIX = "octosim"
 SWITCH = f"{PREFIX}-sw"
@@ -241,6 +243,9 @@ class Cluster:
     def popen(
         self, node: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, **kw
     ) -> subprocess.Popen:
+        # Every process on a node starts with the default stop signals, whatever the test process inherited
+        # (a CI runner or `make test &` may ignore SIGINT/SIGTERM): a job's scheduler would give it the defaults.
+        kw.setdefault("preexec_fn", restore_signals)
         return subprocess.Popen(
             self.exec_argv(node, argv, env, cwd), stdin=subprocess.DEVNULL, **kw
         )

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from helpers import restore_signals
+
 from . import sim
 
 RUN = Path("/var/spool") / f"{sim.PREFIX}-slurm"
@@ -102,19 +104,6 @@ def unavailable() -> Optional[str]:
     except KeyError:
         return "no user 'munge' (Debian's munge package creates it)"
     return None
-
-
-def _default_signals() -> None:
-    # The test process may ignore SIGINT (pytest under make, nohup): a daemon must not inherit that.
-    for sig in (
-        signal.SIGINT,
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGUSR1,
-        signal.SIGUSR2,
-        signal.SIGQUIT,
-    ):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 def remove_leftovers(run: Path = RUN) -> None:
@@ -231,7 +220,7 @@ class Slurm:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_default_signals,
+            preexec_fn=restore_signals,
         )
         log.close()
 
@@ -307,7 +296,7 @@ class Slurm:
             capture_output=True,
             text=True,
             timeout=timeout,
-            preexec_fn=_default_signals,
+            preexec_fn=restore_signals,
         )
         if check and res.returncode != 0:
             raise RuntimeError(
