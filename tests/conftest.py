@@ -1,5 +1,6 @@
-"""Shared fixtures: the venv's real Open MPI 5 ``mpirun``."""
+"""Shared fixtures: the venv's real Open MPI 5 ``mpirun``; the opt-in for the long real-scheduler scenarios."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,3 +22,19 @@ def mpirun(tmp_path_factory):
         )
 
     return run
+
+
+CLUSTER_LONG_ENV = "OCTO_DIST_CLUSTER_LONG"
+
+
+def pytest_collection_modifyitems(config, items):
+    # The real-scheduler scenarios (a time limit reached, a chain, a cancel, a lost node) take minutes each and
+    # together more than CI's budget; `make cluster-smoke` runs them, CI runs the rest of the cluster tests.
+    if os.environ.get(CLUSTER_LONG_ENV, "") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(
+        reason=f"a long real-scheduler scenario: {CLUSTER_LONG_ENV}=1 (make cluster-smoke sets it) runs it"
+    )
+    for item in items:
+        if "cluster_long" in item.keywords:
+            item.add_marker(skip)

@@ -207,6 +207,7 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
     assert "4 rank(s) on 2 host(s)" in text, text[-4000:]
 
 
+@pytest.mark.cluster_long
 def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_path):
     """Each job asks its ranks to stop 150 s before h_rt (5 min): they checkpoint and the job ends 0 before Grid
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint."""
@@ -232,6 +233,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_pa
     assert resumed["end_step"] > resumed["start_step"] and len(set(resumed["digests"])) == 1
 
 
+@pytest.mark.cluster_long
 def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge, tmp_path):
     """qdel of a -notify job: SIGUSR2 first (the queue's notify time, 30 s, before the kill): the ranks checkpoint
     and stop, nothing of the job is left on either node."""
@@ -252,6 +254,7 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge, tmp_path):
     assert not any(left.values()), left
 
 
+@pytest.mark.cluster_long
 def test_a_lost_node_ends_the_job_naming_it(ge, tmp_path):
     """node002's link cut mid-run: the job ends within FAULT_DEADLINE_S, fails, and its log names node002."""
     work = workdir(tmp_path)

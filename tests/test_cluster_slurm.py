@@ -221,6 +221,7 @@ def test_submitted_job_completes_on_both_nodes_with_identical_parameters(uninter
     assert rec["end_step"] == STEPS and not rec["stopped_by"], rec
 
 
+@pytest.mark.cluster_long
 def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_identically(
     slurm, tmp_path, compile_cache, uninterrupted
 ):
@@ -277,6 +278,7 @@ def job_processes(cluster: sim.Cluster) -> list[str]:
     return out
 
 
+@pytest.mark.cluster_long
 def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
     job = launch(slurm, tmp_path, compile_cache, steps=LONG, ranks_per_node=1, global_batch=8)
     wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
@@ -307,6 +309,7 @@ def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
     assert killed, f"no rank processes found on {node}"
 
 
+@pytest.mark.cluster_long
 @pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
 def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_failed(
     fault, slurm, tmp_path, compile_cache
