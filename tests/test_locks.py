@@ -122,3 +122,21 @@ def test_parse_lock_reads_extras_and_multiline_hashes():
     )
     pin = parse_lock(text)["etils"]
     assert pin.version == "1.15.0" and len(pin.hashes) == 2
+
+
+def test_a_lock_whose_resolver_hangs_is_ended_with_one_line(tmp_path, monkeypatch):
+    # A `uv` on PATH that never answers (a hung package index behind a proxy).
+    from octo_dist.stack import lockgen
+
+    fake = tmp_path / "bin" / "uv"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setattr(lockgen, "LOCK_TIMEOUT_S", 1)
+    with pytest.raises(
+        lockgen.LockError, match="did not finish within 1 s; expected PyPI to answer"
+    ):
+        lockgen.compile_lock(
+            ["numpy==1.24.3"], tmp_path / "out.txt", "3.11", "x86_64-manylinux_2_28"
+        )

@@ -17,9 +17,17 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from octo_dist import EXIT_USAGE
+from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.stack import manifest as mf
 from octo_dist.stack.lockfile import parse_lock
+
+# One profile's resolve for one Python takes under a minute here; a hung index must not hold `make lock` forever.
+LOCK_TIMEOUT_S = 1800
+
+
+class LockError(RuntimeError):
+    """A lock could not be generated (one line, with the fix)."""
+
 
 DEV_PROFILE = "cpu"
 
@@ -103,7 +111,13 @@ def compile_lock(
         for name in no_emit:
             cmd += ["--no-emit-package", name]
         env = dict(os.environ, UV_NATIVE_TLS="1")
-        subprocess.run(cmd, check=True, env=env, cwd=tmp)
+        try:
+            subprocess.run(cmd, check=True, env=env, cwd=tmp, timeout=LOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise LockError(
+                f"uv pip compile for {output.name} did not finish within {LOCK_TIMEOUT_S} s; expected PyPI to "
+                f"answer. Fix: check the network (or the proxy: export HTTPS_PROXY=...) and rerun make lock"
+            ) from None
 
 
 def lock_profile(manifest: mf.Manifest, profile: mf.Profile, exclude_newer: str) -> list[Path]:
@@ -160,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    for profile in profiles:
-        lock_profile(manifest, profile, manifest.lock_exclude_newer)
+    try:
+        for profile in profiles:
+            lock_profile(manifest, profile, manifest.lock_exclude_newer)
+    except LockError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
