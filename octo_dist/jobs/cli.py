@@ -207,6 +207,7 @@ def output_path(options: spec_mod.LaunchOptions) -> str:
 def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
     """One line per option: flag, value, and where it came from."""
     rows = []
+    derived = spec_mod.derived_defaults(options)
     for f in spec_mod.option_fields():
         if f.name in ("show_defaults", "dry_run"):
             continue
@@ -217,7 +218,13 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             value = not value  # --no-resume: shown as whether the flag is in effect
         if isinstance(value, bool):
             value = "on" if value else "off"
-        rows.append((spec_mod.flag_of(f), value, sources[f.name]))
+        source = sources[f.name]
+        if f.name in derived:
+            # unset, and what it will be follows another option: show that value, as --help describes it
+            value, why = derived[f.name]
+            value = "(none)" if value in ((), None) else value
+            source = f"{source} ({why})"
+        rows.append((spec_mod.flag_of(f), value, source))
     width = max(len(flag) for flag, _, _ in rows)
     shown = []
     for flag, value, source in rows:

@@ -558,6 +558,34 @@ def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
     return first, rest
 
 
+def derived_defaults(o: "LaunchOptions") -> dict:
+    """What :func:`build` takes for the options left unset that depend on others, for ``--show-defaults``.
+
+    ``launch pbs`` with nothing set -> ``{"resource_type": "rt_HF", "gpus_per_node": 8, "ranks_per_node": 8,
+    "cpus_per_rank": 12, "modules": ("hpcx/2.20",)}`` (SLURM: no resource type, so only ``modules``); each
+    with the option it follows, as ``(value, "from --resource-type rt_HF")``."""
+    out: dict = {}
+    scheduler = o.scheduler
+    resource_type = o.resource_type or DEFAULT_RESOURCE_TYPE.get(scheduler)
+    rt = RESOURCE_TYPES.get(resource_type) if resource_type else None
+    if o.resource_type is None and resource_type:
+        out["resource_type"] = (resource_type, f"{scheduler}'s default")
+    gpus = o.gpus_per_node
+    if gpus is None and rt:
+        gpus = rt.gpus
+        out["gpus_per_node"] = (gpus, f"from --resource-type {resource_type}")
+    if o.ranks_per_node is None and gpus:
+        out["ranks_per_node"] = (gpus, "one per GPU")
+    if o.cpus_per_rank is None and rt:
+        ranks = o.ranks_per_node or gpus
+        cpus = 0 if ranks == 1 else rt.cores // rt.gpus
+        out["cpus_per_rank"] = (cpus, f"from --resource-type {resource_type}")
+    if o.modules is None:
+        modules = DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if o.image else ())
+        out["modules"] = (modules, f"{scheduler}'s default")
+    return out
+
+
 def build(
     options: LaunchOptions,
     *,
