@@ -40,29 +40,37 @@ def test_figures_come_from_the_timestamps():
     assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
 
 
+def figures(**given):
+    """``summary.summarize`` of a small 2-process run (0 -> 3, steps ending at 6, 7, 8 s), ``given`` overriding."""
+    plain = dict(
+        command="smoke",
+        processes=2,
+        devices=2,
+        global_batch=8,
+        start_step=0,
+        end_step=3,
+        losses={0: 1.0},
+        process_started=0.0,
+        fit_started=1.0,
+        step_ends=[6.0, 7.0, 8.0],
+        ended=9.0,
+    )
+    return summary.summarize(**{**plain, **given})
+
+
 def test_the_input_share_of_a_step_says_data_or_compute_bound():
     ends = [110.0, 110.5, 110.75, 111.0, 111.25]  # median step 0.25 s from the third step on
     common = dict(
-        command="finetune",
-        processes=1,
-        devices=1,
-        global_batch=8,
-        start_step=10,
-        end_step=15,
-        losses={},
-        process_started=100.0,
-        fit_started=103.0,
-        step_ends=ends,
-        ended=112.0,
+        start_step=10, end_step=15, process_started=100.0, fit_started=103.0, step_ends=ends
     )
     # Steps 10 and 11 (compiling) are left out, as for the step time: 0.05 s of 0.25 s is input.
-    fast = summary.summarize(**common, input_s={10: 9.0, 11: 3.0, 12: 0.05, 13: 0.05, 14: 0.04})
+    fast = figures(**common, input_s={10: 9.0, 11: 3.0, 12: 0.05, 13: 0.05, 14: 0.04})
     assert fast.median_input_s == 0.05 and fast.input_share == pytest.approx(0.2)
     assert fast.bound == "compute-bound" and fast.as_json()["bound"] == "compute-bound"
     assert "\n  input 50.0 ms of each step (20%): compute-bound" in summary.lines(fast)
-    slow = summary.summarize(**common, input_s={12: 0.24, 13: 0.23, 14: 0.25})
+    slow = figures(**common, input_s={12: 0.24, 13: 0.23, 14: 0.25})
     assert slow.bound == "data-bound" and "octo-dist launch --cpus-per-rank" in summary.lines(slow)
-    unknown = summary.summarize(**common)
+    unknown = figures(**common)
     assert unknown.bound is None and "input" not in summary.lines(unknown)
 
 
@@ -143,16 +151,11 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
 
 
 def one_job(start, end, losses, command="smoke"):
-    return summary.summarize(
+    return figures(
         command=command,
-        processes=2,
-        devices=2,
-        global_batch=8,
         start_step=start,
         end_step=end,
         losses=losses,
-        process_started=0.0,
-        fit_started=1.0,
         step_ends=[2.0 + i for i in range(end - start)],
         ended=3.0 + end - start,
     )
@@ -260,21 +263,7 @@ def test_startup_phases_partition_the_time_to_the_first_step():
 def test_the_slowest_ranks_start_up_is_named():
     fast = {"imports": 1.0, "compile_first_step": 5.0}
     slow = {"imports": 4.0, "compile_first_step": 5.0}
-    s = summary.summarize(
-        command="smoke",
-        processes=3,
-        devices=3,
-        global_batch=6,
-        start_step=0,
-        end_step=3,
-        losses={0: 1.0},
-        process_started=0.0,
-        fit_started=1.0,
-        step_ends=[6.0, 7.0, 8.0],
-        ended=9.0,
-        startup=fast,
-        startup_by_rank=[fast, slow, fast],
-    )
+    s = figures(processes=3, devices=3, startup=fast, startup_by_rank=[fast, slow, fast])
     assert (s.slowest_rank, s.slowest_startup) == (1, slow)
     assert (
         "start-up: imports 1.0 s, compile + first step 5.0 s (slowest: rank 1, first step after 9.0 s)"
