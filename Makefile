@@ -73,8 +73,24 @@ lock: $(DEV_STAMP) ## regenerate env/locks/ from env/stack.toml (needs PyPI)
 check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, no jax import)
 	$(OCTO_DIST) check-env --profile $(PROFILE)
 
-test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs)
+# As root with no PYTEST_ARGS (CI), the cluster tests (namespaces, real daemons: mostly waiting on them) run
+# beside the rest in a second pytest, their output in $(CLUSTER_LOG) and printed after; TEST_SPLIT=0 runs one pytest.
+TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
+CLUSTER_LOG ?= .cluster/suite.log
+test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
+ifeq ($(TEST_SPLIT),1)
+	@mkdir -p $(dir $(CLUSTER_LOG))
+	@$(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
+	  trap 'kill $$cluster 2>/dev/null' INT TERM; \
+	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" || rest=$$?; \
+	  clustered=0; wait $$cluster || clustered=$$?; \
+	  echo "---- the cluster tests (pytest -m cluster, beside the rest; $(CLUSTER_LOG)) ----"; \
+	  cat $(CLUSTER_LOG); \
+	  echo "---- exit status: the rest $$rest, the cluster tests $$clustered ----"; \
+	  [ $$rest = 0 ] && [ $$clustered = 0 ]
+else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+endif
 
 lint: $(DEV_STAMP) ## ruff check + ruff format --check (what make test's test_layers runs; rules in pyproject.toml)
 	$(VENV)/bin/ruff check .
