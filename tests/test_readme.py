@@ -295,3 +295,28 @@ def test_readme_starts_with_the_user_paths():
     paths = [n for n, h in headings if re.match(r"\([a-d]\) ", h)]
     assert len(paths) == 4 and paths == sorted(paths), headings
     assert paths[1] < 100, f"the ABCI 3.0 section starts at line {paths[1]}"
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="Open MPI's guard applies to root"
+)
+def test_the_root_section_quotes_what_mpirun_says(tmp_path):
+    """The README's "mpirun as root" quotes the venv's mpirun, and its two variables are what lets it start."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## mpirun as root") :]
+    section = section[: section.index("\n## ")]
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    env = {k: v for k, v in clean_env().items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    refused = subprocess.run(
+        [mpirun, "-np", "1", "true"], env=env, capture_output=True, text=True, timeout=120
+    )
+    first = (
+        (refused.stdout + refused.stderr).strip().splitlines()[0]
+    )  # "prterun has detected an attempt ..."
+    assert first.rstrip(".") in section, first
+    allowed = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    ran = subprocess.run(
+        [mpirun, "-np", "1", "true"], env=allowed, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun" in section
