@@ -11,7 +11,7 @@ tests/cuobjdump/ holds two kinds of listing:
   format, shaped like jaxlib 0.4.20's binaries (xla_extension.so with several fatbins, the custom-kernel modules
   _prng.so and _solver.so) under the build flags each name says. They were NOT recorded from jaxlib: its CUDA
   wheels cannot be downloaded here and no GPU is available. `octo-dist check-env --deep` on an H200 node prints the
-  real answer (README, ABCI 3.0 section).
+  real answer (docs/abci.md, "ABCI 3.0's H200").
 """
 
 import json

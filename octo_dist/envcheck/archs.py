@@ -244,7 +244,7 @@ def check_listing(
     if status != OK:
         fix += (
             "on an H200 node, compare the profiles: octo-dist check-env --deep --profile cuda12 in a cuda12 "
-            "venv or image; the README's ABCI 3.0 section says which to use"
+            "venv or image; docs/abci.md (ABCI 3.0's H200) says which to use"
         )
     return Check(
         "jaxlib.arch",
