@@ -21,6 +21,7 @@ there; 0.4.22 has one and keeps the check.
 
 from __future__ import annotations
 
+from octo_dist.problems import Problem
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Tuple
 
@@ -76,7 +77,7 @@ def tree_digest(tree) -> str:
     return h.hexdigest()[:16]
 
 
-class NotReplicatedError(ValueError):
+class NotReplicatedError(Problem, ValueError):
     """A value the engine keeps identical on every device is sharded."""
 
 

@@ -22,6 +22,7 @@ that the port is free, before JAX starts (``coordcheck.py``). Single-process run
 
 from __future__ import annotations
 
+from octo_dist.problems import Refusal
 import dataclasses
 import logging
 import re
@@ -49,7 +50,7 @@ SET_IT = (
 )
 
 
-class CoordinatorError(RuntimeError):
+class CoordinatorError(Refusal, RuntimeError):
     """No coordinator address could be agreed, or the one given is unusable."""
 
 

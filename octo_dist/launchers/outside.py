@@ -14,6 +14,7 @@ Standard library only: ``octo-dist launch`` runs on a login node's bare Python.
 
 from __future__ import annotations
 
+from octo_dist.problems import Problem, Refusal
 import dataclasses
 import os
 import re
@@ -31,7 +32,7 @@ OUTPUT_LIMIT = (
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-class InputError(ValueError):
+class InputError(Refusal, ValueError):
     """Outside input that cannot be used: what was found, what was expected, the fix (one line)."""
 
     def __init__(self, found: str, expected: str, fix: str):
@@ -120,7 +121,7 @@ class Finished:
     stderr: str
 
 
-class CommandTimeout(RuntimeError):
+class CommandTimeout(Problem, RuntimeError):
     """An outside command that did not end within its timeout (it was killed, with its process group)."""
 
     def __init__(self, argv: Sequence[str], timeout_s: float, stderr: str):

@@ -12,6 +12,7 @@ between host and image but ranks that disagree (one was given another ``OMPI_COM
 
 from __future__ import annotations
 
+from octo_dist.problems import Problem
 import logging
 import sys
 from typing import Any, Callable, Mapping, Optional
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 NO_MPI4PY_ENV = "OCTO_DIST_NO_MPI4PY"  # "1": the container has no MPI library; never import mpi4py
 
 
-class WorldMismatch(RuntimeError):
+class WorldMismatch(Problem, RuntimeError):
     """MPI's world and the launcher's environment disagree about the number of ranks."""
 
 

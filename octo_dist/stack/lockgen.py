@@ -9,6 +9,7 @@ lock (``cpu-py3.11-dev.txt``), constrained by the runtime lock and holding only 
 
 from __future__ import annotations
 
+from octo_dist.problems import Problem
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from octo_dist.stack.lockfile import parse_lock
 LOCK_TIMEOUT_S = 1800
 
 
-class LockError(RuntimeError):
+class LockError(Problem, RuntimeError):
     """A lock could not be generated (one line, with the fix)."""
 
 

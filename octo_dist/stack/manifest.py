@@ -8,6 +8,7 @@ copy it to ``/opt/octo-dist/env/stack.toml`` and set that variable), or passed e
 
 from __future__ import annotations
 
+from octo_dist.problems import Refusal
 import dataclasses
 import os
 import re
@@ -32,7 +33,7 @@ DEFAULT_MANIFEST = REPO_ROOT / "env" / "stack.toml"
 LOCK_DIR_NAME = "locks"
 
 
-class ManifestError(ValueError):
+class ManifestError(Refusal, ValueError):
     """The manifest is missing, malformed, or asked for a profile it does not define."""
 
 

@@ -17,6 +17,7 @@ manifest and for fabricated ones, so a construct outside the subset is caught in
 
 from __future__ import annotations
 
+from octo_dist.problems import Refusal
 import re
 from typing import Any, Dict, List
 
@@ -28,7 +29,7 @@ _FLOAT = re.compile(
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
-class TomlSubsetError(ValueError):
+class TomlSubsetError(Refusal, ValueError):
     """Malformed TOML, or TOML outside the subset this reader supports; says which line."""
 
     def __init__(self, message: str, line: int):

@@ -16,6 +16,11 @@ from typing import Iterable, Optional, Sequence
 # octo-dist's own flags are spelled as the fork spells its flags (underscores: --step_fn); the hyphenated
 # spelling the other subcommands use (smoke --step-fn) is accepted as an alias, so either works everywhere.
 ALIASES = {"--step-fn": "--step_fn", "--compile-cache": "--compile_cache"}
+# The start-up flags are smoke's own (--devices-per-process): the fork's underscore spelling is their alias.
+STARTUP_ALIASES = {
+    "--devices_per_process": "--devices-per-process",
+    "--init_timeout": "--init-timeout",
+}
 
 
 def with_aliases(argv: Sequence[str]) -> list:
@@ -23,7 +28,8 @@ def with_aliases(argv: Sequence[str]) -> list:
     out = []
     for a in argv:
         flag, eq, value = a.partition("=")
-        out.append(ALIASES[flag] + eq + value if flag in ALIASES else a)
+        alias = ALIASES.get(flag) or STARTUP_ALIASES.get(flag)
+        out.append(alias + eq + value if alias else a)
     return out
 
 

@@ -13,6 +13,7 @@ before starting: an ``hf://`` path is usable when it is in the local Hugging Fac
 
 from __future__ import annotations
 
+from octo_dist.problems import Problem
 import argparse
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
-from octo_dist.apps.finetune.config import (
+from octo_dist.apps.finetune.checks import (
     DEFAULT_HF_MODEL,
     HF_PREFIX,
     checkpoint_problems,
@@ -34,8 +35,8 @@ PROBE_TIMEOUT_S = 10.0
 DEPENDENCY_FILES = ["*.json", "*.model", "*.txt"]
 
 
-class WeightsError(RuntimeError):
-    pass
+class WeightsError(Problem, RuntimeError):
+    """Weights that could not be downloaded or read (exit 1)."""
 
 
 def _short(e: BaseException) -> str:
