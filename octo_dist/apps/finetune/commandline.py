@@ -194,7 +194,13 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
         )
     # The start-up flags, described as smoke describes them (the same argparse definitions).
     for action in startup_parser()._actions:
-        value_name = "|".join(action.choices) if action.choices else action.dest.upper()
+        value_name = (
+            "|".join(action.choices)
+            if action.choices
+            else {"coordinator": "HOST:PORT", "init_timeout": "SECONDS"}.get(
+                action.dest, action.dest.upper()
+            )
+        )
         described = (action.help or "") % {"default": action.default}
         rows.append((f"{action.option_strings[0]}={value_name}", described))
     lines = [USAGE, "", DESCRIPTION, "", "flags:"]
