@@ -24,7 +24,6 @@ runs only after the new step's record is written and never removes the newest ve
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import dataclasses
 import errno
 import hashlib
@@ -34,6 +33,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,12 @@ what lets the smoke job compare 1 process x N devices with N processes x 1 devic
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import dataclasses
 from typing import Iterator, Mapping
 
 import numpy as np
+
+from octo_dist.problems import Refusal
 
 
 class BatchSizeError(Refusal, ValueError):

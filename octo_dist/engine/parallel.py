@@ -21,7 +21,6 @@ there; 0.4.22 has one and keeps the check.
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Tuple
 
@@ -36,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # parallel.resolve_step_fn and the lists stay reachable here, where the engine's callers look for them
 from octo_dist.engine.stepfns import AUTO_STEP_FNS, STEP_FNS, resolve_step_fn  # noqa: F401
+from octo_dist.problems import Problem
 
 BATCH_AXIS = "batch"
 STOP = "stop_signal"  # the metric holding the largest pending signal number over every process

@@ -6,9 +6,10 @@ inside images whose Python may be older than the training stack's.
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import dataclasses
 from typing import Mapping, Optional, Tuple
+
+from octo_dist.problems import Refusal
 
 
 class LauncherError(Refusal, ValueError):

@@ -22,7 +22,6 @@ that the port is free, before JAX starts (``coordcheck.py``). Single-process run
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import dataclasses
 import logging
 import re
@@ -32,6 +31,7 @@ from typing import Callable, Mapping, Optional
 
 from octo_dist.launchers import hostlists, openmpi, scheduler
 from octo_dist.launchers.base import Launch
+from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ Standard library only: ``octo-dist launch`` runs on a login node's bare Python.
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem, Refusal
 import dataclasses
 import os
 import re
@@ -22,6 +21,8 @@ import signal
 import subprocess
 import threading
 from typing import IO, List, Optional, Sequence
+
+from octo_dist.problems import Problem, Refusal
 
 OUTPUT_LIMIT = (
     1 << 16

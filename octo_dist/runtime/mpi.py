@@ -12,13 +12,13 @@ between host and image but ranks that disagree (one was given another ``OMPI_COM
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem
 import logging
 import sys
 from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.launchers.base import Launch
 from octo_dist.launchers.coordinator import MPI_LAUNCHERS
+from octo_dist.problems import Problem
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,6 @@ local_device_ids)``). What goes wrong on a cluster is checked here, before or ri
 
 from __future__ import annotations
 
-from octo_dist import problems
-from octo_dist.problems import Problem
 import contextlib
 import dataclasses
 import logging
@@ -38,6 +36,8 @@ from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.runtime import mpi
 from octo_dist.runtime import watchdog
+from octo_dist import problems
+from octo_dist.problems import Problem
 
 log = logging.getLogger(__name__)
 

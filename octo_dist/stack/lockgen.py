@@ -9,7 +9,6 @@ lock (``cpu-py3.11-dev.txt``), constrained by the runtime lock and holding only 
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from typing import Iterable, Mapping
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.stack import manifest as mf
 from octo_dist.stack.lockfile import parse_lock
+from octo_dist.problems import Problem
 
 # One profile's resolve for one Python takes under a minute here; a hung index must not hold `make lock` forever.
 LOCK_TIMEOUT_S = 1800

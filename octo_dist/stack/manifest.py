@@ -8,7 +8,6 @@ copy it to ``/opt/octo-dist/env/stack.toml`` and set that variable), or passed e
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import dataclasses
 import os
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from octo_dist.stack import toml_subset
+from octo_dist.problems import Refusal
 
 try:  # Python 3.11+
     import tomllib as _toml  # novermin (guarded: 3.11+ only)

@@ -17,9 +17,10 @@ manifest and for fabricated ones, so a construct outside the subset is caught in
 
 from __future__ import annotations
 
-from octo_dist.problems import Refusal
 import re
 from typing import Any, Dict, List
+
+from octo_dist.problems import Refusal
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _INTEGER = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)(?![0-9A-Za-z_.:+-])")

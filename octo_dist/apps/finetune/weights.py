@@ -13,7 +13,6 @@ before starting: an ``hf://`` path is usable when it is in the local Hugging Fac
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem
 import argparse
 import json
 import os
@@ -29,6 +28,7 @@ from octo_dist.apps.finetune.checks import (
     hf_dependencies,
     hf_repo,
 )
+from octo_dist.problems import Problem
 
 PROBE_TIMEOUT_S = 10.0
 # What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).

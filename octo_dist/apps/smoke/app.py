@@ -10,7 +10,6 @@ loss first -> last, and whether every rank holds bit-identical parameters.
 
 from __future__ import annotations
 
-from octo_dist.problems import Problem, Refusal
 import argparse
 import difflib
 import json
@@ -24,6 +23,7 @@ from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
 from octo_dist.engine import stepfns
 from octo_dist.runtime import runtime
+from octo_dist.problems import Problem, Refusal
 
 log = logging.getLogger(__name__)
 
