@@ -225,7 +225,8 @@ def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path, monk
     (state / "6.orbax-checkpoint-tmp-17").mkdir()  # half-written: not a step
     with pytest.raises(
         CheckpointError,
-        match=r"already holds checkpoints \(latest: step 3\) and --resume was not given.*Fix: add --resume",
+        match=r"already holds checkpoints \(latest: step 3\) and --resume was not given.*Fix: add --resume "
+        r"to continue that run, or pick another --name or --config.save_dir",
     ):
         fc.parse(raw, REACHABLE)
 

@@ -255,7 +255,7 @@ class Decision:
         return {"step": self.step, "set_aside": [list(x) for x in self.set_aside]}
 
 
-def decide(directory, requested) -> Decision:
+def decide(directory, requested, elsewhere: str = "choose another save directory") -> Decision:
     """Whether a run resumes, and from which step, from the checksums of the steps in ``directory``; read only
     (nothing is moved: process 0 sets the damaged steps aside when the directory is opened).
 
@@ -264,6 +264,8 @@ def decide(directory, requested) -> Decision:
       requested: False/None for a new run (refused when the directory already holds steps: nothing is overwritten);
         True for the newest verified step (a fresh start when there is none; newer damaged steps are set aside);
         a step number for exactly that step (refused when it is missing or fails verification).
+      elsewhere: how this command picks another directory, for the refusal of a new run over old checkpoints
+        (finetune: "pick another --name or --config.save_dir").
 
     Raises:
       CheckpointError: a new run over old checkpoints, or a requested step that is missing or damaged.
@@ -277,7 +279,7 @@ def decide(directory, requested) -> Decision:
             raise CheckpointError(
                 f"{d} already holds checkpoints (latest: step {max(steps)}) and --resume was not given",
                 "an empty or new directory",
-                "add --resume to continue that run, or choose another save directory (nothing was overwritten)",
+                f"add --resume to continue that run, or {elsewhere} (nothing was overwritten)",
             )
         return Decision(str(d))
     if requested is True:

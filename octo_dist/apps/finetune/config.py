@@ -132,7 +132,9 @@ def parse(
         name=format_name(name, plain),
         run_dir=out,
         debug=debug,
-        resume=checkpoint.decide(train_state, resume),
+        resume=checkpoint.decide(
+            train_state, resume, elsewhere="pick another --name or --config.save_dir"
+        ),
         step_fn=step_fn,
         compile_cache=compile_cache,
         runtime=dict(runtime or {}),
