@@ -37,8 +37,7 @@ class InputError(Refusal, ValueError):
     """Outside input that cannot be used: what was found, what was expected, the fix (one line)."""
 
     def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"{found}; expected {expected}. Fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
+        super().__init__(found, expected, fix)  # str(): "found; expected .... Fix: ..."
 
 
 def escape(text: str) -> str:

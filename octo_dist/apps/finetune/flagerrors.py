@@ -58,7 +58,7 @@ def one_line(error: BaseException, argv: Sequence[str], fields: Iterable[str] = 
     text = str(error)
     if "Traceback (most recent call last)" in text:
         # ml_collections wraps the config file's own exception in its traceback: its last line is the message,
-        # "octo_dist.apps.finetune.config.ConfigError: config string 'bogus'; expected ..." -> after the class.
+        # "octo_dist.apps.finetune.configfile.ConfigError: config string 'bogus'; expected ..." -> after the class.
         last = [ln for ln in text.splitlines() if ln.strip()][-1]
         message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
         given = next((a for a in argv[1:] if a.startswith("--config=")), None)
