@@ -79,6 +79,11 @@ FINETUNE_FLAGS = (
     "--resume",
     "--step_fn=",
     "--compile_cache=",
+    # the start-up flags smoke takes too (runtime.argv_options)
+    "--launcher=",
+    "--coordinator=",
+    "--init-timeout=",
+    "--devices-per-process=",
     "--help",
 )
 

@@ -197,6 +197,72 @@ def test_pruning_never_removes_the_newest_verified_step(tmp_path):
     c.close()
 
 
+# --- whether to resume, decided once (checkpoint.decide) before start-up ---------------------------------------
+
+
+def test_a_fresh_run_decides_step_0_and_refuses_a_directory_that_holds_checkpoints(tmp_path):
+    assert ck.decide(None, False) == ck.Decision()
+    fresh = ck.decide(tmp_path / "new", False)
+    assert fresh.start == 0 and fresh.step is None and fresh.directory == str(tmp_path / "new")
+    assert ck.decide(tmp_path / "new", True).start == 0  # --resume with nothing saved yet: step 0
+    save_steps(tmp_path / "run", [5])
+    with pytest.raises(
+        CheckpointError,
+        match=r"already holds checkpoints \(latest: step 5\) and --resume was not given; expected an empty",
+    ):
+        ck.decide(tmp_path / "run", False)
+
+
+def test_resume_decides_the_newest_verified_step_and_opening_restores_it(tmp_path):
+    save_steps(tmp_path, [5, 10])
+    decision = ck.decide(tmp_path, True)
+    assert (decision.step, decision.start, decision.set_aside, decision.recorded) == (
+        10,
+        10,
+        (),
+        (5, 10),
+    )
+    c = Checkpoints(str(tmp_path), decision=decision)
+    assert c.latest_step() == 10
+    assert_bit_identical(c.restore(10, abstract(state_at(0)))[0], state_at(10))
+    c.close()
+
+
+def test_an_unverified_newest_step_is_decided_against_then_set_aside_when_opened(tmp_path, caplog):
+    save_steps(tmp_path, [5, 10])
+    remove(tmp_path / "10" / ck.MANIFEST)  # a torn save: renamed by orbax, never recorded
+    decision = ck.decide(tmp_path, True)
+    assert decision.step == 5 and [s for s, _ in decision.set_aside] == [10]
+    assert (
+        tmp_path / "10"
+    ).is_dir()  # deciding reads only: moving is the opening's (process 0's) job
+    with caplog.at_level(logging.WARNING, logger=ck.__name__):
+        c = Checkpoints(str(tmp_path), decision=decision)
+    assert c.latest_step() == 5 and (tmp_path / "10.damaged").is_dir()
+    assert any(f"no {ck.MANIFEST}" in r.getMessage() for r in caplog.records)
+    assert_bit_identical(c.restore(5, abstract(state_at(0)))[0], state_at(5))
+    c.close()
+
+
+def test_a_requested_step_must_be_there_and_verified(tmp_path):
+    save_steps(tmp_path, [5, 10])
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint step 7 is not in .* \(steps there: \[5, 10\]\)"
+    ):
+        ck.decide(tmp_path, 7)
+    flip_byte(chunk(tmp_path / "5"))
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint step 5 in .* is damaged: .*does not match"
+    ):
+        ck.decide(tmp_path, 5)
+    # An older verified step, asked for by number: the newer ones are set aside, not overwritten later.
+    save_steps(tmp_path / "b", [5, 10])
+    decision = ck.decide(tmp_path / "b", 5)
+    assert decision.step == 5 and decision.set_aside == (
+        (10, "it is newer than the requested step 5"),
+    )
+
+
 def test_prune_plan_keeps_the_newest_trusted_steps_and_anything_newer():
     assert ck.to_prune([5, 10, 15, 20], trusted=[5, 10, 15, 20], max_to_keep=3) == [5]
     assert ck.to_prune([5, 10, 15], trusted=[5], max_to_keep=1) == []  # 10, 15 unverified: 5 stays

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import REPO, clean_env
 from octo_dist.apps.finetune import app as finetune
+from octo_dist.apps.finetune import checks, commandline, configfile, modelconfig
 from octo_dist.apps.finetune import config as fc
 from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
@@ -27,7 +28,7 @@ REACHABLE = lambda repo: None  # noqa: E731
 
 
 def parse(*args):
-    return fc.parse_flags(["finetune.py", *args])
+    return commandline.parse_flags(["finetune.py", *args])
 
 
 def smoke_cfg(data_dir, **over) -> dict:
@@ -44,7 +45,7 @@ def fake_dataset(root: Path, name="bridge_dataset", version="1.0.0") -> Path:
     return root
 
 
-def fake_checkpoint(root: Path, config: dict, files=fc.CHECKPOINT_FILES, step="5000") -> Path:
+def fake_checkpoint(root: Path, config: dict, files=checks.CHECKPOINT_FILES, step="5000") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for f in files:
         (root / f).write_text(json.dumps(config) if f == "config.json" else "{}")
@@ -132,14 +133,17 @@ def test_defaults_match_the_forks_default_config():
     ],
 )
 def test_the_config_string_picks_the_finetuning_mode(string, frozen):
-    c = parse(f"--config={fc.DEFAULT_CONFIG}:{string}").config
+    c = parse(f"--config={configfile.DEFAULT_CONFIG}:{string}").config
     assert c.finetuning_mode == string.split(",")[0] and c.modality == string.split(",")[1]
     assert (tuple(c.optimizer.frozen_keys) if c.optimizer.frozen_keys else None) == frozen
 
 
 def test_a_bad_config_string_exits_2_naming_the_choices(capsys):
     assert (
-        finetune.main(["finetune.py", f"--config={fc.DEFAULT_CONFIG}:everything,multimodal"]) == 2
+        finetune.main(
+            ["finetune.py", f"--config={configfile.DEFAULT_CONFIG}:everything,multimodal"]
+        )
+        == 2
     )
     err = capsys.readouterr().err
     assert (
@@ -150,14 +154,14 @@ def test_a_bad_config_string_exits_2_naming_the_choices(capsys):
 
 def test_frozen_keys_come_from_the_optimizer_then_the_mode_then_the_pretrained_model():
     explicit = {"optimizer": {"frozen_keys": ["a.*"]}, "finetuning_mode": "head_only"}
-    assert fc.resolve_frozen_keys(explicit, {}) == ("a.*",)
-    assert fc.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "head_only"}, {}) == (
-        "octo_transformer.*",
-    )
-    assert fc.resolve_frozen_keys(
+    assert modelconfig.resolve_frozen_keys(explicit, {}) == ("a.*",)
+    assert modelconfig.resolve_frozen_keys(
+        {"optimizer": {}, "finetuning_mode": "head_only"}, {}
+    ) == ("octo_transformer.*",)
+    assert modelconfig.resolve_frozen_keys(
         {"optimizer": {}, "finetuning_mode": "full"}, OCTO_SMALL_LIKE
     ) == ("*hf_model*",)
-    assert fc.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "full"}, {}) == ()
+    assert modelconfig.resolve_frozen_keys({"optimizer": {}, "finetuning_mode": "full"}, {}) == ()
 
 
 def test_config_delete_keys_removes_by_prefix_then_update_config_merges():
@@ -169,7 +173,7 @@ def test_config_delete_keys_removes_by_prefix_then_update_config_merges():
         "text_processor": {"name": "HFTokenizer"},
         "empty": {},
     }
-    got = fc.edit_model_config(
+    got = modelconfig.edit_model_config(
         base,
         delete={"model": {"heads": {"action": None}}, "text_processor": None},
         update={
@@ -211,37 +215,44 @@ def test_run_dir_is_stable_across_launches_and_names_format_from_the_config(tmp_
         fc.run_dir(cfg, "ft_{lr}")
 
 
-def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path):
-    state = tmp_path / "train_state"
+def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path, monkeypatch):
+    from octo_dist.engine.checkpoint import CheckpointError
+
+    monkeypatch.chdir(tmp_path)
+    raw = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), save_dir="runs")
+    state = Path(fc.parse(raw, REACHABLE).train_state_dir)
     (state / "3").mkdir(parents=True)
     (state / "6.orbax-checkpoint-tmp-17").mkdir()  # half-written: not a step
-    assert fc.saved_steps(state) == [3]
-    problem = fc.resume_problem(str(state), resume=False)
-    assert "already holds checkpoints (latest: step 3) and --resume was not given" in problem
-    assert "add --resume" in problem and "--config.save_dir" in problem
-    assert fc.resume_problem(str(state), resume=True) is None
-    assert (
-        fc.resume_problem(str(tmp_path / "new"), resume=False) is None
-        and fc.resume_problem(None, False) is None
-    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"already holds checkpoints \(latest: step 3\) and --resume was not given.*Fix: add --resume "
+        r"to continue that run, or pick another --name or --config.save_dir",
+    ):
+        fc.parse(raw, REACHABLE)
 
 
-def test_the_config_is_parsed_once_into_typed_fields(tmp_path, monkeypatch):
+def test_the_config_is_read_directly_and_frozen_once_checked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     raw = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), save_dir="runs")
     job = fc.parse(raw, REACHABLE, name="ft_{batch_size}", resume=True, step_fn="shard_map")
-    assert (
-        job.seed,
-        job.batch_size,
-        job.num_steps,
-        job.shuffle_buffer_size,
-        job.log_interval,
-        job.save_interval,
-    ) == (42, 8, 6, 64, 1, 3)
+    c = (
+        job.config
+    )  # the ConfigDict itself, as the fork reads FLAGS.config: no copied fields beside it
+    assert (c.seed, c.batch_size, c.num_steps, c.shuffle_buffer_size, c.save_interval) == (
+        42,
+        8,
+        6,
+        64,
+        3,
+    )
+    assert job.plain_config() == raw
     assert job.name == "ft_8" and job.run_dir == str(
         tmp_path / "runs" / "octo_finetune_smoke" / "ft_8"
     )
-    assert job.train_state_dir == job.run_dir + "/train_state" and job.pretrained_path is None
+    assert job.train_state_dir == job.run_dir + "/train_state"
+    assert (
+        job.resume.start == 0 and job.resume.directory == job.train_state_dir
+    )  # nothing saved yet
     assert job.fingerprint() == {
         "batch_size": 8,
         "seed": 42,
@@ -251,7 +262,9 @@ def test_the_config_is_parsed_once_into_typed_fields(tmp_path, monkeypatch):
         "finetuning_mode": "full",
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
-        job.seed = 1
+        job.config = None
+    with pytest.raises(AttributeError):
+        c.seed = 1  # checked once: nothing later changes it
     with pytest.raises(fc.ConfigError, match="seed '42'; expected an integer"):
         fc.parse({**raw, "seed": "42"}, REACHABLE)
 
@@ -260,18 +273,6 @@ def test_each_process_and_each_resume_point_gets_its_own_data_seed():
     seeds = {finetune.data_seed(42, p, s) for p in range(4) for s in (0, 3000)}
     assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
     assert finetune.data_seed(42, 1, 0) == finetune.data_seed(42, 1, 0)
-
-
-def test_the_expected_start_is_the_newest_saved_step_only_with_resume(tmp_path):
-    state = tmp_path / "train_state"
-    for name in ("3", "6", "9.orbax-checkpoint-tmp-4"):
-        (state / name).mkdir(parents=True)
-    assert fc.expected_start(str(state), resume=True) == 6
-    assert fc.expected_start(str(state), resume=False) == 0
-    assert (
-        fc.expected_start(str(tmp_path / "new"), resume=True) == 0
-        and fc.expected_start(None, True) == 0
-    )
 
 
 def counted_frames(tf, trajectories=12, length=5):
@@ -317,9 +318,9 @@ def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_t
     resumed = take(source(start=3), 3)
     assert resumed != got
 
-    # Training resumes elsewhere than the directory suggested: built again for that step, same stream as if known.
-    src = source(start=6)
-    assert take(src, 3) == resumed and src.builds == 2
+    # Training and the pipeline read one resume decision: asking for another step is a bug, not a rebuild.
+    with pytest.raises(RuntimeError, match="built for step 6"):
+        next(source(start=6).batches(3))
 
 
 # --- octo-dist finetune: the installed command, its packaged configs, its help -------------------------------------
@@ -424,13 +425,13 @@ def test_an_unreachable_hf_path_names_make_weights(tmp_path):
         "--config.pretrained_path=hf://rail-berkeley/octo-small",
         f"--config.dataset_kwargs.data_dir={fake_dataset(tmp_path)}",
     ).config.to_dict()
-    (problem,) = fc.problems(cfg, UNREACHABLE)
+    (problem,) = checks.problems(cfg, UNREACHABLE)
     assert problem.startswith(
         "pretrained_path hf://rail-berkeley/octo-small: not in the local Hugging Face cache"
     )
     assert "(ConnectionError: name resolution failed)" in problem
     assert "make weights" in problem and "--config.pretrained_path=weights/octo-small" in problem
-    assert fc.problems(cfg, REACHABLE) == []
+    assert checks.problems(cfg, REACHABLE) == []
 
 
 def test_a_missing_or_incomplete_local_checkpoint_says_what_is_missing(tmp_path):
@@ -439,14 +440,14 @@ def test_a_missing_or_incomplete_local_checkpoint_says_what_is_missing(tmp_path)
         f"--config.pretrained_path={tmp_path / 'nowhere'}",
         f"--config.dataset_kwargs.data_dir={data}",
     ).config
-    (problem,) = fc.problems(cfg.to_dict(), REACHABLE)
+    (problem,) = checks.problems(cfg.to_dict(), REACHABLE)
     assert (
         f"pretrained checkpoint '{tmp_path / 'nowhere'}' is not a directory" in problem
         and "make weights" in problem
     )
 
     partial = fake_checkpoint(tmp_path / "partial", {}, files=("config.json",), step=None)
-    got = fc.problems({**cfg.to_dict(), "pretrained_path": str(partial)}, REACHABLE)
+    got = checks.problems({**cfg.to_dict(), "pretrained_path": str(partial)}, REACHABLE)
     assert got[0].endswith("lacks example_batch.msgpack, dataset_statistics.json")
     assert "has no <step>/ directory of parameters" in got[1]
 
@@ -460,17 +461,17 @@ def test_a_local_checkpoint_whose_tokenizer_cannot_be_loaded_is_refused(tmp_path
         "pretrained_path": str(ckpt),
     }
     asked = []
-    (problem,) = fc.problems(cfg, lambda repo: asked.append(repo) or "HF_HUB_OFFLINE is set")
+    (problem,) = checks.problems(cfg, lambda repo: asked.append(repo) or "HF_HUB_OFFLINE is set")
     assert asked == ["t5-base"]
     assert (
         "loads 't5-base' from Hugging Face at start-up" in problem
         and "export HF_HUB_OFFLINE=1" in problem
     )
-    assert fc.problems(cfg, REACHABLE) == []
+    assert checks.problems(cfg, REACHABLE) == []
     # config_delete_keys / update_config can drop the language tokenizer and text processor: nothing is needed then.
     cfg["config_delete_keys"] = {"model": {"task_tokenizers": None}}
     cfg["update_config"] = {"text_processor": None}
-    assert fc.problems(cfg, UNREACHABLE) == []
+    assert checks.problems(cfg, UNREACHABLE) == []
 
 
 def test_a_missing_dataset_names_the_directory_and_the_fix(tmp_path):
@@ -478,7 +479,7 @@ def test_a_missing_dataset_names_the_directory_and_the_fix(tmp_path):
         "--config.pretrained_path=hf://rail-berkeley/octo-small",
         f"--config.dataset_kwargs.data_dir={tmp_path / 'nodata'}",
     ).config.to_dict()
-    (problem,) = fc.problems(cfg, REACHABLE)
+    (problem,) = checks.problems(cfg, REACHABLE)
     assert (
         f"dataset 'bridge_dataset': data_dir '{tmp_path / 'nodata'}'" in problem
         and "does not exist" in problem
@@ -489,7 +490,7 @@ def test_a_missing_dataset_names_the_directory_and_the_fix(tmp_path):
     )
 
     (tmp_path / "empty").mkdir()
-    (problem,) = fc.problems(smoke_cfg(tmp_path / "empty"), REACHABLE)
+    (problem,) = checks.problems(smoke_cfg(tmp_path / "empty"), REACHABLE)
     assert (
         "has no octo_dist_synthetic/<version>/dataset_info.json" in problem
         and "make synthetic-data" in problem
@@ -498,7 +499,7 @@ def test_a_missing_dataset_names_the_directory_and_the_fix(tmp_path):
 
 def test_batch_size_and_steps_must_be_positive_integers(tmp_path):
     cfg = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), batch_size=0, num_steps=2.5)
-    got = fc.problems(cfg, REACHABLE)
+    got = checks.problems(cfg, REACHABLE)
     assert got == [
         "batch_size 0; expected a positive integer (--config.batch_size=...)",
         "num_steps 2.5; expected a positive integer (--config.num_steps=...)",
@@ -508,12 +509,12 @@ def test_batch_size_and_steps_must_be_positive_integers(tmp_path):
 def test_a_cosine_schedule_shorter_than_its_warmup_is_refused(tmp_path):
     cfg = parse(f"--config={SMOKE_CONFIG}", "--config.num_steps=1").config.to_dict()
     cfg["dataset_kwargs"]["data_dir"] = str(fake_dataset(tmp_path, "octo_dist_synthetic"))
-    (problem,) = fc.problems(cfg, REACHABLE)
+    (problem,) = checks.problems(cfg, REACHABLE)
     assert problem.startswith(
         "optimizer.learning_rate: a cosine schedule needs decay_steps (1) > warmup_steps (1)"
     )
     assert (
-        fc.problems(
+        checks.problems(
             parse(
                 f"--config={SMOKE_CONFIG}",
                 "--config.num_steps=2",
@@ -674,7 +675,7 @@ def test_synthetic_dataset_is_rlds_in_tfrecord_files(synthetic):
 
 
 def test_the_smoke_config_finds_the_synthetic_dataset(synthetic):
-    assert fc.problems(smoke_cfg(synthetic), UNREACHABLE) == []
+    assert checks.problems(smoke_cfg(synthetic), UNREACHABLE) == []
 
 
 # --- with Octo ---------------------------------------------------------------------------------------------------

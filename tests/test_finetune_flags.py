@@ -74,3 +74,41 @@ def test_a_field_word_is_suggested_from_the_least_nested_field():
     assert flagerrors.one_line(error, ["prog"], ["optimizer.learning_rate.peak_value"]) == (
         "unknown flag --learnin_rate, did you mean --config.optimizer.learning_rate?"
     )
+
+
+def test_finetune_takes_smokes_start_up_flags_from_the_same_definitions():
+    # --devices-per-process and the rest are runtime.argv_options's, as in smoke: read before absl sees argv.
+    flags, startup = app.parse_command_line(
+        [
+            "octo-dist finetune",
+            "--config=finetune_smoke_config.py",
+            "--devices-per-process=all",
+            "--init-timeout",
+            "90",
+            "--launcher=openmpi",
+            "--config.seed=3",
+        ]
+    )
+    assert startup == {
+        "launcher": "openmpi",
+        "coordinator": None,
+        "timeout_s": 90.0,
+        "devices": "all",
+    }
+    assert flags.config.seed == 3
+    # The fork's underscore spelling is accepted too; nothing given: smoke's defaults.
+    _, startup = app.parse_command_line(["octo-dist finetune", "--devices_per_process=all"])
+    assert startup["devices"] == "all"
+    assert app.parse_command_line(["octo-dist finetune"])[1]["devices"] == "one"
+
+
+def test_a_bad_start_up_flag_is_one_line_and_listed_in_help(capsys):
+    assert app.main(["octo-dist finetune", "--devices-per-process=two"], environ={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "octo-dist finetune: error: argument --devices-per-process: invalid choice: 'two'"
+    ), err
+    from octo_dist.apps.finetune import commandline
+
+    text = " ".join(commandline.help_text(["octo-dist finetune"]).split())
+    assert "--devices-per-process=one|all" in text and "(default: one)" in text

@@ -17,8 +17,8 @@ from helpers import REPO, clean_env
 from octo_dist import EXIT_USAGE
 from octo_dist.apps.smoke import equivalence
 from octo_dist.apps.smoke import app as smoke
-from octo_dist.engine import train
-from octo_dist.engine.checkpoint import CheckpointError, NoCheckpoints
+from octo_dist.engine import checkpoint, train
+from octo_dist.engine.checkpoint import CheckpointError
 
 SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny"]
 
@@ -88,16 +88,11 @@ def test_resuming_refuses_other_settings_and_fresh_runs_refuse_old_checkpoints(t
     with pytest.raises(CheckpointError, match=r"global_batch=8 \(now 16\)"):
         train.check_resumable({"fingerprint": {"global_batch": 8}}, {"global_batch": 16}, tmp_path)
 
-    class Saved(NoCheckpoints):
-        directory = tmp_path
-
-        def latest_step(self):
-            return 12
-
+    # Whether to resume is decided once, before start-up (checkpoint.decide; its cases are in
+    # test_checkpoint_integrity.py): a new run over old checkpoints is refused there, with the fix.
+    (tmp_path / "12").mkdir()
     with pytest.raises(CheckpointError, match="latest: step 12.*add --resume"):
-        train.resolve_start(Saved(), train.TrainConfig(steps=20))
-    assert train.resolve_start(Saved(), train.TrainConfig(steps=20, resume=True)) == 12
-    assert train.resolve_start(NoCheckpoints(), train.TrainConfig(steps=20, resume=True)) is None
+        checkpoint.decide(tmp_path, False)
 
 
 # --- real processes -------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def test_the_jobs_offer_the_engines_step_functions_with_its_default():
     """One list of step functions (engine/stepfns.py, no JAX) for both command lines and the engine."""
     import argparse
 
-    from octo_dist.apps.finetune import config
+    from octo_dist.apps.finetune import commandline, config
     from octo_dist.apps.smoke import app as smoke
     from octo_dist.engine import parallel, stepfns, train
 
@@ -139,10 +139,10 @@ def test_the_jobs_offer_the_engines_step_functions_with_its_default():
         for a in smoke.add_parser(argparse.ArgumentParser().add_subparsers())._actions
         if a.dest == "step_fn"
     )
-    assert step_fn.choices is config.STEP_FNS is parallel.STEP_FNS is stepfns.STEP_FNS
+    assert step_fn.choices is commandline.STEP_FNS is parallel.STEP_FNS is stepfns.STEP_FNS
     assert (
         step_fn.default
-        == config.FinetuneConfig.__dataclass_fields__["step_fn"].default
+        == config.FinetuneJob.__dataclass_fields__["step_fn"].default
         == train.TrainConfig.step_fn
         == "auto"
     )

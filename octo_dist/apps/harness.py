@@ -1,15 +1,18 @@
 """What every training job does around its own work: the smoke job and Octo fine-tuning both run through here.
 
-    return harness.run("smoke", options, lambda job: train(job, args), refusals=(ModelError,))
+    return harness.run("smoke", options, lambda job: train(job, args))
 
-1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback
-   (exit 2 for a malformed setting or environment, 1 for a start-up that failed);
+1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback,
+   with the exit status its :class:`octo_dist.problems.Problem` means (2 for a malformed setting or
+   environment, 1 for a start-up that failed);
 2. the stop signal, right after start-up: ``jax.distributed.initialize`` installs TSL's own SIGTERM handler (its
    preemption notifier), which would swallow the signal; from here a scheduler's signal during model building or
    compilation stops the job at its first step;
 3. rank-aware logging, and the persistent compilation cache;
-4. the job's own work; a refusal (batch that does not divide, checkpoints that cannot be resumed, the job's own
-   errors) is the same on every rank: printed once by rank 0, exit 2, clean shutdown;
+4. the job's own work; any :class:`~octo_dist.problems.Problem` it raises is one line and its exit status. A refusal
+   (batch that does not divide, checkpoints that cannot be resumed, the job's own) is the same on every rank:
+   printed once by rank 0, clean shutdown. A problem seen by one rank alone (``same_on_every_rank=False``: a full
+   disk under that rank's write) is printed by that rank, which ends the job (the others may wait in a collective);
 5. shutdown, or an abort of the whole job when a rank raised.
 
 :func:`fit` is the training part both jobs share: the tracker is finished however ``train.fit`` ends.
@@ -24,7 +27,8 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist import EXIT_USAGE
+from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -71,20 +75,17 @@ def say(job: Job, text: str) -> None:
         print(text, flush=True)
 
 
-def run(
-    command: str, options: Options, work: Callable[[Job], int], *, refusals: Sequence[type] = ()
-) -> int:
+def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
     """Start up, run ``work`` on every rank, shut down. Returns the exit code.
+
+    Which exit code a failure means comes from its type: a :class:`~octo_dist.problems.Problem` carries it (a new
+    refusal only has to derive from ``Problem``); anything else is a bug and aborts the job with its traceback.
 
     Args:
       command: the subcommand, for messages ("smoke" -> "octo-dist smoke: error: ...").
       options: start-up options (:class:`Options`).
       work: the job itself; returns its exit code.
-      refusals: the job's own exception types that mean "cannot run as asked" (exit 2, printed by rank 0).
     """
-    from octo_dist.launchers import LauncherError
-    from octo_dist.launchers.coordinator import CoordinatorError
-
     from octo_dist.runtime import compile_cache
 
     _STARTUP["entered"] = time.time()
@@ -94,18 +95,15 @@ def run(
         return EXIT_USAGE
     try:
         rt = runtime.initialize(**options.runtime)
-    except (LauncherError, CoordinatorError, runtime.SettingError) as e:
+    except (
+        Problem
+    ) as e:  # a launcher, coordinator or setting refused (2), or a start-up that failed (1)
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except runtime.StartupError as e:
-        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        return e.exit_status
     _STARTUP["distributed"] = time.time()
     with runtime.running(rt):
         from octo_dist.runtime import ranklog
         from octo_dist.runtime import stopping
-        from octo_dist.engine.checkpoint import CheckpointError, CheckpointWriteError
-        from octo_dist.engine.data import BatchSizeError
 
         # Logging first: installing the stop handler may log (a stop signal this process inherited ignored).
         ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
@@ -114,18 +112,18 @@ def run(
             compile_cache.enable(options.compile_cache)
             try:
                 return work(Job(rt, stop))
-            except CheckpointWriteError as e:
-                # A full disk seen by the process whose write failed, maybe alone: the others may wait in orbax's
-                # barrier, so with several ranks this one ends the job (one line, no traceback).
+            except Problem as e:
+                if e.same_on_every_rank:
+                    # The same flags and shared directories on every rank: refuse together, shut down cleanly.
+                    if rt.is_main:
+                        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+                    return e.exit_status
+                # Seen by this process alone (a full disk under its write): the others may wait in a collective
+                # (orbax's barrier), so with several ranks this one ends the job (one line, no traceback).
                 print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
                 if rt.process_count > 1:
-                    runtime.end_job(EXIT_USAGE)
-                return EXIT_USAGE
-            except (BatchSizeError, CheckpointError, *refusals) as e:
-                # The same on every rank (the same flags, shared directories): refuse together, shut down cleanly.
-                if rt.is_main:
-                    print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-                return EXIT_USAGE
+                    runtime.end_job(e.exit_status)
+                return e.exit_status
         finally:
             stop.close()
 

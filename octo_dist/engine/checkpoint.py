@@ -12,10 +12,11 @@ process, process 0 hashes every file of it into ``<step>/checksums.json`` (writt
      "files": {"state/params.patch.kernel/0.0.0.0": {"size": 1536, "sha256": "9f2c..."}, "meta/metadata": ...}}
 
 A step without that record (the job was killed between orbax's rename and the record, e.g. SIGTERM to a bare
-``mpirun``), or whose files differ from it (missing, truncated, changed, added), is *damaged*. On opening a
-directory process 0 verifies the steps newest first, moves each damaged newer step aside to ``<step>.damaged``
-(kept for inspection; orbax ignores the name) with one warning naming the step and what is wrong, and every
-process resumes from the newest verified step. Pruning (``max_to_keep``) is done here, not by orbax, so that it
+``mpirun``), or whose files differ from it (missing, truncated, changed, added), is *damaged*. Whether to resume is
+decided once, before start-up, by :func:`decide` (read only): it verifies the steps newest first and picks the
+newest verified one (or the one asked for). The :class:`Decision` is passed down; when the directory is opened,
+process 0 moves each damaged newer step aside to ``<step>.damaged`` (kept for inspection; orbax ignores the name)
+with one warning naming the step and what is wrong, and every process restores the decided step. Pruning (``max_to_keep``) is done here, not by orbax, so that it
 runs only after the new step's record is written and never removes the newest verified step.
 
 ``NoCheckpoints`` is the stand-in when no save directory is configured.
@@ -23,6 +24,7 @@ runs only after the new step's record is written and never removes the newest ve
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -31,6 +33,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +45,15 @@ DAMAGED_SUFFIX = ".damaged"
 _CHUNK = 1 << 20
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint directory that cannot be resumed from as asked."""
+class CheckpointError(Refusal, RuntimeError):
+    """A checkpoint directory that cannot be resumed from as asked (exit 2, the same on every rank)."""
 
 
 class CheckpointWriteError(CheckpointError):
     """A save that failed because the file system is full: one line with the room the run needs. Unlike other
     checkpoint errors it may be seen by one process alone (the one whose write failed)."""
+
+    same_on_every_rank = False
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -217,30 +223,125 @@ def set_aside(step_dir: Path) -> Path:
     return target
 
 
-def scan(directory: Path) -> dict:
-    """On one process: verify the steps newest first, set each damaged one aside until a verified one is found.
+# --- whether to resume, and from which step: decided once ----------------------------------------------------
 
-    Returns ``{"latest": 10 or None, "recorded": [steps at or below it that have a checksum record],
-    "damaged": [[step, problem, moved_to], ...]}``; the caller logs and shares it."""
-    steps = step_dirs(directory)
-    latest, damaged = None, []
-    for step in sorted(steps, reverse=True):
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Where a run starts, decided once from the verified steps (:func:`decide`), before start-up, and passed down.
+
+    ``Decision("/runs/x/train_state", step=5, set_aside=((10, "state/... is missing"),), recorded=(5,))``: restore
+    the verified step 5; step 10 failed verification and is moved to ``10.damaged`` when the directory is opened.
+
+    Attributes:
+      directory: the save directory (absolute), or None: no checkpoints.
+      step: the verified step to restore, or None: start at step 0.
+      set_aside: ``(step, why)`` for the steps newer than ``step`` (damaged ones, or newer than a requested one)
+        that process 0 moves out of orbax's sight when the directory is opened.
+      recorded: the steps up to ``step`` that have a checksum record (pruning counts them as kept).
+    """
+
+    directory: Optional[str] = None
+    step: Optional[int] = None
+    set_aside: Tuple[Tuple[int, str], ...] = ()
+    recorded: Tuple[int, ...] = ()
+
+    @property
+    def start(self) -> int:
+        """The first step training runs: the restored step, else 0."""
+        return self.step or 0
+
+    def as_json(self) -> dict:
+        return {"step": self.step, "set_aside": [list(x) for x in self.set_aside]}
+
+
+def decide(directory, requested, elsewhere: str = "choose another save directory") -> Decision:
+    """Whether a run resumes, and from which step, from the checksums of the steps in ``directory``; read only
+    (nothing is moved: process 0 sets the damaged steps aside when the directory is opened).
+
+    Args:
+      directory: the save directory, or None/"" (no checkpoints: a fresh run).
+      requested: False/None for a new run (refused when the directory already holds steps: nothing is overwritten);
+        True for the newest verified step (a fresh start when there is none; newer damaged steps are set aside);
+        a step number for exactly that step (refused when it is missing or fails verification).
+      elsewhere: how this command picks another directory, for the refusal of a new run over old checkpoints
+        (finetune: "pick another --name or --config.save_dir").
+
+    Raises:
+      CheckpointError: a new run over old checkpoints, or a requested step that is missing or damaged.
+    """
+    if not directory:
+        return Decision()
+    d = Path(directory).absolute()
+    steps = step_dirs(d)
+    if requested is None or requested is False:
+        if steps:
+            raise CheckpointError(
+                f"{d} already holds checkpoints (latest: step {max(steps)}) and --resume was not given",
+                "an empty or new directory",
+                f"add --resume to continue that run, or {elsewhere} (nothing was overwritten)",
+            )
+        return Decision(str(d))
+    if requested is True:
+        newest_first = sorted(steps, reverse=True)
+    else:
+        step = int(requested)
+        if step not in steps:
+            raise CheckpointError(
+                f"checkpoint step {step} is not in {d} (steps there: {sorted(steps) or 'none'})",
+                "a step the directory holds",
+                "--resume alone for the newest verified step, or the save directory that holds it",
+            )
+        newest_first = [step]
+    damaged = []
+    for step in newest_first:
         problem = verify(steps[step], step)
         if problem is None:
-            latest = step
             break
+        if requested is not True:
+            raise CheckpointError(
+                f"checkpoint step {step} in {d} is damaged: {problem}",
+                f"files matching its {MANIFEST}",
+                "--resume alone resumes from the newest verified step (damaged ones are set aside)",
+            )
+        damaged.append((step, f"it is damaged: {problem}"))
+    else:
+        step = None  # no verified step: a fresh start, every damaged one set aside
+    newer = (
+        [
+            (s, f"it is newer than the requested step {step}")
+            for s in sorted(steps, reverse=True)
+            if s > step
+        ]
+        if step is not None and requested is not True
+        else []
+    )
+    recorded = tuple(
+        sorted(
+            s for s in steps if step is not None and s <= step and (steps[s] / MANIFEST).is_file()
+        )
+    )
+    return Decision(str(d), step, tuple(damaged + newer), recorded)
+
+
+def set_steps_aside(directory: Path, decision: Decision) -> list:
+    """On process 0, when the directory is opened: move the decision's ``set_aside`` steps out of orbax's sight.
+
+    Returns ``[[step, why, moved_to], ...]``."""
+    moved = []
+    for step, why in decision.set_aside:
+        step_dir = directory / str(step)
+        if not step_dir.is_dir():
+            continue  # another rank's opening (or a rerun) moved it already
         try:
-            moved = str(set_aside(steps[step]))
+            moved.append([step, why, str(set_aside(step_dir))])
         except OSError as e:
             raise CheckpointError(
-                f"checkpoint step {step} in {directory} is damaged ({problem}) and cannot be moved aside ({e}); "
-                f"expected a writable save directory. Fix: move {steps[step]} out of {directory} and rerun"
+                f"checkpoint step {step} in {directory} must be set aside ({why}) but cannot be moved ({e})",
+                "a writable save directory",
+                f"move {step_dir} out of {directory} and rerun",
             ) from None
-        damaged.append([step, problem, moved])
-    recorded = sorted(
-        s for s in steps if latest is not None and s <= latest and (steps[s] / MANIFEST).is_file()
-    )
-    return {"latest": latest, "recorded": recorded, "damaged": damaged}
+    return moved
 
 
 def keep_window(trusted: List[int], max_to_keep: Optional[int]) -> List[int]:
@@ -284,7 +385,9 @@ class Checkpoints:
     """``<directory>/<step>/{state,meta,checksums.json}``: the train state (sharded arrays), JSON metadata (data
     position...) and the checksums of both. Opening it is collective (every process, the same directory)."""
 
-    def __init__(self, directory: str, max_to_keep: int = 3):
+    def __init__(self, directory: str, max_to_keep: int = 3, decision: Optional[Decision] = None):
+        """``decision``: where the run starts (:func:`decide`, made before start-up); without one, the directory
+        is opened to continue from its newest verified step (``decide(directory, True)``, on process 0)."""
         import jax
         import orbax.checkpoint as ocp
 
@@ -292,22 +395,41 @@ class Checkpoints:
         self.max_to_keep = max_to_keep
         self._ocp = ocp
         self._main = jax.process_index() == 0
-        found = self._agree(lambda: scan(self.directory))
-        for step, problem, moved in found["damaged"]:
+        if decision is not None and Path(decision.directory or "") != self.directory:
+            raise ValueError(f"a decision for {decision.directory} given to open {self.directory}")
+        # Process 0's decision and the steps it moved aside, on every process; a process that decided otherwise (it
+        # saw other files: a directory that is not one shared file system) is refused rather than restored.
+        found = self._agree(lambda: self._open(decision or decide(self.directory, True)))
+        if decision is None:
+            decision = Decision(
+                str(self.directory),
+                found["decision"]["step"],
+                tuple(map(tuple, found["decision"]["set_aside"])),
+                tuple(found["recorded"]),
+            )
+        elif found["decision"] != decision.as_json():
+            raise CheckpointError(
+                f"this process decided {decision.as_json()} from {self.directory}, process 0 "
+                f"{found['decision']}: the processes see different files",
+                "one save directory on a file system every node shares",
+                "pass a --save-dir on a shared file system",
+            )
+        for step, why, moved in found["moved"]:
             if self._main:
                 log.warning(
-                    "checkpoint step %d in %s is damaged: %s; moved it to %s, resuming from %s",
+                    "checkpoint step %d in %s: %s; moved it to %s, resuming from %s",
                     step,
                     self.directory,
-                    problem,
+                    why,
                     moved,
-                    f"step {found['latest']}, the newest verified one"
-                    if found["latest"] is not None
+                    f"step {decision.step}, the newest verified one"
+                    if decision.step is not None
                     else "nothing (no verified checkpoint left)",
                 )
-        self._latest: Optional[int] = found["latest"]
-        self._verified = {found["latest"]} if found["latest"] is not None else set()
-        self._trusted = set(found["recorded"]) | self._verified
+        self.decision = decision
+        self._latest: Optional[int] = decision.step
+        self._verified = {decision.step} if decision.step is not None else set()
+        self._trusted = set(decision.recorded) | self._verified
         self._manager = ocp.CheckpointManager(
             self.directory,
             # use_ocdbt=False: orbax 0.4.4 merges OCDBT per-process files with a tensorstore call
@@ -322,6 +444,11 @@ class Checkpoints:
                 max_to_keep=None, create=True, cleanup_tmp_directories=True
             ),
         )
+
+    def _open(self, decision: Decision) -> dict:
+        """On process 0: set the decision's steps aside; what every process then learns."""
+        moved = set_steps_aside(self.directory, decision)
+        return {"decision": decision.as_json(), "moved": moved, "recorded": list(decision.recorded)}
 
     def _agree(self, on_main):
         """``on_main()`` run by process 0 alone, its JSON result on every process; an error there is raised on every
@@ -455,5 +582,10 @@ class Checkpoints:
         self._manager.close()
 
 
-def open_checkpoints(directory: Optional[str], max_to_keep: int = 3):
-    return Checkpoints(directory, max_to_keep) if directory else NoCheckpoints()
+def open_checkpoints(decision: Decision, max_to_keep: int = 3):
+    """The checkpointer for ``decision``'s directory (collective), or :class:`NoCheckpoints` without one."""
+    return (
+        Checkpoints(decision.directory, max_to_keep, decision)
+        if decision.directory
+        else NoCheckpoints()
+    )

@@ -13,8 +13,10 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
+from octo_dist.problems import Refusal
 
-class BatchSizeError(ValueError):
+
+class BatchSizeError(Refusal, ValueError):
     """The global batch cannot be split evenly; raised before anything is compiled."""
 
 

@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # parallel.resolve_step_fn and the lists stay reachable here, where the engine's callers look for them
 from octo_dist.engine.stepfns import AUTO_STEP_FNS, STEP_FNS, resolve_step_fn  # noqa: F401
+from octo_dist.problems import Problem
 
 BATCH_AXIS = "batch"
 STOP = "stop_signal"  # the metric holding the largest pending signal number over every process
@@ -76,7 +77,7 @@ def tree_digest(tree) -> str:
     return h.hexdigest()[:16]
 
 
-class NotReplicatedError(ValueError):
+class NotReplicatedError(Problem, ValueError):
     """A value the engine keeps identical on every device is sharded."""
 
 

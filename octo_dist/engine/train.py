@@ -28,7 +28,9 @@ class TrainConfig:
     step_fn: str = "auto"  # shard_map on the CPU, jit on GPUs (parallel.resolve_step_fn)
     save_dir: Optional[str] = None
     save_every: int = 0  # steps between checkpoints; 0 = only at the end and on a stop signal
-    resume: bool = False
+    # Where the run starts: checkpoint.decide(save_dir, --resume), made once before start-up; None: a new run
+    # (decided in fit, refused when save_dir already holds checkpoints).
+    resume: Optional[checkpoint.Decision] = None
     max_to_keep: int = 3
     log_every: int = 1
 
@@ -59,22 +61,6 @@ def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], dir
             f"{directory} was written with {found}; expected the same settings to resume. "
             f"Fix: rerun with those settings, or start anew in another save directory"
         )
-
-
-def resolve_start(ckpt, cfg: TrainConfig) -> Optional[int]:
-    """The checkpoint step to resume from (None: start at 0). Refuses to write over an earlier run's checkpoints."""
-    latest = ckpt.latest_step()
-    if latest is None:
-        if cfg.resume:
-            log.info("--resume: no checkpoint in %s yet; starting at step 0", ckpt.directory)
-        return None
-    if not cfg.resume:
-        raise CheckpointError(
-            f"{ckpt.directory} already holds checkpoints (latest: step {latest}) and --resume was not "
-            f"given; expected an empty or new directory. Fix: add --resume to continue that run, or "
-            f"choose another save directory (nothing was overwritten)"
-        )
-    return latest
 
 
 def planned_saves(start: int, cfg: TrainConfig) -> int:
@@ -116,17 +102,19 @@ def fit(
     fingerprint = dict(fingerprint or {})
     # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
     # there, and no other run holds it. Found now, not at the first save after hours of training.
+    decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.save_dir, False)
     claim = savedir.prepare(cfg.save_dir)
     try:
-        ckpt = checkpoint.open_checkpoints(cfg.save_dir, cfg.max_to_keep)
+        ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
     except BaseException:
         claim.release()
         raise
     owned = stop is None
     stop = stop or stopping.StopSignal()
     try:
-        resume_from = resolve_start(ckpt, cfg)
-        start = resume_from or 0
+        resume_from, start = decision.step, decision.start
+        if decision.directory and resume_from is None:
+            log.info("no checkpoint in %s yet; starting at step 0", decision.directory)
         eng = parallel.Engine(parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
         batches = data.batches(start)
         # The first training batch is also the example the state is built (or the checkpoint template shaped) from.

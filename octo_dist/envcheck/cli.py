@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.envcheck import report
+from octo_dist.problems import Problem
 
 
 def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str, str]) -> str:
@@ -81,16 +81,16 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         manifest = mf.load_manifest(args.manifest)
-    except mf.ManifestError as e:
+    except Problem as e:  # ManifestError: the manifest or profile refused (2)
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     dists = installed.scan()
     name = profile_name(args.profile, dists, os.environ)
     try:
         profile = manifest.profile(name)
-    except mf.ManifestError as e:
+    except Problem as e:  # ManifestError: the manifest or profile refused (2)
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     python = "%d.%d" % sys.version_info[:2]
     tag = builds.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
     probe = (
@@ -124,14 +124,14 @@ def _launch(args, profile, checks, smi) -> int:
     from octo_dist import launchers
     from octo_dist.envcheck import launch as preflight
     from octo_dist.runtime import ranklog
-    from octo_dist.runtime import mpi, runtime
+    from octo_dist.runtime import runtime
     from octo_dist.envcheck.result import FAIL
 
     try:
         launch = launchers.detect(os.environ, args.launcher)
-    except launchers.LauncherError as e:
+    except Problem as e:  # LauncherError (2)
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     ranklog.setup(launch.rank, launch.world_size, all_ranks=ranklog.all_ranks_requested(os.environ))
     if launch.rank == 0 and any(c.status == FAIL for c in checks) and not args.json:
         print(report.as_table(checks, profile.name, args.verbose))
@@ -146,12 +146,11 @@ def _launch(args, profile, checks, smi) -> int:
             json_output=args.json,
             ctx=dict(report.context(profile.gpu), profile=profile.name),
         )
-    except runtime.REFUSALS as e:
+    except (
+        Problem
+    ) as e:  # a launcher or setting refused (2), a start-up that failed or MPI disagreeing (1)
         print(f"octo-dist: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except (runtime.StartupError, mpi.WorldMismatch) as e:
-        print(f"octo-dist: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return e.exit_status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

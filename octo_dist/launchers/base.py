@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional, Tuple
 
+from octo_dist.problems import Refusal
 
-class LauncherError(ValueError):
+
+class LauncherError(Refusal, ValueError):
     """The launcher's variables are missing, malformed, contradict each other, or belong to an unsupported launcher.
 
     The message is one line: what was found, what was expected, and the fix.
@@ -18,8 +20,8 @@ class LauncherError(ValueError):
 
 
 def refuse(found: str, expected: str, fix: str) -> LauncherError:
-    """A LauncherError worded the one way every detection error is: ``found ...; expected ...; fix: ...``."""
-    return LauncherError(f"{found}; expected {expected}. Fix: {fix}")
+    """A LauncherError worded the one way every problem is: ``found ...; expected .... Fix: ...``."""
+    return LauncherError(found, expected, fix)
 
 
 @dataclasses.dataclass(frozen=True)

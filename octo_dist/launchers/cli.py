@@ -22,6 +22,7 @@ import octo_dist
 from octo_dist import launchers
 from octo_dist.launchers import coordcheck, coordinator, hostlists, outside
 from octo_dist.launchers.base import LauncherError, refuse
+from octo_dist.problems import Problem
 
 SCHEMA = 1  # bump when a field changes meaning or goes away; adding fields keeps it
 
@@ -219,11 +220,11 @@ def run(args: argparse.Namespace) -> int:
         record = {**_header(), "ok": True, **describe(environ, args.launcher)}
         record["coordinator_check"] = None if args.env_file else check_here(record)
         code = 0
-    except (LauncherError, coordinator.CoordinatorError) as e:
+    except Problem as e:  # LauncherError, CoordinatorError: refused (2)
         message = str(e).replace("\n", " ")
         print(f"octo-dist detect: error: {message}", file=sys.stderr)
         record = {**_header(), "ok": False, "error": message}
-        code = octo_dist.EXIT_USAGE
+        code = e.exit_status
     text = (
         json.dumps(record, indent=None if args.output else 2) if args.json or args.output else None
     )

@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Optional
 
 from octo_dist.launchers import hostlists, openmpi, scheduler
 from octo_dist.launchers.base import Launch
+from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ SET_IT = (
 )
 
 
-class CoordinatorError(RuntimeError):
+class CoordinatorError(Refusal, RuntimeError):
     """No coordinator address could be agreed, or the one given is unusable."""
 
 

@@ -22,6 +22,8 @@ import subprocess
 import threading
 from typing import IO, List, Optional, Sequence
 
+from octo_dist.problems import Problem, Refusal
+
 OUTPUT_LIMIT = (
     1 << 16
 )  # bytes kept of each stream of an outside command: a job id or an error fits many times
@@ -31,12 +33,11 @@ OUTPUT_LIMIT = (
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-class InputError(ValueError):
+class InputError(Refusal, ValueError):
     """Outside input that cannot be used: what was found, what was expected, the fix (one line)."""
 
     def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"{found}; expected {expected}. Fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
+        super().__init__(found, expected, fix)  # str(): "found; expected .... Fix: ..."
 
 
 def escape(text: str) -> str:
@@ -120,7 +121,7 @@ class Finished:
     stderr: str
 
 
-class CommandTimeout(RuntimeError):
+class CommandTimeout(Problem, RuntimeError):
     """An outside command that did not end within its timeout (it was killed, with its process group)."""
 
     def __init__(self, argv: Sequence[str], timeout_s: float, stderr: str):

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from octo_dist.engine.parallel import BATCH_AXIS
+from octo_dist.problems import Refusal
 
 
-class GatherError(ValueError):
+class GatherError(Refusal, ValueError):
     """A leaf of the example batch cannot become a global array (a string, a scalar, a ragged batch)."""
 
 

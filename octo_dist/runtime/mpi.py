@@ -18,13 +18,14 @@ from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.launchers.base import Launch
 from octo_dist.launchers.coordinator import MPI_LAUNCHERS
+from octo_dist.problems import Problem
 
 log = logging.getLogger(__name__)
 
 NO_MPI4PY_ENV = "OCTO_DIST_NO_MPI4PY"  # "1": the container has no MPI library; never import mpi4py
 
 
-class WorldMismatch(RuntimeError):
+class WorldMismatch(Problem, RuntimeError):
     """MPI's world and the launcher's environment disagree about the number of ranks."""
 
 

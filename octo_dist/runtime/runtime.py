@@ -36,6 +36,8 @@ from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.runtime import mpi
 from octo_dist.runtime import watchdog
+from octo_dist import problems
+from octo_dist.problems import Problem
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +56,16 @@ DEVICE_MODES = (
 )  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
 
 
-class StartupError(RuntimeError):
-    """The distributed runtime could not start as the launcher describes."""
+class StartupError(Problem, RuntimeError):
+    """The distributed runtime could not start as the launcher describes (exit 1: the job failed, not the input)."""
 
 
 class SettingError(StartupError):
     """A start-up setting is malformed (``--init-timeout``, ``OCTO_DIST_INIT_TIMEOUT``, ``--devices-per-process``):
-    refused before anything starts."""
+    refused before anything starts (exit 2, the same on every rank)."""
 
-
-# Start-up errors that refuse the input (exit 2) rather than report a start-up that failed (exit 1).
-REFUSALS = (SettingError, coordinator.CoordinatorError, launchers.LauncherError)
+    exit_status = EXIT_USAGE
+    same_on_every_rank = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +258,7 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
         yield dog
     except Exception as e:
         if mpi.initialized():
-            _fail_job(e, launch, EXIT_USAGE if isinstance(e, REFUSALS) else EXIT_STARTUP)
+            _fail_job(e, launch, problems.exit_status(e) or EXIT_STARTUP)
         raise
     finally:
         dog.cancel()

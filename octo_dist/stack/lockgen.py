@@ -20,12 +20,13 @@ from typing import Iterable, Mapping
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.stack import manifest as mf
 from octo_dist.stack.lockfile import parse_lock
+from octo_dist.problems import Problem
 
 # One profile's resolve for one Python takes under a minute here; a hung index must not hold `make lock` forever.
 LOCK_TIMEOUT_S = 1800
 
 
-class LockError(RuntimeError):
+class LockError(Problem, RuntimeError):
     """A lock could not be generated (one line, with the fix)."""
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from octo_dist.stack import toml_subset
+from octo_dist.problems import Refusal
 
 try:  # Python 3.11+
     import tomllib as _toml  # novermin (guarded: 3.11+ only)
@@ -32,7 +33,7 @@ DEFAULT_MANIFEST = REPO_ROOT / "env" / "stack.toml"
 LOCK_DIR_NAME = "locks"
 
 
-class ManifestError(ValueError):
+class ManifestError(Refusal, ValueError):
     """The manifest is missing, malformed, or asked for a profile it does not define."""
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
+from octo_dist.problems import Refusal
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _INTEGER = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)(?![0-9A-Za-z_.:+-])")
 _FLOAT = re.compile(
@@ -28,7 +30,7 @@ _FLOAT = re.compile(
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 
 
-class TomlSubsetError(ValueError):
+class TomlSubsetError(Refusal, ValueError):
     """Malformed TOML, or TOML outside the subset this reader supports; says which line."""
 
     def __init__(self, message: str, line: int):

@@ -37,7 +37,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
-from octo_dist.apps.finetune import config, flagerrors
+from octo_dist.apps.finetune import checks, commandline, config, configfile, flagerrors, modelconfig
+from octo_dist.problems import Problem
 from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
@@ -74,14 +75,15 @@ class OctoData:
     times (statistics, example, training), and fills the shuffle buffer once.
 
     Args:
-      start_step: where training will start (``config.expected_start``); its shuffle and augmentation seeds follow it.
+      start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
+        augmentation seeds follow it.
       build: makes the dataset (default: Octo's ``make_single_dataset`` for the job config); the result carries
         ``dataset_statistics``. ``process``: one batch -> what the model reads (default: Octo's ``process_batch``).
     """
 
     def __init__(
         self,
-        job_config: config.FinetuneConfig,
+        job_config: config.FinetuneJob,
         text_processor,
         local_batch_size: int,
         process_index: int,
@@ -119,7 +121,7 @@ class OctoData:
     def _make_single_dataset(self):
         from octo.data.dataset import make_single_dataset
 
-        c = self.config.config
+        c = self.config.plain_config()
         return make_single_dataset(
             c["dataset_kwargs"],
             traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
@@ -131,7 +133,7 @@ class OctoData:
         import tensorflow as tf
 
         # Set before the pipeline is built: tf.data fixes its file-shuffle and augmentation seeds then.
-        tf.random.set_seed(data_seed(self.config.seed, self.process_index, start_step))
+        tf.random.set_seed(data_seed(self.config.config.seed, self.process_index, start_step))
         self.builds += 1
         with warnings.catch_warnings():
             # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
@@ -144,7 +146,7 @@ class OctoData:
     def _batches_of(self, dataset, start_step: int) -> Iterator[dict]:
         import tensorflow as tf
 
-        seed = data_seed(self.config.seed, self.process_index, start_step)
+        seed = data_seed(self.config.config.seed, self.process_index, start_step)
         # dlimp builds its datasets with ``deterministic = False``: parallel reads and maps may then hand elements
         # over in any order, and two runs with the same seeds drew different batches (losses 14.9366 vs 14.8042 at
         # step 0, 2 runs of 7). Deterministic order costs some throughput; reproducible runs and resumes need it.
@@ -163,7 +165,7 @@ class OctoData:
         pipeline = (
             dataset.repeat()
             .unbatch()
-            .shuffle(self.config.shuffle_buffer_size, seed=seed)
+            .shuffle(self.config.config.shuffle_buffer_size, seed=seed)
             .batch(self.local_batch_size)
             .prefetch(tf.data.AUTOTUNE)
         )
@@ -173,16 +175,11 @@ class OctoData:
     def batches(self, start_step: int = 0) -> Iterator[dict]:
         """Training's batches from ``start_step``: the example batch first, then the same stream."""
         if start_step != self.start_step:
-            # Training resumes elsewhere than the directory suggested (its newest step failed verification): the
-            # seeds depend on the start, so the pipeline is built again for it (statistics are cached by now).
-            log.warning(
-                "training starts at step %d, not %d: building the data pipeline again for that step",
-                start_step,
-                self.start_step,
+            # Both come from the one resume decision (config.parse): a difference is a bug, not a case to handle.
+            raise RuntimeError(
+                f"OctoData.batches({start_step}) for a pipeline built for step {self.start_step}; expected the "
+                f"step decided before start-up"
             )
-            self.start_step = start_step
-            self._stream = self._batches_of(self._seeded_build(start_step), start_step)
-            self.example = next(self._stream)
         stream, self._stream = self._stream, None
         if stream is None:
             raise RuntimeError(
@@ -209,11 +206,11 @@ class ScheduleTracker(tracking.Tracker):
 def resolve_pretrained(path: str) -> str:
     """A directory for ``load_pretrained``: ``hf://`` paths from the HF cache (or the Hub, where reachable); local
     paths made absolute (orbax refuses relative ones: "Checkpoint path should be absolute")."""
-    if not path.startswith(config.HF_PREFIX):
-        return path if config.is_url(path) else os.path.abspath(path)
+    if not path.startswith(checks.HF_PREFIX):
+        return path if checks.is_url(path) else os.path.abspath(path)
     import huggingface_hub
 
-    return huggingface_hub.snapshot_download(config.hf_repo(path))
+    return huggingface_hub.snapshot_download(checks.hf_repo(path))
 
 
 def _json_default(o):
@@ -224,25 +221,20 @@ def _json_default(o):
     return repr(o)
 
 
-def run(
-    job_config: config.FinetuneConfig,
-    environ: Mapping[str, str] = os.environ,
-    runtime_options: Optional[Mapping[str, Any]] = None,
-) -> int:
+def run(job_config: config.FinetuneJob, environ: Mapping[str, str] = os.environ) -> int:
     """Fine-tune as ``job_config`` says (:func:`config.parse` made it). Call on every rank; returns the exit code:
     0 done (or stopped by a signal after saving), 2 refused before anything was compiled (printed once)."""
     options = harness.Options.from_environment(
-        runtime_options or {}, job_config.compile_cache, environ
+        job_config.runtime, job_config.compile_cache, environ
     )
     return harness.run(
         "finetune",
         options,
         lambda job: _finetune(job, job_config, environ),
-        refusals=(config.ConfigError,),
     )
 
 
-def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str, str]) -> int:
+def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, str]) -> int:
     import jax
     import tensorflow as tf
 
@@ -260,35 +252,37 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     from octo_dist.policies import gather
     from octo_dist.policies import octo
 
-    rt, c = job.runtime, cfg.config
-    local_batch = data.local_batch_size(cfg.batch_size, rt.process_count, rt.device_count)
+    # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
+    rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
+    pretrained_path = c.get("pretrained_path") or None
+    local_batch = data.local_batch_size(c.batch_size, rt.process_count, rt.device_count)
     log.info(
         "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
         "  global batch %d = %d per process x %d processes (%d devices), %d steps",
         rt.describe(),
-        cfg.pretrained_path or "none (model_config)",
-        cfg.dataset_name,
-        c["dataset_kwargs"]["data_dir"],
-        cfg.finetuning_mode,
+        pretrained_path or "none (model_config)",
+        c.dataset_kwargs.name,
+        c.dataset_kwargs.data_dir,
+        c.get("finetuning_mode", "full"),
         c.get("modality"),
-        cfg.batch_size,
+        c.batch_size,
         local_batch,
         rt.process_count,
         rt.device_count,
-        cfg.num_steps,
+        c.num_steps,
     )
 
     # --- the model config: the pretrained model's, edited (or the config's own model_config) ----------------------
     pretrained = None
-    if cfg.pretrained_path:
+    if pretrained_path:
         pretrained = OctoModel.load_pretrained(
-            resolve_pretrained(cfg.pretrained_path), step=cfg.pretrained_step
+            resolve_pretrained(str(pretrained_path)), step=c.get("pretrained_step")
         )
         base = pretrained.config
     else:
-        base = c["model_config"]
-    model_config = config.edit_model_config(
-        base, c.get("config_delete_keys"), c.get("update_config")
+        base = plain["model_config"]
+    model_config = modelconfig.edit_model_config(
+        base, plain.get("config_delete_keys"), plain.get("update_config")
     )
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
@@ -301,7 +295,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
         local_batch,
         rt.process_index,
         rt.process_count,
-        start_step=config.expected_start(cfg.train_state_dir, cfg.resume),
+        start_step=cfg.resume.start,
     )
     example = source.example
 
@@ -309,7 +303,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     policy = octo.OctoPolicy(model_config, text_processor, source.dataset_statistics)
     mesh = parallel.make_mesh()
     global_example = gather.for_from_config(example, mesh)
-    init_rng, _ = parallel.init_keys(cfg.seed)
+    init_rng, _ = parallel.init_keys(c.seed)
     params = jax.jit(policy.init)(init_rng, global_example)
     if pretrained is not None:
         params = octo.with_pretrained(params, pretrained.params)
@@ -319,7 +313,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
         lambda x: np.asarray(x)[:1], gather.gathered(example, mesh)
     )
 
-    optimizer_kwargs = dict(c["optimizer"], frozen_keys=config.resolve_frozen_keys(c, model_config))
+    optimizer_kwargs = dict(
+        plain["optimizer"], frozen_keys=modelconfig.resolve_frozen_keys(plain, model_config)
+    )
     tx, lr_schedule, _ = create_optimizer(params, **optimizer_kwargs)
 
     # --- where it goes -------------------------------------------------------------------------------------------
@@ -332,21 +328,30 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     elif rt.is_main:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "finetune_config.json"), "w") as f:
-            json.dump(c, f, indent=1, default=_json_default)
+            json.dump(plain, f, indent=1, default=_json_default)
     run_id = None
-    if out_dir and cfg.resume and os.path.exists(os.path.join(out_dir, RUN_ID_FILE)):
+    if (
+        out_dir
+        and cfg.resume.step is not None
+        and os.path.exists(os.path.join(out_dir, RUN_ID_FILE))
+    ):
         with open(os.path.join(out_dir, RUN_ID_FILE)) as f:
             run_id = f.read().strip() or None  # the resumed run continues the same wandb run
     tracker = tracking.make_tracker(
         rt.process_index,
-        project=cfg.wandb_project,
-        group=cfg.wandb_group,
-        entity=cfg.wandb_entity,
+        project=c.wandb.get("project") or config.DEFAULT_PROJECT,
+        group=c.wandb.get("group"),
+        entity=c.wandb.get("entity"),
         name=cfg.name,
         run_id=run_id,
         mode=tracking.resolve_mode(environ, "disabled" if cfg.debug else None),
         environ=environ,
-        config={**c, "run_dir": out_dir, "processes": rt.process_count, "devices": rt.device_count},
+        config={
+            **plain,
+            "run_dir": out_dir,
+            "processes": rt.process_count,
+            "devices": rt.device_count,
+        },
         launch=rt.launch,
     )
     if out_dir and rt.is_main:
@@ -354,13 +359,13 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
             f.write(tracker.run_id)
 
     fit_cfg = train.TrainConfig(
-        steps=cfg.num_steps,
-        seed=cfg.seed,
+        steps=c.num_steps,
+        seed=c.seed,
         step_fn=cfg.step_fn,
         save_dir=cfg.train_state_dir,
-        save_every=cfg.save_interval,
+        save_every=c.get("save_interval") or 0,  # 0: only at the end and on a stop signal
         resume=cfg.resume,
-        log_every=cfg.log_interval,
+        log_every=c.get("log_interval") or 1,
     )
     result, timing = harness.fit(
         job,
@@ -386,15 +391,15 @@ def _finetune(job: harness.Job, cfg: config.FinetuneConfig, environ: Mapping[str
     harness.say(
         job,
         f"octo-dist finetune: {rt.process_count} process(es), {rt.device_count} device(s), global batch "
-        f"{cfg.batch_size} ({local_batch} per process); steps {result.start_step} -> {result.end_step} "
-        f"of {cfg.num_steps}"
+        f"{c.batch_size} ({local_batch} per process); steps {result.start_step} -> {result.end_step} "
+        f"of {c.num_steps}"
         + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
         + (f"; stopped by {result.stopped_by}" if result.stopped_by else "")
         + (f"; run dir {out_dir}" if out_dir else "")
         + f"\n  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
         + ", ".join(digests),
     )
-    harness.summary(job, "finetune", result, timing, cfg.batch_size, out_dir, digests=digests)
+    harness.summary(job, "finetune", result, timing, c.batch_size, out_dir, digests=digests)
     if not same:
         # Data parallelism keeps one set of parameters; ranks that disagree trained different models.
         harness.say(
@@ -427,18 +432,20 @@ def check_command(argv: Sequence[str]) -> None:
 
     ``octo-dist launch`` calls this when it renders a job script; it parses the fork's flags and loads the config
     file (standard library, absl and ml_collections only: no JAX, no Octo)."""
-    parse_flags(["octo-dist finetune", *argv])
+    parse_command_line(["octo-dist finetune", *argv])
 
 
-def parse_flags(argv: Sequence[str]):
-    """argv (program name first) -> absl's FlagValues; any refusal is a one-line ValueError (ImportError passes:
-    absl or ml_collections missing on a login node's bare Python, where the caller skips the check)."""
+def parse_command_line(argv: Sequence[str]) -> tuple:
+    """argv (program name first) -> (absl's FlagValues, runtime.initialize's options from the start-up flags smoke
+    takes too: ``--devices-per-process``...); any refusal is a one-line ValueError (ImportError passes: absl or
+    ml_collections missing on a login node's bare Python, where the caller skips the check)."""
     argv = flagerrors.with_aliases(argv)
     problem = flagerrors.argv_problem(argv)
     if problem:
         raise ValueError(problem)
+    startup, argv = commandline.split_startup(argv)
     try:
-        return config.parse_flags(argv)
+        return commandline.parse_flags(argv), startup
     except ImportError:
         raise
     except (
@@ -447,13 +454,18 @@ def parse_flags(argv: Sequence[str]):
         raise ValueError(flagerrors.one_line(e, argv, _config_fields(argv))) from None
 
 
+def parse_flags(argv: Sequence[str]):
+    """argv (program name first) -> absl's FlagValues (:func:`parse_command_line` without the start-up options)."""
+    return parse_command_line(argv)[0]
+
+
 def _config_fields(argv: Sequence[str]) -> list:
     """The chosen config's fields as dotted names, for suggestions (none when the config itself cannot load)."""
     try:
-        loaded = config.plain(config.load_config(config.config_value(argv)))
+        loaded = configfile.load_config(commandline.config_value(argv)).to_dict()
     except Exception:
         return []
-    return [".".join(map(str, key)) for key in config.flat_keys(loaded)]
+    return [".".join(map(str, key)) for key in modelconfig.flat_keys(loaded)]
 
 
 TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -462,12 +474,12 @@ TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 def main(
     argv: Sequence[str],
     environ: Mapping[str, str] = os.environ,
-    probe: Optional[config.HfProbe] = None,
+    probe: Optional[checks.HfProbe] = None,
 ) -> int:
     """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
     the config, then :func:`run`."""
-    if config.wants_help(argv):
-        print(config.help_text(argv), end="")
+    if commandline.wants_help(argv):
+        print(commandline.help_text(argv), end="")
         return EXIT_OK
     if environ is os.environ and TF_LOG_LEVEL_ENV not in environ:
         # TensorFlow (tf.data) logs "Unable to register cuDNN factory" and "TF-TRT Warning" at start-up, at ERROR
@@ -475,7 +487,7 @@ def main(
         # who wants TF's log sets TF_CPP_MIN_LOG_LEVEL (0 shows everything).
         os.environ[TF_LOG_LEVEL_ENV] = "3"
     try:
-        flags = parse_flags(argv)
+        flags, startup = parse_command_line(argv)
     except ValueError as e:
         # "unknown flag --steps, did you mean --config.num_steps?" gets the fix; a refusal with its own keeps it.
         text = str(e)
@@ -497,9 +509,12 @@ def main(
             resume=flags.resume,
             step_fn=flags.step_fn,
             compile_cache=flags.compile_cache,
+            runtime=startup,
         )
-    except Exception as e:  # ConfigError: a dataset, weights or save directory the run cannot use
+    except (
+        Problem
+    ) as e:  # a dataset, weights or save directory the run cannot use; checkpoints not to resume
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
         print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return e.exit_status
     return run(job_config, environ)

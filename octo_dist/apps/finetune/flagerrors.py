@@ -16,6 +16,11 @@ from typing import Iterable, Optional, Sequence
 # octo-dist's own flags are spelled as the fork spells its flags (underscores: --step_fn); the hyphenated
 # spelling the other subcommands use (smoke --step-fn) is accepted as an alias, so either works everywhere.
 ALIASES = {"--step-fn": "--step_fn", "--compile-cache": "--compile_cache"}
+# The start-up flags are smoke's own (--devices-per-process): the fork's underscore spelling is their alias.
+STARTUP_ALIASES = {
+    "--devices_per_process": "--devices-per-process",
+    "--init_timeout": "--init-timeout",
+}
 
 
 def with_aliases(argv: Sequence[str]) -> list:
@@ -23,7 +28,8 @@ def with_aliases(argv: Sequence[str]) -> list:
     out = []
     for a in argv:
         flag, eq, value = a.partition("=")
-        out.append(ALIASES[flag] + eq + value if flag in ALIASES else a)
+        alias = ALIASES.get(flag) or STARTUP_ALIASES.get(flag)
+        out.append(alias + eq + value if alias else a)
     return out
 
 
@@ -52,7 +58,7 @@ def one_line(error: BaseException, argv: Sequence[str], fields: Iterable[str] = 
     text = str(error)
     if "Traceback (most recent call last)" in text:
         # ml_collections wraps the config file's own exception in its traceback: its last line is the message,
-        # "octo_dist.apps.finetune.config.ConfigError: config string 'bogus'; expected ..." -> after the class.
+        # "octo_dist.apps.finetune.configfile.ConfigError: config string 'bogus'; expected ..." -> after the class.
         last = [ln for ln in text.splitlines() if ln.strip()][-1]
         message = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
         given = next((a for a in argv[1:] if a.startswith("--config=")), None)

@@ -21,21 +21,22 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
-from octo_dist.apps.finetune.config import (
+from octo_dist.apps.finetune.checks import (
     DEFAULT_HF_MODEL,
     HF_PREFIX,
     checkpoint_problems,
     hf_dependencies,
     hf_repo,
 )
+from octo_dist.problems import Problem
 
 PROBE_TIMEOUT_S = 10.0
 # What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).
 DEPENDENCY_FILES = ["*.json", "*.model", "*.txt"]
 
 
-class WeightsError(RuntimeError):
-    pass
+class WeightsError(Problem, RuntimeError):
+    """Weights that could not be downloaded or read (exit 1)."""
 
 
 def _short(e: BaseException) -> str:

@@ -23,6 +23,7 @@ from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
 from octo_dist.engine import stepfns
 from octo_dist.runtime import runtime
+from octo_dist.problems import Problem, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-class ModelError(ValueError):
+class ModelError(Refusal, ValueError):
     """--model octo where octo cannot be imported."""
 
 
@@ -177,7 +178,7 @@ def verdict(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
+def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> int:
     """The smoke job on this rank, inside the harness."""
     import optax
 
@@ -219,7 +220,7 @@ def train(job: harness.Job, args, environ: Mapping[str, str]) -> int:
         step_fn=args.step_fn,
         save_dir=args.save_dir,
         save_every=args.save_every,
-        resume=args.resume,
+        resume=resume,  # checkpoint.decide's, made in main before start-up
     )
     result, timing = harness.fit(
         job,
@@ -365,7 +366,13 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
 
         args.np = DEFAULT_NP if args.np is None else args.np
         return equivalence.main(args)
+    from octo_dist.engine import checkpoint
+
+    try:
+        # Whether to resume, and from which step, decided once from the verified steps and passed down.
+        resume = checkpoint.decide(args.save_dir, args.resume)
+    except Problem as e:  # the same directory on every rank: each refuses alike before start-up
+        print(f"octo-dist smoke: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_status
     options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
-    return harness.run(
-        "smoke", options, lambda job: train(job, args, environ), refusals=(ModelError,)
-    )
+    return harness.run("smoke", options, lambda job: train(job, args, environ, resume))

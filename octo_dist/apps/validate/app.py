@@ -24,8 +24,10 @@ import sys
 import tempfile
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist import EXIT_USAGE
+from octo_dist.apps.validate import report
 from octo_dist.apps.validate.report import FAIL, OK, SKIP, Step
+from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 
 MODELS = ("tiny", "auto", "octo")
@@ -423,14 +425,13 @@ def across(args, environ: Mapping[str, str]) -> int:
                     "hosts": sorted({r["host"] for r in records}),
                 }
                 _emit(args, context, steps)
-            return EXIT_FAILED if any(s.status == FAIL for s in steps) else 0
+            return report.exit_code(steps)
     finally:
         if not args.nccl_log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _emit(args, context: Mapping, steps: Sequence[Step]) -> None:
-    from octo_dist.apps.validate import report
 
     report.write(args.report, context, steps)
     if args.json:
@@ -453,11 +454,11 @@ def main(args) -> int:
     environ = dict(os.environ)
     try:
         launch = launchers.detect(environ, args.launcher)
-    except launchers.LauncherError as e:
+    except Problem as e:  # LauncherError: the launcher's variables refused (2)
         print(f"octo-dist validate: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     if launch.world_size > 1:
         return across(args, environ)
     context, steps = node(args, environ)
     _emit(args, context, steps)
-    return EXIT_FAILED if any(s.status == FAIL for s in steps) else 0
+    return report.exit_code(steps)

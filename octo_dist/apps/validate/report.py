@@ -6,6 +6,8 @@ import dataclasses
 import json
 from typing import Mapping, Optional, Sequence
 
+from octo_dist.problems import Problem
+
 OK, FAIL, SKIP = "ok", "fail", "skip"
 _MARK = {OK: "ok  ", FAIL: "FAIL", SKIP: "skip"}
 
@@ -21,9 +23,19 @@ class Step:
     fix: str = ""
     data: Mapping = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def from_problem(cls, name: str, problem: Problem, status: str = FAIL) -> "Step":
+        """A step that met ``problem`` (an error raised while validating): its found / expected / fix, unchanged."""
+        return cls(name, status, problem.found, problem.expected, problem.fix)
+
+    def problem(self) -> Problem:
+        """This step's verdict as a :class:`Problem` (exit 1: the node fails validation)."""
+        return Problem(f"{self.name}: {self.found}", self.expected, self.fix)
+
 
 def exit_code(steps: Sequence[Step]) -> int:
-    return 1 if any(s.status == FAIL for s in steps) else 0
+    failed = [s for s in steps if s.status == FAIL]
+    return failed[0].problem().exit_status if failed else 0
 
 
 def as_text(header: str, steps: Sequence[Step]) -> str:

@@ -13,7 +13,7 @@ Config files load without Octo: module specs are written as the plain dicts Modu
 from ml_collections import ConfigDict
 from ml_collections.config_dict import FieldReference, placeholder
 
-from octo_dist.apps.finetune.config import frozen_keys, parse_mode
+from octo_dist.apps.finetune.modelconfig import frozen_keys, parse_mode
 from octo_dist.policies.octo_spec import module_spec
 
 
