@@ -106,9 +106,10 @@ def test_a_bad_start_up_flag_is_one_line_and_listed_in_help(capsys):
     assert app.main(["octo-dist finetune", "--devices-per-process=two"], environ={}) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        "octo-dist finetune: error: argument --devices-per-process: invalid choice: 'two'"
+        "octo-dist finetune: error: argument --devices-per-process: one, all or a whole number of GPUs per "
+        "process (2), not 'two'"
     ), err
     from octo_dist.apps.finetune import commandline
 
     text = " ".join(commandline.help_text(["octo-dist finetune"]).split())
-    assert "--devices-per-process=one|all" in text and "(default: one)" in text
+    assert "--devices-per-process=one|all|N" in text and "(default: one)" in text

@@ -85,12 +85,33 @@ def test_one_gpu_per_rank_by_default_all_on_request():
     assert runtime.local_device_ids(
         launch(rank=1, local_rank=1), "one", {"CUDA_VISIBLE_DEVICES": "3"}
     ) == [0]
-    with pytest.raises(runtime.StartupError, match="more ranks on this node than GPUs"):
+    with pytest.raises(runtime.StartupError, match="more ranks x GPUs per rank on this node than GPUs"):
         runtime.local_device_ids(
             launch(world=4, rank=3, local_rank=3, local_size=4),
             "one",
             {"CUDA_VISIBLE_DEVICES": "0,1"},
         )
+
+
+def test_n_gpus_per_rank_bind_consecutive_ids():
+    # 4 ranks x 2 GPUs on an 8-GPU node: local rank 1 binds GPUs 2 and 3.
+    assert runtime.local_device_ids(
+        launch(rank=5, local_rank=1, local_size=4, world=8), "2", {}
+    ) == [2, 3]
+    # A launcher that narrowed each rank to its own two GPUs ("4,5") leaves them as 0 and 1.
+    assert runtime.local_device_ids(
+        launch(rank=1, local_rank=1), "2", {"CUDA_VISIBLE_DEVICES": "4,5"}
+    ) == [0, 1]
+    assert runtime.local_device_ids(launch(rank=1, local_rank=1), "1", {}) == [1]
+    with pytest.raises(runtime.StartupError, match=r"Fix: mpirun -npernode 2$"):
+        runtime.local_device_ids(
+            launch(world=4, rank=3, local_rank=3, local_size=4),
+            "2",
+            {"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+        )
+    for bad in ("two", "0", "-1", "1.5"):
+        with pytest.raises(runtime.SettingError, match="one, all or a whole number"):
+            runtime.devices_per_process(bad)
 
 
 # --- tracking -------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ local_device_ids)``). What goes wrong on a cluster is checked here, before or ri
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import logging
@@ -50,10 +51,25 @@ JAX_TIMEOUT_GRACE_S = (
     15  # jax aborts the process at its timeout; ours fires first, with a useful message
 )
 EXIT_STARTUP = EXIT_FAILED  # a rank that could not start: the job failed, not the input
-DEVICE_MODES = (
-    "one",
-    "all",
-)  # one GPU per process (mpirun -npernode NUM_GPUS), or all GPUs of a node per process
+# One GPU per process (mpirun -npernode NUM_GPUS), all GPUs of a node per process, or N consecutive GPUs per
+# process ("2": 4 ranks on an 8-GPU node, rank with local rank 1 binding GPUs 2 and 3).
+DEVICE_MODES = ("one", "all", "N")
+
+
+def devices_per_process(text: str) -> str:
+    """``"one"``, ``"all"`` or a whole number of GPUs per process (``"2"``; ``"1"`` is ``"one"``), as given.
+
+    Raises:
+      SettingError: anything else (``"two"``, ``"0"``).
+    """
+    value = str(text).strip()
+    if value in ("one", "all") or (value.isdigit() and int(value) >= 1):
+        return "one" if value == "1" else value
+    raise SettingError(
+        f"--devices-per-process {text!r}",
+        "one, all or a whole number of GPUs per process (2)",
+        "--devices-per-process=2 with 4 ranks on an 8-GPU node (ranks per node x GPUs per rank = GPUs per node)",
+    )
 
 
 class StartupError(Problem, RuntimeError):
@@ -109,19 +125,21 @@ def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> O
 
     A launcher that already narrowed ``CUDA_VISIBLE_DEVICES`` to one GPU per rank ("3") leaves that GPU as id 0.
     """
-    if mode not in DEVICE_MODES:
-        raise SettingError(f"devices per process {mode!r}; expected one of {DEVICE_MODES}")
+    mode = devices_per_process(mode)
     if mode == "all":
         return None
+    n = 1 if mode == "one" else int(mode)
     visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if len(visible) == 1:
-        return [0]
-    if visible and launch.local_rank >= len(visible):
+    if len(visible) == n:
+        return list(range(n))
+    first = launch.local_rank * n
+    if visible and first + n > len(visible):
         raise StartupError(
-            f"local rank {launch.local_rank} but CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} "
-            f"shows {len(visible)} GPU(s): more ranks on this node than GPUs. Fix: mpirun -npernode {len(visible)}"
+            f"local rank {launch.local_rank} with {n} GPU(s) per process but "
+            f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} shows {len(visible)} GPU(s): more ranks x "
+            f"GPUs per rank on this node than GPUs. Fix: mpirun -npernode {max(len(visible) // n, 1)}"
         )
-    return [launch.local_rank]
+    return list(range(first, first + n))
 
 
 def _backends_initialized() -> bool:
@@ -214,7 +232,8 @@ def initialize(
       coordinator: "host:port" (or a ``Coordinator``) overriding every other source.
       timeout_s: how long start-up may take (default ``$OCTO_DIST_INIT_TIMEOUT`` or 300 s). The watchdog is armed
         before the first call that can block, mpi4py included: a rank stuck past it exits with an error.
-      devices: "one" GPU per process (``local_device_ids=[local_rank]``) or "all" GPUs of the node per process.
+      devices: "one" GPU per process (``local_device_ids=[local_rank]``), "all" GPUs of the node per process, or
+        "N" consecutive GPUs per process (local rank r binds r*N .. r*N+N-1).
       use_mpi: let mpi4py broadcast rank 0's address when launched through MPI; ``OCTO_DIST_NO_MPI4PY=1`` in
         ``environ`` turns it off too (a container without an MPI library: mpi4py is then never imported).
       environ: the environment to read (default ``os.environ``).
@@ -439,11 +458,20 @@ def argv_options(parser) -> None:
     )
     parser.add_argument(
         "--devices-per-process",
-        choices=DEVICE_MODES,
+        type=_devices_argument,
         default="one",
-        help="one GPU per rank (mpirun -npernode NUM_GPUS), or all GPUs of a node per rank "
+        metavar="one|all|N",
+        help="one GPU per rank (mpirun -npernode NUM_GPUS), all GPUs of a node per rank, or N GPUs per rank "
         "(default: %(default)s)",
     )
+
+
+def _devices_argument(text: str) -> str:
+    # argparse words a type error as "argument --devices-per-process: invalid value" with our message after.
+    try:
+        return devices_per_process(text)
+    except SettingError as e:
+        raise argparse.ArgumentTypeError(f"{e.expected}, not {text!r}") from None
 
 
 def from_args(args) -> dict:

@@ -195,9 +195,9 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
     # The start-up flags, described as smoke describes them (the same argparse definitions).
     for action in startup_parser()._actions:
         value_name = (
-            "|".join(action.choices)
-            if action.choices
-            else {"coordinator": "HOST:PORT", "init_timeout": "SECONDS"}.get(
+            action.metavar
+            or ("|".join(action.choices) if action.choices else None)
+            or {"coordinator": "HOST:PORT", "init_timeout": "SECONDS"}.get(
                 action.dest, action.dest.upper()
             )
         )
