@@ -7,9 +7,9 @@
 #   make docker PROFILE=cpu|cuda11|cuda12     (docker build --target <profile> .)
 #   make docker-smoke                  (cpu image, 2-rank smoke job under the image's mpirun)
 #
-# Every pin comes from env/: the base images below must equal env/stack.toml [images] (tests and
-# `make docker` check it: python -m octo_dist.stack.imagedefs check), and containers/install.sh installs the
-# profile's hashed lock. Behind a TLS-intercepting proxy pass its CA as a build secret, never a layer:
+# Every pin comes from env/: the base image ARGs and VERSION below are written from env/stack.toml [images] and
+# octo_dist.__version__ by `make image-defs` (edit env/, not them; tests and `make docker` fail a stale line),
+# and containers/install.sh installs the profile's hashed lock. Behind a TLS-intercepting proxy pass its CA as a build secret, never a layer:
 #   docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt --target cpu .
 # Credentials (WANDB_API_KEY) are never built in: pass them at run time (docker run -e WANDB_API_KEY).
 
