@@ -217,18 +217,43 @@ def inspect(image: str) -> dict:
 
 
 class MountedImage:
-    """A working container of ``image`` (``buildah from``) and its root filesystem (``buildah mount``)."""
+    """A working container of ``image`` (``buildah from``) and its root filesystem (``buildah mount``).
 
-    def __init__(self, image: str):
+    ``name``: a container of that name made earlier from the same image is reused (.ci/run makes it in the
+    background: vfs copies every layer, 3 GB, for each container); it is removed on exit either way.
+    """
+
+    def __init__(self, image: str, name: str = ""):
         self.image = image
+        self.name = name
         self.container = ""
         self.rootfs = Path()
 
+    def _reusable(self) -> bool:
+        if not self.name:
+            return False
+        ctr = subprocess.run(
+            [*BUILDAH, "inspect", "--type", "container", self.name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return (
+            ctr.returncode == 0
+            and json.loads(ctr.stdout)["FromImageID"] == inspect(self.image)["FromImageID"]
+        )
+
     def __enter__(self) -> "MountedImage":
         run_ = dict(capture_output=True, text=True, check=True, timeout=900)
-        self.container = subprocess.run(
-            [*BUILDAH, "from", "--pull-never", self.image], **run_
-        ).stdout.strip()
+        if self._reusable():
+            self.container = self.name
+        else:
+            if self.name:
+                subprocess.run([*BUILDAH, "rm", self.name], capture_output=True, timeout=300)
+            named = ["--name", self.name] if self.name else []
+            self.container = subprocess.run(
+                [*BUILDAH, "from", "--pull-never", *named, self.image], **run_
+            ).stdout.strip()
         self.rootfs = Path(
             subprocess.run([*BUILDAH, "mount", self.container], **run_).stdout.strip()
         )
