@@ -59,6 +59,7 @@ def pid_alive(pid: int) -> bool:
 def build_here() -> None:
     """The same build .ci/run starts, in the foreground (OCTO_DIST_BUILDAH=1 without .ci/run)."""
     STATE.mkdir(exist_ok=True)
+    (STATE / ".gitignore").write_text("*\n")
     (STATE / "started").write_text(f"{os.getpid()}\n")
     with open(STATE / "build.log", "w") as log:
         rc = subprocess.run(
