@@ -301,8 +301,8 @@ DOCKER_DRIFTS = {
         "containers/install.sh cuda11",
     ),
     "root user": (
-        'USER octo\nWORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n\nFROM os-cuda11',
-        'WORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n\nFROM os-cuda11',
+        'USER octo\nWORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.\nARG CPU_BASE_REPO',
+        'WORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.\nARG CPU_BASE_REPO',
         "target cpu",
         "non-root",
     ),
