@@ -7,9 +7,9 @@
 #   make docker PROFILE=cpu|cuda11|cuda12     (docker build --target <profile> .)
 #   make docker-smoke                  (cpu image, 2-rank smoke job under the image's mpirun)
 #
-# Every pin comes from env/: the base images below must equal env/stack.toml [images] (tests and
-# `make docker` check it: python -m octo_dist.stack.imagedefs check), and containers/install.sh installs the
-# profile's hashed lock. Behind a TLS-intercepting proxy pass its CA as a build secret, never a layer:
+# Every pin comes from env/: the base image ARGs and VERSION below are written from env/stack.toml [images] and
+# octo_dist.__version__ by `make image-defs` (edit env/, not them; tests and `make docker` fail a stale line),
+# and containers/install.sh installs the profile's hashed lock. Behind a TLS-intercepting proxy pass its CA as a build secret, never a layer:
 #   docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt --target cpu .
 # Credentials (WANDB_API_KEY) are never built in: pass them at run time (docker run -e WANDB_API_KEY).
 
@@ -83,6 +83,21 @@ RUN --mount=type=secret,id=ca,required=false \
 
 # ---- runtime: python3, the venv, env/ (for check-env), a non-root user ------------------------------
 FROM os-cpu AS cpu
+COPY containers/os-packages.sh /tmp/os-packages.sh
+RUN bash /tmp/os-packages.sh runtime && rm /tmp/os-packages.sh \
+    && useradd --create-home --uid 1000 --shell /bin/bash octo
+COPY --from=build-cpu /opt/octo-dist/venv /opt/octo-dist/venv
+COPY env/ /opt/octo-dist/env/
+# PYTHONNOUSERSITE: a mounted home's ~/.local never shadows the pinned stack.
+ENV OCTO_DIST_PROFILE=cpu \
+    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \
+    PATH=/opt/octo-dist/venv/bin:$PATH \
+    PYTHONNOUSERSITE=1 \
+    PYTHONUNBUFFERED=1
+USER octo
+WORKDIR /home/octo
+CMD ["octo-dist", "check-env"]
+# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.
 ARG CPU_BASE_REPO
 ARG CPU_BASE_TAG
 ARG CPU_BASE_DIGEST
@@ -98,37 +113,8 @@ LABEL org.opencontainers.image.title="octo-dist (cpu)" \
       org.opencontainers.image.base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}" \
       org.opencontainers.image.base.digest="${CPU_BASE_DIGEST}" \
       io.github.octo-dist.profile="cpu"
-COPY containers/os-packages.sh /tmp/os-packages.sh
-RUN bash /tmp/os-packages.sh runtime && rm /tmp/os-packages.sh \
-    && useradd --create-home --uid 1000 --shell /bin/bash octo
-COPY --from=build-cpu /opt/octo-dist/venv /opt/octo-dist/venv
-COPY env/ /opt/octo-dist/env/
-# PYTHONNOUSERSITE: a mounted home's ~/.local never shadows the pinned stack.
-ENV OCTO_DIST_PROFILE=cpu \
-    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \
-    PATH=/opt/octo-dist/venv/bin:$PATH \
-    PYTHONNOUSERSITE=1 \
-    PYTHONUNBUFFERED=1
-USER octo
-WORKDIR /home/octo
-CMD ["octo-dist", "check-env"]
 
 FROM os-cuda11 AS cuda11
-ARG CUDA11_BASE_REPO
-ARG CUDA11_BASE_TAG
-ARG CUDA11_BASE_DIGEST
-ARG SOURCE
-ARG REVISION
-ARG VERSION
-LABEL org.opencontainers.image.title="octo-dist (cuda11)" \
-      org.opencontainers.image.description="Octo data-parallel fine-tuning, cuda11 profile: CUDA 11.8 GPUs" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${CUDA11_BASE_REPO}:${CUDA11_BASE_TAG}" \
-      org.opencontainers.image.base.digest="${CUDA11_BASE_DIGEST}" \
-      io.github.octo-dist.profile="cuda11"
 COPY containers/os-packages.sh /tmp/os-packages.sh
 # --infiniband: rdma-core's libibverbs1, ibverbs-providers, librdmacm1, so NCCL uses the InfiniBand HCAs between
 # nodes instead of TCP sockets.
@@ -147,23 +133,24 @@ ENV OCTO_DIST_PROFILE=cuda11 \
 USER octo
 WORKDIR /home/octo
 CMD ["octo-dist", "check-env"]
-
-FROM os-cuda12 AS cuda12
-ARG CUDA12_BASE_REPO
-ARG CUDA12_BASE_TAG
-ARG CUDA12_BASE_DIGEST
+# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.
+ARG CUDA11_BASE_REPO
+ARG CUDA11_BASE_TAG
+ARG CUDA11_BASE_DIGEST
 ARG SOURCE
 ARG REVISION
 ARG VERSION
-LABEL org.opencontainers.image.title="octo-dist (cuda12)" \
-      org.opencontainers.image.description="Octo data-parallel fine-tuning, cuda12 profile: CUDA 12 GPUs (H200)" \
+LABEL org.opencontainers.image.title="octo-dist (cuda11)" \
+      org.opencontainers.image.description="Octo data-parallel fine-tuning, cuda11 profile: CUDA 11.8 GPUs" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${CUDA12_BASE_REPO}:${CUDA12_BASE_TAG}" \
-      org.opencontainers.image.base.digest="${CUDA12_BASE_DIGEST}" \
-      io.github.octo-dist.profile="cuda12"
+      org.opencontainers.image.base.name="${CUDA11_BASE_REPO}:${CUDA11_BASE_TAG}" \
+      org.opencontainers.image.base.digest="${CUDA11_BASE_DIGEST}" \
+      io.github.octo-dist.profile="cuda11"
+
+FROM os-cuda12 AS cuda12
 COPY containers/os-packages.sh /tmp/os-packages.sh
 # --infiniband: as cuda11, so NCCL uses the InfiniBand HCAs between nodes instead of TCP sockets.
 RUN bash /tmp/os-packages.sh runtime --infiniband && rm /tmp/os-packages.sh \
@@ -180,3 +167,19 @@ ENV OCTO_DIST_PROFILE=cuda12 \
 USER octo
 WORKDIR /home/octo
 CMD ["octo-dist", "check-env"]
+# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.
+ARG CUDA12_BASE_REPO
+ARG CUDA12_BASE_TAG
+ARG CUDA12_BASE_DIGEST
+ARG SOURCE
+ARG REVISION
+ARG VERSION
+LABEL org.opencontainers.image.title="octo-dist (cuda12)" \
+      org.opencontainers.image.description="Octo data-parallel fine-tuning, cuda12 profile: CUDA 12 GPUs (H200)" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${CUDA12_BASE_REPO}:${CUDA12_BASE_TAG}" \
+      org.opencontainers.image.base.digest="${CUDA12_BASE_DIGEST}" \
+      io.github.octo-dist.profile="cuda12"

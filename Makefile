@@ -186,10 +186,13 @@ REVISION = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 CA_SECRET_ARG = --secret id=ca,src=$(CA_SECRET)
 DOCKER_BUILD = $(DOCKER) build --build-arg REVISION=$(REVISION) $(if $(CA_SECRET),$(CA_SECRET_ARG))
 
-.PHONY: images-check docker docker-smoke sif refresh-digests
+.PHONY: images-check image-defs docker docker-smoke sif refresh-digests
 
-images-check: ## check Dockerfile and singularity.def against env/stack.toml (base digests, profile, install)
+images-check: ## check Dockerfile and singularity*.def against env/stack.toml (pins rendered, profile, install)
 	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs check
+
+image-defs: ## write the base images and version from env/stack.toml into Dockerfile and singularity*.def
+	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs render
 
 docker: images-check ## build image $(IMAGE):$(PROFILE) (Dockerfile target cpu, cuda11 or cuda12)
 	$(DOCKER_BUILD) --target $(PROFILE) -t $(IMAGE):$(PROFILE) .
@@ -208,11 +211,11 @@ sif: images-check ## build $(SIF) from $(SIF_DEF) with --fakeroot (PROFILE=cuda1
 	OCTO_DIST_REVISION=$(REVISION) SINGULARITY_TMPDIR="$$tmp" APPTAINER_TMPDIR="$$tmp" \
 	  "$$tool" build --fakeroot $(SIF) $(SIF_DEF)
 
-refresh-digests: ## re-resolve the base image digests in env/stack.toml + both definitions (needs crane/skopeo and a registry)
+refresh-digests: ## re-resolve the base image digests in env/stack.toml, then render them into the definitions (needs crane/skopeo and a registry)
 	PYTHONPATH=. $(PYTHON) -m octo_dist.stack.imagedefs refresh-digests
 
-# The cpu image built for real where no registry and no Docker engine exist (CI here, opt-in: tests marked
-# `buildah`, OCTO_DIST_BUILDAH=1): a Debian 12 base made with debootstrap (python3 = 3.11, so the cpu-py3.11
+# The cpu image built for real where no registry and no Docker engine exist (CI here: tests marked `buildah`,
+# built in the background by .ci/run): a Debian 12 base made with mmdebstrap (python3 = 3.11, so the cpu-py3.11
 # lock), the same Dockerfile with only the base ARGs overridden, git deps skipped (no GitHub). Root, vfs, chroot.
 BUILDAH ?= buildah --storage-driver vfs
 LOCAL_BASE ?= localhost/octo-dist-local-base
@@ -220,16 +223,19 @@ LOCAL_SUITE ?= bookworm
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 LOCAL_CA ?= $${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 LOCAL_TMP ?= /var/tmp
+# An existing base is kept, so a rebuild with nothing changed reuses every layer; LOCAL_BASE_REFRESH=1 remakes it.
+LOCAL_BASE_REFRESH ?= 0
 
 .PHONY: docker-local-base docker-local docker-local-smoke
 
-docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with debootstrap + buildah (root; no registry needed)
-	@for t in debootstrap buildah; do command -v $$t >/dev/null || { \
-	  echo "error: make docker-local-base needs $$t; found none on PATH. fix: apt-get install -y buildah debootstrap (as root)" >&2; \
+docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with mmdebstrap + buildah (root; no registry needed; kept if present)
+	@for t in mmdebstrap buildah; do command -v $$t >/dev/null || { \
+	  echo "error: make docker-local-base needs $$t; found none on PATH. fix: apt-get install -y buildah mmdebstrap (as root)" >&2; \
 	  exit 1; }; done
+	@if [ "$(LOCAL_BASE_REFRESH)" != 1 ] && $(BUILDAH) inspect --type image $(LOCAL_BASE):$(LOCAL_SUITE) >/dev/null 2>&1; then \
+	  echo "docker-local-base: keeping $(LOCAL_BASE):$(LOCAL_SUITE) (LOCAL_BASE_REFRESH=1 remakes it)"; exit 0; fi; \
 	tmp=$$(mktemp -d $(LOCAL_TMP)/octo-dist-base.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
-	debootstrap --variant=minbase $(LOCAL_SUITE) "$$tmp/rootfs" $(DEBIAN_MIRROR); \
-	tar -C "$$tmp/rootfs" -cf "$$tmp/rootfs.tar" .; \
+	mmdebstrap --quiet --mode=root --variant=minbase $(LOCAL_SUITE) "$$tmp/rootfs.tar" $(DEBIAN_MIRROR); \
 	ctr=$$($(BUILDAH) from scratch); \
 	$(BUILDAH) add "$$ctr" "$$tmp/rootfs.tar" /; \
 	$(BUILDAH) config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$$ctr"; \
@@ -238,17 +244,16 @@ docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with debootstrap + build
 docker-local: ## build $(IMAGE):cpu-local from the Dockerfile on that base, with buildah (the proxy CA as a build secret)
 	@digest=$$($(BUILDAH) images --digests --format '{{.Digest}}' $(LOCAL_BASE):$(LOCAL_SUITE) 2>/dev/null) || { \
 	  echo "error: no local base $(LOCAL_BASE):$(LOCAL_SUITE); fix: make docker-local-base" >&2; exit 1; }; \
-	set -x; $(BUILDAH) bud --isolation chroot --target cpu \
+	set -x; $(BUILDAH) bud --isolation chroot --layers --format docker --target cpu \
 	  --build-arg CPU_BASE_REPO=$(LOCAL_BASE) --build-arg CPU_BASE_TAG=$(LOCAL_SUITE) --build-arg CPU_BASE_DIGEST="$$digest" \
 	  --build-arg GIT_DEPS=--skip-git --build-arg REVISION=$(REVISION) \
 	  --secret id=ca,src=$(LOCAL_CA) -t $(IMAGE):cpu-local .
 
-# --hostname localhost: buildah names the container after its id, which nothing resolves; JAX's coordinator
-# and gloo need a hostname that resolves (Docker writes it into /etc/hosts, buildah run does not).
-docker-local-smoke: docker-local ## build $(IMAGE):cpu-local, run check-env and the 2-rank smoke job in it
-	ctr=$$($(BUILDAH) from $(IMAGE):cpu-local); trap '$(BUILDAH) rm "$$ctr" >/dev/null' EXIT; \
-	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- octo-dist check-env; \
-	$(BUILDAH) run --isolation chroot --hostname localhost "$$ctr" -- mpirun --oversubscribe -np 2 octo-dist smoke
+# The cpu image run as `docker run` runs it (its own entrypoint, command, user, workdir and env, from its
+# configuration) in a chroot of its root filesystem: check-env, then the README's 2-rank smoke job.
+docker-local-smoke: docker-local-base docker-local ## build $(IMAGE):cpu-local, run its default command and the 2-rank smoke job as docker run would
+	PYTHONPATH=. $(PYTHON) -m tests.imagerun --image $(IMAGE):cpu-local
+	PYTHONPATH=. $(PYTHON) -m tests.imagerun --image $(IMAGE):cpu-local -- mpirun --oversubscribe -np 2 octo-dist smoke
 
 # ---- a cluster on one machine (root): the rendered PBS, Grid Engine and SLURM jobs run as deployed -------------------
 # Two nodes as network + UTS + mount namespaces on a private link, ssh as a namespace agent; real Slurm 22.05 and

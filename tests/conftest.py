@@ -28,6 +28,9 @@ CLUSTER_LONG_ENV = "OCTO_DIST_CLUSTER_LONG"
 
 
 def pytest_collection_modifyitems(config, items):
+    # The image tests wait for the image .ci/run builds in the background: run them last, so the build overlaps
+    # the rest of the suite (a stable sort keeps each group's own order).
+    items.sort(key=lambda item: "buildah" in item.keywords)
     # The real-scheduler scenarios (a time limit reached, a chain, a cancel, a lost node) take minutes each and
     # together more than CI's budget; `make cluster-smoke` runs them, CI runs the rest of the cluster tests.
     if os.environ.get(CLUSTER_LONG_ENV, "") not in ("", "0"):

@@ -84,6 +84,98 @@ class Finding:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The pins, rendered from env/stack.toml into the definitions (make image-defs)
+# ---------------------------------------------------------------------------------------------------
+
+RENDER_FIX = (
+    "make image-defs (writes every pin from env/stack.toml [images] and octo_dist.__version__)"
+)
+
+
+def pinned_lines(
+    manifest: mf.Manifest, version: str, profile: Optional[str] = None
+) -> list[tuple[re.Pattern, str]]:
+    """Each pinned line of a definition: the pattern that finds it and the line env/ says it must be.
+
+    ``profile=None`` is the Dockerfile (``ARG CUDA11_BASE_DIGEST=sha256:...`` per image, ``ARG VERSION=0.1.0``);
+    a GPU profile is its Singularity definition (``From: docker.io/nvidia/cuda@sha256:...`` and the labels
+    ``org.opencontainers.image.base.name/base.digest/version``, indented as written).
+    """
+    if profile is None:
+        out = [(re.compile(r"^ARG VERSION=.*$", re.M), f"ARG VERSION={version}")]
+        for image in manifest.images.values():
+            key = image.name.upper().replace("-", "_")
+            for suffix, value in (
+                ("REPO", image.repository),
+                ("TAG", image.tag),
+                ("DIGEST", image.digest),
+            ):
+                out.append(
+                    (
+                        re.compile(rf"^ARG {key}_BASE_{suffix}=.*$", re.M),
+                        f"ARG {key}_BASE_{suffix}={value}",
+                    )
+                )
+        return out
+    image = manifest.images[manifest.profile(profile).image_base]
+    out = [(re.compile(r"^From: .*$", re.M), f"From: {image.pinned}")]
+    for label, value in (
+        ("base.name", image.tagged),
+        ("base.digest", image.digest),
+        ("version", version),
+    ):
+        name = f"org.opencontainers.image.{label}"
+        out.append((re.compile(rf"^(\s+){re.escape(name)} .*$", re.M), rf"\g<1>{name} {value}"))
+    return out
+
+
+def render(
+    text: str, manifest: mf.Manifest, version: str = __version__, profile: Optional[str] = None
+) -> str:
+    """The definition with every pinned line (:func:`pinned_lines`) as env/stack.toml says; the rest untouched."""
+    for pattern, line in pinned_lines(manifest, version, profile):
+        text = pattern.sub(line, text, count=1)
+    return text
+
+
+def stale_pins(
+    where: str, text: str, manifest: mf.Manifest, version: str, profile: Optional[str] = None
+) -> list[Finding]:
+    """One finding per pinned line that is missing or not what :func:`render` writes."""
+    findings = []
+    for pattern, line in pinned_lines(manifest, version, profile):
+        m = pattern.search(text)
+        want = pattern.sub(line, m.group(0)) if m else line.replace("\\g<1>", "    ")
+        if m is None or m.group(0) != want:
+            findings.append(
+                Finding(
+                    where,
+                    repr(m.group(0).strip()) if m else f"no line like {want.strip()!r}",
+                    f"{want.strip()!r} (env/stack.toml [images], octo_dist.__version__)",
+                    RENDER_FIX,
+                )
+            )
+    return findings
+
+
+def render_checkout(source: Path = mf.REPO_ROOT, version: str = __version__) -> list[str]:
+    """Rewrite the pins of the Dockerfile and every GPU profile's definition; return the files changed."""
+    manifest = mf.load_manifest(source / "env" / "stack.toml")
+    changed = []
+    gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
+    for name, profile in ((DOCKERFILE, None), *((definition_file(p), p) for p in gpu)):
+        path = source / name
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        new = render(text, manifest, version, profile)
+        if new != text:
+            path.write_text(new)
+            changed.append(name)
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------------
 # Dockerfile
 # ---------------------------------------------------------------------------------------------------
 
@@ -223,46 +315,18 @@ def install_runs(commands: Iterable[str], profile: str) -> list[str]:
     return [c for c in commands if pat.search(c + " ")]
 
 
-def check_dockerfile(
-    text: str, manifest: mf.Manifest, source: Optional[Path] = None, version: str = __version__
-) -> list[Finding]:
+def check_dockerfile(text: str, manifest: mf.Manifest, version: str = __version__) -> list[Finding]:
     """Every disagreement between a Dockerfile's targets and the manifest's image profiles.
 
     Args:
         text: the Dockerfile.
         manifest: env/stack.toml, parsed.
-        source: the checkout, to check that the lock each target installs exists (skipped when None).
         version: octo-dist's version, which the ``VERSION`` default (the version label) must equal.
     """
     df = parse_dockerfile(text)
-    findings: list[Finding] = []
-    if df.args.get("VERSION") != version:
-        findings.append(
-            Finding(
-                f"{DOCKERFILE} ARG VERSION",
-                repr(df.args.get("VERSION")),
-                f"{version!r} (octo_dist.__version__)",
-                f"ARG VERSION={version}",
-            )
-        )
-    fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
-    for image in manifest.images.values():
-        key = image.name.upper().replace("-", "_")
-        for suffix, want in (
-            ("REPO", image.repository),
-            ("TAG", image.tag),
-            ("DIGEST", image.digest),
-        ):
-            got = df.args.get(f"{key}_BASE_{suffix}")
-            if got != want:
-                findings.append(
-                    Finding(
-                        f"{DOCKERFILE} ARG {key}_BASE_{suffix}",
-                        repr(got),
-                        f"{want!r} (env/stack.toml [images.{image.name}] {suffix.lower()})",
-                        fix_pins,
-                    )
-                )
+    findings = stale_pins(DOCKERFILE, text, manifest, version)
+    pinned_args = parse_dockerfile(render(text, manifest, version)).args
+    fix_pins = RENDER_FIX
     for profile in (p for p in manifest.profiles.values() if p.image_base):
         where = f"{DOCKERFILE} target {profile.name}"
         image = manifest.images[profile.image_base]
@@ -278,7 +342,8 @@ def check_dockerfile(
             )
             continue
         chain, base = _chain(df, profile.name)
-        resolved = substitute(base, df.args)
+        # With the ARGs as rendered: a stale ARG is stale_pins' finding; this one is a FROM on the wrong ARGs.
+        resolved = substitute(base, pinned_args)
         if resolved != image.pinned:
             findings.append(
                 Finding(
@@ -319,15 +384,15 @@ def check_dockerfile(
                         f"add `LABEL {label}=...`",
                     )
                 )
-        for label, want in (
-            ("org.opencontainers.image.base.name", image.tagged),
-            ("org.opencontainers.image.base.digest", image.digest),
-            (PROFILE_LABEL, profile.name),
-        ):
-            if label in labels and labels[label] != want:
-                findings.append(
-                    Finding(where, f"LABEL {label}={labels[label]!r}", repr(want), fix_pins)
+        if labels.get(PROFILE_LABEL, profile.name) != profile.name:
+            findings.append(
+                Finding(
+                    where,
+                    f"LABEL {PROFILE_LABEL}={labels[PROFILE_LABEL]!r}",
+                    repr(profile.name),
+                    f'LABEL {PROFILE_LABEL}="{profile.name}"',
                 )
+            )
         reach = _reachable(df, profile.name)
         if not install_runs(target_runs(df, profile.name), profile.name):
             findings.append(
@@ -397,26 +462,7 @@ def check_dockerfile(
                                     "build secret (RUN --mount=type=secret,id=ca)",
                                 )
                             )
-        if source is not None:
-            findings += _lock_findings(where, profile, manifest, source)
     return findings
-
-
-def _lock_findings(
-    where: str, profile: mf.Profile, manifest: mf.Manifest, source: Path
-) -> list[Finding]:
-    lock = manifest.lock_path(profile.name, profile.python)
-    if lock.is_file():
-        return []
-    shown = lock.relative_to(source) if lock.is_relative_to(source) else lock
-    return [
-        Finding(
-            where,
-            f"no lock {shown}",
-            f"the lock for the image's Python {profile.python}",
-            "make lock",
-        )
-    ]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -463,16 +509,13 @@ def check_definition(
     text: str,
     manifest: mf.Manifest,
     profile_name: str = "cuda11",
-    source: Optional[Path] = None,
     version: str = __version__,
 ) -> list[Finding]:
     """Every disagreement between a Singularity definition and the manifest's ``profile_name`` (a GPU image)."""
     d = parse_definition(text)
     profile = manifest.profile(profile_name)
-    image = manifest.images[profile.image_base]
-    findings: list[Finding] = []
     w = definition_file(profile_name)
-    fix_pins = "make refresh-digests (or copy the pin from env/stack.toml [images])"
+    findings = stale_pins(w, text, manifest, version, profile_name)
     if d.header.get("bootstrap", "").lower() != "docker":
         findings.append(
             Finding(
@@ -480,15 +523,6 @@ def check_definition(
                 f"Bootstrap: {d.header.get('bootstrap')!r}",
                 "'docker'",
                 "Bootstrap: docker",
-            )
-        )
-    if d.header.get("from") != image.pinned:
-        findings.append(
-            Finding(
-                f"{w} header",
-                f"From: {d.header.get('from')!r}",
-                f"{image.pinned!r} (env/stack.toml [images.{image.name}])",
-                fix_pins,
             )
         )
     for section in SINGULARITY_SECTIONS:
@@ -612,23 +646,15 @@ def check_definition(
                     f"{w} %labels", f"no {label}", "the OCI labels and the profile", f"add {label}"
                 )
             )
-    for label, want in (
-        ("org.opencontainers.image.base.name", image.tagged),
-        ("org.opencontainers.image.base.digest", image.digest),
-        (PROFILE_LABEL, profile.name),
-        ("org.opencontainers.image.version", version),
-    ):
-        if label in labels and labels[label] != want:
-            findings.append(
-                Finding(
-                    f"{w} %labels",
-                    f"{label} {labels[label]}",
-                    want,
-                    f"`{label} {want}` under %labels",
-                )
+    if labels.get(PROFILE_LABEL, profile.name) != profile.name:
+        findings.append(
+            Finding(
+                f"{w} %labels",
+                f"{PROFILE_LABEL} {labels[PROFILE_LABEL]}",
+                profile.name,
+                f"`{PROFILE_LABEL} {profile.name}` under %labels",
             )
-    if source is not None:
-        findings += _lock_findings(w, profile, manifest, source)
+        )
     return findings
 
 
@@ -660,7 +686,7 @@ def check_checkout(
     manifest = manifest or mf.load_manifest(source / "env" / "stack.toml")
     gpu = [p.name for p in manifest.profiles.values() if p.image_base and p.gpu]
     findings = check_os_packages((source / OS_PACKAGES_SCRIPT).read_text())
-    findings += check_dockerfile((source / DOCKERFILE).read_text(), manifest, source)
+    findings += check_dockerfile((source / DOCKERFILE).read_text(), manifest)
     for name in gpu:
         path = source / definition_file(name)
         if not path.is_file():
@@ -673,7 +699,7 @@ def check_checkout(
                 )
             )
             continue
-        findings += check_definition(path.read_text(), manifest, name, source)
+        findings += check_definition(path.read_text(), manifest, name)
     return findings
 
 
@@ -744,23 +770,16 @@ def refreshed(manifest: mf.Manifest, resolve: Resolver) -> dict[str, str]:
     return changes
 
 
-def rewrite(text: str, changes: Mapping[str, str]) -> str:
-    """Swap every old digest for its new one (digests are unique strings, so a plain replace is exact)."""
+def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
+    """Re-resolve every base image, rewrite env/stack.toml, render the definitions from it; return the changes."""
+    stack = source / "env" / "stack.toml"
+    changes = refreshed(mf.load_manifest(stack), resolve)
+    text = stack.read_text()
+    # Digests are unique strings, so a plain replace is exact (and keeps the file's comments).
     for old, new in changes.items():
         text = text.replace(old, new)
-    return text
-
-
-def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
-    """Re-resolve every base image and rewrite env/stack.toml and every definition; return the changes."""
-    manifest = mf.load_manifest(source / "env" / "stack.toml")
-    changes = refreshed(manifest, resolve)
-    for name in ("env/stack.toml", DOCKERFILE, *definition_files(manifest)):
-        path = source / name
-        text = path.read_text()
-        new = rewrite(text, changes)
-        if new != text:
-            path.write_text(new)
+    stack.write_text(text)
+    render_checkout(source)
     return changes
 
 
@@ -770,9 +789,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument(
         "command",
-        choices=("check", "refresh-digests"),
-        help="check: every definition against env/stack.toml; refresh-digests: re-resolve the base "
-        "image digests (needs crane or skopeo), then check",
+        choices=("check", "render", "refresh-digests"),
+        help="check: every definition against env/stack.toml; render: write env/'s pins into them "
+        "(make image-defs); refresh-digests: re-resolve the base image digests (needs crane or "
+        "skopeo), render, then check",
     )
     parser.add_argument(
         "--source", default=str(mf.REPO_ROOT), help="the checkout (default: this one)"
@@ -788,6 +808,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"refresh-digests: {len(changes)} base image digest(s) changed"
                 + ("; rebuild the images" if changes else "")
             )
+        if args.command == "render":
+            changed = render_checkout(source)
+            print(f"render: {', '.join(changed) or 'nothing'} rewritten from env/stack.toml")
         findings = check_checkout(source)
     except mf.ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
