@@ -623,9 +623,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
             "--name=cluster",
         ],
     )
-    assert '"${BIN}octo-dist" finetune --config=finetune_smoke_config.py' in " ".join(
-        script.read_text().split()
-    )
+    assert '"train": ["octo-dist", "finetune", "--config=finetune_smoke_config.py"' in script.read_text()
     job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
     assert finish(job, timeout=FT_TIMEOUT_S) == 0, tail(job)
 

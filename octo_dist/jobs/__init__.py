@@ -2,7 +2,8 @@
 
 ``spec.LaunchOptions`` holds the choices (the parser is generated from its fields); ``spec.build(options)``
 validates them into a ``JobSpec`` (or refuses with found/expected/fix); ``render.render(spec)`` turns it into a
-script from the templates here (``*.tmpl``); ``defaults`` reads the users' and projects' defaults files;
-``submit`` hands the script to the scheduler (``--submit``, ``--chain``); ``cli`` is the thin subcommand;
-``examples`` renders the ready-made scripts in ``scripts/jobs/``.
+short script: the header of its scheduler (``schedulers/``, one module each), ``module load``, and one hand-over to
+the job runtime (``supervisor/``, standard library Python), which runs the job on its first node. ``defaults`` reads
+the users' and projects' defaults files; ``submit`` hands the script to the scheduler (``--submit``, ``--chain``);
+``cli`` is the thin subcommand; ``examples`` renders the ready-made scripts in ``scripts/jobs/``.
 """

@@ -16,13 +16,12 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
 from octo_dist.jobs import defaults as defaults_mod
-from octo_dist.jobs import imagefit
+from octo_dist.jobs import imagefit, schedulers
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
 from octo_dist.launchers import outside
 
-SUBMIT = {"pbs": "qsub {file}", "sge": "qsub {file}", "slurm": "sbatch {file}"}
 
 SCHEDULER_HELP = {
     "pbs": "PBS Professional, as on ABCI 3.0 (rt_HF: 8x H200 per node)",
@@ -281,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    submit = SUBMIT[job.scheduler].format(file=shlex.quote(out), group=job.group or "GROUP")
+    submit = schedulers.get(job.scheduler).submit_hint(shlex.quote(out), job.group)
     wrote = (
         f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
         + (f", global batch {job.global_batch}" if job.global_batch else "")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Callable, List, Optional
 
+from octo_dist.jobs import schedulers
 from octo_dist.launchers import outside
 
-AFTER_ENV = "OCTO_DIST_AFTER"
+AFTER_ENV = schedulers.base.AFTER_ENV
 MAX_CHAIN = 50  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
 SUBMIT_TIMEOUT_S = (
     120  # a qsub/sbatch answers in seconds; a hung scheduler server must not hang launch
@@ -41,48 +41,25 @@ def command(scheduler: str, script: str, group: Optional[str], after: Optional[s
     >>> command("pbs", "job.sh", "gxx00000", "12.pbs1")
     ['qsub', '-W', 'depend=afterany:12.pbs1', '-v', 'OCTO_DIST_AFTER=12.pbs1', 'job.sh']
     """
-    if scheduler == "pbs":
-        extra = ["-W", f"depend=afterany:{after}", "-v", f"{AFTER_ENV}={after}"] if after else []
-        return ["qsub", *extra, script]
-    if scheduler == "sge":
-        extra = ["-hold_jid", after, "-v", f"{AFTER_ENV}={after}"] if after else []
-        return ["qsub", "-terse", *extra, script]  # the project (-P) and queue are in the script
-    if scheduler == "slurm":
-        extra = (
-            [f"--dependency=afterany:{after}", f"--export=ALL,{AFTER_ENV}={after}"] if after else []
-        )
-        return ["sbatch", "--parsable", *extra, script]
-    raise ValueError(scheduler)
-
-
-# What each prints: PBS `qsub` "12345.pbs1"; Grid Engine `qsub -terse` "12345" (an array job "12345.1-10:1");
-# `sbatch --parsable` "12345" or "12345;cluster".
-JOB_ID = {
-    "pbs": re.compile(r"(\d+(?:\.[\w.-]+)?)"),
-    "sge": re.compile(r"(\d+)(?:\.\S*)?"),
-    "slurm": re.compile(r"(\d+)(?:;\S+)?"),
-}
+    return schedulers.get(scheduler).submit_command(script, after)
 
 
 def job_id(scheduler: str, stdout: str) -> str:
-    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
-    m = JOB_ID[scheduler].fullmatch(lines[-1]) if lines else None
-    if not m:
+    """The job id the scheduler's submit command printed: PBS `qsub` "12345.pbs1"; Grid Engine `qsub -terse`
+    "12345" (an array job "12345.1-10:1"); `sbatch --parsable` "12345" or "12345;cluster"."""
+    s = schedulers.get(scheduler)
+    found = s.parse_job_id(stdout)
+    if not found:
         raise SubmitError(
             f"cannot read a job id from the scheduler's answer '{outside.shown(stdout)}'; expected e.g. "
-            f"'12345{'.pbs1' if scheduler == 'pbs' else ''}'. Fix: check the job with qstat/squeue"
+            f"'{s.job_id_example}'. Fix: check the job with qstat/squeue"
         )
-    return m.group(1)
+    return found
 
 
 def log_path(scheduler: str, name: str, job: str, submit_dir: str, home: str) -> str:
-    """Where the job's output lands: PBS -k oe keeps it in your home as NAME.oNUMBER while it runs; Grid Engine's -cwd
-    puts NAME.oID in the submit directory; the SLURM script asks for NAME-ID.out there."""
-    if scheduler == "pbs":
-        return os.path.join(home, f"{name}.o{job.split('.')[0]}")
-    if scheduler == "sge":
-        return os.path.join(submit_dir, f"{name}.o{job}")
-    return os.path.join(submit_dir, f"{name}-{job}.out")
+    """Where the job's output lands (each scheduler's header decides it)."""
+    return schedulers.get(scheduler).log_path(name, job, submit_dir, home)
 
 
 def submit(

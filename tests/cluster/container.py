@@ -19,7 +19,8 @@ passed through except ``PATH`` (the container's default, extended by the image's
 ``SINGULARITYENV_X`` becoming ``X`` (winning over ``%environment``), ``SINGULARITY_CONTAINER``/``SINGULARITY_NAME``
 set. ``--nv`` is accepted and binds nothing (no GPU here). ``--record DIR`` (before ``exec``; the cluster's
 ``singularity`` wrapper passes it) makes every call write the environment its command starts with to
-``DIR/<host>-<pid>.env`` (NUL-separated, as ``env -0``): a per-rank file the tests read.
+``DIR/<host>-<pid>.env`` (NUL-separated, as ``env -0``): a per-rank file the tests read (``octo-dist job-runtime``,
+the job script's own call that writes the image's job runtime, is no rank and writes none).
 
 ``--build DIR`` (for ``image.py`` only) binds DIR writable at ``/opt/octo-dist`` without an image file.
 """
@@ -199,7 +200,8 @@ def main(argv: list[str]) -> int:
     # Like /.singularity.d/env/90-environment.sh, then the SINGULARITYENV_ values on top.
     prelude = f". {env_script}; " if env_script else ""
     prelude += "".join(f"export {k}={shlex.quote(v)}; " for k, v in overrides.items())
-    if record:
+    # Not a rank: the job script's call that writes the image's job runtime beside the job (render.py).
+    if record and opts["command"][:2] != ["octo-dist", "job-runtime"]:
         prelude += f"env -0 > {shlex.quote(record)}/{socket.gethostname()}-$$.env; "
     os.execve(
         "/bin/bash",

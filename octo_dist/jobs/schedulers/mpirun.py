@@ -1,0 +1,134 @@
+"""Open MPI's ``mpirun`` as the job's launcher (PBS, Grid Engine): the part those schedulers share.
+
+``-x NAME`` passes a variable to the ranks on other nodes (Open MPI 4 gives them nothing else; the values stay off
+the command line, so a wandb key never shows in ``ps``). The scheduler's node list may exist on the first node only,
+outside the image: the ranks get a copy in the job's directory under the save directory, which every node and the
+image see, named by ``OCTO_DIST_NODEFILE`` (the scheduler's own variable is left as it set it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import List, Mapping, Optional, Tuple
+
+from octo_dist.jobs.schedulers.base import Scheduler
+
+NODE_LIST_ENV = (
+    "OCTO_DIST_NODEFILE"  # the job's node list as every node and the image see it (read first)
+)
+# A node that stops answering (link down, panic) is noticed by mpirun's daemons through TCP keepalive; Open MPI's
+# defaults (300 s, then 9 probes 20 s apart) hold a dead job for 8 minutes: 10 s and 3 probes 5 s apart instead.
+# Open MPI 4 (hpcx) reads OMPI_MCA_*, Open MPI 5's PRRTE reads PRTE_MCA_*; each ignores the other's.
+KEEPALIVE = {"keepalive_time": "10", "keepalive_intvl": "5", "keepalive_probes": "3"}
+
+
+def count_hosts(text: str) -> int:
+    """Distinct hosts of a node list, first word of each line ("node001 4 all.q@node001 UNDEFINED" or "node001")."""
+    return len({ln.split()[0] for ln in text.splitlines() if ln.split()})
+
+
+def sockets_here() -> int:
+    """CPU sockets of this node (lscpu -p=SOCKET: one "#" header, then one socket number per CPU); 0: unknown."""
+    lscpu = shutil.which("lscpu")
+    if not lscpu:
+        return 0
+    try:
+        out = subprocess.run(
+            [lscpu, "-p=SOCKET"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return len({ln for ln in out.splitlines() if ln and not ln.startswith("#")})
+
+
+def binding(
+    ranks_per_node: int, cpus_per_rank: int, sockets: int, cores: int, found_sockets: int
+) -> Tuple[List[str], str]:
+    """mpirun's mapping and binding, and a note ("" when none): a block of ranks per socket, each with
+    ``cpus_per_rank`` cores for its input pipeline (unbound, 8 tf.data pipelines fight over the same cores); on a
+    node of another shape, one block per node, or none.
+
+    >>> binding(8, 12, 2, 96, 2)[0]
+    ['--map-by', 'ppr:4:socket:PE=12', '--bind-to', 'core']
+    """
+    none = ["--map-by", f"ppr:{ranks_per_node}:node", "--bind-to", "none"]
+    if cpus_per_rank <= 0:
+        return none, ""
+    if cores < cpus_per_rank * ranks_per_node:
+        return none, (
+            f"this node has {cores} CPU(s), fewer than {ranks_per_node} rank(s) x {cpus_per_rank}: "
+            "not binding ranks to cores"
+        )
+    if sockets > 0 and found_sockets == sockets and ranks_per_node % sockets == 0:
+        return [
+            "--map-by",
+            f"ppr:{ranks_per_node // sockets}:socket:PE={cpus_per_rank}",
+            "--bind-to",
+            "core",
+        ], ""
+    return ["--map-by", f"ppr:{ranks_per_node}:node:PE={cpus_per_rank}", "--bind-to", "core"], ""
+
+
+def forwarded(env: Mapping[str, str], prefixes, names) -> List[str]:
+    """``-x NAME`` for each variable of ``env`` with one of ``prefixes`` or one of ``names``, sorted."""
+    out = []
+    for var in sorted(env):
+        if var.startswith(tuple(prefixes)) or var in names:
+            out += ["-x", var]
+    return out
+
+
+class MpirunScheduler(Scheduler):
+    """A scheduler whose job starts its ranks with ``mpirun`` from a node list in ``hostfile_var``."""
+
+    hostfile_var = ""  # "PBS_NODEFILE"
+    hostfile_option = True  # False where Open MPI reads the scheduler's list itself (Grid Engine)
+
+    def node_checks(self, env, nodes, ranks_per_node, script_name):
+        hostfile = env.get(self.hostfile_var, "")
+        if not hostfile or not os.access(hostfile, os.R_OK):
+            return (
+                f"{self.hostfile_var} is '{hostfile}'; expected the node list the scheduler gives every job. "
+                f"Fix: submit it ({self.submit_program} {script_name}) rather than running it"
+            ), []
+        with open(hostfile) as f:
+            text = f.read()
+        found = count_hosts(text)
+        warnings = []
+        if found != nodes:
+            warnings.append(
+                f"warning: {hostfile} lists {found} node(s); this script was rendered for {nodes}"
+            )
+        return self.allocation_error(env, text, nodes, ranks_per_node), warnings
+
+    def allocation_error(
+        self, env, hostfile_text: str, nodes: int, ranks_per_node: int
+    ) -> Optional[str]:
+        """A refusal of the allocation's shape, or None."""
+        return None
+
+    def launcher(self, job):
+        node_list = os.path.join(job.job_dir, "nodes")
+        shutil.copyfile(job.env[self.hostfile_var], node_list)
+        exports = {NODE_LIST_ENV: node_list}
+        for name, value in KEEPALIVE.items():
+            exports[f"OMPI_MCA_oob_tcp_{name}"] = value
+            exports[f"PRTE_MCA_oob_tcp_{name}"] = value
+        bind, note = binding(
+            job.ranks_per_node,
+            job.cpus_per_rank,
+            job.sockets,
+            len(os.sched_getaffinity(0)),
+            sockets_here() if job.cpus_per_rank > 0 and job.sockets > 0 else 0,
+        )
+        if note:
+            job.note(note)
+        argv = ["mpirun"]
+        if self.hostfile_option:
+            argv += ["-hostfile", job.env[self.hostfile_var]]
+        argv += [*bind, "-x", self.job_id_var]
+        env = {**job.env, **exports}
+        argv += forwarded(env, job.forward_prefixes, job.forward_names)
+        return argv, exports

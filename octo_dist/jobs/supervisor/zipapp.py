@@ -1,0 +1,80 @@
+"""``octo-dist job-runtime -o FILE``: the job runtime (this package and the schedulers) as one zipapp, for a host
+that has only the image: ``python3 FILE supervise SETTINGS`` needs nothing else installed.
+
+The rendered script of an image job writes it from the image itself (``singularity exec IMAGE octo-dist
+job-runtime -o FILE``) unless ``OCTO_DIST_RUNTIME`` names one, so the supervisor is always the image's own version.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding octo_dist/
+# What the runtime imports, and nothing else (each is standard library only).
+MODULES = ("octo_dist/__init__.py", "octo_dist/jobs/__init__.py")
+PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
+MAIN = "import sys\nfrom octo_dist.jobs.supervisor.__main__ import main\nsys.exit(main())\n"
+
+
+def files() -> list:
+    """The zipapp's members as paths relative to ``PACKAGE_ROOT``, sorted."""
+    out = list(MODULES)
+    for package in PACKAGES:
+        out += sorted(
+            str(p.relative_to(PACKAGE_ROOT)) for p in (PACKAGE_ROOT / package).glob("*.py")
+        )
+    return out
+
+
+def build(path: str) -> str:
+    """Writes the zipapp to ``path`` (atomically: jobs of a chain may write it at once); returns ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".octo-dist-runtime-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"#!/usr/bin/env python3\n")
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
+                for name in files():
+                    z.write(PACKAGE_ROOT / name, name)
+                z.writestr("__main__.py", MAIN)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "job-runtime",
+        help="write the job runtime (the supervisor a job script hands over to) as one zipapp file",
+        description="Write the job runtime as a zipapp: `python3 FILE supervise SETTINGS` runs a job rendered by "
+        "`octo-dist launch` on a host with only the image (the script writes it from the image by itself; "
+        "OCTO_DIST_RUNTIME=FILE makes it use this one).",
+    )
+    p.add_argument(
+        "-o", "--output", required=True, metavar="FILE", help="the file to write (required)"
+    )
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    try:
+        build(args.output)
+    except OSError as e:
+        print(
+            f"octo-dist job-runtime: error: cannot write {args.output!r} ({e.strerror}); expected a file you can "
+            "write. Fix: -o a path in a directory you own",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"wrote {args.output}: run by a job script as python3 {args.output} supervise SETTINGS")
+    return 0

@@ -1,0 +1,334 @@
+"""The job runtime's stop and failure paths, each with real processes: a fake ``mpirun`` and fake ranks (small
+Python programs) under the real supervisor and the real rank guard, in this process (a second or two each).
+
+The supervisor runs in the test's own process (its signal handlers are put back after each test), so a test sends
+the job's signal with ``os.kill(os.getpid(), ...)`` when a fake rank says it reached the moment under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from octo_dist.jobs.supervisor import rankguard, supervise
+
+# Stands in for mpirun: skips its options (each with a value, as the Grid Engine launcher line has them), starts
+# FAKE_RANKS copies of the rest (the rank guard, then the rank's command) and forwards SIGUSR1; on SIGTERM it ends
+# the ranks. FAKE_LAUNCHER: "ranks" (a failed rank ends the others, mpirun's way), "stuck" (after a failure it waits
+# forever: a node it cannot reach), "dies" (killed before any rank starts), "lose" (the last rank's node is lost:
+# never started, and the launcher still exits 0, as prterun may).
+FAKE_MPIRUN = r"""
+import os, signal, subprocess, sys, time
+args = sys.argv[1:]
+while args and args[0].startswith("-"):
+    args = args[2:]
+mode = os.environ.get("FAKE_LAUNCHER", "ranks")
+n = int(os.environ.get("FAKE_RANKS", "2"))
+if mode == "dies":
+    os.kill(os.getpid(), signal.SIGKILL)
+started = n - 1 if mode == "lose" else n
+procs = [subprocess.Popen(args, env={**os.environ, "OMPI_COMM_WORLD_RANK": str(r)}) for r in range(started)]
+def forward(sig, _frame):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+signal.signal(signal.SIGUSR1, forward)
+def end(sig, _frame):
+    forward(signal.SIGTERM, None)
+    for p in procs:
+        p.wait()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, end)
+failed = 0
+while any(p.poll() is None for p in procs):
+    time.sleep(0.02)
+    bad = [p.returncode for p in procs if p.returncode]
+    if bad and not failed:
+        failed = bad[0]
+        if mode == "stuck":
+            while True:
+                time.sleep(1)
+        forward(signal.SIGTERM, None)
+sys.exit(failed or max(p.returncode for p in procs))
+"""
+
+# Stands in for `octo-dist` on every rank: "check-env" is the preflight, anything else the training. It notes
+# "<stage>-started <rank>" in FAKE_LOG; FAKE_FAIL_<STAGE>="1:3" makes rank 1 exit 3; the training (and the
+# preflight with FAKE_PREFLIGHT_WAITS) waits for a stop signal, notes "<stage>-stopping", then waits for the file
+# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint.
+FAKE_RANK = r"""
+import os, signal, sys, time
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+stage = "preflight" if sys.argv[1:2] == ["check-env"] else "train"
+def say(what):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(f"{what} {rank}\n")
+stops = []
+for sig in (signal.SIGUSR1, signal.SIGTERM):
+    signal.signal(sig, lambda s, _f: stops.append(s))
+say(f"{stage}-started")
+fail = os.environ.get(f"FAKE_FAIL_{stage.upper()}", "")
+if fail and fail.split(":")[0] == rank:
+    sys.exit(int(fail.split(":")[1]))
+if stage == "preflight" and not os.environ.get("FAKE_PREFLIGHT_WAITS"):
+    sys.exit(0)
+deadline = time.monotonic() + 60
+while not stops and time.monotonic() < deadline:
+    time.sleep(0.01)
+for sig in (signal.SIGUSR1, signal.SIGTERM):  # as octo-dist's ranks: one stop, further signals ignored
+    signal.signal(sig, signal.SIG_IGN)
+say(f"{stage}-stopping {signal.Signals(stops[0]).name[3:] if stops else 'none'}")
+shutdown = os.environ.get("FAKE_SHUTDOWN")
+while shutdown and not os.path.exists(shutdown) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(0 if stops else 1)
+"""
+
+
+def program(path: Path, text: str) -> None:
+    path.write_text(f"#!{sys.executable}\n{text}")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch, capfd):
+    """(supervisor factory, log): a Grid Engine job of 1 node x 2 ranks in tmp_path, fake mpirun and ranks."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program(bin_dir / "mpirun", FAKE_MPIRUN)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    program(venv / "python", "")
+    program(venv / "octo-dist", FAKE_RANK)
+    (tmp_path / "pe_hostfile").write_text("localhost 2 all.q@localhost UNDEFINED\n")
+    log = tmp_path / "ranks.log"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(supervise, "FAILED_GRACE_S", 0.5)
+    monkeypatch.setattr(supervise, "END_WAIT_S", 2)
+    monkeypatch.setattr(supervise, "POLL_S", 0.05)
+    saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
+    settings = {
+        "scheduler": "sge",
+        "script_name": "job.sh",
+        "nodes": 1,
+        "ranks_per_node": 2,
+        "cpus_per_rank": 0,
+        "sockets": 0,
+        "walltime_s": 3600,
+        "stop_margin_s": 300,
+        "modules": [],
+        "image": "",
+        "venv": str(tmp_path / "venv"),
+        "binds": [],
+        "save_dir": "save",
+        "data_dir": "",
+        "compile_cache": "",
+        "wandb_mode": "disabled",
+        "environment": [],
+        "coordinator": "",
+        "forward_prefixes": ["FAKE_"],
+        "forward_names": [],
+        "preflight": ["octo-dist", "check-env", "--launch"],
+        "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
+    }
+
+    def make(**env):
+        base = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "PE_HOSTFILE": str(tmp_path / "pe_hostfile"),
+            "NSLOTS": "2",
+            "JOB_ID": "42",
+            "HOME": str(tmp_path),
+            "FAKE_LOG": str(log),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+        return supervise.Supervisor(settings, {**base, **env})
+
+    yield make, log
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def when_logged(log: Path, needle: str, then) -> threading.Thread:
+    """Calls ``then()`` from a thread once ``needle`` is in ``log`` for every rank ("train-started": rank 0 and 1
+    have their handlers), 60 s at most."""
+
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if log.exists() and all(f"{needle} {r}" in log.read_text() for r in (0, 1)):
+                then()
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def signal_me(*sigs):
+    def send():
+        for s in sigs:
+            os.kill(os.getpid(), s)
+
+    return send
+
+
+def exit_file(tmp_path: Path) -> str:
+    return (tmp_path / "save" / ".octo-dist-exit-42").read_text().strip()
+
+
+def test_a_job_without_a_stop_runs_preflight_then_training(job, tmp_path, capfd):
+    make, log = job
+    sup = make(FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert "1 node(s) x 2 rank(s); preflight: " in err and "stop requested by SIGUSR1" in err, err
+    assert "train-stopping USR1 0" in log.read_text() and "train-stopping USR1 1" in log.read_text()
+    assert exit_file(tmp_path) == "0" and not (tmp_path / "save" / ".octo-dist-job-42").exists()
+
+
+def test_a_signal_before_the_launcher_started_ends_the_job_without_ranks(
+    job, tmp_path, capfd, monkeypatch
+):
+    make, log = job
+    sup = make()
+    monkeypatch.setattr(
+        sup, "wandb_key", signal_me(signal.SIGTERM)
+    )  # during the checks before the ranks
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert "stop requested (SIGTERM) before the ranks started: not training" in err, err
+    assert not log.exists() and exit_file(tmp_path) == "0"
+
+
+def test_a_signal_during_the_preflight_stops_before_training(job, tmp_path, capfd):
+    make, log = job
+    sup = make(FAKE_PREFLIGHT_WAITS="1")
+    when_logged(log, "preflight-started", signal_me(signal.SIGINT))
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert "SIGINT after" in err and "stop requested during the preflight: not training" in err, err
+    assert "preflight-stopping USR1" in log.read_text() and "train-started" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "sigs",
+    [(signal.SIGTERM,), (signal.SIGHUP,), (signal.SIGTERM, signal.SIGINT)],
+    ids=lambda s: "+".join(x.name for x in s),
+)
+def test_a_signal_during_training_or_twice_is_one_clean_stop(job, tmp_path, capfd, sigs):
+    make, log = job
+    sup = make()
+    when_logged(log, "train-started", signal_me(*sigs))
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    for s in sigs:
+        assert f"{s.name} after" in err, err
+    assert "training exited with 0" in err and exit_file(tmp_path) == "0", err
+    assert "train-stopping USR1 0" in log.read_text()  # the launcher got SIGUSR1, never SIGTERM
+
+
+def test_a_signal_during_shutdown_keeps_the_clean_stop(job, tmp_path, capfd):
+    make, log = job
+    done = tmp_path / "shutdown-done"
+    sup = make(FAKE_SHUTDOWN=str(done))
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+
+    def again():
+        os.kill(os.getpid(), signal.SIGTERM)
+        done.write_text("")
+
+    when_logged(log, "train-stopping USR1", again)
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert "SIGUSR1 after" in err and "SIGTERM after" in err and "training exited with 0" in err, (
+        err
+    )
+
+
+def test_a_signal_ignored_on_entry_is_armed_again(job, capfd):
+    make, log = job
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sup = make()
+        when_logged(log, "train-started", signal_me(signal.SIGINT))
+        assert sup.main() == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "stop requested by SIGINT" in capfd.readouterr().err
+
+
+def test_a_launcher_that_dies_fails_the_job(job, tmp_path, capfd):
+    make, log = job
+    assert make(FAKE_LAUNCHER="dies").main() == 137
+    err = capfd.readouterr().err
+    assert "preflight failed (exit 137): not training" in err, err
+    assert exit_file(tmp_path) == "137"
+
+
+def test_a_failed_rank_decides_the_status_and_is_named(job, tmp_path, capfd):
+    make, log = job
+    assert make(FAKE_FAIL_TRAIN="1:3").main() == 3
+    err = capfd.readouterr().err
+    assert "rank 1 on " in err and "exited with status 3" in err, err
+    assert "training exited with 3" in err and exit_file(tmp_path) == "3", err
+
+
+def test_a_launcher_that_outlives_a_failed_rank_is_ended(job, tmp_path, capfd):
+    make, log = job
+    started = time.monotonic()
+    assert make(FAKE_LAUNCHER="stuck", FAKE_FAIL_TRAIN="0:5").main() == 5
+    err = capfd.readouterr().err
+    assert "the launcher is still running 0.5s after a rank failed: ending it" in err, err
+    assert "(the launcher then exited with status 143)" in err, err
+    assert time.monotonic() - started < 30
+
+
+def test_a_lost_node_fails_a_job_whose_launcher_exits_0(job, tmp_path, capfd):
+    make, log = job
+    assert make(FAKE_LAUNCHER="lose").main() == 1
+    err = capfd.readouterr().err
+    assert (
+        "the launcher exited 0 but rank(s) 1 never finished" in err
+        and "preflight failed (exit 1)" in err
+    ), err
+
+
+def test_the_previous_job_of_a_chain_that_failed_stops_this_one(job, tmp_path, capfd):
+    make, log = job
+    (tmp_path / "save").mkdir()
+    (tmp_path / "save" / ".octo-dist-exit-41").write_text("3\n")
+    assert make(OCTO_DIST_AFTER="41").main() == 2
+    assert (
+        "the previous job of this chain (41) failed with exit 3: not training"
+        in capfd.readouterr().err
+    )
+    assert not log.exists() and exit_file(tmp_path) == "2"
+
+
+def test_the_rank_guard_notes_and_passes_the_status(tmp_path):
+    status = rankguard.main(str(tmp_path), [sys.executable, "-c", "import sys; sys.exit(4)"])
+    note = (tmp_path / "failed" / "rank-unknown").read_text()
+    assert (
+        status == 4
+        and note.startswith("rank unknown on ")
+        and note.endswith("exited with status 4\n")
+    )
+    assert rankguard.rank_of({"PMIX_RANK": "3", "SLURM_PROCID": "1"}) == "3"
+    assert rankguard.exit_status(-15) == 143
+
+
+def test_settings_as_rendered_are_what_the_supervisor_reads():
+    from octo_dist.jobs import render
+    from octo_dist.jobs.cli import parse
+
+    values = render.settings(parse(["sge", "--nodes", "2", "--gpus-per-node", "4"]), "job.sh")
+    assert json.loads(render.settings_json(values)) == values
