@@ -109,6 +109,8 @@ def test_pbs_job_in_the_image_under_open_mpi_4_1_binds_forwards_and_trains(clust
             "2",
             "--ranks-per-node",
             "2",
+            "--gpus-per-node",
+            "2",
             "--cpus-per-rank",
             "1",
             "--group",

@@ -98,6 +98,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         )
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
+        names += meta["aliases"].get(scheduler, ())
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
@@ -121,8 +122,13 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     values, sources = {}, {}
     for f in spec_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
+        own = (
+            args.scheduler in f.metadata["schedulers"]
+        )  # [launch]'s partition = gpu is not for pbs
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
-            value, sources[f.name] = (files or {}).get(f.name, (f.default, defaults_mod.BUILT_IN))
+            value, sources[f.name] = ((files or {}) if own else {}).get(
+                f.name, (f.default, defaults_mod.BUILT_IN)
+            )
         else:
             given = (
                 f.name in defaults_mod.KEYS.values() or value != f.default
@@ -213,6 +219,8 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             continue
         if options.scheduler not in f.metadata["schedulers"]:
             continue
+        if f.name == "resource_type" and options.scheduler != "pbs":
+            continue  # not an option there (_add_options): only ABCI 3.0's PBS has resource types
         value = getattr(options, f.name)
         if f.metadata["argparse"].get("action") == "store_false":
             value = not value  # --no-resume: shown as whether the flag is in effect
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if warning:
+    for warning in ([warning] if warning else []) + spec_mod.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
     try:

@@ -15,6 +15,7 @@ import shlex
 from importlib import resources
 
 from octo_dist.launchers.hostlists import OCTO_DIST_NODEFILE
+from octo_dist.jobs import sitedirectives
 from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
@@ -238,11 +239,10 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "script_name": q(script_name),
         "script_name_comment": q(script_name),
         "command_line": shlex.join(spec.command_line) or "octo-dist launch",
-        "slurm_account": f"#SBATCH --account={spec.group}\n" if spec.group else "",
+        "slurm_account": "",  # the account, queue and project are site lines (sitedirectives)
         "pe": spec.pe,
         "slots": spec.ranks,
-        "sge_site": (f"#$ -q {spec.queue}\n" if spec.queue else "")
-        + (f"#$ -P {spec.group}\n" if spec.group else ""),
+        "sge_site": "",
         "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n"
         if spec.cpus_per_rank
         else "",
@@ -272,6 +272,7 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "train": "\n".join(train_lines(spec)),
     }
     values["launcher"] = substitute(s.launcher, values)
-    return substitute(_template(f"{spec.scheduler}.tmpl"), values) + substitute(
-        _template("body.tmpl"), values
-    )
+    header = substitute(_template(f"{spec.scheduler}.tmpl"), values)
+    return sitedirectives.insert(
+        header, sitedirectives.header_lines(spec), spec.scheduler
+    ) + substitute(_template("body.tmpl"), values)
