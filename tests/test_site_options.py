@@ -210,3 +210,19 @@ def test_a_data_dir_or_venv_missing_here_is_a_one_line_warning_and_the_script_is
     (tmp_path / "no-venv" / "bin").mkdir(parents=True)
     assert cli.main(["launch", *argv]) == 0
     assert "warning: --" not in capsys.readouterr().err
+
+
+def test_site_options_from_a_defaults_file_reach_only_their_scheduler(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    (tmp_path / "octo-dist.ini").write_text(
+        "[launch]\npartition = gpu\nqos = high\n[launch.pbs]\nresource = place=scatter ngpus_min=8\n"
+    )
+    assert cli.main(["launch", *BASE["slurm"], "--dry-run"]) == 0
+    assert "#SBATCH --partition=gpu\n#SBATCH --qos=high\n" in capsys.readouterr().out
+    assert cli.main(["launch", *BASE["pbs"], "--dry-run"]) == 0  # [launch]'s partition is not pbs's
+    out = capsys.readouterr().out
+    assert "#PBS -l place=scatter\n#PBS -l ngpus_min=8\n" in out and "partition" not in out

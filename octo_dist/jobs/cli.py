@@ -33,15 +33,17 @@ SCHEDULER_DESCRIPTION = {
     "pbs": "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l select=N:mpiprocs=R, "
     "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
     "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
-    "(1x H200, for a cheap test).",
+    "(1x H200, for a cheap test). --resource KEY=VALUE adds a #PBS -l, --directive any other #PBS line.",
     "sge": "Render a job script for Grid Engine: #$ -pe PE SLOTS (one slot per rank) and -l h_rt, -notify so the "
     "job gets SIGUSR1 before it is stopped, nodes and slots from PE_HOSTFILE and NSLOTS, and mpirun started "
     "without a host file: Open MPI's gridengine support reads PE_HOSTFILE and starts the other nodes' ranks "
     "through qrsh -inherit (the PE needs control_slaves TRUE). Give --gpus-per-node, --pe if your site's PE is "
-    "not called mpi, --queue/--group (project) where your site wants them, --module for its MPI.",
+    "not called mpi, --queue/--project where your site wants them, --module for its MPI, --directive for any other "
+    "#$ line.",
     "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
     "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
-    "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
+    "--gpus-per-node, and --cpus-per-rank to bind cores; --account/--partition/--qos/--constraint where your site "
+    "wants them, --directive for any other #SBATCH line, --module for your site's modules.",
 }
 COMMON_DESCRIPTION = (
     " Every rank runs in the image (or the venv); a preflight (octo-dist check-env --launch) runs under the same "

@@ -274,7 +274,7 @@ class LaunchOptions:
     )
     modules: Optional[tuple] = _opt(
         None,
-        "environment module to load, repeatable; replaces the defaults (default: {modules})",
+        "environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
         "resources",
         action="append",
         flag="--module",
