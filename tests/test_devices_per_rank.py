@@ -25,6 +25,7 @@ def test_four_ranks_on_an_8_gpu_node_use_every_gpu_and_count_the_batch_over_gpus
     assert "--config.batch_size=512" in job.job_args  # 32 x 16 GPUs
     assert (job.ranks_per_node, job.devices_per_rank, job.gpus) == (4, 2, 16)
     assert "--devices-per-process=2" in job.job_args
+    assert job.preflight_args == ("--devices-per-process=2",)  # check-env --launch checks the same
     assert (
         job.cpus_per_rank == 24
     )  # rt_HF's 96 cores over 4 ranks, not 12 each with half of them unbound

@@ -100,7 +100,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         )
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
-        names += meta["aliases"].get(scheduler, ())
+        names = [*meta["aliases"].get(scheduler, ()), *names]  # the scheduler's own word first
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
@@ -234,7 +234,7 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             value, why = derived[f.name]
             value = "(none)" if value in ((), None) else value
             source = f"{source} ({why})"
-        rows.append((spec_mod.flag_of(f), value, source))
+        rows.append((spec_mod.flag_of(f, options.scheduler), value, source))
     width = max(len(flag) for flag, _, _ in rows)
     shown = []
     for flag, value, source in rows:

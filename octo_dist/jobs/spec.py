@@ -218,7 +218,10 @@ class LaunchOptions:
         "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
     )
     group: Optional[str] = _opt(
-        None, "{group_help}", "resources", aliases={"slurm": ("--account",), "sge": ("--project",)}
+        None,
+        "{group_help}",
+        "resources",
+        aliases={"slurm": ("--account",), "sge": ("--project",)},  # --group too, as on ABCI
     )
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
     pe: str = _opt(
@@ -413,7 +416,7 @@ class LaunchOptions:
             value = getattr(self, f.name)
             if value == f.default or not f.metadata["in_header"]:
                 continue
-            out.append((flag_of(f), value))
+            out.append((flag_of(f, self.scheduler), value))
         return out
 
 
@@ -422,8 +425,10 @@ def option_fields() -> list:
     return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
 
 
-def flag_of(field: dataclasses.Field) -> str:
-    return field.metadata["flag"] or "--" + field.name.replace("_", "-")
+def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
+    """The option's flag; with a scheduler, in that scheduler's words (``group`` on slurm: ``--account``)."""
+    own = field.metadata["aliases"].get(scheduler, ()) if "aliases" in field.metadata else ()
+    return own[0] if own else field.metadata["flag"] or "--" + field.name.replace("_", "-")
 
 
 def default_binds(scheduler: str, group: Optional[str]) -> tuple:
@@ -520,6 +525,14 @@ class JobSpec:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def preflight_args(self) -> tuple:
+        """What ``octo-dist check-env --launch`` needs to check the GPUs each rank will bind against each host's:
+        ``("--devices-per-process=2",)``; empty for one GPU per rank (its default)."""
+        return (
+            (f"--devices-per-process={self.devices_per_rank}",) if self.devices_per_rank > 1 else ()
+        )
 
 
 WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
