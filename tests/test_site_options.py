@@ -61,6 +61,8 @@ def test_grid_engine_queue_project_pe_and_pbs_resources():
             "sets --nodes, which the header already sets",
         ),
         (["slurm", "--directive", "#SBATCH -N 3"], "sets --nodes"),
+        (["slurm", "--directive", "#SBATCH -N3"], "sets --nodes"),
+        (["pbs", "--directive", "#PBS -lselect=3"], "sets -l select"),
         (["slurm", "--directive", "#SBATCH --mail-type=END\nrm -rf ~"], "newline"),
         (["slurm", "--directive", "#PBS -l place=scatter"], "is a pbs directive"),
         (["slurm", "--directive=--mail-type=END"], "does not start with #SBATCH"),

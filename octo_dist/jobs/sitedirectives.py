@@ -90,7 +90,14 @@ SLURM_SHORT = {
 def keys(scheduler: str, directive: str) -> list:
     """What a directive sets: ``"#SBATCH -N 3"`` -> ``["--nodes"]``; ``"#PBS -l select=2:ngpus=8,walltime=1:00:00"``
     -> ``["-l select", "-l walltime"]``; ``"#$ -l h_rt=1:00:00 -q gpu.q"`` -> ``["-l h_rt", "-q"]``."""
-    words = directive.split()[1:]
+    words = []
+    for word in directive.split()[1:]:
+        # getopt's attached values, "-N3" (sbatch) and "-lselect=3" (qsub of PBS, whose options are one letter);
+        # Grid Engine's options are words (-pe, -cwd), never attached.
+        if scheduler != "sge" and re.fullmatch(r"-[A-Za-z].+", word) and not word.startswith("--"):
+            words += [word[:2], word[2:]]
+        else:
+            words.append(word)
     out = []
     for i, word in enumerate(words):
         if not word.startswith("-"):
