@@ -90,8 +90,6 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     values = spec_mod.launch_help(scheduler)
     groups = {}
     for f in spec_mod.option_fields():
-        if f.name == "resource_type" and scheduler != "pbs":
-            continue  # only ABCI 3.0's PBS has resource types here
         if scheduler not in f.metadata["schedulers"]:
             continue
         meta = f.metadata
@@ -124,9 +122,8 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     values, sources = {}, {}
     for f in spec_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
-        own = (
-            args.scheduler in f.metadata["schedulers"]
-        )  # [launch]'s partition = gpu is not for pbs
+        # A defaults file's [launch] holds every scheduler's options: its partition = gpu is not for pbs.
+        own = args.scheduler in f.metadata["schedulers"]
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
             value, sources[f.name] = ((files or {}) if own else {}).get(
                 f.name, (f.default, defaults_mod.BUILT_IN)
@@ -221,8 +218,6 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             continue
         if options.scheduler not in f.metadata["schedulers"]:
             continue
-        if f.name == "resource_type" and options.scheduler != "pbs":
-            continue  # not an option there (_add_options): only ABCI 3.0's PBS has resource types
         value = getattr(options, f.name)
         if f.metadata["argparse"].get("action") == "store_false":
             value = not value  # --no-resume: shown as whether the flag is in effect

@@ -190,7 +190,10 @@ class LaunchOptions:
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
     nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
     resource_type: Optional[str] = _opt(
-        None, "{resource_types} (default: {resource_type})", "resources"
+        None,
+        "{resource_types} (default: {resource_type})",
+        "resources",
+        schedulers=("pbs",),  # only ABCI 3.0's PBS has resource types here
     )
     gpus_per_node: Optional[int] = _opt(
         None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
