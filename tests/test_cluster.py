@@ -163,7 +163,9 @@ def render(
 ) -> Path:
     """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
     ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
-    args = {"pbs": ["--group", "gxx00000"], "slurm": ["--gpus-per-node", "2"]}[scheduler]
+    # As many GPUs per node as ranks: the nodes here are CPUs, and a rank of several GPUs is another test's.
+    gpus = ["--gpus-per-node", str(ranks_per_node)]
+    args = {"pbs": ["--group", "gxx00000", *gpus], "slurm": gpus}[scheduler]
     if train is None:
         train = [
             "smoke",
@@ -623,7 +625,10 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
             "--name=cluster",
         ],
     )
-    assert '"train": ["octo-dist", "finetune", "--config=finetune_smoke_config.py"' in script.read_text()
+    assert (
+        '"train": ["octo-dist", "finetune", "--config=finetune_smoke_config.py"'
+        in script.read_text()
+    )
     job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
     assert finish(job, timeout=FT_TIMEOUT_S) == 0, tail(job)
 

@@ -109,6 +109,8 @@ def test_pbs_job_in_the_image_under_open_mpi_4_1_binds_forwards_and_trains(clust
             "2",
             "--ranks-per-node",
             "2",
+            "--gpus-per-node",
+            "2",
             "--cpus-per-rank",
             "1",
             "--group",
@@ -141,7 +143,9 @@ def test_pbs_job_in_the_image_under_open_mpi_4_1_binds_forwards_and_trains(clust
     assert rendered.returncode == 0, rendered.stderr
     script = work / "job.sh"
     text = script.read_text()
-    assert '"cpus_per_rank": 1' in text  # the job runtime binds: --map-by ppr:2:node:PE=1 --bind-to core
+    assert (
+        '"cpus_per_rank": 1' in text
+    )  # the job runtime binds: --map-by ppr:2:node:PE=1 --bind-to core
 
     spool = spool_dir()
     try:

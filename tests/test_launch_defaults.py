@@ -135,7 +135,7 @@ def test_show_defaults_shows_the_values_the_script_is_rendered_with(home, capsys
     assert rows["--module"][:1] == ["hpcx/2.20"]
     assert cli.main(["launch", "pbs", "--nodes", "1", "--group", "gxx00000", "--dry-run"]) == 0
     script = capsys.readouterr().out
-    for rendered in ("-q rt_HF", "mpiprocs=8", "CPUS_PER_RANK=12", "hpcx/2.20"):
+    for rendered in ("-q rt_HF", "mpiprocs=8", '"cpus_per_rank": 12', "hpcx/2.20"):
         assert rendered in script, rendered
     # one GPU: one rank, nothing to bind
     assert cli.main(["launch", "pbs", "--resource-type", "rt_HG", "--show-defaults"]) == 0

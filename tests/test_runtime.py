@@ -85,7 +85,9 @@ def test_one_gpu_per_rank_by_default_all_on_request():
     assert runtime.local_device_ids(
         launch(rank=1, local_rank=1), "one", {"CUDA_VISIBLE_DEVICES": "3"}
     ) == [0]
-    with pytest.raises(runtime.StartupError, match="more ranks x GPUs per rank on this node than GPUs"):
+    with pytest.raises(
+        runtime.StartupError, match="more ranks x GPUs per rank on this node than GPUs"
+    ):
         runtime.local_device_ids(
             launch(world=4, rank=3, local_rank=3, local_size=4),
             "one",

@@ -211,6 +211,8 @@ def odd_scheduler(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SUBMIT_LOG", str(tmp_path / "calls.log"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
+    # As in a checkout: no warning of a missing --venv.
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
     return tmp_path / "calls.log"
 
 

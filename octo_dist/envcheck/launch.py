@@ -46,8 +46,23 @@ def rank_record(
     }
 
 
-def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
-    """Everything that would make the job fail or silently misbehave; empty when the launch is sound."""
+def devices_per_rank(mode) -> Optional[int]:
+    """The GPUs each rank binds, from ``--devices-per-process``: ``"one"`` -> 1, ``"2"`` -> 2; ``"all"`` -> None
+    (every GPU of its host, whatever their number: nothing to compare)."""
+    if mode in (None, "one"):
+        return 1
+    if mode == "all":
+        return None
+    return int(mode)
+
+
+def problems(
+    records: Sequence[Mapping], gpu_profile: bool, devices: Optional[int] = 1
+) -> list[str]:
+    """Everything that would make the job fail or silently misbehave; empty when the launch is sound.
+
+    ``devices``: the GPUs each rank binds (:func:`devices_per_rank`); a host's ranks x this must fit its GPUs.
+    """
     out = []
     worlds = sorted({r["world_size"] for r in records})
     if len(worlds) > 1:
@@ -67,10 +82,17 @@ def problems(records: Sequence[Mapping], gpu_profile: bool) -> list[str]:
     if gpu_profile:
         for host, n in sorted(per_host.items()):
             gpus = max((r["gpus_on_host"] or 0) for r in records if r["host"] == host)
-            if n > gpus:
+            if devices is None:
+                if n > 1:
+                    out.append(
+                        f"{host}: {n} ranks, each binding all {gpus} GPU(s) of the host; expected one "
+                        f"rank per host with --devices-per-process all (mpirun -npernode 1)"
+                    )
+            elif n * devices > gpus:
                 out.append(
-                    f"{host}: {n} ranks but {gpus} GPU(s); expected at most one rank per GPU "
-                    f"(mpirun -npernode {gpus}, PBS mpiprocs={gpus}, srun --ntasks-per-node={gpus})"
+                    f"{host}: {n} ranks but {gpus} GPU(s) for {devices} GPU(s) each; expected ranks x "
+                    f"devices per rank = at most {gpus} (octo-dist launch --ranks-per-node "
+                    f"{max(gpus // devices, 1)} --devices-per-rank {devices if gpus >= devices else 1})"
                 )
     for r in records:
         if r["env_failures"]:
@@ -157,6 +179,7 @@ def run(
     from octo_dist.runtime.collectives import allgather_json
 
     options = dict(start_options)
+    devices = devices_per_rank(options.get("devices"))
     use_mpi = mpi.allowed(environ)
     # mpi4py's MPI_Init and collectives can block for ever when the ranks disagree (one given another world size):
     # under the start-up watchdog, a stuck rank ends with what it waited for, and an error ends the whole job.
@@ -181,7 +204,7 @@ def run(
         dog.stage("comparing every rank's record through mpi4py")
         early = mpi.allgather(record, launch) if use_mpi else None
     if early is not None:
-        found = problems(early, gpu_profile)
+        found = problems(early, gpu_profile, devices)
         if found:
             if launch.rank == 0:
                 print(
@@ -197,7 +220,7 @@ def run(
             "platform": rt.platform,
         }
         records = allgather_json(record)
-        found = problems(records, gpu_profile)
+        found = problems(records, gpu_profile, devices)
         if rt.is_main:
             print(
                 as_json(records, c, found, ctx) if json_output else render(records, c, found),

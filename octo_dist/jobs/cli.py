@@ -32,15 +32,17 @@ SCHEDULER_DESCRIPTION = {
     "pbs": "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l select=N:mpiprocs=R, "
     "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
     "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
-    "(1x H200, for a cheap test).",
+    "(1x H200, for a cheap test). --resource KEY=VALUE adds a #PBS -l, --directive any other #PBS line.",
     "sge": "Render a job script for Grid Engine: #$ -pe PE SLOTS (one slot per rank) and -l h_rt, -notify so the "
     "job gets SIGUSR1 before it is stopped, nodes and slots from PE_HOSTFILE and NSLOTS, and mpirun started "
     "without a host file: Open MPI's gridengine support reads PE_HOSTFILE and starts the other nodes' ranks "
     "through qrsh -inherit (the PE needs control_slaves TRUE). Give --gpus-per-node, --pe if your site's PE is "
-    "not called mpi, --queue/--group (project) where your site wants them, --module for its MPI.",
+    "not called mpi, --queue/--project where your site wants them, --module for its MPI, --directive for any other "
+    "#$ line.",
     "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
     "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
-    "--gpus-per-node, and --cpus-per-rank to bind cores; --module for your site's modules.",
+    "--gpus-per-node, and --cpus-per-rank to bind cores; --account/--partition/--qos/--constraint where your site "
+    "wants them, --directive for any other #SBATCH line, --module for your site's modules.",
 }
 COMMON_DESCRIPTION = (
     " Every rank runs in the image (or the venv); a preflight (octo-dist check-env --launch) runs under the same "
@@ -87,8 +89,6 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     values = spec_mod.launch_help(scheduler)
     groups = {}
     for f in spec_mod.option_fields():
-        if f.name == "resource_type" and scheduler != "pbs":
-            continue  # only ABCI 3.0's PBS has resource types here
         if scheduler not in f.metadata["schedulers"]:
             continue
         meta = f.metadata
@@ -97,6 +97,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         )
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
+        names = [*meta["aliases"].get(scheduler, ()), *names]  # the scheduler's own word first
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
@@ -120,8 +121,12 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     values, sources = {}, {}
     for f in spec_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
+        # A defaults file's [launch] holds every scheduler's options: its partition = gpu is not for pbs.
+        own = args.scheduler in f.metadata["schedulers"]
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
-            value, sources[f.name] = (files or {}).get(f.name, (f.default, defaults_mod.BUILT_IN))
+            value, sources[f.name] = ((files or {}) if own else {}).get(
+                f.name, (f.default, defaults_mod.BUILT_IN)
+            )
         else:
             given = (
                 f.name in defaults_mod.KEYS.values() or value != f.default
@@ -223,7 +228,7 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             value, why = derived[f.name]
             value = "(none)" if value in ((), None) else value
             source = f"{source} ({why})"
-        rows.append((spec_mod.flag_of(f), value, source))
+        rows.append((spec_mod.flag_of(f, options.scheduler), value, source))
     width = max(len(flag) for flag, _, _ in rows)
     shown = []
     for flag, value, source in rows:
@@ -258,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if warning:
+    for warning in ([warning] if warning else []) + spec_mod.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
     try:

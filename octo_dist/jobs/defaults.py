@@ -14,6 +14,9 @@ An INI file (``configparser``: standard library on Python 3.9, which ABCI's logi
     wandb-mode = online
     [launch.pbs]          ; one scheduler, over [launch]
     module = hpcx/2.20
+    [launch.slurm]
+    partition = gpu
+    qos = normal
 
 Pure: ``resolve`` takes the files' texts; ``files`` says where they are for an environment and a directory.
 """
@@ -47,8 +50,15 @@ KEYS = {
     "resource-type": "resource_type",
     "walltime": "walltime",
     "name": "name",
+    # A site's own: in [launch.slurm] / [launch.sge] / [launch.pbs]; in [launch], the other schedulers skip them.
+    "partition": "partition",
+    "qos": "qos",
+    "constraint": "constraint",
+    "queue": "queue",
+    "pe": "pe",
+    "resource": "resources",
 }
-LISTS = ("modules", "bind")
+LISTS = ("modules", "bind", "resources")
 BOOLS = ("skip_image_check",)
 
 

@@ -14,7 +14,7 @@ import re
 import shlex
 from typing import List
 
-from octo_dist.jobs import schedulers
+from octo_dist.jobs import schedulers, sitedirectives
 from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
@@ -25,7 +25,7 @@ RUNTIME_FILE = (
 )
 
 BODY = """\
-# octo-dist job for @{title}: @{nodes} node(s) x @{ranks_per_node} rank(s), one rank per GPU.
+# octo-dist job for @{title}: @{nodes} node(s) x @{ranks_per_node} rank(s), @{gpus_per_rank} GPU(s) per rank.
 #   submit:    @{submit}
 #   rendered:  @{command_line}
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.
@@ -86,7 +86,10 @@ def settings(spec: JobSpec, script_name: str) -> dict:
         "coordinator": spec.coordinator or "",
         "forward_prefixes": list(FORWARD_PREFIXES),
         "forward_names": list(FORWARD_NAMES),
-        "preflight": list(PREFLIGHT),
+        "preflight": [
+            *PREFLIGHT,
+            *spec.preflight_args,
+        ],  # + "--devices-per-process=2": GPUs per rank
         "train": train_argv(spec),
     }
 
@@ -123,7 +126,7 @@ def substitute(template: str, values: dict) -> str:
 
 def _modules(spec: JobSpec) -> str:
     if not spec.modules:
-        return ""
+        return "# no modules to load (--module ''): the launcher and python3 on PATH are used\n"
     names = " ".join(map(shlex.quote, spec.modules))
     return (
         f"if command -v module >/dev/null 2>&1; then module load {names}; "
@@ -162,6 +165,7 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "nodes": spec.nodes,
         "ranks_per_node": spec.ranks_per_node,
         "gpus_per_node": spec.gpus_per_node,
+        "gpus_per_rank": spec.devices_per_rank,
         "walltime": format_walltime(spec.walltime_s),
         "name": spec.name,
         "pe": spec.pe,
@@ -178,4 +182,8 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "handover": _handover(spec, script_name),
         **s.header_values(spec),
     }
-    return substitute(s.header, values) + substitute(BODY, values)
+    # The site's lines (--partition, --resource, --directive...) after the scheduler's own directives.
+    header = sitedirectives.insert(
+        substitute(s.header, values), s.site_lines(spec), s.directive_prefix
+    )
+    return header + substitute(BODY, values)

@@ -15,7 +15,11 @@ import re
 import unicodedata
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-SCHEDULERS = ("pbs", "sge", "slurm")
+from octo_dist.jobs import schedulers, sitedirectives
+
+SCHEDULERS = tuple(
+    schedulers.SCHEDULERS
+)  # ("pbs", "sge", "slurm"): the registered ones, `launch`'s sub-commands
 WANDB_MODES = ("online", "offline", "disabled")
 DEFAULT_STOP_MARGIN_S = (
     300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
@@ -96,6 +100,7 @@ class Command:
     wandb_mode: Optional[str]
     resume: Optional[str]
     compile_cache: str
+    devices: str  # the GPUs each rank binds, given when more than one: "--devices-per-process=2"
     environment: tuple = ()  # (name, value, why) exported by the script and passed to every rank
 
 
@@ -110,6 +115,7 @@ COMMANDS = {
         wandb_mode="--wandb-mode",
         resume="--resume",
         compile_cache="--compile-cache",
+        devices="--devices-per-process",
     ),
     "finetune": Command(
         ("octo-dist", "finetune"),
@@ -120,6 +126,7 @@ COMMANDS = {
         wandb_mode=None,
         resume="--resume",
         compile_cache="--compile_cache",
+        devices="--devices-per-process",
         environment=(
             (
                 "HF_HUB_OFFLINE",
@@ -153,6 +160,7 @@ def _opt(
     flag: Optional[str] = None,
     in_header: bool = True,
     schedulers: Tuple[str, ...] = SCHEDULERS,
+    aliases: Optional[Mapping[str, Tuple[str, ...]]] = None,
     **argparse_kwargs,
 ):
     """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
@@ -168,6 +176,9 @@ def _opt(
             "flag": flag,
             "in_header": in_header,
             "schedulers": schedulers,
+            "aliases": dict(
+                aliases or {}
+            ),  # scheduler -> its own spelling too: {"slurm": ("--account",)}
             "argparse": argparse_kwargs,
         },
     )
@@ -181,13 +192,26 @@ class LaunchOptions:
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
     nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
     resource_type: Optional[str] = _opt(
-        None, "{resource_types} (default: {resource_type})", "resources"
+        None,
+        "{resource_types} (default: {resource_type})",
+        "resources",
+        schedulers=("pbs",),  # only ABCI 3.0's PBS has resource types here
     )
     gpus_per_node: Optional[int] = _opt(
         None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
     )
     ranks_per_node: Optional[int] = _opt(
-        None, "processes per node (default: one per GPU)", "resources", type=int
+        None,
+        "processes per node (default: GPUs per node / --devices-per-rank, one per GPU without it)",
+        "resources",
+        type=int,
+    )
+    devices_per_rank: Optional[int] = _opt(
+        None,
+        "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
+        "(default: GPUs per node / ranks per node)",
+        "resources",
+        type=int,
     )
     cpus_per_rank: Optional[int] = _opt(
         None,
@@ -198,7 +222,12 @@ class LaunchOptions:
     walltime: str = _opt(
         "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
     )
-    group: Optional[str] = _opt(None, "{group_help}", "resources")
+    group: Optional[str] = _opt(
+        None,
+        "{group_help}",
+        "resources",
+        aliases={"slurm": ("--account",), "sge": ("--project",)},  # --group too, as on ABCI
+    )
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
     pe: str = _opt(
         DEFAULT_PE,
@@ -215,9 +244,45 @@ class LaunchOptions:
         "resources",
         schedulers=("sge",),
     )
+    partition: Optional[str] = _opt(
+        None,
+        "SLURM partition, #SBATCH --partition (default: the site's default partition)",
+        "site",
+        schedulers=("slurm",),
+    )
+    qos: Optional[str] = _opt(
+        None,
+        "SLURM quality of service, #SBATCH --qos (default: the site's default)",
+        "site",
+        schedulers=("slurm",),
+    )
+    constraint: Optional[str] = _opt(
+        None,
+        "SLURM node features, #SBATCH --constraint, e.g. a100 or 'a100&ib' (default: none)",
+        "site",
+        schedulers=("slurm",),
+    )
+    resources: Optional[tuple] = _opt(
+        None,
+        "an extra PBS resource, #PBS -l KEY=VALUE, repeatable (default: none)",
+        "site",
+        action="append",
+        flag="--resource",
+        schedulers=("pbs",),
+        metavar="KEY=VALUE",
+    )
+    directives: Optional[tuple] = _opt(
+        None,
+        "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
+        "what the header already sets is refused (default: none)",
+        "site",
+        action="append",
+        flag="--directive",
+        metavar="TEXT",
+    )
     modules: Optional[tuple] = _opt(
         None,
-        "environment module to load, repeatable; replaces the defaults (default: {modules})",
+        "environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
         "resources",
         action="append",
         flag="--module",
@@ -251,7 +316,7 @@ class LaunchOptions:
     per_gpu_batch: Optional[int] = _opt(
         None,
         "examples per GPU per step; the global batch is this x GPUs per node x "
-        "nodes (default: the command's own)",
+        "nodes, however many GPUs each rank has (default: the command's own)",
         "training",
         type=int,
     )
@@ -356,7 +421,7 @@ class LaunchOptions:
             value = getattr(self, f.name)
             if value == f.default or not f.metadata["in_header"]:
                 continue
-            out.append((flag_of(f), value))
+            out.append((flag_of(f, self.scheduler), value))
         return out
 
 
@@ -365,8 +430,10 @@ def option_fields() -> list:
     return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
 
 
-def flag_of(field: dataclasses.Field) -> str:
-    return field.metadata["flag"] or "--" + field.name.replace("_", "-")
+def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
+    """The option's flag; with a scheduler, in that scheduler's words (``group`` on slurm: ``--account``)."""
+    own = field.metadata["aliases"].get(scheduler, ()) if "aliases" in field.metadata else ()
+    return own[0] if own else field.metadata["flag"] or "--" + field.name.replace("_", "-")
 
 
 def default_binds(scheduler: str, group: Optional[str]) -> tuple:
@@ -383,6 +450,7 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         modules = f"{' '.join(DEFAULT_MODULES[scheduler])}, plus {' '.join(IMAGE_MODULES[scheduler])} with --image"
     return {
         "scheduler": scheduler,
+        "prefix": sitedirectives.PREFIX[scheduler],
         "resource_types": (
             "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
             if types
@@ -448,10 +516,28 @@ class JobSpec:
     lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
     pe: str = DEFAULT_PE  # Grid Engine's parallel environment: "mpi"
     queue: Optional[str] = None  # Grid Engine's queue: "gpu.q"; None: the site's choice
+    devices_per_rank: int = 1  # GPUs each rank binds; ranks_per_node x this == gpus_per_node
+    partition: Optional[str] = None  # SLURM's --partition: "gpu"
+    qos: Optional[str] = None  # SLURM's --qos: "normal"
+    constraint: Optional[str] = None  # SLURM's --constraint: "a100&ib"
+    resources: tuple = ()  # PBS's extra -l: ("place=scatter",)
+    directives: tuple = ()  # header lines as given: ("#SBATCH --mail-type=END",)
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def preflight_args(self) -> tuple:
+        """What ``octo-dist check-env --launch`` needs to check the GPUs each rank will bind against each host's:
+        ``("--devices-per-process=2",)``; empty for one GPU per rank (its default)."""
+        return (
+            (f"--devices-per-process={self.devices_per_rank}",) if self.devices_per_rank > 1 else ()
+        )
 
 
 WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
@@ -520,6 +606,58 @@ def _path(label: str, value: Optional[str], bound: bool) -> None:
         )
 
 
+def _ranks_and_devices(
+    gpus_per_node: int, ranks: Optional[int], devices: Optional[int]
+) -> Tuple[int, int]:
+    """(ranks per node, GPUs per rank) that use every GPU of a node, from the two options (either may be unset).
+
+    8 GPUs: (None, None) -> (8, 1); (4, None) -> (4, 2); (None, 8) -> (1, 8); (3, None) and (4, 4) are refused:
+    a GPU nobody binds sits idle for the whole job while the batch is counted as if it worked.
+    """
+    _positive("--devices-per-rank", devices, "--devices-per-rank 1")
+    _positive("--ranks-per-node", ranks, f"--ranks-per-node {gpus_per_node}")
+    if ranks is not None and ranks > gpus_per_node:
+        raise JobSpecError(
+            f"--ranks-per-node {ranks} with --gpus-per-node {gpus_per_node}",
+            "at most one rank per GPU (JAX binds whole GPUs to a process; two ranks on one GPU fail "
+            "or share its memory)",
+            f"--ranks-per-node {gpus_per_node}",
+        )
+    if ranks is None:
+        ranks = gpus_per_node // devices if devices and devices <= gpus_per_node else gpus_per_node
+    if devices is None:
+        devices = gpus_per_node // ranks
+    if ranks * devices != gpus_per_node:
+        divisors = [r for r in range(1, gpus_per_node + 1) if gpus_per_node % r == 0]
+        near = max((r for r in divisors if r <= ranks), default=1)
+        raise JobSpecError(
+            f"{ranks} rank(s) per node x {devices} GPU(s) per rank with --gpus-per-node {gpus_per_node}",
+            f"ranks per node x devices per rank = {gpus_per_node}, so every GPU is used",
+            f"--ranks-per-node {near} --devices-per-rank {gpus_per_node // near}, "
+            f"or --ranks-per-node {gpus_per_node} (one GPU each)",
+        )
+    return ranks, devices
+
+
+def missing_paths(spec: "JobSpec", is_dir: Callable[[str], bool]) -> list:
+    """One warning per directory the job reads that this host does not have (it may exist only on the
+    cluster, so the render goes on): ``["--data-dir data/bridge: no such directory here (/home/u/proj); ..."]``.
+
+    ``is_dir``: ``os.path.isdir`` relative to where the script is rendered (and, usually, submitted)."""
+    out = []
+    if spec.data_dir and not is_dir(spec.data_dir):
+        out.append(
+            f"--data-dir {spec.data_dir}: no such directory on this host; the job fails at its start unless "
+            f"it exists where the job runs. Fix: check the path, or make it before submitting"
+        )
+    if not spec.image and not is_dir(os.path.join(spec.venv, "bin")):
+        out.append(
+            f"--venv {spec.venv}: no such environment on this host (no {os.path.join(spec.venv, 'bin')}); the job "
+            f"fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or --image FILE.sif"
+        )
+    return out
+
+
 def _positive(name: str, value: Optional[int], fix: str) -> None:
     if value is not None and value < 1:
         raise JobSpecError(f"{name} {value}", f"{name} of at least 1", fix)
@@ -562,7 +700,7 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     """What :func:`build` takes for the options left unset that depend on others, for ``--show-defaults``.
 
     ``launch pbs`` with nothing set -> ``{"resource_type": "rt_HF", "gpus_per_node": 8, "ranks_per_node": 8,
-    "cpus_per_rank": 12, "modules": ("hpcx/2.20",)}`` (SLURM: no resource type, so only ``modules``); each
+    "devices_per_rank": 1, "cpus_per_rank": 12, "modules": ("hpcx/2.20",)}`` (SLURM: no resource type, so only ``modules``); each
     with the option it follows, as ``(value, "from --resource-type rt_HF")``."""
     out: dict = {}
     scheduler = o.scheduler
@@ -574,12 +712,27 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     if gpus is None and rt:
         gpus = rt.gpus
         out["gpus_per_node"] = (gpus, f"from --resource-type {resource_type}")
-    if o.ranks_per_node is None and gpus:
-        out["ranks_per_node"] = (gpus, "one per GPU")
+    ranks, devices = o.ranks_per_node, o.devices_per_rank
+    if gpus:
+        try:
+            ranks, devices = _ranks_and_devices(gpus, ranks, devices)
+        except JobSpecError:
+            ranks, devices = None, None  # the render refuses them, saying why
+    # The reasons use --help's words: "(default: GPUs per node / ranks per node)".
+    if o.ranks_per_node is None:
+        why = "GPUs per node / --devices-per-rank" if o.devices_per_rank else "one per GPU"
+        out["ranks_per_node"] = (ranks, why)
+    if o.devices_per_rank is None:
+        out["devices_per_rank"] = (devices, "GPUs per node / ranks per node")
     if o.cpus_per_rank is None and rt:
-        ranks = o.ranks_per_node or gpus
-        cpus = 0 if ranks == 1 else rt.cores // rt.gpus
+        cpus = 0 if ranks == 1 else rt.cores // rt.gpus * (devices or 1)
         out["cpus_per_rank"] = (cpus, f"from --resource-type {resource_type}")
+    elif o.cpus_per_rank is None:
+        out["cpus_per_rank"] = (0, "none bound without a resource type")
+    if o.output is None:
+        out["output"] = (f"octo-dist-{scheduler}.sh", "after the scheduler")
+    if o.bind is None and scheduler == "pbs":
+        out["bind"] = (default_binds(scheduler, o.group), "/groups/GROUP with --group")
     if o.modules is None:
         modules = DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if o.image else ())
         out["modules"] = (modules, f"{scheduler}'s default")
@@ -666,20 +819,14 @@ def build(
                 f"--gpus-per-node {rt.gpus}",
             )
     _positive("--gpus-per-node", gpus_per_node, f"--gpus-per-node {rt.gpus if rt else 8}")
-    ranks_per_node = gpus_per_node if o.ranks_per_node is None else o.ranks_per_node
-    _positive("--ranks-per-node", ranks_per_node, f"--ranks-per-node {gpus_per_node}")
-    if ranks_per_node > gpus_per_node:
-        raise JobSpecError(
-            f"--ranks-per-node {ranks_per_node} with --gpus-per-node {gpus_per_node}",
-            "at most one rank per GPU (JAX binds one GPU per process; two ranks on one GPU fail "
-            "or share its memory)",
-            f"--ranks-per-node {gpus_per_node}",
-        )
+    ranks_per_node, devices_per_rank = _ranks_and_devices(
+        gpus_per_node, o.ranks_per_node, o.devices_per_rank
+    )
 
     # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
-        cpus_per_rank = rt.cores // rt.gpus if rt else 0
+        cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
     if cpus_per_rank < 0:
         raise JobSpecError(
             f"--cpus-per-rank {cpus_per_rank}", "0 (no binding) or more", "--cpus-per-rank 0"
@@ -726,6 +873,20 @@ def build(
                 "#PBS/#$/#SBATCH lines)",
                 f"{label} {re.sub(r'[^A-Za-z0-9_.-]', '-', value).strip('-') or 'octo-dist'}",
             )
+    refused = sitedirectives.refusal(
+        scheduler,
+        group=o.group,
+        values={
+            "--partition": o.partition,
+            "--qos": o.qos,
+            "--constraint": o.constraint,
+            "--queue": o.queue,
+        },
+        resources=o.resources or (),
+        directives=o.directives or (),
+    )
+    if refused:
+        raise JobSpecError(*refused)
     if o.wandb_mode not in WANDB_MODES:
         raise JobSpecError(
             f"--wandb-mode {o.wandb_mode!r}",
@@ -736,7 +897,7 @@ def build(
         _coordinator(o.coordinator)
     for module in o.modules or ():
         check_printable("--module", module)
-        if not module or module.startswith("-"):
+        if module.startswith("-"):
             raise JobSpecError(
                 f"--module {module!r}", "a module name (e.g. hpcx/2.20)", "--module hpcx/2.20"
             )
@@ -787,23 +948,24 @@ def build(
     _positive("--steps", o.steps, "--steps 1000")
     _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256")
     global_batch, steps = o.global_batch, o.steps
-    ranks = nodes * ranks_per_node
+    # The batch is counted in GPUs, not ranks: a rank with 2 GPUs takes 2 GPUs' share.
+    gpus = nodes * gpus_per_node
     if o.per_gpu_batch is not None and global_batch is not None:
         raise JobSpecError(
             f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}",
             "one of them",
-            f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * ranks})",
+            f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * gpus})",
         )
     if o.per_gpu_batch is not None:
-        global_batch = o.per_gpu_batch * ranks
-    if global_batch is not None and global_batch % ranks:
-        lower, upper = global_batch // ranks * ranks, (global_batch // ranks + 1) * ranks
+        global_batch = o.per_gpu_batch * gpus
+    if global_batch is not None and global_batch % gpus:
+        lower, upper = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
         raise JobSpecError(
-            f"--global-batch {global_batch} over {ranks} GPU(s) ({nodes} node(s) x {ranks_per_node})",
-            f"a multiple of {ranks}, so every GPU gets the same share",
+            f"--global-batch {global_batch} over {gpus} GPU(s) ({nodes} node(s) x {gpus_per_node})",
+            f"a multiple of {gpus}, so every GPU gets the same share",
             f"--global-batch {upper}"
             + (f" (or {lower})" if lower else "")
-            + f", or --per-gpu-batch {max(global_batch // ranks, 1)}",
+            + f", or --per-gpu-batch {max(global_batch // gpus, 1)}",
         )
     if o.keep_samples_from is not None:
         if steps is None or global_batch is None:
@@ -821,6 +983,8 @@ def build(
         mapped.append(f"{cmd.steps}={steps}")
     if cmd.wandb_mode:
         mapped.append(f"{cmd.wandb_mode}={o.wandb_mode}")
+    if devices_per_rank > 1:
+        mapped.append(f"{cmd.devices}={devices_per_rank}")
     for flag in mapped:
         flag_name = flag.split("=", 1)[0]
         if _flag_given(user_args, flag_name):
@@ -838,6 +1002,12 @@ def build(
                 f"drop {flag} after -- and use launch's own option (--save-dir, --data-dir, "
                 f"--compile-cache, --no-resume)",
             )
+    if _flag_given(user_args, cmd.devices):
+        raise JobSpecError(
+            f"{cmd.devices} after --",
+            "the GPUs of each rank set by octo-dist launch, which also sizes the ranks and the batch",
+            f"drop {cmd.devices} after -- and use --devices-per-rank",
+        )
     resume = bool(o.resume and cmd.resume)
 
     checker = (checkers or {}).get(command_name)
@@ -859,7 +1029,9 @@ def build(
 
     environment = rt.environment if rt else ()
     modules = (
-        tuple(o.modules)
+        tuple(
+            m for m in o.modules if m
+        )  # --module '': no modules at all (the site's MPI is on PATH)
         if o.modules is not None
         else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ())
     )
@@ -868,6 +1040,7 @@ def build(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         ranks_per_node=ranks_per_node,
+        devices_per_rank=devices_per_rank,
         resource_type=resource_type,
         sockets=rt.sockets if rt else 0,
         cpus_per_rank=cpus_per_rank,
@@ -891,6 +1064,11 @@ def build(
         lead_args=tuple(lead_args),
         pe=o.pe,
         queue=o.queue,
+        partition=o.partition,
+        qos=o.qos,
+        constraint=o.constraint,
+        resources=tuple(o.resources or ()),
+        directives=tuple(o.directives or ()),
         resume=resume,
         global_batch=global_batch,
         steps=steps,

@@ -6,7 +6,7 @@
 #PBS -N octo-dist
 #PBS -j oe
 #PBS -k oe
-# octo-dist job for PBS Professional (as on ABCI 3.0): 1 node(s) x 1 rank(s), one rank per GPU.
+# octo-dist job for PBS Professional (as on ABCI 3.0): 1 node(s) x 1 rank(s), 1 GPU(s) per rank.
 #   submit:    qsub abci3-pbs-smoke-1gpu.sh
 #   rendered:  octo-dist launch pbs --nodes 1 --resource-type rt_HG --walltime 0:20:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist-cuda12.sif --skip-image-check --steps 50 --save-dir runs/smoke-1gpu -- smoke --model auto
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.

@@ -6,7 +6,7 @@
 #PBS -N octo-dist
 #PBS -j oe
 #PBS -k oe
-# octo-dist job for PBS Professional (as on ABCI 3.0): 2 node(s) x 8 rank(s), one rank per GPU.
+# octo-dist job for PBS Professional (as on ABCI 3.0): 2 node(s) x 8 rank(s), 1 GPU(s) per rank.
 #   submit:    qsub abci3-pbs-smoke.sh
 #   rendered:  octo-dist launch pbs --nodes 2 --walltime 0:30:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 4 --steps 200 --save-dir runs/smoke -- smoke --model auto
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.

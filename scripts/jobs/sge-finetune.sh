@@ -5,7 +5,7 @@
 #$ -j y
 #$ -cwd
 #$ -notify
-# octo-dist job for Grid Engine: 2 node(s) x 4 rank(s), one rank per GPU.
+# octo-dist job for Grid Engine: 2 node(s) x 4 rank(s), 1 GPU(s) per rank.
 #   submit:    qsub sge-finetune.sh
 #   rendered:  octo-dist launch sge --nodes 2 --gpus-per-node 4 --walltime 2:00:00 --module openmpi/4.1 --global-batch 256 --steps 50000 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
 # Re-render rather than edit: `octo-dist launch` refuses settings that would fail on the nodes.

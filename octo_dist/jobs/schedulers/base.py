@@ -29,11 +29,19 @@ class Scheduler:
         r"(\d+)"
     )  # what the submit command prints, as a full match of its last line
     job_id_example = "12345"
+    directive_prefix = (
+        ""  # "#PBS": how a header line speaks to this scheduler (site lines go after the last one)
+    )
 
     # ---- login node: rendering and submitting -------------------------------------------------------------------
     def header_values(self, spec) -> dict:
         """Extra ``@{name}`` values this scheduler's header uses (site lines, accounts), from a ``JobSpec``."""
         return {}
+
+    def site_lines(self, spec) -> List[str]:
+        """The site's header lines (``--partition``, ``--resource``...; checked by ``sitedirectives.refusal``),
+        then the ``--directive`` lines as given."""
+        return list(spec.directives)
 
     def submit_hint(self, script: str, group: Optional[str]) -> str:
         """How a user submits the written script by hand: ``qsub job.sh``."""

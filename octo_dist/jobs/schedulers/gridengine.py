@@ -23,7 +23,8 @@ class GridEngine(MpirunScheduler):
 #$ -j y
 #$ -cwd
 #$ -notify
-@{sge_site}"""
+"""
+    directive_prefix = "#$"
     job_id_var = "JOB_ID"
     hostfile_var = "PE_HOSTFILE"
     # No -hostfile: Open MPI's gridengine components read PE_HOSTFILE ("node001 4 all.q@node001 UNDEFINED", not a
@@ -32,11 +33,11 @@ class GridEngine(MpirunScheduler):
     stop_timer = True  # h_rt kills outright
     job_id_re = re.compile(r"(\d+)(?:\.\S*)?")  # qsub -terse: "12345", an array job "12345.1-10:1"
 
-    def header_values(self, spec):
-        return {
-            "sge_site": (f"#$ -q {spec.queue}\n" if spec.queue else "")
-            + (f"#$ -P {spec.group}\n" if spec.group else "")
-        }
+    def site_lines(self, spec):
+        # --queue gpu.q, --project P: "#$ -q gpu.q", "#$ -P P"
+        out = [f"#$ -q {spec.queue}"] if spec.queue else []
+        out += [f"#$ -P {spec.group}"] if spec.group else []
+        return out + list(spec.directives)
 
     def submit_command(self, script, after):
         extra = ["-hold_jid", after, "-v", f"{AFTER_ENV}={after}"] if after else []

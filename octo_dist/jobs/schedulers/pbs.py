@@ -23,6 +23,7 @@ class Pbs(MpirunScheduler):
 #PBS -j oe
 #PBS -k oe
 """
+    directive_prefix = "#PBS"
     job_id_var = "PBS_JOBID"
     hostfile_var = "PBS_NODEFILE"
     workdir = (
@@ -33,6 +34,10 @@ class Pbs(MpirunScheduler):
     stop_timer = True
     job_id_re = re.compile(r"(\d+(?:\.[\w.-]+)?)")  # qsub prints "12345.pbs1"
     job_id_example = "12345.pbs1"
+
+    def site_lines(self, spec):
+        # --resource place=scatter: "#PBS -l place=scatter"
+        return [f"#PBS -l {r}" for r in spec.resources] + list(spec.directives)
 
     def submit_command(self, script, after):
         extra = ["-W", f"depend=afterany:{after}", "-v", f"{AFTER_ENV}={after}"] if after else []

@@ -24,9 +24,10 @@ class Slurm(Scheduler):
 #SBATCH --ntasks-per-node=@{ranks_per_node}
 #SBATCH --gpus-per-node=@{gpus_per_node}
 @{slurm_cpus}#SBATCH --time=@{walltime}
-@{slurm_account}#SBATCH --signal=B:USR1@@{stop_margin_s}
+#SBATCH --signal=B:USR1@@{stop_margin_s}
 #SBATCH --output=@{name}-%j.out
 """
+    directive_prefix = "#SBATCH"
     job_id_var = "SLURM_JOB_ID"
     workdir = '"${SLURM_SUBMIT_DIR:-$PWD}"'
     launcher_program = "srun"
@@ -36,11 +37,22 @@ class Slurm(Scheduler):
 
     def header_values(self, spec):
         return {
-            "slurm_account": f"#SBATCH --account={spec.group}\n" if spec.group else "",
             "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n"
             if spec.cpus_per_rank
             else "",
         }
+
+    def site_lines(self, spec):
+        # --account A --partition gpu --qos normal --constraint 'a100&ib': "#SBATCH --partition=gpu"...
+        out = [f"#SBATCH --account={spec.group}"] if spec.group else []
+        for key, value in (
+            ("--partition", spec.partition),
+            ("--qos", spec.qos),
+            ("--constraint", spec.constraint),
+        ):
+            if value:
+                out.append(f"#SBATCH {key}={value}")
+        return out + list(spec.directives)
 
     def submit_command(self, script, after):
         extra = (
