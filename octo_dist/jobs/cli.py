@@ -14,7 +14,8 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist import EXIT_USAGE
+from octo_dist.problems import Problem
 from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import imagefit, schedulers
 from octo_dist.jobs import spec as spec_mod
@@ -161,7 +162,7 @@ def parse(
     return spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
 
 
-class ScriptError(RuntimeError):
+class ScriptError(Problem, RuntimeError):
     """A rendered script that bash cannot parse: a bug in octo-dist's templates, never the user's input."""
 
 
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         files = defaults_mod.resolve(found, args.scheduler)
     except defaults_mod.DefaultsError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     options, sources = options_from_args(args, files)
     if options.show_defaults:
         sys.stdout.write(show_defaults(options, sources))
@@ -262,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_status
     for warning in ([warning] if warning else []) + spec_mod.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         syntax_check(text)
     except ScriptError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return e.exit_status
     if out is None:
         sys.stdout.write(text)
         return 0
@@ -301,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except submit_mod.SubmitError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return e.exit_status
     for n, s in enumerate(jobs, 1):
         after = f", after {jobs[n - 2].job_id}" if n > 1 else ""
         print(f"submitted job {s.job_id}{after}: log {s.log}")

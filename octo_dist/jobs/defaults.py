@@ -27,6 +27,7 @@ import configparser
 import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from octo_dist.problems import Refusal
 from octo_dist.launchers import outside
 
 USER_FILE = os.path.join("octo-dist", "launch.ini")
@@ -62,7 +63,7 @@ LISTS = ("modules", "bind", "resources")
 BOOLS = ("skip_image_check",)
 
 
-class DefaultsError(ValueError):
+class DefaultsError(Refusal, ValueError):
     """A defaults file that cannot be used: the file, what was found, what was expected, the fix (one line)."""
 
 

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
+from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers, sitedirectives
 
 SCHEDULERS = tuple(
@@ -144,12 +145,8 @@ DEFAULT_COMMAND = "smoke"
 Checker = Callable[[Sequence[str]], None]
 
 
-class JobSpecError(ValueError):
+class JobSpecError(Refusal, ValueError):
     """A job that must not be rendered: what was found, what was expected, and the fix (one line)."""
-
-    def __init__(self, found: str, expected: str, fix: str):
-        super().__init__(f"{found}; expected {expected}. Fix: {fix}")
-        self.found, self.expected, self.fix = found, expected, fix
 
 
 def _opt(

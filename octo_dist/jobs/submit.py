@@ -15,6 +15,7 @@ import os
 from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
+from octo_dist.problems import Problem
 from octo_dist.launchers import outside
 
 AFTER_ENV = schedulers.base.AFTER_ENV
@@ -24,7 +25,7 @@ SUBMIT_TIMEOUT_S = (
 )
 
 
-class SubmitError(RuntimeError):
+class SubmitError(Problem, RuntimeError):
     """The scheduler refused the job, or answered in a way we cannot read."""
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE, __version__
+from octo_dist.problems import Problem
 from octo_dist.stack import manifest as mf
 
 DOCKERFILE = "Dockerfile"
@@ -715,7 +716,7 @@ def definition_files(manifest: mf.Manifest) -> list[str]:
 Resolver = Callable[[str], str]
 
 
-class RefreshError(RuntimeError):
+class RefreshError(Problem, RuntimeError):
     """A digest could not be resolved (no tool, or no registry reachable)."""
 
 
