@@ -37,7 +37,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
-from octo_dist.apps.finetune import checks, commandline, config, configfile, flagerrors, modelconfig
+from octo_dist.apps.finetune import (
+    checks,
+    commandline,
+    config,
+    configfile,
+    flagerrors,
+    modelconfig,
+    tfquiet,
+)
 from octo_dist.problems import Problem
 from octo_dist.runtime import tracking
 
@@ -240,6 +248,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
 
     # TensorFlow only reads data; left alone it reserves GPU memory JAX needs.
     tf.config.set_visible_devices([], "GPU")
+    tfquiet.quiet_autograph(environ)
     from octo.model.octo_model import OctoModel
     from octo.utils.spec import ModuleSpec
     from octo.utils.train_utils import check_config_diff, create_optimizer
