@@ -75,14 +75,15 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 
 # As root with no PYTEST_ARGS (CI), the cluster tests (namespaces, real daemons: mostly waiting on them) run
 # beside the rest in a second pytest, their output in $(CLUSTER_LOG) and printed after; TEST_SPLIT=0 runs one pytest.
+# Each lists its slowest tests (--durations), so a CI log shows where its time went.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
 	@mkdir -p $(dir $(CLUSTER_LOG))
-	@$(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
+	@$(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
 	  trap 'kill $$cluster 2>/dev/null' INT TERM; \
-	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" || rest=$$?; \
+	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 || rest=$$?; \
 	  clustered=0; wait $$cluster || clustered=$$?; \
 	  echo "---- the cluster tests (pytest -m cluster, beside the rest; $(CLUSTER_LOG)) ----"; \
 	  cat $(CLUSTER_LOG); \
