@@ -114,7 +114,10 @@ echo "module $*" >>"$FAKE_LOG"
 
 FAKE_OCTO_DIST = f"""#!{sys.executable}
 # Stands in for octo-dist on every rank: records its argv, one JSON line; FAKE_FAIL_RANK exits 3, others may sleep.
+# `octo-dist job-runtime -o FILE` (the script asking the image for its job runtime) is the real one: not a rank.
 import json, os, sys, time
+if sys.argv[1:2] == ["job-runtime"]:
+    os.execv(sys.executable, [sys.executable, "-m", "octo_dist", *sys.argv[1:]])
 rank = os.environ.get("OMPI_COMM_WORLD_RANK", "?")
 with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
     f.write(json.dumps({{"rank": rank, "argv": sys.argv[1:]}}) + "\\n")
@@ -360,6 +363,9 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
         == 0
     ), capsys.readouterr().err
     shellcheck(out)
+    fake_venv(
+        job_dir / "venv"
+    )  # the script hands over to the venv's job runtime, which sees no job
     env = {
         k: v for k, v in env.items() if k != "PE_HOSTFILE"
     }  # outside a job: the script says to submit it
@@ -746,24 +752,18 @@ def test_the_environment_reaches_other_nodes_by_prefix(cluster):
 
 
 def test_abci3_jobs_carry_its_settings():
-    pbs = render.render(
-        parse(
-            ["pbs", "--nodes", "2", "--group", "gxx00000", "--image", "x.sif", "--skip-image-check"]
-        )
+    spec = parse(
+        ["pbs", "--nodes", "2", "--group", "gxx00000", "--image", "x.sif", "--skip-image-check"]
     )
-    for line in (
-        "#PBS -k oe",
-        "#PBS -j oe",
-        "export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,"
-        "mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8}",
-        "BINDS=(/groups/gxx00000)",
-        "CPUS_PER_RANK=12",
-        "SOCKETS=2",
-        "COMPILE_CACHE=.octo-dist/compile-cache",
-        "export OCTO_DIST_NO_MPI4PY=1",
-        "export OCTO_DIST_NODEFILE=$NODE_LIST",
-    ):
-        assert line in pbs, line
+    pbs = render.render(spec)
+    assert "#PBS -k oe" in pbs and "#PBS -j oe" in pbs
+    # What the job runtime reads (the JSON the script hands over), not bash variables.
+    settings = render.settings(spec, "job.sh")
+    hcas = ",".join(f"mlx5_ibn{i}" for i in range(1, 9))  # the 8 compute HCAs, not the storage one
+    assert ["NCCL_IB_HCA", hcas] in settings["environment"], settings["environment"]
+    assert settings["binds"] == ["/groups/gxx00000"]
+    assert settings["cpus_per_rank"] == 12 and settings["sockets"] == 2
+    assert settings["compile_cache"] == ".octo-dist/compile-cache"
     for forbidden in (
         "NCCL_IB_DISABLE",
         "NCCL_NET=",
@@ -771,12 +771,11 @@ def test_abci3_jobs_carry_its_settings():
         "--bind-to none -x PBS_NODEFILE",
     ):
         assert forbidden not in pbs, forbidden
-    one = render.render(
-        parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"])
-    )
-    assert (
-        "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one and "CPUS_PER_RANK=0" in one
-    )
+    assert not any(name in ("NCCL_IB_DISABLE", "NCCL_NET") for name, _ in settings["environment"])
+    one_spec = parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"])
+    one = render.render(one_spec)
+    assert "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one
+    assert render.settings(one_spec, "job.sh")["cpus_per_rank"] == 0
     slurm = render.render(
         parse(["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "8"])
     )

@@ -25,6 +25,7 @@ RUNTIME_FILE = (
 )
 
 BODY = """\
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\\' in them stays as it is
 # octo-dist job for @{title}: @{nodes} node(s) x @{ranks_per_node} rank(s), @{gpus_per_rank} GPU(s) per rank.
 #   submit:    @{submit}
 #   rendered:  @{command_line}
@@ -124,30 +125,46 @@ def substitute(template: str, values: dict) -> str:
     return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
 
 
+def _say(before: str, value: str, after: str = "") -> str:
+    """A one-line message to stderr with ``value`` as data: single-quoted between the double-quoted text (inside
+    double quotes a ``$(...)`` or backtick in it would run), printed by printf (echo may read its backslashes)."""
+    quoted = "'" + value.replace("'", "'\"'\"'") + "'"  # always quoted: "A"'B'"C", never "A"B"C"
+    return f"printf '%s\\n' \"{before}\"{quoted}" + (f'"{after}"' if after else "") + " >&2"
+
+
 def _modules(spec: JobSpec) -> str:
     if not spec.modules:
         return "# no modules to load (--module ''): the launcher and python3 on PATH are used\n"
     names = " ".join(map(shlex.quote, spec.modules))
-    return (
-        f"if command -v module >/dev/null 2>&1; then module load {names}; "
-        f"else echo \"octo-dist job: no 'module' command here: not loading {names}\" >&2; fi\n"
-    )
+    said = _say("octo-dist job: no 'module' command here: not loading ", " ".join(spec.modules))
+    return f"if command -v module >/dev/null 2>&1; then module load {names}; else {said}; fi\n"
 
 
 def _handover(spec: JobSpec, script_name: str) -> str:
     args = "supervise " + shlex.quote(settings_json(settings(spec, script_name)))
     if not spec.image:
-        python = shlex.quote(spec.venv + "/bin/python")
+        python = spec.venv + "/bin/python"
+        said = _say(
+            "octo-dist job: error: no ",
+            python,
+            "; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with "
+            "--venv PATH or --image FILE.sif",
+        )
+        python = shlex.quote(python)
         return (
-            f'[ -x {python} ] || {{ echo "octo-dist job: error: no {python}; expected the octo-dist environment '
-            f'(make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }}\n'
+            f"[ -x {python} ] || {{ {said}; exit 2; }}\n"
             f"exec {python} -m octo_dist.jobs.supervisor {args}"
         )
+    said = _say(
+        "octo-dist job: error: image ",
+        spec.image,
+        " not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render "
+        "with --image PATH",
+    )
     image = shlex.quote(spec.image)
     # The runtime is the image's own, written beside the job (the submit directory, which singularity binds).
     return (
-        f'[ -f {image} ] || {{ echo "octo-dist job: error: image {image} not found from $PWD; expected the .sif '
-        f'this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }}\n'
+        f"[ -f {image} ] || {{ {said}; exit 2; }}\n"
         f"RUNTIME=${{{RUNTIME_ENV}:-$PWD/{RUNTIME_FILE}}}  # the job runtime: the image's (octo-dist job-runtime -o FILE)\n"
         f'[ -n "${{{RUNTIME_ENV}:-}}" ] || singularity exec {image} octo-dist job-runtime -o "$RUNTIME" >/dev/null\n'
         f'exec python3 "$RUNTIME" {args}'

@@ -6,6 +6,7 @@
 #PBS -N octo-dist
 #PBS -j oe
 #PBS -k oe
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 # octo-dist job for PBS Professional (as on ABCI 3.0): 2 node(s) x 8 rank(s), 1 GPU(s) per rank.
 #   submit:    qsub abci3-pbs-smoke.sh
 #   rendered:  octo-dist launch pbs --nodes 2 --walltime 0:30:00 --group gxx00000 --image /groups/gxx00000/octo-dist/octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 4 --steps 200 --save-dir runs/smoke -- smoke --model auto
@@ -19,8 +20,8 @@ cd -- "${PBS_O_WORKDIR:-$PWD}"
 # `module` is the site profile's shell function; none (a laptop, CI): the launcher on PATH is used.
 # shellcheck source=/dev/null
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
-if command -v module >/dev/null 2>&1; then module load hpcx/2.20; else echo "octo-dist job: no 'module' command here: not loading hpcx/2.20" >&2; fi
-[ -f /groups/gxx00000/octo-dist/octo-dist-cuda12.sif ] || { echo "octo-dist job: error: image /groups/gxx00000/octo-dist/octo-dist-cuda12.sif not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
+if command -v module >/dev/null 2>&1; then module load hpcx/2.20; else printf '%s\n' "octo-dist job: no 'module' command here: not loading "'hpcx/2.20' >&2; fi
+[ -f /groups/gxx00000/octo-dist/octo-dist-cuda12.sif ] || { printf '%s\n' "octo-dist job: error: image "'/groups/gxx00000/octo-dist/octo-dist-cuda12.sif'" not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
 RUNTIME=${OCTO_DIST_RUNTIME:-$PWD/.octo-dist-runtime.pyz}  # the job runtime: the image's (octo-dist job-runtime -o FILE)
 [ -n "${OCTO_DIST_RUNTIME:-}" ] || singularity exec /groups/gxx00000/octo-dist/octo-dist-cuda12.sif octo-dist job-runtime -o "$RUNTIME" >/dev/null
 exec python3 "$RUNTIME" supervise '{

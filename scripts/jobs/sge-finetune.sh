@@ -5,6 +5,7 @@
 #$ -j y
 #$ -cwd
 #$ -notify
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 # octo-dist job for Grid Engine: 2 node(s) x 4 rank(s), 1 GPU(s) per rank.
 #   submit:    qsub sge-finetune.sh
 #   rendered:  octo-dist launch sge --nodes 2 --gpus-per-node 4 --walltime 2:00:00 --module openmpi/4.1 --global-batch 256 --steps 50000 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
@@ -18,8 +19,8 @@ cd -- "$PWD"
 # `module` is the site profile's shell function; none (a laptop, CI): the launcher on PATH is used.
 # shellcheck source=/dev/null
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
-if command -v module >/dev/null 2>&1; then module load openmpi/4.1; else echo "octo-dist job: no 'module' command here: not loading openmpi/4.1" >&2; fi
-[ -x .venv/bin/python ] || { echo "octo-dist job: error: no .venv/bin/python; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }
+if command -v module >/dev/null 2>&1; then module load openmpi/4.1; else printf '%s\n' "octo-dist job: no 'module' command here: not loading "'openmpi/4.1' >&2; fi
+[ -x .venv/bin/python ] || { printf '%s\n' "octo-dist job: error: no "'.venv/bin/python'"; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }
 exec .venv/bin/python -m octo_dist.jobs.supervisor supervise '{
  "scheduler": "sge", "script_name": "sge-finetune.sh", "nodes": 2, "ranks_per_node": 4, "cpus_per_rank": 0, "sockets": 0,
  "walltime_s": 7200, "stop_margin_s": 300, "modules": ["openmpi/4.1"],

@@ -6,6 +6,7 @@
 #SBATCH --time=12:00:00
 #SBATCH --signal=B:USR1@300
 #SBATCH --output=octo-dist-%j.out
+# shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\' in them stays as it is
 # octo-dist job for SLURM: 2 node(s) x 8 rank(s), 1 GPU(s) per rank.
 #   submit:    sbatch slurm-finetune.sh
 #   rendered:  octo-dist launch slurm --nodes 2 --gpus-per-node 8 --walltime 12:00:00 --image octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 32 --steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online -- finetune --config.pretrained_path=weights/octo-small
@@ -19,7 +20,7 @@ cd -- "${SLURM_SUBMIT_DIR:-$PWD}"
 # shellcheck source=/dev/null
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
 # no modules to load (--module ''): the launcher and python3 on PATH are used
-[ -f octo-dist-cuda12.sif ] || { echo "octo-dist job: error: image octo-dist-cuda12.sif not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
+[ -f octo-dist-cuda12.sif ] || { printf '%s\n' "octo-dist job: error: image "'octo-dist-cuda12.sif'" not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
 RUNTIME=${OCTO_DIST_RUNTIME:-$PWD/.octo-dist-runtime.pyz}  # the job runtime: the image's (octo-dist job-runtime -o FILE)
 [ -n "${OCTO_DIST_RUNTIME:-}" ] || singularity exec octo-dist-cuda12.sif octo-dist job-runtime -o "$RUNTIME" >/dev/null
 exec python3 "$RUNTIME" supervise '{
