@@ -242,10 +242,14 @@ docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with mmdebstrap + builda
 	$(BUILDAH) config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$$ctr"; \
 	$(BUILDAH) commit --rm "$$ctr" $(LOCAL_BASE):$(LOCAL_SUITE)
 
+# --layers: each step a cached layer, so a rebuild with nothing changed reuses them all. With vfs every layer is a
+# full copy of the root filesystem (3 GB from the venv's COPY on), so a one-off build (CI) passes
+# LOCAL_LAYERS=--layers=false: one commit per stage.
+LOCAL_LAYERS ?= --layers
 docker-local: ## build $(IMAGE):cpu-local from the Dockerfile on that base, with buildah (the proxy CA as a build secret)
 	@digest=$$($(BUILDAH) images --digests --format '{{.Digest}}' $(LOCAL_BASE):$(LOCAL_SUITE) 2>/dev/null) || { \
 	  echo "error: no local base $(LOCAL_BASE):$(LOCAL_SUITE); fix: make docker-local-base" >&2; exit 1; }; \
-	set -x; $(BUILDAH) bud --isolation chroot --layers --format docker --target cpu \
+	set -x; $(BUILDAH) bud --isolation chroot $(LOCAL_LAYERS) --format docker --target cpu \
 	  --build-arg CPU_BASE_REPO=$(LOCAL_BASE) --build-arg CPU_BASE_TAG=$(LOCAL_SUITE) --build-arg CPU_BASE_DIGEST="$$digest" \
 	  --build-arg GIT_DEPS=--skip-git --build-arg REVISION=$(REVISION) \
 	  --secret id=ca,src=$(LOCAL_CA) -t $(IMAGE):cpu-local .
