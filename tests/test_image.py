@@ -146,7 +146,7 @@ def test_the_default_command_is_check_env_and_passes(image):
 def readme_smoke_command() -> list[str]:
     """The command after the image in the README's ``docker run ... octo-dist:cpu mpirun ...`` line."""
     readme = (REPO / "README.md").read_text()
-    m = re.search(r"docker run --rm octo-dist:cpu (mpirun [^\n`]*)", readme)
+    m = re.search(r"docker run --rm octo-dist:cpu (mpirun [^\n`#]*)", readme)
     assert m, "README.md has no `docker run --rm octo-dist:cpu mpirun ...` line"
     make = (REPO / "Makefile").read_text()
     assert f"$(IMAGE):cpu {m.group(1).strip()}" in make, "make docker-smoke runs another command"
