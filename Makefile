@@ -75,19 +75,25 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 
 # As root with no PYTEST_ARGS (CI), the cluster tests (namespaces, real daemons: mostly waiting on them) run
 # beside the rest in a second pytest, their output in $(CLUSTER_LOG) and printed after; TEST_SPLIT=0 runs one pytest.
-# Each lists its slowest tests (--durations), so a CI log shows where its time went.
+# That second stream then runs BESIDE_CLUSTER (job-script tests that wait on their fake launchers), so the two end
+# closer together. Each lists its slowest tests (--durations), so a CI log shows where its time went.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
+BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
 	@mkdir -p $(dir $(CLUSTER_LOG))
-	@$(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
+	@{ status=0; \
+	   $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 || status=$$?; \
+	   $(VENV)/bin/python -m pytest -m "not cluster" -p no:cacheprovider --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
+	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
 	  trap 'kill $$cluster 2>/dev/null' INT TERM; \
-	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 || rest=$$?; \
+	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 \
+	    $(foreach f,$(BESIDE_CLUSTER),--ignore=$(f)) || rest=$$?; \
 	  clustered=0; wait $$cluster || clustered=$$?; \
-	  echo "---- the cluster tests (pytest -m cluster, beside the rest; $(CLUSTER_LOG)) ----"; \
+	  echo "---- the cluster tests, then $(BESIDE_CLUSTER) (beside the rest; $(CLUSTER_LOG)) ----"; \
 	  cat $(CLUSTER_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests $$clustered ----"; \
+	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered ----"; \
 	  [ $$rest = 0 ] && [ $$clustered = 0 ]
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
