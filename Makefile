@@ -73,28 +73,38 @@ lock: $(DEV_STAMP) ## regenerate env/locks/ from env/stack.toml (needs PyPI)
 check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, no jax import)
 	$(OCTO_DIST) check-env --profile $(PROFILE)
 
-# As root with no PYTEST_ARGS (CI), the cluster tests (namespaces, real daemons: mostly waiting on them) run
-# beside the rest in a second pytest, their output in $(CLUSTER_LOG) and printed after; TEST_SPLIT=0 runs one pytest.
-# That second stream then runs BESIDE_CLUSTER (job-script tests that wait on their fake launchers), so the two end
-# closer together. Each lists its slowest tests (--durations), so a CI log shows where its time went.
+# As root with no PYTEST_ARGS (CI), three pytests run side by side: the rest in the foreground; the cluster tests
+# on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (job-script tests that wait on their fake
+# launchers); and the real Slurm and Grid Engine tests, long scenarios included, on an independent namespace
+# cluster 1 ($(DAEMONS_LOG)). The last two mostly wait (on daemons, time limits, paced jobs), so the three end
+# close together. Each lists its slowest tests (--durations), so a CI log shows where its time went.
+# TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
+DAEMONS_LOG ?= .cluster/daemons.log
 BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py
+REAL_DAEMONS ?= tests/test_cluster_slurm.py tests/test_cluster_gridengine.py
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
-	@mkdir -p $(dir $(CLUSTER_LOG))
-	@{ status=0; \
-	   $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 || status=$$?; \
+	@mkdir -p $(dir $(CLUSTER_LOG)) $(dir $(DAEMONS_LOG))
+	@OCTOSIM_INSTANCE=1 $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
+	    $(REAL_DAEMONS) > $(DAEMONS_LOG) 2>&1 & daemons=$$!; \
+	  { status=0; \
+	   $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
+	     $(foreach f,$(REAL_DAEMONS),--ignore=$(f)) || status=$$?; \
 	   $(VENV)/bin/python -m pytest -m "not cluster" -p no:cacheprovider --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
 	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
-	  trap 'kill $$cluster 2>/dev/null' INT TERM; \
+	  trap 'kill $$cluster $$daemons 2>/dev/null' INT TERM; \
 	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 \
 	    $(foreach f,$(BESIDE_CLUSTER),--ignore=$(f)) || rest=$$?; \
 	  clustered=0; wait $$cluster || clustered=$$?; \
+	  real=0; wait $$daemons || real=$$?; \
 	  echo "---- the cluster tests, then $(BESIDE_CLUSTER) (beside the rest; $(CLUSTER_LOG)) ----"; \
 	  cat $(CLUSTER_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered ----"; \
-	  [ $$rest = 0 ] && [ $$clustered = 0 ]
+	  echo "---- the real Slurm and Grid Engine tests (beside the rest; $(DAEMONS_LOG)) ----"; \
+	  cat $(DAEMONS_LOG); \
+	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, the real schedulers $$real ----"; \
+	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$real = 0 ]
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 endif
@@ -273,5 +283,5 @@ docker-local-smoke: docker-local-base docker-local ## build $(IMAGE):cpu-local, 
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
+	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
 	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status

@@ -359,12 +359,14 @@ def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
             not Path(f"/proc/{holder}").exists()
             or Path(f"/proc/{holder}/stat").read_text().split()[2] == "Z"
         )
-        assert sorted(sim.namespaces()) == ["octosim-node001", "octosim-node002", "octosim-sw"]
+        assert sorted(sim.namespaces()) == [
+            f"{sim.PREFIX}-{n}" for n in ("node001", "node002", "sw")
+        ]
     finally:
         again.down()
         for p in crashed.holders.values():
             p.wait()
-    assert sim.namespaces() == [] and not list(Path("/etc/netns").glob("octosim-*"))
+    assert sim.namespaces() == [] and not list(Path("/etc/netns").glob(f"{sim.PREFIX}-*"))
 
 
 # ---- the runs -----------------------------------------------------------------------------------------------------

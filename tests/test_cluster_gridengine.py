@@ -30,6 +30,9 @@ GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 JOB_TIMEOUT_S = 480  # a whole job (queueing, preflight, training) on a loaded 2-core machine
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
+# A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
+# scenario lasts as long, and the tests beside it keep the machine's cores.
+LONG_STEP_TIME = 0.1
 FAULT_DEADLINE_S = 90  # keepalive (25 s) + the script's failed-rank grace (20 s) + a loaded machine
 
 
@@ -49,7 +52,14 @@ def ge(tmp_path):
         cluster.down()
 
 
-def launch(ge: gridengine.GridEngine, work: Path, *extra: str, steps: int = STEPS, chain=None):
+def launch(
+    ge: gridengine.GridEngine,
+    work: Path,
+    *extra: str,
+    steps: int = STEPS,
+    chain=None,
+    step_time: float = 0,
+):
     """``octo-dist launch sge ... --submit`` on node001 from the submit directory; the job ids it printed."""
     argv = [
         str(VENV / "bin" / "octo-dist"),
@@ -79,6 +89,7 @@ def launch(ge: gridengine.GridEngine, work: Path, *extra: str, steps: int = STEP
         "tiny",
         f"--save-every={SAVE_EVERY}",
         f"--record={work / 'record.json'}",
+        *([f"--step-time={step_time}"] if step_time else []),
     ]
     proc = ge.run(argv, cwd=work, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -209,20 +220,31 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
 
 @pytest.mark.cluster_long
 def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_path):
-    """Each job asks its ranks to stop 150 s before h_rt (5 min): they checkpoint and the job ends 0 before Grid
-    Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint."""
+    """Each job asks its ranks to stop 120 s before h_rt (3 min): they checkpoint and the job ends 0 before Grid
+    Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint.
+
+    600 steps at 0.1 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
+    midway; the second does the rest (or is stopped at its own 60 s: either way it resumed)."""
     work = workdir(tmp_path)
     first, second = launch(
-        ge, work, "--walltime", "0:05:00", "--stop-margin", "150", steps=LONG_STEPS, chain=2
+        ge,
+        work,
+        "--walltime",
+        "0:03:00",
+        "--stop-margin",
+        "120",
+        steps=600,
+        chain=2,
+        step_time=LONG_STEP_TIME,
     )
     script = (work / "job.sh").read_text()
-    assert "#$ -l h_rt=00:05:00\n" in script and "#$ -notify\n" in script
+    assert "#$ -l h_rt=00:03:00\n" in script and "#$ -notify\n" in script
     record = ended(ge, work, first)
     text = log(work, first)
     assert record["failed"] == "0" and record["exit_status"] == "0", (record, text[-4000:])
     assert "SIGUSR1 after" in text and "stop requested by SIGUSR1" in text, text[-4000:]
     stopped_at = json.loads((work / "record.json").read_text())
-    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < LONG_STEPS, stopped_at
+    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < 600, stopped_at
     assert (work / "runs" / "smoke" / str(stopped_at["end_step"])).is_dir()
 
     record = ended(ge, work, second)
@@ -238,7 +260,7 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge, tmp_path):
     """qdel of a -notify job: SIGUSR2 first (the queue's notify time, 30 s, before the kill): the ranks checkpoint
     and stop, nothing of the job is left on either node."""
     work = workdir(tmp_path)
-    (job,) = launch(ge, work, steps=LONG_STEPS)
+    (job,) = launch(ge, work, steps=LONG_STEPS, step_time=LONG_STEP_TIME)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY), ge, work, job)
     ge.run(["qdel", job])
@@ -258,7 +280,7 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge, tmp_path):
 def test_a_lost_node_ends_the_job_naming_it(ge, tmp_path):
     """node002's link cut mid-run: the job ends within FAULT_DEADLINE_S, fails, and its log names node002."""
     work = workdir(tmp_path)
-    (job,) = launch(ge, work, steps=LONG_STEPS)
+    (job,) = launch(ge, work, steps=LONG_STEPS, step_time=LONG_STEP_TIME)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY), ge, work, job)
     seen = len(log(work, job))  # the preflight already names node002: read what follows

@@ -31,6 +31,13 @@ STEPS = 1000  # about a minute of training after the first step's compilation: l
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 100
 LONG = 10**6  # steps of a run that only a fault or scancel ends
+# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 900 steps
+# after step 100 last at least 135 s, longer than the 90 s Slurm may take to send the time-limit signal, so the
+# first job is always stopped midway, and the chained job's rest is short.
+CHAIN_STEP_TIME = 0.15
+# A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
+# long, and the tests beside it keep the machine's cores.
+LONG_STEP_TIME = 0.1
 STOP_MARGIN_S = 60
 JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
 FAULT_DEADLINE_S = 60  # a lost node must end the job within this (measured from the fault)
@@ -115,6 +122,7 @@ def launch(
     walltime: str = "0:30:00",
     image: Path | None = None,
     train: list | None = None,
+    step_time: float = 0,
 ) -> Submitted:
     """``octo-dist launch slurm --nodes 2 ... --submit`` in a submit directory on node001 (the login node)."""
     work, home = tmp_path / "submit", tmp_path / "home"
@@ -127,6 +135,7 @@ def launch(
         "tiny",
         f"--save-every={SAVE_EVERY}",
         f"--record={work / 'record.json'}",
+        *([f"--step-time={step_time}"] if step_time else []),
     ]
     where = ["--image", str(image)] if image else ["--venv", str(VENV)]
     argv = [
@@ -226,7 +235,14 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
     slurm, tmp_path, compile_cache, uninterrupted
 ):
     job = launch(
-        slurm, tmp_path, compile_cache, "--chain", "2", "--stop-margin", str(STOP_MARGIN_S)
+        slurm,
+        tmp_path,
+        compile_cache,
+        "--chain",
+        "2",
+        "--stop-margin",
+        str(STOP_MARGIN_S),
+        step_time=CHAIN_STEP_TIME,
     )
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
@@ -280,7 +296,15 @@ def job_processes(cluster: sim.Cluster) -> list[str]:
 
 @pytest.mark.cluster_long
 def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
-    job = launch(slurm, tmp_path, compile_cache, steps=LONG, ranks_per_node=1, global_batch=8)
+    job = launch(
+        slurm,
+        tmp_path,
+        compile_cache,
+        steps=LONG,
+        ranks_per_node=1,
+        global_batch=8,
+        step_time=LONG_STEP_TIME,
+    )
     wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
     assert any(p.startswith("node002:") and "octo-dist" in p for p in job_processes(slurm.cluster))
     slurm.client("node001", ["scancel", job.id])
@@ -315,7 +339,15 @@ def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_faile
     fault, slurm, tmp_path, compile_cache
 ):
     # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
-    job = launch(slurm, tmp_path, compile_cache, steps=LONG, ranks_per_node=1, global_batch=8)
+    job = launch(
+        slurm,
+        tmp_path,
+        compile_cache,
+        steps=LONG,
+        ranks_per_node=1,
+        global_batch=8,
+        step_time=LONG_STEP_TIME,
+    )
     wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
     seen = len(job.log())  # the preflight already names node002: read what follows the fault
     if fault == "link-cut":

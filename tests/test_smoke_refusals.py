@@ -24,6 +24,9 @@ SMOKE = [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny"]
         ),
         (["--global-batch", "100000000"], "--global-batch 100000000; expected 1 to 65536 examples"),
         (["--tolerance", "inf"], "--tolerance inf; expected a finite relative difference >= 0"),
+        (["--step-time", "-1"], "--step-time -1.0; expected 0 (full speed) to 60 seconds"),
+        (["--step-time", "nan"], "--step-time nan; expected 0 (full speed) to 60 seconds"),
+        (["--step-time", "3600"], "--step-time 3600.0; expected 0 (full speed) to 60 seconds"),
     ],
 )
 def test_flags_no_run_could_use_are_one_line_and_exit_2(flags, needle):

@@ -13,7 +13,8 @@ forwards. Slurm is the real one (``slurm.py`` starts its daemons on these nodes)
 Lmod does) that puts the launcher on PATH.
 
 Every set-up first removes what an earlier crashed run left (namespaces with this prefix, the processes in them,
-``/etc/netns`` entries); ``down()`` does the same, and is idempotent. One cluster at a time (a lock file).
+``/etc/netns`` entries); ``down()`` does the same, and is idempotent. One cluster at a time per instance (a lock
+file); ``OCTOSIM_INSTANCE=1`` gives a second, independent one (``octsim1-*``, ``10.231.1.0/24``) beside it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,28 @@ from typing import Mapping, Optional, Sequence
 from helpers import restore_signals
 
 HERE = Path(__file__).resolve().parent
-PREFIX = "octosim"
+# Which of the clusters that may be up at once this process makes: "0" (the default) and "1" for a second pytest
+# beside the first (make test runs the real-scheduler tests so). Each instance has its own names, subnet, lock,
+# spool and leftovers; at most one cluster per instance at a time. Interface names hold 15 characters:
+# "octosim-node001" is 15, so every prefix is 7.
+INSTANCE_ENV = "OCTOSIM_INSTANCE"
+
+
+def _instance(environ) -> int:
+    raw = environ.get(INSTANCE_ENV, "0") or "0"
+    if not (raw.isdigit() and int(raw) < 10):
+        raise RuntimeError(f"{INSTANCE_ENV}={raw!r}; expected one digit, 0 to 9")
+    return int(raw)
+
+
+INSTANCE = _instance(os.environ)
+PREFIX = "octosim" if INSTANCE == 0 else f"octsim{INSTANCE}"
 SWITCH = f"{PREFIX}-sw"
-SUBNET = "10.231.0"
-LOCK = Path("/run/lock/octosim.lock")
+SUBNET = f"10.231.{INSTANCE}"
+LOCK = Path("/run/lock") / f"{PREFIX}.lock"
 # A scheduler's spool for the imitated PBS and Grid Engine jobs (node files): outside $HOME, /tmp and the working
-# directory, so no container binds it. One cluster at a time: a fixed name, removed by every set-up and teardown.
+# directory, so no container binds it. One cluster per instance at a time: a fixed name, removed by every set-up
+# and teardown.
 SPOOL = Path("/var/spool") / f"{PREFIX}-spool"
 BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / ("python%d.%d" % sys.version_info[:2]))
 VENV_BIN = Path(sys.executable).parent

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import time
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -33,6 +34,8 @@ DEFAULT_NP = 2  # --check-equivalence: 2 processes x 1 device vs 1 process x 2 d
 # The synthetic batch is built in host memory on every rank before the first step, where no stop signal is seen
 # yet: 65,536 examples is far beyond any smoke run and still fits; more would only hang a node.
 MAX_GLOBAL_BATCH = 65536
+# --step-time: a stop signal is seen between steps, so a longer step would delay every stop by as much.
+MAX_STEP_TIME_S = 60.0
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -114,6 +117,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(default: none)",
     )
     p.add_argument(
+        "--step-time",
+        type=float,
+        default=0.0,
+        help="each step lasts at least this many seconds (the rest slept): a rehearsal of a long job's time "
+        "limit, chain or lost node at its own pace, without its compute (default: %(default)s, full speed)",
+    )
+    p.add_argument(
         "--check-equivalence",
         action="store_true",
         help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare "
@@ -178,6 +188,25 @@ def verdict(rec: dict) -> str:
     return "\n".join(lines)
 
 
+class Pace:
+    """``on_step`` for ``--step-time``: sleeps what the step since the last call left of ``seconds``.
+
+    Steps are read one behind their dispatch (train.fit), so the sleep holds back the next dispatch: from the
+    second step on, step to step takes ``max(seconds, the step's own time)``. The parameters are the same as at
+    full speed; only the wall time changes."""
+
+    def __init__(self, seconds: float, clock=time.monotonic, sleep=time.sleep):
+        self.seconds, self.clock, self.sleep = seconds, clock, sleep
+        self.last: Optional[float] = None
+
+    def __call__(self, step: int, values) -> None:
+        now = self.clock()
+        if self.last is not None and now - self.last < self.seconds:
+            self.sleep(self.seconds - (now - self.last))
+            now = self.clock()
+        self.last = now
+
+
 def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> int:
     """The smoke job on this rank, inside the harness."""
     import optax
@@ -230,6 +259,7 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
         cfg,
         tracker=tracker,
         fingerprint=fingerprint,
+        on_step=Pace(args.step_time) if args.step_time else None,
     )
     # Examples this rank made per batch it made (a run stopped by a signal has made one batch ahead of its last step).
     ranks = collectives.allgather_json(
@@ -302,6 +332,13 @@ def argument_problem(args) -> Optional[str]:
             "--np only with --check-equivalence (the smoke job runs as many processes as its launcher "
             "starts)",
             f"octo-dist smoke --check-equivalence --np {args.np}, or mpirun -np {args.np} octo-dist smoke",
+        )
+    if not (math.isfinite(args.step_time) and 0 <= args.step_time <= MAX_STEP_TIME_S):
+        return bad(
+            "--step-time",
+            args.step_time,
+            f"0 (full speed) to {MAX_STEP_TIME_S:g} seconds (a stop is seen between steps)",
+            "--step-time 1",
         )
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         return bad(

@@ -24,7 +24,7 @@ from typing import Mapping, Optional, Sequence
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 # Flags of the smoke job passed through to both runs unchanged.
-PASSED = ("model", "steps", "global_batch", "seed", "learning_rate", "step_fn")
+PASSED = ("model", "steps", "global_batch", "seed", "learning_rate", "step_fn", "step_time")
 
 
 def mpirun_path(python: str = sys.executable) -> Optional[str]:
