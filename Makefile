@@ -74,15 +74,16 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 	$(OCTO_DIST) check-env --profile $(PROFILE)
 
 # As root with no PYTEST_ARGS (CI), three pytests run side by side: the rest in the foreground; the cluster tests
-# on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (job-script tests that wait on their fake
-# launchers); and the real Slurm and Grid Engine tests, long scenarios included, on an independent namespace
-# cluster 1 ($(DAEMONS_LOG)). The last two mostly wait (on daemons, time limits, paced jobs), so the three end
-# close together. Each lists its slowest tests (--durations), so a CI log shows where its time went.
+# on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (the job-script tests, which wait on their fake
+# launchers, and the checkpoint damage and full-disk runs, which move there so the streams end together); and the
+# real Slurm and Grid Engine tests, long scenarios included, on an independent namespace cluster 1
+# ($(DAEMONS_LOG)). The last two mostly wait (on daemons, time limits, paced jobs). Each lists its slowest tests
+# (--durations), so a CI log shows where its time went.
 # TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
 DAEMONS_LOG ?= .cluster/daemons.log
-BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py
+BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py tests/test_checkpoint_integrity.py tests/test_disk_full.py
 REAL_DAEMONS ?= tests/test_cluster_slurm.py tests/test_cluster_gridengine.py
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)

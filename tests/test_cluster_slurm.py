@@ -27,14 +27,16 @@ from helpers import REPO, clean_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 1000  # about a minute of training after the first step's compilation: long enough to stop it midway
+STEPS = 300
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
-SAVE_EVERY = 100
+SAVE_EVERY = 50
 LONG = 10**6  # steps of a run that only a fault or scancel ends
-# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 900 steps
-# after step 100 last at least 135 s, longer than the 90 s Slurm may take to send the time-limit signal, so the
-# first job is always stopped midway, and the chained job's rest is short.
-CHAIN_STEP_TIME = 0.15
+# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 250 steps
+# after step 50 last at least 112 s, longer than the 90 s Slurm may take to send the time-limit signal, so the
+# first job is always stopped midway.
+CHAIN_STEP_TIME = 0.45
+# The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
+REFERENCE_STEP_TIME = 0.1
 # A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
 # long, and the tests beside it keep the machine's cores.
 LONG_STEP_TIME = 0.1
@@ -210,7 +212,7 @@ def uninterrupted(slurm_ready, tmp_path_factory, compile_cache) -> dict:
     """The venv job run once to the end under real Slurm: the run the others must equal."""
     tmp = tmp_path_factory.mktemp("slurm-complete")
     with sim.Cluster(tmp / "cluster") as c, sim_slurm.Slurm(c) as s:
-        job = launch(s, tmp, compile_cache)
+        job = launch(s, tmp, compile_cache, step_time=REFERENCE_STEP_TIME)
         final = job.wait()
         return {
             "final": final,

@@ -151,7 +151,7 @@ def complete(*words):
 
 def test_bash_completion_knows_every_command_and_their_flags():
     assert complete("sm") == ["smoke"]
-    assert complete("smoke", "--ste") == ["--step-fn", "--steps"]
+    assert complete("smoke", "--ste") == ["--step-fn", "--step-time", "--steps"]
     assert complete("launch", "s") == ["sge", "slurm"]
     assert complete("launch", "pbs", "--wall") == ["--walltime"]
     assert complete("smoke", "--steps", "3", "--save-") == ["--save-dir", "--save-every"]
@@ -176,6 +176,7 @@ def test_bash_completion_offers_values_paths_and_the_training_commands_flags(tmp
     assert complete("launch", "pbs", "--nodes", "2", "--", "") == ["finetune", "smoke"]
     assert complete("launch", "pbs", "--nodes", "2", "--", "smoke", "--ste") == [
         "--step-fn",
+        "--step-time",
         "--steps",
     ]
     assert complete("launch", "pbs", "--", "smoke", "--step-fn", "j") == ["jit"]

@@ -45,7 +45,7 @@ def test_node_list_host_and_a_port_every_rank_derives_from_the_job_id():
     b = coord.resolve(
         env, launch(world=4, rank=3, local_rank=1, local_size=2), read=lambda p: hosts
     )
-    assert a == b and a.host == "g0003" and 20000 <= a.port < 40000
+    assert a == b and a.host == "g0003" and 20000 <= a.port < 32768
     assert a.port == coord.port_for_job("12345.pbs1") != coord.port_for_job("12346.pbs1")
     assert "PBS_NODEFILE" in a.source
 
@@ -441,3 +441,14 @@ def test_an_mpi_library_of_another_family_than_the_launcher_is_recognised_before
     assert "not Open MPI" in mpi.library_mismatch(mpich, "openmpi5")
     assert "MPICH/Hydra" in mpi.library_mismatch(wheel, "pmi")
     assert mpi.library_mismatch("", "pals") is None
+
+
+def test_derived_ports_stay_below_linuxs_ephemeral_range_where_any_outgoing_connection_may_hold_them():
+    # Grid Engine job 2 derived 35437, inside 32768-60999: an outgoing connection on rank 0's node held it as its
+    # source port, and the chained job was refused before training ("port 35437 cannot be listened on").
+    lo, hi = coord.EPHEMERAL_DEFAULT
+    ids = [str(j) for j in range(20000)] + [f"{j}.pbs1" for j in range(20000)]
+    ports = {coord.port_for_job(j) for j in ids} | {coord.port_for_job(j, "1") for j in ids[:5000]}
+    assert coord.port_for_job("2") != 35437 and coord.port_for_job("2") < lo
+    assert 20000 <= min(ports) and max(ports) < lo, (min(ports), max(ports))
+    assert len(ports) > 12000  # spread over the whole range: two jobs rarely share a port

@@ -35,10 +35,11 @@ from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 
-PORT_BASE, PORT_SPAN = (
-    20000,
-    20000,
-)  # derived ports fall in 20000..39999, below Linux's ephemeral range
+# Derived ports fall in 20000..32767, below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default):
+# a port in that range can be any outgoing connection's source port on rank 0's node, and then neither this
+# check nor the coordination service can listen on it (a chained job on a busy node met exactly that).
+PORT_BASE, PORT_SPAN = 20000, 32768 - 20000
+EPHEMERAL_DEFAULT = (32768, 60999)
 DEFAULT_PORT = (
     61234  # no job id at all: every rank still agrees, but two such jobs on a node collide
 )
@@ -117,7 +118,7 @@ def parse_address(address: str, source: str) -> Coordinator:
 
 
 def port_for_job(job: Optional[str], step: Optional[str] = None) -> int:
-    """A port every rank derives from the job id alone: ``"12345.pbs1"`` -> 20000 + crc32 % 20000.
+    """A port every rank derives from the job id alone: ``"12345.pbs1"`` -> 20000 + crc32 % 12768.
 
     A Slurm step id makes two concurrent steps of one job (``"123456"`` step 0 and step 1) pick different ports.
     """
