@@ -76,7 +76,7 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 # As root with no PYTEST_ARGS (CI), three pytests run side by side: the rest in the foreground; the cluster tests
 # on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (the job-script tests, which wait on their fake
 # launchers, and the checkpoint damage and full-disk runs, which move there so the streams end together); and the
-# real Slurm and Grid Engine tests, long scenarios included, on an independent namespace cluster 1
+# real Slurm and Grid Engine tests, their time-limit stops and chains included, on an independent namespace cluster 1
 # ($(DAEMONS_LOG)). The last two mostly wait (on daemons, time limits, paced jobs). Each lists its slowest tests
 # (--durations), so a CI log shows where its time went.
 # TEST_SPLIT=0 runs one pytest.
@@ -284,5 +284,5 @@ docker-local-smoke: docker-local-base docker-local ## build $(IMAGE):cpu-local, 
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	status=0; $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
+	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
 	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status

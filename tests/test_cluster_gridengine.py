@@ -218,7 +218,6 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
     assert "4 rank(s) on 2 host(s)" in text, text[-4000:]
 
 
-@pytest.mark.cluster_long
 def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_path):
     """Each job asks its ranks to stop 120 s before h_rt (3 min): they checkpoint and the job ends 0 before Grid
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint.

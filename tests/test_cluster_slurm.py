@@ -232,7 +232,6 @@ def test_submitted_job_completes_on_both_nodes_with_identical_parameters(uninter
     assert rec["end_step"] == STEPS and not rec["stopped_by"], rec
 
 
-@pytest.mark.cluster_long
 def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_identically(
     slurm, tmp_path, compile_cache, uninterrupted
 ):
