@@ -77,19 +77,24 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 # on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (the job-script tests, which wait on their fake
 # launchers, and the checkpoint damage and full-disk runs, which move there so the streams end together); and the
 # real Slurm and Grid Engine tests, their time-limit stops and chains included, on an independent namespace cluster 1
-# ($(DAEMONS_LOG)). The last two mostly wait (on daemons, time limits, paced jobs). Each lists its slowest tests
-# (--durations), so a CI log shows where its time went.
+# ($(DAEMONS_LOG)), then BESIDE_DAEMONS (the engine and signal tests, moved from the rest so the three end
+# together: measured, the real-scheduler tests end first). Each lists its slowest tests (--durations), so a CI log
+# shows where its time went.
 # TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
 DAEMONS_LOG ?= .cluster/daemons.log
 BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py tests/test_checkpoint_integrity.py tests/test_disk_full.py
 REAL_DAEMONS ?= tests/test_cluster_slurm.py tests/test_cluster_gridengine.py
+BESIDE_DAEMONS ?= tests/test_engine.py tests/test_inherited_signals.py tests/test_stop_signals.py
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
 	@mkdir -p $(dir $(CLUSTER_LOG)) $(dir $(DAEMONS_LOG))
-	@OCTOSIM_INSTANCE=1 $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
-	    $(REAL_DAEMONS) > $(DAEMONS_LOG) 2>&1 & daemons=$$!; \
+	@{ status=0; \
+	   OCTOSIM_INSTANCE=1 $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
+	     $(REAL_DAEMONS) || status=$$?; \
+	   $(VENV)/bin/python -m pytest -m "not cluster" -p no:cacheprovider --durations=10 $(BESIDE_DAEMONS) || status=$$?; \
+	   exit $$status; } > $(DAEMONS_LOG) 2>&1 & daemons=$$!; \
 	  { status=0; \
 	   $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
 	     $(foreach f,$(REAL_DAEMONS),--ignore=$(f)) || status=$$?; \
@@ -97,14 +102,14 @@ ifeq ($(TEST_SPLIT),1)
 	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
 	  trap 'kill $$cluster $$daemons 2>/dev/null' INT TERM; \
 	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 \
-	    $(foreach f,$(BESIDE_CLUSTER),--ignore=$(f)) || rest=$$?; \
+	    $(foreach f,$(BESIDE_CLUSTER) $(BESIDE_DAEMONS),--ignore=$(f)) || rest=$$?; \
 	  clustered=0; wait $$cluster || clustered=$$?; \
 	  real=0; wait $$daemons || real=$$?; \
 	  echo "---- the cluster tests, then $(BESIDE_CLUSTER) (beside the rest; $(CLUSTER_LOG)) ----"; \
 	  cat $(CLUSTER_LOG); \
-	  echo "---- the real Slurm and Grid Engine tests (beside the rest; $(DAEMONS_LOG)) ----"; \
+	  echo "---- the real Slurm and Grid Engine tests, then $(BESIDE_DAEMONS) (beside the rest; $(DAEMONS_LOG)) ----"; \
 	  cat $(DAEMONS_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, the real schedulers $$real ----"; \
+	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, the real schedulers and $(BESIDE_DAEMONS) $$real ----"; \
 	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$real = 0 ]
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
