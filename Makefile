@@ -73,44 +73,53 @@ lock: $(DEV_STAMP) ## regenerate env/locks/ from env/stack.toml (needs PyPI)
 check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, no jax import)
 	$(OCTO_DIST) check-env --profile $(PROFILE)
 
-# As root with no PYTEST_ARGS (CI), three pytests run side by side: the rest in the foreground; the cluster tests
-# on namespace cluster 0 ($(CLUSTER_LOG)), then BESIDE_CLUSTER (the job-script tests, which wait on their fake
-# launchers, and the checkpoint damage and full-disk runs, which move there so the streams end together); and the
-# real Slurm and Grid Engine tests, their time-limit stops and chains included, on an independent namespace cluster 1
-# ($(DAEMONS_LOG)), then BESIDE_DAEMONS (the engine and signal tests, moved from the rest so the three end
-# together: measured, the real-scheduler tests end first). Each lists its slowest tests (--durations), so a CI log
-# shows where its time went.
+# As root with no PYTEST_ARGS (CI), four pytests run side by side, each cluster stream on a namespace cluster of its
+# own (OCTOSIM_INSTANCE): the rest in the foreground; the cluster tests on cluster 0 ($(CLUSTER_LOG)), then
+# BESIDE_CLUSTER (the job-script tests, which wait on their fake launchers, and the checkpoint damage and full-disk
+# runs, moved there so the streams end together); the real Slurm tests on cluster 1 ($(SLURM_LOG)); the real Grid
+# Engine tests on cluster 2 ($(GRIDENGINE_LOG)), then BESIDE_DAEMONS (the engine and signal tests). Both real
+# schedulers run every scenario, the long ones included (OCTO_DIST_CLUSTER_LONG=1): time-limit stops and chains,
+# cancels, lost nodes. Those mostly wait (paced ranks, a cut link's timeouts), so they get streams of their own
+# rather than queueing behind each other. Each lists its slowest tests (--durations): a CI log shows where time went.
 # TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
-DAEMONS_LOG ?= .cluster/daemons.log
+SLURM_LOG ?= .cluster/slurm.log
+GRIDENGINE_LOG ?= .cluster/gridengine.log
 BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py tests/test_checkpoint_integrity.py tests/test_disk_full.py
-REAL_DAEMONS ?= tests/test_cluster_slurm.py tests/test_cluster_gridengine.py
+REAL_SLURM ?= tests/test_cluster_slurm.py
+REAL_GRIDENGINE ?= tests/test_cluster_gridengine.py
 BESIDE_DAEMONS ?= tests/test_engine.py tests/test_inherited_signals.py tests/test_stop_signals.py
+STREAM_PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
-	@mkdir -p $(dir $(CLUSTER_LOG)) $(dir $(DAEMONS_LOG))
-	@{ status=0; \
-	   OCTOSIM_INSTANCE=1 $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
-	     $(REAL_DAEMONS) || status=$$?; \
-	   $(VENV)/bin/python -m pytest -m "not cluster" -p no:cacheprovider --durations=10 $(BESIDE_DAEMONS) || status=$$?; \
-	   exit $$status; } > $(DAEMONS_LOG) 2>&1 & daemons=$$!; \
+	@mkdir -p $(dir $(CLUSTER_LOG)) $(dir $(SLURM_LOG)) $(dir $(GRIDENGINE_LOG))
+	@{ OCTOSIM_INSTANCE=1 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(REAL_SLURM); \
+	   } > $(SLURM_LOG) 2>&1 & slurm=$$!; \
 	  { status=0; \
-	   $(VENV)/bin/python -m pytest -m cluster -p no:cacheprovider --durations=15 \
-	     $(foreach f,$(REAL_DAEMONS),--ignore=$(f)) || status=$$?; \
-	   $(VENV)/bin/python -m pytest -m "not cluster" -p no:cacheprovider --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
+	   OCTOSIM_INSTANCE=2 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(REAL_GRIDENGINE) \
+	     || status=$$?; \
+	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_DAEMONS) || status=$$?; \
+	   exit $$status; } > $(GRIDENGINE_LOG) 2>&1 & gridengine=$$!; \
+	  { status=0; \
+	   $(STREAM_PYTEST) -m cluster --durations=15 \
+	     $(foreach f,$(REAL_SLURM) $(REAL_GRIDENGINE),--ignore=$(f)) || status=$$?; \
+	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
 	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
-	  trap 'kill $$cluster $$daemons 2>/dev/null' INT TERM; \
+	  trap 'kill $$cluster $$slurm $$gridengine 2>/dev/null' INT TERM; \
 	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 \
 	    $(foreach f,$(BESIDE_CLUSTER) $(BESIDE_DAEMONS),--ignore=$(f)) || rest=$$?; \
 	  clustered=0; wait $$cluster || clustered=$$?; \
-	  real=0; wait $$daemons || real=$$?; \
+	  slurmed=0; wait $$slurm || slurmed=$$?; \
+	  gridded=0; wait $$gridengine || gridded=$$?; \
 	  echo "---- the cluster tests, then $(BESIDE_CLUSTER) (beside the rest; $(CLUSTER_LOG)) ----"; \
 	  cat $(CLUSTER_LOG); \
-	  echo "---- the real Slurm and Grid Engine tests, then $(BESIDE_DAEMONS) (beside the rest; $(DAEMONS_LOG)) ----"; \
-	  cat $(DAEMONS_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, the real schedulers and $(BESIDE_DAEMONS) $$real ----"; \
-	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$real = 0 ]
+	  echo "---- the real Slurm tests (beside the rest; $(SLURM_LOG)) ----"; \
+	  cat $(SLURM_LOG); \
+	  echo "---- the real Grid Engine tests, then $(BESIDE_DAEMONS) (beside the rest; $(GRIDENGINE_LOG)) ----"; \
+	  cat $(GRIDENGINE_LOG); \
+	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, real Slurm $$slurmed, real Grid Engine and $(BESIDE_DAEMONS) $$gridded ----"; \
+	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$slurmed = 0 ] && [ $$gridded = 0 ]
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 endif

@@ -31,13 +31,13 @@ def pytest_collection_modifyitems(config, items):
     # The image tests wait for the image .ci/run builds in the background: run them last, so the build overlaps
     # the rest of the suite (a stable sort keeps each group's own order).
     items.sort(key=lambda item: "buildah" in item.keywords)
-    # The real-scheduler fault and cancel scenarios (scancel, qdel, a lost node two ways) take minutes each and,
-    # with everything else CI runs on a 2-core machine, more than its budget; `make cluster-smoke` runs them. The
-    # time-limit stops and chains of both real schedulers are not marked: every make test runs them.
+    # The real-scheduler fault and cancel scenarios (scancel, qdel, a lost node two ways) take minutes each, mostly
+    # waiting: `make test` as root (CI) runs them in streams of their own, `make cluster-smoke` too; a plain pytest
+    # of a real-scheduler file skips them unless asked. The time-limit stops and chains are not marked.
     if os.environ.get(CLUSTER_LONG_ENV, "") not in ("", "0"):
         return
     skip = pytest.mark.skip(
-        reason=f"a long real-scheduler scenario: {CLUSTER_LONG_ENV}=1 (make cluster-smoke sets it) runs it"
+        reason=f"a long real-scheduler scenario: {CLUSTER_LONG_ENV}=1 (make test as root and make cluster-smoke set it) runs it"
     )
     for item in items:
         if "cluster_long" in item.keywords:

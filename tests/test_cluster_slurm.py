@@ -50,7 +50,7 @@ SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-
 REPORT = (
     sim_image.CACHE / "cluster-slurm.txt"
 )  # what each run measured, for a reader (`make cluster-smoke` style)
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+ENDED = sim_slurm.ENDED
 
 
 @pytest.fixture(scope="session")
@@ -103,11 +103,12 @@ class Submitted:
 
     def wait(self, i: int = 0, timeout: float = JOB_TIMEOUT_S) -> dict:
         """The job's final record (``scontrol show job``); fails the test if it has not ended by ``timeout``."""
+        t0 = time.monotonic()
         record = self.slurm.wait_job(self.ids[i], timeout)
         if record.get("JobState") not in ENDED:
             self.slurm.client("node001", ["scancel", self.ids[i]], check=False)
             pytest.fail(
-                f"job {self.ids[i]} is {record.get('JobState')} after {timeout:.0f} s\n"
+                f"job {self.ids[i]} is {record.get('JobState')} after {time.monotonic() - t0:.0f} s\n"
                 + self.tail(i)
             )
         return record

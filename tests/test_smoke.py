@@ -143,7 +143,9 @@ def test_make_smoke_runs_two_ranks_and_matches_one_process():
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_shard_map_variant_is_equivalent_too(tmp_path):
+def test_the_jit_step_the_gpus_run_is_equivalent_too(tmp_path):
+    # On the CPU --step-fn auto is shard_map (make smoke above checks it); auto on GPUs is jit, with one all-reduce
+    # per parameter leaf that XLA combines: the same check with it, across processes over gloo.
     proc = subprocess.run(
         [
             sys.executable,
@@ -152,7 +154,7 @@ def test_shard_map_variant_is_equivalent_too(tmp_path):
             "--np",
             "2",
             "--step-fn",
-            "shard_map",
+            "jit",
             "--steps",
             "4",
         ],

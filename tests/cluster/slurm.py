@@ -43,6 +43,22 @@ from helpers import restore_signals
 from . import sim
 
 RUN = Path("/var/spool") / f"{sim.PREFIX}-slurm"
+# The states of a job that has ended. Anything else is a job still alive, and not only PENDING, RUNNING, COMPLETING
+# or CONFIGURING: scontrol shows a flag in place of the state, e.g. SIGNALING for the second or so the SIGCONT that
+# slurmctld sends before --signal's own signal is in flight (a wait that took it for the end cancelled a running job).
+ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo")
 START_TIMEOUT_S = 120  # the daemons up and both nodes idle, on a loaded 2-core machine
 STOP_TIMEOUT_S = 30
@@ -315,11 +331,11 @@ class Slurm:
         return fields
 
     def wait_job(self, job_id: str, timeout: float) -> dict:
-        """The job's record once it has left PENDING/RUNNING/COMPLETING (or the last one seen after ``timeout``)."""
+        """The job's record once it has ended (a state in ``ENDED``), or the last one seen after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             record = self.job(job_id)
-            if record.get("JobState") not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            if record.get("JobState") in ENDED:
                 return record
             if time.monotonic() > deadline:
                 return record

@@ -133,7 +133,9 @@ SETUP = r"""
 set -euo pipefail
 root=$1 ro=$2 workdir=$3 userspec=$4 groups=$5; shift 5
 mount --make-rprivate /
-mnt=$(mktemp -d /tmp/octo-dist-ctr.XXXXXX)
+# The root filesystem bound onto itself: a mount point of its own (for the read-only remount) that needs no
+# folder on the host (a mktemp folder would stay behind in /tmp after every run).
+mnt=$root
 mount --bind "$root" "$mnt"
 mkdir -p "$mnt$workdir"
 for f in hosts hostname resolv.conf; do [ -e "$mnt/etc/$f" ] || : > "$mnt/etc/$f"; done
