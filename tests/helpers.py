@@ -107,6 +107,19 @@ def run(args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, preexec_fn=restore_signals, **kwargs)
 
 
+def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``octo-dist smoke --model tiny FLAGS...`` in one process, from this checkout, with a clean environment; its
+    output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny", *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(),
+        cwd=cwd,
+    )
+
+
 def json_lines(text: str) -> list:
     return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
 

@@ -296,18 +296,25 @@ def job_processes(cluster: sim.Cluster) -> list[str]:
     return out
 
 
-@pytest.mark.cluster_long
-def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
+def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) -> Submitted:
+    """A paced job that only a cancel or a fault ends, one rank per node (losing node002 is the point, and two
+    start-ups are half the cost of four), once it has written its first checkpoint."""
     job = launch(
         slurm,
         tmp_path,
-        compile_cache,
+        cache,
         steps=LONG,
         ranks_per_node=1,
         global_batch=8,
         step_time=LONG_STEP_TIME,
     )
     wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    return job
+
+
+@pytest.mark.cluster_long
+def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
+    job = launch_until_stopped(slurm, tmp_path, compile_cache)
     assert any(p.startswith("node002:") and "octo-dist" in p for p in job_processes(slurm.cluster))
     slurm.client("node001", ["scancel", job.id])
     final = job.wait(timeout=120)
@@ -340,17 +347,7 @@ def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
 def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_failed(
     fault, slurm, tmp_path, compile_cache
 ):
-    # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
-    job = launch(
-        slurm,
-        tmp_path,
-        compile_cache,
-        steps=LONG,
-        ranks_per_node=1,
-        global_batch=8,
-        step_time=LONG_STEP_TIME,
-    )
-    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    job = launch_until_stopped(slurm, tmp_path, compile_cache)
     seen = len(job.log())  # the preflight already names node002: read what follows the fault
     if fault == "link-cut":
         slurm.cluster.cut_link("node002")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import PROGRAMS, REPO, clean_env, tail
 
 from octo_dist.engine import savedir
@@ -71,24 +72,7 @@ def small_fs(tmp_path):
 
 
 def smoke(save_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "smoke",
-            "--model",
-            "tiny",
-            "--save-dir",
-            str(save_dir),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=600,
-    )
+    return helpers.run_smoke("--save-dir", str(save_dir), *extra, cwd=REPO)
 
 
 @pytest.mark.slow

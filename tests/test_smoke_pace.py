@@ -2,10 +2,8 @@
 ones a full-speed run ends with, and a stop signal is still seen between steps."""
 
 import json
-import subprocess
-import sys
 
-from helpers import clean_env
+import helpers
 
 from octo_dist.apps.smoke.app import Pace
 
@@ -39,25 +37,8 @@ def test_pace_sleeps_what_each_step_left_of_the_step_time():
 
 def smoke(tmp_path, name, *flags):
     record = tmp_path / f"{name}.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "smoke",
-            "--model",
-            "tiny",
-            "--steps",
-            "6",
-            "--record",
-            str(record),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
-        cwd=tmp_path,
+    proc = helpers.run_smoke(
+        "--steps", "6", "--record", str(record), *flags, cwd=tmp_path, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(record.read_text())

@@ -2,12 +2,11 @@
 
 import json
 import struct
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+import helpers
+from helpers import REPO
 from octo_dist.apps import summary
 
 
@@ -102,26 +101,8 @@ def png_size(path):
 @pytest.mark.slow
 def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     save = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "smoke",
-            "--model",
-            "tiny",
-            "--steps",
-            "6",
-            "--save-dir",
-            str(save),
-            "--record",
-            str(tmp_path / "record.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=REPO,
+    proc = helpers.run_smoke(
+        "--steps", "6", "--save-dir", str(save), "--record", str(tmp_path / "record.json"), cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "record.json").read_text())
@@ -211,27 +192,8 @@ def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(tmp_path):
     save = tmp_path / "run"
 
     def smoke(steps, *extra):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "octo_dist",
-                "smoke",
-                "--model",
-                "tiny",
-                "--steps",
-                str(steps),
-                "--save-dir",
-                str(save),
-                "--save-every",
-                "3",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=clean_env(),
-            cwd=REPO,
+        proc = helpers.run_smoke(
+            "--steps", str(steps), "--save-dir", str(save), "--save-every", "3", *extra, cwd=REPO
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads((save / "summary.json").read_text())

@@ -32,22 +32,27 @@ from typing import Mapping, Optional, Sequence
 from helpers import restore_signals
 
 HERE = Path(__file__).resolve().parent
-# Which of the clusters that may be up at once this process makes: "0" (the default) and "1" for a second pytest
-# beside the first (make test runs the real-scheduler tests so). Each instance has its own names, subnet, lock,
-# spool and leftovers; at most one cluster per instance at a time. Interface names hold 15 characters:
-# "octosim-node001" is 15, so every prefix is 7.
+# Which of the clusters that may be up at once this process makes: "0" (the default), and "1", "2" for pytests
+# beside the first (make test runs the real Slurm and Grid Engine tests so). Each instance has its own names,
+# subnet, lock, spool and leftovers; at most one cluster per instance at a time. Interface names hold 15
+# characters: "octosim-node001" is 15, so every prefix is 7.
 INSTANCE_ENV = "OCTOSIM_INSTANCE"
 
 
 def _instance(environ) -> int:
     raw = environ.get(INSTANCE_ENV, "0") or "0"
-    if not (raw.isdigit() and int(raw) < 10):
+    if not (len(raw) == 1 and raw in "0123456789"):
         raise RuntimeError(f"{INSTANCE_ENV}={raw!r}; expected one digit, 0 to 9")
     return int(raw)
 
 
+def prefix_of(instance: int) -> str:
+    """0 -> "octosim", 3 -> "octsim3": the names of an instance's namespaces, links, lock and spools."""
+    return "octosim" if instance == 0 else f"octsim{instance}"
+
+
 INSTANCE = _instance(os.environ)
-PREFIX = "octosim" if INSTANCE == 0 else f"octsim{INSTANCE}"
+PREFIX = prefix_of(INSTANCE)
 SWITCH = f"{PREFIX}-sw"
 SUBNET = f"10.231.{INSTANCE}"
 LOCK = Path("/run/lock") / f"{PREFIX}.lock"
