@@ -42,8 +42,9 @@ REFERENCE_STEP_TIME = 0.1
 LONG_STEP_TIME = 0.1
 STOP_MARGIN_S = 60
 JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
-FAULT_DEADLINE_S = 60  # a lost node must end the job within this (measured from the fault)
-FAULT_GRACE_S = 30  # ... plus this much for a loaded machine before the test gives up
+# A lost node must end the job within this, measured from the fault (under CI load: 1-34 s).
+FAULT_DEADLINE_S = 60
+FAULT_GRACE_S = 30  # ... and the test waits this much longer, to say how late a late end came
 VENV = Path(sys.executable).parent.parent
 # Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task.
 SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
@@ -364,6 +365,10 @@ def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_faile
     took = time.monotonic() - t0
     assert state.get("JobState") != "RUNNING", (
         f"{fault}: job {job.id} still RUNNING {took:.0f} s after the fault\n" + job.tail()
+    )
+    assert took <= FAULT_DEADLINE_S, (
+        f"{fault}: job {job.id} ended {took:.0f} s after the fault; expected within {FAULT_DEADLINE_S} s\n"
+        + job.tail()
     )
     # The batch script has ended: Slurm records it as failed (COMPLETING while it cannot reach node002 to clean
     # up, with the script's exit status; FAILED or NODE_FAIL once done).
