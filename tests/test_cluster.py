@@ -271,10 +271,18 @@ def check_smoke_run(job: sim.Job, record: dict, reference: dict, cluster: sim.Cl
     )
 
 
+# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
+# directory without it is still being written (orbax has renamed it into place, its checksums.json.<pid>.tmp
+# may be half written).
+MANIFEST = "checksums.json"
+
+
 def checkpoints(save_dir: Path) -> dict[str, str]:
-    """Every file of every complete checkpoint (``<step>/``), with its sha256."""
+    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256."""
     out = {}
-    for step in sorted(p for p in save_dir.iterdir() if p.name.isdigit()):
+    for step in sorted(
+        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
+    ):
         for f in sorted(step.rglob("*")):
             if f.is_file():
                 out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
@@ -508,7 +516,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     script = render("pbs", work, sif, steps=200, ranks_per_node=1)
     job = submit(cluster, "pbs", script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
-    wait_for(save_dir / str(SAVE_EVERY), job)
+    wait_for(save_dir / str(SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
     before = checkpoints(save_dir)
     seen = (
         len(job.output()),
