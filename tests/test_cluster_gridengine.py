@@ -1,11 +1,11 @@
 """The rendered Grid Engine job under a real Grid Engine 8.1.9 and Debian's Open MPI 4.1.4, on the namespace cluster.
 
 ``tests/cluster/gridengine.py`` starts ``sge_qmaster`` on node001 and ``sge_execd`` on node001 and node002 (a queue
-with 2 slots per host, a PE ``mpi`` with ``control_slaves TRUE`` and ``allocation_rule 2``; 1 and 1 for the
-stop and fault scenarios). Every job is rendered
-and submitted by ``octo-dist launch sge ... --submit`` run on node001 (the real ``qsub``); the ranks run from this
-checkout's venv under ``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4), which starts node002's ranks through
-``qrsh -inherit`` (Grid Engine's tight integration; no ssh, no agent of ours). Results come from rank 0's record
+with 2 slots per host, a PE ``mpi`` with ``control_slaves TRUE`` and ``allocation_rule 2``; 1 slot and
+``allocation_rule 1`` for the qdel and lost-node scenarios). Every job is rendered and submitted by ``octo-dist
+launch sge ... --submit`` run on node001 (the real ``qsub``); the ranks run from this checkout's venv under
+``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4), which starts node002's ranks through ``qrsh -inherit``
+(Grid Engine's tight integration; no ssh, no agent of ours). Results come from rank 0's record
 (``--record``), the run's ``summary.json``, the job's log (rank 0 alone prints) and ``qacct``; never from
 interleaved output of several ranks.
 """
@@ -60,8 +60,8 @@ def ge(tmp_path):
 
 @pytest.fixture
 def ge_one_per_node(tmp_path):
-    """1 slot per host: the stop and fault scenarios, where losing node002 is the point and two JAX start-ups cost
-    half of four on a busy machine."""
+    """1 slot per host: the qdel and lost-node scenarios, where losing node002 is the point and two JAX start-ups
+    cost half of four on a busy machine."""
     yield from engine(tmp_path, 1)
 
 
