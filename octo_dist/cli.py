@@ -259,6 +259,11 @@ def _unknown_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from octo_dist.runtime import startclock
+
+    startclock.done(
+        "imports"
+    )  # the start-up profile's first phase: the interpreter and this module
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [RAW_ARGV]:
         from octo_dist.apps.finetune import app

@@ -323,6 +323,54 @@ def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_t
         next(source(start=6).batches(3))
 
 
+def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path, monkeypatch):
+    """The step is compiled from the batch's shapes while the shuffle buffer fills: tf.data's spec where it knows
+    every dimension, one example read ahead where it does not (decoded images' channels); strings are encoded or
+    dropped by ``process`` first, as for real batches."""
+    tf = pytest.importorskip("tensorflow")
+    monkeypatch.chdir(tmp_path)
+    job = fc.parse(smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic")), REACHABLE)
+
+    def build():
+        def trajectories():
+            for t in range(12):
+                yield {
+                    "action": np.arange(5 * t, 5 * t + 5),
+                    "image": np.full((5, 2, 3), t, np.uint8),
+                    "name": np.array([b"bridge"] * 5),
+                }
+
+        ds = tf.data.Dataset.from_generator(
+            trajectories,
+            output_signature={
+                "action": tf.TensorSpec((5,), tf.int64),
+                "image": tf.TensorSpec((5, None, 3), tf.uint8),  # a dimension tf.data does not know
+                "name": tf.TensorSpec((5,), tf.string),
+            },
+        )
+        ds.dataset_statistics = {"action": {"mean": [1.0]}}
+        return ds
+
+    def without_name(batch):
+        return {k: v for k, v in batch.items() if k != "name"}
+
+    src = finetune.OctoData(job, None, 4, 0, 1, build=build, process=without_name)
+    spec = src.batch_spec()
+    assert {k: (v.shape, np.dtype(v.dtype)) for k, v in spec.items()} == {
+        "action": ((4,), np.dtype("int64")),
+        "image": ((4, 2, 3), np.dtype("uint8")),
+    }
+    assert finetune.shape_differences(spec, src.example) == ""
+    other = {**src.example, "image": np.zeros((4, 9, 3), np.uint8)}
+    assert (
+        finetune.shape_differences(spec, other) == "['image']: (4, 2, 3) uint8 vs (4, 9, 3) uint8"
+    )
+    assert src.builds == 1  # the look ahead reads the built pipeline, it does not build another
+
+    known = finetune.OctoData(job, None, 4, 0, 1, build=counted_frames(tf), process=lambda b: b)
+    assert {k: v.shape for k, v in known.batch_spec().items()} == {"action": (4,)}
+
+
 # --- octo-dist finetune: the installed command, its packaged configs, its help -------------------------------------
 
 
@@ -792,6 +840,8 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
     assert model.config["window_size"] == 2 and model.dataset_statistics["action"][
         "mean"
     ].shape == (7,)
+    # What the fork's finetune.py reads from a pretrained model in full mode (a KeyError without it).
+    assert model.config["optimizer"]["frozen_keys"] == []
 
     # ...and a new fine-tune starts from it (one process): head_only leaves the transformer as it was loaded.
     # Relative paths on purpose: orbax refuses them ("Checkpoint path should be absolute") unless made absolute.

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from octo_dist import EXIT_USAGE
 from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
+from octo_dist.runtime import startclock
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,9 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
     """
     from octo_dist.runtime import compile_cache
 
-    _STARTUP["entered"] = time.time()
+    startclock.done(
+        "checks"
+    )  # flags parsed and the job's configuration checked (the command's main)
     refused = compile_cache.problem(options.compile_cache)
     if refused:  # found before start-up, the same on every rank
         print(f"octo-dist {command}: error: {refused}", file=sys.stderr, flush=True)
@@ -100,7 +103,7 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
     ) as e:  # a launcher, coordinator or setting refused (2), or a start-up that failed (1)
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
-    _STARTUP["distributed"] = time.time()
+    startclock.done("distributed")
     with runtime.running(rt):
         from octo_dist.runtime import ranklog
         from octo_dist.runtime import stopping
@@ -109,7 +112,11 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
         ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
         stop = stopping.StopSignal()
         try:
-            compile_cache.enable(options.compile_cache)
+            compile_cache.enable(
+                compile_cache.resolve(
+                    options.compile_cache, rt.platform, options.runtime.get("environ", os.environ)
+                )
+            )
             try:
                 return work(Job(rt, stop))
             except Problem as e:
@@ -134,26 +141,26 @@ class Timing:
 
     fit_started: float
     step_ends: list
-    # when run() was entered and when distributed start-up was done (time.time(); None outside run())
-    entered: Optional[float] = None
-    distributed: Optional[float] = None
 
 
-def process_started() -> float:
-    """This process's start (``time.time()`` clock): the interpreter's launch, not this module's import."""
+def process_started(proc: str = "/proc") -> float:
+    """This process's start (``time.time()`` clock): the interpreter's launch, not this module's import.
+
+    Its age is read on one clock, the kernel's time since boot: ``/proc/uptime`` now (``"35212.47 ..."``) minus
+    the start in ``/proc/self/stat`` (field 22, clock ticks since boot). ``psutil``'s ``create_time`` adds that
+    start to the boot time in whole seconds (``btime``): 0.6 s early here, and seconds off on a loaded VM."""
     try:
-        import psutil
-
-        return psutil.Process(os.getpid()).create_time()
-    except (
-        Exception
-    ):  # psutil missing, or /proc unreadable: the import of this module is close enough
+        with open(os.path.join(proc, "uptime")) as f:
+            uptime = float(f.read().split()[0])
+        with open(os.path.join(proc, "self", "stat")) as f:
+            # "1234 (python3) S 1 ...": the command may hold spaces and parentheses; the fields follow the last ")".
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # no /proc: the import of this module is close enough
         return _IMPORTED
 
 
 _IMPORTED = time.time()
-# run()'s marks for the start-up profile: "entered" (imports and flags done), "distributed" (start-up done)
-_STARTUP: dict = {}
 
 
 def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **fit_kwargs):
@@ -162,12 +169,8 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
     Returns ``(train.FitResult, Timing)``."""
     from octo_dist.engine import train
 
-    timing = Timing(
-        fit_started=time.time(),
-        step_ends=[],
-        entered=_STARTUP.get("entered"),
-        distributed=_STARTUP.get("distributed"),
-    )
+    # The job's own set-up ends here; train.fit marks the rest (first batch, parameters, compile).
+    timing = Timing(fit_started=startclock.done("setup"), step_ends=[])
 
     def timed(step, values):
         timing.step_ends.append(time.time())  # the metrics were fetched: the step has finished
@@ -216,12 +219,7 @@ def summary(
     rt = job.runtime
     started = process_started()
     phases = summary_mod.startup_phases(
-        started,
-        timing.entered,
-        timing.distributed,
-        timing.fit_started,
-        result.marks,
-        timing.step_ends[0] if timing.step_ends else None,
+        started, startclock.marks(), timing.step_ends[0] if timing.step_ends else None
     )
     # Every rank's profile (a collective: every rank calls summary()); the slowest rank is the one others waited for.
     everyone = collectives.allgather_json({"phases": phases})
@@ -242,6 +240,7 @@ def summary(
         input_s=result.input_s,
         startup=phases,
         startup_by_rank=[r["phases"] for r in everyone],
+        startup_beside=startclock.besides(),
     )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)

@@ -63,6 +63,9 @@ class RunSummary:
     startup: Optional[dict] = None
     slowest_rank: Optional[int] = None
     slowest_startup: Optional[dict] = None
+    # work background threads did during start-up, in seconds, beside the phases (not in their sum):
+    # {"dataset": 41.0, "compile": 14.2} when the first batch and the step's compilation overlapped other work
+    startup_beside: Optional[dict] = None
 
     @property
     def bound(self) -> Optional[str]:
@@ -75,41 +78,45 @@ class RunSummary:
         return {"schema": SCHEMA, **dataclasses.asdict(self), "bound": self.bound}
 
 
-# The start-up profile's phases, in order; together they are the time from process start to the first step's end.
+# The start-up profile's phases, in the order start-up passes them; together they are the time from process start
+# to the first step's end (the main thread's; work overlapped beside it is reported apart, under "beside").
 STARTUP_PHASES = (
-    ("imports", "imports and flags: process start -> the job's start-up"),
+    ("imports", "Python, JAX, TensorFlow and Octo imported"),
+    ("checks", "flags parsed; configuration, data and weights checked"),
     ("distributed", "launcher detection, coordinator, jax.distributed"),
-    ("setup", "the job's own set-up: config checks, data pipeline, model definition"),
-    ("first_batch", "checkpoints scanned, the first global batch made"),
-    ("parameters", "parameters initialised or restored"),
-    ("compile_first_step", "the train step compiled, the first step run and read"),
+    (
+        "model_load",
+        "the pretrained model read (what was left once the dataset's first batch was there)",
+    ),
+    ("dataset", "the dataset: statistics, the tf.data graph, the first batch (the wait for it)"),
+    ("setup", "the rest of the job's set-up: model definition, optimizer, run directory, tracker"),
+    ("parameters", "parameters initialised or restored, pretrained ones carried over"),
+    ("compile", "the train step compiled (the wait for it)"),
+    ("first_step", "the first step run and its metrics read"),
 )
 
 
 def startup_phases(
     process_started: float,
-    entered: Optional[float],
-    distributed: Optional[float],
-    fit_started: float,
-    marks: Mapping[str, float],
+    marks: Sequence[Tuple[str, float]],
     first_step_end: Optional[float],
 ) -> dict:
-    """Seconds per phase from the marks start-up passed (``time.time()``); a phase whose end mark is missing is left
-    out and its time goes to the next one, so the phases always add up to the time to the first step."""
-    points = [
-        ("imports", entered),
-        ("distributed", distributed),
-        ("setup", fit_started),
-        ("first_batch", marks.get("first_batch")),
-        ("parameters", marks.get("state")),
-        ("compile_first_step", first_step_end),
-    ]
-    out, last = {}, process_started
+    """Seconds per phase from the start-up clock's marks (``time.time()``; ``startclock``): the time before a mark
+    goes to its phase, a phase marked twice adds up, so the phases add up to the time to the first step.
+
+    ``startup_phases(100.0, [("imports", 102.0), ("checks", 102.5)], 110.0)``
+    -> ``{"imports": 2.0, "checks": 0.5, "first_step": 7.5}``."""
+    points = sorted(marks, key=lambda m: m[1])
+    if first_step_end is not None:
+        points = [m for m in points if m[1] <= first_step_end] + [("first_step", first_step_end)]
+    out: dict = {}
+    last = process_started
     for name, at in points:
-        if at is not None:
-            out[name] = max(0.0, at - last)
-            last = at
-    return out
+        out[name] = out.get(name, 0.0) + max(0.0, at - last)
+        last = max(last, at)
+    order = [name for name, _ in STARTUP_PHASES]
+    rank = {name: i for i, name in enumerate(order)}
+    return {name: out[name] for name in sorted(out, key=lambda n: rank.get(n, len(order)))}
 
 
 def summarize(
@@ -130,6 +137,7 @@ def summarize(
     input_s: Optional[Mapping[int, float]] = None,
     startup: Optional[Mapping[str, float]] = None,
     startup_by_rank: Optional[Sequence[Mapping[str, float]]] = None,
+    startup_beside: Optional[Mapping[str, float]] = None,
 ) -> RunSummary:
     """The figures from timestamps in seconds on one clock (``time.time()``), e.g. ``step_ends=[17.9, 17.93, ...]``."""
     ends = list(step_ends)
@@ -162,6 +170,7 @@ def summarize(
         startup=dict(startup) if startup else None,
         slowest_rank=slowest,
         slowest_startup=dict(startup_by_rank[slowest]) if slowest is not None else None,
+        startup_beside=dict(startup_beside) if startup_beside else None,
     )
 
 
@@ -187,11 +196,13 @@ def lines(s: RunSummary) -> str:
     )
     if s.startup:
         text += "\n  start-up: " + ", ".join(
-            f"{'compile + first step' if name == 'compile_first_step' else name.replace('_', ' ')} "
-            f"{_seconds(s.startup[name])}"
-            for name, _ in STARTUP_PHASES
-            if name in s.startup
+            f"{name.replace('_', ' ')} {_seconds(seconds)}" for name, seconds in s.startup.items()
         )
+        if s.startup_beside:
+            text += "; beside: " + ", ".join(
+                f"{name.replace('_', ' ')} {_seconds(seconds)}"
+                for name, seconds in s.startup_beside.items()
+            )
         if s.slowest_rank not in (None, 0) and s.slowest_startup:
             text += f" (slowest: rank {s.slowest_rank}, first step after {_seconds(sum(s.slowest_startup.values()))})"
     if s.bound is not None:

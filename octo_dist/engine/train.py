@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from octo_dist.engine import checkpoint
 from octo_dist.runtime import ranklog
+from octo_dist.runtime import startclock
 from octo_dist.engine.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,6 @@ class FitResult:
     # step -> seconds the host spent making the next global batch while that step ran (reading, stacking,
     # starting the transfer): when it nears the step time, the device waits for input (data-bound).
     input_s: dict = dataclasses.field(default_factory=dict)
-    # time.time() when start-up reached each point inside fit: "first_batch" (checkpoints scanned, the first
-    # global batch made), "state" (parameters initialised or restored, room for checkpoints checked)
-    marks: dict = dataclasses.field(default_factory=dict)
 
 
 def check_resumable(meta: Mapping[str, Any], fingerprint: Mapping[str, Any], directory) -> None:
@@ -88,11 +86,14 @@ def fit(
     fingerprint: Optional[Mapping[str, Any]] = None,
     on_step: Optional[Callable[[int, dict], None]] = None,
     stop=None,
+    engine=None,
 ) -> FitResult:
     """Train ``cfg.steps`` steps in total (a resumed run does the remainder). Call on every process.
 
     ``stop``: a ``stopping.StopSignal`` the caller installed before start-up, so that a wall-time signal during
-    start-up or compilation is honoured too (default: one installed here)."""
+    start-up or compilation is honoured too (default: one installed here). ``engine``: a ``parallel.Engine`` for
+    ``optimizer``, its step perhaps compiled already (a job that compiled it while its data loaded); default: one
+    made here, its step compiled while the parameters are initialised or restored."""
     import jax
 
     from octo_dist.runtime import stopping
@@ -115,16 +116,22 @@ def fit(
         resume_from, start = decision.step, decision.start
         if decision.directory and resume_from is None:
             log.info("no checkpoint in %s yet; starting at step 0", decision.directory)
-        eng = parallel.Engine(parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn)
+        eng = engine or parallel.Engine(
+            parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn
+        )
         batches = data.batches(start)
         # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
         first = eng.global_batch(next(batches))
-        marks = {"first_batch": time.time()}
+        startclock.done("dataset")
+        # The state's shapes, dtypes and replicated shardings (jax.eval_shape: nothing computed): the checkpoint's
+        # template, and what the step is compiled for in a thread while the parameters are made or read.
+        template = eng.abstract_state(policy, first, cfg.seed, params)
+        compiling = (
+            None if eng.compiled else startclock.Background("compile", eng.compile, template, first)
+        )
         if resume_from is None:
             state = eng.init_state(policy, first, cfg.seed, params)
         else:
-            # The template (shapes, dtypes, replicated shardings) the checkpoint is read into, by shape only.
-            template = eng.abstract_state(policy, first, cfg.seed, params)
             state, meta = ckpt.restore(resume_from, template)
             parallel.assert_replicated(state)
             check_resumable(meta, fingerprint, ckpt.directory)
@@ -143,7 +150,10 @@ def fit(
             savedir.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
             kept_now,
         )
-        marks["state"] = time.time()
+        startclock.done("parameters")
+        if compiling is not None:
+            compiling.result()
+            startclock.done("compile")
 
         losses: dict = {}
         stopped_by = None
@@ -218,7 +228,6 @@ def fit(
             params_digest=parallel.tree_digest(state.params),
             state=state,
             input_s=input_s,
-            marks=marks,
         )
     finally:
         if owned:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 log = logging.getLogger(__name__)
 
 
 def problem(directory: Optional[str]) -> Optional[str]:
     """Why ``directory`` cannot hold the cache ("found; expected. Fix: ..."), checked before start-up; None when it can."""
-    if not directory:
+    if not directory or directory.strip().lower() in OFF:
         return None
     path = os.path.abspath(directory)
     while not os.path.exists(path) and os.path.dirname(path) != path:
@@ -35,13 +35,54 @@ def problem(directory: Optional[str]) -> Optional[str]:
     return None
 
 
+OFF = (
+    "off",
+    "none",
+    "no",
+    "0",
+)  # --compile-cache off / OCTO_DIST_COMPILE_CACHE=off: no cache at all
+CPU_RUNTIME_FLAG = "--xla_cpu_use_xla_runtime=true"
+
+
+def default_directory(platform: str, environ: Mapping[str, str]) -> Optional[str]:
+    """Where the cache goes when no ``--compile-cache`` was given: on GPUs, the user's cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``octo-dist/compile-cache``: a home directory every node of a cluster
+    shares); on the CPU only where JAX can cache there (XLA_FLAGS holding ``--xla_cpu_use_xla_runtime=true``).
+
+    ``default_directory("gpu", {"HOME": "/home/u"})`` -> ``"/home/u/.cache/octo-dist/compile-cache"``."""
+    if platform == "cpu" and CPU_RUNTIME_FLAG not in environ.get("XLA_FLAGS", "").split():
+        return None
+    base = environ.get("XDG_CACHE_HOME") or (
+        os.path.join(environ["HOME"], ".cache") if environ.get("HOME") else None
+    )
+    return os.path.join(base, "octo-dist", "compile-cache") if base else None
+
+
+def resolve(given: Optional[str], platform: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The cache directory a job uses: ``given`` (the flag, or ``$OCTO_DIST_COMPILE_CACHE``), None for ``off``, or
+    the platform's default (:func:`default_directory`)."""
+    if given and given.strip().lower() in OFF:
+        return None
+    return given or default_directory(platform, environ)
+
+
 def enable(directory: Optional[str], min_compile_secs: float = 1.0) -> Optional[str]:
-    """Use ``directory`` (None: off) as JAX's persistent cache; returns it."""
+    """Use ``directory`` (None: off) as JAX's persistent cache; returns it, or None where it cannot be created (a
+    cache only saves time: the job goes on without one, saying why)."""
     if not directory:
         return None
     import jax
 
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        log.warning(
+            "compile cache %s cannot be created (%s); compiling without it. Fix: --compile-cache <a writable "
+            "directory>, or --compile-cache off",
+            directory,
+            e.strerror or e,
+        )
+        return None
     if "jax_compilation_cache_dir" in jax.config.values:
         jax.config.update("jax_compilation_cache_dir", directory)
     else:

@@ -14,17 +14,31 @@ import optax
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 from octo_dist.policies.tiny import TinyPolicy
+from octo_dist.runtime import startclock
 
 out = {"jax": jax.__version__, "devices": jax.device_count()}
 ndev = jax.device_count()
 tx = optax.adam(1e-3)
 
 
-def run(devices, step_fn, steps=2):
-    """Losses of ``steps`` steps on ``devices``; the engine and last state are kept for the checks below."""
+def run(devices, step_fn, steps=2, ahead=False):
+    """Losses of ``steps`` steps on ``devices``; the engine and last state are kept for the checks below.
+    ``ahead``: the step compiled first, in a thread, from the state's and batch's shapes only (what train.fit and
+    the fine-tune job do while parameters are made and data loads), then called."""
     eng = parallel.Engine(parallel.make_mesh(devices), policy.loss, tx, step_fn=step_fn)
     src = data.SyntheticData(data.Spec(), 2 * ndev, 0, 1, len(devices))
-    state = eng.init_state(policy, eng.global_batch(src.batch(0)))
+    first = eng.global_batch(src.batch(0))
+    if ahead:
+        shapes = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), first
+        )
+        compiling = startclock.Background(
+            "compile", eng.compile, eng.abstract_state(policy, shapes), shapes
+        )
+    state = eng.init_state(policy, first)
+    if ahead:
+        compiling.result()
+        out.setdefault("compiled_ahead", {})[step_fn] = eng.compiled
     got = []
     for s in range(steps):
         batch = eng.global_batch(src.batch(s))
@@ -47,6 +61,9 @@ out["losses"] = {
     "shard_map_many": run(jax.devices(), "shard_map")[0],
 }
 out["losses"]["jit_many"], eng, state = run(jax.devices(), "jit")
+out["losses"]["jit_ahead"] = run(jax.devices(), "jit", ahead=True)[0]
+out["losses"]["shard_map_ahead"] = run(jax.devices(), "shard_map", ahead=True)[0]
+out["compile_beside_s"] = startclock.besides().get("compile")
 
 # Batch sizes at NDEV-1, NDEV, NDEV+1: the odd ones are refused before anything is compiled.
 out["batch_sizes"] = {}

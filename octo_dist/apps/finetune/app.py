@@ -27,6 +27,7 @@ Not carried over: the fork's validation/visualisation/rollout callbacks (``eval_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -80,7 +81,10 @@ class OctoData:
 
     The pipeline is built once per rank, seeded for the step training starts at, and its first batch is both the
     example the parameters are initialised on and training's first batch: start-up reads the data once, not three
-    times (statistics, example, training), and fills the shuffle buffer once.
+    times (statistics, example, training), and fills the shuffle buffer once. That fill (10,000 frames decoded and
+    augmented with the default config) is most of start-up, so it runs in a thread from construction on: the
+    pretrained model is read and the step compiled meanwhile, from the batch's shapes (:meth:`batch_spec`).
+    ``example`` waits for it.
 
     Args:
       start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
@@ -100,6 +104,8 @@ class OctoData:
         build=None,
         process=None,
     ):
+        from octo_dist.runtime import startclock
+
         self.config = job_config
         self.text_processor = text_processor
         self.local_batch_size = local_batch_size
@@ -121,10 +127,45 @@ class OctoData:
         if process_index != 0:
             dataset = self._seeded_build(start_step)
         self.dataset_statistics = dataset.dataset_statistics
-        self._stream = self._batches_of(dataset, start_step)
-        self.example = next(
-            self._stream
-        )  # training's first batch, kept for the parameters' initialisation
+        self._pipeline = self._pipeline_of(dataset, start_step)
+        self._frames = dataset.unbatch()  # examples in file order, for batch_spec's look at one
+        self._stream = self._batches_of(self._pipeline)
+        # Training's first batch, kept for the parameters' initialisation; made beside the model's load and
+        # compilation. The thread touches TensorFlow only: no JAX collective, so ranks cannot cross them.
+        self._first = startclock.Background("first_batch", next, self._stream)
+
+    @property
+    def example(self) -> dict:
+        """The first batch (waits for the shuffle buffer to fill)."""
+        return self._first.result()
+
+    def batch_spec(self) -> dict:
+        """This process's batch as ``jax.ShapeDtypeStruct`` leaves, known before the first batch is: tf.data's
+        element spec, through ``process`` (on a batch of zeros and empty strings). Where tf.data does not know a
+        dimension (decoded images' channels: ``(1, 256, 256, None)``), from one example read ahead of the shuffle
+        buffer (one trajectory decoded)."""
+        import jax
+        import numpy as np
+        import tensorflow as tf
+
+        spec = self._pipeline.element_spec
+        leaves = tf.nest.flatten(spec)
+        if any(None in s.shape[1:] for s in leaves):
+            one = next(iter(self._frames.take(1).as_numpy_iterator()))
+            shapes = [np.shape(x) for x in tf.nest.flatten(one)]
+        else:
+            shapes = [tuple(s.shape[1:]) for s in leaves]
+
+        def zeros(s, shape):
+            shape = (self.local_batch_size, *shape)
+            if s.dtype == tf.string:
+                return np.full(shape, b"", dtype=object)
+            return np.zeros(shape, s.dtype.as_numpy_dtype)
+
+        fake = tf.nest.pack_sequence_as(spec, [zeros(s, sh) for s, sh in zip(leaves, shapes)])
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._process(fake)
+        )
 
     def _make_single_dataset(self):
         from octo.data.dataset import make_single_dataset
@@ -151,7 +192,7 @@ class OctoData:
             )
             return self._build_fn()
 
-    def _batches_of(self, dataset, start_step: int) -> Iterator[dict]:
+    def _pipeline_of(self, dataset, start_step: int):
         import tensorflow as tf
 
         seed = data_seed(self.config.config.seed, self.process_index, start_step)
@@ -170,13 +211,16 @@ class OctoData:
         finally:
             absl_log.setLevel(level)
         # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
-        pipeline = (
+        # drop_remainder: the stream repeats forever, so no batch is short; the batch axis is then known up front.
+        return (
             dataset.repeat()
             .unbatch()
             .shuffle(self.config.config.shuffle_buffer_size, seed=seed)
-            .batch(self.local_batch_size)
+            .batch(self.local_batch_size, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE)
         )
+
+    def _batches_of(self, pipeline) -> Iterator[dict]:
         for batch in pipeline.as_numpy_iterator():
             yield self._process(batch)
 
@@ -229,6 +273,97 @@ def _json_default(o):
     return repr(o)
 
 
+def pretrained_config(directory: str) -> dict:
+    """The model config ``OctoModel.load_pretrained(directory)`` would give (its ``config.json``, with the same shim
+    for configs that name the action horizon ``pred_horizon``), read without the weights."""
+    with open(os.path.join(directory, "config.json")) as f:
+        model_config = json.load(f)
+    action = model_config["model"]["heads"]["action"]["kwargs"]
+    if "pred_horizon" in action:
+        action["action_horizon"] = action.pop("pred_horizon")
+    return model_config
+
+
+@dataclasses.dataclass
+class Ahead:
+    """What :func:`compile_ahead` made: the parameters' init (compiled), the optimizer, the engine (its step
+    compiled unless asked otherwise)."""
+
+    init: Any
+    tx: Any
+    lr_schedule: Any
+    engine: Any
+
+
+def output_shapes(lowered, trace_again):
+    """A lowered function's outputs as ``jax.ShapeDtypeStruct`` leaves, without tracing it again: later JAX has
+    ``Lowered.out_info``; 0.4.20-0.4.22 keep the avals in the lowering's compile arguments. ``trace_again()`` where
+    neither is there (``jax.eval_shape``: a second trace)."""
+    import jax
+
+    info = getattr(lowered, "out_info", None)
+    if info is not None:
+        return info
+    try:
+        avals = lowered._lowering.compile_args["global_out_avals"]
+    except (AttributeError, KeyError, TypeError):
+        return trace_again()
+    return jax.tree_util.tree_unflatten(
+        lowered.out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    )
+
+
+def shape_differences(spec, batch) -> str:
+    """The leaves whose shape or dtype differ between ``spec`` and ``batch`` ("" when none), e.g.
+    ``"['observation']['image_primary']: (8, 1, 256, 256, 3) uint8 vs (8, 1, 256, 256, 1) uint8"``."""
+    import jax
+    import numpy as np
+
+    found = []
+    for (path, want), got in zip(
+        jax.tree_util.tree_flatten_with_path(spec)[0], jax.tree_util.tree_leaves(batch)
+    ):
+        if (tuple(want.shape), np.dtype(want.dtype)) != (np.shape(got), np.asarray(got).dtype):
+            found.append(
+                f"{jax.tree_util.keystr(path)}: {tuple(want.shape)} {np.dtype(want.dtype)} vs "
+                f"{np.shape(got)} {np.asarray(got).dtype}"
+            )
+    if jax.tree_util.tree_structure(spec) != jax.tree_util.tree_structure(batch):
+        found.append("the batch's keys")
+    return "; ".join(found)
+
+
+def compile_ahead(
+    policy, mesh, local_spec, init_rng, optimizer_kwargs, step_fn, seed, compile_step=True
+) -> Ahead:
+    """Compile the parameters' init and the train step for one global batch of ``local_spec``'s shapes (this
+    process's batch: ``jax.ShapeDtypeStruct`` or arrays), before any batch exists: nothing is computed, so it runs
+    while the shuffle buffer fills. The optimizer is made from the parameters' shapes (``create_optimizer`` takes
+    shapes), so the real parameters are made once, by the compiled init."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from octo.utils.train_utils import create_optimizer
+
+    from octo_dist.engine import parallel
+
+    sharded = NamedSharding(mesh, P(parallel.BATCH_AXIS))
+    processes = jax.process_count()
+    global_spec = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(
+            (x.shape[0] * processes, *x.shape[1:]), x.dtype, sharding=sharded
+        ),
+        local_spec,
+    )
+    lowered = jax.jit(policy.init).lower(init_rng, global_spec)  # Octo's init traced once, for both
+    params_spec = output_shapes(lowered, lambda: jax.eval_shape(policy.init, init_rng, global_spec))
+    init = lowered.compile()
+    tx, lr_schedule, _ = create_optimizer(params_spec, **optimizer_kwargs)
+    engine = parallel.Engine(mesh, policy.loss, tx, step_fn=step_fn)
+    if compile_step:
+        engine.compile(engine.abstract_state(policy, global_spec, seed, params_spec), global_spec)
+    return Ahead(init=init, tx=tx, lr_schedule=lr_schedule, engine=engine)
+
+
 def run(job_config: config.FinetuneJob, environ: Mapping[str, str] = os.environ) -> int:
     """Fine-tune as ``job_config`` says (:func:`config.parse` made it). Call on every rank; returns the exit code:
     0 done (or stopped by a signal after saving), 2 refused before anything was compiled (printed once)."""
@@ -251,7 +386,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     tfquiet.quiet_autograph(environ)
     from octo.model.octo_model import OctoModel
     from octo.utils.spec import ModuleSpec
-    from octo.utils.train_utils import check_config_diff, create_optimizer
+    from octo.utils.train_utils import check_config_diff
 
     import numpy as np
 
@@ -260,6 +395,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     from octo_dist.engine import train
     from octo_dist.policies import gather
     from octo_dist.policies import octo
+    from octo_dist.runtime import startclock
+
+    startclock.done("imports")  # TensorFlow, Octo and the engine
 
     # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
     rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
@@ -281,23 +419,19 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         c.num_steps,
     )
 
-    # --- the model config: the pretrained model's, edited (or the config's own model_config) ----------------------
-    pretrained = None
-    if pretrained_path:
-        pretrained = OctoModel.load_pretrained(
-            resolve_pretrained(str(pretrained_path)), step=c.get("pretrained_step")
-        )
-        base = pretrained.config
-    else:
-        base = plain["model_config"]
+    # --- the model config: the pretrained model's config.json, edited (or the config's own model_config) ------------
+    # Only the config now (the text processor encodes the data); the weights are read while the data loads.
+    pretrained_dir = resolve_pretrained(str(pretrained_path)) if pretrained_path else None
+    base = pretrained_config(pretrained_dir) if pretrained_dir else plain["model_config"]
     model_config = modelconfig.edit_model_config(
         base, plain.get("config_delete_keys"), plain.get("update_config")
     )
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
+    startclock.done("model_load")
 
-    # --- data: this process's share, its own seed ------------------------------------------------------------------
+    # --- data: this process's share, its own seed; the first batch fills the shuffle buffer in a thread ------------
     source = OctoData(
         cfg,
         text_processor,
@@ -306,26 +440,48 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         rt.process_count,
         start_step=cfg.resume.start,
     )
-    example = source.example
+    startclock.done("dataset")
 
-    # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
+    # --- meanwhile: the pretrained weights read, the parameters' init and the train step compiled from shapes -------
+    pretrained = None
+    if pretrained_dir:
+        pretrained = OctoModel.load_pretrained(pretrained_dir, step=c.get("pretrained_step"))
+        startclock.done("model_load")
     policy = octo.OctoPolicy(model_config, text_processor, source.dataset_statistics)
     mesh = parallel.make_mesh()
-    global_example = gather.for_from_config(example, mesh)
     init_rng, _ = parallel.init_keys(c.seed)
-    params = jax.jit(policy.init)(init_rng, global_example)
+    optimizer_kwargs = dict(
+        plain["optimizer"], frozen_keys=modelconfig.resolve_frozen_keys(plain, model_config)
+    )
+    batch_spec = source.batch_spec()
+    startclock.done("dataset")
+    ahead = compile_ahead(policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed)
+    startclock.done("compile")
+
+    # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
+    example = source.example
+    startclock.done("dataset")
+    differ = shape_differences(batch_spec, example)
+    if differ:
+        # The pipeline makes batches of other shapes than its first example had: compile for the real batch.
+        log.warning(
+            "the first batch differs from the shapes compiled for (%s); compiling again", differ
+        )
+        ahead = compile_ahead(
+            policy, mesh, example, init_rng, optimizer_kwargs, cfg.step_fn, c.seed
+        )
+        startclock.done("compile")
+    global_example = gather.for_from_config(example, mesh)
+    params = ahead.init(init_rng, global_example)
     if pretrained is not None:
         params = octo.with_pretrained(params, pretrained.params)
     del pretrained
+    startclock.done("parameters")
     # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.
     first_example = jax.tree_util.tree_map(
         lambda x: np.asarray(x)[:1], gather.gathered(example, mesh)
     )
-
-    optimizer_kwargs = dict(
-        plain["optimizer"], frozen_keys=modelconfig.resolve_frozen_keys(plain, model_config)
-    )
-    tx, lr_schedule, _ = create_optimizer(params, **optimizer_kwargs)
+    tx, lr_schedule = ahead.tx, ahead.lr_schedule
 
     # --- where it goes -------------------------------------------------------------------------------------------
     out_dir = cfg.run_dir
@@ -385,13 +541,25 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         tracker=ScheduleTracker(tracker, lr_schedule),
         params=params,
         fingerprint=cfg.fingerprint(),
+        engine=ahead.engine,
     )
 
     if out_dir and result.end_step > result.start_step:
         # Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
         # load_pretrained and the fork's eval scripts read the result. Collective: every process calls it.
         model = policy.model(
-            result.state.params, first_example, {**model_config, "window_size": window}
+            result.state.params,
+            first_example,
+            # "optimizer": what Octo's own checkpoints hold, and what the fork's finetune.py reads in full mode
+            # (model.config["optimizer"]["frozen_keys"]: a KeyError without it): this run's, its frozen keys resolved.
+            {
+                **model_config,
+                "window_size": window,
+                "optimizer": {
+                    **plain["optimizer"],
+                    "frozen_keys": list(optimizer_kwargs["frozen_keys"]),
+                },
+            },
         )
         model.save_pretrained(result.end_step, out_dir)
     losses = [result.losses[k] for k in sorted(result.losses)]
