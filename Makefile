@@ -26,7 +26,7 @@ OCTO_DIST := $(VENV)/bin/octo-dist
 JAX020_VENV ?= .venv-jax020
 JAX020_STAMP := $(JAX020_VENV)/.octo-dist-jax020-cpu-py$(PY_MM)
 
-.PHONY: help env dev-env jax020-env git-deps lock check-env test lint format test-repeat smoke bench-check-env bench-engine bench-startup clean-env
+.PHONY: help env dev-env jax020-env git-deps lock check-env test lint format test-repeat smoke bench-check-env bench-engine bench-startup bench-startup-fork clean-env
 
 HELP_VARS := PROFILE PYTHON VENV JAX020_VENV IMAGE SIF SIF_DEF LOCAL_BASE LOCAL_SUITE
 help: ## list the targets and the variables that change them (with their values now)
@@ -39,7 +39,8 @@ help: ## list the targets and the variables that change them (with their values 
 	  VENV '$(VENV): the environment make env builds' \
 	  PYTEST_ARGS '$(or $(PYTEST_ARGS),(none)): extra pytest arguments for make test / test-repeat' \
 	  'N, HOGS' '$(N), $(HOGS): runs and CPU hogs of make test-repeat' \
-	  BEFORE '$(BEFORE): the revision make bench-startup compares this tree with'
+	  BEFORE '$(BEFORE): the revision make bench-startup compares this tree with' \
+	  FORK '$(or $(FORK),(none: the tree octo is imported from)): the fork source tree make bench-startup-fork runs'
 	@echo
 	@echo "targets:"
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
@@ -186,6 +187,9 @@ bench-engine: $(ENV_STAMP) ## per step function and model size (tiny, Octo-Small
 BEFORE ?= 6e80f81
 bench-startup: $(ENV_STAMP) ## time to first step of smoke (and finetune where octo imports): this tree vs BEFORE=<rev>, side by side
 	$(VENV)/bin/python bench/startup.py --before $(BEFORE)
+
+bench-startup-fork: $(ENV_STAMP) ## time to first step, step time, memory of finetune: this tree vs the fork's scripts/finetune.py (FORK=<its tree>), side by side
+	$(VENV)/bin/python bench/startup_fork.py $(if $(FORK),--fork $(FORK))
 
 clean-env: ## remove $(VENV)
 	rm -rf $(VENV)

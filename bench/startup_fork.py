@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Start-up and step time of ``octo-dist finetune`` against the Octo fork's own ``scripts/finetune.py``, side by side.
+
+Both get the same command line: the fork's ``scripts/configs/finetune_config.py:full,image_conditioned``, a small
+pretrained Octo, the fork's debug dataset (``tests/debug_dataset/bridge_dataset``), batch 8, STEPS steps (10 of them
+learning-rate warm-up instead of the config's 2,000, which a short run cannot hold), metrics
+fetched every step (``log_interval=1``), no evaluation or checkpoint inside the run, wandb off, JAX on the CPU. One
+process each, from a scratch directory, alternating (fork, octo-dist, then octo-dist, fork, ...), ROUNDS times each.
+
+* the fork runs unchanged under ``bench/fork_timing.py``, which stamps each iteration of its training loop; with
+  ``log_interval=1`` it waits for every step's metrics, so iteration i+1 starting means step i finished;
+* octo-dist's figures are the ones it writes to its run's ``summary.json``.
+
+Figures per run, on one definition for both: time to first step (process creation, ``psutil``'s ``create_time()``,
+to the first step finished), steady step (median of the step-to-step intervals from the third step on), peak memory
+(the child's ``ru_maxrss`` from ``os.wait4``), wall (process creation to exit; octo-dist also writes its final
+checkpoint, which the fork does not do at ``save_interval > num_steps``). Prints the medians, the ratio octo-dist /
+fork next to its target, octo-dist's start-up phases and the command line; asserts nothing. Exits non-zero only when
+a run fails.
+
+The pretrained model (unless --pretrained): a tiny Octo (``finetune_smoke_config.py``'s) trained 2 steps by
+``octo-dist finetune`` on the same debug dataset at the fork config's image size (256x256) and window (1), which
+also leaves the dataset statistics cached for both. Its ``config.json`` gets ``"optimizer": {"frozen_keys": []}``
+added, as a checkpoint of Octo's own pretraining has: the fork's ``full`` mode reads
+``model.config["optimizer"]["frozen_keys"]`` and fails with a KeyError without it.
+
+The fork's tree is --fork, else the one the importable ``octo`` package sits in; where neither is found the bench
+prints one ``skipped`` line and exits 0.
+
+usage: bench/startup_fork.py [--fork PATH] [--pretrained DIR] [--rounds 2] [--steps 60]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Tuple
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 1800
+CONFIG = "scripts/configs/finetune_config.py:full,image_conditioned"
+DATA = "tests/debug_dataset"
+WARMUP_STEPS = 10
+# ratio octo-dist / fork that each figure should reach (first step: the start-up work octo-dist overlaps or skips)
+TARGETS = {"first_step_s": 0.6, "step_s": 1.0, "maxrss_mib": 1.05, "wall_s": None}
+ROWS = (
+    ("first_step_s", "time to first step (s)", 1.0, "{:.1f}"),
+    ("step_s", "steady step (ms)", 1e3, "{:.1f}"),
+    ("maxrss_mib", "peak memory (MiB)", 1.0, "{:.0f}"),
+    ("wall_s", "wall (s)", 1.0, "{:.1f}"),
+)
+
+
+def locate_fork(given: Optional[str]) -> Tuple[Optional[Path], str]:
+    """The fork's source tree (the folder holding ``scripts/finetune.py``), or None and why, with the fix."""
+    if given:
+        tree = Path(given).resolve()
+        if not (tree / "scripts" / "finetune.py").is_file():
+            return (
+                None,
+                f"no scripts/finetune.py under {tree}; pass --fork <the fork's source tree> (FORK=... for make)",
+            )
+        sys.path.insert(0, str(tree))  # its octo package, for the check below
+    spec = importlib.util.find_spec("octo")
+    if spec is None or spec.origin is None:
+        return (
+            None,
+            "octo is not importable; make git-deps, or pass --fork <the fork's source tree>",
+        )
+    # octo/__init__.py -> the tree above the package: a source checkout holds scripts/ there, site-packages does not
+    tree = Path(given).resolve() if given else Path(spec.origin).resolve().parents[1]
+    if not (tree / "scripts" / "finetune.py").is_file():
+        return None, (
+            f"octo is installed at {Path(spec.origin).parent} without the fork's scripts/finetune.py; "
+            "pass --fork <a checkout of the fork> (FORK=... for make)"
+        )
+    if not (tree / DATA / "bridge_dataset").is_dir():
+        return (
+            None,
+            f"no {DATA}/bridge_dataset under {tree}; pass --fork <a full checkout of the fork>",
+        )
+    return tree, ""
+
+
+def child_env(fork: Path, given: bool) -> dict:
+    paths = [str(REPO), *([str(fork)] if given else []), os.environ.get("PYTHONPATH")]
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+        "JAX_PLATFORMS": "cpu",
+        "WANDB_MODE": "disabled",
+    }
+
+
+def run_child(argv: list, cwd: Path, env: dict, log: Path) -> dict:
+    """Runs ``argv`` to its end: exit code, creation time, wall and peak memory of this one process (and its
+    children), its output in ``log``."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    created = psutil.Process(proc.pid).create_time()
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session start_new_session made: this run only
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.1)
+    ended = time.time()
+    proc.returncode = os.waitstatus_to_exitcode(
+        status
+    )  # reaped here; keeps Popen from waiting again
+    return {
+        "rc": proc.returncode,
+        "created": created,
+        "wall_s": ended - created,
+        "maxrss_mib": usage.ru_maxrss / 1024,  # KiB on Linux
+    }
+
+
+def failed(what: str, argv: list, rc: int, log: Path) -> int:
+    tail = log.read_text(errors="replace")[-4000:]
+    print(f"bench-startup-fork: {what} exited {rc}: {shlex.join(argv)}\n{tail}", file=sys.stderr)
+    return 1
+
+
+def make_pretrained(fork: Path, scratch: Path, env: dict) -> Tuple[Optional[Path], int]:
+    """A tiny Octo in Octo's ``save_pretrained`` layout, made by ``octo-dist finetune`` (see the module docstring)."""
+    save_dir = scratch / "pretrained"
+    argv = [
+        sys.executable,
+        "-m",
+        "octo_dist",
+        "finetune",
+        "--config=finetune_smoke_config.py",
+        "--debug",
+        "--name=pretrained",
+        f"--config.save_dir={save_dir}",
+        "--config.dataset_kwargs.name=bridge_dataset",
+        f"--config.dataset_kwargs.data_dir={fork / DATA}",
+        "--config.num_steps=2",  # a cosine schedule needs decay_steps (num_steps) > warmup_steps (1)
+        "--config.save_interval=2",
+        "--config.frame_transform_kwargs.resize_size.primary=(256, 256)",
+        "--config.window_size=1",
+        "--config.traj_transform_kwargs.window_size=1",
+    ]
+    log = scratch / "pretrained.log"
+    r = run_child(argv, scratch, env, log)
+    if r["rc"]:
+        return None, failed("making the pretrained model", argv, r["rc"], log)
+    model = next(save_dir.rglob("config.json")).parent
+    config = json.loads((model / "config.json").read_text())
+    config.setdefault("optimizer", {"frozen_keys": []})
+    (model / "config.json").write_text(json.dumps(config))
+    return model, 0
+
+
+def flags(fork: Path, model: Path, steps: int, save_dir: Path) -> list:
+    return [
+        f"--config={fork / CONFIG}",
+        f"--config.pretrained_path={model}",
+        f"--config.dataset_kwargs.data_dir={fork / DATA}",
+        "--config.batch_size=8",
+        f"--config.num_steps={steps}",
+        # The config's 2,000 warm-up steps exceed a short run: optax's cosine schedule then fails on both sides.
+        f"--config.optimizer.learning_rate.warmup_steps={min(WARMUP_STEPS, steps - 1)}",
+        "--config.log_interval=1",
+        f"--config.eval_interval={steps + 1}",
+        f"--config.save_interval={steps + 1}",
+        f"--config.save_dir={save_dir}",
+        "--debug",
+    ]
+
+
+def steady(ends: list) -> Optional[float]:
+    """Median step-to-step interval from the third step on (as octo-dist's summary computes ``median_step_s``)."""
+    gaps = [b - a for a, b in zip(ends[1:], ends[2:])]
+    return statistics.median(gaps) if gaps else None
+
+
+def run_fork(
+    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n: int
+) -> Tuple[dict, int]:
+    run_dir = scratch / f"fork-{n}"
+    run_dir.mkdir()
+    stamps = run_dir / "iteration_starts.json"
+    argv = [
+        sys.executable,
+        str(REPO / "bench" / "fork_timing.py"),
+        str(stamps),
+        str(fork / "scripts" / "finetune.py"),
+        *flags(fork, model, steps, run_dir / "runs"),
+    ]
+    r = run_child(argv, run_dir, env, run_dir / "log")
+    if r["rc"]:
+        return r, failed("the fork's finetune.py", argv, r["rc"], run_dir / "log")
+    ends = json.loads(stamps.read_text())["iteration_starts"][
+        1:
+    ]  # iteration i+1 starts when step i is done
+    return {**r, "first_step_s": ends[0] - r["created"], "step_s": steady(ends)}, 0
+
+
+def run_octo_dist(
+    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n: int
+) -> Tuple[dict, int]:
+    run_dir = scratch / f"octo-dist-{n}"
+    run_dir.mkdir()
+    argv = [
+        sys.executable,
+        "-m",
+        "octo_dist",
+        "finetune",
+        *flags(fork, model, steps, run_dir / "runs"),
+    ]
+    r = run_child(argv, run_dir, env, run_dir / "log")
+    if r["rc"]:
+        return r, failed("octo-dist finetune", argv, r["rc"], run_dir / "log")
+    summary = json.loads(next((run_dir / "runs").rglob("summary.json")).read_text())
+    # time_to_first_step_s: psutil's create_time() of its own process -> first step done, as above for the fork
+    return {
+        **r,
+        "first_step_s": summary["time_to_first_step_s"],
+        "step_s": summary["median_step_s"],
+        "startup": summary.get("startup") or {},
+    }, 0
+
+
+def median_of(runs: list, key: str) -> Optional[float]:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def report(runs: dict, a, fork: Path, model: Path) -> None:
+    print(
+        f"bench-startup-fork: fork = {fork}; pretrained = {model}; median of {a.rounds} run(s) each, "
+        f"{a.steps} steps, one process, {os.cpu_count()} CPU(s)"
+    )
+    print(f"{'':<24} {'fork':>9} {'octo-dist':>10} {'ratio':>6}  target")
+    for key, label, scale, fmt in ROWS:
+        f, o = median_of(runs["fork"], key), median_of(runs["octo-dist"], key)
+        ratio = f"{o / f:.2f}" if f and o is not None else "-"
+        cell = lambda v: fmt.format(v * scale) if v is not None else "-"  # noqa: E731
+        target = f"<= {TARGETS[key]}" if TARGETS[key] is not None else ""
+        print(f"{label:<24} {cell(f):>9} {cell(o):>10} {ratio:>6}  {target}")
+    for name in ("fork", "octo-dist"):
+        each = ", ".join(
+            f"{r['first_step_s']:.1f} s / {(r['step_s'] or 0) * 1e3:.0f} ms / {r['maxrss_mib']:.0f} MiB"
+            for r in runs[name]
+        )
+        print(f"  {name} runs (first step / steady step / peak memory): {each}")
+    phases = {}
+    for r in runs["octo-dist"]:
+        for phase, seconds in r["startup"].items():
+            phases.setdefault(phase, []).append(seconds)
+    print(
+        "octo-dist start-up phases (median s): "
+        + ", ".join(f"{p} {statistics.median(v):.1f}" for p, v in phases.items())
+    )
+    shown = flags(fork, model, a.steps, Path("<run>/runs"))
+    print("command line (both, in a scratch directory; JAX_PLATFORMS=cpu WANDB_MODE=disabled):")
+    print(
+        f"  fork:      python bench/fork_timing.py <run>/iteration_starts.json {fork}/scripts/finetune.py \\"
+    )
+    print(f"               {shlex.join(shown)}")
+    print(f"  octo-dist: python -m octo_dist finetune {shlex.join(shown)}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--fork",
+        help="the fork's source tree, holding scripts/finetune.py (default: the one the octo package is in)",
+    )
+    p.add_argument(
+        "--pretrained",
+        help="an Octo checkpoint directory (save_pretrained layout) (default: make a tiny one, see above)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="runs of each, alternating (default: %(default)s)"
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=60,
+        help="--config.num_steps of each run (default: %(default)s)",
+    )
+    a = p.parse_args()
+    if a.steps < 3 or a.rounds < 1:
+        p.error(
+            f"--steps {a.steps} --rounds {a.rounds}: expected 3 steps or more (a steady step needs them) and 1 round or more"
+        )
+    fork, why = locate_fork(a.fork)
+    if fork is None:
+        print(f"bench-startup-fork: skipped: {why}")
+        return 0
+    env = child_env(fork, bool(a.fork))
+    with tempfile.TemporaryDirectory(prefix="octo-dist-startup-fork-") as tmp:
+        scratch = Path(tmp)
+        if a.pretrained:
+            model = Path(a.pretrained).resolve()
+        else:
+            model, rc = make_pretrained(fork, scratch, env)
+            if rc:
+                return rc
+        runs = {"fork": [], "octo-dist": []}
+        which = {"fork": run_fork, "octo-dist": run_octo_dist}
+        for n in range(a.rounds):
+            for name in ("fork", "octo-dist") if n % 2 == 0 else ("octo-dist", "fork"):
+                r, rc = which[name](fork, model, a.steps, scratch, env, n)
+                if rc:
+                    return rc
+                runs[name].append(r)
+                print(
+                    f"  round {n + 1}: {name} first step {r['first_step_s']:.1f} s, wall {r['wall_s']:.1f} s",
+                    flush=True,
+                )
+        report(runs, a, fork, model)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
