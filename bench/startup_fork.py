@@ -11,8 +11,8 @@ process each, from a scratch directory, alternating (fork, octo-dist, then octo-
   ``log_interval=1`` it waits for every step's metrics, so iteration i+1 starting means step i finished;
 * octo-dist's figures are the ones it writes to its run's ``summary.json``.
 
-Figures per run, on one definition for both: time to first step (process creation, ``psutil``'s ``create_time()``,
-to the first step finished), steady step (median of the step-to-step intervals from the third step on), peak memory
+Figures per run, on one definition for both: time to first step (process start, as ``harness.process_started``
+reads it, to the first step finished), steady step (median of the step-to-step intervals from the third step on), peak memory
 (the child's ``ru_maxrss`` from ``os.wait4``), wall (process creation to exit; octo-dist also writes its final
 checkpoint, which the fork does not do at ``save_interval > num_steps``). Prints the medians, the ratio octo-dist /
 fork next to its target, octo-dist's start-up phases and the command line; asserts nothing. Exits non-zero only when
@@ -20,9 +20,8 @@ a run fails.
 
 The pretrained model (unless --pretrained): a tiny Octo (``finetune_smoke_config.py``'s) trained 2 steps by
 ``octo-dist finetune`` on the same debug dataset at the fork config's image size (256x256) and window (1), which
-also leaves the dataset statistics cached for both. Its ``config.json`` gets ``"optimizer": {"frozen_keys": []}``
-added, as a checkpoint of Octo's own pretraining has: the fork's ``full`` mode reads
-``model.config["optimizer"]["frozen_keys"]`` and fails with a KeyError without it.
+also leaves the dataset statistics cached for both. Its ``config.json`` holds ``optimizer.frozen_keys``, as a
+checkpoint of Octo's own pretraining does (the fork's ``full`` mode reads it).
 
 The fork's tree is --fork, else the one the importable ``octo`` package sits in; where neither is found the bench
 prints one ``skipped`` line and exits 0.
@@ -162,11 +161,7 @@ def make_pretrained(fork: Path, scratch: Path, env: dict) -> Tuple[Optional[Path
     r = run_child(argv, scratch, env, log)
     if r["rc"]:
         return None, failed("making the pretrained model", argv, r["rc"], log)
-    model = next(save_dir.rglob("config.json")).parent
-    config = json.loads((model / "config.json").read_text())
-    config.setdefault("optimizer", {"frozen_keys": []})
-    (model / "config.json").write_text(json.dumps(config))
-    return model, 0
+    return next(save_dir.rglob("config.json")).parent, 0
 
 
 def flags(fork: Path, model: Path, steps: int, save_dir: Path) -> list:
@@ -208,10 +203,9 @@ def run_fork(
     r = run_child(argv, run_dir, env, run_dir / "log")
     if r["rc"]:
         return r, failed("the fork's finetune.py", argv, r["rc"], run_dir / "log")
-    ends = json.loads(stamps.read_text())["iteration_starts"][
-        1:
-    ]  # iteration i+1 starts when step i is done
-    return {**r, "first_step_s": ends[0] - r["created"], "step_s": steady(ends)}, 0
+    stamped = json.loads(stamps.read_text())
+    ends = stamped["iteration_starts"][1:]  # iteration i+1 starts when step i is done
+    return {**r, "first_step_s": ends[0] - stamped["process_started"], "step_s": steady(ends)}, 0
 
 
 def run_octo_dist(
@@ -230,12 +224,13 @@ def run_octo_dist(
     if r["rc"]:
         return r, failed("octo-dist finetune", argv, r["rc"], run_dir / "log")
     summary = json.loads(next((run_dir / "runs").rglob("summary.json")).read_text())
-    # time_to_first_step_s: psutil's create_time() of its own process -> first step done, as above for the fork
+    # time_to_first_step_s: its process start -> first step done, as fork_timing.py measures the fork's
     return {
         **r,
         "first_step_s": summary["time_to_first_step_s"],
         "step_s": summary["median_step_s"],
         "startup": summary.get("startup") or {},
+        "beside": summary.get("startup_beside") or {},
     }, 0
 
 
@@ -262,14 +257,15 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
             for r in runs[name]
         )
         print(f"  {name} runs (first step / steady step / peak memory): {each}")
-    phases = {}
-    for r in runs["octo-dist"]:
-        for phase, seconds in r["startup"].items():
-            phases.setdefault(phase, []).append(seconds)
-    print(
-        "octo-dist start-up phases (median s): "
-        + ", ".join(f"{p} {statistics.median(v):.1f}" for p, v in phases.items())
-    )
+    for key, title in (("startup", "start-up phases"), ("beside", "work beside them")):
+        phases = {}
+        for r in runs["octo-dist"]:
+            for phase, seconds in r[key].items():
+                phases.setdefault(phase, []).append(seconds)
+        print(
+            f"octo-dist {title} (median s): "
+            + (", ".join(f"{p} {statistics.median(v):.1f}" for p, v in phases.items()) or "none")
+        )
     shown = flags(fork, model, a.steps, Path("<run>/runs"))
     print("command line (both, in a scratch directory; JAX_PLATFORMS=cpu WANDB_MODE=disabled):")
     print(

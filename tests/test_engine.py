@@ -43,6 +43,7 @@ def test_one_device_and_all_devices_give_the_same_losses(observed):
     losses = observed["losses"]
     assert close(losses["jit_one"], losses["jit_many"]), losses
     assert close(losses["jit_one"], losses["shard_map_many"]), losses
+    assert close(losses["jit_one"], losses["shard_map_one"]), losses
     assert losses["jit_one"][-1] < losses["jit_one"][0]  # it learns
 
 

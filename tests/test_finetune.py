@@ -295,7 +295,15 @@ def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_t
 
     def source(start=0, rank=0):
         return finetune.OctoData(
-            job, None, 4, rank, 1, start_step=start, build=counted_frames(tf), process=lambda b: b
+            job,
+            None,
+            4,
+            rank,
+            1,
+            start_step=start,
+            build=counted_frames(tf),
+            process=lambda b: b,
+            transform=lambda frames: frames,
         )
 
     def take(src, start, n=6):
@@ -354,7 +362,9 @@ def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path,
     def without_name(batch):
         return {k: v for k, v in batch.items() if k != "name"}
 
-    src = finetune.OctoData(job, None, 4, 0, 1, build=build, process=without_name)
+    src = finetune.OctoData(
+        job, None, 4, 0, 1, build=build, process=without_name, transform=lambda frames: frames
+    )
     spec = src.batch_spec()
     assert {k: (v.shape, np.dtype(v.dtype)) for k, v in spec.items()} == {
         "action": ((4,), np.dtype("int64")),
@@ -367,7 +377,9 @@ def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path,
     )
     assert src.builds == 1  # the look ahead reads the built pipeline, it does not build another
 
-    known = finetune.OctoData(job, None, 4, 0, 1, build=counted_frames(tf), process=lambda b: b)
+    known = finetune.OctoData(
+        job, None, 4, 0, 1, build=counted_frames(tf), process=lambda b: b, transform=lambda f: f
+    )
     assert {k: v.shape for k, v in known.batch_spec().items()} == {"action": (4,)}
 
 
@@ -392,7 +404,7 @@ def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
         ("--debug", "(default: off)"),
         ("--resume", "(default: off)"),
         ("--step_fn=auto|jit|shard_map", "(default: auto)"),
-        ("--compile_cache=DIR", "$OCTO_DIST_COMPILE_CACHE, else none)"),
+        ("--compile_cache=DIR", "GPUs ~/.cache/octo-dist/compile-cache)"),
         ("--config=FILE[:ARGS]", "(default:"),
     ):
         line = out[out.index(f"  {flag} ") :].split("\n  --")[0]
@@ -818,8 +830,26 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
     assert (run_dir / "train_state" / "2" / "state").is_dir() and (
         run_dir / "2" / "default"
     ).is_dir()
-    digests = json.loads((run_dir / "summary.json").read_text())["params_digests"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    digests = summary["params_digests"]
     assert len(digests) == 2 and len(set(digests)) == 1, digests
+    # The start-up profile: the fine-tune's phases in order, together the time to the first step (within 10%);
+    # the first batch was made in a thread, the init compiled beside the step.
+    assert list(summary["startup"]) == [
+        "imports",
+        "checks",
+        "distributed",
+        "model_load",
+        "dataset",
+        "setup",
+        "parameters",
+        "compile",
+        "first_step",
+    ]
+    assert sum(summary["startup"].values()) == pytest.approx(
+        summary["time_to_first_step_s"], rel=0.1
+    )
+    assert set(summary["startup_beside"]) == {"first_batch", "init_compile"}
     assert f"parameters identical on every rank: {digests[0]}, {digests[1]}" in first.stdout
 
     again = mpirun(2, *args, "--config.num_steps=2", timeout=300)

@@ -1,11 +1,11 @@
 """What a training run ends with, on rank 0: the figures people look at, in the log, ``summary.json`` and
 ``loss.png`` (the whole run: every job of a resumed or chained run).
 
-    octo-dist smoke: run summary: wall 41.2 s, first step after 17.9 s (compile 6.3 s), median step 21.0 ms,
-      381 examples/s (global batch 8), loss 0.8303 -> 0.0255 over steps 0 -> 20
-      start-up: imports 2.6 s, distributed 0.3 s, setup 8.7 s, first batch 0.1 s, parameters 0.5 s,
-      compile + first step 5.7 s
-      input 2.1 ms of each step (10%): compute-bound
+    octo-dist finetune: run summary: wall 46.5 s, first step after 37.1 s (compile 1.1 s), median step 155.7 ms,
+      51 examples/s (global batch 8), loss 11.2438 -> 8.3107 over steps 0 -> 60
+      start-up: imports 4.3 s, checks 0.1 s, distributed 0.5 s, model load 1.0 s, dataset 9.8 s, setup 0.0 s,
+      parameters 0.6 s, compile 20.3 s, first step 0.5 s; beside: first batch 2.1 s, init compile 4.7 s
+      input 6.3 ms of each step (4%): compute-bound
 
 :func:`summarize` is pure over the timestamps the harness took (process start, training start, the end of every
 step), so it is tested with numbers; :func:`write` puts the JSON and the plot in the run's directory.

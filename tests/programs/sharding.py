@@ -58,6 +58,7 @@ def run(devices, step_fn, steps=2, ahead=False):
 policy = TinyPolicy(dropout=0.0)
 out["losses"] = {
     "jit_one": run(jax.devices()[:1], "jit")[0],
+    "shard_map_one": run(jax.devices()[:1], "shard_map")[0],  # one device: no all-reduce at all
     "shard_map_many": run(jax.devices(), "shard_map")[0],
 }
 out["losses"]["jit_many"], eng, state = run(jax.devices(), "jit")

@@ -77,20 +77,30 @@ def process_batch(batch: dict, text_processor) -> dict:
 
 
 class OctoData:
-    """This process's slice of the global batch from ``make_single_dataset`` (``train.fit``'s data interface).
+    """This process's slice of the global batch, from the fork's single-dataset pipeline (``train.fit``'s data
+    interface).
 
     The pipeline is built once per rank, seeded for the step training starts at, and its first batch is both the
     example the parameters are initialised on and training's first batch: start-up reads the data once, not three
-    times (statistics, example, training), and fills the shuffle buffer once. That fill (10,000 frames decoded and
-    augmented with the default config) is most of start-up, so it runs in a thread from construction on: the
-    pretrained model is read and the step compiled meanwhile, from the batch's shapes (:meth:`batch_spec`).
-    ``example`` waits for it.
+    times (statistics, example, training), and fills the shuffle buffer once.
+
+    It is ``make_single_dataset``'s (``make_dataset_from_rlds``, then ``apply_trajectory_transforms``) with the frame
+    transforms (image decoding, resizing, augmentation: ``apply_frame_transforms``) applied after the shuffle, as
+    Octo's own ``make_interleaved_dataset`` orders them, not before it. The shuffle buffer then holds encoded frames:
+    the fork's decodes and augments every frame that fills it (10,000 with the default config; 5.9 GB and most of
+    its start-up on the debug dataset) although a step takes 8 of them. Each batch's frames are still decoded and
+    augmented once, with their own random augmentation, so the batches are drawn from the same distribution.
+
+    The first batch is made in a thread from construction on: the pretrained model is read and the step compiled
+    meanwhile, from the batch's shapes (:meth:`batch_spec`). ``example`` waits for it.
 
     Args:
       start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
         augmentation seeds follow it.
-      build: makes the dataset (default: Octo's ``make_single_dataset`` for the job config); the result carries
-        ``dataset_statistics``. ``process``: one batch -> what the model reads (default: Octo's ``process_batch``).
+      build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
+        config). ``transform``: the frame transforms, over a dataset of frames (default: Octo's
+        ``apply_frame_transforms`` for the config's ``frame_transform_kwargs``). ``process``: one batch -> what the
+        model reads (default: Octo's ``process_batch``).
     """
 
     def __init__(
@@ -103,6 +113,7 @@ class OctoData:
         start_step: int = 0,
         build=None,
         process=None,
+        transform=None,
     ):
         from octo_dist.runtime import startclock
 
@@ -111,7 +122,8 @@ class OctoData:
         self.local_batch_size = local_batch_size
         self.process_index = process_index
         self.builds = 0  # how many times the pipeline was built on this rank (tests, logs)
-        self._build_fn = build or self._make_single_dataset
+        self._build_fn = build or self._make_trajectories
+        self._transform = transform or self._frame_transforms
         self._process = process or functools.partial(process_batch, text_processor=text_processor)
         # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
         # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
@@ -127,8 +139,8 @@ class OctoData:
         if process_index != 0:
             dataset = self._seeded_build(start_step)
         self.dataset_statistics = dataset.dataset_statistics
+        self._frames = self._flattened(dataset)  # examples in file order (batch_spec reads one)
         self._pipeline = self._pipeline_of(dataset, start_step)
-        self._frames = dataset.unbatch()  # examples in file order, for batch_spec's look at one
         self._stream = self._batches_of(self._pipeline)
         # Training's first batch, kept for the parameters' initialisation; made beside the model's load and
         # compilation. The thread touches TensorFlow only: no JAX collective, so ranks cannot cross them.
@@ -151,7 +163,7 @@ class OctoData:
         spec = self._pipeline.element_spec
         leaves = tf.nest.flatten(spec)
         if any(None in s.shape[1:] for s in leaves):
-            one = next(iter(self._frames.take(1).as_numpy_iterator()))
+            one = next(iter(self._transform(self._frames.take(1)).as_numpy_iterator()))
             shapes = [np.shape(x) for x in tf.nest.flatten(one)]
         else:
             shapes = [tuple(s.shape[1:]) for s in leaves]
@@ -167,16 +179,31 @@ class OctoData:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._process(fake)
         )
 
-    def _make_single_dataset(self):
-        from octo.data.dataset import make_single_dataset
+    def _make_trajectories(self):
+        from octo.data.dataset import apply_trajectory_transforms, make_dataset_from_rlds
 
         c = self.config.plain_config()
-        return make_single_dataset(
-            c["dataset_kwargs"],
-            traj_transform_kwargs=c.get("traj_transform_kwargs", {}),
-            frame_transform_kwargs=c.get("frame_transform_kwargs", {}),
-            train=True,
+        dataset, statistics = make_dataset_from_rlds(**c["dataset_kwargs"], train=True)
+        dataset = apply_trajectory_transforms(
+            dataset, **c.get("traj_transform_kwargs", {}), train=True
         )
+        # make_single_dataset's: "seems to reduce memory usage without affecting speed" (a tf.data option)
+        dataset = dataset.with_ram_budget(1)
+        dataset.dataset_statistics = statistics
+        return dataset
+
+    def _frame_transforms(self, frames):
+        from octo.data.dataset import apply_frame_transforms
+
+        c = self.config.plain_config()
+        return apply_frame_transforms(frames, **c.get("frame_transform_kwargs", {}), train=True)
+
+    @staticmethod
+    def _flattened(dataset):
+        frames = dataset.unbatch()
+        # dlimp's frame_map maps frames of trajectories unless told the elements are frames (what its flatten() sets)
+        frames.is_flattened = True
+        return frames
 
     def _seeded_build(self, start_step: int):
         import tensorflow as tf
@@ -212,10 +239,12 @@ class OctoData:
             absl_log.setLevel(level)
         # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
         # drop_remainder: the stream repeats forever, so no batch is short; the batch axis is then known up front.
+        shuffled = self._flattened(dataset.repeat()).shuffle(
+            self.config.config.shuffle_buffer_size, seed=seed
+        )
+        shuffled.is_flattened = True
         return (
-            dataset.repeat()
-            .unbatch()
-            .shuffle(self.config.config.shuffle_buffer_size, seed=seed)
+            self._transform(shuffled)
             .batch(self.local_batch_size, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE)
         )
@@ -345,6 +374,7 @@ def compile_ahead(
     from octo.utils.train_utils import create_optimizer
 
     from octo_dist.engine import parallel
+    from octo_dist.runtime import startclock
 
     sharded = NamedSharding(mesh, P(parallel.BATCH_AXIS))
     processes = jax.process_count()
@@ -356,12 +386,13 @@ def compile_ahead(
     )
     lowered = jax.jit(policy.init).lower(init_rng, global_spec)  # Octo's init traced once, for both
     params_spec = output_shapes(lowered, lambda: jax.eval_shape(policy.init, init_rng, global_spec))
-    init = lowered.compile()
+    # XLA compiles without Python's lock: the init's compilation in a thread, beside the step's (the larger).
+    init = startclock.Background("init_compile", lowered.compile)
     tx, lr_schedule, _ = create_optimizer(params_spec, **optimizer_kwargs)
     engine = parallel.Engine(mesh, policy.loss, tx, step_fn=step_fn)
     if compile_step:
         engine.compile(engine.abstract_state(policy, global_spec, seed, params_spec), global_spec)
-    return Ahead(init=init, tx=tx, lr_schedule=lr_schedule, engine=engine)
+    return Ahead(init=init.result(), tx=tx, lr_schedule=lr_schedule, engine=engine)
 
 
 def run(job_config: config.FinetuneJob, environ: Mapping[str, str] = os.environ) -> int:

@@ -54,7 +54,8 @@ FLAGS = (
         "string",
         None,
         "DIR",
-        "persistent compilation cache directory (default: $OCTO_DIST_COMPILE_CACHE, else none)",
+        "persistent compilation cache directory, or off (default: $OCTO_DIST_COMPILE_CACHE, else on GPUs "
+        "~/.cache/octo-dist/compile-cache)",
     ),
 )
 
