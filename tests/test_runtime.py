@@ -249,6 +249,26 @@ def test_unreachable_coordinator_ends_with_the_address_and_timeout(tmp_path):
     )
 
 
+def test_the_coordinator_wait_ends_inside_start_ups_budget_and_names_the_whole_timeout():
+    """The wait shares start-up's budget with the imports before it (seconds on a loaded node): it ends at the
+    deadline it is given, before the watchdog's generic message would, and still names the whole timeout."""
+    import time
+
+    c = coord.resolve(
+        {"COORDINATOR_ADDRESS": f"127.0.0.1:{coord.free_port()}"}, launch(world=2, rank=1)
+    )
+    begun = time.monotonic()
+    with pytest.raises(
+        runtime.StartupError, match="did not accept connections within 30 s"
+    ) as late:
+        runtime.wait_for_coordinator(c, 30, 1, deadline=begun + 0.6)
+    assert time.monotonic() - begun < 10  # the deadline, not the 30 s
+    assert "last error: " in str(late.value) and "last error: None" not in str(late.value)
+    # A deadline already past: one attempt all the same, so the error says what the connection met.
+    with pytest.raises(runtime.StartupError, match=r"within 3 s \(last error: \[Errno 111\]"):
+        runtime.wait_for_coordinator(c, 3, 1, deadline=time.monotonic() - 1)
+
+
 @pytest.mark.mpi
 def test_a_missing_rank_ends_rank_0_with_a_clear_timeout():
     # Rank 0 of 2 starts the service, but rank 1 never comes: jax would abort blaming "missing heartbeats".

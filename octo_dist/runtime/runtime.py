@@ -177,11 +177,15 @@ def _enable_cpu_collectives(jax_version: str) -> None:
         ) from None
 
 
-def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int) -> None:
-    """Rank > 0: until the coordinator accepts TCP connections, at most ``timeout_s``; else a StartupError."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_coordinator(
+    c: coordinator.Coordinator, timeout_s: float, rank: int, deadline: Optional[float] = None
+) -> None:
+    """Rank > 0: until the coordinator accepts TCP connections, at most ``timeout_s`` (or until ``deadline``,
+    ``time.monotonic()``: start-up's whole budget, which the imports before this wait have used part of); else a
+    StartupError naming ``timeout_s``. One attempt is made however late it is."""
+    deadline = time.monotonic() + timeout_s if deadline is None else deadline
     last: Exception | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
             with socket.create_connection((c.host, c.port), timeout=min(2.0, max(timeout_s, 0.1))):
                 return
@@ -192,6 +196,8 @@ def wait_for_coordinator(c: coordinator.Coordinator, timeout_s: float, rank: int
             ) from None
         except OSError as e:
             last = e
+            if time.monotonic() + 0.25 >= deadline:
+                break
             time.sleep(0.25)
     raise StartupError(
         f"rank {rank}: coordinator {c.address} ({c.source}) did not accept connections within {timeout_s:g} s "
@@ -339,7 +345,10 @@ def _start(
         )
         if launch.rank != 0:
             dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
-            wait_for_coordinator(c, timeout_s, launch.rank)
+            # Ends before the watchdog (armed before `import jax`, timeout + WATCHDOG_MARGIN_S): its message names
+            # the coordinator, the watchdog's only the stage. A loaded node can take seconds to import jax.
+            until = dog.deadline - WATCHDOG_MARGIN_S if dog.deadline is not None else None
+            wait_for_coordinator(c, timeout_s, launch.rank, deadline=until)
         remaining = max(timeout_s - (time.monotonic() - started), 1.0)
         dog.stage("jax.distributed.initialize")
         try:

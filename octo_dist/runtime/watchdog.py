@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Optional
 
 GRACE_S = 5.0  # the child's SIGKILL comes this long after the thread's exit, which it only backs up
@@ -51,6 +52,9 @@ class Watchdog:
         self, seconds: float, message: str, exit_code: int = 1, python: str = sys.executable
     ):
         self.message, self.exit_code, self._stage = message, exit_code, "start-up"
+        self.deadline: Optional[float] = (
+            time.monotonic() + seconds
+        )  # when it fires (time.monotonic())
         self._child: Optional[subprocess.Popen] = subprocess.Popen(
             [python, "-c", _CHILD, str(os.getpid()), repr(float(seconds) + GRACE_S), message],
             stdin=subprocess.PIPE,
@@ -89,6 +93,8 @@ class Watchdog:
 
 class NoWatchdog:
     """A single process waits for nobody."""
+
+    deadline: Optional[float] = None
 
     def stage(self, what: str) -> None:
         pass
