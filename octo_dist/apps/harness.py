@@ -148,7 +148,7 @@ def process_started(proc: str = "/proc") -> float:
 
     Its age is read on one clock, the kernel's time since boot: ``/proc/uptime`` now (``"35212.47 ..."``) minus
     the start in ``/proc/self/stat`` (field 22, clock ticks since boot). ``psutil``'s ``create_time`` adds that
-    start to the boot time in whole seconds (``btime``): 0.6 s early here, and seconds off on a loaded VM."""
+    start to the boot time in whole seconds (``btime``): 0.6-0.85 s early on this machine."""
     try:
         with open(os.path.join(proc, "uptime")) as f:
             uptime = float(f.read().split()[0])
