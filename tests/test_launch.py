@@ -285,6 +285,40 @@ REFUSALS = {
         ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "0:05:00"],
         "--stop-margin 30",
     ),
+    "one second left before the stop": (
+        [
+            "sge",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "4",
+            "--walltime",
+            "0:05:01",
+            "--stop-margin",
+            "300",
+        ],
+        "at least 30 s before it",
+    ),
+    "a negative stop margin": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--stop-margin", "-100"],
+        "a margin of 0 s or more",
+    ),
+    "nodes past any machine": (
+        ["pbs", "--nodes", "99999999999999999999", "--group", "g1"],
+        "--nodes from 1 to 10000",
+    ),
+    "a wall time of centuries": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--walltime", "99999999-00:00:00"],
+        "at most 366 days",
+    ),
+    "cpus per rank past any node": (
+        ["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "99999"],
+        "0 (no binding) to 1024",
+    ),
+    "a save directory of 5000 characters": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--save-dir", "x" * 5000],
+        "at most 4096",
+    ),
     "pbs without a group": (["pbs", "--nodes", "1"], "qsub -P"),
     "slurm without gpus per node": (["slurm", "--nodes", "1"], "--gpus-per-node 8"),
     "resource type of another scheduler": (
@@ -578,14 +612,13 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
 def test_the_script_asks_for_the_stop_before_the_wall_time(fake_job, tmp_path):
     make, env, log = fake_job
     started = time.monotonic()
-    proc = start(make("--walltime", "0:01:00", "--stop-margin", "57"), env, tmp_path)
+    # The shortest training a job may have: 30 s before the stop (60 - 30).
+    proc = start(make("--walltime", "0:01:00", "--stop-margin", "30"), env, tmp_path)
     out = finish(proc)
     took = time.monotonic() - started
     assert proc.returncode == 0, out
-    assert "signal USR1" in log.read_text() and re.search(r"SIGUSR1 after [3-9]s", out), (
-        out
-    )  # 60 - 57 s, + start-up
-    assert 2.5 < took < 30
+    assert "signal USR1" in log.read_text() and re.search(r"SIGUSR1 after 3[0-9]s", out), out
+    assert 29.5 < took < 60
 
 
 def test_launcher_line_one_rank_per_gpu_and_key_stays_out_of_argv(fake_job, tmp_path):

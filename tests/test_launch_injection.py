@@ -760,10 +760,11 @@ def test_abci3_jobs_carry_its_settings():
     # What the job runtime reads (the JSON the script hands over), not bash variables.
     settings = render.settings(spec, "job.sh")
     hcas = ",".join(f"mlx5_ibn{i}" for i in range(1, 9))  # the 8 compute HCAs, not the storage one
-    assert ["NCCL_IB_HCA", hcas] in settings["environment"], settings["environment"]
-    assert settings["binds"] == ["/groups/gxx00000"]
-    assert settings["cpus_per_rank"] == 12 and settings["sockets"] == 2
-    assert settings["compile_cache"] == ".octo-dist/compile-cache"
+    environment = settings.forwarding.environment
+    assert ("NCCL_IB_HCA", hcas) in environment, environment
+    assert settings.software.binds == ("/groups/gxx00000",)
+    assert settings.allocation.cpus_per_rank == 12 and settings.allocation.sockets == 2
+    assert settings.storage.compile_cache == ".octo-dist/compile-cache"
     for forbidden in (
         "NCCL_IB_DISABLE",
         "NCCL_NET=",
@@ -771,11 +772,11 @@ def test_abci3_jobs_carry_its_settings():
         "--bind-to none -x PBS_NODEFILE",
     ):
         assert forbidden not in pbs, forbidden
-    assert not any(name in ("NCCL_IB_DISABLE", "NCCL_NET") for name, _ in settings["environment"])
+    assert not any(name in ("NCCL_IB_DISABLE", "NCCL_NET") for name, _ in environment)
     one_spec = parse(["pbs", "--nodes", "1", "--group", "gxx00000", "--resource-type", "rt_HG"])
     one = render.render(one_spec)
     assert "#PBS -q rt_HG" in one and "#PBS -l select=1:mpiprocs=1" in one
-    assert render.settings(one_spec, "job.sh")["cpus_per_rank"] == 0
+    assert render.settings(one_spec, "job.sh").allocation.cpus_per_rank == 0
     slurm = render.render(
         parse(["slurm", "--nodes", "1", "--gpus-per-node", "4", "--cpus-per-rank", "8"])
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.supervisor import rankguard, supervise
 
 # Stands in for mpirun: skips its options (each with a value, as the Grid Engine launcher line has them), starts
@@ -113,30 +114,42 @@ def job(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(supervise, "END_WAIT_S", 2)
     monkeypatch.setattr(supervise, "POLL_S", 0.05)
     saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
-    settings = {
-        "scheduler": "sge",
-        "script_name": "job.sh",
-        "nodes": 1,
-        "ranks_per_node": 2,
-        "cpus_per_rank": 0,
-        "sockets": 0,
-        "walltime_s": 3600,
-        "stop_margin_s": 300,
-        "modules": [],
-        "image": "",
-        "venv": str(tmp_path / "venv"),
-        "binds": [],
-        "save_dir": "save",
-        "data_dir": "",
-        "compile_cache": "",
-        "wandb_mode": "disabled",
-        "environment": [],
-        "coordinator": "",
-        "forward_prefixes": ["FAKE_"],
-        "forward_names": [],
-        "preflight": ["octo-dist", "check-env", "--launch"],
-        "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
-    }
+    settings = job_settings.from_mapping(
+        {
+            "schema": job_settings.SCHEMA,
+            "script_name": "job.sh",
+            "allocation": {
+                "scheduler": "sge",
+                "nodes": 1,
+                "ranks_per_node": 2,
+                "cpus_per_rank": 0,
+                "sockets": 0,
+            },
+            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
+            "software": {
+                "modules": [],
+                "image": "",
+                "venv": str(tmp_path / "venv"),
+                "binds": [],
+            },
+            "storage": {
+                "save_dir": "save",
+                "data_dir": "",
+                "compile_cache": "",
+                "wandb_mode": "disabled",
+            },
+            "forwarding": {
+                "environment": [],
+                "coordinator": "",
+                "forward_prefixes": ["FAKE_"],
+                "forward_names": [],
+            },
+            "commands": {
+                "preflight": ["octo-dist", "check-env", "--launch"],
+                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
+            },
+        }
+    )
 
     def make(**env):
         base = {
@@ -331,4 +344,5 @@ def test_settings_as_rendered_are_what_the_supervisor_reads():
     from octo_dist.jobs.cli import parse
 
     values = render.settings(parse(["sge", "--nodes", "2", "--gpus-per-node", "4"]), "job.sh")
-    assert json.loads(render.settings_json(values)) == values
+    assert job_settings.from_json(values.to_json()) == values
+    assert json.loads(values.to_json())["schema"] == job_settings.SCHEMA

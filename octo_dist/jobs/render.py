@@ -9,12 +9,12 @@ signals, failures and time limits lives there, tested. The header's ``@{name}`` 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from typing import List
 
 from octo_dist.jobs import schedulers, sitedirectives
+from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
@@ -62,59 +62,45 @@ def train_lines(spec: JobSpec) -> List[str]:
     return [shlex.join(train_argv(spec))]
 
 
-def settings(spec: JobSpec, script_name: str) -> dict:
-    """What the job runtime needs, as JSON values (``supervisor/supervise.py`` reads each key)."""
-    return {
-        "scheduler": spec.scheduler,
-        "script_name": script_name,
-        "nodes": spec.nodes,
-        "ranks_per_node": spec.ranks_per_node,
-        "cpus_per_rank": spec.cpus_per_rank,
-        "sockets": spec.sockets,
-        "walltime_s": spec.walltime_s,
-        "stop_margin_s": spec.stop_margin_s,
-        "modules": list(spec.modules),
-        "image": spec.image or "",
-        "venv": spec.venv,
-        "binds": list(spec.binds),
-        "save_dir": spec.save_dir,
-        "data_dir": spec.data_dir or "",
-        "compile_cache": spec.compile_cache,
-        "wandb_mode": spec.wandb_mode,
-        "environment": [
-            [n, v] for n, v, _ in spec.environment + COMMANDS[spec.command].environment
-        ],
-        "coordinator": spec.coordinator or "",
-        "forward_prefixes": list(FORWARD_PREFIXES),
-        "forward_names": list(FORWARD_NAMES),
-        "preflight": [
-            *PREFLIGHT,
-            *spec.preflight_args,
-        ],  # + "--devices-per-process=2": GPUs per rank
-        "train": train_argv(spec),
-    }
-
-
-# Keys on one line each group: the allocation, the software, the data, the environment, the commands.
-GROUPS = (
-    ("scheduler", "script_name", "nodes", "ranks_per_node", "cpus_per_rank", "sockets"),
-    ("walltime_s", "stop_margin_s", "modules"),
-    ("image", "venv", "binds"),
-    ("save_dir", "data_dir", "compile_cache", "wandb_mode"),
-    ("environment", "coordinator"),
-    ("forward_prefixes", "forward_names"),
-    ("preflight",),
-    ("train",),
-)
-
-
-def settings_json(values: dict) -> str:
-    """The settings as JSON, a few related keys per line (``GROUPS``), for a reader."""
-    assert [k for g in GROUPS for k in g] == list(values), list(values)
-    lines = [
-        ", ".join(f"{json.dumps(k)}: {json.dumps(values[k])}" for k in group) for group in GROUPS
-    ]
-    return "{\n " + ",\n ".join(lines) + "\n}"
+def settings(spec: JobSpec, script_name: str) -> job_settings.JobSettings:
+    """What the job runtime needs: the typed settings the script carries (``jobs/settings.py``)."""
+    s = job_settings
+    return s.JobSettings(
+        script_name=script_name,
+        allocation=s.Allocation(
+            scheduler=spec.scheduler,
+            nodes=spec.nodes,
+            ranks_per_node=spec.ranks_per_node,
+            cpus_per_rank=spec.cpus_per_rank,
+            sockets=spec.sockets,
+        ),
+        timing=s.Timing(walltime_s=spec.walltime_s, stop_margin_s=spec.stop_margin_s),
+        software=s.Software(
+            modules=tuple(spec.modules),
+            image=spec.image or "",
+            venv=spec.venv,
+            binds=tuple(spec.binds),
+        ),
+        storage=s.Storage(
+            save_dir=spec.save_dir,
+            data_dir=spec.data_dir or "",
+            compile_cache=spec.compile_cache,
+            wandb_mode=spec.wandb_mode,
+        ),
+        forwarding=s.Forwarding(
+            environment=tuple(
+                (n, v) for n, v, _ in spec.environment + COMMANDS[spec.command].environment
+            ),
+            coordinator=spec.coordinator or "",
+            forward_prefixes=FORWARD_PREFIXES,
+            forward_names=FORWARD_NAMES,
+        ),
+        commands=s.Commands(
+            # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
+            preflight=(*PREFLIGHT, *spec.preflight_args),
+            train=tuple(train_argv(spec)),
+        ),
+    )
 
 
 def substitute(template: str, values: dict) -> str:
@@ -141,7 +127,11 @@ def _modules(spec: JobSpec) -> str:
 
 
 def _handover(spec: JobSpec, script_name: str) -> str:
-    args = "supervise " + shlex.quote(settings_json(settings(spec, script_name)))
+    values = settings(spec, script_name)
+    job_settings.check(
+        values
+    )  # what the runtime will refuse is refused here, before anything is written
+    args = "supervise " + shlex.quote(values.to_json())
     if not spec.image:
         python = spec.venv + "/bin/python"
         said = _say(

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers, sitedirectives
+from octo_dist.jobs import settings as job_settings
 
 SCHEDULERS = tuple(
     schedulers.SCHEDULERS
@@ -543,14 +544,21 @@ WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
 def parse_walltime(text: str) -> int:
     """``"1:30:00"`` / ``"01:30"`` (H:MM) / ``"2-00:00:00"`` (D-H:MM:SS) -> seconds; nothing around it."""
     m = WALLTIME_RE.fullmatch(text)
-    if not m or not any(int(g or 0) for g in m.groups()):
+    if not m or not any(int(g or 0) for g in m.groups()) or len(text) > 20:
         raise JobSpecError(
-            f"--walltime {text!r} is not a wall time",
+            f"--walltime {text[:40]!r} is not a wall time",
             "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)",
             "--walltime 1:30:00",
         )
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total > job_settings.MAX_WALLTIME_S:
+        raise JobSpecError(
+            f"--walltime {text} ({total} s)",
+            f"at most {job_settings.MAX_WALLTIME_S // 86400} days",
+            "--walltime 7-00:00:00 (ABCI 3.0 allows up to 168 hours on rt_HF)",
+        )
+    return total
 
 
 def format_walltime(seconds: int) -> str:
@@ -566,11 +574,18 @@ def scaled_steps(steps: int, reference_batch: int, global_batch: int) -> int:
 # Characters that end a comment or a quoted word in some reader of the script (bash, the scheduler, an editor), or
 # hide text from the person reading it: C0/C1 controls (newline, carriage return, escape), format characters (bidi
 # overrides, zero-width), line and paragraph separators.
-UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+# Lone surrogates too (Cs): what Python makes of bytes that are not UTF-8 in an argument; no file can hold them.
+UNSAFE_CATEGORIES = job_settings.UNSAFE_CATEGORIES
 
 
 def check_printable(label: str, value: str) -> None:
     """Refuse a value the job script cannot hold safely: ``"runs\\n touch X"`` -> JobSpecError."""
+    if len(value) > job_settings.MAX_TEXT:
+        raise JobSpecError(
+            f"{label} of {len(value)} characters ({value[:40]!r}...)",
+            f"at most {job_settings.MAX_TEXT} (the longest path a Linux system call takes)",
+            f"a shorter {label}",
+        )
     bad = sorted({c for c in value if unicodedata.category(c) in UNSAFE_CATEGORIES})
     if bad:
         clean = "".join(c for c in value if c not in bad)
@@ -655,9 +670,13 @@ def missing_paths(spec: "JobSpec", is_dir: Callable[[str], bool]) -> list:
     return out
 
 
-def _positive(name: str, value: Optional[int], fix: str) -> None:
-    if value is not None and value < 1:
-        raise JobSpecError(f"{name} {value}", f"{name} of at least 1", fix)
+# The largest batch, step count or sample count a flag takes: what every training program's int32 counters hold.
+MAX_COUNT = 2**31 - 1
+
+
+def _positive(name: str, value: Optional[int], fix: str, most: int = MAX_COUNT) -> None:
+    if value is not None and not 1 <= value <= most:
+        raise JobSpecError(f"{name} {value}", f"{name} from 1 to {most}", fix)
 
 
 def _flag_given(args: Sequence[str], flag: str) -> bool:
@@ -776,7 +795,7 @@ def build(
         check_printable("the command line's argument", arg)
     if o.nodes is None:
         raise JobSpecError(f"{scheduler} without --nodes", "the number of nodes", "--nodes 2")
-    _positive("--nodes", o.nodes, "--nodes 1 (or more)")
+    _positive("--nodes", o.nodes, "--nodes 1 (or more)", job_settings.MAX_NODES)
     nodes = o.nodes
     gpus_per_node = o.gpus_per_node
 
@@ -815,7 +834,12 @@ def build(
                 f"at most {rt.gpus} ({rt.about})",
                 f"--gpus-per-node {rt.gpus}",
             )
-    _positive("--gpus-per-node", gpus_per_node, f"--gpus-per-node {rt.gpus if rt else 8}")
+    _positive(
+        "--gpus-per-node",
+        gpus_per_node,
+        f"--gpus-per-node {rt.gpus if rt else 8}",
+        job_settings.MAX_RANKS_PER_NODE,
+    )
     ranks_per_node, devices_per_rank = _ranks_and_devices(
         gpus_per_node, o.ranks_per_node, o.devices_per_rank
     )
@@ -824,9 +848,11 @@ def build(
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
         cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
-    if cpus_per_rank < 0:
+    if not 0 <= cpus_per_rank <= job_settings.MAX_CPUS_PER_RANK:
         raise JobSpecError(
-            f"--cpus-per-rank {cpus_per_rank}", "0 (no binding) or more", "--cpus-per-rank 0"
+            f"--cpus-per-rank {cpus_per_rank}",
+            f"0 (no binding) to {job_settings.MAX_CPUS_PER_RANK}",
+            "--cpus-per-rank 0",
         )
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
         raise JobSpecError(
@@ -838,11 +864,15 @@ def build(
         cpus_per_rank = 0  # one rank per node has the node's CPUs to itself; a partial node's cores are the cgroup's
 
     walltime_s = parse_walltime(o.walltime)
-    if not 0 <= o.stop_margin < walltime_s:
+    # 5:01 with a 300 s margin would leave the ranks 1 s: they stop before the first step, and a chain goes on.
+    least = job_settings.MIN_TRAINING_S
+    if not 0 <= o.stop_margin <= walltime_s - least:
         raise JobSpecError(
             f"--stop-margin {o.stop_margin} s with --walltime {o.walltime}",
-            "a margin of 0 s or more, shorter than the wall time (the ranks need time to train)",
-            f"--stop-margin {min(DEFAULT_STOP_MARGIN_S, walltime_s // 10)} or a longer --walltime",
+            f"a margin of 0 s or more that leaves the ranks at least {least} s before it "
+            "(they need time to start and train)",
+            f"--stop-margin {max(min(DEFAULT_STOP_MARGIN_S, walltime_s // 10, walltime_s - least), 0)} "
+            "or a longer --walltime",
         )
 
     if scheduler == "pbs" and not o.group:
@@ -940,10 +970,10 @@ def build(
             "drop --data-dir",
         )
 
-    _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32")
-    _positive("--global-batch", o.global_batch, "--global-batch 256")
-    _positive("--steps", o.steps, "--steps 1000")
-    _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256")
+    _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32", MAX_COUNT)
+    _positive("--global-batch", o.global_batch, "--global-batch 256", MAX_COUNT)
+    _positive("--steps", o.steps, "--steps 1000", MAX_COUNT)
+    _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256", MAX_COUNT)
     global_batch, steps = o.global_batch, o.steps
     # The batch is counted in GPUs, not ranks: a rank with 2 GPUs takes 2 GPUs' share.
     gpus = nodes * gpus_per_node

@@ -24,13 +24,10 @@ if command -v module >/dev/null 2>&1; then module load hpcx/2.20; else printf '%
 [ -f /groups/gxx00000/octo-dist/octo-dist-cuda12.sif ] || { printf '%s\n' "octo-dist job: error: image "'/groups/gxx00000/octo-dist/octo-dist-cuda12.sif'" not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
 RUNTIME=${OCTO_DIST_RUNTIME:-$PWD/.octo-dist-runtime.pyz}  # the job runtime: the image's (octo-dist job-runtime -o FILE)
 [ -n "${OCTO_DIST_RUNTIME:-}" ] || singularity exec /groups/gxx00000/octo-dist/octo-dist-cuda12.sif octo-dist job-runtime -o "$RUNTIME" >/dev/null
-exec python3 "$RUNTIME" supervise '{
- "scheduler": "pbs", "script_name": "abci3-pbs-smoke.sh", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2,
- "walltime_s": 1800, "stop_margin_s": 300, "modules": ["hpcx/2.20"],
- "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000"],
- "save_dir": "runs/smoke", "data_dir": "", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "offline",
- "environment": [["NCCL_IB_HCA", "mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8"]], "coordinator": "",
- "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"],
- "preflight": ["octo-dist", "check-env", "--launch"],
- "train": ["octo-dist", "smoke", "--global-batch=64", "--steps=200", "--wandb-mode=offline", "--save-dir=@{save_dir}", "--compile-cache=@{compile_cache}", "--model", "auto", "--resume"]
-}'
+exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "abci3-pbs-smoke.sh",
+ "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
+ "timing": {"walltime_s": 1800, "stop_margin_s": 300},
+ "software": {"modules": ["hpcx/2.20"], "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000"]},
+ "storage": {"save_dir": "runs/smoke", "data_dir": "", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "offline"},
+ "forwarding": {"environment": [["NCCL_IB_HCA", "mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
+ "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "smoke", "--global-batch=64", "--steps=200", "--wandb-mode=offline", "--save-dir=@{save_dir}", "--compile-cache=@{compile_cache}", "--model", "auto", "--resume"]}}'

@@ -21,13 +21,10 @@ cd -- "$PWD"
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
 if command -v module >/dev/null 2>&1; then module load openmpi/4.1; else printf '%s\n' "octo-dist job: no 'module' command here: not loading "'openmpi/4.1' >&2; fi
 [ -x .venv/bin/python ] || { printf '%s\n' "octo-dist job: error: no "'.venv/bin/python'"; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }
-exec .venv/bin/python -m octo_dist.jobs.supervisor supervise '{
- "scheduler": "sge", "script_name": "sge-finetune.sh", "nodes": 2, "ranks_per_node": 4, "cpus_per_rank": 0, "sockets": 0,
- "walltime_s": 7200, "stop_margin_s": 300, "modules": ["openmpi/4.1"],
- "image": "", "venv": ".venv", "binds": [],
- "save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online",
- "environment": [["HF_HUB_OFFLINE", "1"]], "coordinator": "",
- "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"],
- "preflight": ["octo-dist", "check-env", "--launch"],
- "train": ["octo-dist", "finetune", "--config.batch_size=256", "--config.num_steps=50000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]
-}'
+exec .venv/bin/python -m octo_dist.jobs.supervisor supervise '{"schema": 2, "script_name": "sge-finetune.sh",
+ "allocation": {"scheduler": "sge", "nodes": 2, "ranks_per_node": 4, "cpus_per_rank": 0, "sockets": 0},
+ "timing": {"walltime_s": 7200, "stop_margin_s": 300},
+ "software": {"modules": ["openmpi/4.1"], "image": "", "venv": ".venv", "binds": []},
+ "storage": {"save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online"},
+ "forwarding": {"environment": [["HF_HUB_OFFLINE", "1"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
+ "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "finetune", "--config.batch_size=256", "--config.num_steps=50000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]}}'

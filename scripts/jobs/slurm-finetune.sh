@@ -23,13 +23,10 @@ if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then
 [ -f octo-dist-cuda12.sif ] || { printf '%s\n' "octo-dist job: error: image "'octo-dist-cuda12.sif'" not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
 RUNTIME=${OCTO_DIST_RUNTIME:-$PWD/.octo-dist-runtime.pyz}  # the job runtime: the image's (octo-dist job-runtime -o FILE)
 [ -n "${OCTO_DIST_RUNTIME:-}" ] || singularity exec octo-dist-cuda12.sif octo-dist job-runtime -o "$RUNTIME" >/dev/null
-exec python3 "$RUNTIME" supervise '{
- "scheduler": "slurm", "script_name": "slurm-finetune.sh", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 0, "sockets": 0,
- "walltime_s": 43200, "stop_margin_s": 300, "modules": [],
- "image": "octo-dist-cuda12.sif", "venv": ".venv", "binds": [],
- "save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online",
- "environment": [["HF_HUB_OFFLINE", "1"]], "coordinator": "",
- "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"],
- "preflight": ["octo-dist", "check-env", "--launch"],
- "train": ["octo-dist", "finetune", "--config.batch_size=512", "--config.num_steps=25000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]
-}'
+exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "slurm-finetune.sh",
+ "allocation": {"scheduler": "slurm", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 0, "sockets": 0},
+ "timing": {"walltime_s": 43200, "stop_margin_s": 300},
+ "software": {"modules": [], "image": "octo-dist-cuda12.sif", "venv": ".venv", "binds": []},
+ "storage": {"save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online"},
+ "forwarding": {"environment": [["HF_HUB_OFFLINE", "1"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
+ "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "finetune", "--config.batch_size=512", "--config.num_steps=25000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]}}'

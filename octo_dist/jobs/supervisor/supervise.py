@@ -14,7 +14,6 @@ that exits 0 while some rank never said it finished fails the job, naming the ra
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,9 +22,11 @@ import sys
 import threading
 import time
 import zipfile
-from typing import List, Mapping, Optional
+from typing import List, Optional
 
 from octo_dist.jobs import schedulers
+from octo_dist.jobs.settings import JobSettings, SettingsError, from_json
+from octo_dist.problems import Problem
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 FAILED_GRACE_S = 20  # a launcher still running this long after a rank failed is ended
@@ -40,12 +41,10 @@ RUNTIME_NAME = "octo-dist-runtime.pyz"
 KEY_FILE_ENV = "WANDB_KEY_FILE"
 
 
-class JobFailed(Exception):
-    """Ends the job with ``status`` after the one-line ``message`` (found; expected; fix)."""
+class JobFailed(Problem):
+    """Ends the job before its ranks start, after one line (found; expected; fix): exit 2 unless told."""
 
-    def __init__(self, message: str, status: int = 2):
-        super().__init__(message)
-        self.status = status
+    exit_status = 2
 
 
 def exit_status(returncode: int) -> int:
@@ -61,21 +60,22 @@ def self_command() -> List[str]:
 
 
 class Supervisor:
-    """One job. ``settings``: what the rendered script passes (see ``render.settings``); ``env``: the job's
+    """One job. ``settings``: what the rendered script passes (``jobs/settings.py``, checked); ``env``: the job's
     environment, changed in place as the job exports; ``clock``: seconds, monotonic."""
 
-    def __init__(self, settings: Mapping, env: dict, clock=time.monotonic):
+    def __init__(self, settings: JobSettings, env: dict, clock=time.monotonic):
         self.s = settings
         self.env = env
         self.clock = clock
         self.started = clock()
-        self.scheduler = schedulers.get(settings["scheduler"])
-        self.nodes = int(settings["nodes"])
-        self.ranks_per_node = int(settings["ranks_per_node"])
-        self.cpus_per_rank = int(settings["cpus_per_rank"])
-        self.sockets = int(settings["sockets"])
-        self.forward_prefixes = tuple(settings["forward_prefixes"])
-        self.forward_names = tuple(settings["forward_names"])
+        a = settings.allocation
+        self.scheduler = schedulers.get(a.scheduler)
+        self.nodes = a.nodes
+        self.ranks_per_node = a.ranks_per_node
+        self.cpus_per_rank = a.cpus_per_rank
+        self.sockets = a.sockets
+        self.forward_prefixes = settings.forwarding.forward_prefixes
+        self.forward_names = settings.forwarding.forward_names
         self.stop: Optional[str] = None  # "TERM": the signal that asked for the stop
         self.proc: Optional[subprocess.Popen] = None  # the launcher, while it runs
         self.job_dir = ""
@@ -84,7 +84,7 @@ class Supervisor:
         self.deadline = None
         if self.scheduler.stop_timer:
             self.deadline = (
-                self.started + int(settings["walltime_s"]) - int(settings["stop_margin_s"])
+                self.started + settings.timing.walltime_s - settings.timing.stop_margin_s
             )
 
     # ---- output -----------------------------------------------------------------------------------------------
@@ -293,7 +293,7 @@ class Supervisor:
                         "to finish or to stop for the wall time. Fix: read its log, then submit again (octo-dist "
                         "launch ... --submit)"
                     )
-        data_dir = s["data_dir"]
+        data_dir = s.storage.data_dir
         if data_dir:
             if not os.path.isdir(data_dir):
                 raise JobFailed(
@@ -301,13 +301,13 @@ class Supervisor:
                     "Fix: re-render with --data-dir PATH"
                 )
             data_dir = os.path.abspath(data_dir)
-        cache = s["compile_cache"]
+        cache = s.storage.compile_cache
         if cache:
             os.makedirs(cache, exist_ok=True)
             cache = os.path.abspath(cache)
         self.paths = {"save_dir": self.save_dir, "data_dir": data_dir, "compile_cache": cache}
-        if s["image"]:
-            image = s["image"]
+        if s.software.image:
+            image = s.software.image
             if not os.path.isfile(image):
                 raise JobFailed(
                     f"image {image} not found; expected the .sif this job was rendered for. Fix: copy it there, "
@@ -327,7 +327,7 @@ class Supervisor:
             for d in (data_dir, cache):
                 if d:
                     run += ["--bind", d]
-            for d in s["binds"]:
+            for d in s.software.binds:
                 if os.path.isdir(d):
                     run += ["--bind", os.path.abspath(d)]
                 else:
@@ -337,7 +337,7 @@ class Supervisor:
             # The image has no MPI library: octo-dist must not call into mpi4py there (it would fail, or hang).
             env["OCTO_DIST_NO_MPI4PY"] = "1"
         else:
-            venv = s["venv"]
+            venv = s.software.venv
             if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
                 raise JobFailed(
                     f"no {venv}/bin/python; expected the octo-dist environment (make env PROFILE=cuda11). Fix: "
@@ -389,7 +389,7 @@ class Supervisor:
     def command(self, key: str) -> List[str]:
         """The preflight's or training's argv, its program from the venv's bin/ (or the image's PATH) and the
         job's absolute paths in its flags ("--save-dir=@{save_dir}")."""
-        program, *rest = self.s[key]
+        program, *rest = getattr(self.s.commands, key)
         out = [self.bin + program]
         for arg in rest:
             for name, value in self.paths.items():
@@ -401,15 +401,15 @@ class Supervisor:
         """The whole job; its exit status."""
         s, env = self.s, self.env
         self.arm()
-        env["WANDB_MODE"] = s["wandb_mode"]
-        for name, value in s["environment"]:
+        env["WANDB_MODE"] = s.storage.wandb_mode
+        for name, value in s.forwarding.environment:
             env.setdefault(name, value)  # a value set before the job wins
-        if s["coordinator"]:
-            env["COORDINATOR_ADDRESS"] = s["coordinator"]
+        if s.forwarding.coordinator:
+            env["COORDINATOR_ADDRESS"] = s.forwarding.coordinator
         job = self.scheduler.job_id(env)
         try:
             error, warnings = self.scheduler.node_checks(
-                env, self.nodes, self.ranks_per_node, s["script_name"]
+                env, self.nodes, self.ranks_per_node, s.script_name
             )
             for w in warnings:
                 self.note(w)
@@ -418,17 +418,17 @@ class Supervisor:
             program = self.scheduler.launcher_program
             if not shutil.which(program, path=env.get("PATH", "")):
                 raise JobFailed(
-                    f"no {program} on PATH (after loading: {' '.join(s['modules']) or 'no modules'}); expected the "
+                    f"no {program} on PATH (after loading: {' '.join(s.software.modules) or 'no modules'}); "
+                    "expected the "
                     "launcher of the job's MPI. Fix: module load the site's MPI (ABCI: hpcx), or re-render with "
                     "--module NAME"
                 )
-            os.makedirs(s["save_dir"], exist_ok=True)
-            self.save_dir = os.path.abspath(
-                s["save_dir"]
-            )  # absolute: every node, and the image, see the same path
+            os.makedirs(s.storage.save_dir, exist_ok=True)
+            # absolute: every node, and the image, see the same path
+            self.save_dir = os.path.abspath(s.storage.save_dir)
         except JobFailed as e:
             self.note(f"error: {e}")
-            return e.status
+            return e.exit_status
         # This job's node list and the ranks' notes; removed at the end.
         self.job_dir = os.path.join(self.save_dir, f".octo-dist-job-{job}")
         status = 1
@@ -437,7 +437,7 @@ class Supervisor:
             status = self.supervise()
         except JobFailed as e:
             self.note(f"error: {e}")
-            status = e.status
+            status = e.exit_status
         finally:
             shutil.rmtree(self.job_dir, ignore_errors=True)
             # For the next job of a chain (octo-dist launch --chain): 0 when this one finished or stopped for the
@@ -478,4 +478,10 @@ class Supervisor:
 
 
 def main(settings_json: str) -> int:
-    return Supervisor(json.loads(settings_json), dict(os.environ)).main()
+    """``supervise SETTINGS``: the settings are checked before anything starts; bad ones are one line, exit 2."""
+    try:
+        settings = from_json(settings_json)
+    except SettingsError as e:
+        os.write(2, f"octo-dist job: error: {e}\n".encode(errors="replace"))
+        return e.exit_status
+    return Supervisor(settings, dict(os.environ)).main()

@@ -15,7 +15,12 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding octo_dist/
 # What the runtime imports, and nothing else (each is standard library only).
-MODULES = ("octo_dist/__init__.py", "octo_dist/jobs/__init__.py")
+MODULES = (
+    "octo_dist/__init__.py",
+    "octo_dist/problems.py",
+    "octo_dist/jobs/__init__.py",
+    "octo_dist/jobs/settings.py",
+)
 PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
 MAIN = "import sys\nfrom octo_dist.jobs.supervisor.__main__ import main\nsys.exit(main())\n"
 
