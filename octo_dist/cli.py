@@ -155,10 +155,10 @@ def _value_words(key: str, action: argparse.Action) -> list:
         except Exception:  # a checkout without env/stack.toml: no values, the flag still completes
             return []
     if action.dest == "resource_type" and "/" in key:
-        from octo_dist.jobs import spec
+        from octo_dist.jobs import schedulers
 
         scheduler = key.split("/", 1)[1]
-        return sorted(n for n, rt in spec.RESOURCE_TYPES.items() if rt.scheduler == scheduler)
+        return sorted(schedulers.get(scheduler).resource_types)
     return []
 
 

@@ -1,29 +1,42 @@
 """One class per scheduler: the pure parts of each (binding, node lists, the Grid Engine PE's shape, Slurm's lost
-node) and proof that a new scheduler is one class: an LSF-like one defined here, registered, rendered and
-submitted, and run by the job runtime, with no other file changed."""
+node) and proof that a new scheduler is one module and one register line: LSF added so to a copy of the package,
+offered by the real ``octo-dist launch``, rendered, submitted and chained, and run by the job runtime."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from octo_dist.jobs import render, schedulers, submit
-from octo_dist.jobs.cli import parse
-from octo_dist.jobs.schedulers import base, mpirun
+from octo_dist.jobs import schedulers
+from octo_dist.jobs.schedulers import mpirun
 from octo_dist.jobs.supervisor import zipapp
 
+REPO = Path(__file__).resolve().parents[1]
 
-class Lsf(mpirun.MpirunScheduler):
-    """IBM Spectrum LSF, as a site would add it: its header, its node list (LSB_DJOB_HOSTFILE: one line per slot),
-    ``bsub < job.sh``, ``-w 'ended(ID)'`` for a chain, and "Job <123> is submitted to queue <gpu>."."""
 
+# IBM Spectrum LSF, as a site would add it: one module (its header, its own --queue option, its directive grammar,
+# its node list LSB_DJOB_HOSTFILE with one line per slot, `bsub job.sh`, -w 'ended(ID)' for a chain, and
+# "Job <123> is submitted to queue <gpu>.") and one register line.
+LSF_MODULE = r'''"""IBM Spectrum LSF: ``#BSUB -n SLOTS``, ``span[ptile=R]``, the node list in ``LSB_DJOB_HOSTFILE``."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from octo_dist.jobs.schedulers.base import AFTER_ENV, Option
+from octo_dist.jobs.schedulers.mpirun import MpirunScheduler
+
+
+class Lsf(MpirunScheduler):
     name = "lsf"
     title = "IBM Spectrum LSF"
+    help = "IBM Spectrum LSF: bsub"
     header = """\
 #!/bin/bash
 #BSUB -J @{name}
@@ -32,6 +45,10 @@ class Lsf(mpirun.MpirunScheduler):
 #BSUB -W @{lsf_walltime}
 #BSUB -o @{name}.o%J
 """
+    options = (Option("queue", "LSF queue, #BSUB -q QUEUE (default: the site's)"),)
+    directive_prefix = "#BSUB"
+    rendered_keys = {"-J": "--name", "-n": "--nodes/--ranks-per-node", "-W": "--walltime", "-q": "--queue"}
+    conditional_keys = {"-q": "queue"}
     job_id_var = "LSB_JOBID"
     hostfile_var = "LSB_DJOB_HOSTFILE"
     workdir = '"${LS_SUBCWD:-$PWD}"'
@@ -42,74 +59,148 @@ class Lsf(mpirun.MpirunScheduler):
     def header_values(self, spec):
         return {"lsf_walltime": f"{spec.walltime_s // 3600}:{spec.walltime_s % 3600 // 60:02d}"}
 
+    def site_lines(self, spec):
+        queue = [f"#BSUB -q {spec.site['queue']}"] if spec.site.get("queue") else []
+        return queue + list(spec.directives)
+
     def submit_command(self, script, after):
-        return [
-            "bsub",
-            *(["-w", f"ended({after})", "-env", f"all,{base.AFTER_ENV}={after}"] if after else []),
-            script,
-        ]
+        extra = ["-w", f"ended({after})", "-env", f"all,{AFTER_ENV}={after}"] if after else []
+        return ["bsub", *extra, script]
 
     def log_path(self, name, job, submit_dir, home):
         return os.path.join(submit_dir, f"{name}.o{job}")
+'''
+REGISTER = "register(__import__('octo_dist.jobs.schedulers.lsf', fromlist=['Lsf']).Lsf())\n"
+
+# Stands in for mpirun on one host: skips its options (each with a value), starts the rest once per rank with
+# OMPI_COMM_WORLD_RANK set, and exits with the first failure.
+FAKE_MPIRUN = """import os, subprocess, sys
+args = sys.argv[1:]
+while args and args[0].startswith("-"):
+    args = args[2:]
+procs = [subprocess.Popen(args, env={**os.environ, "OMPI_COMM_WORLD_RANK": str(r)}) for r in range(4)]
+sys.exit(max(p.wait() for p in procs))
+"""
+# Stands in for octo-dist on every rank: notes its rank and argv.
+FAKE_OCTO_DIST = """import os, sys
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(f"{os.environ['OMPI_COMM_WORLD_RANK']} {' '.join(sys.argv[1:])}\\n")
+"""
+
+
+def program(path: Path, text: str) -> None:
+    path.write_text(f"#!{sys.executable}\n{text}")
+    path.chmod(0o755)
 
 
 @pytest.fixture
-def lsf():
-    yield schedulers.register(Lsf())
-    del schedulers.SCHEDULERS["lsf"]
-
-
-def lsf_spec(tmp_path):
-    pbs = parse(
-        [
-            "pbs",
-            "--nodes",
-            "2",
-            "--group",
-            "g1",
-            "--venv",
-            str(tmp_path / "venv"),
-            "--ranks-per-node",
-            "2",
-        ]
+def with_lsf(tmp_path) -> Path:
+    """A copy of octo_dist/ with LSF added as a user would: one new module and one register line."""
+    copy = tmp_path / "src"
+    shutil.copytree(
+        REPO / "octo_dist", copy / "octo_dist", ignore=shutil.ignore_patterns("__pycache__")
     )
-    return dataclasses.replace(
-        pbs, scheduler="lsf", group=None, resource_type=None, modules=(), environment=()
-    )
+    package = copy / "octo_dist" / "jobs" / "schedulers"
+    (package / "lsf.py").write_text(LSF_MODULE)
+    init = package / "__init__.py"
+    init.write_text(init.read_text() + REGISTER)
+    return copy
 
 
-def test_a_new_scheduler_is_one_class_rendered_submitted_and_run(lsf, tmp_path, monkeypatch):
-    text = render.render(lsf_spec(tmp_path), "job.sh")
-    assert (
-        text.startswith("#!/bin/bash\n#BSUB -J octo-dist\n#BSUB -n 4\n") and "#BSUB -W 1:00" in text
-    ), text
+def test_a_new_scheduler_is_one_module_and_one_line_through_launch_render_and_the_runtime(
+    with_lsf, tmp_path
+):
+    changed = subprocess.run(
+        ["diff", "-r", "-x", "__pycache__", str(REPO / "octo_dist"), str(with_lsf / "octo_dist")],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert changed.count("Only in") == 1 and changed.count("\n> ") == 1, (
+        changed
+    )  # the module, the line
+    work = tmp_path / "work"
+    (work / "bin").mkdir(parents=True)
+    venv = work / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    program(venv / "octo-dist", FAKE_OCTO_DIST)
+    program(work / "bin" / "mpirun", FAKE_MPIRUN)
+    env = {
+        "PATH": f"{work / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(with_lsf),
+        "FAKE_LOG": str(work / "ranks.log"),
+    }
+
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        argv = ["launch", "lsf", "--nodes", "2", "--gpus-per-node", "2", "--venv", "venv"]
+        return subprocess.run(
+            [sys.executable, "-m", "octo_dist", *argv, "--module", "", *args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    # The real CLI offers the new scheduler and its own option, and checks directives in its grammar.
+    helped = launch("--help")
+    assert "--queue QUEUE" in helped.stdout and "LSF queue, #BSUB -q QUEUE" in helped.stdout, helped
+    refused = launch("--directive", "#BSUB -n 9", "-o", "refused.sh")
+    assert refused.returncode == 2 and "sets -n, which the header already sets" in refused.stderr
+    assert not (work / "refused.sh").exists()
+    done = launch("--queue", "gpu", "--wandb-mode", "disabled", "-o", "job.sh")
+    assert done.returncode == 0, done.stderr
+    text = (work / "job.sh").read_text()
+    assert text.startswith("#!/bin/bash\n#BSUB -J octo-dist\n#BSUB -n 4\n"), text
+    assert "#BSUB -W 1:00\n#BSUB -o octo-dist.o%J\n#BSUB -q gpu\n" in text, text
     assert "octo-dist job for IBM Spectrum LSF" in text and "submit:    bsub job.sh" in text
-    assert 'cd -- "${LS_SUBCWD:-$PWD}"' in text and len(text.splitlines()) <= 40
+    assert '"scheduler": "lsf"' in text and len(text.splitlines()) <= 40
 
-    answers = iter(
-        ["Job <7> is submitted to queue <gpu>.\n", "Job <8> is submitted to queue <gpu>.\n"]
+    # The job runtime reads the new scheduler's node list and starts every rank under its launcher.
+    (work / "hosts").write_text("h1\nh1\nh2\nh2\n")
+    ran = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=work,
+        env={**env, "LSB_JOBID": "7", "LSB_DJOB_HOSTFILE": str(work / "hosts")},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    seen = []
+    assert ran.returncode == 0, ran.stderr
+    ranks = sorted((work / "ranks.log").read_text().splitlines())
+    assert [r.split()[0] for r in ranks] == ["0", "0", "1", "1", "2", "2", "3", "3"], ranks
+    assert sum("check-env --launch" in r for r in ranks) == 4
+    assert sum(r.split()[1] == "smoke" for r in ranks) == 4, ranks
+    assert (work / "runs" / "octo-dist" / ".octo-dist-exit-7").read_text() == "0\n"
 
-    def run(argv, timeout_s):
-        seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, next(answers), "")
 
-    jobs = submit.submit(
-        "lsf", "job.sh", name="octo-dist", group=None, chain=2, run=run, submit_dir="/w", home="/h"
+def test_a_new_scheduler_submits_and_chains(with_lsf):
+    code = """if True:
+        import subprocess
+        from octo_dist.jobs import submit
+        answers = iter(["Job <7> is submitted to queue <gpu>.\\n", "Job <8> is submitted to queue <gpu>.\\n"])
+        seen = []
+        def run(argv, timeout_s):
+            seen.append(argv)
+            return subprocess.CompletedProcess(argv, 0, next(answers), "")
+        jobs = submit.submit(
+            "lsf", "job.sh", name="octo-dist", group=None, chain=2, run=run, submit_dir="/w", home="/h"
+        )
+        print([j.job_id for j in jobs], jobs[0].log, seen[1])
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(with_lsf), "PATH": "/usr/bin:/bin"},
+        cwd=with_lsf,  # not the checkout: its octo_dist/ would come first on sys.path
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert [j.job_id for j in jobs] == ["7", "8"] and jobs[0].log == "/w/octo-dist.o7"
-    assert seen[1] == ["bsub", "-w", "ended(7)", "-env", "all,OCTO_DIST_AFTER=7", "job.sh"]
-
-    # The job runtime reads the new scheduler's node list and builds its launcher line.
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("h1\nh1\nh2\nh2\n")
-    error, warnings = lsf.node_checks({"LSB_DJOB_HOSTFILE": str(hostfile)}, 2, 2, "job.sh")
-    assert error is None and warnings == []
-    error, _ = lsf.node_checks({}, 2, 2, "job.sh")
-    assert (
-        error
-        == "LSB_DJOB_HOSTFILE is ''; expected the node list the scheduler gives every job. Fix: submit it (bsub job.sh) rather than running it"
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "['7', '8'] /w/octo-dist.o7 "
+        "['bsub', '-w', 'ended(7)', '-env', 'all,OCTO_DIST_AFTER=7', 'job.sh']"
     )
 
 
@@ -191,3 +282,40 @@ def test_the_zipapp_runs_on_a_bare_python(tmp_path):
         [sys.executable, "-I", "-S", pyz, "nonsense"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "expected 'supervise SETTINGS_JSON'" in bad.stderr
+
+
+def job_runtime(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "octo_dist", "job-runtime", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def test_the_job_runtime_replaces_only_regular_files(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = tmp_path / "real"
+    target.write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    for path, kind in (
+        ("/dev/null", "character device"),
+        (str(fifo), "FIFO"),
+        (str(tmp_path), "directory"),
+        (str(link), "symbolic link"),
+    ):
+        done = job_runtime("-o", path)
+        assert done.returncode == 2, done
+        assert done.stderr == (
+            f"octo-dist job-runtime: error: {path!r} is a {kind}, not a file; expected a new file name or a "
+            "regular file to replace. Fix: -o a file name, e.g. -o octo-dist-runtime.pyz\n"
+        )
+    assert os.path.realpath("/dev/null") == "/dev/null" and not os.path.isfile("/dev/null")
+    assert fifo.is_fifo() and link.is_symlink() and target.read_text() == "x"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".octo-dist-runtime")] == []
+    new = tmp_path / "runtime.pyz"
+    assert job_runtime("-o", str(new)).stdout.startswith(f"wrote {new}: ")
+    assert job_runtime("-o", str(new)).stdout.startswith(f"replaced the existing file {new}: ")

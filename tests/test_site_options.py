@@ -10,7 +10,7 @@ import re
 import pytest
 
 from octo_dist import cli
-from octo_dist.jobs import sitedirectives
+from octo_dist.jobs import schedulers
 from octo_dist.jobs.cli import parse
 from octo_dist.jobs.render import render
 
@@ -76,6 +76,27 @@ def test_grid_engine_queue_project_pe_and_pbs_resources():
         (["sge", "--queue", "a.q", "--directive", "#$ -q b.q"], "sets -q"),
         (["slurm", "--constraint", "a100 ib"], "one word"),
         (["slurm", "--qos", "x;y"], "one word"),
+        # sbatch takes any unique prefix of a long option and clusters one-letter ones, as getopt does:
+        (["slurm", "--directive", "#SBATCH --sig=B:KILL@1"], "sets --signal, which the header"),
+        (["slurm", "--directive", "#SBATCH --ntasks-per-no=64"], "sets --ntasks-per-node"),
+        (["slurm", "--directive", "#SBATCH --gpus-per-no=0"], "sets --gpus-per-node"),
+        (["slurm", "--directive", "#SBATCH --gpus-per=1"], "sets --gpus-per-node"),  # ambiguous
+        (["slurm", "--directive", "#SBATCH -vN3"], "sets --nodes"),
+        (["slurm", "--directive", "#SBATCH -Qt 5"], "sets --time"),
+        # what no octo-dist job may have, whoever renders the header:
+        (["slurm", "--directive", "#SBATCH --export=NONE"], "sets --export; expected none"),
+        (["slurm", "--directive", "#SBATCH --exp=NONE"], "sets --export"),
+        (["slurm", "--directive", "#SBATCH --array=1-3"], "sets --array"),
+        (["slurm", "--directive", "#SBATCH -a 1-3"], "sets --array"),
+        (["pbs", "--directive", "#PBS -J 1-3"], "sets -J; expected none: an array job"),
+        (["pbs", "--directive", "#PBS -S /bin/sh"], "sets -S"),
+        (["pbs", "--directive", "#PBS -l Walltime=9:00:00"], "sets -l walltime"),
+        (["pbs", "--directive", "#PBS -l SELECT=3:ncpus=8"], "sets -l select"),
+        (
+            ["pbs", "--resource", "Walltime=9:00:00"],
+            "--resource Walltime=9:00:00; expected a resource",
+        ),
+        (["sge", "--directive", "#$ -t 1-3"], "sets -t"),
     ],
 )
 def test_a_site_line_that_contradicts_the_header_or_is_malformed_is_refused_in_one_line(
@@ -97,11 +118,15 @@ def test_directives_that_the_header_does_not_set_are_allowed():
     # --account not given: the directive is its only spelling; -q on Grid Engine likewise.
     assert "#SBATCH -A other" in header(*BASE["slurm"], "--directive", "#SBATCH -A other")
     assert "#$ -q b.q" in header(*BASE["sge"], "--directive", "#$ -q b.q")
+    # Prefixes and clusters of options the header does not set: --mail is --mail-type or --mail-user.
+    for line in ("#SBATCH --mail=END", "#SBATCH -vv", "#SBATCH --mem=0", "#SBATCH -Q"):
+        assert line in header(*BASE["slurm"], "--directive", line)
+    assert "#PBS -l place=scatter" in header(*BASE["pbs"], "--directive", "#PBS -l place=scatter")
 
 
 @pytest.mark.parametrize("scheduler", sorted(BASE))
 def test_every_directive_the_header_renders_is_known_to_the_contradiction_check(scheduler):
-    # If a template gains a directive, RENDERED must learn its key, or a --directive could contradict it unseen.
+    # If a template gains a directive, rendered_keys must learn its key, or a --directive could contradict it unseen.
     extra = {
         "pbs": [],
         "sge": ["--queue", "q", "--group", "p"],
@@ -118,9 +143,10 @@ def test_every_directive_the_header_renders_is_known_to_the_contradiction_check(
             "c",
         ],
     }[scheduler]
+    s = schedulers.get(scheduler)
     for line in header(*BASE[scheduler], *extra):
-        for key in sitedirectives.keys(scheduler, line):
-            assert key in sitedirectives.RENDERED[scheduler], (line, key)
+        for key in s.directive_keys(line):
+            assert key in s.rendered_keys, (line, key)
 
 
 def _help_defaults(scheduler: str) -> dict:

@@ -6,6 +6,7 @@ the job's signal with ``os.kill(os.getpid(), ...)`` when a fake rank says it rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -346,3 +347,31 @@ def test_settings_as_rendered_are_what_the_supervisor_reads():
     values = render.settings(parse(["sge", "--nodes", "2", "--gpus-per-node", "4"]), "job.sh")
     assert job_settings.from_json(values.to_json()) == values
     assert json.loads(values.to_json())["schema"] == job_settings.SCHEMA
+
+
+@pytest.mark.parametrize(
+    "field, value, what",
+    [
+        ("save_dir", "/etc/passwd", "save directory '/etc/passwd' cannot be made"),
+        ("save_dir", "/etc/passwd/x", "save directory '/etc/passwd/x' cannot be made"),
+        ("save_dir", "/proc/x", "save directory '/proc/x' cannot be made"),
+        ("save_dir", "x" * 300, "(File name too long)"),
+        (
+            "compile_cache",
+            "/etc/passwd",
+            "compilation cache directory '/etc/passwd' cannot be made",
+        ),
+    ],
+)
+def test_a_directory_that_cannot_be_made_is_one_line_and_starts_no_rank(
+    job, tmp_path, capfd, field, value, what
+):
+    make, log = job
+    sup = make()
+    storage = dataclasses.replace(sup.s.storage, **{field: value})
+    sup.s = dataclasses.replace(sup.s, storage=storage)
+    assert sup.main() == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and what in err and "Traceback" not in err, err
+    assert "expected a directory this job can write. Fix: re-render with --" in err, err
+    assert not log.exists()  # no preflight, no training

@@ -24,27 +24,6 @@ from octo_dist.jobs.render import render
 from octo_dist.launchers import outside
 
 
-SCHEDULER_HELP = {
-    "pbs": "PBS Professional, as on ABCI 3.0 (rt_HF: 8x H200 per node)",
-    "sge": "Grid Engine (Son of Grid Engine, Altair Grid Engine, Open Cluster Scheduler): -pe NAME SLOTS",
-    "slurm": "SLURM",
-}
-SCHEDULER_DESCRIPTION = {
-    "pbs": "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l select=N:mpiprocs=R, "
-    "live output (-k oe), mpirun from the hpcx module with one rank per GPU and its own CPU cores, NCCL on the "
-    "compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: rt_HF (8x H200) and rt_HG "
-    "(1x H200, for a cheap test). --resource KEY=VALUE adds a #PBS -l, --directive any other #PBS line.",
-    "sge": "Render a job script for Grid Engine: #$ -pe PE SLOTS (one slot per rank) and -l h_rt, -notify so the "
-    "job gets SIGUSR1 before it is stopped, nodes and slots from PE_HOSTFILE and NSLOTS, and mpirun started "
-    "without a host file: Open MPI's gridengine support reads PE_HOSTFILE and starts the other nodes' ranks "
-    "through qrsh -inherit (the PE needs control_slaves TRUE). Give --gpus-per-node, --pe if your site's PE is "
-    "not called mpi, --queue/--project where your site wants them, --module for its MPI, --directive for any other "
-    "#$ line.",
-    "slurm": "Render a job script for SLURM: #SBATCH --nodes/--ntasks-per-node/--gpus-per-node, srun starts the ranks "
-    "with the whole environment, --signal=B:USR1 asks for the stop before the time limit. Give "
-    "--gpus-per-node, and --cpus-per-rank to bind cores; --account/--partition/--qos/--constraint where your site "
-    "wants them, --directive for any other #SBATCH line, --module for your site's modules.",
-}
 COMMON_DESCRIPTION = (
     " Every rank runs in the image (or the venv); a preflight (octo-dist check-env --launch) runs under the same "
     "launcher first; every rank checkpoints and stops before the wall time. Bad choices are refused (exit 2) before "
@@ -67,12 +46,15 @@ def add_parser(
     )
     # One sub-parser per scheduler, so that the training command after `--` is the only positional: argparse would
     # otherwise fill an optional positional with nothing as soon as it meets the scheduler's name.
-    schedulers = p.add_subparsers(dest="scheduler", metavar="{pbs,sge,slurm}", required=True)
-    for name in spec_mod.SCHEDULERS:
-        sp = schedulers.add_parser(
+    names = spec_mod.scheduler_names()
+    subs = p.add_subparsers(dest="scheduler", metavar="{" + ",".join(names) + "}", required=True)
+    for name in names:
+        s = schedulers.get(name)
+        sp = subs.add_parser(
             name,
-            help=SCHEDULER_HELP[name],
-            description=SCHEDULER_DESCRIPTION[name] + COMMON_DESCRIPTION,
+            help=s.help or s.title,
+            description=(s.description or f"Render a job script for {s.title}.")
+            + COMMON_DESCRIPTION,
             usage=f"octo-dist launch {name} [options] [-- {{smoke,finetune}} [ARGS...]]",
         )
         _add_options(sp, name)
@@ -88,27 +70,43 @@ def add_parser(
 
 def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
     values = spec_mod.launch_help(scheduler)
+    s = schedulers.get(scheduler)
     groups = {}
+
+    def group(name: str):
+        return groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))
+
     for f in spec_mod.option_fields():
-        if scheduler not in f.metadata["schedulers"]:
+        if not spec_mod.offered(f, scheduler):
             continue
         meta = f.metadata
-        group = groups.get(meta["group"]) or groups.setdefault(
-            meta["group"], parser.add_argument_group(meta["group"])
-        )
         flag = spec_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
-        names = [*meta["aliases"].get(scheduler, ()), *names]  # the scheduler's own word first
+        if f.name == "group":
+            names = [*s.group_flags, *names]  # the scheduler's own word first
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
-        group.add_argument(
+        group(meta["group"]).add_argument(
             *names,
             dest=f.name,
             default=NOT_GIVEN if configurable else f.default,
             help=meta["help"].format(default=default, **values),
             **meta["argparse"],
         )
+    for opt in s.options:  # the scheduler's own: NOT_GIVEN, so a defaults file may set them
+        default = "none" if opt.default is None else opt.default
+        group(opt.group).add_argument(
+            opt.option,
+            dest=SITE_DEST + opt.name,
+            default=None if opt.repeat else NOT_GIVEN,  # append needs a list or None to start from
+            action="append" if opt.repeat else "store",
+            metavar=opt.metavar or opt.name.upper(),
+            help=opt.help.format(default=default, **values),
+        )
+
+
+SITE_DEST = "site."  # argparse's dest for a scheduler's own option: "site.partition"
 
 
 NOT_GIVEN = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
@@ -120,10 +118,10 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     Lists from repeated flags become tuples; a flag left out takes the files' value, else the built-in one.
     """
     values, sources = {}, {}
+    files = files or {}
     for f in spec_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
-        # A defaults file's [launch] holds every scheduler's options: its partition = gpu is not for pbs.
-        own = args.scheduler in f.metadata["schedulers"]
+        own = spec_mod.offered(f, args.scheduler)
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
             value, sources[f.name] = ((files or {}) if own else {}).get(
                 f.name, (f.default, defaults_mod.BUILT_IN)
@@ -134,8 +132,19 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
             )  # those can tell; the others show it
             sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
         values[f.name] = tuple(value) if isinstance(value, list) else value
+    # The scheduler's own options; a defaults file's [launch] holds every scheduler's: its partition = gpu is
+    # not for pbs, and is left out there.
+    site = []
+    for opt in schedulers.get(args.scheduler).options:
+        value = getattr(args, SITE_DEST + opt.name, NOT_GIVEN)
+        if value is NOT_GIVEN or (value is None and opt.repeat):
+            value, sources[opt.name] = files.get(opt.name, (opt.default, defaults_mod.BUILT_IN))
+        else:
+            sources[opt.name] = defaults_mod.COMMAND_LINE
+        if value is not None:
+            site.append((opt.name, tuple(value) if isinstance(value, (list, tuple)) else value))
     return spec_mod.LaunchOptions(
-        scheduler=args.scheduler, train=tuple(args.train), **values
+        scheduler=args.scheduler, train=tuple(args.train), site=tuple(site), **values
     ), sources
 
 
@@ -216,7 +225,7 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
     for f in spec_mod.option_fields():
         if f.name in ("show_defaults", "dry_run"):
             continue
-        if options.scheduler not in f.metadata["schedulers"]:
+        if not spec_mod.offered(f, options.scheduler):
             continue
         value = getattr(options, f.name)
         if f.metadata["argparse"].get("action") == "store_false":
@@ -230,6 +239,9 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             value = "(none)" if value in ((), None) else value
             source = f"{source} ({why})"
         rows.append((spec_mod.flag_of(f, options.scheduler), value, source))
+    site = dict(options.site)
+    for opt in schedulers.get(options.scheduler).options:
+        rows.append((opt.option, site.get(opt.name, opt.default), sources[opt.name]))
     width = max(len(flag) for flag, _, _ in rows)
     shown = []
     for flag, value, source in rows:

@@ -28,6 +28,7 @@ import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
+from octo_dist.jobs import schedulers
 from octo_dist.launchers import outside
 
 USER_FILE = os.path.join("octo-dist", "launch.ini")
@@ -51,16 +52,20 @@ KEYS = {
     "resource-type": "resource_type",
     "walltime": "walltime",
     "name": "name",
-    # A site's own: in [launch.slurm] / [launch.sge] / [launch.pbs]; in [launch], the other schedulers skip them.
-    "partition": "partition",
-    "qos": "qos",
-    "constraint": "constraint",
-    "queue": "queue",
-    "pe": "pe",
-    "resource": "resources",
 }
-LISTS = ("modules", "bind", "resources")
+LISTS = ("modules", "bind")
 BOOLS = ("skip_image_check",)
+
+
+def site_keys() -> Dict[str, Tuple[str, bool]]:
+    """Every registered scheduler's own options as file keys -> (name, repeatable): ``{"partition":
+    ("partition", False), "resource": ("resources", True)}``. In [launch.slurm] / [launch.sge] / [launch.pbs]; in
+    [launch], the other schedulers skip them."""
+    return {
+        opt.option[2:]: (opt.name, opt.repeat)
+        for s in schedulers.SCHEDULERS.values()
+        for opt in s.options
+    }
 
 
 class DefaultsError(Refusal, ValueError):
@@ -85,17 +90,20 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
             f"lines. Fix: correct or remove {path}"
         ) from None
     out: Dict[str, object] = {}
+    site = site_keys()
+    keys = {**KEYS, **{k: name for k, (name, _) in site.items()}}
+    lists = LISTS + tuple(name for name, repeat in site.values() if repeat)
     for section in ("launch", f"launch.{scheduler}"):
         if not parser.has_section(section):
             continue
         for key, value in parser.items(section):
-            if key not in KEYS:
+            if key not in keys:
                 raise DefaultsError(
                     f"{path} [{section}]: unknown key {key!r}; expected one of "
-                    f"{', '.join(sorted(KEYS))}. Fix: remove or rename it"
+                    f"{', '.join(sorted(keys))}. Fix: remove or rename it"
                 )
-            field = KEYS[key]
-            if field in LISTS:
+            field = keys[key]
+            if field in lists:
                 out[field] = tuple(value.split())
             elif field in BOOLS:
                 if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
@@ -109,7 +117,8 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
     unknown = [s for s in parser.sections() if s != "launch" and not s.startswith("launch.")]
     if unknown:
         raise DefaultsError(
-            f"{path}: unknown section [{unknown[0]}]; expected [launch] or [launch.pbs|sge|slurm]. "
+            f"{path}: unknown section [{unknown[0]}]; expected [launch] or "
+            f"[launch.{'|'.join(schedulers.SCHEDULERS)}]. "
             f"Fix: rename it"
         )
     return out

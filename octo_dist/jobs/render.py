@@ -175,7 +175,6 @@ def render(spec: JobSpec, script_name: str = "job.sh") -> str:
         "gpus_per_rank": spec.devices_per_rank,
         "walltime": format_walltime(spec.walltime_s),
         "name": spec.name,
-        "pe": spec.pe,
         "slots": spec.ranks,
         "stop_margin_s": spec.stop_margin_s,
         "submit": s.submit_hint(q(script_name), spec.group),

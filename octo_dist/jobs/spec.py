@@ -19,10 +19,7 @@ from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
 
-SCHEDULERS = tuple(
-    schedulers.SCHEDULERS
-)  # ("pbs", "sge", "slurm"): the registered ones, `launch`'s sub-commands
-WANDB_MODES = ("online", "offline", "disabled")
+WANDB_MODES = job_settings.WANDB_MODES
 DEFAULT_STOP_MARGIN_S = (
     300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
 )
@@ -31,53 +28,10 @@ DEFAULT_COMPILE_CACHE = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class ResourceType:
-    scheduler: str
-    gpus: int
-    sockets: int  # CPU sockets of the node, for one block of ranks per socket
-    cores: int  # CPU cores the job gets on one node
-    about: str
-    environment: Tuple[
-        Tuple[str, str, str], ...
-    ] = ()  # (name, value, why) exported by the job, user's value wins
+def scheduler_names() -> Tuple[str, ...]:
+    """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
+    return tuple(schedulers.SCHEDULERS)
 
-
-# ABCI 3.0's H nodes: 8 NDR InfiniBand HCAs for compute (mlx5_ibn1..8) and one HDR HCA for storage. NCCL picks every
-# HCA it finds unless told; the storage HCA is slower and shared with the file system.
-ABCI3_NCCL = (
-    (
-        "NCCL_IB_HCA",
-        ",".join(f"mlx5_ibn{i}" for i in range(1, 9)),
-        "NCCL's all-reduce over the 8 compute HCAs, not the storage one",
-    ),
-)
-
-# Resource types: a job asks for N nodes of one of these (ABCI 3.0's PBS). Grid Engine and SLURM sites have none
-# in common: give --gpus-per-node (and, for Grid Engine, --pe).
-RESOURCE_TYPES = {
-    "rt_HF": ResourceType("pbs", 8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
-    "rt_HG": ResourceType(
-        "pbs",
-        1,
-        1,
-        8,
-        "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
-        ABCI3_NCCL,
-    ),
-}
-DEFAULT_RESOURCE_TYPE = {"pbs": "rt_HF"}
-
-# Grid Engine's parallel environment (-pe NAME SLOTS): no name is built into Grid Engine; "mpi" is the common name
-# for a site's MPI PE and says what it is for (Open MPI's own FAQ example calls it "orte": --pe orte there). Open
-# MPI's tight integration needs control_slaves TRUE, and the allocation_rule decides how the slots spread over the
-# nodes (`qconf -spl` lists a site's PEs, `qconf -sp mpi` shows one).
-DEFAULT_PE = "mpi"
-
-# Environment modules per scheduler: hpcx provides the mpirun built for ABCI's InfiniBand. Grid Engine and SLURM
-# sites differ: --module.
-DEFAULT_MODULES = {"pbs": ("hpcx/2.20",), "sge": (), "slurm": ()}
-IMAGE_MODULES = {"pbs": (), "sge": (), "slurm": ()}
 
 # Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
 # srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
@@ -157,14 +111,14 @@ def _opt(
     *,
     flag: Optional[str] = None,
     in_header: bool = True,
-    schedulers: Tuple[str, ...] = SCHEDULERS,
-    aliases: Optional[Mapping[str, Tuple[str, ...]]] = None,
+    needs: str = "",
     **argparse_kwargs,
 ):
     """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
 
     ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
-    scheduler's ``launch`` help is filled in with its own values (``launch_help``).
+    scheduler's ``launch`` help is filled in with its own values (``launch_help``). ``needs``: a scheduler
+    attribute the option only makes sense with (``"resource_types"``): offered where it is not empty.
     """
     return dataclasses.field(
         default=default,
@@ -173,10 +127,7 @@ def _opt(
             "group": group,
             "flag": flag,
             "in_header": in_header,
-            "schedulers": schedulers,
-            "aliases": dict(
-                aliases or {}
-            ),  # scheduler -> its own spelling too: {"slurm": ("--account",)}
+            "needs": needs,
             "argparse": argparse_kwargs,
         },
     )
@@ -188,12 +139,14 @@ class LaunchOptions:
 
     scheduler: str = "pbs"
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
+    # The scheduler's own options given (Scheduler.options), as (name, value) pairs: (("partition", "gpu"),).
+    site: tuple = ()
     nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
     resource_type: Optional[str] = _opt(
         None,
         "{resource_types} (default: {resource_type})",
         "resources",
-        schedulers=("pbs",),  # only ABCI 3.0's PBS has resource types here
+        needs="resource_types",  # only ABCI 3.0's PBS has resource types here
     )
     gpus_per_node: Optional[int] = _opt(
         None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
@@ -220,55 +173,8 @@ class LaunchOptions:
     walltime: str = _opt(
         "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
     )
-    group: Optional[str] = _opt(
-        None,
-        "{group_help}",
-        "resources",
-        aliases={"slurm": ("--account",), "sge": ("--project",)},  # --group too, as on ABCI
-    )
+    group: Optional[str] = _opt(None, "{group_help}", "resources")  # + the scheduler's group_flags
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
-    pe: str = _opt(
-        DEFAULT_PE,
-        "Grid Engine parallel environment, #$ -pe NAME SLOTS with one slot per rank; it needs "
-        "control_slaves TRUE (Open MPI starts the other nodes' ranks through qrsh -inherit) and an "
-        "allocation_rule that gives each node --ranks-per-node slots; `qconf -spl` lists your site's "
-        "(default: {default}, the common name; Open MPI's FAQ example uses orte)",
-        "resources",
-        schedulers=("sge",),
-    )
-    queue: Optional[str] = _opt(
-        None,
-        "Grid Engine queue, #$ -q QUEUE (default: the site's choice)",
-        "resources",
-        schedulers=("sge",),
-    )
-    partition: Optional[str] = _opt(
-        None,
-        "SLURM partition, #SBATCH --partition (default: the site's default partition)",
-        "site",
-        schedulers=("slurm",),
-    )
-    qos: Optional[str] = _opt(
-        None,
-        "SLURM quality of service, #SBATCH --qos (default: the site's default)",
-        "site",
-        schedulers=("slurm",),
-    )
-    constraint: Optional[str] = _opt(
-        None,
-        "SLURM node features, #SBATCH --constraint, e.g. a100 or 'a100&ib' (default: none)",
-        "site",
-        schedulers=("slurm",),
-    )
-    resources: Optional[tuple] = _opt(
-        None,
-        "an extra PBS resource, #PBS -l KEY=VALUE, repeatable (default: none)",
-        "site",
-        action="append",
-        flag="--resource",
-        schedulers=("pbs",),
-        metavar="KEY=VALUE",
-    )
     directives: Optional[tuple] = _opt(
         None,
         "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
@@ -413,14 +319,30 @@ class LaunchOptions:
     )
 
     def changed(self) -> list:
-        """``(flag, value)`` for every option that differs from its default, in field order: the header's line."""
+        """``(flag, value)`` for every option that differs from its default, in field order, then the
+        scheduler's own: the header's line."""
         out = []
         for f in option_fields():
             value = getattr(self, f.name)
             if value == f.default or not f.metadata["in_header"]:
                 continue
             out.append((flag_of(f, self.scheduler), value))
+        given = dict(self.site)
+        for opt in (
+            schedulers.get(self.scheduler).options
+            if self.scheduler in schedulers.SCHEDULERS
+            else ()
+        ):
+            if given.get(opt.name) not in (None, opt.default, ()):
+                out.append((opt.option, given[opt.name]))
         return out
+
+    def site_values(self) -> dict:
+        """Every option of the scheduler's own, given or its default: ``{"pe": "mpi", "queue": None}``; and any
+        other scheduler's given (a refusal names it)."""
+        given = dict(self.site)
+        own = schedulers.get(self.scheduler).options
+        return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
 
 
 def option_fields() -> list:
@@ -430,52 +352,46 @@ def option_fields() -> list:
 
 def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
     """The option's flag; with a scheduler, in that scheduler's words (``group`` on slurm: ``--account``)."""
-    own = field.metadata["aliases"].get(scheduler, ()) if "aliases" in field.metadata else ()
+    own = schedulers.get(scheduler).group_flags if field.name == "group" and scheduler else ()
     return own[0] if own else field.metadata["flag"] or "--" + field.name.replace("_", "-")
 
 
-def default_binds(scheduler: str, group: Optional[str]) -> tuple:
-    """ABCI's group area, where shared weights, datasets and caches live: ``/groups/gxx00000``."""
-    return (f"/groups/{group}",) if scheduler == "pbs" and group else ()
+def offered(field: dataclasses.Field, scheduler: str) -> bool:
+    """Whether ``launch SCHEDULER`` has this option (``--resource-type`` only where there are resource types)."""
+    needs = field.metadata.get("needs")
+    return not needs or bool(getattr(schedulers.get(scheduler), needs))
 
 
 def launch_help(scheduler: str) -> Mapping[str, str]:
     """The values each scheduler's ``launch --help`` fills into the option help lines."""
-    types = {k: v for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler}
-    rt = RESOURCE_TYPES.get(DEFAULT_RESOURCE_TYPE.get(scheduler, ""))
-    modules = " ".join(DEFAULT_MODULES[scheduler] + IMAGE_MODULES[scheduler]) or "none"
-    if IMAGE_MODULES[scheduler]:
-        modules = f"{' '.join(DEFAULT_MODULES[scheduler])}, plus {' '.join(IMAGE_MODULES[scheduler])} with --image"
+    s = schedulers.get(scheduler)
+    rt = s.resource_types.get(s.default_resource_type or "")
+    modules = " ".join(s.default_modules + s.image_modules) or "none"
+    if s.image_modules:
+        modules = f"{' '.join(s.default_modules)}, plus {' '.join(s.image_modules)} with --image"
+    binds = " ".join(s.default_binds("GROUP"))
     return {
         "scheduler": scheduler,
-        "prefix": sitedirectives.PREFIX[scheduler],
+        "prefix": s.directive_prefix,
         "resource_types": (
-            "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in types.items())
-            if types
+            "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in s.resource_types.items())
+            if s.resource_types
             else "not used: no resource types on this scheduler, give --gpus-per-node"
         ),
-        "resource_type": DEFAULT_RESOURCE_TYPE.get(scheduler, "none"),
-        "gpus_per_node": f"the resource type's, {rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
+        "resource_type": s.default_resource_type or "none",
+        "gpus_per_node": f"the resource type's, {rt.gpus} on {s.default_resource_type}"
         if rt
         else "none, required",
         "cpus_per_rank": (
-            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {DEFAULT_RESOURCE_TYPE[scheduler]}"
+            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {s.default_resource_type}"
             if rt
             else "0, none bound"
         ),
-        "group_help": {
-            "pbs": "ABCI group, qsub -P (required)",
-            "sge": "Grid Engine project to charge, #$ -P PROJECT (default: the site's default project)",
-            "slurm": "account, sbatch --account (default: the site's default account)",
-        }[scheduler],
+        "group_help": s.group_help,
         "modules": modules,
-        "binds": "/groups/GROUP with --group" if scheduler == "pbs" else "none",
-        "submit": {"pbs": "qsub", "sge": "qsub", "slurm": "sbatch"}[scheduler],
-        "depend": {
-            "pbs": "qsub -W depend=afterany:ID",
-            "sge": "qsub -hold_jid ID",
-            "slurm": "sbatch --dependency=afterany:ID",
-        }[scheduler],
+        "binds": f"{binds} with --group" if binds else "none",
+        "submit": s.submit_program,
+        "depend": s.depend_help or f"{s.submit_program} after the one before",
     }
 
 
@@ -512,13 +428,10 @@ class JobSpec:
     steps: Optional[int]
     command_line: tuple = ()  # the `octo-dist launch ...` argv that rendered it, for the script's header
     lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
-    pe: str = DEFAULT_PE  # Grid Engine's parallel environment: "mpi"
-    queue: Optional[str] = None  # Grid Engine's queue: "gpu.q"; None: the site's choice
     devices_per_rank: int = 1  # GPUs each rank binds; ranks_per_node x this == gpus_per_node
-    partition: Optional[str] = None  # SLURM's --partition: "gpu"
-    qos: Optional[str] = None  # SLURM's --qos: "normal"
-    constraint: Optional[str] = None  # SLURM's --constraint: "a100&ib"
-    resources: tuple = ()  # PBS's extra -l: ("place=scatter",)
+    # The scheduler's own options (Scheduler.options), given or default: {"pe": "mpi", "queue": None},
+    # {"partition": "gpu"}, {"resources": ("place=scatter",)}; the scheduler's site_lines read them.
+    site: Mapping = dataclasses.field(default_factory=dict)
     directives: tuple = ()  # header lines as given: ("#SBATCH --mail-type=END",)
 
     @property
@@ -720,8 +633,9 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     with the option it follows, as ``(value, "from --resource-type rt_HF")``."""
     out: dict = {}
     scheduler = o.scheduler
-    resource_type = o.resource_type or DEFAULT_RESOURCE_TYPE.get(scheduler)
-    rt = RESOURCE_TYPES.get(resource_type) if resource_type else None
+    s = schedulers.get(scheduler)
+    resource_type = o.resource_type or s.default_resource_type
+    rt = s.resource_types.get(resource_type) if resource_type else None
     if o.resource_type is None and resource_type:
         out["resource_type"] = (resource_type, f"{scheduler}'s default")
     gpus = o.gpus_per_node
@@ -747,10 +661,11 @@ def derived_defaults(o: "LaunchOptions") -> dict:
         out["cpus_per_rank"] = (0, "none bound without a resource type")
     if o.output is None:
         out["output"] = (f"octo-dist-{scheduler}.sh", "after the scheduler")
-    if o.bind is None and scheduler == "pbs":
-        out["bind"] = (default_binds(scheduler, o.group), "/groups/GROUP with --group")
+    if o.bind is None and s.default_binds("GROUP"):
+        binds = " ".join(s.default_binds("GROUP"))
+        out["bind"] = (s.default_binds(o.group), f"{binds} with --group")
     if o.modules is None:
-        modules = DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if o.image else ())
+        modules = s.default_modules + (s.image_modules if o.image else ())
         out["modules"] = (modules, f"{scheduler}'s default")
     return out
 
@@ -773,12 +688,14 @@ def build(
     """
     o = options
     scheduler = o.scheduler
-    if scheduler not in SCHEDULERS:
+    if scheduler not in schedulers.SCHEDULERS:
         raise JobSpecError(
             f"scheduler {scheduler!r}",
-            f"one of {', '.join(SCHEDULERS)}",
+            f"one of {', '.join(scheduler_names())}",
             "octo-dist launch pbs ...",
         )
+    sched = schedulers.get(scheduler)
+    site = o.site_values()
     for label, value in (
         ("--walltime", o.walltime),
         ("--resource-type", o.resource_type),
@@ -799,32 +716,29 @@ def build(
     nodes = o.nodes
     gpus_per_node = o.gpus_per_node
 
-    if scheduler in ("slurm", "sge"):
-        label = {"slurm": "SLURM", "sge": "Grid Engine"}[scheduler]
+    if not sched.resource_types:
         if o.resource_type:
             raise JobSpecError(
                 f"--resource-type {o.resource_type} for {scheduler}",
-                f"none: octo-dist knows no {label} resource types (ABCI 3.0's are PBS's)",
+                f"none: octo-dist knows no {sched.title} resource types (ABCI 3.0's are PBS's)",
                 "drop --resource-type and give --gpus-per-node",
             )
         if gpus_per_node is None:
             raise JobSpecError(
                 f"{scheduler} without --gpus-per-node",
-                f"the GPUs of one node ({label} sites differ)",
+                f"the GPUs of one node ({sched.title} sites differ)",
                 "--gpus-per-node 8 (or what your nodes have)",
             )
         resource_type, rt = None, None
     else:
-        resource_type = o.resource_type or DEFAULT_RESOURCE_TYPE[scheduler]
-        rt = RESOURCE_TYPES.get(resource_type)
-        if rt is None or rt.scheduler != scheduler:
-            known = ", ".join(
-                f"{k} ({v.about})" for k, v in RESOURCE_TYPES.items() if v.scheduler == scheduler
-            )
+        resource_type = o.resource_type or sched.default_resource_type
+        rt = sched.resource_types.get(resource_type)
+        if rt is None:
+            known = ", ".join(f"{k} ({v.about})" for k, v in sched.resource_types.items())
             raise JobSpecError(
                 f"--resource-type {resource_type!r} for {scheduler}",
                 f"one of: {known}",
-                f"--resource-type {DEFAULT_RESOURCE_TYPE[scheduler]}",
+                f"--resource-type {sched.default_resource_type or next(iter(sched.resource_types))}",
             )
         if gpus_per_node is None:
             gpus_per_node = rt.gpus
@@ -875,42 +789,25 @@ def build(
             "or a longer --walltime",
         )
 
-    if scheduler == "pbs" and not o.group:
+    if sched.group_required and not o.group:
         raise JobSpecError(
-            "pbs without --group",
-            "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one",
+            f"{scheduler} without --group",
+            sched.group_required,
             "--group gxx00000",
-        )
-    if scheduler != "sge" and (o.pe != DEFAULT_PE or o.queue is not None):
-        raise JobSpecError(
-            f"--pe/--queue for {scheduler}",
-            "them only with Grid Engine (sge)",
-            "drop --pe and --queue",
         )
     for label, value in (
         ("--group", o.group),
         ("--name", o.name),
-        ("--pe", o.pe),
-        ("--queue", o.queue),
     ):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
             raise JobSpecError(
                 f"{label} {value!r}",
-                "letters, digits, '_', '.', '-' (it goes into the scheduler's "
-                "#PBS/#$/#SBATCH lines)",
+                f"letters, digits, '_', '.', '-' (it goes into the scheduler's {sched.directive_prefix} "
+                "lines)",
                 f"{label} {re.sub(r'[^A-Za-z0-9_.-]', '-', value).strip('-') or 'octo-dist'}",
             )
     refused = sitedirectives.refusal(
-        scheduler,
-        group=o.group,
-        values={
-            "--partition": o.partition,
-            "--qos": o.qos,
-            "--constraint": o.constraint,
-            "--queue": o.queue,
-        },
-        resources=o.resources or (),
-        directives=o.directives or (),
+        sched, group=o.group, values=site, directives=o.directives or ()
     )
     if refused:
         raise JobSpecError(*refused)
@@ -937,7 +834,7 @@ def build(
     _path("--data-dir", o.data_dir, bound)
     if o.compile_cache:
         _path("--compile-cache", o.compile_cache, bound)
-    binds = tuple(o.bind) if o.bind is not None else default_binds(scheduler, o.group)
+    binds = tuple(o.bind) if o.bind is not None else sched.default_binds(o.group)
     for b in binds:
         _path("--bind", b, True)
     if image and not o.skip_image_check:
@@ -1060,7 +957,7 @@ def build(
             m for m in o.modules if m
         )  # --module '': no modules at all (the site's MPI is on PATH)
         if o.modules is not None
-        else DEFAULT_MODULES[scheduler] + (IMAGE_MODULES[scheduler] if image else ())
+        else sched.default_modules + (sched.image_modules if image else ())
     )
     return JobSpec(
         scheduler=scheduler,
@@ -1089,12 +986,7 @@ def build(
         job_args=tuple(mapped),
         user_args=tuple(user_args),
         lead_args=tuple(lead_args),
-        pe=o.pe,
-        queue=o.queue,
-        partition=o.partition,
-        qos=o.qos,
-        constraint=o.constraint,
-        resources=tuple(o.resources or ()),
+        site={k: v for k, v in site.items() if v not in (None, ())},
         directives=tuple(o.directives or ()),
         resume=resume,
         global_batch=global_batch,

@@ -7,11 +7,59 @@ job side reads only a ``Mapping`` of the job's environment, so tests pass dicts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from typing import List, Mapping, Optional, Sequence, Tuple
+import unicodedata
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 AFTER_ENV = "OCTO_DIST_AFTER"  # a chained job's predecessor: "12345.pbs1"
+
+# A value that goes into a directive as one word: the scheduler reads it, never bash, but a space would split it.
+WORD = re.compile(r"[A-Za-z0-9_.,:/=+@%-]+")
+WORD_CHARS = "letters, digits and _.,:/=+@%-"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceType:
+    """What a job gets on one node when it asks for a site's resource type (ABCI 3.0's ``rt_HF``)."""
+
+    gpus: int
+    sockets: int  # CPU sockets of the node, for one block of ranks per socket
+    cores: int  # CPU cores the job gets on one node
+    about: str
+    environment: Tuple[
+        Tuple[str, str, str], ...
+    ] = ()  # (name, value, why) exported, user's value wins
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A ``launch`` option only this scheduler has: ``--partition`` (SLURM), ``--pe`` (Grid Engine).
+
+    ``name`` is its key in the job's site values and in the defaults files (``partition = gpu``); the value must
+    fully match ``pattern`` (one word of a directive, ``pattern_says`` in words); ``repeat``: given once per value
+    (``--resource A --resource B``), a tuple.
+    """
+
+    name: str
+    help: str
+    default: Any = None
+    group: str = "site"
+    flag: str = ""  # "--resource"; default "--" + name with "-" for "_"
+    metavar: Optional[str] = None
+    repeat: bool = False
+    pattern: "re.Pattern[str]" = WORD
+    pattern_says: str = f"one word of {WORD_CHARS} (it goes into a scheduler directive)"
+
+    @property
+    def option(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+def unprintable(text: str) -> bool:
+    """A control, format, separator or surrogate character: ends a directive line or hides text from a reader."""
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in text)
 
 
 class Scheduler:
@@ -19,6 +67,26 @@ class Scheduler:
 
     name = ""  # "pbs": the `octo-dist launch NAME` word
     title = ""  # "PBS Professional": for the script's comment
+    help = ""  # one line for `octo-dist launch --help`
+    description = ""  # the first paragraph of `octo-dist launch NAME --help`
+    options: Tuple[Option, ...] = ()  # the launch options only this scheduler has
+    # Resource types a job asks N nodes of (ABCI 3.0's rt_HF); none: --gpus-per-node is required.
+    resource_types: Mapping[str, ResourceType] = {}
+    default_resource_type: Optional[str] = None
+    default_modules: Tuple[str, ...] = ()  # loaded unless --module says otherwise (ABCI: hpcx/2.20)
+    image_modules: Tuple[str, ...] = ()  # and these with --image
+    group_help = (
+        "group to charge (default: the site's)"  # --group's help line in this scheduler's words
+    )
+    group_flags: Tuple[str, ...] = ()  # its own spelling of --group too: ("--account",)
+    group_required = ""  # what a job without --group is refused for ("" when it may go without)
+    depend_help = ""  # "qsub -W depend=afterany:ID": how a chained job waits, for --chain's help
+    # The directives the rendered header always sets, by key (see ``directive_keys``) -> the option that sets it.
+    rendered_keys: Mapping[str, str] = {}
+    # Keys of ``rendered_keys`` in the header only when an option is given: key -> that option's name.
+    conditional_keys: Mapping[str, str] = {}
+    # Directives no job of octo-dist's may have, whoever renders the header: key -> why.
+    refused_keys: Mapping[str, str] = {}
     header = ""  # the script's first lines, with @{placeholders} filled by render
     job_id_var = ""  # "PBS_JOBID": set in every job
     workdir = '"$PWD"'  # a bash expression: where the job's relative paths start (qsub's directory)
@@ -32,6 +100,34 @@ class Scheduler:
     directive_prefix = (
         ""  # "#PBS": how a header line speaks to this scheduler (site lines go after the last one)
     )
+
+    # ---- login node: choosing -----------------------------------------------------------------------------------
+    def default_binds(self, group: Optional[str]) -> Tuple[str, ...]:
+        """Directories every job binds into the image when the node has them (ABCI: the group area)."""
+        return ()
+
+    def site_refusal(self, values: Mapping[str, Any]) -> Optional[Tuple[str, str, str]]:
+        """``(found, expected, fix)`` for the first of this scheduler's option values that must not reach the
+        header (``values``: option name -> value; None or () when not given), else None."""
+        for opt in self.options:
+            value = values.get(opt.name)
+            for v in (value if opt.repeat else (value,)) if value is not None else ():
+                if unprintable(v) or not opt.pattern.fullmatch(v):
+                    clean = re.sub(r"[^A-Za-z0-9_.=-]", "-", v).strip("-") or "NAME"
+                    return (f"{opt.option} {v!r}", opt.pattern_says, f"{opt.option} {clean}")
+        return None
+
+    def directive_keys(self, directive: str) -> List[str]:
+        """What a directive line sets, as keys of ``rendered_keys``: ``"#PBS -l walltime=1:00:00"`` ->
+        ``["-l walltime"]``. The base reads words, ``-l`` lists (``-l a=1,b=2``) and options with their value
+        attached (``-lselect=3``); schedulers with another grammar override it."""
+        words = []
+        for word in directive.split()[1:]:
+            if re.fullmatch(r"-[A-Za-z].+", word) and not word.startswith("--"):
+                words += [word[:2], word[2:]]
+            else:
+                words.append(word)
+        return _resource_keys(words)
 
     # ---- login node: rendering and submitting -------------------------------------------------------------------
     def header_values(self, spec) -> dict:
@@ -83,3 +179,20 @@ class Scheduler:
     def lost_node(self, said: str) -> Optional[str]:
         """The node a failed probe names, from what it said; None when it names none."""
         return None
+
+
+def _resource_keys(words: Sequence[str], lower: bool = False) -> List[str]:
+    """Option words -> keys, ``-l`` followed by ``a=1,b=2`` giving ``-l a`` and ``-l b`` (lowercased when the
+    scheduler ignores the case of resource names)."""
+    out = []
+    for i, word in enumerate(words):
+        if not word.startswith("-"):
+            continue
+        if word == "-l" and i + 1 < len(words):
+            for r in words[i + 1].split(","):
+                name = r.split("=", 1)[0]
+                if name:
+                    out.append(f"-l {name.lower() if lower else name}")
+        else:
+            out.append(word)
+    return out

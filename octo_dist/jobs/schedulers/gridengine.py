@@ -5,13 +5,72 @@ from __future__ import annotations
 
 import re
 
-from octo_dist.jobs.schedulers.base import AFTER_ENV
+from octo_dist.jobs.schedulers.base import AFTER_ENV, Option, _resource_keys
 from octo_dist.jobs.schedulers.mpirun import MpirunScheduler
+
+# Grid Engine's parallel environment (-pe NAME SLOTS): no name is built into Grid Engine; "mpi" is the common name
+# for a site's MPI PE and says what it is for (Open MPI's own FAQ example calls it "orte": --pe orte there). Open
+# MPI's tight integration needs control_slaves TRUE, and the allocation_rule decides how the slots spread over the
+# nodes (`qconf -spl` lists a site's PEs, `qconf -sp mpi` shows one).
+DEFAULT_PE = "mpi"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class GridEngine(MpirunScheduler):
     name = "sge"
     title = "Grid Engine"
+    help = "Grid Engine (Son of Grid Engine, Altair Grid Engine, Open Cluster Scheduler): -pe NAME SLOTS"
+    description = (
+        "Render a job script for Grid Engine: #$ -pe PE SLOTS (one slot per rank) and -l h_rt, -notify so the "
+        "job gets SIGUSR1 before it is stopped, nodes and slots from PE_HOSTFILE and NSLOTS, and mpirun started "
+        "without a host file: Open MPI's gridengine support reads PE_HOSTFILE and starts the other nodes' ranks "
+        "through qrsh -inherit (the PE needs control_slaves TRUE). Give --gpus-per-node, --pe if your site's PE "
+        "is not called mpi, --queue/--project where your site wants them, --module for its MPI, --directive for "
+        "any other #$ line."
+    )
+    options = (
+        Option(
+            "pe",
+            "Grid Engine parallel environment, #$ -pe NAME SLOTS with one slot per rank; it needs "
+            "control_slaves TRUE (Open MPI starts the other nodes' ranks through qrsh -inherit) and an "
+            "allocation_rule that gives each node --ranks-per-node slots; `qconf -spl` lists your site's "
+            "(default: {default}, the common name; Open MPI's FAQ example uses orte)",
+            default=DEFAULT_PE,
+            group="resources",
+            pattern=NAME,
+            pattern_says="letters, digits, '_', '.', '-' (it goes into the scheduler's #$ lines)",
+        ),
+        Option(
+            "queue",
+            "Grid Engine queue, #$ -q QUEUE (default: the site's choice)",
+            group="resources",
+            pattern=NAME,
+            pattern_says="letters, digits, '_', '.', '-' (it goes into the scheduler's #$ lines)",
+        ),
+    )
+    group_help = (
+        "Grid Engine project to charge, #$ -P PROJECT (default: the site's default project)"
+    )
+    group_flags = ("--project",)
+    depend_help = "qsub -hold_jid ID"
+    rendered_keys = {
+        "-pe": "--pe and --nodes/--ranks-per-node",
+        "-l h_rt": "--walltime",
+        "-N": "--name",
+        "-j": "nothing (octo-dist keeps one log)",
+        "-o": "nothing (octo-dist keeps one log)",
+        "-e": "nothing (octo-dist keeps one log)",
+        "-cwd": "nothing (the job starts where qsub ran)",
+        "-wd": "nothing (the job starts where qsub ran)",
+        "-notify": "nothing (the job asks for its stop signal)",
+        "-q": "--queue",
+        "-P": "--project",
+    }
+    conditional_keys = {"-q": "queue", "-P": "group"}
+    refused_keys = {
+        "-t": "an array job runs the script once per index, every one training into the same save directory",
+        "-S": "the job script is bash; another shell cannot run it",
+    }
     # -cwd: the job starts where qsub ran. -notify: SIGUSR1/SIGUSR2 before Grid Engine suspends/kills the job, which
     # the supervisor turns into a stop. -pe NAME SLOTS: one slot per rank; control_slaves TRUE in the PE lets mpirun
     # start the other nodes' ranks through `qrsh -inherit`.
@@ -33,9 +92,16 @@ class GridEngine(MpirunScheduler):
     stop_timer = True  # h_rt kills outright
     job_id_re = re.compile(r"(\d+)(?:\.\S*)?")  # qsub -terse: "12345", an array job "12345.1-10:1"
 
+    def directive_keys(self, directive):
+        # Grid Engine's options are words (-pe, -cwd), never with their value attached.
+        return _resource_keys(directive.split()[1:])
+
+    def header_values(self, spec):
+        return {"pe": spec.site.get("pe") or DEFAULT_PE}
+
     def site_lines(self, spec):
         # --queue gpu.q, --project P: "#$ -q gpu.q", "#$ -P P"
-        out = [f"#$ -q {spec.queue}"] if spec.queue else []
+        out = [f"#$ -q {spec.site['queue']}"] if spec.site.get("queue") else []
         out += [f"#$ -P {spec.group}"] if spec.group else []
         return out + list(spec.directives)
 

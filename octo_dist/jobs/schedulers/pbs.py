@@ -5,13 +5,72 @@ from __future__ import annotations
 import os
 import re
 
-from octo_dist.jobs.schedulers.base import AFTER_ENV
+from octo_dist.jobs.schedulers.base import AFTER_ENV, Option, ResourceType, _resource_keys
 from octo_dist.jobs.schedulers.mpirun import MpirunScheduler
+
+# ABCI 3.0's H nodes: 8 NDR InfiniBand HCAs for compute (mlx5_ibn1..8) and one HDR HCA for storage. NCCL picks every
+# HCA it finds unless told; the storage HCA is slower and shared with the file system.
+ABCI3_NCCL = (
+    (
+        "NCCL_IB_HCA",
+        ",".join(f"mlx5_ibn{i}" for i in range(1, 9)),
+        "NCCL's all-reduce over the 8 compute HCAs, not the storage one",
+    ),
+)
+# ABCI 3.0's resource types: a job asks for N nodes of one of these (#PBS -q rt_HF).
+RESOURCE_TYPES = {
+    "rt_HF": ResourceType(8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
+    "rt_HG": ResourceType(
+        1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test", ABCI3_NCCL
+    ),
+}
+# "place=scatter", "ngpus=8": one PBS resource, KEY=VALUE.
+RESOURCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.,:/+@%-]+)")
 
 
 class Pbs(MpirunScheduler):
     name = "pbs"
     title = "PBS Professional (as on ABCI 3.0)"
+    help = "PBS Professional, as on ABCI 3.0 (rt_HF: 8x H200 per node)"
+    description = (
+        "Render a job script for PBS Professional, as on ABCI 3.0: #PBS -P GROUP -q rt_HF -l "
+        "select=N:mpiprocs=R, live output (-k oe), mpirun from the hpcx module with one rank per GPU and its "
+        "own CPU cores, NCCL on the compute InfiniBand HCAs, the node list from PBS_NODEFILE. Resource types: "
+        "rt_HF (8x H200) and rt_HG (1x H200, for a cheap test). --resource KEY=VALUE adds a #PBS -l, "
+        "--directive any other #PBS line."
+    )
+    options = (
+        Option(
+            "resources",
+            "an extra PBS resource, #PBS -l KEY=VALUE, repeatable (default: none)",
+            flag="--resource",
+            metavar="KEY=VALUE",
+            repeat=True,
+            pattern=RESOURCE,
+            pattern_says="KEY=VALUE, one PBS resource (e.g. place=scatter)",
+        ),
+    )
+    resource_types = RESOURCE_TYPES
+    default_resource_type = "rt_HF"
+    default_modules = ("hpcx/2.20",)  # the mpirun built for ABCI's InfiniBand
+    group_help = "ABCI group, qsub -P (required)"
+    group_required = "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one"
+    depend_help = "qsub -W depend=afterany:ID"
+    rendered_keys = {
+        "-l select": "--nodes/--ranks-per-node",
+        "-l walltime": "--walltime",
+        "-q": "--resource-type",
+        "-P": "--group",
+        "-N": "--name",
+        "-j": "nothing (octo-dist keeps one log)",
+        "-k": "nothing (octo-dist keeps one log)",
+        "-o": "nothing (octo-dist keeps one log)",
+        "-e": "nothing (octo-dist keeps one log)",
+    }
+    refused_keys = {
+        "-J": "an array job runs the script once per index, every one training into the same save directory",
+        "-S": "the job script is bash; another shell cannot run it",
+    }
     # -j oe -k oe: one output file, written while the job runs (in your home directory) rather than copied at its end.
     header = """\
 #!/bin/bash
@@ -35,9 +94,39 @@ class Pbs(MpirunScheduler):
     job_id_re = re.compile(r"(\d+(?:\.[\w.-]+)?)")  # qsub prints "12345.pbs1"
     job_id_example = "12345.pbs1"
 
+    def default_binds(self, group):
+        # ABCI's group area, where shared weights, datasets and caches live: "/groups/gxx00000"
+        return (f"/groups/{group}",) if group else ()
+
+    def site_refusal(self, values):
+        found = super().site_refusal(values)
+        if found:
+            return found
+        for resource in values.get("resources") or ():
+            key = f"-l {RESOURCE.fullmatch(resource).group(1).lower()}"
+            if key in self.rendered_keys:
+                why = self.rendered_keys[key]
+                return (
+                    f"--resource {resource}",
+                    f"a resource octo-dist does not set itself ({key[3:]} comes from {why})",
+                    f"drop --resource {resource} and use {why}",
+                )
+        return None
+
+    def directive_keys(self, directive):
+        # qsub reads its options with getopt (one letter, the value attached or not: "-lselect=3", "-l select=3");
+        # PBS resource names ignore case ("Walltime" is walltime).
+        words = []
+        for word in directive.split()[1:]:
+            if re.fullmatch(r"-[A-Za-z].+", word):
+                words += [word[:2], word[2:]]
+            else:
+                words.append(word)
+        return _resource_keys(words, lower=True)
+
     def site_lines(self, spec):
         # --resource place=scatter: "#PBS -l place=scatter"
-        return [f"#PBS -l {r}" for r in spec.resources] + list(spec.directives)
+        return [f"#PBS -l {r}" for r in spec.site.get("resources") or ()] + list(spec.directives)
 
     def submit_command(self, script, after):
         extra = ["-W", f"depend=afterany:{after}", "-v", f"{AFTER_ENV}={after}"] if after else []

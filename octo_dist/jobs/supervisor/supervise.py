@@ -52,6 +52,22 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def make_directory(what: str, path: str, option: str) -> str:
+    """Makes ``path`` (and its parents) and returns it absolute; one line naming it when it cannot be made:
+    ``/etc/passwd/x`` (a file on the way), ``/proc/x``, a name longer than the file system takes."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(20, "not a directory")
+    except OSError as e:
+        shown = path if len(path) <= 80 else path[:77] + "..."
+        raise JobFailed(
+            f"{what} directory {shown!r} cannot be made from {os.getcwd()} ({e.strerror or e}); expected a "
+            f"directory this job can write. Fix: re-render with {option} PATH"
+        ) from None
+    return os.path.abspath(path)
+
+
 def self_command() -> List[str]:
     """How a rank's node starts this runtime again: the zipapp this process runs from, else the package."""
     if os.path.isfile(sys.argv[0]) and zipfile.is_zipfile(sys.argv[0]):
@@ -303,8 +319,7 @@ class Supervisor:
             data_dir = os.path.abspath(data_dir)
         cache = s.storage.compile_cache
         if cache:
-            os.makedirs(cache, exist_ok=True)
-            cache = os.path.abspath(cache)
+            cache = make_directory("compilation cache", cache, "--compile-cache")
         self.paths = {"save_dir": self.save_dir, "data_dir": data_dir, "compile_cache": cache}
         if s.software.image:
             image = s.software.image
@@ -423,9 +438,8 @@ class Supervisor:
                     "launcher of the job's MPI. Fix: module load the site's MPI (ABCI: hpcx), or re-render with "
                     "--module NAME"
                 )
-            os.makedirs(s.storage.save_dir, exist_ok=True)
             # absolute: every node, and the image, see the same path
-            self.save_dir = os.path.abspath(s.storage.save_dir)
+            self.save_dir = make_directory("save", s.storage.save_dir, "--save-dir")
         except JobFailed as e:
             self.note(f"error: {e}")
             return e.exit_status
@@ -433,7 +447,7 @@ class Supervisor:
         self.job_dir = os.path.join(self.save_dir, f".octo-dist-job-{job}")
         status = 1
         try:
-            os.makedirs(self.job_dir, exist_ok=True)
+            make_directory("job", self.job_dir, "--save-dir")
             status = self.supervise()
         except JobFailed as e:
             self.note(f"error: {e}")

@@ -8,6 +8,7 @@ job-runtime -o FILE``) unless ``OCTO_DIST_RUNTIME`` names one, so the supervisor
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 import zipfile
@@ -35,8 +36,35 @@ def files() -> list:
     return out
 
 
+class NotAFile(Exception):
+    """``-o`` names something that is not a regular file (``/dev/null``, a FIFO, a directory, a link)."""
+
+
+def existing_kind(path: str) -> str:
+    """What is at ``path`` now: "" (nothing), "file", or what else it is ("character device", "directory")."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    kinds = (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
 def build(path: str) -> str:
-    """Writes the zipapp to ``path`` (atomically: jobs of a chain may write it at once); returns ``path``."""
+    """Writes the zipapp to ``path`` (atomically: jobs of a chain may write it at once); returns ``path``.
+
+    Only a regular file is replaced: the rename would put a file in place of ``/dev/null`` or a FIFO."""
+    kind = existing_kind(path)
+    if kind not in ("", "file"):
+        raise NotAFile(kind)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".octo-dist-runtime-", suffix=".tmp", dir=directory)
     try:
@@ -72,8 +100,16 @@ def add_parser(subparsers) -> None:
 
 
 def _run(args) -> int:
+    replaced = existing_kind(args.output) == "file"
     try:
         build(args.output)
+    except NotAFile as e:
+        print(
+            f"octo-dist job-runtime: error: {args.output!r} is a {e}, not a file; expected a new file name or a "
+            f"regular file to replace. Fix: -o a file name, e.g. -o octo-dist-runtime.pyz",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as e:
         print(
             f"octo-dist job-runtime: error: cannot write {args.output!r} ({e.strerror}); expected a file you can "
@@ -81,5 +117,6 @@ def _run(args) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"wrote {args.output}: run by a job script as python3 {args.output} supervise SETTINGS")
+    said = "replaced the existing file" if replaced else "wrote"
+    print(f"{said} {args.output}: run by a job script as python3 {args.output} supervise SETTINGS")
     return 0
