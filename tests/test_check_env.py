@@ -242,6 +242,26 @@ def test_octo_at_another_commit_fails(cuda_env):
     assert "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b" in checks["git.octo"]["remedy"]
 
 
+def test_missing_octo_fails_on_a_gpu_node_and_warns_off_the_gpu(cuda12_env):
+    # An image build or a login node without GitHub (--no-gpu): octo missing is a warning there, a failure where
+    # the fine-tune runs; another commit fails either way.
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    for dist in site.glob("octo-*.dist-info"):
+        shutil.rmtree(dist)
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and failing(checks) == {"git.octo"}
+    rc, checks, proc = run_check(site, bin_dir, manifest, "--no-gpu", profile="cuda12")
+    assert rc == 0 and failing(checks) == set(), proc.stdout
+    assert (
+        checks["git.octo"]["status"] == "warn"
+        and "make git-deps PROFILE=cuda12" in (checks["git.octo"]["remedy"])
+    )
+    replace_dist(site, "octo", "0.1.0", commit="0" * 40)
+    rc, checks, _ = run_check(site, bin_dir, manifest, "--no-gpu", profile="cuda12")
+    assert rc == 1 and failing(checks) == {"git.octo"}
+
+
 def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)

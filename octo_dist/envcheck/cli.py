@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         else (None, None, "")
     )
     smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
-    checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
+    checks = rules.run_fast(
+        profile, manifest, python, dists, os.environ, probe, smi, no_gpu=args.no_gpu
+    )
     if args.no_gpu:
         # Shown as skipped with the reason, so a report from a build host says what it did not check.
         checks = [c for c in checks if not c.id.startswith("gpu.")]

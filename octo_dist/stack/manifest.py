@@ -339,7 +339,7 @@ def _cudnn_build(raw: _Fields) -> str:
     value = raw.get("cudnn_build", str, "")
     if value and not re.fullmatch(r"\d+\.\d+", value):
         raise ManifestError(
-            f"{raw.path}: {raw.key('cudnn_build')} must be a cuDNN major.minor like \"8.9\", found {value!r}"
+            f'{raw.path}: {raw.key("cudnn_build")} must be a cuDNN major.minor like "8.9", found {value!r}'
         )
     return value
 
