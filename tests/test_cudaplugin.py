@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist.envcheck import cudaplugin
+from octo_dist.stack import cudaplugin
 
 PLUGIN = "jax-cuda12-plugin 0.4.23"
 # JAX 0.4.23's message for the plugin's backend on a machine without a GPU, as raised by xla_bridge.backends().
@@ -142,7 +142,7 @@ def test_start_up_says_one_line_and_runs_on_the_cpu(fake_plugin_site):
 def test_start_up_beside_a_gpu_device_fails_in_one_line_instead_of_falling_back(fake_plugin_site):
     # The machine's device files are what this test fabricates: a GPU node where the CUDA backend cannot start.
     code = (
-        "from octo_dist.envcheck import cudaplugin\n"
+        "from octo_dist.stack import cudaplugin\n"
         "cudaplugin.gpu_devices = lambda *a: ['/dev/nvidia0']\n"
         "from octo_dist.runtime import runtime\n"
         "try:\n"

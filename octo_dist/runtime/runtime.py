@@ -30,7 +30,7 @@ import traceback
 from typing import Iterator, Mapping, Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
-from octo_dist.envcheck import cudaplugin
+from octo_dist.stack import cudaplugin
 from octo_dist.launchers import coordcheck
 from octo_dist.stack import builds
 from octo_dist.launchers import coordinator
