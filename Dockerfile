@@ -1,8 +1,9 @@
 # octo-dist images, three targets from one recipe:
 #   cpu     Ubuntu 22.04 + the cpu profile (jax 0.4.22, Open MPI 5 from PyPI): local smoke tests, CI
 #   cuda11  nvidia/cuda 11.8 base + the cuda11 profile (jax 0.4.20, CUDA libraries from nvidia-*-cu11 wheels)
-#   cuda12  nvidia/cuda 12.2 base + the cuda12 profile (jax 0.4.20, CUDA 12 / cuDNN 8.9 from nvidia-*-cu12 wheels):
-#           ABCI 3.0's H200 nodes (README, "Which profile on H200")
+#   cuda12  Ubuntu 22.04 (the cpu base, no CUDA image) + the cuda12 profile (jax[cuda12] 0.4.23 from PyPI: jaxlib,
+#           the CUDA 12 plugin, CUDA 12.2 / cuDNN 8.9 from nvidia-*-cu12 wheels; the driver comes from the host,
+#           docker run --gpus / singularity --nv): ABCI 3.0's H200 nodes (docs/abci.md)
 #
 #   make docker PROFILE=cpu|cuda11|cuda12     (docker build --target <profile> .)
 #   make docker-smoke                  (cpu image, 2-rank smoke job under the image's mpirun)
@@ -20,9 +21,6 @@ ARG CPU_BASE_DIGEST=sha256:0eb0f877e1c869a300c442c41120e778db7161419244ee5cbc6fa
 ARG CUDA11_BASE_REPO=docker.io/nvidia/cuda
 ARG CUDA11_BASE_TAG=11.8.0-base-ubuntu22.04
 ARG CUDA11_BASE_DIGEST=sha256:79e5b2cf878ee9006f5b3738caeea34fdc7708a32db53fe3e80db0b48bd286a0
-ARG CUDA12_BASE_REPO=docker.io/nvidia/cuda
-ARG CUDA12_BASE_TAG=12.2.2-base-ubuntu22.04
-ARG CUDA12_BASE_DIGEST=sha256:1a8a738e81d4adbef0c709241f5238cec5bb77186dcb5b2103db293315ed42d1
 # OCI labels. VERSION is octo_dist.__version__ (checked); `make docker` passes the git REVISION.
 ARG SOURCE=https://github.com/octo-dist/octo-dist
 ARG REVISION=unknown
@@ -31,11 +29,11 @@ ARG VERSION=0.1.0
 # local build (make docker-local-base, no GitHub) passes --skip-git.
 ARG GIT_DEPS=--require-git
 
-# ---- the three operating systems (same Ubuntu 22.04, python3 = 3.10) -------------------------------
-# No engine but Docker takes a tag and a digest in one reference, so FROM pulls by digest alone.
+# ---- the two operating systems (same Ubuntu 22.04, python3 = 3.10) ---------------------------------
+# No engine but Docker takes a tag and a digest in one reference, so FROM pulls by digest alone. cuda12 builds on
+# os-cpu: every CUDA library it needs is a wheel in its lock.
 FROM ${CPU_BASE_REPO}@${CPU_BASE_DIGEST} AS os-cpu
 FROM ${CUDA11_BASE_REPO}@${CUDA11_BASE_DIGEST} AS os-cuda11
-FROM ${CUDA12_BASE_REPO}@${CUDA12_BASE_DIGEST} AS os-cuda12
 
 # ---- build: the one install script, into /opt/octo-dist/venv ---------------------------------------
 FROM os-cpu AS build-cpu
@@ -67,7 +65,7 @@ ARG GIT_DEPS
 RUN --mount=type=secret,id=ca,required=false \
     OCTO_DIST_CA=/run/secrets/ca containers/install.sh cuda11 /opt/octo-dist/venv "${GIT_DEPS}"
 
-FROM os-cuda12 AS build-cuda12
+FROM os-cpu AS build-cuda12
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY containers/os-packages.sh /tmp/os-packages.sh
 RUN bash /tmp/os-packages.sh build
@@ -150,7 +148,7 @@ LABEL org.opencontainers.image.title="octo-dist (cuda11)" \
       org.opencontainers.image.base.digest="${CUDA11_BASE_DIGEST}" \
       io.github.octo-dist.profile="cuda11"
 
-FROM os-cuda12 AS cuda12
+FROM os-cpu AS cuda12
 COPY containers/os-packages.sh /tmp/os-packages.sh
 # --infiniband: as cuda11, so NCCL uses the InfiniBand HCAs between nodes instead of TCP sockets.
 RUN bash /tmp/os-packages.sh runtime --infiniband && rm /tmp/os-packages.sh \
@@ -158,7 +156,8 @@ RUN bash /tmp/os-packages.sh runtime --infiniband && rm /tmp/os-packages.sh \
 COPY --from=build-cuda12 /opt/octo-dist/venv /opt/octo-dist/venv
 RUN /opt/octo-dist/venv/bin/python -c 'import sys; from octo_dist.envcheck import transport; sys.exit(transport.load_verbs())'
 COPY env/ /opt/octo-dist/env/
-# LD_LIBRARY_PATH is left as the base sets it: jaxlib finds cuDNN/cuBLAS in the nvidia-*-cu12 wheels itself.
+# No LD_LIBRARY_PATH: the CUDA plugin finds cuDNN/cuBLAS in the nvidia-*-cu12 wheels itself, and libcuda.so.1
+# (the driver) is what --gpus / --nv bring in from the host.
 ENV OCTO_DIST_PROFILE=cuda12 \
     OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \
     PATH=/opt/octo-dist/venv/bin:$PATH \
@@ -168,9 +167,9 @@ USER octo
 WORKDIR /home/octo
 CMD ["octo-dist", "check-env"]
 # Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.
-ARG CUDA12_BASE_REPO
-ARG CUDA12_BASE_TAG
-ARG CUDA12_BASE_DIGEST
+ARG CPU_BASE_REPO
+ARG CPU_BASE_TAG
+ARG CPU_BASE_DIGEST
 ARG SOURCE
 ARG REVISION
 ARG VERSION
@@ -180,6 +179,6 @@ LABEL org.opencontainers.image.title="octo-dist (cuda12)" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${CUDA12_BASE_REPO}:${CUDA12_BASE_TAG}" \
-      org.opencontainers.image.base.digest="${CUDA12_BASE_DIGEST}" \
+      org.opencontainers.image.base.name="${CPU_BASE_REPO}:${CPU_BASE_TAG}" \
+      org.opencontainers.image.base.digest="${CPU_BASE_DIGEST}" \
       io.github.octo-dist.profile="cuda12"

@@ -259,6 +259,8 @@ refresh-digests: ## re-resolve the base image digests in env/stack.toml, then re
 # The cpu image built for real where no registry and no Docker engine exist (CI here: tests marked `buildah`,
 # built in the background by .ci/run): a Debian 12 base made with mmdebstrap (python3 = 3.11, so the cpu-py3.11
 # lock), the same Dockerfile with only the base ARGs overridden, git deps skipped (no GitHub). Root, vfs, chroot.
+# LOCAL_TARGET=cuda12 builds the cuda12 target the same way (it sits on the same plain base, with the cuda12-py3.11
+# lock): opt-in, not in CI's run (about 3x the cpu image; docs/testing.md has its size and time).
 BUILDAH ?= buildah --storage-driver vfs
 LOCAL_BASE ?= localhost/octo-dist-local-base
 LOCAL_SUITE ?= bookworm
@@ -287,13 +289,17 @@ docker-local-base: ## make $(LOCAL_BASE):$(LOCAL_SUITE) with mmdebstrap + builda
 # full copy of the root filesystem (3 GB from the venv's COPY on), so a one-off build (CI) passes
 # LOCAL_LAYERS=--layers=false: one commit per stage.
 LOCAL_LAYERS ?= --layers
-docker-local: ## build $(IMAGE):cpu-local from the Dockerfile on that base, with buildah (the proxy CA as a build secret)
+LOCAL_TARGET ?= cpu
+docker-local: ## build $(IMAGE):$(LOCAL_TARGET)-local (cpu; LOCAL_TARGET=cuda12) from the Dockerfile on that base, with buildah (the proxy CA as a build secret)
+	@case "$(LOCAL_TARGET)" in cpu|cuda12) ;; *) \
+	  echo "error: LOCAL_TARGET=$(LOCAL_TARGET); expected cpu or cuda12 (the Dockerfile targets on the plain base). fix: make docker-local LOCAL_TARGET=cuda12" >&2; \
+	  exit 2 ;; esac
 	@digest=$$($(BUILDAH) images --digests --format '{{.Digest}}' $(LOCAL_BASE):$(LOCAL_SUITE) 2>/dev/null) || { \
 	  echo "error: no local base $(LOCAL_BASE):$(LOCAL_SUITE); fix: make docker-local-base" >&2; exit 1; }; \
-	set -x; $(BUILDAH) bud --isolation chroot $(LOCAL_LAYERS) --format docker --target cpu \
+	set -x; $(BUILDAH) bud --isolation chroot $(LOCAL_LAYERS) --format docker --target $(LOCAL_TARGET) \
 	  --build-arg CPU_BASE_REPO=$(LOCAL_BASE) --build-arg CPU_BASE_TAG=$(LOCAL_SUITE) --build-arg CPU_BASE_DIGEST="$$digest" \
 	  --build-arg GIT_DEPS=--skip-git --build-arg REVISION=$(REVISION) \
-	  --secret id=ca,src=$(LOCAL_CA) -t $(IMAGE):cpu-local .
+	  --secret id=ca,src=$(LOCAL_CA) -t $(IMAGE):$(LOCAL_TARGET)-local .
 
 # The cpu image run as `docker run` runs it (its own entrypoint, command, user, workdir and env, from its
 # configuration) in a chroot of its root filesystem: check-env, then the README's 2-rank smoke job.

@@ -170,6 +170,34 @@ def test_kernel_libraries_are_found_in_the_site_dirs(tmp_path):
     ]
 
 
+def test_kernel_libraries_of_the_cuda12_plugin_and_the_nvidia_wheels(tmp_path):
+    # jax[cuda12] 0.4.23: PyPI's jaxlib, XLA's CUDA backend in jax_plugins/, the custom kernels in
+    # jax_cuda12_plugin/, and the CUDA libraries in the nvidia-*-cu12 wheels (versioned sonames).
+    site = tmp_path / "site"
+    names = (
+        "jaxlib/xla_extension.so",
+        "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
+        "jax_cuda12_plugin/_prng.so",
+        "jax_cuda12_plugin/cuda_plugin_extension.so",
+        "nvidia/cublas/lib/libcublasLt.so.12",
+        "nvidia/cudnn/lib/libcudnn_cnn_infer.so.8",
+        "nvidia/nccl/lib/libnccl.so.2",
+    )
+    for name in names + ("nvidia/cudnn/include/cudnn.h", "jax_plugins/xla_cuda12/__init__.py"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(b"")
+    found = [os.path.relpath(p, site) for p in archs.kernel_libraries([str(site)])]
+    assert found == [
+        "jaxlib/xla_extension.so",
+        "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
+        "jax_cuda12_plugin/_prng.so",
+        "jax_cuda12_plugin/cuda_plugin_extension.so",
+        "nvidia/cublas/lib/libcublasLt.so.12",
+        "nvidia/cudnn/lib/libcudnn_cnn_infer.so.8",
+        "nvidia/nccl/lib/libnccl.so.2",
+    ]
+
+
 def test_cuobjdump_is_found_on_path_or_under_cuda_home(tmp_path):
     (tmp_path / "bin").mkdir()
     exe = tmp_path / "bin" / "cuobjdump"
@@ -186,16 +214,21 @@ def test_cuobjdump_is_found_on_path_or_under_cuda_home(tmp_path):
 
 
 def _with_binaries(site: Path, bin_dir: Path, fixture: str) -> None:
-    """jaxlib's binaries as empty files, and a cuobjdump that prints ``fixture`` for xla_extension.so (the
-    documented command line: ``cuobjdump --list-elf --list-ptx FILE``) and nothing for the others."""
-    (site / "jaxlib" / "cuda").mkdir(parents=True)
-    (site / "jaxlib" / "xla_extension.so").write_bytes(b"")
-    (site / "jaxlib" / "cuda" / "_versions.so").write_bytes(b"")
+    """jax[cuda12]'s binaries as empty files where the wheels put them, and a cuobjdump that prints ``fixture`` for
+    the PJRT plugin (XLA's CUDA backend; the documented command line: ``cuobjdump --list-elf --list-ptx FILE``)
+    and nothing for the others (PyPI's jaxlib/xla_extension.so has no device code)."""
+    for name in (
+        "jaxlib/xla_extension.so",
+        "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
+        "jax_cuda12_plugin/_prng.so",
+    ):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(b"")
     fake = bin_dir / "cuobjdump"
     fake.write_text(
         "#!/bin/sh\n"
         '[ "$1 $2" = "--list-elf --list-ptx" ] || { echo "unexpected arguments: $*" >&2; exit 2; }\n'
-        f'case "$3" in */xla_extension.so) cat {LISTINGS / fixture} ;; '
+        f'case "$3" in */xla_cuda_plugin.so) cat {LISTINGS / fixture} ;; '
         "*) echo \"cuobjdump info    : File '$3' does not contain device code\" >&2; exit 255 ;; esac\n"
     )
     fake.chmod(0o755)
@@ -209,12 +242,24 @@ def test_deep_reports_ptx_only_for_sm90_through_cuobjdump(tmp_path):
     rc, checks, proc = run_check(site, bin_dir, manifest, "--deep", "--no-gpu", profile="cuda12")
     arch = checks["jaxlib.arch"]
     assert arch["status"] == "warn", proc.stdout + proc.stderr
+    # The plugin's libraries, the cuDNN wheel's and PyPI's jaxlib: every one listed, the plugin's code judged.
     assert arch["found"].startswith(
-        "SASS sm_52 sm_60 sm_70 sm_80; PTX compute_90 in _versions.so, xla"
-    )
+        "SASS sm_52 sm_60 sm_70 sm_80; PTX compute_90 in _prng.so, libcudnn.so.8, xla_cuda_plugin.so, "
+        "xla_extension.so: no SASS for sm_90"
+    ), arch["found"]
     assert "judged for sm_90" in arch["found"]
     # The JAX here is the CPU build: no GPU kernel ran, so no JIT time, and the reason says so.
     assert checks["deep.jit"]["status"] == "skip" and "cpu backend" in checks["deep.jit"]["found"]
+
+
+def test_deep_reports_sass_for_sm90_in_the_plugin(tmp_path):
+    site, bin_dir, manifest = fabricate(tmp_path, CUDA12)
+    build_cudnn(site, 8907)
+    _with_binaries(site, bin_dir, "sass-sm90.txt")
+    (bin_dir / "nvidia-smi").unlink()
+    rc, checks, proc = run_check(site, bin_dir, manifest, "--deep", "--no-gpu", profile="cuda12")
+    assert checks["jaxlib.arch"]["status"] == "ok", proc.stdout + proc.stderr
+    assert "xla_cuda_plugin.so" in checks["jaxlib.arch"]["found"]
 
 
 def test_deep_skips_the_architecture_report_without_cuobjdump(tmp_path):

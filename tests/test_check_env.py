@@ -17,6 +17,7 @@ import pytest
 
 from octo_dist.stack import manifest as mf
 from octo_dist.envcheck import cudnn, rules
+from octo_dist.stack import builds
 
 REAL = mf.load_manifest()
 CUDA = REAL.profile("cuda11")
@@ -69,7 +70,7 @@ def cuda_env(tmp_path):
 
 @pytest.fixture
 def cuda12_env(tmp_path):
-    """The same for cuda12: jaxlib 0.4.20+cuda12.cudnn89 and every nvidia-*-cu12 at its pin."""
+    """The same for cuda12: PyPI's jaxlib, jax-cuda12-plugin/-pjrt and every nvidia-*-cu12 at its pin."""
     return fabricate(tmp_path, CUDA12)
 
 
@@ -241,6 +242,26 @@ def test_octo_at_another_commit_fails(cuda_env):
     assert "b14ec77d15ac30137c95b847f7fbaaf56f7eee8b" in checks["git.octo"]["remedy"]
 
 
+def test_missing_octo_fails_on_a_gpu_node_and_warns_off_the_gpu(cuda12_env):
+    # An image build or a login node without GitHub (--no-gpu): octo missing is a warning there, a failure where
+    # the fine-tune runs; another commit fails either way.
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    for dist in site.glob("octo-*.dist-info"):
+        shutil.rmtree(dist)
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and failing(checks) == {"git.octo"}
+    rc, checks, proc = run_check(site, bin_dir, manifest, "--no-gpu", profile="cuda12")
+    assert rc == 0 and failing(checks) == set(), proc.stdout
+    assert (
+        checks["git.octo"]["status"] == "warn"
+        and "make git-deps PROFILE=cuda12" in (checks["git.octo"]["remedy"])
+    )
+    replace_dist(site, "octo", "0.1.0", commit="0" * 40)
+    rc, checks, _ = run_check(site, bin_dir, manifest, "--no-gpu", profile="cuda12")
+    assert rc == 1 and failing(checks) == {"git.octo"}
+
+
 def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
     site, bin_dir, manifest = cuda_env
     build_cudnn(site, 8600)
@@ -253,7 +274,7 @@ def test_intended_cudnn_override_is_not_a_conflict_but_others_are(cuda_env):
     assert "somepkg 1.0 requires numpy>=2, found 1.24.3" in checks["deps.consistent"]["found"]
 
 
-# ---- cuda12: the same rules for jaxlib 0.4.20+cuda12.cudnn89 and the nvidia-*-cu12 wheels ----------------
+# ---- cuda12: the same rules for jax[cuda12] (PyPI's jaxlib + the CUDA 12 plugin) and the nvidia-*-cu12 wheels --
 
 
 def test_correct_cuda12_environment_passes(cuda12_env):
@@ -262,19 +283,50 @@ def test_correct_cuda12_environment_passes(cuda12_env):
     rc, checks, proc = run_check(site, bin_dir, manifest, profile="cuda12")
     assert failing(checks) == set(), proc.stdout
     assert rc == 0
-    assert checks["pin.jaxlib"]["found"] == "0.4.20+cuda12.cudnn89"
+    pins = CUDA12.exact_pins()
+    assert checks["pin.jaxlib"]["found"] == pins["jaxlib"] and "+" not in pins["jaxlib"]
+    for name in ("jax", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+        assert checks[f"pin.{name}"]["found"] == pins["jaxlib"]
     assert checks["pin.nvidia-cudnn-cu12"]["found"] == "8.9.7.29"
     assert checks["cudnn.wheel"]["status"] == "ok" and checks["cudnn.load"]["found"].startswith(
         "8.9.7 from "
     )
+    # jaxlib's version carries no cuDNN tag here: the build comes from the plugin and the manifest's cudnn_build.
+    assert (
+        f"jax-cuda12-plugin {pins['jax-cuda12-plugin']} was built against 8.9"
+        in checks["cudnn.wheel"]["expected"]
+    )
+    assert checks["rule.jax-jaxlib"]["status"] == "ok"
     assert not [i for i in checks if i.endswith("-cu11")]  # no cuda11 library asked for
 
 
-def test_the_profile_is_inferred_from_a_cuda12_jaxlib(cuda12_env):
+def test_the_profile_is_inferred_from_the_cuda12_plugin(cuda12_env):
     site, bin_dir, manifest = cuda12_env
     build_cudnn(site, 8907)
     proc = run_check(site, bin_dir, manifest, profile=None)[2]
     assert json.loads(proc.stdout)["profile"] == "cuda12", proc.stdout
+    # The same PyPI jaxlib without the plugin is a CPU install.
+    for dist in site.glob("jax_cuda12_plugin-*.dist-info"):
+        shutil.rmtree(dist)
+    proc = run_check(site, bin_dir, manifest, profile=None)[2]
+    assert json.loads(proc.stdout)["profile"] == "cpu", proc.stdout
+
+
+def test_a_plugin_of_another_jax_release_fails_the_jax_jaxlib_rule(cuda12_env):
+    site, bin_dir, manifest = cuda12_env
+    build_cudnn(site, 8907)
+    replace_dist(site, "jax-cuda12-plugin", "0.4.25")
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and failing(checks) == {"rule.jax-jaxlib", "pin.jax-cuda12-plugin"}
+    want = CUDA12.exact_pins()["jax-cuda12-plugin"]
+    assert "jax-cuda12-plugin 0.4.25" in checks["rule.jax-jaxlib"]["found"]
+    assert checks["rule.jax-jaxlib"]["remedy"] == f"pip install --no-deps jax-cuda12-plugin=={want}"
+    # The PJRT half missing: the plugin cannot register a backend.
+    replace_dist(site, "jax-cuda12-plugin", want)
+    for dist in site.glob("jax_cuda12_pjrt-*.dist-info"):
+        shutil.rmtree(dist)
+    rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
+    assert rc == 1 and "jax-cuda12-pjrt not installed" in checks["rule.jax-jaxlib"]["found"]
 
 
 def test_cudnn9_wheel_beside_cudnn89_jaxlib_fails_with_the_89_pin(cuda12_env):
@@ -316,7 +368,10 @@ def test_a_cuda11_jaxlib_in_a_cuda12_environment_fails_with_the_cuda12_wheel(cud
     replace_dist(site, "jaxlib", "0.4.20+cuda11.cudnn86")
     rc, checks, _ = run_check(site, bin_dir, manifest, profile="cuda12")
     assert rc == 1 and "pin.jaxlib" in failing(checks)
-    assert "jaxlib-0.4.20+cuda12.cudnn89-cp310" in checks["pin.jaxlib"]["remedy"]
+    assert checks["pin.jaxlib"]["remedy"] == (
+        f"pip install --no-deps jaxlib=={CUDA12.exact_pins()['jaxlib']}"
+    )
+    assert checks["rule.jax-jaxlib"]["status"] == "fail"
     # Its cuDNN is looked for in the cu11 wheel it was built for, which this environment lacks.
     assert checks["cudnn.wheel"]["found"] == "nvidia-cudnn-cu11 not installed"
 
@@ -343,7 +398,16 @@ def test_no_gpu_reports_the_gpu_checks_as_skipped_with_the_reason(cuda12_env):
 
 def test_cudnn_wheel_follows_the_jaxlib_build():
     assert rules.cudnn_wheel({"jaxlib": "0.4.20+cuda12.cudnn89"}, CUDA) == "nvidia-cudnn-cu12"
-    assert rules.cudnn_wheel({}, CUDA12) == "nvidia-cudnn-cu12"  # from the profile's pinned jaxlib
+    assert rules.cudnn_wheel({}, CUDA12) == "nvidia-cudnn-cu12"  # from the profile's pinned plugin
+    plugin = {"jaxlib": "0.4.23", "jax-cuda12-plugin": "0.4.23"}
+    assert rules.cudnn_wheel(plugin, REAL.profile("cpu")) == "nvidia-cudnn-cu12"
+    assert builds.jax_build(plugin, "8.9") == "0.4.23+cuda12.cudnn89"
+    assert builds.jax_build(plugin) == "0.4.23+cuda12"
+    assert builds.jax_build({"jaxlib": "0.4.20+cuda11.cudnn86", "jax-cuda12-plugin": "0.4.23"}) == (
+        "0.4.20+cuda11.cudnn86"  # a CUDA jaxlib says its own build
+    )
+    assert builds.jax_build({"jaxlib": "0.4.22"}) == "0.4.22" and builds.jax_build({}) == ""
+    assert builds.profile_for(builds.jax_build(plugin)) == "cuda12"
     assert rules.cudnn_wheel({"jaxlib": "0.4.22"}, CUDA) == "nvidia-cudnn-cu11"
     assert rules.cudnn_wheel({"jaxlib": "0.4.22"}, REAL.profile("cpu")) is None
     assert rules.cudnn_tag("0.4.20+cuda12.cudnn89") == (8, 9)

@@ -207,7 +207,8 @@ def test_spython_parses_the_definition_like_the_checker_does(profile):
 def test_singularity_and_docker_share_base_install_script_and_lock(profile):
     df = images.parse_dockerfile(DOCKERFILE)
     sif = images.parse_definition(DEFINITIONS[profile])
-    assert images.target_base(df, profile) == sif.header["from"] == MANIFEST.images[profile].pinned
+    base = MANIFEST.images[MANIFEST.profile(profile).image_base]
+    assert images.target_base(df, profile) == sif.header["from"] == base.pinned
     assert images.target_base(df, "cpu") == MANIFEST.images["cpu"].pinned
     # Same script, same profile, hence the same lock: env/locks/<profile>-py3.10.txt (Ubuntu 22.04's python3).
     assert images.install_runs(images.target_runs(df, profile), profile)
@@ -300,8 +301,8 @@ DOCKER_DRIFTS = {
         "containers/install.sh cuda11",
     ),
     "root user": (
-        'USER octo\nWORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.\nARG CPU_BASE_REPO',
-        'WORKDIR /home/octo\nCMD ["octo-dist", "check-env"]\n# Labels last: REVISION changes with every commit and would otherwise rebuild every layer after it.\nARG CPU_BASE_REPO',
+        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\nUSER octo\n",
+        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\n",
         "target cpu",
         "non-root",
     ),
@@ -324,14 +325,14 @@ DOCKER_DRIFTS = {
         "libibverbs1",
     ),
     "cuda12 on the cuda11 base": (
-        "FROM os-cuda12 AS cuda12",
+        "FROM os-cpu AS cuda12",
         "FROM os-cuda11 AS cuda12",
         "target cuda12",
-        "env/stack.toml [images.cuda12]",
+        "env/stack.toml [images.cpu]",
     ),
     "cuda12 target missing": (
-        "FROM os-cuda12 AS cuda12",
-        "FROM os-cuda12 AS gpu12",
+        "FROM os-cpu AS cuda12",
+        "FROM os-cpu AS gpu12",
         "target cuda12",
         "no stage named 'cuda12'",
     ),
@@ -555,16 +556,15 @@ def copy_definitions(dest: Path) -> Path:
 
 
 def test_refresh_digests_rewrites_env_and_every_definition(tmp_path):
+    # The plain Ubuntu base moves: the cpu and cuda12 targets and singularity-cuda12.def follow it.
     src = copy_definitions(tmp_path / "src")
-    old = MANIFEST.images["cuda12"].digest
+    old = MANIFEST.images["cpu"].digest
     asked = []
 
     def resolve(ref):
         asked.append(ref)
         return (
-            NEW_DIGEST
-            if ref == MANIFEST.images["cuda12"].tagged
-            else MANIFEST.images["cuda11" if "cuda" in ref else "cpu"].digest
+            NEW_DIGEST if ref == MANIFEST.images["cpu"].tagged else MANIFEST.images["cuda11"].digest
         )
 
     changes = images.refresh_digests(src, resolve)
@@ -798,3 +798,13 @@ def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
         text=True,
     )
     assert missing.returncode == 1 and "libibverbs.so.1" in missing.stderr
+
+
+def test_the_cuda12_images_pull_no_cuda_base_image():
+    # jax[cuda12] brings every CUDA library as a wheel; only the driver comes from the host (--nv, --gpus).
+    df = images.parse_dockerfile(DOCKERFILE)
+    assert images.target_base(df, "cuda12") == images.target_base(df, "cpu")
+    assert "nvidia/cuda" not in images.parse_definition(DEFINITIONS["cuda12"]).header["from"]
+    assert "LD_LIBRARY_PATH" not in images.shell_body(
+        images.parse_definition(DEFINITIONS["cuda12"]).sections["environment"]
+    )

@@ -46,27 +46,37 @@ def test_cuda11_lock_holds_the_known_fixes():
     assert "jaxlib" not in pins  # not on PyPI: installed by URL after the lock
 
 
-def test_cuda12_lock_holds_the_cuda12_stack_and_no_cuda11_library():
-    text = MANIFEST.lock_path("cuda12", "3.10").read_text()
+@pytest.mark.parametrize("python", MANIFEST.profile("cuda12").lock_pythons)
+def test_cuda12_lock_is_pypi_alone_every_wheel_hashed_and_no_cuda11_library(python):
+    text = MANIFEST.lock_path("cuda12", python).read_text()
     pins = parse_lock(text)
-    # cuDNN 8.9, what jaxlib 0.4.20+cuda12.cudnn89 was built against, not the 9.x an unpinned resolve picks.
+    # jax[cuda12]: PyPI's jaxlib and the plugin pair, all at jax's version, each with its hashes.
+    jax = pins["jax"].version
+    for name in ("jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+        assert pins[name].version == jax, name
+    assert all(p.hashes for p in pins.values()), [n for n, p in pins.items() if not p.hashes]
+    assert parse_direct(text) == {} and "@ http" not in text and "://" not in text.split("#")[0]
+    assert "not on PyPI" not in text
+    # cuDNN 8.9, what the plugin was built against, not the 9.x an unpinned resolve picks.
     assert pins["nvidia-cudnn-cu12"].version == "8.9.7.29"
-    assert pins["jax"].version == "0.4.20" and pins["scipy"].version == "1.12.0"
-    assert parse_direct(text)["jaxlib"][0] == "0.4.20+cuda12.cudnn89"
-    assert "jaxlib" not in pins  # not on PyPI: installed by URL after the lock
+    assert pins["scipy"].version == "1.12.0"
     nvidia = {n for n in pins if n.startswith("nvidia-")}
     assert nvidia and all(n.endswith("-cu12") for n in nvidia), nvidia
     # Every CUDA library in the lock is pinned in the manifest, not left to the resolver (NVRTC came in unasked).
     assert nvidia == {n for n in MANIFEST.profile("cuda12").requirements if n.startswith("nvidia-")}
 
 
-def test_cuda12_differs_from_cuda11_only_in_the_cuda_libraries_and_jaxlib():
+def test_cuda12_differs_from_cuda11_only_in_the_jax_build_and_cuda_libraries():
     cuda11, cuda12 = MANIFEST.profile("cuda11"), MANIFEST.profile("cuda12")
-    strip = lambda reqs: {n: s for n, s in reqs.items() if not n.startswith("nvidia-")}  # noqa: E731
-    assert strip(cuda11.requirements) == strip(cuda12.requirements)  # Octo, Flax, jax: as pinned
+    jax_build = {"jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"}
+    strip = lambda reqs: {  # noqa: E731
+        n: s for n, s in reqs.items() if not n.startswith("nvidia-") and n not in jax_build
+    }
+    assert strip(cuda11.requirements) == strip(cuda12.requirements)  # Octo, Flax, TF: as pinned
     assert cuda11.python == cuda12.python == "3.10" and cuda11.gpu and cuda12.gpu
-    assert [w.name for w in cuda11.direct] == [w.name for w in cuda12.direct] == ["jaxlib"]
-    assert cuda11.direct[0].public_version == cuda12.direct[0].public_version == "0.4.20"
+    assert [w.name for w in cuda11.direct] == ["jaxlib"] and cuda12.direct == ()
+    assert cuda11.direct[0].public_version == "0.4.20" and cuda11.requirements["jax"] == "==0.4.20"
+    assert cuda12.requirements["jax"] == cuda12.requirements["jaxlib"] == "==0.4.23"
 
 
 def test_cpu_profile_differs_from_cuda11_only_where_recorded():

@@ -32,9 +32,12 @@ def test_the_committed_manifest_pins_the_known_fixes():
 def test_the_cuda12_profile_pins_every_cuda12_library_and_cudnn_89():
     cuda12 = mf.load_manifest().profile("cuda12")
     pins = cuda12.exact_pins("3.10")
-    assert pins["jaxlib"] == "0.4.20+cuda12.cudnn89" and pins["jax"] == "0.4.20"
-    assert pins["nvidia-cudnn-cu12"] == "8.9.7.29"  # cudnn89: 9.x would be the silent CPU fallback
-    # jax[cuda12_pip]==0.4.20's libraries (its METADATA), each pinned exactly, and no CUDA 11 one.
+    # jax[cuda12] 0.4.23 from PyPI: the CPU jaxlib plus the plugin pair, nothing by URL.
+    for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+        assert pins[name] == "0.4.23", name
+    assert cuda12.direct == () and cuda12.cudnn_build == "8.9"
+    assert pins["nvidia-cudnn-cu12"] == "8.9.7.29"  # cudnn89: 9.x would not load
+    # jax[cuda12]==0.4.23's libraries (its METADATA), each pinned exactly, and no CUDA 11 one.
     extra = {
         "nvidia-cublas-cu12",
         "nvidia-cuda-cupti-cu12",
@@ -48,10 +51,17 @@ def test_the_cuda12_profile_pins_every_cuda12_library_and_cudnn_89():
         "nvidia-nvjitlink-cu12",
     }
     assert extra <= set(pins) and not [n for n in pins if n.endswith("-cu11")]
-    assert cuda12.image_base == "cuda12" and cuda12.python == "3.10" and cuda12.gpu
-    assert cuda12.direct[0].url.endswith(
-        "/cuda12/jaxlib-0.4.20+cuda12.cudnn89-cp310-cp310-manylinux2014_x86_64.whl"
-    )
+    # No CUDA base image: the plain Ubuntu base of the cpu image, the driver from the host.
+    assert cuda12.image_base == "cpu" and cuda12.python == "3.10" and cuda12.gpu
+
+
+def test_cudnn_build_must_be_a_major_minor(tmp_path):
+    data = mf.loads(mf.DEFAULT_MANIFEST.read_text())
+    data["profiles"]["cuda12"]["cudnn_build"] = "cudnn89"
+    with pytest.raises(
+        mf.ManifestError, match=r'cudnn_build must be a cuDNN major.minor like "8.9"'
+    ):
+        mf.parse_manifest(data, tmp_path / "stack.toml")
 
 
 def test_per_python_requirements_apply_to_their_python_only():

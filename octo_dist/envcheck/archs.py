@@ -1,4 +1,4 @@
-"""Which CUDA architectures the installed jaxlib carries code for: SASS (ready to run) or PTX (JIT-compiled).
+"""Which CUDA architectures the installed jaxlib (or its CUDA plugin) carries code for: SASS or PTX (JIT-compiled).
 
 A CUDA library embeds, per kernel, machine code (SASS, in ``.cubin`` ELF images) for the architectures it was
 built for, and optionally PTX, which the driver compiles for the GPU at hand when the library is loaded. SASS of
@@ -140,16 +140,22 @@ def verdict(listing: Listing, target: str) -> tuple[str, str]:
 def kernel_libraries(
     site_dirs: Sequence[str], find: Callable[[str], list] = glob.glob
 ) -> list[str]:
-    """jaxlib's binaries that embed CUDA kernels, found in the site dirs without importing jaxlib.
+    """The binaries JAX's CUDA backend runs kernels from, found in the site dirs without importing jaxlib.
 
-    jaxlib 0.4.20: ``jaxlib/xla_extension.so`` (XLA and its runtime) and ``jaxlib/cuda/_*.so`` (the custom
-    kernels: threefry, solvers, sparse, ...). Later releases move the kernels to ``jax_cuda12_plugin/``.
+    A CUDA jaxlib (0.4.20+cuda11.cudnn86): ``jaxlib/xla_extension.so`` (XLA and its runtime) and
+    ``jaxlib/cuda/_*.so`` (the custom kernels: threefry, solvers, sparse, ...). PyPI's jaxlib with the CUDA 12
+    plugin (jax[cuda12] 0.4.23): XLA's CUDA backend in ``jax_plugins/xla_cuda12/xla_cuda_plugin.so`` and the
+    custom kernels in ``jax_cuda12_plugin/_*.so`` (PyPI's ``jaxlib/xla_extension.so`` has no device code). Both
+    call cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE and NCCL from the ``nvidia-*`` wheels (``nvidia/*/lib``), whose
+    kernels are most of a fine-tune's GPU time: listed after JAX's own.
     """
     patterns = (
         "jaxlib/xla_extension.so",
         "jaxlib/cuda/*.so",
+        "jax_plugins/xla_cuda*/*.so",
         "jax_cuda*_plugin/*.so",
         "jaxlib/cuda/*/*.so",
+        "nvidia/*/lib/lib*.so*",
     )
     out: list[str] = []
     for site in site_dirs:
@@ -229,8 +235,8 @@ def check_listing(
         return Check(
             "jaxlib.arch",
             WARN,
-            f"no CUDA device code in {names} (a CPU jaxlib?){incomplete}",
-            "a CUDA jaxlib (0.4.20+cuda12.cudnn89 or +cuda11.cudnn86)",
+            f"no CUDA device code in {names} (a CPU jaxlib without the CUDA plugin?){incomplete}",
+            "a CUDA jaxlib (0.4.20+cuda11.cudnn86) or PyPI's jaxlib with jax-cuda12-plugin (jax[cuda12])",
             CUOBJDUMP_FIX if errors else "",
         )
     judged = target or DEFAULT_TARGET

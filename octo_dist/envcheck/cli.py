@@ -12,15 +12,16 @@ from octo_dist.problems import Problem
 
 
 def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str, str]) -> str:
-    """``--profile``, else ``$OCTO_DIST_PROFILE``, else inferred from the jaxlib build ("0.4.20+cuda11.cudnn86" ->
-    cuda11, "0.4.20+cuda12.cudnn89" -> cuda12, a CPU wheel -> cpu)."""
+    """``--profile``, else ``$OCTO_DIST_PROFILE``, else inferred from the JAX build ("0.4.20+cuda11.cudnn86" ->
+    cuda11, PyPI's jaxlib with jax-cuda12-plugin -> cuda12, a CPU wheel alone -> cpu)."""
+    from octo_dist.envcheck.installed import versions
     from octo_dist.stack import builds
     from octo_dist.stack import manifest as mf
 
     if requested or mf.default_profile(environ):
         return requested or mf.default_profile(environ)
-    jaxlib = dists.get("jaxlib")
-    return builds.profile_for(jaxlib.version) if jaxlib else "cpu"
+    build = builds.jax_build(versions(dists))
+    return builds.profile_for(build) if build else "cpu"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -31,8 +32,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        help="cuda11, cuda12, cpu, ... (default: $OCTO_DIST_PROFILE, else the jaxlib build's: cuda11 for "
-        "+cuda11.cudnn86, cuda12 for +cuda12.cudnn89, else cpu)",
+        help="cuda11, cuda12, cpu, ... (default: $OCTO_DIST_PROFILE, else the JAX build's: cuda11 for jaxlib "
+        "+cuda11.cudnn86, cuda12 for jax-cuda12-plugin, else cpu)",
     )
     p.add_argument(
         "--manifest",
@@ -92,14 +93,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_status
     python = "%d.%d" % sys.version_info[:2]
-    tag = builds.cudnn_tag(dists["jaxlib"].version) if "jaxlib" in dists else None
+    tag = builds.cudnn_tag(builds.jax_build(installed.versions(dists), profile.cudnn_build))
     probe = (
         cudnn.probe(installed.site_dirs(dists.values()), tag[0] if tag else None)
         if profile.gpu
         else (None, None, "")
     )
     smi = gpus.nvidia_smi_list() if profile.gpu and not args.no_gpu else None
-    checks = rules.run_fast(profile, manifest, python, dists, os.environ, probe, smi)
+    checks = rules.run_fast(
+        profile, manifest, python, dists, os.environ, probe, smi, no_gpu=args.no_gpu
+    )
     if args.no_gpu:
         # Shown as skipped with the reason, so a report from a build host says what it did not check.
         checks = [c for c in checks if not c.id.startswith("gpu.")]

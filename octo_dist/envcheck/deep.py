@@ -17,15 +17,20 @@ import json, jax
 out = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
 try:
     from jax._src.lib import cuda_versions  # present in CUDA jaxlibs of this era
+    if cuda_versions is None:  # PyPI's jaxlib: the CUDA plugin carries the same module (jax[cuda12] 0.4.23)
+        import importlib.util
+        if importlib.util.find_spec("jax_cuda12_plugin") is not None:
+            import jax_cuda12_plugin._versions as cuda_versions
     if cuda_versions is not None:
         out["cudnn_build"] = cuda_versions.cudnn_build_version()
         out["cudnn_runtime"] = cuda_versions.cudnn_get_version()
 except Exception as e:
     out["cudnn_error"] = repr(e)
-if out["backend"] == "gpu":
+if out["backend"] in ("gpu", "cuda"):
     # The first kernel, timed in three parts (run with CUDA_CACHE_DISABLE=1, so the driver's JIT cache cannot hide
     # a PTX compile): XLA's compile, the first execution (module load + any driver JIT), the same one again.
-    # jax.random.bits lowers to jaxlib's own threefry CUDA kernel on 0.4.20: a kernel from jaxlib's binaries.
+    # jax.random.bits lowers to jaxlib's own threefry CUDA kernel (the plugin's, from 0.4.23 on PyPI): a kernel
+    # from jaxlib's binaries.
     import time
     key = jax.random.PRNGKey(0)
     t0 = time.perf_counter()
@@ -62,7 +67,8 @@ def judge(result: Optional[dict], stderr: str, profile: mf.Profile) -> Check:
     if "cudnn_runtime" in result:
         found += f", cuDNN build {result.get('cudnn_build')} runtime {result['cudnn_runtime']}"
     want = "gpu" if profile.gpu else "cpu"
-    ok = result["backend"] == want
+    # The CUDA plugin's backend may name itself "cuda"; a CUDA jaxlib's is "gpu".
+    ok = result["backend"] in (("gpu", "cuda") if profile.gpu else ("cpu",))
     return Check(
         "deep.backend",
         OK if ok else FAIL,
@@ -95,7 +101,12 @@ def arch_check(
     """
     libraries = archs.kernel_libraries(site_dirs)
     if not libraries:
-        return archs.check_listing(None, None, [], "no jaxlib binaries (xla_extension.so) found")
+        return archs.check_listing(
+            None,
+            None,
+            [],
+            "no JAX CUDA binaries found (jaxlib/xla_extension.so, jax_plugins/xla_cuda12, nvidia/*/lib)",
+        )
     exe = archs.cuobjdump_path(environ)
     if exe is None:
         return archs.check_listing(

@@ -9,7 +9,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from octo_dist.stack import manifest as mf
-from octo_dist.stack.builds import cudnn_tag, cudnn_wheel as build_cudnn_wheel
+from octo_dist.stack.builds import (
+    cuda_plugin,
+    cudnn_tag,
+    cudnn_wheel as build_cudnn_wheel,
+    jax_build,
+)
 from octo_dist.envcheck import gpus as gpu_list
 from octo_dist.envcheck.installed import Installed, versions as installed_versions
 from octo_dist.envcheck.result import FAIL, OK, SKIP, WARN, Check
@@ -55,7 +60,7 @@ def check_pins(profile: mf.Profile, python: str, versions: Mapping[str, str]) ->
 
 
 def check_scipy_tril(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
-    """scipy 1.13 removed scipy.linalg.tril, which jax.scipy.linalg (0.4.20 and 0.4.22) wraps at import."""
+    """scipy 1.13 removed scipy.linalg.tril, which jax.scipy.linalg (0.4.20 to 0.4.23) wraps at import."""
     have = versions.get("scipy")
     if have is None:
         return None
@@ -71,19 +76,28 @@ def check_scipy_tril(versions: Mapping[str, str], profile: mf.Profile) -> Option
 
 
 def check_jax_jaxlib(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
-    """jax only rejects a jaxlib *newer* than itself; the stack wants them equal, both ways."""
+    """jax only rejects a jaxlib *newer* than itself; the stack wants them equal, both ways.
+
+    The CUDA plugin pair (``jax-cuda12-plugin``, ``jax-cuda12-pjrt``) too: built with one jaxlib, it loads into
+    no other (jax's ``cuda12`` extra pins them to its own version).
+    """
     jax, jaxlib = versions.get("jax"), versions.get("jaxlib")
     if jax is None or jaxlib is None:
         return None
-    public = jaxlib.split("+", 1)[0]
-    ok = public == jax
-    want = profile.exact_pins().get("jaxlib", jax)
+    parts = {"jaxlib": jaxlib}
+    plugin = cuda_plugin(versions)
+    if plugin:
+        pjrt = f"jax-cuda{plugin[1]}-pjrt"
+        parts[plugin[0]] = versions[plugin[0]]
+        parts[pjrt] = versions.get(pjrt, "not installed")
+    wrong = [n for n, v in parts.items() if v.split("+", 1)[0] != jax]
+    pins = profile.exact_pins()
     return Check(
         "rule.jax-jaxlib",
-        OK if ok else FAIL,
-        f"jax {jax}, jaxlib {jaxlib}",
-        f"jaxlib == jax ({jax})",
-        "" if ok else _pin_remedy(profile, "jaxlib", want),
+        FAIL if wrong else OK,
+        ", ".join(f"{n} {v}" for n, v in {"jax": jax, **parts}.items()),
+        f"{' and '.join(parts)} == jax ({jax})",
+        " && ".join(_pin_remedy(profile, n, pins.get(n, jax)) for n in wrong),
     )
 
 
@@ -94,27 +108,35 @@ def cudnn_compatible(built: tuple[int, int], version: str) -> bool:
 
 
 def cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optional[str]:
-    """The wheel that carries cuDNN for this jaxlib: ``nvidia-cudnn-cu12`` for ``0.4.20+cuda12.cudnn89``.
+    """The wheel that carries cuDNN for this JAX build: ``nvidia-cudnn-cu12`` for ``0.4.23+cuda12.cudnn89``.
 
-    From the installed jaxlib's CUDA major, else from the profile's pinned jaxlib, else the ``nvidia-cudnn-cu*``
-    the profile pins; None for a profile without one (cpu).
+    From the installed build's CUDA major (a CUDA jaxlib's tag, or the CUDA plugin), else from the profile's pinned
+    build, else the ``nvidia-cudnn-cu*`` the profile pins; None for a profile without one (cpu).
     """
     pins = profile.exact_pins()
-    for jaxlib in (versions.get("jaxlib", ""), pins.get("jaxlib", "")):
-        wheel = build_cudnn_wheel(jaxlib)
+    for build in (jax_build(versions), jax_build(pins)):
+        wheel = build_cudnn_wheel(build)
         if wheel:
             return wheel
     return next((n for n in sorted(pins) if n.startswith("nvidia-cudnn-cu")), None)
 
 
+def built_by(versions: Mapping[str, str]) -> str:
+    """What carries the CUDA code: ``"jaxlib 0.4.20+cuda11.cudnn86"`` or ``"jax-cuda12-plugin 0.4.23"``."""
+    plugin = cuda_plugin(versions)
+    if plugin and not versions.get("jaxlib", "").partition("+")[2]:
+        return f"{plugin[0]} {versions[plugin[0]]}"
+    return f"jaxlib {versions.get('jaxlib')}"
+
+
 def check_cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optional[Check]:
-    tag = cudnn_tag(versions.get("jaxlib", ""))
+    tag = cudnn_tag(jax_build(versions, profile.cudnn_build))
     wheel = cudnn_wheel(versions, profile)
     if tag is None or wheel is None:
         return None
     have = versions.get(wheel)
     want = profile.exact_pins().get(wheel, f"{tag[0]}.{tag[1]}")
-    expected = f"cuDNN {tag[0]}.x with minor >= {tag[1]} (jaxlib {versions['jaxlib']} was built against {tag[0]}.{tag[1]})"
+    expected = f"cuDNN {tag[0]}.x with minor >= {tag[1]} ({built_by(versions)} was built against {tag[0]}.{tag[1]})"
     ok = have is not None and cudnn_compatible(tag, have)
     return Check(
         "cudnn.wheel",
@@ -135,7 +157,9 @@ def check_cudnn_load(
     pins = profile.exact_pins()
     wheel = cudnn_wheel(versions, profile)
     want = pins.get(wheel) if wheel else None
-    tag = cudnn_tag(versions.get("jaxlib", "")) or cudnn_tag(pins.get("jaxlib", ""))
+    tag = cudnn_tag(jax_build(versions, profile.cudnn_build)) or cudnn_tag(
+        jax_build(pins, profile.cudnn_build)
+    )
     if want is None or tag is None:
         return None  # this GPU profile pins no cuDNN wheel: nothing to compare with
     remedy = f"pip install --force-reinstall --no-deps {wheel}=={want}"
@@ -212,8 +236,13 @@ def check_consistency(
 
 
 def check_git(
-    installed: Mapping[str, Installed], deps: Sequence[mf.GitDep], profile: mf.Profile
+    installed: Mapping[str, Installed],
+    deps: Sequence[mf.GitDep],
+    profile: mf.Profile,
+    no_gpu: bool = False,
 ) -> list[Check]:
+    """A missing git dependency fails a GPU profile where it will fine-tune; a warning off the GPU (``no_gpu``: an
+    image build or a login node, which may not reach GitHub) and for the cpu profile. A wrong commit always fails."""
     checks = []
     for dep in deps:
         dist = installed.get(mf.canonical_name(dep.distribution))
@@ -225,7 +254,7 @@ def check_git(
             checks.append(
                 Check(
                     f"git.{dep.name}",
-                    FAIL if profile.gpu else WARN,
+                    FAIL if profile.gpu and not no_gpu else WARN,
                     "not installed",
                     f"{dep.distribution} from {dep.url} at {dep.commit}",
                     remedy,
@@ -340,6 +369,7 @@ def run_fast(
     environ: Mapping[str, str],
     cudnn_probe: tuple,
     smi_output: Optional[str],
+    no_gpu: bool = False,
 ) -> list[Check]:
     versions = installed_versions(installed)
     checks: list[Optional[Check]] = [check_python(profile, python)]
@@ -351,7 +381,7 @@ def run_fast(
         check_cudnn_load(versions, profile, cudnn_probe),
         check_consistency(installed, profile, python),
     ]
-    checks += check_git(installed, manifest.git, profile)
+    checks += check_git(installed, manifest.git, profile, no_gpu)
     checks += check_gpus(environ, smi_output, profile)
     checks.append(check_proxy(environ))
     return [c for c in checks if c is not None]

@@ -30,6 +30,7 @@ import traceback
 from typing import Iterator, Mapping, Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist.stack import cudaplugin
 from octo_dist.launchers import coordcheck
 from octo_dist.stack import builds
 from octo_dist.launchers import coordinator
@@ -111,13 +112,16 @@ class Runtime:
         )
 
 
-def expects_gpu(jaxlib_version: str, environ: Mapping[str, str]) -> bool:
+def expects_gpu(
+    jaxlib_version: str, environ: Mapping[str, str], plugin: Optional[str] = None
+) -> bool:
     """Whether JAX will pick a GPU backend: ``JAX_PLATFORMS="cpu"`` says no; else a CUDA jaxlib
-    (``"0.4.20+cuda11.cudnn86"``) says yes. Decided before the backend exists, which must not be touched yet."""
+    (``"0.4.20+cuda11.cudnn86"``) or PyPI's jaxlib with a CUDA plugin (``plugin="jax-cuda12-plugin 0.4.23"``) says
+    yes. Decided before the backend exists, which must not be touched yet."""
     platforms = (environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or "").lower()
     if platforms:
         return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
-    return builds.is_gpu_jaxlib(jaxlib_version)
+    return builds.is_gpu_jaxlib(jaxlib_version) or plugin is not None
 
 
 def local_device_ids(launch: Launch, mode: str, environ: Mapping[str, str]) -> Optional[list[int]]:
@@ -318,7 +322,15 @@ def _start(
             "runs every rank as an independent single-process job. Fix: call octo_dist.runtime.runtime.initialize() "
             "once, before any JAX computation"
         )
-    gpu = expects_gpu(jaxlib.__version__, environ)
+    # jax[cuda12] raises at the first jax.devices() where no GPU exists: say it once and run on the CPU instead.
+    plugin, gpu_files = cudaplugin.installed_plugin(), cudaplugin.gpu_devices()
+    fallback = cudaplugin.cpu_fallback(environ, plugin, gpu_files)
+    if fallback:
+        jax.config.update("jax_platforms", "cpu")
+        if launch.rank == 0:  # one line for the job, not one per rank
+            log.warning("octo-dist: %s", fallback)
+        plugin = None
+    gpu = expects_gpu(jaxlib.__version__, environ, plugin)
     dog.stage(
         "the coordinator agreement through mpi4py (MPI_Init, broadcast)"
         if use_mpi
@@ -365,7 +377,13 @@ def _start(
                 f"{launch.rank}) failed: {e}"
             ) from e
 
-    count = jax.process_count()
+    try:
+        count = jax.process_count()  # the first backend touch: the CUDA plugin starts here
+    except RuntimeError as e:
+        msg = cudaplugin.backend_error(e, plugin, gpu_files)
+        if msg is None:
+            raise
+        raise StartupError(msg) from e
     if count != launch.world_size or jax.process_index() != launch.rank:
         cause = (
             "CPU jax before 0.4.22 runs each process alone"
@@ -389,8 +407,8 @@ def _start(
     )
     if gpu and rt.platform == "cpu":
         log.warning(
-            "jaxlib %s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`",
-            jaxlib.__version__,
+            "%s is a CUDA build but JAX is on the CPU: see `octo-dist check-env --deep`",
+            plugin or f"jaxlib {jaxlib.__version__}",
         )
     return rt
 

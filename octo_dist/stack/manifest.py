@@ -119,6 +119,9 @@ class Profile:
     image_base: str = (
         ""  # key into [images]: the base image of this profile's container target, if any
     )
+    # "8.9": the cuDNN (major.minor) a CUDA plugin was built against, where jaxlib is PyPI's CPU wheel and its
+    # version carries no "+cuda12.cudnn89" tag to say it; "" where jaxlib's tag says it (cuda11) or no CUDA.
+    cudnn_build: str = ""
 
     def requirements_for(self, python: str) -> dict[str, str]:
         """Requirements for one ``major.minor`` Python: the profile's plus that Python's own."""
@@ -328,7 +331,17 @@ def _profile(
             for py, t in common_by_python.items()
         },
         image_base=raw.get("image_base", str, ""),
+        cudnn_build=_cudnn_build(raw),
     )
+
+
+def _cudnn_build(raw: _Fields) -> str:
+    value = raw.get("cudnn_build", str, "")
+    if value and not re.fullmatch(r"\d+\.\d+", value):
+        raise ManifestError(
+            f'{raw.path}: {raw.key("cudnn_build")} must be a cuDNN major.minor like "8.9", found {value!r}'
+        )
+    return value
 
 
 def parse_manifest(data: Mapping[str, object], path: Path) -> Manifest:
