@@ -1,5 +1,6 @@
 """The `octo-dist` dispatcher: a mistyped flag is reported by the subcommand that owns it, with the closest flag."""
 
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,26 @@ def test_weights_is_a_subcommand_that_refuses_a_bad_source_in_one_line():
         "octo-dist weights: error: source 'ftp://example/octo-small'; expected hf://<owner>/<name>. "
         "Fix: octo-dist weights hf://rail-berkeley/octo-small"
     )
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["hf://a/b/c", "hf://../../etc", "hf://$(touch x)/x", "hf://a/b c", "hf://-a/b", "hf://a/"],
+)
+def test_weights_refuses_a_source_that_is_no_hub_name_in_one_line(source, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "weights", source],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert (
+        "Traceback" not in proc.stderr
+        and f"source {source!r}; expected hf://<owner>/<name>, each of" in (proc.stderr)
+    )
+    assert (
+        list(tmp_path.iterdir()) == []
+    )  # nothing downloaded, no weights/ directory, no file called x

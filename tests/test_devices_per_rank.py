@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from octo_dist.envcheck import launch as preflight
+from octo_dist.jobs import options as options_mod
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs.cli import parse
 
@@ -76,7 +77,7 @@ def test_a_global_batch_must_divide_over_gpus_not_ranks():
 
 
 def test_show_defaults_derives_the_devices_per_rank():
-    options = spec_mod.LaunchOptions(scheduler="pbs", group="g1", ranks_per_node=2)
+    options = options_mod.LaunchOptions(scheduler="pbs", group="g1", ranks_per_node=2)
     derived = spec_mod.derived_defaults(options)
     assert derived["devices_per_rank"][0] == 4 and derived["cpus_per_rank"][0] == 48
 

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.supervisor import rankguard, supervise
+from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 
 # Stands in for mpirun: skips its options (each with a value, as the Grid Engine launcher line has them), starts
 # FAKE_RANKS copies of the rest (the rank guard, then the rank's command) and forwards SIGUSR1; on SIGTERM it ends
@@ -63,7 +65,8 @@ sys.exit(failed or max(p.returncode for p in procs))
 # Stands in for `octo-dist` on every rank: "check-env" is the preflight, anything else the training. It notes
 # "<stage>-started <rank>" in FAKE_LOG; FAKE_FAIL_<STAGE>="1:3" makes rank 1 exit 3; the training (and the
 # preflight with FAKE_PREFLIGHT_WAITS) waits for a stop signal, notes "<stage>-stopping", then waits for the file
-# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint.
+# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint; FAKE_STOP_TRAIN=1 makes rank 1 stop
+# itself (SIGSTOP) once its training started.
 FAKE_RANK = r"""
 import os, signal, sys, time
 rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
@@ -75,6 +78,8 @@ stops = []
 for sig in (signal.SIGUSR1, signal.SIGTERM):
     signal.signal(sig, lambda s, _f: stops.append(s))
 say(f"{stage}-started")
+if stage == "train" and os.environ.get("FAKE_STOP_TRAIN") == rank:  # a rank stopped on its node
+    os.kill(os.getpid(), signal.SIGSTOP)
 fail = os.environ.get(f"FAKE_FAIL_{stage.upper()}", "")
 if fail and fail.split(":")[0] == rank:
     sys.exit(int(fail.split(":")[1]))
@@ -111,9 +116,9 @@ def job(tmp_path, monkeypatch, capfd):
     (tmp_path / "pe_hostfile").write_text("localhost 2 all.q@localhost UNDEFINED\n")
     log = tmp_path / "ranks.log"
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(supervise, "FAILED_GRACE_S", 0.5)
-    monkeypatch.setattr(supervise, "END_WAIT_S", 2)
-    monkeypatch.setattr(supervise, "POLL_S", 0.05)
+    monkeypatch.setattr(ranks, "FAILED_GRACE_S", 0.5)
+    monkeypatch.setattr(ranks, "END_WAIT_S", 2)
+    monkeypatch.setattr(ranks, "POLL_S", 0.05)
     saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
     settings = job_settings.from_mapping(
         {
@@ -214,8 +219,9 @@ def test_a_signal_before_the_launcher_started_ends_the_job_without_ranks(
 ):
     make, log = job
     sup = make()
+    send = signal_me(signal.SIGTERM)
     monkeypatch.setattr(
-        sup, "wandb_key", signal_me(signal.SIGTERM)
+        prepare, "wandb_key", lambda env: send()
     )  # during the checks before the ranks
     assert sup.main() == 0
     err = capfd.readouterr().err
@@ -375,3 +381,46 @@ def test_a_directory_that_cannot_be_made_is_one_line_and_starts_no_rank(
     assert err.count("\n") == 1 and what in err and "Traceback" not in err, err
     assert "expected a directory this job can write. Fix: re-render with --" in err, err
     assert not log.exists()  # no preflight, no training
+
+
+def test_a_stopped_rank_ends_the_job_within_a_minute_naming_it_and_its_node(job, tmp_path, capfd):
+    make, log = job
+    started = time.monotonic()
+    assert make(FAKE_STOP_TRAIN="1").main() == rankguard.HUNG_STATUS
+    took = time.monotonic() - started
+    err = capfd.readouterr().err
+    host = socket.gethostname()
+    assert f"rank 1 on {host} hung: stopped (SIGSTOP) for 20 s, ended with status 137" in err, err
+    assert "training exited with 137" in err and took < 60, (took, err)
+    assert exit_file(tmp_path) == "137"
+
+
+def test_a_rank_stopped_for_a_moment_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(rankguard, "STOPPED_LIMIT", 3)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+    os.kill(proc.pid, signal.SIGSTOP)
+    threading.Timer(1.5, os.kill, (proc.pid, signal.SIGCONT)).start()
+    assert rankguard.wait_watching(proc, "0", "h") == (0, "")
+
+
+def test_the_rank_guard_ends_a_stopped_rank_as_hung(tmp_path, monkeypatch):
+    monkeypatch.setattr(rankguard, "STOPPED_LIMIT", 2)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(proc.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    assert rankguard.wait_watching(proc, "3", "g0002") == (
+        137,
+        "hung: stopped (SIGSTOP) for 2 s, ended",
+    )
+    assert proc.returncode == -9 and time.monotonic() - started < 30
+    rankguard.write_note(str(tmp_path), "3", 137, "g0002", "hung: stopped (SIGSTOP) for 2 s, ended")
+    note = (tmp_path / "failed" / "rank-3").read_text()
+    assert note == "rank 3 on g0002 hung: stopped (SIGSTOP) for 2 s, ended with status 137\n"
+
+
+def test_the_process_state_is_read_after_the_last_parenthesis(tmp_path):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_text("42 (a) b (T) c) S 1 42 42 0 -1\n")
+    assert rankguard.process_state(42, str(tmp_path)) == "S"
+    assert rankguard.process_state(43, str(tmp_path)) == ""
+    assert rankguard.process_state(os.getpid()) in ("R", "S")

@@ -1,9 +1,17 @@
 """Job scripts for PBS Professional (ABCI 3.0), Grid Engine and SLURM: ``octo-dist launch {pbs,sge,slurm}``.
 
-``spec.LaunchOptions`` holds the choices (the parser is generated from its fields); ``spec.build(options)``
-validates them into a ``JobSpec`` (or refuses with found/expected/fix); ``render.render(spec)`` turns it into a
-short script: the header of its scheduler (``schedulers/``, one module each), ``module load``, and one hand-over to
-the job runtime (``supervisor/``, standard library Python), which runs the job on its first node. ``defaults`` reads
-the users' and projects' defaults files; ``submit`` hands the script to the scheduler (``--submit``, ``--chain``);
-``cli`` is the thin subcommand; ``examples`` renders the ready-made scripts in ``scripts/jobs/``.
+The path of a job's settings, each step in one module:
+
+- ``options.LaunchOptions``: the choices, one field per flag (the parser, the defaults files' keys and
+  ``--show-defaults`` are generated from it; each scheduler adds its own options, ``schedulers/``);
+- ``spec.build(options)``: validated once into a ``JobSpec`` (or refused with found/expected/fix);
+- ``render.render(spec)``: a short script, the scheduler's header, ``module load``, and one hand-over to the job
+  runtime carrying ``settings.JobSettings`` as JSON (typed, with a schema version);
+- ``supervisor/``: the job runtime (standard library Python) reads the settings back through the same
+  ``settings`` module and runs the job on its first node.
+
+``commands`` maps the settings to each training program's flags; ``defaults`` reads the users' and projects'
+defaults files; ``submit`` hands the script to the scheduler (``--submit``, ``--chain``); ``cli`` is the thin
+subcommand; ``examples`` renders the ready-made scripts in ``scripts/jobs/``. A scheduler is one module in
+``schedulers/`` plus one ``register`` line.
 """

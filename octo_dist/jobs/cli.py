@@ -1,6 +1,6 @@
 """``octo-dist launch {pbs,sge,slurm}``: render a job script; ``--dry-run`` prints it, ``-o FILE`` writes it.
 
-The options are the fields of ``spec.LaunchOptions``: the parser is generated from them, and argparse's namespace
+The options are the fields of ``options.LaunchOptions``: the parser is generated from them, and argparse's namespace
 goes back into one ``LaunchOptions``.
 """
 
@@ -18,6 +18,8 @@ from octo_dist import EXIT_USAGE
 from octo_dist.problems import Problem
 from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import imagefit, schedulers
+from octo_dist.jobs import commands
+from octo_dist.jobs import options as options_mod
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -33,9 +35,9 @@ COMMON_DESCRIPTION = (
 
 
 def add_parser(
-    sub, checkers: Optional[Mapping[str, spec_mod.Checker]] = None
+    sub, checkers: Optional[Mapping[str, commands.Checker]] = None
 ) -> argparse.ArgumentParser:
-    """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments (see spec.Checker)."""
+    """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments (see commands.Checker)."""
     p = sub.add_parser(
         "launch",
         help="render a job script for PBS (ABCI 3.0), Grid Engine or SLURM",
@@ -46,7 +48,7 @@ def add_parser(
     )
     # One sub-parser per scheduler, so that the training command after `--` is the only positional: argparse would
     # otherwise fill an optional positional with nothing as soon as it meets the scheduler's name.
-    names = spec_mod.scheduler_names()
+    names = options_mod.scheduler_names()
     subs = p.add_subparsers(dest="scheduler", metavar="{" + ",".join(names) + "}", required=True)
     for name in names:
         s = schedulers.get(name)
@@ -69,18 +71,18 @@ def add_parser(
 
 
 def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
-    values = spec_mod.launch_help(scheduler)
+    values = options_mod.launch_help(scheduler)
     s = schedulers.get(scheduler)
     groups = {}
 
     def group(name: str):
         return groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))
 
-    for f in spec_mod.option_fields():
-        if not spec_mod.offered(f, scheduler):
+    for f in options_mod.option_fields():
+        if not options_mod.offered(f, scheduler):
             continue
         meta = f.metadata
-        flag = spec_mod.flag_of(f)
+        flag = options_mod.flag_of(f)
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
         if f.name == "group":
             names = [*s.group_flags, *names]  # the scheduler's own word first
@@ -119,9 +121,9 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     """
     values, sources = {}, {}
     files = files or {}
-    for f in spec_mod.option_fields():
+    for f in options_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
-        own = spec_mod.offered(f, args.scheduler)
+        own = options_mod.offered(f, args.scheduler)
         if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
             value, sources[f.name] = ((files or {}) if own else {}).get(
                 f.name, (f.default, defaults_mod.BUILT_IN)
@@ -143,12 +145,12 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
             sources[opt.name] = defaults_mod.COMMAND_LINE
         if value is not None:
             site.append((opt.name, tuple(value) if isinstance(value, (list, tuple)) else value))
-    return spec_mod.LaunchOptions(
+    return options_mod.LaunchOptions(
         scheduler=args.scheduler, train=tuple(args.train), site=tuple(site), **values
     ), sources
 
 
-def command_line(options: spec_mod.LaunchOptions) -> list:
+def command_line(options: options_mod.LaunchOptions) -> list:
     """The canonical ``octo-dist launch ...`` for these options (non-default ones only), for the header."""
     out = ["octo-dist", "launch", options.scheduler]
     for flag, value in options.changed():
@@ -161,7 +163,7 @@ def command_line(options: spec_mod.LaunchOptions) -> list:
 
 
 def parse(
-    argv: Sequence[str], checkers: Optional[Mapping[str, spec_mod.Checker]] = None
+    argv: Sequence[str], checkers: Optional[Mapping[str, commands.Checker]] = None
 ) -> spec_mod.JobSpec:
     """``octo-dist launch`` argv (without "launch") -> JobSpec; for the examples and tests."""
     parser = argparse.ArgumentParser(prog="octo-dist")
@@ -199,7 +201,7 @@ def syntax_check(text: str) -> None:
         )
 
 
-def output_path(options: spec_mod.LaunchOptions) -> str:
+def output_path(options: options_mod.LaunchOptions) -> str:
     """Where ``-o`` writes: refuses a directory or a missing parent with the fix."""
     out = options.output or f"octo-dist-{options.scheduler}.sh"
     if os.path.isdir(out):
@@ -218,14 +220,14 @@ def output_path(options: spec_mod.LaunchOptions) -> str:
     return out
 
 
-def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
+def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
     """One line per option: flag, value, and where it came from."""
     rows = []
     derived = spec_mod.derived_defaults(options)
-    for f in spec_mod.option_fields():
+    for f in options_mod.option_fields():
         if f.name in ("show_defaults", "dry_run"):
             continue
-        if not spec_mod.offered(f, options.scheduler):
+        if not options_mod.offered(f, options.scheduler):
             continue
         value = getattr(options, f.name)
         if f.metadata["argparse"].get("action") == "store_false":
@@ -238,7 +240,7 @@ def show_defaults(options: spec_mod.LaunchOptions, sources: Mapping[str, str]) -
             value, why = derived[f.name]
             value = "(none)" if value in ((), None) else value
             source = f"{source} ({why})"
-        rows.append((spec_mod.flag_of(f, options.scheduler), value, source))
+        rows.append((options_mod.flag_of(f, options.scheduler), value, source))
     site = dict(options.site)
     for opt in schedulers.get(options.scheduler).options:
         rows.append((opt.option, site.get(opt.name, opt.default), sources[opt.name]))
@@ -321,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_submit(options: spec_mod.LaunchOptions) -> None:
+def _check_submit(options: options_mod.LaunchOptions) -> None:
     if options.chain is not None and options.chain < 1:
         raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
     if options.chain is not None and options.chain > submit_mod.MAX_CHAIN:

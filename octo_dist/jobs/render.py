@@ -15,7 +15,8 @@ from typing import List
 
 from octo_dist.jobs import schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.spec import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, JobSpec, format_walltime
+from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES
+from octo_dist.jobs.spec import JobSpec, format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
 PREFLIGHT = ("octo-dist", "check-env", "--launch")

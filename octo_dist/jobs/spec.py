@@ -1,9 +1,9 @@
-"""What a job script is rendered from: ``LaunchOptions`` (the choices, one field per ``launch`` flag) validated into a
-``JobSpec`` (what the templates need), and the small tables behind the defaults.
+"""A job's choices (``options.LaunchOptions``) validated into a ``JobSpec``: what the header and the job's settings
+are rendered from.
 
 Everything here is pure: ``build(options)`` takes the options (and an ``image_exists`` predicate, so tests need no
 image) and either returns a ``JobSpec`` or raises ``JobSpecError`` naming what was found, what was expected and the
-fix, before anything is written or submitted.
+fix, before anything is written or submitted. What differs between schedulers comes from the scheduler's class.
 """
 
 from __future__ import annotations
@@ -13,386 +13,22 @@ import math
 import os
 import re
 import unicodedata
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
-
-WANDB_MODES = job_settings.WANDB_MODES
-DEFAULT_STOP_MARGIN_S = (
-    300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
+from octo_dist.jobs.commands import COMMANDS, DEFAULT_COMMAND, Checker, Command, config_file_first
+from octo_dist.jobs.options import (
+    DEFAULT_STOP_MARGIN_S,
+    WANDB_MODES,
+    LaunchOptions,
+    scheduler_names,
 )
-DEFAULT_COMPILE_CACHE = (
-    ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
-)
-
-
-def scheduler_names() -> Tuple[str, ...]:
-    """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
-    return tuple(schedulers.SCHEDULERS)
-
-
-# Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
-# srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
-# scheduler sets CUDA_VISIBLE_DEVICES per node (a shared rt_HG node), and node 0's value is wrong elsewhere.
-FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
-FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED")
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    """How to start one training program on every rank, and which of its flags carry the job's settings.
-
-    ``program`` is looked up in the venv's ``bin/`` (no container) or on the image's PATH; a flag that is None
-    is not passed (the program has no such setting: the script still exports WANDB_MODE, which wandb reads).
-    """
-
-    program: tuple
-    batch: str  # the GLOBAL batch (examples per step over all ranks)
-    steps: str
-    save_dir: str
-    data_dir: Optional[str]
-    wandb_mode: Optional[str]
-    resume: Optional[str]
-    compile_cache: str
-    devices: str  # the GPUs each rank binds, given when more than one: "--devices-per-process=2"
-    environment: tuple = ()  # (name, value, why) exported by the script and passed to every rank
-
-
-# The one place the job's settings meet each program's flag names.
-COMMANDS = {
-    "smoke": Command(
-        ("octo-dist", "smoke"),
-        batch="--global-batch",
-        steps="--steps",
-        save_dir="--save-dir",
-        data_dir=None,
-        wandb_mode="--wandb-mode",
-        resume="--resume",
-        compile_cache="--compile-cache",
-        devices="--devices-per-process",
-    ),
-    "finetune": Command(
-        ("octo-dist", "finetune"),
-        batch="--config.batch_size",
-        steps="--config.num_steps",
-        save_dir="--config.save_dir",
-        data_dir="--config.dataset_kwargs.data_dir",
-        wandb_mode=None,
-        resume="--resume",
-        compile_cache="--compile_cache",
-        devices="--devices-per-process",
-        environment=(
-            (
-                "HF_HUB_OFFLINE",
-                "1",
-                "no download on every rank (compute nodes may be "
-                "offline): weights and T5 tokenizer from `make weights` on a login node",
-            ),
-        ),
-    ),
-}
-DEFAULT_COMMAND = "smoke"
-
-# A checker for a training command's arguments: raises ValueError (one line naming the bad flag and the closest
-# valid one) when the program would refuse them. Supplied by the caller, so jobs/ never imports the applications.
-Checker = Callable[[Sequence[str]], None]
 
 
 class JobSpecError(Refusal, ValueError):
     """A job that must not be rendered: what was found, what was expected, and the fix (one line)."""
-
-
-def _opt(
-    default,
-    help: str,
-    group: str,
-    *,
-    flag: Optional[str] = None,
-    in_header: bool = True,
-    needs: str = "",
-    **argparse_kwargs,
-):
-    """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
-
-    ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
-    scheduler's ``launch`` help is filled in with its own values (``launch_help``). ``needs``: a scheduler
-    attribute the option only makes sense with (``"resource_types"``): offered where it is not empty.
-    """
-    return dataclasses.field(
-        default=default,
-        metadata={
-            "help": help,
-            "group": group,
-            "flag": flag,
-            "in_header": in_header,
-            "needs": needs,
-            "argparse": argparse_kwargs,
-        },
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    """Every choice ``octo-dist launch`` takes; argparse fills one from the command line (``jobs.cli``)."""
-
-    scheduler: str = "pbs"
-    train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
-    # The scheduler's own options given (Scheduler.options), as (name, value) pairs: (("partition", "gpu"),).
-    site: tuple = ()
-    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
-    resource_type: Optional[str] = _opt(
-        None,
-        "{resource_types} (default: {resource_type})",
-        "resources",
-        needs="resource_types",  # only ABCI 3.0's PBS has resource types here
-    )
-    gpus_per_node: Optional[int] = _opt(
-        None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
-    )
-    ranks_per_node: Optional[int] = _opt(
-        None,
-        "processes per node (default: GPUs per node / --devices-per-rank, one per GPU without it)",
-        "resources",
-        type=int,
-    )
-    devices_per_rank: Optional[int] = _opt(
-        None,
-        "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
-        "(default: GPUs per node / ranks per node)",
-        "resources",
-        type=int,
-    )
-    cpus_per_rank: Optional[int] = _opt(
-        None,
-        "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
-        "resources",
-        type=int,
-    )
-    walltime: str = _opt(
-        "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
-    )
-    group: Optional[str] = _opt(None, "{group_help}", "resources")  # + the scheduler's group_flags
-    name: str = _opt("octo-dist", "job name (default: {default})", "resources")
-    directives: Optional[tuple] = _opt(
-        None,
-        "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
-        "what the header already sets is refused (default: none)",
-        "site",
-        action="append",
-        flag="--directive",
-        metavar="TEXT",
-    )
-    modules: Optional[tuple] = _opt(
-        None,
-        "environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
-        "resources",
-        action="append",
-        flag="--module",
-    )
-    image: Optional[str] = _opt(
-        None,
-        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
-        "environment",
-    )
-    skip_image_check: bool = _opt(
-        False,
-        "the image exists only on the cluster: do not look for it here; the script "
-        "checks it when the job starts (default: off)",
-        "environment",
-        action="store_true",
-    )
-    venv: str = _opt(
-        ".venv", "environment to run from without an image (default: {default})", "environment"
-    )
-    bind: Optional[tuple] = _opt(
-        None,
-        "extra directory to bind into the image, repeatable (default: {binds})",
-        "environment",
-        action="append",
-    )
-    coordinator: Optional[str] = _opt(
-        None,
-        "HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
-        "environment",
-    )
-    per_gpu_batch: Optional[int] = _opt(
-        None,
-        "examples per GPU per step; the global batch is this x GPUs per node x "
-        "nodes, however many GPUs each rank has (default: the command's own)",
-        "training",
-        type=int,
-    )
-    global_batch: Optional[int] = _opt(
-        None,
-        "examples per step over all GPUs, a multiple of their number (default: the command's own)",
-        "training",
-        type=int,
-    )
-    steps: Optional[int] = _opt(
-        None, "optimizer steps (default: the command's own)", "training", type=int
-    )
-    keep_samples_from: Optional[int] = _opt(
-        None,
-        "--steps were planned for this global batch: scale them so the job "
-        "sees as many examples (default: no scaling)",
-        "training",
-        type=int,
-        metavar="BATCH",
-    )
-    save_dir: str = _opt(
-        "runs/octo-dist",
-        "checkpoint directory, bound into the image (default: {default})",
-        "training",
-    )
-    data_dir: Optional[str] = _opt(
-        None, "dataset directory for finetune, bound into the image (default: none)", "training"
-    )
-    compile_cache: str = _opt(
-        DEFAULT_COMPILE_CACHE,
-        "JAX's persistent compilation cache, shared by the nodes and by "
-        "later jobs so a resubmission does not recompile; empty: off "
-        "(default: {default})",
-        "training",
-    )
-    wandb_mode: str = _opt(
-        "offline",
-        "online needs WANDB_API_KEY or a key file only you can read (default: {default})",
-        "training",
-        choices=WANDB_MODES,
-    )
-    resume: bool = _opt(
-        True,
-        "do not pass the command's resume flag (default: resume from --save-dir)",
-        "training",
-        action="store_false",
-        flag="--no-resume",
-    )
-    stop_margin: int = _opt(
-        DEFAULT_STOP_MARGIN_S,
-        "seconds before the wall time at which every rank checkpoints and "
-        "stops (default: {default})",
-        "training",
-        type=int,
-        metavar="SECONDS",
-    )
-    dry_run: bool = _opt(
-        False,
-        "print the script instead of writing it (default: off)",
-        "output",
-        action="store_true",
-        in_header=False,
-    )
-    output: Optional[str] = _opt(
-        None,
-        "file to write (default: octo-dist-{scheduler}.sh)",
-        "output",
-        flag="-o",
-        in_header=False,
-    )
-    show_defaults: bool = _opt(
-        False,
-        "print every option's value and where it came from: the command line, "
-        "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
-        "(default: off)",
-        "output",
-        action="store_true",
-        in_header=False,
-    )
-    submit: bool = _opt(
-        False,
-        "submit the written script ({submit}) and print the job id and its log (default: off)",
-        "output",
-        action="store_true",
-        in_header=False,
-    )
-    chain: Optional[int] = _opt(
-        None,
-        "submit N jobs, each held until the one before has ended ({depend}); a job "
-        "trains only when the one before did not fail, and resumes from its checkpoints; "
-        "at most 50 (default: one job)",
-        "output",
-        type=int,
-        metavar="N",
-        in_header=False,
-    )
-
-    def changed(self) -> list:
-        """``(flag, value)`` for every option that differs from its default, in field order, then the
-        scheduler's own: the header's line."""
-        out = []
-        for f in option_fields():
-            value = getattr(self, f.name)
-            if value == f.default or not f.metadata["in_header"]:
-                continue
-            out.append((flag_of(f, self.scheduler), value))
-        given = dict(self.site)
-        for opt in (
-            schedulers.get(self.scheduler).options
-            if self.scheduler in schedulers.SCHEDULERS
-            else ()
-        ):
-            if given.get(opt.name) not in (None, opt.default, ()):
-                out.append((opt.option, given[opt.name]))
-        return out
-
-    def site_values(self) -> dict:
-        """Every option of the scheduler's own, given or its default: ``{"pe": "mpi", "queue": None}``; and any
-        other scheduler's given (a refusal names it)."""
-        given = dict(self.site)
-        own = schedulers.get(self.scheduler).options
-        return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
-
-
-def option_fields() -> list:
-    """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
-    return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
-
-
-def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
-    """The option's flag; with a scheduler, in that scheduler's words (``group`` on slurm: ``--account``)."""
-    own = schedulers.get(scheduler).group_flags if field.name == "group" and scheduler else ()
-    return own[0] if own else field.metadata["flag"] or "--" + field.name.replace("_", "-")
-
-
-def offered(field: dataclasses.Field, scheduler: str) -> bool:
-    """Whether ``launch SCHEDULER`` has this option (``--resource-type`` only where there are resource types)."""
-    needs = field.metadata.get("needs")
-    return not needs or bool(getattr(schedulers.get(scheduler), needs))
-
-
-def launch_help(scheduler: str) -> Mapping[str, str]:
-    """The values each scheduler's ``launch --help`` fills into the option help lines."""
-    s = schedulers.get(scheduler)
-    rt = s.resource_types.get(s.default_resource_type or "")
-    modules = " ".join(s.default_modules + s.image_modules) or "none"
-    if s.image_modules:
-        modules = f"{' '.join(s.default_modules)}, plus {' '.join(s.image_modules)} with --image"
-    binds = " ".join(s.default_binds("GROUP"))
-    return {
-        "scheduler": scheduler,
-        "prefix": s.directive_prefix,
-        "resource_types": (
-            "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in s.resource_types.items())
-            if s.resource_types
-            else "not used: no resource types on this scheduler, give --gpus-per-node"
-        ),
-        "resource_type": s.default_resource_type or "none",
-        "gpus_per_node": f"the resource type's, {rt.gpus} on {s.default_resource_type}"
-        if rt
-        else "none, required",
-        "cpus_per_rank": (
-            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {s.default_resource_type}"
-            if rt
-            else "0, none bound"
-        ),
-        "group_help": s.group_help,
-        "modules": modules,
-        "binds": f"{binds} with --group" if binds else "none",
-        "submit": s.submit_program,
-        "depend": s.depend_help or f"{s.submit_program} after the one before",
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,24 +243,6 @@ def _coordinator(value: str) -> None:
         )
 
 
-def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
-    """(the config file's flag, the rest): ml_collections refuses ``--config.save_dir=...`` before ``--config=FILE``
-    ("Found --config.save_dir in argv before a value for --config was specified"), and the job's own
-    ``--config.<field>`` settings come before the user's flags, so ``--config=`` / ``--config FILE`` go first."""
-    first, rest, i = [], [], 0
-    args = list(args)
-    while i < len(args):
-        if args[i].startswith("--config="):
-            first.append(args[i])
-        elif args[i] == "--config" and i + 1 < len(args):
-            first += args[i : i + 2]
-            i += 1
-        else:
-            rest.append(args[i])
-        i += 1
-    return first, rest
-
-
 def derived_defaults(o: "LaunchOptions") -> dict:
     """What :func:`build` takes for the options left unset that depend on others, for ``--show-defaults``.
 
@@ -670,6 +288,29 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     return out
 
 
+class _Allocation(NamedTuple):
+    """What a node holds and how the ranks split it, decided once from the options and the resource type."""
+
+    gpus_per_node: int
+    resource_type: Optional[str]
+    rt: Optional[schedulers.base.ResourceType]
+    ranks_per_node: int
+    devices_per_rank: int
+    cpus_per_rank: int
+
+
+class _Training(NamedTuple):
+    """The training command and the job settings it gets through its flags (``COMMANDS``)."""
+
+    command: str
+    lead_args: tuple
+    user_args: tuple
+    job_args: tuple  # ("--global-batch=64", "--steps=100")
+    global_batch: Optional[int]
+    steps: Optional[int]
+    resume: bool
+
+
 def build(
     options: LaunchOptions,
     *,
@@ -687,15 +328,65 @@ def build(
       command_line: the ``octo-dist launch ...`` argv, for the script's header.
     """
     o = options
-    scheduler = o.scheduler
-    if scheduler not in schedulers.SCHEDULERS:
+    if o.scheduler not in schedulers.SCHEDULERS:
         raise JobSpecError(
-            f"scheduler {scheduler!r}",
+            f"scheduler {o.scheduler!r}",
             f"one of {', '.join(scheduler_names())}",
             "octo-dist launch pbs ...",
         )
-    sched = schedulers.get(scheduler)
+    sched = schedulers.get(o.scheduler)
     site = o.site_values()
+    _check_texts(o, command_line)
+    alloc = _allocation(o, sched)
+    walltime_s = _walltime(o)
+    _check_header_values(o, sched, site)
+    image, binds = _paths(o, sched, image_exists)
+    training = _training(o, alloc, checkers or {})
+    modules = (
+        tuple(
+            m for m in o.modules if m
+        )  # --module '': no modules at all (the site's MPI is on PATH)
+        if o.modules is not None
+        else sched.default_modules + (sched.image_modules if image else ())
+    )
+    return JobSpec(
+        scheduler=o.scheduler,
+        nodes=o.nodes,
+        gpus_per_node=alloc.gpus_per_node,
+        ranks_per_node=alloc.ranks_per_node,
+        devices_per_rank=alloc.devices_per_rank,
+        resource_type=alloc.resource_type,
+        sockets=alloc.rt.sockets if alloc.rt else 0,
+        cpus_per_rank=alloc.cpus_per_rank,
+        walltime_s=walltime_s,
+        group=o.group,
+        name=o.name,
+        image=image,
+        venv=o.venv,
+        binds=binds,
+        save_dir=o.save_dir,
+        data_dir=o.data_dir,
+        compile_cache=o.compile_cache,
+        wandb_mode=o.wandb_mode,
+        coordinator=o.coordinator,
+        modules=modules,
+        environment=alloc.rt.environment if alloc.rt else (),
+        stop_margin_s=o.stop_margin,
+        command=training.command,
+        job_args=training.job_args,
+        user_args=training.user_args,
+        lead_args=training.lead_args,
+        site={k: v for k, v in site.items() if v not in (None, ())},
+        directives=tuple(o.directives or ()),
+        resume=training.resume,
+        global_batch=training.global_batch,
+        steps=training.steps,
+        command_line=tuple(command_line),
+    )
+
+
+def _check_texts(o: LaunchOptions, command_line: Sequence[str]) -> None:
+    """Every free text the script will hold, printable and of a sane length."""
     for label, value in (
         ("--walltime", o.walltime),
         ("--resource-type", o.resource_type),
@@ -710,44 +401,50 @@ def build(
         check_printable("the training command's argument", arg)
     for arg in command_line:
         check_printable("the command line's argument", arg)
-    if o.nodes is None:
-        raise JobSpecError(f"{scheduler} without --nodes", "the number of nodes", "--nodes 2")
-    _positive("--nodes", o.nodes, "--nodes 1 (or more)", job_settings.MAX_NODES)
-    nodes = o.nodes
-    gpus_per_node = o.gpus_per_node
 
+
+def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
+    """(GPUs per node, resource type, its ResourceType): from --gpus-per-node, or the scheduler's resource type."""
+    gpus_per_node = o.gpus_per_node
     if not sched.resource_types:
         if o.resource_type:
             raise JobSpecError(
-                f"--resource-type {o.resource_type} for {scheduler}",
+                f"--resource-type {o.resource_type} for {o.scheduler}",
                 f"none: octo-dist knows no {sched.title} resource types (ABCI 3.0's are PBS's)",
                 "drop --resource-type and give --gpus-per-node",
             )
         if gpus_per_node is None:
             raise JobSpecError(
-                f"{scheduler} without --gpus-per-node",
+                f"{o.scheduler} without --gpus-per-node",
                 f"the GPUs of one node ({sched.title} sites differ)",
                 "--gpus-per-node 8 (or what your nodes have)",
             )
-        resource_type, rt = None, None
-    else:
-        resource_type = o.resource_type or sched.default_resource_type
-        rt = sched.resource_types.get(resource_type)
-        if rt is None:
-            known = ", ".join(f"{k} ({v.about})" for k, v in sched.resource_types.items())
-            raise JobSpecError(
-                f"--resource-type {resource_type!r} for {scheduler}",
-                f"one of: {known}",
-                f"--resource-type {sched.default_resource_type or next(iter(sched.resource_types))}",
-            )
-        if gpus_per_node is None:
-            gpus_per_node = rt.gpus
-        elif gpus_per_node > rt.gpus:
-            raise JobSpecError(
-                f"--gpus-per-node {gpus_per_node} on {resource_type}",
-                f"at most {rt.gpus} ({rt.about})",
-                f"--gpus-per-node {rt.gpus}",
-            )
+        return gpus_per_node, None, None
+    resource_type = o.resource_type or sched.default_resource_type
+    rt = sched.resource_types.get(resource_type)
+    if rt is None:
+        known = ", ".join(f"{k} ({v.about})" for k, v in sched.resource_types.items())
+        raise JobSpecError(
+            f"--resource-type {resource_type!r} for {o.scheduler}",
+            f"one of: {known}",
+            f"--resource-type {sched.default_resource_type or next(iter(sched.resource_types))}",
+        )
+    if gpus_per_node is None:
+        gpus_per_node = rt.gpus
+    elif gpus_per_node > rt.gpus:
+        raise JobSpecError(
+            f"--gpus-per-node {gpus_per_node} on {resource_type}",
+            f"at most {rt.gpus} ({rt.about})",
+            f"--gpus-per-node {rt.gpus}",
+        )
+    return gpus_per_node, resource_type, rt
+
+
+def _allocation(o: LaunchOptions, sched) -> _Allocation:
+    if o.nodes is None:
+        raise JobSpecError(f"{o.scheduler} without --nodes", "the number of nodes", "--nodes 2")
+    _positive("--nodes", o.nodes, "--nodes 1 (or more)", job_settings.MAX_NODES)
+    gpus_per_node, resource_type, rt = _gpus_per_node(o, sched)
     _positive(
         "--gpus-per-node",
         gpus_per_node,
@@ -757,7 +454,6 @@ def build(
     ranks_per_node, devices_per_rank = _ranks_and_devices(
         gpus_per_node, o.ranks_per_node, o.devices_per_rank
     )
-
     # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
@@ -776,7 +472,12 @@ def build(
         )
     if ranks_per_node == 1:
         cpus_per_rank = 0  # one rank per node has the node's CPUs to itself; a partial node's cores are the cgroup's
+    return _Allocation(
+        gpus_per_node, resource_type, rt, ranks_per_node, devices_per_rank, cpus_per_rank
+    )
 
+
+def _walltime(o: LaunchOptions) -> int:
     walltime_s = parse_walltime(o.walltime)
     # 5:01 with a 300 s margin would leave the ranks 1 s: they stop before the first step, and a chain goes on.
     least = job_settings.MIN_TRAINING_S
@@ -788,17 +489,16 @@ def build(
             f"--stop-margin {max(min(DEFAULT_STOP_MARGIN_S, walltime_s // 10, walltime_s - least), 0)} "
             "or a longer --walltime",
         )
+    return walltime_s
 
+
+def _check_header_values(o: LaunchOptions, sched, site: Mapping[str, Any]) -> None:
+    """The values that go into the header's directives and the job's environment."""
     if sched.group_required and not o.group:
         raise JobSpecError(
-            f"{scheduler} without --group",
-            sched.group_required,
-            "--group gxx00000",
+            f"{o.scheduler} without --group", sched.group_required, "--group gxx00000"
         )
-    for label, value in (
-        ("--group", o.group),
-        ("--name", o.name),
-    ):
+    for label, value in (("--group", o.group), ("--name", o.name)):
         if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
             raise JobSpecError(
                 f"{label} {value!r}",
@@ -826,6 +526,11 @@ def build(
                 f"--module {module!r}", "a module name (e.g. hpcx/2.20)", "--module hpcx/2.20"
             )
 
+
+def _paths(
+    o: LaunchOptions, sched, image_exists: Callable[[str], bool]
+) -> Tuple[Optional[str], tuple]:
+    """(the image, absolute when checked here; the directories bound into it)."""
     image = o.image or None
     bound = bool(image)
     _path("--image", image, False)
@@ -848,8 +553,47 @@ def build(
         image = os.path.abspath(
             image
         )  # the job runs from another directory than the one it was rendered in
+    return image, binds
 
-    # The training command and the job settings it gets through COMMANDS.
+
+def _batch_and_steps(
+    o: LaunchOptions, gpus: int, nodes_x_gpus: str
+) -> Tuple[Optional[int], Optional[int]]:
+    """(global batch, steps): the batch counted in GPUs, not ranks (a rank with 2 GPUs takes 2 GPUs' share)."""
+    _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32", MAX_COUNT)
+    _positive("--global-batch", o.global_batch, "--global-batch 256", MAX_COUNT)
+    _positive("--steps", o.steps, "--steps 1000", MAX_COUNT)
+    _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256", MAX_COUNT)
+    global_batch, steps = o.global_batch, o.steps
+    if o.per_gpu_batch is not None and global_batch is not None:
+        raise JobSpecError(
+            f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}",
+            "one of them",
+            f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * gpus})",
+        )
+    if o.per_gpu_batch is not None:
+        global_batch = o.per_gpu_batch * gpus
+    if global_batch is not None and global_batch % gpus:
+        lower, upper = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
+        raise JobSpecError(
+            f"--global-batch {global_batch} over {gpus} GPU(s) ({nodes_x_gpus})",
+            f"a multiple of {gpus}, so every GPU gets the same share",
+            f"--global-batch {upper}"
+            + (f" (or {lower})" if lower else "")
+            + f", or --per-gpu-batch {max(global_batch // gpus, 1)}",
+        )
+    if o.keep_samples_from is not None:
+        if steps is None or global_batch is None:
+            raise JobSpecError(
+                "--keep-samples-from without --steps and a batch",
+                "--steps N (planned for that global batch) and --per-gpu-batch or --global-batch",
+                "--steps 50000 --keep-samples-from 256 --per-gpu-batch 32",
+            )
+        steps = scaled_steps(steps, o.keep_samples_from, global_batch)
+    return global_batch, steps
+
+
+def _training(o: LaunchOptions, alloc: _Allocation, checkers: Mapping[str, Checker]) -> _Training:
     train = list(o.train) or [DEFAULT_COMMAND]
     command_name, user_args = train[0], train[1:]
     lead_args, user_args = config_file_first(user_args)
@@ -866,40 +610,8 @@ def build(
             f"no --data-dir: {command_name} reads no dataset",
             "drop --data-dir",
         )
-
-    _positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32", MAX_COUNT)
-    _positive("--global-batch", o.global_batch, "--global-batch 256", MAX_COUNT)
-    _positive("--steps", o.steps, "--steps 1000", MAX_COUNT)
-    _positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256", MAX_COUNT)
-    global_batch, steps = o.global_batch, o.steps
-    # The batch is counted in GPUs, not ranks: a rank with 2 GPUs takes 2 GPUs' share.
-    gpus = nodes * gpus_per_node
-    if o.per_gpu_batch is not None and global_batch is not None:
-        raise JobSpecError(
-            f"--per-gpu-batch {o.per_gpu_batch} and --global-batch {global_batch}",
-            "one of them",
-            f"--per-gpu-batch {o.per_gpu_batch} alone (global = {o.per_gpu_batch * gpus})",
-        )
-    if o.per_gpu_batch is not None:
-        global_batch = o.per_gpu_batch * gpus
-    if global_batch is not None and global_batch % gpus:
-        lower, upper = global_batch // gpus * gpus, (global_batch // gpus + 1) * gpus
-        raise JobSpecError(
-            f"--global-batch {global_batch} over {gpus} GPU(s) ({nodes} node(s) x {gpus_per_node})",
-            f"a multiple of {gpus}, so every GPU gets the same share",
-            f"--global-batch {upper}"
-            + (f" (or {lower})" if lower else "")
-            + f", or --per-gpu-batch {max(global_batch // gpus, 1)}",
-        )
-    if o.keep_samples_from is not None:
-        if steps is None or global_batch is None:
-            raise JobSpecError(
-                "--keep-samples-from without --steps and a batch",
-                "--steps N (planned for that global batch) and --per-gpu-batch or --global-batch",
-                "--steps 50000 --keep-samples-from 256 --per-gpu-batch 32",
-            )
-        steps = scaled_steps(steps, o.keep_samples_from, global_batch)
-
+    gpus = o.nodes * alloc.gpus_per_node
+    global_batch, steps = _batch_and_steps(o, gpus, f"{o.nodes} node(s) x {alloc.gpus_per_node}")
     mapped = []
     if global_batch is not None:
         mapped.append(f"{cmd.batch}={global_batch}")
@@ -907,8 +619,33 @@ def build(
         mapped.append(f"{cmd.steps}={steps}")
     if cmd.wandb_mode:
         mapped.append(f"{cmd.wandb_mode}={o.wandb_mode}")
-    if devices_per_rank > 1:
-        mapped.append(f"{cmd.devices}={devices_per_rank}")
+    if alloc.devices_per_rank > 1:
+        mapped.append(f"{cmd.devices}={alloc.devices_per_rank}")
+    _check_not_given_twice(cmd, mapped, user_args)
+    resume = bool(o.resume and cmd.resume)
+    checker = checkers.get(command_name)
+    if checker is not None:
+        argv = [*lead_args, *mapped, f"{cmd.save_dir}={o.save_dir}"]
+        if o.data_dir:
+            argv.append(f"{cmd.data_dir}={o.data_dir}")
+        if o.compile_cache:
+            argv.append(f"{cmd.compile_cache}={o.compile_cache}")
+        argv += [*user_args, *([cmd.resume] if resume else [])]
+        try:
+            checker(argv)
+        except ValueError as e:
+            raise JobSpecError(
+                f"-- {command_name}: {e}",
+                f"flags that octo-dist {command_name} accepts",
+                f"octo-dist {command_name} --help lists them",
+            ) from None
+    return _Training(
+        command_name, tuple(lead_args), tuple(user_args), tuple(mapped), global_batch, steps, resume
+    )
+
+
+def _check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Sequence[str]) -> None:
+    """The training command's own flags after ``--`` must not set what launch sets."""
     for flag in mapped:
         flag_name = flag.split("=", 1)[0]
         if _flag_given(user_args, flag_name):
@@ -932,64 +669,3 @@ def build(
             "the GPUs of each rank set by octo-dist launch, which also sizes the ranks and the batch",
             f"drop {cmd.devices} after -- and use --devices-per-rank",
         )
-    resume = bool(o.resume and cmd.resume)
-
-    checker = (checkers or {}).get(command_name)
-    if checker is not None:
-        argv = [*lead_args, *mapped, f"{cmd.save_dir}={o.save_dir}"]
-        if o.data_dir:
-            argv.append(f"{cmd.data_dir}={o.data_dir}")
-        if o.compile_cache:
-            argv.append(f"{cmd.compile_cache}={o.compile_cache}")
-        argv += [*user_args, *([cmd.resume] if resume else [])]
-        try:
-            checker(argv)
-        except ValueError as e:
-            raise JobSpecError(
-                f"-- {command_name}: {e}",
-                f"flags that octo-dist {command_name} accepts",
-                f"octo-dist {command_name} --help lists them",
-            ) from None
-
-    environment = rt.environment if rt else ()
-    modules = (
-        tuple(
-            m for m in o.modules if m
-        )  # --module '': no modules at all (the site's MPI is on PATH)
-        if o.modules is not None
-        else sched.default_modules + (sched.image_modules if image else ())
-    )
-    return JobSpec(
-        scheduler=scheduler,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        ranks_per_node=ranks_per_node,
-        devices_per_rank=devices_per_rank,
-        resource_type=resource_type,
-        sockets=rt.sockets if rt else 0,
-        cpus_per_rank=cpus_per_rank,
-        walltime_s=walltime_s,
-        group=o.group,
-        name=o.name,
-        image=image,
-        venv=o.venv,
-        binds=binds,
-        save_dir=o.save_dir,
-        data_dir=o.data_dir,
-        compile_cache=o.compile_cache,
-        wandb_mode=o.wandb_mode,
-        coordinator=o.coordinator,
-        modules=modules,
-        environment=environment,
-        stop_margin_s=o.stop_margin,
-        command=command_name,
-        job_args=tuple(mapped),
-        user_args=tuple(user_args),
-        lead_args=tuple(lead_args),
-        site={k: v for k, v in site.items() if v not in (None, ())},
-        directives=tuple(o.directives or ()),
-        resume=resume,
-        global_batch=global_batch,
-        steps=steps,
-        command_line=tuple(command_line),
-    )

@@ -59,11 +59,26 @@ def checkpoint_problems(path: str | Path) -> list:
     return problems
 
 
+HF_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
 def hf_repo(path: str) -> str:
     """``"hf://rail-berkeley/octo-small"`` -> ``"rail-berkeley/octo-small"``."""
     repo = path[len(HF_PREFIX) :].strip("/")
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise ConfigError(f"pretrained_path {path!r}; expected hf://<owner>/<name>")
+    # The Hub's own rule for a repo id: letters, digits, '-', '_', '.', not starting or ending with '-' or '.', no
+    # "..", 96 characters at most ("hf://../../etc" and "hf://$(...)/x" are not names, and go nowhere near a path).
+    parts = repo.split("/")
+    if (
+        len(parts) != 2
+        or len(repo) > 96
+        or ".." in repo
+        or not all(HF_NAME.fullmatch(part) for part in parts)
+    ):
+        raise ConfigError(
+            f"pretrained_path {path[:120]!r}",
+            "hf://<owner>/<name>, each of letters, digits, '-', '_' and '.' (e.g. hf://rail-berkeley/octo-small)",
+            "--config.pretrained_path=hf://rail-berkeley/octo-small, or a local directory",
+        )
     return repo
 
 

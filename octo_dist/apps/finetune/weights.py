@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
+from octo_dist.apps.finetune.configfile import ConfigError
 from octo_dist.apps.finetune.checks import (
     DEFAULT_HF_MODEL,
     HF_PREFIX,
@@ -140,7 +141,16 @@ def main(args) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    local_dir = args.local_dir or os.path.join("weights", args.source.rstrip("/").split("/")[-1])
+    try:
+        repo = hf_repo(args.source)  # "hf://../../etc", "hf://a/b/c": one line before any download
+    except ConfigError as e:
+        print(
+            f"octo-dist weights: error: source {args.source[:120]!r}; expected {e.expected}. "
+            f"Fix: octo-dist weights {DEFAULT_HF_MODEL}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    local_dir = args.local_dir or os.path.join("weights", repo.split("/")[-1])
     try:
         out = download(args.source, local_dir)
     except WeightsError as e:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from typing import List, Mapping, Optional, Tuple
 
+from octo_dist import savelayout
 from octo_dist.jobs.schedulers.base import Scheduler
 
 NODE_LIST_ENV = (
@@ -110,7 +111,7 @@ class MpirunScheduler(Scheduler):
         return None
 
     def launcher(self, job):
-        node_list = os.path.join(job.job_dir, "nodes")
+        node_list = os.path.join(job.job_dir, savelayout.NODE_LIST)
         shutil.copyfile(job.env[self.hostfile_var], node_list)
         exports = {NODE_LIST_ENV: node_list}
         for name, value in KEEPALIVE.items():

@@ -3,6 +3,13 @@ directory, which every node sees): ``failed/rank-N`` when the rank exits non-zer
 
 The supervisor reads the notes: the first failure names the rank and node, and a launcher that exits 0 while some
 rank left no ``done`` note (its node was lost) fails the job.
+
+A rank stopped on its node (SIGSTOP, a debugger's attach gone wrong) holds every other rank in its next collective
+until JAX's coordination service gives up (about 100 s, and it names rank 0, which hosts the service). The guard
+looks at its rank's state once a second: stopped for ``STOPPED_LIMIT`` checks in a row while the guard itself ran,
+it is ended and noted as hung, naming its node, so the job ends within a minute naming the right rank. A
+scheduler's suspend (qmod -s, scontrol suspend) stops the guard too: its checks do not run meanwhile and are not
+counted.
 """
 
 from __future__ import annotations
@@ -12,10 +19,16 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, Tuple
+
+from octo_dist import savelayout
 
 # Forwarded to the rank as they come; each rank treats them as "checkpoint and stop".
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPPED_LIMIT = 20  # checks, one a second, that find the rank stopped before it is ended as hung
+CHECK_S = 1.0
+HUNG_STATUS = 137  # as a SIGKILLed rank reports it
+
 # The launcher's rank variables, first found wins: Open MPI 4/5, PMIx, SLURM, MPICH. "3"
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK")
 
@@ -30,19 +43,52 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def write_note(job_dir: str, rank: str, status: int, host: str) -> None:
-    """The rank's note: ``failed/rank-1`` "rank 1 on g0001 exited with status 2", or ``done/rank-1``."""
-    sub, text = (
-        ("failed", f"rank {rank} on {host} exited with status {status}")
-        if status
-        else ("done", f"rank {rank} on {host}")
-    )
+def write_note(job_dir: str, rank: str, status: int, host: str, hung: str = "") -> None:
+    """The rank's note: ``failed/rank-1`` "rank 1 on g0001 exited with status 2" ("rank 1 on g0001 hung: stopped
+    (SIGSTOP) for 20 s, ended with status 137"), or ``done/rank-1``. The status ends it: the supervisor reads it
+    there."""
+    text = f"rank {rank} on {host}"
+    if status:
+        text += f" {hung} with status {status}" if hung else f" exited with status {status}"
+    note = savelayout.rank_note(job_dir, bool(status), rank)
     try:
-        os.makedirs(os.path.join(job_dir, sub), exist_ok=True)
-        with open(os.path.join(job_dir, sub, f"rank-{rank}"), "w") as f:
+        os.makedirs(os.path.dirname(note), exist_ok=True)
+        with open(note, "w") as f:
             f.write(text + "\n")
     except OSError:
         pass  # the note is a courtesy: the rank's own status still reaches the launcher
+
+
+def process_state(pid: int, proc_root: str = "/proc") -> str:
+    """The kernel's one-letter state of ``pid`` (``/proc/PID/stat``: "4242 (python3) T 1 ..." -> "T"); "" when
+    unreadable. The command name may hold spaces and parentheses: the state follows the last ")"."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    rest = text[text.rfind(")") + 1 :].split()
+    return rest[0] if rest else ""
+
+
+def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, str]:
+    """(the rank's exit status, "" or why it was ended as hung): a rank found stopped (state T or t)
+    ``STOPPED_LIMIT`` checks in a row is killed (``HUNG_STATUS``)."""
+    stopped = 0
+    while True:
+        try:
+            return exit_status(proc.wait(CHECK_S)), ""
+        except subprocess.TimeoutExpired:
+            pass
+        stopped = stopped + 1 if process_state(proc.pid) in ("T", "t") else 0
+        if stopped < STOPPED_LIMIT:
+            continue
+        try:
+            proc.kill()
+        except OSError:
+            pass
+        proc.wait()
+        return HUNG_STATUS, f"hung: stopped (SIGSTOP) for {stopped} s, ended"
 
 
 def main(job_dir: str, command: Sequence[str]) -> int:
@@ -68,6 +114,7 @@ def main(job_dir: str, command: Sequence[str]) -> int:
         return 127
     for signum in pending:
         forward(signum, None)
-    status = exit_status(procs[0].wait())
-    write_note(job_dir, rank_of(os.environ), status, socket.gethostname())
+    rank, host = rank_of(os.environ), socket.gethostname()
+    status, hung = wait_watching(procs[0], rank, host)
+    write_note(job_dir, rank, status, host, hung)
     return status

@@ -19,6 +19,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding octo
 MODULES = (
     "octo_dist/__init__.py",
     "octo_dist/problems.py",
+    "octo_dist/savelayout.py",
     "octo_dist/jobs/__init__.py",
     "octo_dist/jobs/settings.py",
 )

@@ -1,0 +1,94 @@
+"""The training programs a job runs on every rank, and which of their flags carry the job's settings.
+
+The one place the job's settings meet each program's flag names (``COMMANDS``); ``render`` builds the ranks' argv
+from it, ``spec.build`` checks that the user's own flags after ``--`` do not set the same things twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence, Tuple
+
+# Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
+# srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
+# scheduler sets CUDA_VISIBLE_DEVICES per node (a shared rt_HG node), and node 0's value is wrong elsewhere.
+FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
+FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """How to start one training program on every rank, and which of its flags carry the job's settings.
+
+    ``program`` is looked up in the venv's ``bin/`` (no container) or on the image's PATH; a flag that is None
+    is not passed (the program has no such setting: the script still exports WANDB_MODE, which wandb reads).
+    """
+
+    program: tuple
+    batch: str  # the GLOBAL batch (examples per step over all ranks)
+    steps: str
+    save_dir: str
+    data_dir: Optional[str]
+    wandb_mode: Optional[str]
+    resume: Optional[str]
+    compile_cache: str
+    devices: str  # the GPUs each rank binds, given when more than one: "--devices-per-process=2"
+    environment: tuple = ()  # (name, value, why) exported by the script and passed to every rank
+
+
+# The one place the job's settings meet each program's flag names.
+COMMANDS = {
+    "smoke": Command(
+        ("octo-dist", "smoke"),
+        batch="--global-batch",
+        steps="--steps",
+        save_dir="--save-dir",
+        data_dir=None,
+        wandb_mode="--wandb-mode",
+        resume="--resume",
+        compile_cache="--compile-cache",
+        devices="--devices-per-process",
+    ),
+    "finetune": Command(
+        ("octo-dist", "finetune"),
+        batch="--config.batch_size",
+        steps="--config.num_steps",
+        save_dir="--config.save_dir",
+        data_dir="--config.dataset_kwargs.data_dir",
+        wandb_mode=None,
+        resume="--resume",
+        compile_cache="--compile_cache",
+        devices="--devices-per-process",
+        environment=(
+            (
+                "HF_HUB_OFFLINE",
+                "1",
+                "no download on every rank (compute nodes may be "
+                "offline): weights and T5 tokenizer from `make weights` on a login node",
+            ),
+        ),
+    ),
+}
+DEFAULT_COMMAND = "smoke"
+
+# A checker for a training command's arguments: raises ValueError (one line naming the bad flag and the closest
+# valid one) when the program would refuse them. Supplied by the caller, so jobs/ never imports the applications.
+Checker = Callable[[Sequence[str]], None]
+
+
+def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
+    """(the config file's flag, the rest): ml_collections refuses ``--config.save_dir=...`` before ``--config=FILE``
+    ("Found --config.save_dir in argv before a value for --config was specified"), and the job's own
+    ``--config.<field>`` settings come before the user's flags, so ``--config=`` / ``--config FILE`` go first."""
+    first, rest, i = [], [], 0
+    args = list(args)
+    while i < len(args):
+        if args[i].startswith("--config="):
+            first.append(args[i])
+        elif args[i] == "--config" and i + 1 < len(args):
+            first += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(args[i])
+        i += 1
+    return first, rest

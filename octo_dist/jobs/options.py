@@ -1,0 +1,316 @@
+"""``octo-dist launch``'s options: ``LaunchOptions``, one field per flag, from which the parser, the defaults files'
+keys and ``--show-defaults`` are generated; each scheduler adds its own (``Scheduler.options``). Pure data and
+help text: ``spec.build`` validates the options into a ``JobSpec``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional, Tuple
+
+from octo_dist.jobs import schedulers
+from octo_dist.jobs import settings as job_settings
+
+WANDB_MODES = job_settings.WANDB_MODES
+DEFAULT_STOP_MARGIN_S = (
+    300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
+)
+DEFAULT_COMPILE_CACHE = (
+    ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
+)
+
+
+def scheduler_names() -> Tuple[str, ...]:
+    """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
+    return tuple(schedulers.SCHEDULERS)
+
+
+def _opt(
+    default,
+    help: str,
+    group: str,
+    *,
+    flag: Optional[str] = None,
+    in_header: bool = True,
+    needs: str = "",
+    **argparse_kwargs,
+):
+    """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
+
+    ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
+    scheduler's ``launch`` help is filled in with its own values (``launch_help``). ``needs``: a scheduler
+    attribute the option only makes sense with (``"resource_types"``): offered where it is not empty.
+    """
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "help": help,
+            "group": group,
+            "flag": flag,
+            "in_header": in_header,
+            "needs": needs,
+            "argparse": argparse_kwargs,
+        },
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """Every choice ``octo-dist launch`` takes; argparse fills one from the command line (``jobs.cli``)."""
+
+    scheduler: str = "pbs"
+    train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
+    # The scheduler's own options given (Scheduler.options), as (name, value) pairs: (("partition", "gpu"),).
+    site: tuple = ()
+    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
+    resource_type: Optional[str] = _opt(
+        None,
+        "{resource_types} (default: {resource_type})",
+        "resources",
+        needs="resource_types",  # only ABCI 3.0's PBS has resource types here
+    )
+    gpus_per_node: Optional[int] = _opt(
+        None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
+    )
+    ranks_per_node: Optional[int] = _opt(
+        None,
+        "processes per node (default: GPUs per node / --devices-per-rank, one per GPU without it)",
+        "resources",
+        type=int,
+    )
+    devices_per_rank: Optional[int] = _opt(
+        None,
+        "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
+        "(default: GPUs per node / ranks per node)",
+        "resources",
+        type=int,
+    )
+    cpus_per_rank: Optional[int] = _opt(
+        None,
+        "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
+        "resources",
+        type=int,
+    )
+    walltime: str = _opt(
+        "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
+    )
+    group: Optional[str] = _opt(None, "{group_help}", "resources")  # + the scheduler's group_flags
+    name: str = _opt("octo-dist", "job name (default: {default})", "resources")
+    directives: Optional[tuple] = _opt(
+        None,
+        "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
+        "what the header already sets is refused (default: none)",
+        "site",
+        action="append",
+        flag="--directive",
+        metavar="TEXT",
+    )
+    modules: Optional[tuple] = _opt(
+        None,
+        "environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
+        "resources",
+        action="append",
+        flag="--module",
+    )
+    image: Optional[str] = _opt(
+        None,
+        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+        "environment",
+    )
+    skip_image_check: bool = _opt(
+        False,
+        "the image exists only on the cluster: do not look for it here; the script "
+        "checks it when the job starts (default: off)",
+        "environment",
+        action="store_true",
+    )
+    venv: str = _opt(
+        ".venv", "environment to run from without an image (default: {default})", "environment"
+    )
+    bind: Optional[tuple] = _opt(
+        None,
+        "extra directory to bind into the image, repeatable (default: {binds})",
+        "environment",
+        action="append",
+    )
+    coordinator: Optional[str] = _opt(
+        None,
+        "HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
+        "environment",
+    )
+    per_gpu_batch: Optional[int] = _opt(
+        None,
+        "examples per GPU per step; the global batch is this x GPUs per node x "
+        "nodes, however many GPUs each rank has (default: the command's own)",
+        "training",
+        type=int,
+    )
+    global_batch: Optional[int] = _opt(
+        None,
+        "examples per step over all GPUs, a multiple of their number (default: the command's own)",
+        "training",
+        type=int,
+    )
+    steps: Optional[int] = _opt(
+        None, "optimizer steps (default: the command's own)", "training", type=int
+    )
+    keep_samples_from: Optional[int] = _opt(
+        None,
+        "--steps were planned for this global batch: scale them so the job "
+        "sees as many examples (default: no scaling)",
+        "training",
+        type=int,
+        metavar="BATCH",
+    )
+    save_dir: str = _opt(
+        "runs/octo-dist",
+        "checkpoint directory, bound into the image (default: {default})",
+        "training",
+    )
+    data_dir: Optional[str] = _opt(
+        None, "dataset directory for finetune, bound into the image (default: none)", "training"
+    )
+    compile_cache: str = _opt(
+        DEFAULT_COMPILE_CACHE,
+        "JAX's persistent compilation cache, shared by the nodes and by "
+        "later jobs so a resubmission does not recompile; empty: off "
+        "(default: {default})",
+        "training",
+    )
+    wandb_mode: str = _opt(
+        "offline",
+        "online needs WANDB_API_KEY or a key file only you can read (default: {default})",
+        "training",
+        choices=WANDB_MODES,
+    )
+    resume: bool = _opt(
+        True,
+        "do not pass the command's resume flag (default: resume from --save-dir)",
+        "training",
+        action="store_false",
+        flag="--no-resume",
+    )
+    stop_margin: int = _opt(
+        DEFAULT_STOP_MARGIN_S,
+        "seconds before the wall time at which every rank checkpoints and "
+        "stops (default: {default})",
+        "training",
+        type=int,
+        metavar="SECONDS",
+    )
+    dry_run: bool = _opt(
+        False,
+        "print the script instead of writing it (default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    output: Optional[str] = _opt(
+        None,
+        "file to write (default: octo-dist-{scheduler}.sh)",
+        "output",
+        flag="-o",
+        in_header=False,
+    )
+    show_defaults: bool = _opt(
+        False,
+        "print every option's value and where it came from: the command line, "
+        "~/.config/octo-dist/launch.ini, ./octo-dist.ini or built in; write nothing "
+        "(default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    submit: bool = _opt(
+        False,
+        "submit the written script ({submit}) and print the job id and its log (default: off)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
+    chain: Optional[int] = _opt(
+        None,
+        "submit N jobs, each held until the one before has ended ({depend}); a job "
+        "trains only when the one before did not fail, and resumes from its checkpoints; "
+        "at most 50 (default: one job)",
+        "output",
+        type=int,
+        metavar="N",
+        in_header=False,
+    )
+
+    def changed(self) -> list:
+        """``(flag, value)`` for every option that differs from its default, in field order, then the
+        scheduler's own: the header's line."""
+        out = []
+        for f in option_fields():
+            value = getattr(self, f.name)
+            if value == f.default or not f.metadata["in_header"]:
+                continue
+            out.append((flag_of(f, self.scheduler), value))
+        given = dict(self.site)
+        for opt in (
+            schedulers.get(self.scheduler).options
+            if self.scheduler in schedulers.SCHEDULERS
+            else ()
+        ):
+            if given.get(opt.name) not in (None, opt.default, ()):
+                out.append((opt.option, given[opt.name]))
+        return out
+
+    def site_values(self) -> dict:
+        """Every option of the scheduler's own, given or its default: ``{"pe": "mpi", "queue": None}``; and any
+        other scheduler's given (a refusal names it)."""
+        given = dict(self.site)
+        own = schedulers.get(self.scheduler).options
+        return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
+
+
+def option_fields() -> list:
+    """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
+    return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
+
+
+def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
+    """The option's flag; with a scheduler, in that scheduler's words (``group`` on slurm: ``--account``)."""
+    own = schedulers.get(scheduler).group_flags if field.name == "group" and scheduler else ()
+    return own[0] if own else field.metadata["flag"] or "--" + field.name.replace("_", "-")
+
+
+def offered(field: dataclasses.Field, scheduler: str) -> bool:
+    """Whether ``launch SCHEDULER`` has this option (``--resource-type`` only where there are resource types)."""
+    needs = field.metadata.get("needs")
+    return not needs or bool(getattr(schedulers.get(scheduler), needs))
+
+
+def launch_help(scheduler: str) -> Mapping[str, str]:
+    """The values each scheduler's ``launch --help`` fills into the option help lines."""
+    s = schedulers.get(scheduler)
+    rt = s.resource_types.get(s.default_resource_type or "")
+    modules = " ".join(s.default_modules + s.image_modules) or "none"
+    if s.image_modules:
+        modules = f"{' '.join(s.default_modules)}, plus {' '.join(s.image_modules)} with --image"
+    binds = " ".join(s.default_binds("GROUP"))
+    return {
+        "scheduler": scheduler,
+        "prefix": s.directive_prefix,
+        "resource_types": (
+            "resource type: " + "; ".join(f"{k} ({v.about})" for k, v in s.resource_types.items())
+            if s.resource_types
+            else "not used: no resource types on this scheduler, give --gpus-per-node"
+        ),
+        "resource_type": s.default_resource_type or "none",
+        "gpus_per_node": f"the resource type's, {rt.gpus} on {s.default_resource_type}"
+        if rt
+        else "none, required",
+        "cpus_per_rank": (
+            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {s.default_resource_type}"
+            if rt
+            else "0, none bound"
+        ),
+        "group_help": s.group_help,
+        "modules": modules,
+        "binds": f"{binds} with --group" if binds else "none",
+        "submit": s.submit_program,
+        "depend": s.depend_help or f"{s.submit_program} after the one before",
+    }

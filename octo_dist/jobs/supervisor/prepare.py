@@ -1,0 +1,145 @@
+"""What the job runtime checks and builds before any rank starts: the job's directories, the chain's previous job,
+how the ranks are run (the image or the venv), and the wandb key. Each refusal is a :class:`JobFailed`: one line,
+exit 2, no rank started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, List, Tuple
+
+from octo_dist import savelayout
+from octo_dist.jobs.settings import JobSettings
+from octo_dist.problems import Problem
+
+# Where octo-dist's key file is; WANDB_API_KEY in the environment wins. The key itself is never in the script.
+KEY_FILE_ENV = "WANDB_KEY_FILE"
+
+
+class JobFailed(Problem):
+    """Ends the job before its ranks start, after one line (found; expected; fix): exit 2 unless told."""
+
+    exit_status = 2
+
+
+def make_directory(what: str, path: str, option: str) -> str:
+    """Makes ``path`` (and its parents) and returns it absolute; one line naming it when it cannot be made:
+    ``/etc/passwd/x`` (a file on the way), ``/proc/x``, a name longer than the file system takes."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(20, "not a directory")
+    except OSError as e:
+        shown = path if len(path) <= 80 else path[:77] + "..."
+        raise JobFailed(
+            f"{what} directory {shown!r} cannot be made from {os.getcwd()} ({e.strerror or e}); expected a "
+            f"directory this job can write. Fix: re-render with {option} PATH"
+        ) from None
+    return os.path.abspath(path)
+
+
+def previous_job(save_dir: str, after: str, note: Callable[[str], None]) -> None:
+    """A chained job trains only when the job before it (``after``: "12345.pbs1") finished or stopped for the wall
+    time (its exit file says 0); one that left no exit file was ended by the scheduler: resume all the same."""
+    previous = savelayout.exit_file(save_dir, after)
+    if not os.path.isfile(previous):
+        note(
+            f"the previous job of this chain ({after}) left no exit status (ended by the scheduler?): "
+            "resuming from the last checkpoint"
+        )
+        return
+    with open(previous) as f:
+        was = f.read().strip()
+    if was != "0":
+        raise JobFailed(
+            f"the previous job of this chain ({after}) failed with exit {was}: not training; expected it "
+            "to finish or to stop for the wall time. Fix: read its log, then submit again (octo-dist "
+            "launch ... --submit)"
+        )
+
+
+def data_directory(path: str) -> str:
+    """The dataset directory, absolute; "" for none. It must exist where the job starts."""
+    if not path:
+        return ""
+    if not os.path.isdir(path):
+        raise JobFailed(
+            f"data directory {path} not found from {os.getcwd()}; expected the dataset directory. "
+            "Fix: re-render with --data-dir PATH"
+        )
+    return os.path.abspath(path)
+
+
+def rank_runner(
+    s: JobSettings, env: dict, mounts: List[str], note: Callable[[str], None]
+) -> Tuple[List[str], str]:
+    """(what every rank's command runs inside, the directory its program is found in): ``singularity exec
+    --nv --bind ... IMAGE`` and "" (the image's PATH), or ``[]`` and ``"/abs/venv/bin/"``. ``mounts``: the job's
+    absolute directories every rank needs (save, data, cache), bound into the image."""
+    if not s.software.image:
+        venv = s.software.venv
+        if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
+            raise JobFailed(
+                f"no {venv}/bin/python; expected the octo-dist environment (make env PROFILE=cuda11). Fix: "
+                "build it, or re-render with --venv PATH or --image FILE.sif"
+            )
+        return [], os.path.join(os.path.abspath(venv), "bin") + os.sep
+    image = s.software.image
+    if not os.path.isfile(image):
+        raise JobFailed(
+            f"image {image} not found; expected the .sif this job was rendered for. Fix: copy it there, "
+            "or re-render with --image PATH"
+        )
+    image = os.path.abspath(image)  # as the binds: every node sees it
+    # An absolute path: the ranks on other nodes do not get this node's PATH from the module providing it.
+    singularity = shutil.which("singularity", path=env.get("PATH", ""))
+    if not singularity:
+        raise JobFailed(
+            "no singularity command; expected SingularityCE/PRO on the node. Fix: module load "
+            "singularitypro (if your site has it), or re-render with --module"
+        )
+    # --nv brings the host's NVIDIA driver in; the binds put checkpoints, data, the compilation cache, the
+    # job's node list and the group area at the same paths inside.
+    run = [os.path.abspath(singularity), "exec", "--nv"]
+    for d in mounts:
+        if d:
+            run += ["--bind", d]
+    for d in s.software.binds:
+        if os.path.isdir(d):
+            run += ["--bind", os.path.abspath(d)]
+        else:
+            note(f"not binding {d}: no such directory on this node")
+    # The image has no MPI library: octo-dist must not call into mpi4py there (it would fail, or hang).
+    env["OCTO_DIST_NO_MPI4PY"] = "1"
+    return [*run, image], ""
+
+
+def wandb_key(env: dict) -> None:
+    """The key comes from the environment, or from a file only you can read; never from the script: sets
+    ``env["WANDB_API_KEY"]`` from the file when that is where it is."""
+    if env.get("WANDB_MODE") != "online" or env.get("WANDB_API_KEY"):
+        return
+    home = env.get("HOME", os.path.expanduser("~"))
+    key_file = env.get(KEY_FILE_ENV) or os.path.join(home, ".config", "octo-dist", "wandb_api_key")
+    if os.path.isfile(key_file):
+        mode = os.stat(key_file).st_mode & 0o777
+        if mode & 0o077 or not mode & 0o400:
+            raise JobFailed(
+                f"{key_file} has mode {mode:o}; expected 600 or 400 (readable by you only). "
+                f"Fix: chmod 600 {key_file}"
+            )
+        with open(key_file) as f:
+            env["WANDB_API_KEY"] = "".join(f.read().split())
+        return
+    try:
+        with open(os.path.join(home, ".netrc")) as f:
+            if "api.wandb.ai" in f.read():
+                return
+    except OSError:
+        pass
+    raise JobFailed(
+        f"WANDB_MODE=online but no wandb key: WANDB_API_KEY is unset, {key_file} does not exist and "
+        f"~/.netrc has no api.wandb.ai entry. Fix: (umask 077; cat >{key_file}) and paste the key, or wandb "
+        "login, or re-render with --wandb-mode offline"
+    )

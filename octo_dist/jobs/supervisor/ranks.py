@@ -1,0 +1,204 @@
+"""The scheduler's launcher over every rank, one run at a time (the preflight, then the training).
+
+A rank that fails leaves a note (``rankguard``); a launcher still running ``FAILED_GRACE_S`` after the first one
+(mpirun waiting for a node it lost) is ended, so a dead job never holds its nodes until the wall time; a launcher
+that exits 0 while some rank never said it finished fails the job, naming the ranks that are missing. Where the
+scheduler has a node probe (SLURM: srun has no keepalive), a node it cannot reach ends the launcher, named.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from typing import Callable, List, Optional
+
+from octo_dist import savelayout
+
+FAILED_GRACE_S = 20  # a launcher still running this long after a rank failed is ended
+END_WAIT_S = 10  # after SIGTERM to the launcher's group, this long before SIGKILL
+NODE_PROBE_S = (
+    15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
+)
+POLL_S = 0.5
+
+
+def exit_status(returncode: int) -> int:
+    """Popen's returncode as a shell gives it: -9 (SIGKILL) -> 137."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def first_failure(job_dir: str) -> str:
+    """The oldest note: the rank that failed first, not one the launcher ended after it."""
+    failed = os.path.join(job_dir, savelayout.FAILED)
+    try:
+        notes = [os.path.join(failed, n) for n in os.listdir(failed)]
+        notes.sort(key=lambda p: (os.stat(p).st_mtime_ns, p))
+        with open(notes[0]) as f:
+            return f.read().strip()
+    except (OSError, IndexError):
+        return ""
+
+
+def missing_ranks(job_dir: str, ranks: int) -> List[int]:
+    """The ranks of ``range(ranks)`` that left no note saying they finished."""
+    done = os.path.join(job_dir, savelayout.DONE)
+    try:
+        finished = set(os.listdir(done))
+    except OSError:
+        finished = set()
+    return [r for r in range(ranks) if f"rank-{r}" not in finished]
+
+
+class Launcher:
+    """Runs commands on every rank under the scheduler's launcher; ``job`` is the supervisor (its ``env``,
+    ``note``, ``scheduler``, ``nodes``, ``ranks``, ``job_dir``, ``clock`` and ``stop``)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.proc: Optional[subprocess.Popen] = None  # the launcher, while it runs
+        self.rank_failure = ""  # "rank 1 on g0001 exited with status 2": the first rank that failed
+        self.launcher_status = 0  # what the launcher itself exited with
+
+    def signal(self, sig) -> None:
+        """Sends ``sig`` to the launcher while it runs (mpirun and srun forward SIGUSR1 to every rank)."""
+        proc = self.proc
+        # Until it is reaped the launcher's pid cannot be reused: kill is safe while returncode is None.
+        if proc is not None and proc.returncode is None:
+            try:
+                os.kill(proc.pid, sig)
+            except OSError:
+                pass
+
+    def _end(self) -> None:
+        """A rank failed and the launcher has not ended the others by itself: TERM its group, then KILL."""
+        self.job.note(
+            f"the launcher is still running {FAILED_GRACE_S}s after a rank failed: ending it"
+        )
+        pid = self.proc.pid
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(END_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def _probe_nodes(self, finished: threading.Event) -> None:
+        """While the launcher runs: a probe that fails naming a node ends the launcher, naming the node; one that
+        fails naming none (a busy controller) only leaves a note."""
+        scheduler, note = self.job.scheduler, self.job.note
+        probe = scheduler.node_probe(self.job.nodes)
+        while probe and not finished.wait(NODE_PROBE_S):
+            try:
+                done = subprocess.run(
+                    list(probe),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=self.job.env,
+                    timeout=120,
+                )
+            except (OSError, subprocess.SubprocessError) as e:
+                note(f"a node probe failed, not ending the job: {e}")
+                continue
+            if done.returncode == 0 or finished.is_set():
+                continue
+            said = " ".join(done.stderr.split("\n")).strip()
+            node = scheduler.lost_node(said)
+            if not node:
+                note(f"a node probe failed, not ending the job: {said}")
+                continue
+            note(
+                f"node {node} cannot be reached by {scheduler.title}: ending the job step ({said})"
+            )
+            self.signal(signal.SIGTERM)
+            if finished.wait(END_WAIT_S):
+                return
+            self.signal(signal.SIGKILL)
+            return
+
+    def run(self, argv: List[str], tick: Callable[[], None]) -> int:
+        """Runs ``argv`` (the launcher's line) once; its status, the first failed rank's when one failed.
+        ``tick`` is called every ``POLL_S`` while it runs (the supervisor's own timer)."""
+        job = self.job
+        for sub in (savelayout.FAILED, savelayout.DONE):
+            shutil.rmtree(os.path.join(job.job_dir, sub), ignore_errors=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, env=job.env, start_new_session=True
+        )
+        if job.stop:  # a stop that came while it was starting has not reached it yet
+            self.signal(signal.SIGUSR1)
+        finished = threading.Event()
+        threading.Thread(target=self._probe_nodes, args=(finished,), daemon=True).start()
+        failed_at, failure = None, ""
+        try:
+            while self.proc.poll() is None:
+                try:
+                    self.proc.wait(POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                tick()
+                if failed_at is None:
+                    failure = first_failure(job.job_dir)
+                    if failure:
+                        failed_at = job.clock()
+                        job.note(failure)
+                if (
+                    failed_at is not None
+                    and job.clock() - failed_at >= FAILED_GRACE_S
+                    and self.proc.poll() is None
+                ):
+                    self._end()
+                    break
+            status = exit_status(self.proc.wait())
+        finally:
+            finished.set()
+        if (
+            failed_at is None and status != 0
+        ):  # the launcher ended them itself: say which rank it was
+            failure = first_failure(job.job_dir)
+            if failure:
+                job.note(failure)
+        self.proc = None
+        return self._verdict(status, failure, failed_at is not None)
+
+    def _verdict(self, status: int, failure: str, failed: bool) -> int:
+        # The rank that failed first decides the job's status and final line, not what the launcher exits with
+        # after it: Open MPI 5.0.8's prterun may abort itself (134) while it ends a job whose rank refused to
+        # start (2).
+        self.launcher_status = status
+        self.rank_failure = failure
+        last = failure.rsplit(" ", 1)[-1] if failure else ""
+        if last.isdigit():
+            status = int(last)
+        if failed and status == 0:
+            status = 1
+        if status == 0:
+            missing = missing_ranks(self.job.job_dir, self.job.ranks)
+            if missing:
+                self.job.note(
+                    f"the launcher exited 0 but rank(s) {' '.join(map(str, missing))} never finished (their "
+                    "node was lost, or they were killed): failing the job"
+                )
+                status = 1
+        return status
+
+    def outcome(self, status: int) -> str:
+        """ ": rank 1 on g0001 exited with status 2 (the launcher then exited with status 134)"; " (exit 1)"."""
+        if not self.rank_failure:
+            return f" (exit {status})"
+        then = (
+            ""
+            if self.launcher_status == status
+            else f" (the launcher then exited with status {self.launcher_status})"
+        )
+        return f": {self.rank_failure}{then}"
