@@ -104,3 +104,21 @@ def test_weights_refuses_a_source_that_is_no_hub_name_in_one_line(source, tmp_pa
     assert (
         list(tmp_path.iterdir()) == []
     )  # nothing downloaded, no weights/ directory, no file called x
+
+
+def test_an_older_python_gets_one_line_from_octo_dist_not_a_syntax_error():
+    code = (
+        "import sys, runpy; sys.version_info = (3, 8, 10, 'final', 0); "
+        "runpy.run_module('octo_dist', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "launch", "pbs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "octo-dist: error: Python 3.8 ("
+    ) and "expected Python 3.9 or newer" in (proc.stderr)

@@ -161,3 +161,48 @@ def test_every_case_fails_for_its_own_reason():
     """Each case spoils the settings one way: the same text twice would hide a case that no longer fails."""
     texts = [text for text, _ in CASES.values()]
     assert len(set(texts)) == len(texts)
+
+
+def test_an_older_python_gets_one_line_from_the_runtime_not_a_syntax_error(runtime):
+    # The zipapp's first lines, run as Python 3.8 would see its version (no 3.8 is installed here).
+    code = (
+        "import sys, runpy; sys.version_info = (3, 8, 10, 'final', 0); "
+        "runpy.run_path(sys.argv[1], run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(runtime), "supervise", "{}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("octo-dist job runtime: error: Python 3.8 (")
+    assert "expected Python 3.9 or newer. Fix: put a newer python3 on PATH" in proc.stderr
+
+
+@pytest.mark.parametrize("cut", ["empty", "half"])
+def test_an_empty_or_cut_short_runtime_fails_the_job_in_one_line(tmp_path, cut):
+    """The rendered image job checks the runtime file before it runs it: python3 runs an empty file as nothing."""
+    image = tmp_path / "octo.sif"
+    image.write_text("")
+    script = tmp_path / "job.sh"
+    spec = parse(["pbs", "--nodes", "1", "--group", "g1", "--image", str(image), "--module", ""])
+    script.write_text(render.render(spec, "job.sh"))
+    # The real zipapp, cut where a full disk or a killed copy would have cut it.
+    whole = Path(zipapp.build(str(tmp_path / "whole.pyz"))).read_bytes()
+    bad = tmp_path / "runtime.pyz"
+    bad.write_bytes(b"" if cut == "empty" else whole[: len(whole) // 2])
+    proc = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OCTO_DIST_RUNTIME": str(bad)},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        f"octo-dist job: error: the job runtime {bad} is not a complete zipapp (empty, or cut short)"
+        in (proc.stderr)
+    )
+    assert not (tmp_path / "runs").exists()

@@ -319,6 +319,14 @@ REFUSALS = {
         ["sge", "--nodes", "1", "--gpus-per-node", "4", "--save-dir", "x" * 5000],
         "at most 4096",
     ),
+    "a launch flag after -- finetune": (
+        ["sge", "--nodes", "1", "--gpus-per-node", "4", "--", "finetune", "-o", "x.sh"],
+        "-o after -- finetune: it is octo-dist launch's",
+    ),
+    "a scheduler's flag after -- smoke": (
+        ["slurm", "--nodes", "1", "--gpus-per-node", "4", "--", "smoke", "--partition=gpu"],
+        "Fix: octo-dist launch slurm ... --partition=gpu -- smoke ...",
+    ),
     "pbs without a group": (["pbs", "--nodes", "1"], "qsub -P"),
     "slurm without gpus per node": (["slurm", "--nodes", "1"], "--gpus-per-node 8"),
     "resource type of another scheduler": (

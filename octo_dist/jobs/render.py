@@ -25,6 +25,9 @@ RUNTIME_FILE = (
     ".octo-dist-runtime.pyz"  # where an image job writes the image's runtime: the submit directory
 )
 
+# python3 -c: exit 0 only for a whole zip file (its central directory, written last, is there).
+ZIP_CHECK = "python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' \"$RUNTIME\" 2>/dev/null"
+
 BODY = """\
 # shellcheck disable=SC2016,SC1003  # values below are single-quoted data: a '$' or '\\' in them stays as it is
 # octo-dist job for @{title}: @{nodes} node(s) x @{ranks_per_node} rank(s), @{gpus_per_rank} GPU(s) per rank.
@@ -158,6 +161,10 @@ def _handover(spec: JobSpec, script_name: str) -> str:
         f"[ -f {image} ] || {{ {said}; exit 2; }}\n"
         f"RUNTIME=${{{RUNTIME_ENV}:-$PWD/{RUNTIME_FILE}}}  # the job runtime: the image's (octo-dist job-runtime -o FILE)\n"
         f'[ -n "${{{RUNTIME_ENV}:-}}" ] || singularity exec {image} octo-dist job-runtime -o "$RUNTIME" >/dev/null\n'
+        # An empty or cut-short file would run as nothing, and the job would "succeed" without training.
+        f"{ZIP_CHECK} || {{ printf '%s\\n' \"octo-dist job: error: the job runtime $RUNTIME is not a complete "
+        "zipapp (empty, or cut short); expected the file octo-dist job-runtime writes. Fix: unset "
+        f'{RUNTIME_ENV}, or write it again (singularity exec IMAGE octo-dist job-runtime -o FILE)" >&2; exit 2; }}\n'
         f'exec python3 "$RUNTIME" {args}'
     )
 

@@ -23,6 +23,8 @@ from octo_dist.jobs.options import (
     DEFAULT_STOP_MARGIN_S,
     WANDB_MODES,
     LaunchOptions,
+    flag_of,
+    option_fields,
     scheduler_names,
 )
 
@@ -634,6 +636,7 @@ def _training(o: LaunchOptions, alloc: _Allocation, checkers: Mapping[str, Check
         try:
             checker(argv)
         except ValueError as e:
+            _refuse_launch_flags(o, user_args, command_name)
             raise JobSpecError(
                 f"-- {command_name}: {e}",
                 f"flags that octo-dist {command_name} accepts",
@@ -669,3 +672,21 @@ def _check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Seque
             "the GPUs of each rank set by octo-dist launch, which also sizes the ranks and the batch",
             f"drop {cmd.devices} after -- and use --devices-per-rank",
         )
+
+
+def _refuse_launch_flags(o: LaunchOptions, user_args: Sequence[str], command_name: str) -> None:
+    """A flag of launch's own given after ``--`` (``-- finetune -o job.sh``): say where it belongs."""
+    own = {flag_of(f, o.scheduler) for f in option_fields()} | {
+        "--" + f.name.replace("_", "-") for f in option_fields()
+    }
+    own |= {opt.option for opt in schedulers.get(o.scheduler).options}
+    for i, arg in enumerate(user_args):
+        flag = arg.split("=", 1)[0]
+        if flag in own:
+            value = user_args[i + 1] if i + 1 < len(user_args) and "=" not in arg else ""
+            arg = f"{arg} {value}" if value and not value.startswith("-") else arg
+            raise JobSpecError(
+                f"{flag} after -- {command_name}: it is octo-dist launch's, and {command_name} has no such flag",
+                "launch's flags before --, the training command's after it",
+                f"octo-dist launch {o.scheduler} ... {arg} -- {command_name} ...",
+            )

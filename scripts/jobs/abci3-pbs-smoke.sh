@@ -24,6 +24,7 @@ if command -v module >/dev/null 2>&1; then module load hpcx/2.20; else printf '%
 [ -f /groups/gxx00000/octo-dist/octo-dist-cuda12.sif ] || { printf '%s\n' "octo-dist job: error: image "'/groups/gxx00000/octo-dist/octo-dist-cuda12.sif'" not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render with --image PATH" >&2; exit 2; }
 RUNTIME=${OCTO_DIST_RUNTIME:-$PWD/.octo-dist-runtime.pyz}  # the job runtime: the image's (octo-dist job-runtime -o FILE)
 [ -n "${OCTO_DIST_RUNTIME:-}" ] || singularity exec /groups/gxx00000/octo-dist/octo-dist-cuda12.sif octo-dist job-runtime -o "$RUNTIME" >/dev/null
+python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' "$RUNTIME" 2>/dev/null || { printf '%s\n' "octo-dist job: error: the job runtime $RUNTIME is not a complete zipapp (empty, or cut short); expected the file octo-dist job-runtime writes. Fix: unset OCTO_DIST_RUNTIME, or write it again (singularity exec IMAGE octo-dist job-runtime -o FILE)" >&2; exit 2; }
 exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "abci3-pbs-smoke.sh",
  "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
  "timing": {"walltime_s": 1800, "stop_margin_s": 300},

@@ -24,7 +24,16 @@ MODULES = (
     "octo_dist/jobs/settings.py",
 )
 PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
-MAIN = "import sys\nfrom octo_dist.jobs.supervisor.__main__ import main\nsys.exit(main())\n"
+# Written so that any Python 3 parses it: an older one gets one line, not a SyntaxError from the modules it imports.
+MAIN = """import sys
+if sys.version_info < (3, 9):
+    sys.stderr.write("octo-dist job runtime: error: Python %d.%d (%s); expected Python 3.9 or newer. Fix: put a "
+                     "newer python3 on PATH before the job runs it (ABCI: module load python/3.12)\\n"
+                     % (sys.version_info[0], sys.version_info[1], sys.executable))
+    sys.exit(2)
+from octo_dist.jobs.supervisor.__main__ import main
+sys.exit(main())
+"""
 
 
 def files() -> list:
