@@ -157,6 +157,24 @@ def test_a_resumed_job_continues_the_run_history():
     assert [losses[k] for k in range(4)] == [1.0, 0.9, 0.8, 0.7] and losses[4] == losses[5] == 0.5
 
 
+def test_a_job_that_left_no_summary_is_a_marked_gap_in_the_history(tmp_path):
+    first = one_job(0, 6, {k: 1.0 for k in range(6)})
+    jobs, losses = summary.history(None, first, {k: 1.0 for k in range(6)})
+    previous = {**first.as_json(), "losses": {str(k): v for k, v in losses.items()}, "jobs": jobs}
+    # A second job trained 6 -> 12, checkpointed at 10 and was killed: no summary. The third resumes at 10.
+    third = one_job(10, 14, {k: 0.5 for k in range(10, 14)})
+    jobs, losses = summary.history(previous, third, {k: 0.5 for k in range(10, 14)})
+    assert [(j["start_step"], j["end_step"]) for j in jobs] == [(0, 6), (6, 10), (10, 14)]
+    assert "not recorded" in jobs[1]["unrecorded"] and "unrecorded" not in jobs[2]
+    assert sorted(losses) == [*range(6), *range(10, 14)]
+    save = tmp_path / "run"
+    (save).mkdir()
+    (save / "summary.json").write_text(json.dumps(previous))
+    summary.write(save, third, {k: 0.5 for k in range(10, 14)})
+    written = json.loads((save / "summary.json").read_text())
+    assert [j.get("unrecorded", "") != "" for j in written["jobs"]] == [False, True, False]
+
+
 def test_a_new_run_or_another_command_starts_a_new_history():
     old = {**one_job(0, 6, {0: 1.0}).as_json(), "losses": {"0": 1.0}, "jobs": [{"start_step": 0}]}
     jobs, losses = summary.history(old, one_job(0, 3, {0: 2.0}), {0: 2.0})

@@ -229,7 +229,24 @@ def history(
     if not isinstance(jobs, list):  # a schema-1 summary: the one job it describes
         jobs = [{k: v for k, v in previous.items() if k in this_job}]
     kept = {int(k): v for k, v in (previous.get("losses") or {}).items() if int(k) < s.start_step}
-    return [*jobs, this_job], {**kept, **own}
+    return [*jobs, *unrecorded(jobs, s.start_step), this_job], {**kept, **own}
+
+
+def unrecorded(jobs: Sequence[Mapping], start_step: int) -> list:
+    """A marked gap where a job between the last recorded one and this one trained and checkpointed but wrote no
+    summary (killed by the scheduler, its node lost): last recorded end 100, this job's start 300 ->
+    ``[{"start_step": 100, "end_step": 300, "unrecorded": "..."}]``; nothing when they meet."""
+    last_end = jobs[-1].get("end_step") if jobs and isinstance(jobs[-1], Mapping) else None
+    if not isinstance(last_end, int) or start_step <= last_end:
+        return []
+    return [
+        {
+            "start_step": last_end,
+            "end_step": start_step,
+            "unrecorded": "a job ended without its summary (killed, or its node lost): these steps were "
+            "trained and checkpointed, their losses are not recorded",
+        }
+    ]
 
 
 def read_previous(path: Path) -> Optional[dict]:
@@ -267,7 +284,8 @@ def write(
         png_path,
         f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
         f"global batch {s.global_batch}",
-        job_starts=[j["start_step"] for j in jobs[1:]],
+        job_starts=[j["start_step"] for j in jobs[1:] if "unrecorded" not in j],
+        gaps=[(j["start_step"], j["end_step"]) for j in jobs if "unrecorded" in j],
     )
     return json_path, png_path
 
@@ -281,7 +299,11 @@ def smoothed(values: Sequence[float], span: int) -> list:
 
 
 def plot(
-    losses: Mapping[int, float], path: Path, title: str, job_starts: Sequence[int] = ()
+    losses: Mapping[int, float],
+    path: Path,
+    title: str,
+    job_starts: Sequence[int] = (),
+    gaps: Sequence[Tuple[int, int]] = (),
 ) -> None:
     """The loss by step as a PNG of PLOT_SIZE_PX, drawn without a display (matplotlib's Agg backend).
 
@@ -319,6 +341,8 @@ def plot(
             fontsize=8,
             color="0.35",
         )
+    for start, end in gaps:  # a job that left no summary: steps trained, losses not recorded
+        ax.axvspan(start, end, color="0.85", label="not recorded (a job ended without its summary)")
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
