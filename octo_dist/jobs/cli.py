@@ -37,7 +37,8 @@ COMMON_DESCRIPTION = (
 def add_parser(
     sub, checkers: Optional[Mapping[str, commands.Checker]] = None
 ) -> argparse.ArgumentParser:
-    """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments (see commands.Checker)."""
+    """Register ``launch``; ``checkers`` maps a training command to a Checker of its arguments
+    (see commands.Checker)."""
     p = sub.add_parser(
         "launch",
         help="render a job script for PBS (ABCI 3.0), Grid Engine or SLURM",

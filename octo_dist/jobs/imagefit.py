@@ -7,7 +7,8 @@ and ``octo-dist launch`` runs on a login node's bare Python, often where the ima
 profile is the ``cpu``/``cuda<N>`` word of the file name (``/groups/gxx00000/octo-dist/octo-dist_cuda11.sif`` ->
 ``cuda11``), and an image whose name carries none is not judged: a mismatch is refused only where it can be seen.
 
-Pure functions of two strings; the table of architectures is per resource type (ABCI's resource types are in ``schedulers/pbs.py``).
+Pure functions of two strings; the table of architectures is per resource type (ABCI's resource types are in
+``schedulers/pbs.py``).
 """
 
 from __future__ import annotations

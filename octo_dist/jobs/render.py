@@ -159,7 +159,8 @@ def _handover(spec: JobSpec, script_name: str) -> str:
     # The runtime is the image's own, written beside the job (the submit directory, which singularity binds).
     return (
         f"[ -f {image} ] || {{ {said}; exit 2; }}\n"
-        f"RUNTIME=${{{RUNTIME_ENV}:-$PWD/{RUNTIME_FILE}}}  # the job runtime: the image's (octo-dist job-runtime -o FILE)\n"
+        f"RUNTIME=${{{RUNTIME_ENV}:-$PWD/{RUNTIME_FILE}}}"
+        "  # the job runtime: the image's (octo-dist job-runtime -o FILE)\n"
         f'[ -n "${{{RUNTIME_ENV}:-}}" ] || singularity exec {image} octo-dist job-runtime -o "$RUNTIME" >/dev/null\n'
         # An empty or cut-short file would run as nothing, and the job would "succeed" without training.
         f"{ZIP_CHECK} || {{ printf '%s\\n' \"octo-dist job: error: the job runtime $RUNTIME is not a complete "

@@ -249,8 +249,8 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     """What :func:`build` takes for the options left unset that depend on others, for ``--show-defaults``.
 
     ``launch pbs`` with nothing set -> ``{"resource_type": "rt_HF", "gpus_per_node": 8, "ranks_per_node": 8,
-    "devices_per_rank": 1, "cpus_per_rank": 12, "modules": ("hpcx/2.20",)}`` (SLURM: no resource type, so only ``modules``); each
-    with the option it follows, as ``(value, "from --resource-type rt_HF")``."""
+    "devices_per_rank": 1, "cpus_per_rank": 12, "modules": ("hpcx/2.20",)}`` (SLURM: no resource type, so only
+    ``modules``); each with the option it follows, as ``(value, "from --resource-type rt_HF")``."""
     out: dict = {}
     scheduler = o.scheduler
     s = schedulers.get(scheduler)
