@@ -97,7 +97,7 @@ def fit(
     import jax
 
     from octo_dist.runtime import stopping
-    from octo_dist.engine import parallel, savedir
+    from octo_dist.engine import parallel, room, savedir
 
     rank = jax.process_index()
     fingerprint = dict(fingerprint or {})
@@ -142,8 +142,8 @@ def fit(
         kept_now = len(ckpt.kept_steps())
         savedir.check_space(
             cfg.save_dir,
-            savedir.state_nbytes(state),
-            savedir.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
+            room.state_nbytes(state),
+            room.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
             kept_now,
         )
         startclock.done("parameters")
