@@ -16,8 +16,9 @@ A step without that record (the job was killed between orbax's rename and the re
 decided once, before start-up, by :func:`decide` (read only): it verifies the steps newest first and picks the
 newest verified one (or the one asked for). The :class:`Decision` is passed down; when the directory is opened,
 process 0 moves each damaged newer step aside to ``<step>.damaged`` (kept for inspection; orbax ignores the name)
-with one warning naming the step and what is wrong, and every process restores the decided step. Pruning (``max_to_keep``) is done here, not by orbax, so that it
-runs only after the new step's record is written and never removes the newest verified step.
+with one warning naming the step and what is wrong, and every process restores the decided step. Pruning
+(``max_to_keep``) is done here, not by orbax, so that it runs only after the new step's record is written and never
+removes the newest verified step.
 
 ``NoCheckpoints`` is the stand-in when no save directory is configured.
 """

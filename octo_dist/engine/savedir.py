@@ -122,7 +122,10 @@ def describe_holder(holder: Mapping[str, Any]) -> str:
         if isinstance(started, (int, float))
         else "?"
     )
-    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, job {holder.get('job_id') or 'none'}, since {since}"
+    return (
+        f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+        f"job {holder.get('job_id') or 'none'}, since {since}"
+    )
 
 
 class RunLock:

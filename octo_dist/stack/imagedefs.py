@@ -1,4 +1,5 @@
-"""The container definitions (``Dockerfile``, ``singularity.def``, ``singularity-cuda12.def``) checked against env/stack.toml.
+"""The container definitions (``Dockerfile``, ``singularity.def``, ``singularity-cuda12.def``) checked against
+env/stack.toml.
 
 Both definitions pin their base image and run ``containers/install.sh`` for a profile; env/ is the
 one place those pins are decided. This module reads the definitions as text and reports every place
@@ -18,8 +19,9 @@ Conventions the checks rely on, written in both definitions:
 * one Singularity definition per GPU profile (:func:`definition_file`): ``singularity.def`` for ``cuda11`` (the
   first, whose name ``make sif`` and the README have always used), ``singularity-<profile>.def`` for the others
   (``singularity-cuda12.def``); each has ``From: <repo>@<digest>`` and the same labels.
-* GPU images (the ``cuda11``/``cuda12`` targets, the definitions) run ``containers/os-packages.sh ... --infiniband``, whose
-  ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`: without rdma-core's userland NCCL uses TCP sockets.
+* GPU images (the ``cuda11``/``cuda12`` targets, the definitions) run
+  ``containers/os-packages.sh ... --infiniband``, whose ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`:
+  without rdma-core's userland NCCL uses TCP sockets.
 """
 
 from __future__ import annotations
@@ -864,7 +866,8 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0]
+        prog="python -m octo_dist.stack.imagedefs",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
     )
     parser.add_argument(
         "command",
