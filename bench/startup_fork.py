@@ -12,11 +12,11 @@ process each, from a scratch directory, alternating (fork, octo-dist, then octo-
 * octo-dist's figures are the ones it writes to its run's ``summary.json``.
 
 Figures per run, on one definition for both: time to first step (process start, as ``harness.process_started``
-reads it, to the first step finished), steady step (median of the step-to-step intervals from the third step on), peak memory
-(the child's ``ru_maxrss`` from ``os.wait4``), wall (process creation to exit; octo-dist also writes its final
-checkpoint, which the fork does not do at ``save_interval > num_steps``). Prints the medians, the ratio octo-dist /
-fork next to its target, octo-dist's start-up phases and the command line; asserts nothing. Exits non-zero only when
-a run fails.
+reads it, to the first step finished), steady step (median of the step-to-step intervals from the third step on),
+peak memory (the child's ``ru_maxrss`` from ``os.wait4``), wall (process creation to exit; octo-dist also writes its
+final checkpoint, which the fork does not do at ``save_interval > num_steps``). Prints the medians, the ratio
+octo-dist / fork next to its target, octo-dist's start-up phases and the command line; asserts nothing. Exits
+non-zero only when a run fails.
 
 The pretrained model (unless --pretrained): a tiny Octo (``finetune_smoke_config.py``'s) trained 2 steps by
 ``octo-dist finetune`` on the same debug dataset at the fork config's image size (256x256) and window (1), which
@@ -297,7 +297,8 @@ def main() -> int:
     a = p.parse_args()
     if a.steps < 3 or a.rounds < 1:
         p.error(
-            f"--steps {a.steps} --rounds {a.rounds}: expected 3 steps or more (a steady step needs them) and 1 round or more"
+            f"--steps {a.steps} --rounds {a.rounds}: expected 3 steps or more (a steady step needs them) "
+            "and 1 round or more"
         )
     fork, why = locate_fork(a.fork)
     if fork is None:

@@ -37,7 +37,8 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get(CLUSTER_LONG_ENV, "") not in ("", "0"):
         return
     skip = pytest.mark.skip(
-        reason=f"a long real-scheduler scenario: {CLUSTER_LONG_ENV}=1 (make test as root and make cluster-smoke set it) runs it"
+        reason=f"a long real-scheduler scenario: {CLUSTER_LONG_ENV}=1 "
+        "(make test as root and make cluster-smoke set it) runs it"
     )
     for item in items:
         if "cluster_long" in item.keywords:

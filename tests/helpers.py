@@ -127,7 +127,10 @@ def json_lines(text: str) -> list:
 # Each rank's stdout and stderr go to files of their own: the lines of several ranks sharing one pipe interleave,
 # even mid-line (under PYTHONUNBUFFERED=1 `print` writes the text and the newline separately), so no test may parse
 # them from mpirun's stdout. `exec` keeps the rank's pid, so signals and `psutil` see the real process.
-RANK_OUTPUT = 'exec "$@" >"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.out" 2>"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.err"'
+RANK_OUTPUT = (
+    'exec "$@" >"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.out" '
+    '2>"$OCTO_DIST_TEST_RANK_DIR/$OMPI_COMM_WORLD_RANK.err"'
+)
 # mpirun start-up on a loaded 2-core machine (another job's 2 CPU hogs beside it) takes a few seconds per rank
 # before JAX even imports: tests give it minutes, not the seconds it takes on a quiet machine.
 MPI_TIMEOUT = 300

@@ -3,8 +3,9 @@
 ``tests/cluster/`` makes the cluster: nodes ``node001``/``node002`` as network + UTS + mount namespaces on a
 private link, ``mpirun``'s daemons started through an ssh agent that enters a node with a clean environment, the
 PBS / Grid Engine / SLURM variables of a batch job (the PBS node file in a spool directory outside the job's
-working directory), real Slurm 22.05 daemons for the SLURM job (``cluster/slurm.py``), and a ``singularity`` that runs the *installed*
-image prefix (built from this checkout by ``containers/install.sh``), binding only what Singularity binds.
+working directory), real Slurm 22.05 daemons for the SLURM job (``cluster/slurm.py``), and a ``singularity`` that
+runs the *installed* image prefix (built from this checkout by ``containers/install.sh``), binding only what
+Singularity binds.
 
 Every job is rendered by ``octo-dist launch ... -o job.sh`` in a working directory outside the checkout and run
 unchanged (``bash job.sh`` on node001). Results come from rank 0's record (``--record``), rank 0's stdout and the
@@ -313,7 +314,8 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
     env.update(sim.pbs_env(cluster, spool, "7.pbs1", work, ranks_per_node=1))
     (work / "rank.sh").write_text(
         'exec > "probe-$OMPI_COMM_WORLD_RANK.txt"\n'
-        'echo "host=$(hostname)" "node002=$(getent hosts node002 | cut -d" " -f1)" "default_routes=$(ip -4 route | grep -c default)"\n'
+        'echo "host=$(hostname)" "node002=$(getent hosts node002 | cut -d" " -f1)" '
+        '"default_routes=$(ip -4 route | grep -c default)"\n'
         'echo "SUBMIT_SHELL_ONLY=${SUBMIT_SHELL_ONLY:-unset}" "NCCL_DEBUG=${NCCL_DEBUG:-unset}"\n'
     )
     (work / "container.sh").write_text(

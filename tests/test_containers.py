@@ -301,8 +301,10 @@ DOCKER_DRIFTS = {
         "containers/install.sh cuda11",
     ),
     "root user": (
-        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\nUSER octo\n",
-        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\n",
+        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n"
+        "    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\nUSER octo\n",
+        "ENV OCTO_DIST_PROFILE=cpu \\\n    OCTO_DIST_MANIFEST=/opt/octo-dist/env/stack.toml \\\n"
+        "    PATH=/opt/octo-dist/venv/bin:$PATH \\\n    PYTHONNOUSERSITE=1 \\\n    PYTHONUNBUFFERED=1\n",
         "target cpu",
         "non-root",
     ),

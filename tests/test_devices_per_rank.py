@@ -84,9 +84,16 @@ def test_show_defaults_derives_the_devices_per_rank():
 
 def records(n, gpus):
     return [
-        {"host": "g0001", "gpus_on_host": gpus, "rank": r, "world_size": n, "coordinator": "g0001:1", "env_failures": []}
+        {
+            "host": "g0001",
+            "gpus_on_host": gpus,
+            "rank": r,
+            "world_size": n,
+            "coordinator": "g0001:1",
+            "env_failures": [],
+        }
         for r in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_preflight_checks_ranks_times_devices_against_the_hosts_gpus():

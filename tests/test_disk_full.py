@@ -16,34 +16,34 @@ import pytest
 import helpers
 from helpers import PROGRAMS, REPO, clean_env, tail
 
-from octo_dist.engine import savedir
+from octo_dist.engine import room
 from octo_dist.engine.train import TrainConfig, planned_saves
 
 MiB = 1 << 20
 
 
 def test_copies_needed_counts_the_kept_checkpoints_plus_the_one_being_written():
-    assert savedir.copies_needed(3, saves=10) == 4  # 3 kept + 1 being written
-    assert savedir.copies_needed(3, saves=2) == 2  # the run writes only two
-    assert savedir.copies_needed(3, saves=1) == 1
+    assert room.copies_needed(3, saves=10) == 4  # 3 kept + 1 being written
+    assert room.copies_needed(3, saves=2) == 2  # the run writes only two
+    assert room.copies_needed(3, saves=1) == 1
     assert (
-        savedir.copies_needed(3, saves=10, kept_now=3) == 1
+        room.copies_needed(3, saves=10, kept_now=3) == 1
     )  # a resumed run's three are on disk already
-    assert savedir.copies_needed(3, saves=10, kept_now=1) == 3
-    assert savedir.copies_needed(None, saves=5) == 5  # keep all
-    assert savedir.copies_needed(3, saves=0) == 0
+    assert room.copies_needed(3, saves=10, kept_now=1) == 3
+    assert room.copies_needed(None, saves=5) == 5  # keep all
+    assert room.copies_needed(3, saves=0) == 0
     assert planned_saves(0, TrainConfig(steps=10, save_every=3)) == 4  # 3, 6, 9 and the end
     assert planned_saves(6, TrainConfig(steps=10, save_every=3)) == 2
     assert planned_saves(0, TrainConfig(steps=10)) == 1
     assert planned_saves(10, TrainConfig(steps=10, save_every=3)) == 0
     state = 400 * MiB
-    one = savedir.checkpoint_nbytes(state)
-    problem = savedir.space_problem("/groups/gxx00000/run", 3 * one, state, copies=4)
+    one = room.checkpoint_nbytes(state)
+    problem = room.space_problem("/groups/gxx00000/run", 3 * one, state, copies=4)
     assert problem.startswith(
         "save directory /groups/gxx00000/run has 1.2 GiB free; expected at least 1.6 GiB "
         "(4 checkpoints of 421.0 MiB each: 3 kept plus 1 being written, for this run's state)"
     ), problem
-    assert savedir.space_problem("/d", 4 * one, state, copies=4) is None
+    assert room.space_problem("/d", 4 * one, state, copies=4) is None
 
 
 @pytest.fixture

@@ -67,7 +67,8 @@ def test_inputs_are_batch_sharded_global_arrays_and_state_stays_replicated(obser
         "shard_map": "PartitionSpec('batch',)",
     }
     assert observed["replicated"] == {"jit": True, "shard_map": True}
-    # numpy handed to the sharded step is an implicit transfer: the class of error that fails on several processes, caught by the guard.
+    # numpy handed to the sharded step is an implicit transfer: the class of error that fails on several processes,
+    # caught by the guard.
     assert "Disallowed host-to-device transfer" in observed["numpy_input"]
 
 

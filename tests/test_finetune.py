@@ -13,7 +13,7 @@ import pytest
 
 from helpers import REPO, clean_env
 from octo_dist.apps.finetune import app as finetune
-from octo_dist.apps.finetune import checks, commandline, configfile, modelconfig
+from octo_dist.apps.finetune import checks, commandline, configfile, modelconfig, pipeline
 from octo_dist.apps.finetune import config as fc
 from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
@@ -270,9 +270,9 @@ def test_the_config_is_read_directly_and_frozen_once_checked(tmp_path, monkeypat
 
 
 def test_each_process_and_each_resume_point_gets_its_own_data_seed():
-    seeds = {finetune.data_seed(42, p, s) for p in range(4) for s in (0, 3000)}
+    seeds = {pipeline.data_seed(42, p, s) for p in range(4) for s in (0, 3000)}
     assert len(seeds) == 8 and all(0 <= s < 2**31 for s in seeds)
-    assert finetune.data_seed(42, 1, 0) == finetune.data_seed(42, 1, 0)
+    assert pipeline.data_seed(42, 1, 0) == pipeline.data_seed(42, 1, 0)
 
 
 def counted_frames(tf, trajectories=12, length=5):
@@ -294,7 +294,7 @@ def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_t
     job = fc.parse(smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic")), REACHABLE)
 
     def source(start=0, rank=0):
-        return finetune.OctoData(
+        return pipeline.OctoData(
             job,
             None,
             4,
@@ -362,7 +362,7 @@ def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path,
     def without_name(batch):
         return {k: v for k, v in batch.items() if k != "name"}
 
-    src = finetune.OctoData(
+    src = pipeline.OctoData(
         job, None, 4, 0, 1, build=build, process=without_name, transform=lambda frames: frames
     )
     spec = src.batch_spec()
@@ -377,7 +377,7 @@ def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path,
     )
     assert src.builds == 1  # the look ahead reads the built pipeline, it does not build another
 
-    known = finetune.OctoData(
+    known = pipeline.OctoData(
         job, None, 4, 0, 1, build=counted_frames(tf), process=lambda b: b, transform=lambda f: f
     )
     assert {k: v.shape for k, v in known.batch_spec().items()} == {"action": (4,)}
@@ -747,7 +747,7 @@ def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shape
     from octo_dist.policies import octo
 
     cfg = fc.parse(smoke_cfg(synthetic, seed=0), REACHABLE)
-    source = finetune.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)
+    source = pipeline.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)
     batch = next(source.batches(0))
     spec = octo.SMOKE_SPEC
     assert batch["observation"]["image_primary"].shape == (

@@ -1,5 +1,5 @@
-"""The allgather fix (octo_dist.policies.gather) without Octo: raw ``process_allgather`` vs the helper, on the pinned JAX
-versions. jax 0.4.20 (production pin) in one process with forced CPU devices; jax 0.4.22 under a real mpirun."""
+"""The allgather fix (octo_dist.policies.gather) without Octo: raw ``process_allgather`` vs the helper, on the pinned
+JAX versions. jax 0.4.20 (production pin) in one process with forced CPU devices; jax 0.4.22 under a real mpirun."""
 
 import subprocess
 
@@ -90,7 +90,8 @@ def test_two_processes_stack_raw_but_the_helper_gives_the_global_batch_on_both_r
     outs = sorted(json_lines(proc.stdout), key=lambda o: o["rank"])
     assert [o["rank"] for o in outs] == [0, 1] and all(o["world"] == 2 for o in outs)
     for o in outs:
-        # The crash multi-node fine-tuning hit: a new leading process axis, so from_config's x[:1] keeps a whole slice (1, 3, 2, ...).
+        # The crash multi-node fine-tuning hit: a new leading process axis, so from_config's x[:1] keeps a whole
+        # slice (1, 3, 2, ...).
         assert o["raw_shape"] == [2, 3, 2, 8, 8, 3]
         assert o["fixed_shape"] == [6, 2, 8, 8, 3]
         assert o["fixed_shapes"] == {

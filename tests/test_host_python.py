@@ -23,7 +23,8 @@ HOST_SIDE = ["octo_dist/__init__.py", "octo_dist/stack", "octo_dist/launchers", 
 
 
 def bare(python: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """``python -S -E -B``: no site-packages at all, no PYTHONPATH, no bytecode written: the standard library and the checkout (cwd)."""
+    """``python -S -E -B``: no site-packages at all, no PYTHONPATH, no bytecode written: the standard library and
+    the checkout (cwd)."""
     return subprocess.run(
         [str(python), "-S", "-E", "-B", *args], cwd=cwd, capture_output=True, text=True, timeout=120
     )

@@ -218,7 +218,8 @@ REBUILD_ENV = "OCTO_DIST_BUILDAH_REBUILD"
 
 @pytest.mark.skipif(
     os.environ.get(REBUILD_ENV) != "1",
-    reason=f"a second build copies the cached 3 GB image per stage (vfs): 80-1000 s here, over CI's budget; {REBUILD_ENV}=1 runs it",
+    reason="a second build copies the cached 3 GB image per stage (vfs): 80-1000 s here, over CI's budget; "
+    f"{REBUILD_ENV}=1 runs it",
 )
 def test_a_second_build_with_nothing_changed_reuses_every_layer(image):
     before = imagerun.inspect(IMAGE)["FromImageID"]

@@ -425,8 +425,13 @@ echo "env WANDB_API_KEY=${WANDB_API_KEY:-}" >>"$log"
 # The rank guard's notes: every rank that exits 0 says so in <job dir>/done (the argument after octo-dist-rank).
 job_dir=; prev=
 for arg in "$@"; do if [ "$prev" = octo-dist-rank ]; then job_dir=$arg; fi; prev=$arg; done
-ranks_done() { mkdir -p "$job_dir/done"; for ((r = 0; r < ${FAKE_RANKS:-2}; r++)); do echo "rank $r" >"$job_dir/done/rank-$r"; done; }
-case " $* " in *" check-env "*) if [ "${FAKE_PREFLIGHT_EXIT:-0}" = 0 ]; then ranks_done; fi; exit "${FAKE_PREFLIGHT_EXIT:-0}" ;; esac
+ranks_done() {
+    mkdir -p "$job_dir/done"
+    for ((r = 0; r < ${FAKE_RANKS:-2}; r++)); do echo "rank $r" >"$job_dir/done/rank-$r"; done
+}
+case " $* " in
+*" check-env "*) if [ "${FAKE_PREFLIGHT_EXIT:-0}" = 0 ]; then ranks_done; fi; exit "${FAKE_PREFLIGHT_EXIT:-0}" ;;
+esac
 trap 'echo "signal USR1" >>"$log"; ranks_done; exit 0' USR1
 trap 'echo "signal TERM" >>"$log"; exit 143' TERM
 echo "training started" >>"$log"
@@ -824,7 +829,8 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
 
 
 # Open MPI 5.0.8's prterun often aborts (a glibc assertion, exit 134; 137 seen under the job script) while it ends a
-# job one of whose ranks refused to start (exit 2); this wrapper makes a crash certain, around the real mpirun and ranks.
+# job one of whose ranks refused to start (exit 2); this wrapper makes a crash certain, around the real mpirun and
+# ranks.
 CRASHING_MPIRUN = """#!/bin/bash
 "$REAL_MPIRUN" "$@"
 status=$?

@@ -58,8 +58,9 @@ def test_a_sound_training_command_renders(tmp_path, command):
 def test_checking_imports_no_jax():
     code = (
         "import sys\nfrom octo_dist import cli\n"
-        "rc = cli.main(['launch', 'slurm', '--nodes', '2', '--gpus-per-node', '4', '--dry-run', '--', 'smoke', '--stepz', '1'])\n"
-        "rc2 = cli.main(['launch', 'slurm', '--nodes', '2', '--gpus-per-node', '4', '--dry-run', '--', 'finetune', '--config.num_steps=2'])\n"
+        "slurm = ['launch', 'slurm', '--nodes', '2', '--gpus-per-node', '4', '--dry-run', '--']\n"
+        "rc = cli.main([*slurm, 'smoke', '--stepz', '1'])\n"
+        "rc2 = cli.main([*slurm, 'finetune', '--config.num_steps=2'])\n"
         "print(rc, rc2, 'jax' in sys.modules, 'tensorflow' in sys.modules)"
     )
     proc = subprocess.run(

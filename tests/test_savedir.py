@@ -22,7 +22,7 @@ import pytest
 import helpers
 from helpers import PROGRAMS, REPO, clean_env
 
-from octo_dist.engine import savedir
+from octo_dist.engine import room, savedir
 from octo_dist.engine.savedir import LOCK_NAME, RunLock, SaveDirError
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -154,18 +154,18 @@ def test_one_rank_that_cannot_write_stops_every_rank_with_its_error(tmp_path):
 
 def test_free_space_for_two_checkpoints_is_required():
     state = 400 * MiB
-    one = savedir.checkpoint_nbytes(state)
+    one = room.checkpoint_nbytes(state)
     assert one >= state
-    assert savedir.space_problem("/groups/gxx00000/run", 2 * one, state) is None
-    assert savedir.space_problem("/groups/gxx00000/run", 2 * one - 1, state) is not None
-    problem = savedir.space_problem("/groups/gxx00000/run", 500 * MiB, state)
+    assert room.space_problem("/groups/gxx00000/run", 2 * one, state) is None
+    assert room.space_problem("/groups/gxx00000/run", 2 * one - 1, state) is not None
+    problem = room.space_problem("/groups/gxx00000/run", 500 * MiB, state)
     assert problem.startswith(
         "save directory /groups/gxx00000/run has 500.0 MiB free; expected at least 842.0 MiB "
         "(2 checkpoints of 421.0 MiB each"
     ), problem
     assert "Fix: " in problem and "\n" not in problem
-    assert "has 1.0 GiB free" in savedir.space_problem("/d", GiB, 10 * GiB)
-    assert savedir.space_problem("/d", 0, 0) is not None  # even an empty state needs its metadata
+    assert "has 1.0 GiB free" in room.space_problem("/d", GiB, 10 * GiB)
+    assert room.space_problem("/d", 0, 0) is not None  # even an empty state needs its metadata
 
 
 def test_state_size_is_read_from_an_abstract_state():
@@ -179,13 +179,13 @@ def test_state_size_is_read_from_an_abstract_state():
             "step": jnp.zeros((), jnp.int32),
         }
     )
-    assert savedir.state_nbytes(abstract) == 1000 * 256 * 4 + 7 * 2 + 4
+    assert room.state_nbytes(abstract) == 1000 * 256 * 4 + 7 * 2 + 4
 
 
 def test_free_bytes_of_a_path_not_yet_created_is_its_file_system(tmp_path):
     st = os.statvfs(tmp_path)
     # The same file system, read moments apart: within 64 MiB of each other however busy the disk is.
-    assert abs(savedir.free_bytes(tmp_path / "a" / "b") - st.f_bavail * st.f_frsize) < 64 * MiB
+    assert abs(room.free_bytes(tmp_path / "a" / "b") - st.f_bavail * st.f_frsize) < 64 * MiB
 
 
 # --- the run lock --------------------------------------------------------------------------------------------

@@ -441,7 +441,8 @@ def test_the_watchdog_ends_a_process_even_while_the_gil_is_held(busy, code):
 def test_a_cancelled_watchdog_never_fires():
     program = (
         "import time\nfrom octo_dist.runtime import watchdog\n"
-        "dog = watchdog.Watchdog(1, 'fired: {stage}', exit_code=1)\ndog.cancel()\ntime.sleep(1 + watchdog.GRACE_S + 3)\n"
+        "dog = watchdog.Watchdog(1, 'fired: {stage}', exit_code=1)\ndog.cancel()\n"
+        "time.sleep(1 + watchdog.GRACE_S + 3)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", program],

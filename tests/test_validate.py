@@ -12,19 +12,23 @@ from helpers import REPO, clean_env
 from octo_dist.apps.validate import allreduce, app, nccl_log, scaling
 from octo_dist.apps.validate.report import FAIL, OK, SKIP
 
-# Recorded NCCL 2.19 INFO lines (host names and addresses changed): 2 H nodes x 8 GPUs over InfiniBand.
+# Recorded NCCL 2.19 INFO lines (host names and addresses changed): 2 H nodes x 8 GPUs over InfiniBand. A backslash
+# at the end of a line continues it: the string holds each recorded line whole.
 NCCL_IB = """\
 NCCL version 2.19.3+cuda11.8
 hnode001:81234:81234 [0] NCCL INFO Bootstrap : Using ib0:10.1.0.1<0>
 hnode001:81234:81234 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation
-hnode001:81234:81301 [0] NCCL INFO NET/IB : Using [0]mlx5_ibn1:1/IB [1]mlx5_ibn2:1/IB [2]mlx5_ibn3:1/IB [3]mlx5_ibn4:1/IB ; OOB ib0:10.1.0.1<0>
+hnode001:81234:81301 [0] NCCL INFO NET/IB : Using [0]mlx5_ibn1:1/IB [1]mlx5_ibn2:1/IB [2]mlx5_ibn3:1/IB \
+[3]mlx5_ibn4:1/IB ; OOB ib0:10.1.0.1<0>
 hnode001:81234:81301 [0] NCCL INFO Using network IB
-hnode001:81234:81301 [0] NCCL INFO comm 0x55d0c8f0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x9f3a - Init START
+hnode001:81234:81301 [0] NCCL INFO comm 0x55d0c8f0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 \
+commId 0x9f3a - Init START
 hnode001:81234:81301 [0] NCCL INFO Channel 00/0 : 15[7] -> 0[0] [receive] via NET/IB/0/GDRDMA
 hnode001:81234:81301 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read
 hnode001:81234:81301 [0] NCCL INFO Channel 01/0 : 0[0] -> 8[0] [send] via NET/IB/1/GDRDMA
 hnode001:81234:81301 [0] NCCL INFO Connected all rings
-hnode001:81234:81301 [0] NCCL INFO comm 0x55d0c8f0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x9f3a - Init COMPLETE
+hnode001:81234:81301 [0] NCCL INFO comm 0x55d0c8f0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 \
+commId 0x9f3a - Init COMPLETE
 """
 # The same job from an image without libibverbs: NCCL falls back to TCP sockets.
 NCCL_SOCKET = """\
@@ -35,7 +39,8 @@ hnode002:1111:1180 [0] NCCL INFO NET/Socket : Using [0]ib0:10.1.0.2<0> [1]eth0:1
 hnode002:1111:1180 [0] NCCL INFO Using network Socket
 hnode002:1111:1180 [0] NCCL INFO Channel 00/0 : 7[7] -> 8[0] [send] via NET/Socket/0
 hnode002:1111:1180 [0] NCCL INFO Channel 00/0 : 8[0] -> 9[1] via P2P/IPC
-hnode002:1111:1180 [0] NCCL INFO comm 0x7f00 rank 8 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x9f3a - Init COMPLETE
+hnode002:1111:1180 [0] NCCL INFO comm 0x7f00 rank 8 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 \
+commId 0x9f3a - Init COMPLETE
 """
 NCCL_DISABLED = """\
 hnode003:2222:2222 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.

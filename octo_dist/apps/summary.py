@@ -208,7 +208,10 @@ def lines(s: RunSummary) -> str:
     if s.bound is not None:
         text += f"\n  input {_seconds(s.median_input_s, 'ms')} of each step ({s.input_share:.0%}): {s.bound}"
         if s.bound == "data-bound":
-            text += ": the host makes batches about as slowly as the devices use them; give each rank more CPU cores (octo-dist launch --cpus-per-rank)"
+            text += (
+                ": the host makes batches about as slowly as the devices use them; "
+                "give each rank more CPU cores (octo-dist launch --cpus-per-rank)"
+            )
     return text
 
 

@@ -16,8 +16,9 @@ A step without that record (the job was killed between orbax's rename and the re
 decided once, before start-up, by :func:`decide` (read only): it verifies the steps newest first and picks the
 newest verified one (or the one asked for). The :class:`Decision` is passed down; when the directory is opened,
 process 0 moves each damaged newer step aside to ``<step>.damaged`` (kept for inspection; orbax ignores the name)
-with one warning naming the step and what is wrong, and every process restores the decided step. Pruning (``max_to_keep``) is done here, not by orbax, so that it
-runs only after the new step's record is written and never removes the newest verified step.
+with one warning naming the step and what is wrong, and every process restores the decided step. Pruning
+(``max_to_keep``) is done here, not by orbax, so that it runs only after the new step's record is written and never
+removes the newest verified step.
 
 ``NoCheckpoints`` is the stand-in when no save directory is configured.
 """
@@ -34,6 +35,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from octo_dist.engine import room
 from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
@@ -524,8 +526,6 @@ class Checkpoints:
 
     def _full(self, step: int, state, error: BaseException) -> "CheckpointWriteError":
         """On process 0: remove what the failed save of ``step`` left, and say how much room the run needs."""
-        from octo_dist.engine import savedir
-
         removed = []
         if self._main:
             for partial in sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp-*")) + [
@@ -537,10 +537,10 @@ class Checkpoints:
         newest = self._latest
         # One checkpoint's size: the newest verified step's files as recorded, else the bound for this state.
         one = _recorded_bytes(self.directory / str(newest)) if newest is not None else None
-        one = one or savedir.checkpoint_nbytes(savedir.state_nbytes(state))
+        one = one or room.checkpoint_nbytes(room.state_nbytes(state))
         # The run at its fullest: the checkpoints it keeps (all so far when max_to_keep is None) plus this one.
         copies = (self.max_to_keep or len(self._trusted)) + 1
-        free = savedir.free_bytes(self.directory)
+        free = room.free_bytes(self.directory)
         kept = (
             f"kept the newest verified checkpoint, step {newest}"
             if newest is not None
@@ -549,8 +549,8 @@ class Checkpoints:
         return CheckpointWriteError(
             f"checkpoint step {step} could not be written to {self.directory}: the file system is full "
             f"({_reason(error)}); {kept}, and removed the partial step{' ' + str(step) if removed else ''}; "
-            f"expected room for {savedir.room_phrase(copies, one)} ({savedir._size(copies * one)} in all, "
-            f"{savedir._size(free)} free now). Fix: free space there, or pass a --save-dir on a larger file "
+            f"expected room for {room.room_phrase(copies, one)} ({room.size_text(copies * one)} in all, "
+            f"{room.size_text(free)} free now). Fix: free space there, or pass a --save-dir on a larger file "
             f"system; then rerun with --resume"
         )
 

@@ -1,9 +1,10 @@
 """Per-process data: every process makes only its own slice of each global batch.
 
-Loading the full global batch on every rank multiplies the input work by the rank count. Here process ``p`` of ``P`` produces examples
-``[p*B/P, (p+1)*B/P)`` of global batch ``B`` at every step, and nothing else. Synthetic examples are keyed by
-(seed, step, global example index), so the same global batch comes out whatever the number of processes: that is
-what lets the smoke job compare 1 process x N devices with N processes x 1 device, and resume at a step.
+Loading the full global batch on every rank multiplies the input work by the rank count. Here process ``p`` of ``P``
+produces examples ``[p*B/P, (p+1)*B/P)`` of global batch ``B`` at every step, and nothing else. Synthetic examples
+are keyed by (seed, step, global example index), so the same global batch comes out whatever the number of
+processes: that is what lets the smoke job compare 1 process x N devices with N processes x 1 device, and resume at
+a step.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checks on a save directory before any step is trained: every rank can write to it, it has room for the run's
 checkpoints, and no other run is using it.
 
-    claim = savedir.prepare("runs/x", state_bytes=savedir.state_nbytes(abstract_state))   # every rank
+    claim = savedir.prepare("runs/x", state_bytes=room.state_nbytes(abstract_state))   # every rank
     try:
         ...train, save...
     finally:
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from octo_dist.engine import room
 from octo_dist.engine.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,6 @@ HEARTBEAT_S = 60
 STALE_AFTER_S = (
     15 * 60
 )  # 15 heartbeats missed: no live holder is that late, even on a loaded file server
-COPIES = 2  # room for the checkpoint being written while the previous one is still kept (see copies_needed)
-OVERHEAD = (
-    1.05  # zarr/orbax metadata and chunk headers; chunks are compressed, so this is an upper bound
-)
-OVERHEAD_BYTES = 1 << 20
 JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")  # "12345.pbs1", "123456", "9876543" (SGE)
 
 
@@ -82,83 +77,6 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
             f"(e.g. under /groups/gxx00000), or fix its permissions (chmod u+w {directory})"
         )
     return None
-
-
-# --- free space ----------------------------------------------------------------------------------------------
-
-
-def state_nbytes(tree) -> int:
-    """Bytes of a state's arrays: ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape``) or real arrays."""
-    import jax
-    import numpy as np
-
-    return sum(
-        math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
-        for leaf in jax.tree_util.tree_leaves(tree)
-        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
-    )
-
-
-def checkpoint_nbytes(state_bytes: int) -> int:
-    """An upper bound for one checkpoint of a state of ``state_bytes``."""
-    return int(state_bytes * OVERHEAD) + OVERHEAD_BYTES
-
-
-def free_bytes(directory: Path) -> int:
-    """Bytes an unprivileged user can still write where ``directory`` is (or would be created)."""
-    path = Path(directory).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def copies_needed(max_to_keep: Optional[int], saves: int, kept_now: int = 0) -> int:
-    """Checkpoints of free room a run needs at its fullest: the ones kept plus the one being written, less those
-    already on disk (``kept_now``, a resumed run's; the free space already excludes them).
-
-    Pruning runs only after a save is complete, so during the j-th save of the run the directory holds
-    ``min(max_to_keep, kept_now + j - 1)`` complete checkpoints and the one being written. ``max_to_keep`` None or
-    0 keeps all; ``saves``: how many this run writes. ``copies_needed(3, 10)`` -> 4; ``copies_needed(3, 10, 3)``
-    -> 1; ``copies_needed(3, 1)`` -> 1."""
-    if saves <= 0:
-        return 0
-    fullest = kept_now + saves - 1 if not max_to_keep else min(max_to_keep, kept_now + saves - 1)
-    return max(1, fullest + 1 - kept_now)
-
-
-def room_phrase(copies: int, one: int, kept_now: int = 0) -> str:
-    """``"4 checkpoints of 1.1 MiB each: 3 kept plus 1 being written"``, for the messages about room."""
-    kept = copies - 1 + kept_now
-    on_disk = f", {kept_now} of them already there" if kept_now else ""
-    return (
-        f"{copies} checkpoint{'s' if copies != 1 else ''} of {_size(one)} each: "
-        f"{kept} kept plus 1 being written{on_disk}"
-    )
-
-
-def space_problem(
-    directory, free: int, state_bytes: int, copies: int = COPIES, kept_now: int = 0
-) -> Optional[str]:
-    """None when ``free`` bytes hold ``copies`` checkpoints of a ``state_bytes`` state (:func:`copies_needed`);
-    else the one-line problem."""
-    one = checkpoint_nbytes(state_bytes)
-    need = copies * one
-    if free >= need:
-        return None
-    return (
-        f"save directory {directory} has {_size(free)} free; expected at least {_size(need)} "
-        f"({room_phrase(copies, one, kept_now)}, for this run's state). Fix: free space there (old runs, "
-        f"*.damaged steps), or pass a --save-dir on a larger file system"
-    )
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 # --- the run lock --------------------------------------------------------------------------------------------
@@ -204,7 +122,10 @@ def describe_holder(holder: Mapping[str, Any]) -> str:
         if isinstance(started, (int, float))
         else "?"
     )
-    return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, job {holder.get('job_id') or 'none'}, since {since}"
+    return (
+        f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+        f"job {holder.get('job_id') or 'none'}, since {since}"
+    )
 
 
 class RunLock:
@@ -360,7 +281,7 @@ def prepare(
     state_bytes: Optional[int] = None,
     *,
     environ: Mapping[str, str] = os.environ,
-    copies: int = COPIES,
+    copies: int = room.COPIES,
 ):
     """Collective: every rank probes ``directory``; process 0 also checks its free space (when ``state_bytes`` is
     given) and takes the run lock. Every rank raises the same ``SaveDirError`` if any check failed on any rank.
@@ -378,7 +299,7 @@ def prepare(
     claim: Any = NoClaim()
     if rank == 0 and problem is None:
         if state_bytes is not None:
-            problem = space_problem(directory, free_bytes(directory), state_bytes, copies)
+            problem = room.space_problem(directory, room.free_bytes(directory), state_bytes, copies)
         if problem is None:
             try:
                 claim = RunLock(directory, job_id(environ)).acquire()
@@ -397,9 +318,9 @@ def prepare(
 
 
 def check_space(
-    directory: Optional[str], state_bytes: int, copies: int = COPIES, kept_now: int = 0
+    directory: Optional[str], state_bytes: int, copies: int = room.COPIES, kept_now: int = 0
 ) -> None:
-    """Collective: process 0 checks the free space for ``copies`` more checkpoints (:func:`copies_needed`); every
+    """Collective: process 0 checks the free space for ``copies`` more checkpoints (:func:`room.copies_needed`); every
     rank raises if it is short."""
     if not directory or copies <= 0:
         return
@@ -409,8 +330,12 @@ def check_space(
 
     problem = None
     if jax.process_index() == 0:
-        problem = space_problem(
-            Path(directory).absolute(), free_bytes(Path(directory)), state_bytes, copies, kept_now
+        problem = room.space_problem(
+            Path(directory).absolute(),
+            room.free_bytes(Path(directory)),
+            state_bytes,
+            copies,
+            kept_now,
         )
     verdict = first_problem(
         collectives.allgather_json({"rank": jax.process_index(), "problem": problem})

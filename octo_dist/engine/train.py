@@ -97,24 +97,16 @@ def fit(
     import jax
 
     from octo_dist.runtime import stopping
-    from octo_dist.engine import parallel, savedir
+    from octo_dist.engine import parallel
 
     rank = jax.process_index()
     fingerprint = dict(fingerprint or {})
-    # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
-    # there, and no other run holds it. Found now, not at the first save after hours of training.
-    decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.save_dir, False)
-    claim = savedir.prepare(cfg.save_dir)
-    try:
-        ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
-    except BaseException:
-        claim.release()
-        raise
+    decision, claim, ckpt = _open_save_dir(cfg)
     owned = stop is None
     stop = stop or stopping.StopSignal()
     try:
-        resume_from, start = decision.step, decision.start
-        if decision.directory and resume_from is None:
+        start = decision.start
+        if decision.directory and decision.step is None:
             log.info("no checkpoint in %s yet; starting at step 0", decision.directory)
         eng = engine or parallel.Engine(
             parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn
@@ -123,29 +115,8 @@ def fit(
         # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
         first = eng.global_batch(next(batches))
         startclock.done("dataset")
-        if resume_from is None:
-            state = eng.init_state(policy, first, cfg.seed, params)
-        else:
-            # The template (shapes, dtypes, replicated shardings) the checkpoint is read into, by shape only.
-            template = eng.abstract_state(policy, first, cfg.seed, params)
-            state, meta = ckpt.restore(resume_from, template)
-            parallel.assert_replicated(state)
-            check_resumable(meta, fingerprint, ckpt.directory)
-            log.info(
-                "resumed from %s: step %d of %d",
-                ckpt.directory / str(resume_from),
-                start,
-                cfg.steps,
-            )
-        # Room for the checkpoints this run keeps plus the one being written, known now that the state's size is
-        # (before the step compiles); a resumed run's kept checkpoints are on disk already.
-        kept_now = len(ckpt.kept_steps())
-        savedir.check_space(
-            cfg.save_dir,
-            savedir.state_nbytes(state),
-            savedir.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
-            kept_now,
-        )
+        state = _first_state(eng, policy, first, cfg, params, ckpt, decision.step, fingerprint)
+        _check_room(cfg, ckpt, state, start)
         startclock.done("parameters")
         if not eng.compiled:
             # Compiled here, on this thread, for the state and batch in hand (a job that knew the shapes earlier,
@@ -155,82 +126,175 @@ def fit(
             eng.compile(state, first)
             startclock.done("compile")
 
-        losses: dict = {}
-        stopped_by = None
-        last_saved = resume_from
-        done = start
         bar = ranklog.progress(
             range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"
         )
-        tick = [time.perf_counter()]
-
-        def read(step, metrics) -> int:
-            """Fetch one step's metrics (waits for that step), log them; returns the agreed stop signal (0: none)."""
-            values = {k: float(v) for k, v in parallel.to_host(metrics).items()}
-            agreed_signal = int(values.pop(parallel.STOP))
-            losses[step] = values["loss"]
-            now, tick[0] = tick[0], time.perf_counter()
-            if hasattr(bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
-                # The loss read lags the bar by a step (the host reads step k-1 after dispatching step k): say so.
-                bar.set_postfix_str(f"loss {values['loss']:.4f} at step {step}", refresh=False)
-            if tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
-                # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up;
-                # "timer/input_s": the host's time making the next batch during this step.
-                timers = {"timer/step_s": tick[0] - now}
-                if step in input_s:
-                    timers["timer/input_s"] = input_s[step]
-                tracker.log({**{f"training/{k}": v for k, v in values.items()}, **timers}, step)
-            if on_step is not None:
-                on_step(step, values)
-            return agreed_signal
-
-        # The device never waits for the host: step k is dispatched (asynchronously), then, while it runs, the
-        # host makes global batch k+1 (reading, stacking, starting its transfer) and only then reads step k-1's
-        # metrics, whose values are long computed. The arithmetic is the same as reading every step at once; a
-        # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
-        upcoming = first
-        unread = None  # (step, metrics) dispatched but not read yet
-        input_s: dict = {}
-        for step in bar:
-            state, metrics = eng.step(state, upcoming, stop.pending)
-            done = step + 1
-            if done < cfg.steps:
-                made = time.perf_counter()
-                upcoming = eng.global_batch(next(batches))
-                input_s[step] = time.perf_counter() - made
-            else:
-                upcoming = None
-            agreed_signal = read(*unread) if unread is not None else 0
-            unread = (step, metrics)
-            if agreed_signal:
-                stopped_by = stop.name(agreed_signal)
-                break
-            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
-                last_saved = done
-        if unread is not None:
-            agreed_signal = read(*unread)
-            if agreed_signal and stopped_by is None:
-                stopped_by = stop.name(agreed_signal)
-        if stopped_by is not None:
-            log.warning(
-                "stopping after step %d on %s: saving a checkpoint, then exiting 0",
-                done,
-                stopped_by,
-            )
-        if cfg.save_dir and last_saved != done:
-            ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+        reader = _MetricsReader(cfg, bar, tracker, on_step)
+        state, done, stopped_by = _train_steps(
+            eng,
+            state,
+            first,
+            batches,
+            bar,
+            reader,
+            ckpt,
+            cfg,
+            stop,
+            start,
+            decision.step,
+            fingerprint,
+        )
         return FitResult(
             start_step=start,
             end_step=done,
-            losses=losses,
+            losses=reader.losses,
             stopped_by=stopped_by,
             params_digest=parallel.tree_digest(state.params),
             state=state,
-            input_s=input_s,
+            input_s=reader.input_s,
         )
     finally:
         if owned:
             stop.close()
         ckpt.close()
         claim.release()
+
+
+def _open_save_dir(cfg: TrainConfig):
+    """Where the run starts, the claim on its save directory, and its checkpoints: ``(decision, claim, ckpt)``."""
+    from octo_dist.engine import savedir
+
+    # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
+    # there, and no other run holds it. Found now, not at the first save after hours of training.
+    decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.save_dir, False)
+    claim = savedir.prepare(cfg.save_dir)
+    try:
+        ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
+    except BaseException:
+        claim.release()
+        raise
+    return decision, claim, ckpt
+
+
+def _first_state(eng, policy, first, cfg: TrainConfig, params, ckpt, resume_from, fingerprint):
+    """The state training starts from: fresh (``params`` carried in) or restored from step ``resume_from``."""
+    from octo_dist.engine import parallel
+
+    if resume_from is None:
+        return eng.init_state(policy, first, cfg.seed, params)
+    # The template (shapes, dtypes, replicated shardings) the checkpoint is read into, by shape only.
+    template = eng.abstract_state(policy, first, cfg.seed, params)
+    state, meta = ckpt.restore(resume_from, template)
+    parallel.assert_replicated(state)
+    check_resumable(meta, fingerprint, ckpt.directory)
+    log.info(
+        "resumed from %s: step %d of %d",
+        ckpt.directory / str(resume_from),
+        resume_from,
+        cfg.steps,
+    )
+    return state
+
+
+def _check_room(cfg: TrainConfig, ckpt, state, start: int) -> None:
+    """Room for the checkpoints this run keeps plus the one being written, known now that the state's size is
+    (before the step compiles); a resumed run's kept checkpoints are on disk already."""
+    from octo_dist.engine import room, savedir
+
+    kept_now = len(ckpt.kept_steps())
+    savedir.check_space(
+        cfg.save_dir,
+        room.state_nbytes(state),
+        room.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
+        kept_now,
+    )
+
+
+class _MetricsReader:
+    """Reads a dispatched step's metrics on the host (waiting for that step), logs them to the progress bar, the
+    tracker and ``on_step``, and keeps the losses and the host's input times for the :class:`FitResult`."""
+
+    def __init__(self, cfg: TrainConfig, bar, tracker, on_step):
+        self.cfg, self.bar, self.tracker, self.on_step = cfg, bar, tracker, on_step
+        self.losses: dict = {}
+        self.input_s: dict = {}  # step -> the host's time making the next batch during that step
+        self._tick = time.perf_counter()
+
+    def __call__(self, step: int, metrics) -> int:
+        """Fetch one step's metrics, log them; returns the agreed stop signal (0: none)."""
+        from octo_dist.engine import parallel
+
+        values = {k: float(v) for k, v in parallel.to_host(metrics).items()}
+        agreed_signal = int(values.pop(parallel.STOP))
+        self.losses[step] = values["loss"]
+        now, self._tick = self._tick, time.perf_counter()
+        if hasattr(self.bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
+            # The loss read lags the bar by a step (the host reads step k-1 after dispatching step k): say so.
+            self.bar.set_postfix_str(f"loss {values['loss']:.4f} at step {step}", refresh=False)
+        cfg = self.cfg
+        if self.tracker is not None and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+            # The fork's wandb layout ("training/loss", "timer/step_s"), so dashboards built for it line up;
+            # "timer/input_s": the host's time making the next batch during this step.
+            timers = {"timer/step_s": self._tick - now}
+            if step in self.input_s:
+                timers["timer/input_s"] = self.input_s[step]
+            self.tracker.log({**{f"training/{k}": v for k, v in values.items()}, **timers}, step)
+        if self.on_step is not None:
+            self.on_step(step, values)
+        return agreed_signal
+
+
+def _train_steps(
+    eng,
+    state,
+    first,
+    batches,
+    bar,
+    read,
+    ckpt,
+    cfg: TrainConfig,
+    stop,
+    start,
+    last_saved,
+    fingerprint,
+):
+    """The steps from ``start``, checkpointed every ``cfg.save_every`` and at the end (or on an agreed stop
+    signal): ``(state, the step reached, the stop signal's name or None)``."""
+    # The device never waits for the host: step k is dispatched (asynchronously), then, while it runs, the
+    # host makes global batch k+1 (reading, stacking, starting its transfer) and only then reads step k-1's
+    # metrics, whose values are long computed. The arithmetic is the same as reading every step at once; a
+    # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
+    stopped_by = None
+    done = start
+    upcoming = first
+    unread = None  # (step, metrics) dispatched but not read yet
+    for step in bar:
+        state, metrics = eng.step(state, upcoming, stop.pending)
+        done = step + 1
+        if done < cfg.steps:
+            made = time.perf_counter()
+            upcoming = eng.global_batch(next(batches))
+            read.input_s[step] = time.perf_counter() - made
+        else:
+            upcoming = None
+        agreed_signal = read(*unread) if unread is not None else 0
+        unread = (step, metrics)
+        if agreed_signal:
+            stopped_by = stop.name(agreed_signal)
+            break
+        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+            ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+            last_saved = done
+    if unread is not None:
+        agreed_signal = read(*unread)
+        if agreed_signal and stopped_by is None:
+            stopped_by = stop.name(agreed_signal)
+    if stopped_by is not None:
+        log.warning(
+            "stopping after step %d on %s: saving a checkpoint, then exiting 0",
+            done,
+            stopped_by,
+        )
+    if cfg.save_dir and last_saved != done:
+        ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+    return state, done, stopped_by

@@ -114,7 +114,8 @@ def render(
         f"{coordinator.address} ({coordinator.source})" if coordinator else "none (single process)"
     )
     lines = [
-        f"octo-dist preflight: {len(records)} rank(s) on {len(hosts)} host(s), launcher {first['launcher']}, coordinator {where}"
+        f"octo-dist preflight: {len(records)} rank(s) on {len(hosts)} host(s), "
+        f"launcher {first['launcher']}, coordinator {where}"
     ]
     for r in sorted(records, key=lambda r: r["rank"]):
         gpus = "-" if r["gpus_on_host"] is None else str(r["gpus_on_host"])

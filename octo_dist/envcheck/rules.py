@@ -150,7 +150,8 @@ def check_cudnn_wheel(versions: Mapping[str, str], profile: mf.Profile) -> Optio
 def check_cudnn_load(
     versions: Mapping[str, str], profile: mf.Profile, probe: tuple
 ) -> Optional[Check]:
-    """``probe`` is cudnn.probe()'s (library, version, error). Unloadable: JAX says "Found cuDNN version 0" and runs on the CPU."""
+    """``probe`` is cudnn.probe()'s (library, version, error). Unloadable: JAX says "Found cuDNN version 0" and
+    runs on the CPU."""
     if not profile.gpu:
         return None
     lib, version, error = probe

@@ -159,7 +159,10 @@ def problems(records: Sequence[Mapping]) -> List[str]:
         t = r.get("transport") or {}
         if not t.get("ib_devices"):
             continue
-        where = f"rank {r['rank']} on {r['host']} ({len(t['ib_devices'])} InfiniBand HCA(s): {', '.join(t['ib_devices'])})"
+        where = (
+            f"rank {r['rank']} on {r['host']} "
+            f"({len(t['ib_devices'])} InfiniBand HCA(s): {', '.join(t['ib_devices'])})"
+        )
         if t.get("verbs_error"):
             out.append(
                 f"{where}: {VERBS_LIBRARY} cannot be loaded ({t['verbs_error']}), so NCCL would all-reduce "

@@ -32,8 +32,8 @@ def addresses(c: Coordinator, resolver: Resolver = socket.getaddrinfo) -> List[s
         infos = resolver(c.host, c.port, 0, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         raise CoordinatorError(
-            f"coordinator {c.address} ({c.source}): host {c.host!r} does not resolve here ({e}); expected a name in DNS "
-            f"or /etc/hosts, or an IP address. Fix: {SET_IT}"
+            f"coordinator {c.address} ({c.source}): host {c.host!r} does not resolve here ({e}); "
+            f"expected a name in DNS or /etc/hosts, or an IP address. Fix: {SET_IT}"
         ) from None
     return [info[4][0] for info in infos]
 

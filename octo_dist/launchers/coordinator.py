@@ -216,9 +216,9 @@ def resolve(
     found = from_environment(environ, launch, read)
     if found is None:
         raise CoordinatorError(
-            f"{launch.launcher}: {launch.world_size} ranks over several nodes ({launch.local_size} on this one), but no "
-            f"coordinator address: mpi4py is not usable, no node list is set (SLURM_STEP_NODELIST, PBS_NODEFILE, "
-            f"SGE_JOB_HOSTLIST, PE_HOSTFILE, SLURM_JOB_NODELIST) and the launcher publishes no host of its own "
-            f"(Open MPI 5 and MPICH do not); expected one of them. Fix: {SET_IT}"
+            f"{launch.launcher}: {launch.world_size} ranks over several nodes ({launch.local_size} on this one), "
+            f"but no coordinator address: mpi4py is not usable, no node list is set (SLURM_STEP_NODELIST, "
+            f"PBS_NODEFILE, SGE_JOB_HOSTLIST, PE_HOSTFILE, SLURM_JOB_NODELIST) and the launcher publishes no host "
+            f"of its own (Open MPI 5 and MPICH do not); expected one of them. Fix: {SET_IT}"
         )
     return found

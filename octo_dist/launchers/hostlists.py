@@ -29,7 +29,8 @@ PBS_HOSTFILE = "PBS_NODEFILE"  # "/var/spool/pbs/aux/123.pbs1": a host per MPI s
 SGE_HOSTFILE = (
     "SGE_JOB_HOSTLIST"  # "/var/spool/.../hostlist": one host a line (ABCI 2.0's Grid Engine)
 )
-SGE_PE_HOSTFILE = "PE_HOSTFILE"  # "/var/spool/sge/g0001/active_jobs/9876.1/pe_hostfile": "g0001 4 all.q@g0001 UNDEFINED"
+# "/var/spool/sge/g0001/active_jobs/9876.1/pe_hostfile", whose lines read "g0001 4 all.q@g0001 UNDEFINED"
+SGE_PE_HOSTFILE = "PE_HOSTFILE"
 LSF_HOSTFILE = "LSB_DJOB_HOSTFILE"  # "/home/u/.lsbatch/1234.hostfile": one host per slot (LSF)
 SLURM_NODELIST = "SLURM_JOB_NODELIST"  # "node[001-004,007]": the allocation (a step's own list is SLURM_STEP_NODELIST)
 # "/groups/gxx00000/runs/.octo-dist/nodes-123.pbs1": the rendered job scripts copy the scheduler's node list where

@@ -68,7 +68,8 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
 
 
 def published_host(environ: Mapping[str, str]) -> Optional[Tuple[str, str]]:
-    """(host, source) of what Open MPI 4 publishes about mpirun's node, or None (Open MPI 5 publishes nothing usable)."""
+    """(host, source) of what Open MPI 4 publishes about mpirun's node, or None (Open MPI 5 publishes nothing
+    usable)."""
     uri = environ.get(HNP_URI)
     host = hnp_host(uri) if uri else None
     return (host, f"mpirun's address from {HNP_URI}") if host else None

@@ -24,8 +24,8 @@ from each process's slice with ``host_local_array_to_global_array`` (``make_arra
 0.4.29+). They take the second branch on several processes and the unchanged path on one; the result is
 ``(B, ...)``, identical on every rank, in both cases. That is :func:`for_from_config`. The engine's
 ``Engine.global_batch`` builds the same arrays, so a policy that receives the engine's global batch needs nothing
-more; this module is for code that starts from a local numpy batch (``octo_dist.apps.finetune.app``) and for the tests that
-pin the behaviour on the JAX versions we run.
+more; this module is for code that starts from a local numpy batch (``octo_dist.apps.finetune.app``) and for the
+tests that pin the behaviour on the JAX versions we run.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def allgather_json(value: Any, max_bytes: int = MAX_BYTES) -> list:
     """Every process's JSON-able ``value``, in process order, on every process.
 
     ``process_allgather`` is called with ``tiled=True`` and reshaped: without it, jax 0.4.20 returns the input
-    unchanged on one process but stacks a leading axis on several (Octo's from_config then fails on several processes: "horizon must be <= max_horizon").
+    unchanged on one process but stacks a leading axis on several (Octo's from_config then fails on several
+    processes: "horizon must be <= max_horizon").
     """
     import jax
     from jax.experimental import multihost_utils

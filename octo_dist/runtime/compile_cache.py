@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 
 def problem(directory: Optional[str]) -> Optional[str]:
-    """Why ``directory`` cannot hold the cache ("found; expected. Fix: ..."), checked before start-up; None when it can."""
+    """Why ``directory`` cannot hold the cache ("found; expected. Fix: ..."), checked before start-up; None when it
+    can."""
     if not directory or directory.strip().lower() in OFF:
         return None
     path = os.path.abspath(directory)

@@ -176,8 +176,8 @@ def _enable_cpu_collectives(jax_version: str) -> None:
     except (AttributeError, KeyError):
         raise StartupError(
             f"jax {jax_version} on the CPU cannot run one computation across processes (no gloo collectives before "
-            f"0.4.22: 0.4.20 silently reports process_count()==1 in every rank). Expected the cpu profile's jax 0.4.22. "
-            f"Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile"
+            f"0.4.22: 0.4.20 silently reports process_count()==1 in every rank). "
+            f"Expected the cpu profile's jax 0.4.22. Fix: make env PROFILE=cpu, or run on GPUs with the cuda11 profile"
         ) from None
 
 
@@ -275,7 +275,8 @@ def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdo
     dog = watchdog.Watchdog(
         timeout_s + WATCHDOG_MARGIN_S,
         (
-            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete within {timeout_s:g} s. "
+            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete "
+            f"within {timeout_s:g} s. "
             f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
             f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
             f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"

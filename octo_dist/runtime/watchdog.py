@@ -1,6 +1,7 @@
 """A start-up deadline that holds even while a C call keeps the interpreter busy.
 
-    with watchdog.Watchdog(300, "octo-dist: error: rank 1/2: {stage} did not complete within 300 s", exit_code=1) as dog:
+    message = "octo-dist: error: rank 1/2: {stage} did not complete within 300 s"
+    with watchdog.Watchdog(300, message, exit_code=1) as dog:
         dog.stage("MPI_Init")             # the message names the last stage set
         from mpi4py import MPI            # may block forever with the GIL held
 

@@ -59,7 +59,8 @@ _PLUGIN = re.compile(r"^jax-cuda(\d+)-plugin$")
 
 
 def cuda_plugin(versions: Mapping[str, str]) -> Optional[Tuple[str, int]]:
-    """The installed CUDA plugin of PyPI's jaxlib: ``{"jax-cuda12-plugin": "0.4.23"}`` -> ``("jax-cuda12-plugin", 12)``."""
+    """The installed CUDA plugin of PyPI's jaxlib and its CUDA major version:
+    ``{"jax-cuda12-plugin": "0.4.23"}`` -> ``("jax-cuda12-plugin", 12)``."""
     for name in sorted(versions):
         m = _PLUGIN.match(name)
         if m:

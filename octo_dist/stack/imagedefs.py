@@ -1,4 +1,5 @@
-"""The container definitions (``Dockerfile``, ``singularity.def``, ``singularity-cuda12.def``) checked against env/stack.toml.
+"""The container definitions (``Dockerfile``, ``singularity.def``, ``singularity-cuda12.def``) checked against
+env/stack.toml.
 
 Both definitions pin their base image and run ``containers/install.sh`` for a profile; env/ is the
 one place those pins are decided. This module reads the definitions as text and reports every place
@@ -18,8 +19,9 @@ Conventions the checks rely on, written in both definitions:
 * one Singularity definition per GPU profile (:func:`definition_file`): ``singularity.def`` for ``cuda11`` (the
   first, whose name ``make sif`` and the README have always used), ``singularity-<profile>.def`` for the others
   (``singularity-cuda12.def``); each has ``From: <repo>@<digest>`` and the same labels.
-* GPU images (the ``cuda11``/``cuda12`` targets, the definitions) run ``containers/os-packages.sh ... --infiniband``, whose
-  ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`: without rdma-core's userland NCCL uses TCP sockets.
+* GPU images (the ``cuda11``/``cuda12`` targets, the definitions) run
+  ``containers/os-packages.sh ... --infiniband``, whose ``infiniband=(...)`` array holds :data:`INFINIBAND_PACKAGES`:
+  without rdma-core's userland NCCL uses TCP sockets.
 """
 
 from __future__ import annotations
@@ -327,142 +329,185 @@ def check_dockerfile(text: str, manifest: mf.Manifest, version: str = __version_
     df = parse_dockerfile(text)
     findings = stale_pins(DOCKERFILE, text, manifest, version)
     pinned_args = parse_dockerfile(render(text, manifest, version)).args
-    fix_pins = RENDER_FIX
     for profile in (p for p in manifest.profiles.values() if p.image_base):
-        where = f"{DOCKERFILE} target {profile.name}"
-        image = manifest.images[profile.image_base]
-        if df.stage(profile.name) is None:
-            findings.append(
-                Finding(
-                    where,
-                    f"no stage named {profile.name!r} (stages: "
-                    f"{', '.join(s.name for s in df.stages if s.name) or 'none'})",
-                    f"a final stage `FROM ... AS {profile.name}` for `--target {profile.name}`",
-                    f"add the stage; `make docker PROFILE={profile.name}` builds it",
-                )
+        findings += _check_target(df, profile, manifest.images[profile.image_base], pinned_args)
+    return findings
+
+
+def _check_target(
+    df: Dockerfile, profile: mf.Profile, image: mf.BaseImage, pinned_args: Mapping[str, str]
+) -> list[Finding]:
+    """The findings of one profile's ``--target``: its stage, base image, environment, labels, install, user,
+    command and build-time secrets, in that order."""
+    where = f"{DOCKERFILE} target {profile.name}"
+    if df.stage(profile.name) is None:
+        return [
+            Finding(
+                where,
+                f"no stage named {profile.name!r} (stages: "
+                f"{', '.join(s.name for s in df.stages if s.name) or 'none'})",
+                f"a final stage `FROM ... AS {profile.name}` for `--target {profile.name}`",
+                f"add the stage; `make docker PROFILE={profile.name}` builds it",
             )
-            continue
-        chain, base = _chain(df, profile.name)
-        # With the ARGs as rendered: a stale ARG is stale_pins' finding; this one is a FROM on the wrong ARGs.
-        resolved = substitute(base, pinned_args)
-        if resolved != image.pinned:
-            findings.append(
-                Finding(
-                    where,
-                    f"base image {base!r} = {resolved!r}",
-                    f"{image.pinned!r} (env/stack.toml [images.{image.name}])",
-                    fix_pins,
-                )
-            )
-        env = _env_of(chain, "ENV")
-        if env.get(mf.PROFILE_ENV) != profile.name:
-            findings.append(
-                Finding(
-                    where,
-                    f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}",
-                    repr(profile.name),
-                    f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage",
-                )
-            )
-        if env.get(mf.MANIFEST_ENV) != IMAGE_MANIFEST:
-            findings.append(
-                Finding(
-                    where,
-                    f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}",
-                    repr(IMAGE_MANIFEST),
-                    f"COPY env/ to {IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={IMAGE_MANIFEST}`",
-                )
-            )
-        labels = {k: substitute(v, df.args) for k, v in _env_of(chain, "LABEL").items()}
-        for label in REQUIRED_LABELS:
-            if label not in labels:
-                findings.append(
-                    Finding(
-                        where,
-                        f"no LABEL {label}",
-                        "the OCI labels source, revision, version, "
-                        "base.name, base.digest and the profile",
-                        f"add `LABEL {label}=...`",
-                    )
-                )
-        if labels.get(PROFILE_LABEL, profile.name) != profile.name:
-            findings.append(
-                Finding(
-                    where,
-                    f"LABEL {PROFILE_LABEL}={labels[PROFILE_LABEL]!r}",
-                    repr(profile.name),
-                    f'LABEL {PROFILE_LABEL}="{profile.name}"',
-                )
-            )
-        reach = _reachable(df, profile.name)
-        if not install_runs(target_runs(df, profile.name), profile.name):
-            findings.append(
-                Finding(
-                    where,
-                    f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
-                    "the one install script, for this target's profile",
-                    f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git",
-                )
-            )
-        if profile.gpu and not any(
-            INFINIBAND_RUN.search(i.args)
-            for s in chain
-            for i in s.instructions
-            if i.keyword == "RUN"
-        ):
-            findings.append(
-                Finding(
-                    where,
-                    "no RUN of `os-packages.sh runtime --infiniband` in its stages",
-                    f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
-                    "else NCCL runs over TCP sockets between nodes",
-                    "RUN bash /tmp/os-packages.sh runtime --infiniband",
-                )
-            )
-        users = [
-            i.args.split(":")[0].strip()
-            for s in reversed(chain)
-            for i in s.instructions
-            if i.keyword == "USER"
         ]
-        if not users or users[-1] in ("root", "0"):
+    chain, base = _chain(df, profile.name)
+    findings = []
+    # With the ARGs as rendered: a stale ARG is stale_pins' finding; this one is a FROM on the wrong ARGs.
+    resolved = substitute(base, pinned_args)
+    if resolved != image.pinned:
+        findings.append(
+            Finding(
+                where,
+                f"base image {base!r} = {resolved!r}",
+                f"{image.pinned!r} (env/stack.toml [images.{image.name}])",
+                RENDER_FIX,
+            )
+        )
+    findings += _target_env(where, chain, profile)
+    findings += _target_labels(where, df, chain, profile)
+    findings += _target_installs(where, df, chain, profile)
+    findings += _target_user_and_command(where, chain)
+    findings += _target_secrets(where, _reachable(df, profile.name))
+    return findings
+
+
+def _target_env(where: str, chain: list[Stage], profile: mf.Profile) -> list[Finding]:
+    """The profile and the manifest's path in the target's environment."""
+    env = _env_of(chain, "ENV")
+    findings = []
+    if env.get(mf.PROFILE_ENV) != profile.name:
+        findings.append(
+            Finding(
+                where,
+                f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}",
+                repr(profile.name),
+                f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage",
+            )
+        )
+    if env.get(mf.MANIFEST_ENV) != IMAGE_MANIFEST:
+        findings.append(
+            Finding(
+                where,
+                f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}",
+                repr(IMAGE_MANIFEST),
+                f"COPY env/ to {IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={IMAGE_MANIFEST}`",
+            )
+        )
+    return findings
+
+
+def _target_labels(
+    where: str, df: Dockerfile, chain: list[Stage], profile: mf.Profile
+) -> list[Finding]:
+    """The OCI labels and the profile label, ARGs substituted."""
+    labels = {k: substitute(v, df.args) for k, v in _env_of(chain, "LABEL").items()}
+    findings = []
+    for label in REQUIRED_LABELS:
+        if label not in labels:
             findings.append(
                 Finding(
                     where,
-                    f"USER {users[-1] if users else '(none: root)'}",
-                    "a non-root user",
-                    "`USER octo` after the install, in the final stage",
+                    f"no LABEL {label}",
+                    "the OCI labels source, revision, version, "
+                    "base.name, base.digest and the profile",
+                    f"add `LABEL {label}=...`",
                 )
             )
-        cmds = [i.args for s in chain for i in s.instructions if i.keyword == "CMD"]
-        if not cmds or not re.search(r"octo-dist\W+check-env", cmds[0]):
-            findings.append(
-                Finding(
-                    where,
-                    f"CMD {cmds[0] if cmds else '(none)'}",
-                    '["octo-dist", "check-env"]',
-                    'CMD ["octo-dist", "check-env"]',
-                )
+    if labels.get(PROFILE_LABEL, profile.name) != profile.name:
+        findings.append(
+            Finding(
+                where,
+                f"LABEL {PROFILE_LABEL}={labels[PROFILE_LABEL]!r}",
+                repr(profile.name),
+                f'LABEL {PROFILE_LABEL}="{profile.name}"',
             )
-        for stage in reach:
-            for ins in stage.instructions:
-                if ins.keyword in ("ENV", "ARG"):
-                    names = (
-                        _key_values(ins.args)
-                        if ins.keyword == "ENV"
-                        else {ins.args.split("=")[0].strip(): ""}
+        )
+    return findings
+
+
+def _target_installs(
+    where: str, df: Dockerfile, chain: list[Stage], profile: mf.Profile
+) -> list[Finding]:
+    """The install script's RUN for the profile and, in a GPU image, the InfiniBand userland's."""
+    findings = []
+    if not install_runs(target_runs(df, profile.name), profile.name):
+        findings.append(
+            Finding(
+                where,
+                f"no RUN of `{INSTALL_SCRIPT} {profile.name} ...` in its stages",
+                "the one install script, for this target's profile",
+                f"RUN {INSTALL_SCRIPT} {profile.name} {IMAGE_PREFIX}/venv --require-git",
+            )
+        )
+    if profile.gpu and not any(
+        INFINIBAND_RUN.search(i.args) for s in chain for i in s.instructions if i.keyword == "RUN"
+    ):
+        findings.append(
+            Finding(
+                where,
+                "no RUN of `os-packages.sh runtime --infiniband` in its stages",
+                f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                "else NCCL runs over TCP sockets between nodes",
+                "RUN bash /tmp/os-packages.sh runtime --infiniband",
+            )
+        )
+    return findings
+
+
+def _target_user_and_command(where: str, chain: list[Stage]) -> list[Finding]:
+    """A non-root final user, and ``check-env`` as the command."""
+    findings = []
+    users = [
+        i.args.split(":")[0].strip()
+        for s in reversed(chain)
+        for i in s.instructions
+        if i.keyword == "USER"
+    ]
+    if not users or users[-1] in ("root", "0"):
+        findings.append(
+            Finding(
+                where,
+                f"USER {users[-1] if users else '(none: root)'}",
+                "a non-root user",
+                "`USER octo` after the install, in the final stage",
+            )
+        )
+    cmds = [i.args for s in chain for i in s.instructions if i.keyword == "CMD"]
+    if not cmds or not re.search(r"octo-dist\W+check-env", cmds[0]):
+        findings.append(
+            Finding(
+                where,
+                f"CMD {cmds[0] if cmds else '(none)'}",
+                '["octo-dist", "check-env"]',
+                'CMD ["octo-dist", "check-env"]',
+            )
+        )
+    return findings
+
+
+def _target_secrets(where: str, reach: list[Stage]) -> list[Finding]:
+    """ENV or ARG names of credentials in any stage whose output reaches the target."""
+    findings = []
+    for stage in reach:
+        for ins in stage.instructions:
+            if ins.keyword not in ("ENV", "ARG"):
+                continue
+            names = (
+                _key_values(ins.args)
+                if ins.keyword == "ENV"
+                else {ins.args.split("=")[0].strip(): ""}
+            )
+            for name in names:
+                if SECRET_NAME.search(name):
+                    findings.append(
+                        Finding(
+                            f"{where} (stage {stage.name or stage.base})",
+                            f"{ins.keyword} {name}",
+                            "no credential or CA set at build time",
+                            "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
+                            "build secret (RUN --mount=type=secret,id=ca)",
+                        )
                     )
-                    for name in names:
-                        if SECRET_NAME.search(name):
-                            findings.append(
-                                Finding(
-                                    f"{where} (stage {stage.name or stage.base})",
-                                    f"{ins.keyword} {name}",
-                                    "no credential or CA set at build time",
-                                    "pass it at run time (docker run -e, SINGULARITYENV_...) or as a "
-                                    "build secret (RUN --mount=type=secret,id=ca)",
-                                )
-                            )
     return findings
 
 
@@ -517,6 +562,17 @@ def check_definition(
     profile = manifest.profile(profile_name)
     w = definition_file(profile_name)
     findings = stale_pins(w, text, manifest, version, profile_name)
+    findings += _definition_layout(w, d)
+    findings += _definition_post(w, d, profile)
+    findings += _definition_environment(w, d, profile)
+    findings += _definition_run_and_test(w, d)
+    findings += _definition_labels(w, d, profile)
+    return findings
+
+
+def _definition_layout(w: str, d: Definition) -> list[Finding]:
+    """The docker bootstrap, every section, and the source trees copied in under %files."""
+    findings = []
     if d.header.get("bootstrap", "").lower() != "docker":
         findings.append(
             Finding(
@@ -552,6 +608,12 @@ def check_definition(
                     f"`{needed} {IMAGE_PREFIX}/{needed}` under %files",
                 )
             )
+    return findings
+
+
+def _definition_post(w: str, d: Definition, profile: mf.Profile) -> list[Finding]:
+    """%post runs the install script for the profile (``--require-git``) and, for a GPU, the InfiniBand packages."""
+    findings = []
     post = shell_body(d.sections.get("post", []))
     installs = install_runs(post.splitlines(), profile.name)
     if not installs:
@@ -582,6 +644,12 @@ def check_definition(
                 f"bash {IMAGE_PREFIX}/{OS_PACKAGES_SCRIPT} build --infiniband",
             )
         )
+    return findings
+
+
+def _definition_environment(w: str, d: Definition, profile: mf.Profile) -> list[Finding]:
+    """%environment sets the profile, ``PYTHONNOUSERSITE`` and the manifest; no ``LD_LIBRARY_PATH``, no secret."""
+    findings = []
     env_body = shell_body(d.sections.get("environment", []))
     env = dict(re.findall(r"(?:export\s+)?(\w+)=(\S*)", env_body))
     for name, want in (
@@ -618,6 +686,12 @@ def check_definition(
                     f"pass it at run time: SINGULARITYENV_{name}=... or --env-file",
                 )
             )
+    return findings
+
+
+def _definition_run_and_test(w: str, d: Definition) -> list[Finding]:
+    """%runscript execs ``octo-dist``; %test runs ``check-env --no-gpu``."""
+    findings = []
     runscript = shell_body(d.sections.get("runscript", []))
     if not re.search(r"\bexec\b.*\bocto-dist\b", runscript):
         findings.append(
@@ -635,6 +709,12 @@ def check_definition(
                 "octo-dist check-env --no-gpu",
             )
         )
+    return findings
+
+
+def _definition_labels(w: str, d: Definition, profile: mf.Profile) -> list[Finding]:
+    """%labels holds the OCI labels and the profile's."""
+    findings = []
     labels = dict(
         ln.strip().split(None, 1)
         for ln in d.sections.get("labels", [])
@@ -786,7 +866,8 @@ def refresh_digests(source: Path, resolve: Resolver) -> dict[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m octo_dist.stack.imagedefs", description=__doc__.splitlines()[0]
+        prog="python -m octo_dist.stack.imagedefs",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
     )
     parser.add_argument(
         "command",

@@ -1,1 +1,2 @@
-"""A cluster on one machine for tests: namespaced nodes, an ssh agent, scheduler environments, real Slurm, singularity."""
+"""A cluster on one machine for tests: namespaced nodes, an ssh agent, scheduler environments, real Slurm,
+singularity."""

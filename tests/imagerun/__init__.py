@@ -6,7 +6,8 @@ else its ``Cmd``, as its ``User`` (or ``--user``), in its ``WorkingDir`` (create
 mount, UTS, network and PID namespaces whose hostname resolves through /etc/hosts. This module reads those fields
 from ``buildah inspect`` (pure: :func:`image_config`, :func:`run_spec`) and reproduces the rest with
 ``unshare`` and ``chroot`` on the image's mounted root filesystem (:func:`run`). What it does not reproduce:
-cgroups, seccomp, capabilities dropped for root, and a routed network (the container's eth0 is a veth pair with both ends inside).
+cgroups, seccomp, capabilities dropped for root, and a routed network (the container's eth0 is a veth pair with both
+ends inside).
 """
 
 from __future__ import annotations

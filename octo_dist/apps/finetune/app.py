@@ -22,6 +22,11 @@ what several processes need:
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
 Not carried over: the fork's validation/visualisation/rollout callbacks (``eval_interval``).
+
+The data pipeline (``make_single_dataset``'s, this process's share of each batch) is :mod:`.pipeline`'s; here
+:func:`run` goes through the flow one named step at a time (the model config, the model, the run directory, the
+report), each marking its phase of the start-up profile. TensorFlow and Octo are imported inside those steps only,
+so ``--help`` and the config checks start without them.
 """
 
 from __future__ import annotations
@@ -33,8 +38,7 @@ import json
 import logging
 import os
 import sys
-import warnings
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from octo_dist.apps import harness
@@ -45,6 +49,7 @@ from octo_dist.apps.finetune import (
     configfile,
     flagerrors,
     modelconfig,
+    pipeline,
     tfquiet,
 )
 from octo_dist.problems import Problem
@@ -53,221 +58,6 @@ from octo_dist.runtime import tracking
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id"
-
-
-def data_seed(seed: int, process_index: int, start_step: int) -> int:
-    """TensorFlow's seed for one process's data stream from ``start_step`` on.
-
-    Different per process (each shuffles and augments its own stream: together they draw ``batch_size`` examples
-    per step, as one process would) and per resume point (a resumed run does not replay the first batches; tf.data
-    shuffle buffers are not checkpointed, so a resumed run's batches are fresh draws, not the uninterrupted run's).
-    """
-    import numpy as np
-
-    return int(np.random.SeedSequence([seed, process_index, start_step]).generate_state(1)[0] >> 1)
-
-
-def process_batch(batch: dict, text_processor) -> dict:
-    """The fork's ``process_batch``: encode (or drop) the language instruction, drop the dataset name (strings)."""
-    from octo.utils.train_utils import process_text
-
-    batch = process_text(batch, text_processor)
-    del batch["dataset_name"]
-    return batch
-
-
-class OctoData:
-    """This process's slice of the global batch, from the fork's single-dataset pipeline (``train.fit``'s data
-    interface).
-
-    The pipeline is built once per rank, seeded for the step training starts at, and its first batch is both the
-    example the parameters are initialised on and training's first batch: start-up reads the data once, not three
-    times (statistics, example, training), and fills the shuffle buffer once.
-
-    It is ``make_single_dataset``'s (``make_dataset_from_rlds``, then ``apply_trajectory_transforms``) with the frame
-    transforms (image decoding, resizing, augmentation: ``apply_frame_transforms``) applied after the shuffle, as
-    Octo's own ``make_interleaved_dataset`` orders them, not before it. The shuffle buffer then holds encoded frames:
-    the fork's decodes and augments every frame that fills it (10,000 with the default config; 5.9 GB and most of
-    its start-up on the debug dataset) although a step takes 8 of them. Each batch's frames are still decoded and
-    augmented once, with their own random augmentation, so the batches are drawn from the same distribution.
-
-    The first batch is made in a thread from construction on: the pretrained model is read and the step compiled
-    meanwhile, from the batch's shapes (:meth:`batch_spec`). ``example`` waits for it.
-
-    Args:
-      start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
-        augmentation seeds follow it.
-      build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
-        config). ``transform``: the frame transforms, over a dataset of frames (default: Octo's
-        ``apply_frame_transforms`` for the config's ``frame_transform_kwargs``). ``process``: one batch -> what the
-        model reads (default: Octo's ``process_batch``).
-    """
-
-    def __init__(
-        self,
-        job_config: config.FinetuneJob,
-        text_processor,
-        local_batch_size: int,
-        process_index: int,
-        process_count: int,
-        start_step: int = 0,
-        build=None,
-        process=None,
-        transform=None,
-    ):
-        from octo_dist.runtime import startclock
-
-        self.config = job_config
-        self.text_processor = text_processor
-        self.local_batch_size = local_batch_size
-        self.process_index = process_index
-        self.builds = 0  # how many times the pipeline was built on this rank (tests, logs)
-        self._build_fn = build or self._make_trajectories
-        self._transform = transform or self._frame_transforms
-        self._process = process or functools.partial(process_batch, text_processor=text_processor)
-        # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
-        # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
-        self.start_step = start_step
-        if process_index == 0:
-            dataset = self._seeded_build(start_step)
-        if process_count > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(
-                "octo_dist.apps.finetune.app: dataset statistics written"
-            )
-        if process_index != 0:
-            dataset = self._seeded_build(start_step)
-        self.dataset_statistics = dataset.dataset_statistics
-        self._frames = self._flattened(dataset)  # examples in file order (batch_spec reads one)
-        self._pipeline = self._pipeline_of(dataset, start_step)
-        self._stream = self._batches_of(self._pipeline)
-        # Training's first batch, kept for the parameters' initialisation; made beside the model's load and
-        # compilation. The thread touches TensorFlow only: no JAX collective, so ranks cannot cross them.
-        self._first = startclock.Background("first_batch", next, self._stream)
-
-    @property
-    def example(self) -> dict:
-        """The first batch (waits for the shuffle buffer to fill)."""
-        return self._first.result()
-
-    def batch_spec(self) -> dict:
-        """This process's batch as ``jax.ShapeDtypeStruct`` leaves, known before the first batch is: tf.data's
-        element spec, through ``process`` (on a batch of zeros and empty strings). Where tf.data does not know a
-        dimension (decoded images' channels: ``(1, 256, 256, None)``), from one example read ahead of the shuffle
-        buffer (one trajectory decoded)."""
-        import jax
-        import numpy as np
-        import tensorflow as tf
-
-        spec = self._pipeline.element_spec
-        leaves = tf.nest.flatten(spec)
-        if any(None in s.shape[1:] for s in leaves):
-            one = next(iter(self._transform(self._frames.take(1)).as_numpy_iterator()))
-            shapes = [np.shape(x) for x in tf.nest.flatten(one)]
-        else:
-            shapes = [tuple(s.shape[1:]) for s in leaves]
-
-        def zeros(s, shape):
-            shape = (self.local_batch_size, *shape)
-            if s.dtype == tf.string:
-                return np.full(shape, b"", dtype=object)
-            return np.zeros(shape, s.dtype.as_numpy_dtype)
-
-        fake = tf.nest.pack_sequence_as(spec, [zeros(s, sh) for s, sh in zip(leaves, shapes)])
-        return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._process(fake)
-        )
-
-    def _make_trajectories(self):
-        from octo.data.dataset import apply_trajectory_transforms, make_dataset_from_rlds
-
-        c = self.config.plain_config()
-        dataset, statistics = make_dataset_from_rlds(**c["dataset_kwargs"], train=True)
-        dataset = apply_trajectory_transforms(
-            dataset, **c.get("traj_transform_kwargs", {}), train=True
-        )
-        # make_single_dataset's: "seems to reduce memory usage without affecting speed" (a tf.data option)
-        dataset = dataset.with_ram_budget(1)
-        dataset.dataset_statistics = statistics
-        return dataset
-
-    def _frame_transforms(self, frames):
-        from octo.data.dataset import apply_frame_transforms
-
-        c = self.config.plain_config()
-        return apply_frame_transforms(frames, **c.get("frame_transform_kwargs", {}), train=True)
-
-    @staticmethod
-    def _flattened(dataset):
-        frames = dataset.unbatch()
-        # dlimp's frame_map maps frames of trajectories unless told the elements are frames (what its flatten() sets)
-        frames.is_flattened = True
-        return frames
-
-    def _seeded_build(self, start_step: int):
-        import tensorflow as tf
-
-        # Set before the pipeline is built: tf.data fixes its file-shuffle and augmentation seeds then.
-        tf.random.set_seed(data_seed(self.config.config.seed, self.process_index, start_step))
-        self.builds += 1
-        with warnings.catch_warnings():
-            # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
-            # purpose (Octo's augmentation draws from the global seed set above).
-            warnings.filterwarnings(
-                "ignore", message="Seed .* from outer graph", category=UserWarning
-            )
-            return self._build_fn()
-
-    def _pipeline_of(self, dataset, start_step: int):
-        import tensorflow as tf
-
-        seed = data_seed(self.config.config.seed, self.process_index, start_step)
-        # dlimp builds its datasets with ``deterministic = False``: parallel reads and maps may then hand elements
-        # over in any order, and two runs with the same seeds drew different batches (losses 14.9366 vs 14.8042 at
-        # step 0, 2 runs of 7). Deterministic order costs some throughput; reproducible runs and resumes need it.
-        options = tf.data.Options()
-        options.deterministic = True
-        absl_log = logging.getLogger("absl")
-        level = absl_log.level
-        absl_log.setLevel(
-            logging.ERROR
-        )  # "Changing the value of option deterministic from False to True"
-        try:
-            dataset = dataset.with_options(options)
-        finally:
-            absl_log.setLevel(level)
-        # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
-        # drop_remainder: the stream repeats forever, so no batch is short; the batch axis is then known up front.
-        shuffled = self._flattened(dataset.repeat()).shuffle(
-            self.config.config.shuffle_buffer_size, seed=seed
-        )
-        shuffled.is_flattened = True
-        return (
-            self._transform(shuffled)
-            .batch(self.local_batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
-
-    def _batches_of(self, pipeline) -> Iterator[dict]:
-        for batch in pipeline.as_numpy_iterator():
-            yield self._process(batch)
-
-    def batches(self, start_step: int = 0) -> Iterator[dict]:
-        """Training's batches from ``start_step``: the example batch first, then the same stream."""
-        if start_step != self.start_step:
-            # Both come from the one resume decision (config.parse): a difference is a bug, not a case to handle.
-            raise RuntimeError(
-                f"OctoData.batches({start_step}) for a pipeline built for step {self.start_step}; expected the "
-                f"step decided before start-up"
-            )
-        stream, self._stream = self._stream, None
-        if stream is None:
-            raise RuntimeError(
-                "OctoData.batches was called twice; expected one training stream per process"
-            )
-        yield self.example
-        yield from stream
 
 
 class ScheduleTracker(tracking.Tracker):
@@ -409,31 +199,75 @@ def run(job_config: config.FinetuneJob, environ: Mapping[str, str] = os.environ)
 
 
 def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, str]) -> int:
-    import jax
+    """The fork's flow on this rank: the model config, the data, the model (compiled beside the data's first
+    batch), the run directory and tracker, training, the saved model, the report."""
+    from octo_dist.engine import data
+    from octo_dist.runtime import startclock
+
+    _import_the_stack(environ)
+    startclock.done("imports")  # TensorFlow, Octo and the engine
+
+    # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
+    rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
+    local_batch = data.local_batch_size(c.batch_size, rt.process_count, rt.device_count)
+    _log_plan(rt, c, local_batch)
+    pretrained_dir, model_config, text_processor = _model_config(c, plain)
+    startclock.done("model_load")
+
+    # --- data: this process's share, its own seed; the first batch fills the shuffle buffer in a thread ------------
+    source = pipeline.OctoData(
+        cfg,
+        text_processor,
+        local_batch,
+        rt.process_index,
+        rt.process_count,
+        start_step=cfg.resume.start,
+    )
+    startclock.done("dataset")
+
+    model = _make_model(cfg, plain, pretrained_dir, model_config, text_processor, source)
+    tracker = _open_run(cfg, rt, plain, environ)
+    result, timing = harness.fit(
+        job,
+        model.policy,
+        model.ahead.tx,
+        source,
+        _train_config(cfg),
+        tracker=ScheduleTracker(tracker, model.ahead.lr_schedule),
+        params=model.params,
+        fingerprint=cfg.fingerprint(),
+        engine=model.ahead.engine,
+    )
+    out_dir = cfg.run_dir
+    if out_dir and result.end_step > result.start_step:
+        _save_pretrained(model, model_config, plain, result, out_dir)
+    return _report(job, c, result, timing, local_batch, out_dir)
+
+
+def _import_the_stack(environ: Mapping[str, str]) -> None:
+    """Import TensorFlow (kept off the GPUs), Octo and the engine: the start-up profile's "imports" phase."""
+    import jax  # noqa: F401
     import tensorflow as tf
 
     # TensorFlow only reads data; left alone it reserves GPU memory JAX needs.
     tf.config.set_visible_devices([], "GPU")
     tfquiet.quiet_autograph(environ)
-    from octo.model.octo_model import OctoModel
-    from octo.utils.spec import ModuleSpec
-    from octo.utils.train_utils import check_config_diff
+    import octo.model.octo_model  # noqa: F401
+    import octo.utils.spec  # noqa: F401
+    import octo.utils.train_utils  # noqa: F401
 
-    import numpy as np
+    import numpy  # noqa: F401
 
-    from octo_dist.engine import data
-    from octo_dist.engine import parallel
-    from octo_dist.engine import train
-    from octo_dist.policies import gather
-    from octo_dist.policies import octo
-    from octo_dist.runtime import startclock
+    import octo_dist.engine.data  # noqa: F401
+    import octo_dist.engine.parallel  # noqa: F401
+    import octo_dist.engine.train  # noqa: F401
+    import octo_dist.policies.gather  # noqa: F401
+    import octo_dist.policies.octo  # noqa: F401
 
-    startclock.done("imports")  # TensorFlow, Octo and the engine
 
-    # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
-    rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
+def _log_plan(rt, c, local_batch: int) -> None:
+    """One log line with what this run does: processes, weights, dataset, mode, batch and steps."""
     pretrained_path = c.get("pretrained_path") or None
-    local_batch = data.local_batch_size(c.batch_size, rt.process_count, rt.device_count)
     log.info(
         "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
         "  global batch %d = %d per process x %d processes (%d devices), %d steps",
@@ -450,8 +284,16 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         c.num_steps,
     )
 
-    # --- the model config: the pretrained model's config.json, edited (or the config's own model_config) ------------
-    # Only the config now (the text processor encodes the data); the weights are read while the data loads.
+
+def _model_config(c, plain: dict) -> tuple:
+    """The model config: the pretrained model's config.json, edited (or the config's own model_config); and the text
+    processor it names. ``(pretrained_dir or None, model_config, text_processor or None)``.
+
+    Only the config now (the text processor encodes the data); the weights are read while the data loads."""
+    from octo.utils.spec import ModuleSpec
+    from octo.utils.train_utils import check_config_diff
+
+    pretrained_path = c.get("pretrained_path") or None
     pretrained_dir = resolve_pretrained(str(pretrained_path)) if pretrained_path else None
     base = pretrained_config(pretrained_dir) if pretrained_dir else plain["model_config"]
     model_config = modelconfig.edit_model_config(
@@ -460,19 +302,38 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     check_config_diff(model_config, base)
     spec = model_config.get("text_processor")
     text_processor = ModuleSpec.instantiate(spec)() if spec else None
-    startclock.done("model_load")
+    return pretrained_dir, model_config, text_processor
 
-    # --- data: this process's share, its own seed; the first batch fills the shuffle buffer in a thread ------------
-    source = OctoData(
-        cfg,
-        text_processor,
-        local_batch,
-        rt.process_index,
-        rt.process_count,
-        start_step=cfg.resume.start,
-    )
-    startclock.done("dataset")
 
+@dataclasses.dataclass
+class _Model:
+    """The model before training: its policy, its parameters (pretrained ones carried over), what
+    :func:`compile_ahead` made (optimizer, engine), and what ``save_pretrained`` records."""
+
+    policy: Any
+    params: Any
+    ahead: Ahead
+    frozen_keys: Any  # the optimizer's, resolved from finetuning_mode
+    first_example: Any  # the global batch's first example, the same on every rank
+    window: int  # the batch's observation window
+
+
+def _make_model(
+    cfg: config.FinetuneJob, plain: dict, pretrained_dir, model_config, text_processor, source
+) -> _Model:
+    """While the first batch fills the shuffle buffer: read the pretrained weights and compile the parameters' init
+    and the train step from the batch's shapes. Then initialise fresh parameters on the global example batch and
+    carry the pretrained ones over."""
+    import jax
+    import numpy as np
+    from octo.model.octo_model import OctoModel
+
+    from octo_dist.engine import parallel
+    from octo_dist.policies import gather
+    from octo_dist.policies import octo
+    from octo_dist.runtime import startclock
+
+    c = cfg.config
     # --- meanwhile: the pretrained weights read, the parameters' init and the train step compiled from shapes -------
     pretrained = None
     if pretrained_dir:
@@ -512,11 +373,16 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     first_example = jax.tree_util.tree_map(
         lambda x: np.asarray(x)[:1], gather.gathered(example, mesh)
     )
-    tx, lr_schedule = ahead.tx, ahead.lr_schedule
-
-    # --- where it goes -------------------------------------------------------------------------------------------
-    out_dir = cfg.run_dir
     window = int(example["observation"]["timestep_pad_mask"].shape[1])
+    return _Model(policy, params, ahead, optimizer_kwargs["frozen_keys"], first_example, window)
+
+
+def _open_run(
+    cfg: config.FinetuneJob, rt, plain: dict, environ: Mapping[str, str]
+) -> tracking.Tracker:
+    """The run directory (its finetune_config.json, written by rank 0) and the tracker; a resumed run continues
+    the wandb run whose id the directory keeps."""
+    c, out_dir = cfg.config, cfg.run_dir
     if out_dir is None:
         log.warning(
             "save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from"
@@ -553,8 +419,15 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     if out_dir and rt.is_main:
         with open(os.path.join(out_dir, RUN_ID_FILE), "w") as f:
             f.write(tracker.run_id)
+    return tracker
 
-    fit_cfg = train.TrainConfig(
+
+def _train_config(cfg: config.FinetuneJob):
+    """The engine's settings for this job: steps, seed, checkpoints under ``<run dir>/train_state``, resume."""
+    from octo_dist.engine import train
+
+    c = cfg.config
+    return train.TrainConfig(
         steps=c.num_steps,
         seed=c.seed,
         step_fn=cfg.step_fn,
@@ -563,36 +436,31 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         resume=cfg.resume,
         log_every=c.get("log_interval") or 1,
     )
-    result, timing = harness.fit(
-        job,
-        policy,
-        tx,
-        source,
-        fit_cfg,
-        tracker=ScheduleTracker(tracker, lr_schedule),
-        params=params,
-        fingerprint=cfg.fingerprint(),
-        engine=ahead.engine,
-    )
 
-    if out_dir and result.end_step > result.start_step:
-        # Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
-        # load_pretrained and the fork's eval scripts read the result. Collective: every process calls it.
-        model = policy.model(
-            result.state.params,
-            first_example,
-            # "optimizer": what Octo's own checkpoints hold, and what the fork's finetune.py reads in full mode
-            # (model.config["optimizer"]["frozen_keys"]: a KeyError without it): this run's, its frozen keys resolved.
-            {
-                **model_config,
-                "window_size": window,
-                "optimizer": {
-                    **plain["optimizer"],
-                    "frozen_keys": list(optimizer_kwargs["frozen_keys"]),
-                },
+
+def _save_pretrained(model: _Model, model_config: dict, plain: dict, result, out_dir: str) -> None:
+    """Octo's own layout too (config.json, example_batch.msgpack, dataset_statistics.json, <step>/default), so
+    load_pretrained and the fork's eval scripts read the result. Collective: every process calls it."""
+    octo_model = model.policy.model(
+        result.state.params,
+        model.first_example,
+        # "optimizer": what Octo's own checkpoints hold, and what the fork's finetune.py reads in full mode
+        # (model.config["optimizer"]["frozen_keys"]: a KeyError without it): this run's, its frozen keys resolved.
+        {
+            **model_config,
+            "window_size": model.window,
+            "optimizer": {
+                **plain["optimizer"],
+                "frozen_keys": list(model.frozen_keys),
             },
-        )
-        model.save_pretrained(result.end_step, out_dir)
+        },
+    )
+    octo_model.save_pretrained(result.end_step, out_dir)
+
+
+def _report(job: harness.Job, c, result, timing, local_batch: int, out_dir) -> int:
+    """Rank 0's closing lines and the run's summary; fails when the ranks' parameters differ."""
+    rt = job.runtime
     losses = [result.losses[k] for k in sorted(result.losses)]
     digests = harness.parameter_digests(result)
     same = len(set(digests)) == 1

@@ -24,7 +24,10 @@ STARTUP_ALIASES = {
 
 
 def with_aliases(argv: Sequence[str]) -> list:
-    """``["prog", "--step-fn=jit", "--compile-cache", "d"]`` -> ``["prog", "--step_fn=jit", "--compile_cache", "d"]``."""
+    """Each alias spelled as the flag it stands for (:data:`ALIASES`, :data:`STARTUP_ALIASES`):
+
+    ``["prog", "--step-fn=jit", "--compile-cache", "d"]`` -> ``["prog", "--step_fn=jit", "--compile_cache", "d"]``.
+    """
     out = []
     for a in argv:
         flag, eq, value = a.partition("=")

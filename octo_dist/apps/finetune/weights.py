@@ -87,9 +87,9 @@ def download(
     except Exception as e:
         raise WeightsError(
             f"could not download {source} into {local_dir}: {_short(e)}. Expected huggingface.co to be reachable: "
-            f"run `octo-dist weights` (or make weights) on a login node (ABCI compute nodes have no internet), behind the proxy if your "
-            f"site needs one (export HTTPS_PROXY=...). Or copy an Octo checkpoint directory (config.json, "
-            f"example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}"
+            f"run `octo-dist weights` (or make weights) on a login node (ABCI compute nodes have no internet), "
+            f"behind the proxy if your site needs one (export HTTPS_PROXY=...). Or copy an Octo checkpoint "
+            f"directory (config.json, example_batch.msgpack, dataset_statistics.json, <step>/) to {local_dir}"
         ) from None
     found = checkpoint_problems(local_dir)
     if found:

@@ -109,7 +109,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--compile-cache",
-        help="persistent compilation cache directory, or off (default: $OCTO_DIST_COMPILE_CACHE, else on GPUs ~/.cache/octo-dist/compile-cache)",
+        help="persistent compilation cache directory, or off "
+        "(default: $OCTO_DIST_COMPILE_CACHE, else on GPUs ~/.cache/octo-dist/compile-cache)",
     )
     p.add_argument(
         "--record",

@@ -46,14 +46,16 @@ def compare(reference: Mapping, distributed: Mapping, np_: int, tolerance: float
         rel = abs(a - b) / max(abs(a), abs(b), 1e-12)
         if rel > tolerance:
             out.append(
-                f"step {k}: loss {b!r} with {np_} processes vs {a!r} with 1 process (relative {rel:.2e} > {tolerance:g})"
+                f"step {k}: loss {b!r} with {np_} processes vs {a!r} with 1 process "
+                f"(relative {rel:.2e} > {tolerance:g})"
             )
     if len(set(distributed["digests"])) != 1:
         out.append(f"parameters differ across ranks: {distributed['digests']}")
     expected = distributed["global_batch"] // np_
     if set(distributed["reads_per_step"]) != {expected}:
         out.append(
-            f"examples read per rank per step {distributed['reads_per_step']}; expected {expected} (global batch / {np_})"
+            f"examples read per rank per step {distributed['reads_per_step']}; "
+            f"expected {expected} (global batch / {np_})"
         )
     if distributed["ranks"] != np_ or reference["devices"] != np_:
         out.append(

@@ -1,1 +1,2 @@
-"""``octo-dist validate``: the first thing to run on a GPU node (environment, scaling on the node, NCCL across nodes)."""
+"""``octo-dist validate``: the first thing to run on a GPU node (environment, scaling on the node, NCCL across
+nodes)."""

@@ -1,0 +1,235 @@
+"""The fine-tune's data: this process's share of each global batch, from Octo's single-dataset pipeline.
+
+    source = pipeline.OctoData(job_config, text_processor, local_batch_size=4, process_index=0, process_count=2)
+    source.batch_spec()        # the batch's shapes before any batch exists (the step compiles from them)
+    source.example             # the first batch (made in a thread while the model loads and compiles)
+    source.batches(0)          # training's batches: that first batch, then the same stream
+
+``train.fit`` reads it through its data interface (``batches``); :mod:`.app` builds it after the model config (the
+text processor encodes the instructions). TensorFlow, dlimp and Octo are imported only inside the functions that
+use them: ``octo-dist finetune --help`` and the config checks run without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Iterator
+
+from octo_dist.apps.finetune import config
+
+
+def data_seed(seed: int, process_index: int, start_step: int) -> int:
+    """TensorFlow's seed for one process's data stream from ``start_step`` on.
+
+    Different per process (each shuffles and augments its own stream: together they draw ``batch_size`` examples
+    per step, as one process would) and per resume point (a resumed run does not replay the first batches; tf.data
+    shuffle buffers are not checkpointed, so a resumed run's batches are fresh draws, not the uninterrupted run's).
+    """
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, process_index, start_step]).generate_state(1)[0] >> 1)
+
+
+def process_batch(batch: dict, text_processor) -> dict:
+    """The fork's ``process_batch``: encode (or drop) the language instruction, drop the dataset name (strings)."""
+    from octo.utils.train_utils import process_text
+
+    batch = process_text(batch, text_processor)
+    del batch["dataset_name"]
+    return batch
+
+
+class OctoData:
+    """This process's slice of the global batch, from the fork's single-dataset pipeline (``train.fit``'s data
+    interface).
+
+    The pipeline is built once per rank, seeded for the step training starts at, and its first batch is both the
+    example the parameters are initialised on and training's first batch: start-up reads the data once, not three
+    times (statistics, example, training), and fills the shuffle buffer once.
+
+    It is ``make_single_dataset``'s (``make_dataset_from_rlds``, then ``apply_trajectory_transforms``) with the frame
+    transforms (image decoding, resizing, augmentation: ``apply_frame_transforms``) applied after the shuffle, as
+    Octo's own ``make_interleaved_dataset`` orders them, not before it. The shuffle buffer then holds encoded frames:
+    the fork's decodes and augments every frame that fills it (10,000 with the default config; 5.9 GB and most of
+    its start-up on the debug dataset) although a step takes 8 of them. Each batch's frames are still decoded and
+    augmented once, with their own random augmentation, so the batches are drawn from the same distribution.
+
+    The first batch is made in a thread from construction on: the pretrained model is read and the step compiled
+    meanwhile, from the batch's shapes (:meth:`batch_spec`). ``example`` waits for it.
+
+    Args:
+      start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
+        augmentation seeds follow it.
+      build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
+        config). ``transform``: the frame transforms, over a dataset of frames (default: Octo's
+        ``apply_frame_transforms`` for the config's ``frame_transform_kwargs``). ``process``: one batch -> what the
+        model reads (default: Octo's ``process_batch``).
+    """
+
+    def __init__(
+        self,
+        job_config: config.FinetuneJob,
+        text_processor,
+        local_batch_size: int,
+        process_index: int,
+        process_count: int,
+        start_step: int = 0,
+        build=None,
+        process=None,
+        transform=None,
+    ):
+        from octo_dist.runtime import startclock
+
+        self.config = job_config
+        self.text_processor = text_processor
+        self.local_batch_size = local_batch_size
+        self.process_index = process_index
+        self.builds = 0  # how many times the pipeline was built on this rank (tests, logs)
+        self._build_fn = build or self._make_trajectories
+        self._transform = transform or self._frame_transforms
+        self._process = process or functools.partial(process_batch, text_processor=text_processor)
+        # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
+        # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
+        self.start_step = start_step
+        if process_index == 0:
+            dataset = self._seeded_build(start_step)
+        if process_count > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(
+                "octo_dist.apps.finetune.pipeline: dataset statistics written"
+            )
+        if process_index != 0:
+            dataset = self._seeded_build(start_step)
+        self.dataset_statistics = dataset.dataset_statistics
+        self._frames = self._flattened(dataset)  # examples in file order (batch_spec reads one)
+        self._pipeline = self._pipeline_of(dataset, start_step)
+        self._stream = self._batches_of(self._pipeline)
+        # Training's first batch, kept for the parameters' initialisation; made beside the model's load and
+        # compilation. The thread touches TensorFlow only: no JAX collective, so ranks cannot cross them.
+        self._first = startclock.Background("first_batch", next, self._stream)
+
+    @property
+    def example(self) -> dict:
+        """The first batch (waits for the shuffle buffer to fill)."""
+        return self._first.result()
+
+    def batch_spec(self) -> dict:
+        """This process's batch as ``jax.ShapeDtypeStruct`` leaves, known before the first batch is: tf.data's
+        element spec, through ``process`` (on a batch of zeros and empty strings). Where tf.data does not know a
+        dimension (decoded images' channels: ``(1, 256, 256, None)``), from one example read ahead of the shuffle
+        buffer (one trajectory decoded)."""
+        import jax
+        import numpy as np
+        import tensorflow as tf
+
+        spec = self._pipeline.element_spec
+        leaves = tf.nest.flatten(spec)
+        if any(None in s.shape[1:] for s in leaves):
+            one = next(iter(self._transform(self._frames.take(1)).as_numpy_iterator()))
+            shapes = [np.shape(x) for x in tf.nest.flatten(one)]
+        else:
+            shapes = [tuple(s.shape[1:]) for s in leaves]
+
+        def zeros(s, shape):
+            shape = (self.local_batch_size, *shape)
+            if s.dtype == tf.string:
+                return np.full(shape, b"", dtype=object)
+            return np.zeros(shape, s.dtype.as_numpy_dtype)
+
+        fake = tf.nest.pack_sequence_as(spec, [zeros(s, sh) for s, sh in zip(leaves, shapes)])
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._process(fake)
+        )
+
+    def _make_trajectories(self):
+        from octo.data.dataset import apply_trajectory_transforms, make_dataset_from_rlds
+
+        c = self.config.plain_config()
+        dataset, statistics = make_dataset_from_rlds(**c["dataset_kwargs"], train=True)
+        dataset = apply_trajectory_transforms(
+            dataset, **c.get("traj_transform_kwargs", {}), train=True
+        )
+        # make_single_dataset's: "seems to reduce memory usage without affecting speed" (a tf.data option)
+        dataset = dataset.with_ram_budget(1)
+        dataset.dataset_statistics = statistics
+        return dataset
+
+    def _frame_transforms(self, frames):
+        from octo.data.dataset import apply_frame_transforms
+
+        c = self.config.plain_config()
+        return apply_frame_transforms(frames, **c.get("frame_transform_kwargs", {}), train=True)
+
+    @staticmethod
+    def _flattened(dataset):
+        frames = dataset.unbatch()
+        # dlimp's frame_map maps frames of trajectories unless told the elements are frames (what its flatten() sets)
+        frames.is_flattened = True
+        return frames
+
+    def _seeded_build(self, start_step: int):
+        import tensorflow as tf
+
+        # Set before the pipeline is built: tf.data fixes its file-shuffle and augmentation seeds then.
+        tf.random.set_seed(data_seed(self.config.config.seed, self.process_index, start_step))
+        self.builds += 1
+        with warnings.catch_warnings():
+            # "Seed ... from outer graph might be getting used by function Dataset_map_aug_and_dropout": it is, on
+            # purpose (Octo's augmentation draws from the global seed set above).
+            warnings.filterwarnings(
+                "ignore", message="Seed .* from outer graph", category=UserWarning
+            )
+            return self._build_fn()
+
+    def _pipeline_of(self, dataset, start_step: int):
+        import tensorflow as tf
+
+        seed = data_seed(self.config.config.seed, self.process_index, start_step)
+        # dlimp builds its datasets with ``deterministic = False``: parallel reads and maps may then hand elements
+        # over in any order, and two runs with the same seeds drew different batches (losses 14.9366 vs 14.8042 at
+        # step 0, 2 runs of 7). Deterministic order costs some throughput; reproducible runs and resumes need it.
+        options = tf.data.Options()
+        options.deterministic = True
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
+        absl_log.setLevel(
+            logging.ERROR
+        )  # "Changing the value of option deterministic from False to True"
+        try:
+            dataset = dataset.with_options(options)
+        finally:
+            absl_log.setLevel(level)
+        # prefetch: tf.data's threads make the next batches while the step runs (dlimp's ``iterator()`` does the same).
+        # drop_remainder: the stream repeats forever, so no batch is short; the batch axis is then known up front.
+        shuffled = self._flattened(dataset.repeat()).shuffle(
+            self.config.config.shuffle_buffer_size, seed=seed
+        )
+        shuffled.is_flattened = True
+        return (
+            self._transform(shuffled)
+            .batch(self.local_batch_size, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    def _batches_of(self, pipeline) -> Iterator[dict]:
+        for batch in pipeline.as_numpy_iterator():
+            yield self._process(batch)
+
+    def batches(self, start_step: int = 0) -> Iterator[dict]:
+        """Training's batches from ``start_step``: the example batch first, then the same stream."""
+        if start_step != self.start_step:
+            # Both come from the one resume decision (config.parse): a difference is a bug, not a case to handle.
+            raise RuntimeError(
+                f"OctoData.batches({start_step}) for a pipeline built for step {self.start_step}; expected the "
+                f"step decided before start-up"
+            )
+        stream, self._stream = self._stream, None
+        if stream is None:
+            raise RuntimeError(
+                "OctoData.batches was called twice; expected one training stream per process"
+            )
+        yield self.example
+        yield from stream
