@@ -42,11 +42,12 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import restore_signals
+from helpers import REPO, restore_signals
 
 from . import sim
 
@@ -139,6 +140,20 @@ def unavailable() -> Optional[str]:
     return None
 
 
+def blockers(paths: Sequence[Path]) -> list[Path]:
+    """The first directory on the way to each of ``paths`` that others may not enter (no o+x): ``/root`` for a
+    venv made from a pyenv Python in root's home."""
+    out: list[Path] = []
+    for path in paths:
+        real = Path(os.path.realpath(path))
+        for d in [*reversed(real.parents), real]:
+            if not os.stat(d).st_mode & 0o001:
+                if d not in out:
+                    out.append(d)
+                break
+    return out
+
+
 def remove_leftovers(run: Path = RUN) -> None:
     """What a crashed run left in ``run``. Its processes lived in the cluster's namespaces: ``sim`` killed them."""
     shutil.rmtree(run, ignore_errors=True)
@@ -161,8 +176,14 @@ def ensure_user(name: str = USER, home: Path = RUN / "home") -> pwd.struct_passw
 class Pbs:
     """``Pbs(cluster).up()`` on a cluster that is up; ``run(argv)``; ``job(id)``; ``wait_ended(id)``; ``down()``."""
 
-    def __init__(self, cluster: sim.Cluster, run: Path = RUN):
+    def __init__(
+        self,
+        cluster: sim.Cluster,
+        run: Path = RUN,
+        reach: Sequence[Path] = (Path(sys.base_prefix), Path(sys.prefix), REPO),
+    ):
         self.cluster = cluster
+        self.reach = reach
         self.run_dir = Path(run)
         self.exec = prefix()
         self.server = cluster.nodes[0]
@@ -263,6 +284,7 @@ class Pbs:
         remove_leftovers(self.run_dir)
         try:
             self._files()
+            self._open_the_way()
             self._install_datastore()
             self._start("pbs_comm", self.server, ["pbs_comm", "-N"])
             self._start("pbs_server", self.server, ["pbs_server", "-N", "-t", "create"])
@@ -299,6 +321,42 @@ class Pbs:
         agent.chmod(0o755)
         for node in self.cluster.nodes:
             self._pbs_home(node, server=node == self.server)
+
+    def _open_the_way(self) -> None:
+        """The jobs' user must run the venv's Python, which may live where only root may enter (a pyenv in
+        ``/root``): in each node's own mount namespace (the machine's is untouched), every such directory gets an
+        overlay whose top is enterable by all (mode 0711, on a tmpfs of that namespace), its content unchanged."""
+        for i, blocked in enumerate(blockers(self.reach)):
+            for node in self.cluster.nodes:
+                top = self.run_dir / "overlay" / node / str(i)
+                top.mkdir(parents=True)
+                script = (
+                    'mount -t tmpfs -o mode=0700 octo-dist-overlay "$1" && mkdir "$1/upper" "$1/work" '
+                    '&& chmod 0711 "$1/upper" && '
+                    'mount -t overlay octo-dist-overlay -o "lowerdir=$2,upperdir=$1/upper,workdir=$1/work" "$2"'
+                )
+                proc = subprocess.run(
+                    [
+                        "nsenter",
+                        "-t",
+                        str(self.cluster.pid(node)),
+                        "-m",
+                        "sh",
+                        "-c",
+                        script,
+                        "sh",
+                        str(top),
+                        str(blocked),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                if proc.returncode != 0:
+                    raise RuntimeError(
+                        f"{blocked} cannot be opened to the jobs' user on {node} (an overlay in its mount namespace): "
+                        f"{proc.stderr.strip()}; expected the venv's Python reachable by a user that is not root"
+                    )
 
     def _pbs_home(self, node: str, server: bool) -> None:
         """The layout pbs_postinstall makes, its pbs.conf, the mom's config and the site's job environment."""
