@@ -305,7 +305,8 @@ cluster = sim.Cluster(Path(sys.argv[1])).up()
 server = pbs.Pbs(cluster).up()
 pids = [p for n in cluster.nodes for p in cluster.processes_on(n)
         if b"pbs_" in Path(f"/proc/{p}/cmdline").read_bytes() or b"postgres" in Path(f"/proc/{p}/cmdline").read_bytes()]
-print(json.dumps(pids), flush=True)
+shmid = (pbs.RUN / "node001" / "datastore" / "postmaster.pid").read_text().splitlines()[6].split()[1]
+print(json.dumps({"pids": pids, "shmid": shmid}), flush=True)
 os.kill(os.getpid(), 9)  # no teardown at all
 """
 
@@ -323,8 +324,8 @@ def alive(pids: list) -> list:
 
 
 def test_a_crashed_run_leaves_no_daemon_and_no_file_behind(pbs_ready, tmp_path):
-    """A run killed with its daemons up (no teardown): the next set-up ends them and removes their run directory;
-    nothing was written to /etc."""
+    """A run killed with its daemons up (no teardown): the next set-up ends them and removes their run directory
+    and the postmaster's shared memory; nothing was written to /etc."""
     out, err = tmp_path / "crashed.out", tmp_path / "crashed.err"
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen(
@@ -336,7 +337,8 @@ def test_a_crashed_run_leaves_no_daemon_and_no_file_behind(pbs_ready, tmp_path):
         )
         rc = proc.wait(timeout=300)
     assert rc == -9, err.read_text()[-3000:]
-    daemons = json.loads(out.read_text())
+    crashed = json.loads(out.read_text())
+    daemons = crashed["pids"]
     # pbs_comm, pbs_server, pbs_sched, two pbs_mom, the postmaster and its workers
     assert len(daemons) >= 6, daemons
     with up(tmp_path / "next") as p:
@@ -345,6 +347,9 @@ def test_a_crashed_run_leaves_no_daemon_and_no_file_behind(pbs_ready, tmp_path):
             time.sleep(0.5)
         assert alive(daemons) == [], alive(daemons)
         assert p._nodes_free()
+        # The SIGKILLed postmaster's shared memory, which only its own clean exit would have removed.
+        segments = [ln.split()[1] for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
+        assert crashed["shmid"] not in segments, crashed
     assert not sim_pbs.RUN.exists()
     assert not Path("/etc/pbs.conf").exists()
 

@@ -155,7 +155,21 @@ def blockers(paths: Sequence[Path]) -> list[Path]:
 
 
 def remove_leftovers(run: Path = RUN) -> None:
-    """What a crashed run left in ``run``. Its processes lived in the cluster's namespaces: ``sim`` killed them."""
+    """What a crashed run left in ``run``, and the shared memory of its SIGKILLed postmaster (named in its
+    ``postmaster.pid``; removed once nothing is attached). Its processes lived in the cluster's namespaces: ``sim``
+    killed them."""
+    for pidfile in run.glob("*/datastore/postmaster.pid"):
+        try:
+            shmid = pidfile.read_text().splitlines()[6].split()[1]
+            attached = {
+                ln.split()[1]: ln.split()[6]
+                for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+                if len(ln.split()) > 6
+            }
+        except (OSError, IndexError):
+            continue
+        if attached.get(shmid) == "0":
+            subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
     shutil.rmtree(run, ignore_errors=True)
 
 
