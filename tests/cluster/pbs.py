@@ -448,6 +448,7 @@ class Pbs:
             "PBS_DATA_SERVICE_USER": DB_USER,
             "PBS_DATA_SERVICE_PORT": str(DB_PORT),
         }
+        self._wait_for_a_dead_postmaster()
         proc = self.run(argv, env=env, check=False, timeout=300)
         if proc.returncode != 0:
             # Seen 3 times in about 15 recoveries from a crashed run, beside another PBS cluster's tests and a CPU
@@ -455,6 +456,7 @@ class Pbs:
             # datastore; a postmaster it may have left is asked to stop; then once more.
             first = f"{proc.stdout.strip()} {proc.stderr.strip()}"
             self._stop_postmaster()
+            time.sleep(5)
             proc = self.run(argv, env=env, check=False, timeout=300)
         if proc.returncode != 0:
             log = self.home_of(self.server) / "spool" / "db_start.log"
@@ -463,6 +465,23 @@ class Pbs:
                 f"pbs_db_utility install_db failed twice ({proc.returncode}): {first} / {proc.stdout.strip()} "
                 f"{proc.stderr.strip()}\n--- {log.name} ---\n{said}"
             )
+
+    def _wait_for_a_dead_postmaster(self, timeout: float = 30) -> None:
+        """A crashed run's postmaster, SIGKILLed by the cluster's set-up, still named in its socket's lock file
+        (``/run/postgresql/.s.PGSQL.<port>.lock``) until it is reaped: PostgreSQL refuses to start while that pid
+        exists. Waits until it is gone (or is another program's again)."""
+        lock = Path("/run/postgresql") / f".s.PGSQL.{DB_PORT}.lock"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pid = int(lock.read_text().split()[0])
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                zombie = "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+            except (OSError, ValueError, IndexError):
+                return
+            if b"postgres" not in cmd and not zombie:
+                return
+            time.sleep(0.5)
 
     def _stop_postmaster(self, timeout: float = 20) -> None:
         """SIGINT (PostgreSQL's fast shutdown) to a postmaster of this cluster's datastore, and a wait for it."""
