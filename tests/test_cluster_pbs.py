@@ -47,7 +47,7 @@ LINGER_S = 100  # how long after the job's end the test watches for processes it
 # Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank.
 SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
 DIRECTIVE_MARK = "from-a-directive"
-PLACE_SCATTER = ("--resource", "place=scatter")  # one chunk per host, as a PBS user asks for it
+PLACE_SCATTER = ()  # one chunk per host: the rendered header asks for it (#PBS -l place=scatter)
 
 
 @pytest.fixture(scope="session")
@@ -405,12 +405,6 @@ def test_a_1_node_job_of_2_ranks_trains_and_exits_0(pbs, compile_cache):
     assert rec["end_step"] == STEPS and STEPS in verified_steps(job.save_dir), rec
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the PBS job passes nothing from the submitting shell (no qsub -V, no -v list): NCCL_*/OCTO_DIST_* are "
-    "absent from the job and its ranks",
-)
 def test_finding_2_the_submit_shells_forwarded_variables_reach_every_rank(two_nodes):
     ranks = two_nodes["ranks"]
     require(sorted(e["_host"] for e in ranks) == ["node001", "node002"], two_nodes["tail"])
@@ -422,11 +416,6 @@ def test_finding_2_the_submit_shells_forwarded_variables_reach_every_rank(two_no
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="chunks ask for no ncpus, so PBS sets NCPUS=1 and OMP_NUM_THREADS=1 for ranks given more CPUs",
-)
 def test_finding_6_ranks_get_the_cpus_they_are_given(two_nodes):
     """Each rank was given 2 CPUs (--cpus-per-rank 2, one rank per node): nothing may tell it it has 1."""
     ranks = two_nodes["ranks"]
@@ -451,11 +440,6 @@ def test_finding_6_ranks_get_the_cpus_they_are_given(two_nodes):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="select=N:mpiprocs=R without place=scatter lets PBS put two chunks on one host",
-)
 def test_finding_4_a_2_node_job_gets_two_hosts(pbs, compile_cache):
     """Rendered as a user does without a --resource: its chunks must land on two hosts. Read as soon as it runs."""
     job = launch(pbs, compile_cache, steps=LONG, step_time=LONG_STEP_TIME)
@@ -699,11 +683,6 @@ def test_a_lost_node_ends_the_job_naming_it(pbs, compile_cache):
 
 
 @pytest.mark.cluster_long
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="--chain submits the next job with qsub -v OCTO_DIST_AFTER=..., which replaces the script's own #PBS -v",
-)
 def test_finding_3_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs(
     pbs, compile_cache
 ):

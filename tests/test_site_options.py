@@ -47,10 +47,8 @@ def test_slurm_site_options_become_sbatch_lines():
 def test_grid_engine_queue_project_pe_and_pbs_resources():
     lines = header(*BASE["sge"], "--queue", "gpu.q", "--project", "p1", "--pe", "orte")
     assert {"#$ -q gpu.q", "#$ -P p1", "#$ -pe orte 8"} <= set(lines)
-    lines = header(*BASE["pbs"], "--resource", "place=scatter", "--resource", "ngpus_min=8")
-    assert {"#PBS -l place=scatter", "#PBS -l ngpus_min=8", "#PBS -l select=2:mpiprocs=8"} <= set(
-        lines
-    )
+    lines = header(*BASE["pbs"], "--resource", "mem=400gb", "--resource", "ngpus_min=8")
+    assert {"#PBS -l mem=400gb", "#PBS -l ngpus_min=8", "#PBS -l select=2:mpiprocs=8"} <= set(lines)
 
 
 @pytest.mark.parametrize(
@@ -64,11 +62,11 @@ def test_grid_engine_queue_project_pe_and_pbs_resources():
         (["slurm", "--directive", "#SBATCH -N3"], "sets --nodes"),
         (["pbs", "--directive", "#PBS -lselect=3"], "sets -l select"),
         (["slurm", "--directive", "#SBATCH --mail-type=END\nrm -rf ~"], "newline"),
-        (["slurm", "--directive", "#PBS -l place=scatter"], "is a pbs directive"),
+        (["slurm", "--directive", "#PBS -l mem=400gb"], "is a pbs directive"),
         (["slurm", "--directive=--mail-type=END"], "does not start with #SBATCH"),
         (["slurm", "--account", "a", "--directive", "#SBATCH -A b"], "sets --account"),
         (["pbs", "--directive", "#PBS -l walltime=9:00:00"], "sets -l walltime"),
-        (["pbs", "--directive", "#PBS -l place=scatter,select=3"], "sets -l select"),
+        (["pbs", "--directive", "#PBS -l mem=400gb,select=3"], "sets -l select"),
         (["pbs", "--resource", "select=3"], "--nodes/--ranks-per-node"),
         (["pbs", "--resource", "place"], "KEY=VALUE"),
         (["pbs", "--partition", "gpu"], "unrecognized argument"),
@@ -121,7 +119,7 @@ def test_directives_that_the_header_does_not_set_are_allowed():
     # Prefixes and clusters of options the header does not set: --mail is --mail-type or --mail-user.
     for line in ("#SBATCH --mail=END", "#SBATCH -vv", "#SBATCH --mem=0", "#SBATCH -Q"):
         assert line in header(*BASE["slurm"], "--directive", line)
-    assert "#PBS -l place=scatter" in header(*BASE["pbs"], "--directive", "#PBS -l place=scatter")
+    assert "#PBS -l mem=400gb" in header(*BASE["pbs"], "--directive", "#PBS -l mem=400gb")
 
 
 @pytest.mark.parametrize("scheduler", sorted(BASE))
@@ -249,10 +247,10 @@ def test_site_options_from_a_defaults_file_reach_only_their_scheduler(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     (tmp_path / "octo-dist.ini").write_text(
-        "[launch]\npartition = gpu\nqos = high\n[launch.pbs]\nresource = place=scatter ngpus_min=8\n"
+        "[launch]\npartition = gpu\nqos = high\n[launch.pbs]\nresource = mem=400gb ngpus_min=8\n"
     )
     assert cli.main(["launch", *BASE["slurm"], "--dry-run"]) == 0
     assert "#SBATCH --partition=gpu\n#SBATCH --qos=high\n" in capsys.readouterr().out
     assert cli.main(["launch", *BASE["pbs"], "--dry-run"]) == 0  # [launch]'s partition is not pbs's
     out = capsys.readouterr().out
-    assert "#PBS -l place=scatter\n#PBS -l ngpus_min=8\n" in out and "partition" not in out
+    assert "#PBS -l mem=400gb\n#PBS -l ngpus_min=8\n" in out and "partition" not in out

@@ -2,12 +2,14 @@
 arguments and answer with job ids as the real ones print them."""
 
 import json
+import os
 import sys
 
 import pytest
 
 from octo_dist import cli
-from octo_dist.jobs import submit
+from octo_dist.jobs.commands import FORWARD_NAMES, FORWARD_PREFIXES
+from octo_dist.jobs import schedulers, submit
 
 FAKE_SCHEDULER = f"""#!{sys.executable}
 # Records its argv; answers like PBS qsub ("12.pbs1"), Grid Engine qsub -terse ("12") or sbatch --parsable ("12").
@@ -38,6 +40,11 @@ def fake_scheduler(tmp_path, monkeypatch):
         (tools / name).write_text(FAKE_SCHEDULER)
         (tools / name).chmod(0o755)
     log = tmp_path / "submitted.log"
+    for name in list(
+        os.environ
+    ):  # PBS's submission names the shell's forwarded variables: none here
+        if name.startswith(FORWARD_PREFIXES) or name in FORWARD_NAMES:
+            monkeypatch.delenv(name)
     monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_SUBMIT_LOG", str(log))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -203,6 +210,11 @@ print(f"{{100 + n}}.pbs1")
 
 @pytest.fixture
 def odd_scheduler(tmp_path, monkeypatch):
+    for name in list(
+        os.environ
+    ):  # PBS's submission names the shell's forwarded variables: none here
+        if name.startswith(FORWARD_PREFIXES) or name in FORWARD_NAMES:
+            monkeypatch.delenv(name)
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "qsub").write_text(ODD_SCHEDULER)
@@ -291,3 +303,35 @@ def test_the_chains_maximum_is_in_launchs_help():
         cwd=REPO,
     ).stdout
     assert f"at most {submit.MAX_CHAIN}" in " ".join(help_text.split())
+
+
+def test_pbs_submits_the_shells_forwarded_variables_and_keeps_the_scripts_list(tmp_path):
+    """qsub passes nothing of the submitting shell unless told, and a command line's -v replaces the script's
+    "#PBS -v": the one -v holds both, the script's value winning, then the chain's predecessor."""
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n#PBS -N x\n#PBS -v MARK=script,B\n#PBS -vC=3\necho hi\n#PBS -v LATE=1\n"
+    )
+    environ = {
+        "NCCL_DEBUG": "INFO",
+        "MARK": "x",
+        "OCTO_DIST_MARK": "shell",
+        "PATH": "/bin",
+        "HOME": "/h",
+    }
+    pbs = schedulers.get("pbs")
+    assert pbs.submit_command(str(script), None, environ) == [
+        "qsub", "-v", "MARK=script,B,C=3,NCCL_DEBUG,OCTO_DIST_MARK", str(script)
+    ]  # fmt: skip
+    assert pbs.submit_command(str(script), "7.pbs", {**environ, "OCTO_DIST_AFTER": "6.pbs"}) == [
+        "qsub", "-W", "depend=afterany:7.pbs", "-v",
+        "MARK=script,B,C=3,NCCL_DEBUG,OCTO_DIST_MARK,OCTO_DIST_AFTER=7.pbs", str(script),
+    ]  # fmt: skip
+    script.write_text("#!/bin/bash\n#PBS -v OCTO_DIST_MARK=script\n")
+    assert pbs.submit_command(str(script), None, environ) == [
+        "qsub", "-v", "OCTO_DIST_MARK=script,NCCL_DEBUG", str(script)
+    ]  # fmt: skip
+    assert pbs.submit_command(str(tmp_path / "none.sh"), None, {}) == [
+        "qsub",
+        str(tmp_path / "none.sh"),
+    ]

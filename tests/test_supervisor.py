@@ -424,3 +424,24 @@ def test_the_process_state_is_read_after_the_last_parenthesis(tmp_path):
     assert rankguard.process_state(42, str(tmp_path)) == "S"
     assert rankguard.process_state(43, str(tmp_path)) == ""
     assert rankguard.process_state(os.getpid()) in ("R", "S")
+
+
+def test_a_rank_is_told_the_cpus_it_was_given_not_pbss_one():
+    pbs = {"NCPUS": "1", "OMP_NUM_THREADS": "1"}
+    assert rankguard.cpus_for_rank(pbs, 12) == {"NCPUS": "12", "OMP_NUM_THREADS": "12"}
+    assert rankguard.cpus_for_rank(pbs, 1) == {}
+    assert (
+        rankguard.cpus_for_rank({"NCPUS": "1", "OMP_NUM_THREADS": "4"}, 12) == {}
+    )  # the user's choice
+    assert rankguard.cpus_for_rank({"OMP_NUM_THREADS": "1"}, 12) == {}  # no PBS
+    assert rankguard.cpus_for_rank({"NCPUS": "16", "OMP_NUM_THREADS": "16"}, 12) == {}
+
+
+def test_the_rank_guard_starts_the_rank_with_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCPUS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "seen"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ['NCPUS'] + ' ' + os.environ['OMP_NUM_THREADS'])"
+    assert rankguard.main(str(tmp_path), [sys.executable, "-c", code]) == 0
+    n = len(os.sched_getaffinity(0))
+    assert out.read_text() == f"{max(n, 1)} {max(n, 1)}"

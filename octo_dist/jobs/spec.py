@@ -68,7 +68,7 @@ class JobSpec:
     lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
     devices_per_rank: int = 1  # GPUs each rank binds; ranks_per_node x this == gpus_per_node
     # The scheduler's own options (Scheduler.options), given or default: {"pe": "mpi", "queue": None},
-    # {"partition": "gpu"}, {"resources": ("place=scatter",)}; the scheduler's site_lines read them.
+    # {"partition": "gpu"}, {"resources": ("mem=400gb",)}; the scheduler's site_lines read them.
     site: Mapping = dataclasses.field(default_factory=dict)
     directives: tuple = ()  # header lines as given: ("#SBATCH --mail-type=END",)
 

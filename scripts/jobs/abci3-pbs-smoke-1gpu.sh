@@ -2,6 +2,7 @@
 #PBS -P gxx00000
 #PBS -q rt_HG
 #PBS -l select=1:mpiprocs=1
+#PBS -l place=scatter
 #PBS -l walltime=00:20:00
 #PBS -N octo-dist
 #PBS -j oe

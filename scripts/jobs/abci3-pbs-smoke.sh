@@ -2,6 +2,7 @@
 #PBS -P gxx00000
 #PBS -q rt_HF
 #PBS -l select=2:mpiprocs=8
+#PBS -l place=scatter
 #PBS -l walltime=00:30:00
 #PBS -N octo-dist
 #PBS -j oe

@@ -24,7 +24,7 @@ RESOURCE_TYPES = {
         1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test", ABCI3_NCCL
     ),
 }
-# "place=scatter", "ngpus=8": one PBS resource, KEY=VALUE.
+# "mem=400gb", "ngpus=8": one PBS resource, KEY=VALUE.
 RESOURCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.,:/+@%-]+)")
 
 
@@ -47,7 +47,7 @@ class Pbs(MpirunScheduler):
             metavar="KEY=VALUE",
             repeat=True,
             pattern=RESOURCE,
-            pattern_says="KEY=VALUE, one PBS resource (e.g. place=scatter)",
+            pattern_says="KEY=VALUE, one PBS resource (e.g. mem=400gb)",
         ),
     )
     resource_types = RESOURCE_TYPES
@@ -58,6 +58,7 @@ class Pbs(MpirunScheduler):
     depend_help = "qsub -W depend=afterany:ID"
     rendered_keys = {
         "-l select": "--nodes/--ranks-per-node",
+        "-l place": "--nodes (one chunk per node: place=scatter)",
         "-l walltime": "--walltime",
         "-q": "--resource-type",
         "-P": "--group",
@@ -77,6 +78,7 @@ class Pbs(MpirunScheduler):
 #PBS -P @{group}
 #PBS -q @{resource_type}
 #PBS -l select=@{nodes}:mpiprocs=@{ranks_per_node}
+#PBS -l place=scatter
 #PBS -l walltime=@{walltime}
 #PBS -N @{name}
 #PBS -j oe
@@ -125,12 +127,26 @@ class Pbs(MpirunScheduler):
         return _resource_keys(words, lower=True)
 
     def site_lines(self, spec):
-        # --resource place=scatter: "#PBS -l place=scatter"
+        # --resource mem=400gb: "#PBS -l mem=400gb"
         return [f"#PBS -l {r}" for r in spec.site.get("resources") or ()] + list(spec.directives)
 
-    def submit_command(self, script, after):
-        extra = ["-W", f"depend=afterany:{after}", "-v", f"{AFTER_ENV}={after}"] if after else []
-        return ["qsub", *extra, script]
+    def submit_command(self, script, after, environ=None):
+        # PBS passes nothing of the submitting shell unless told (no -V: a login node's PATH and libraries would
+        # follow), and a command line's -v replaces the script's "#PBS -v": one -v holds the script's list, the
+        # forwarded variables the shell has (by name: qsub reads their values) and the chain's predecessor.
+        from octo_dist.jobs.commands import FORWARD_NAMES, FORWARD_PREFIXES
+
+        environ = os.environ if environ is None else environ
+        listed = script_variables(script)
+        named = {v.split("=", 1)[0] for v in listed} | {AFTER_ENV}
+        shell = [
+            n
+            for n in sorted(environ)
+            if (n.startswith(FORWARD_PREFIXES) or n in FORWARD_NAMES) and n not in named
+        ]
+        variables = listed + shell + ([f"{AFTER_ENV}={after}"] if after else [])
+        extra = ["-W", f"depend=afterany:{after}"] if after else []
+        return ["qsub", *extra, *(["-v", ",".join(variables)] if variables else []), script]
 
     def submit_hint(self, script, group):
         return f"qsub {script}"
@@ -138,3 +154,25 @@ class Pbs(MpirunScheduler):
     def log_path(self, name, job, submit_dir, home):
         # -k oe keeps it in your home as NAME.oNUMBER while the job runs
         return os.path.join(home, f"{name}.o{job.split('.')[0]}")
+
+
+def script_variables(script: str) -> list:
+    """The ``#PBS -v`` entries of a job script's header, as written: ``#PBS -v A=1,B`` -> ``["A=1", "B"]``; [] when
+    it cannot be read (qsub then says so itself)."""
+    out = []
+    try:
+        with open(script) as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return out
+    for line in lines[1:]:
+        if line and not line.startswith("#"):
+            break  # qsub reads directives up to the first command
+        words = line.split()
+        if words[:1] == ["#PBS"]:
+            for i, word in enumerate(words[1:], 1):
+                if word == "-v" and i + 1 < len(words):
+                    out += [v for v in words[i + 1].split(",") if v]
+                elif word.startswith("-v") and len(word) > 2:
+                    out += [v for v in word[2:].split(",") if v]
+    return out

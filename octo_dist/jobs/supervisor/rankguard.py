@@ -91,6 +91,17 @@ def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, st
         return HUNG_STATUS, f"hung: stopped (SIGSTOP) for {stopped} s, ended"
 
 
+def cpus_for_rank(env: Mapping[str, str], cpus: int) -> dict:
+    """What the rank's environment must say of its CPUs, given the ``cpus`` it may run on (its affinity, which the
+    launcher's binding set). PBS sets NCPUS and OMP_NUM_THREADS to a chunk's ncpus, 1 for a chunk that asks for
+    none (``select=2:mpiprocs=1``): a rank given 12 cores would run 1 thread. Raised to ``cpus`` only where PBS's
+    pair says less (NCPUS=1, OMP_NUM_THREADS=1 -> 12); a value the user chose (the two differ) stays."""
+    ncpus = env.get("NCPUS", "")
+    if not ncpus.isdigit() or env.get("OMP_NUM_THREADS") != ncpus or int(ncpus) >= cpus:
+        return {}
+    return {"NCPUS": str(cpus), "OMP_NUM_THREADS": str(cpus)}
+
+
 def main(job_dir: str, command: Sequence[str]) -> int:
     procs = []
     pending = []  # signals that came before the rank started: sent to it once it has
@@ -107,7 +118,8 @@ def main(job_dir: str, command: Sequence[str]) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     try:
-        procs.append(subprocess.Popen(list(command)))
+        cpus = cpus_for_rank(os.environ, len(os.sched_getaffinity(0)))
+        procs.append(subprocess.Popen(list(command), env={**os.environ, **cpus} if cpus else None))
     except OSError as e:
         print(f"octo-dist job: cannot start {command[0]} ({e.strerror})", file=sys.stderr)
         write_note(job_dir, rank_of(os.environ), 127, socket.gethostname())
