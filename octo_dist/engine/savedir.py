@@ -32,12 +32,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from octo_dist import savelayout
 from octo_dist.engine import room
 from octo_dist.engine.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".octo-dist.lock"
+LOCK_NAME = (
+    savelayout.LOCK
+)  # ".octo-dist.lock": the save directory's names are in octo_dist/savelayout.py
 HEARTBEAT_S = 60
 STALE_AFTER_S = (
     15 * 60
