@@ -72,7 +72,9 @@ COMMANDS = {
 DEFAULT_COMMAND = "smoke"
 
 # A checker for a training command's arguments: raises ValueError (one line naming the bad flag and the closest
-# valid one) when the program would refuse them. Supplied by the caller, so jobs/ never imports the applications.
+# valid one) when the program would refuse them; a flag it does not know reads "unknown flag --stepz[, did you mean
+# --steps?]" (launch reads that name back to tell a launch flag given after -- apart). Supplied by the caller, so
+# jobs/ never imports the applications.
 Checker = Callable[[Sequence[str]], None]
 
 

@@ -636,7 +636,7 @@ def _training(o: LaunchOptions, alloc: _Allocation, checkers: Mapping[str, Check
         try:
             checker(argv)
         except ValueError as e:
-            _refuse_launch_flags(o, user_args, command_name)
+            _refuse_launch_flags(o, user_args, command_name, str(e))
             raise JobSpecError(
                 f"-- {command_name}: {e}",
                 f"flags that octo-dist {command_name} accepts",
@@ -674,15 +674,27 @@ def _check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Seque
         )
 
 
-def _refuse_launch_flags(o: LaunchOptions, user_args: Sequence[str], command_name: str) -> None:
-    """A flag of launch's own given after ``--`` (``-- finetune -o job.sh``): say where it belongs."""
+def _refuse_launch_flags(
+    o: LaunchOptions, user_args: Sequence[str], command_name: str, refusal: str
+) -> None:
+    """A flag of launch's own given after ``--`` (``-- finetune -o job.sh``): say where it belongs.
+
+    Only when the command itself called that flag unknown (its checker's "unknown flag -o"): smoke's own
+    ``--steps -5`` is smoke's refusal to report, though launch has a ``--steps`` too."""
+    unknown = re.match(r"unknown flag (\S+?)(?:=\S*)?(?:,|$)", refusal)
+    if unknown is None:
+        return
     own = {flag_of(f, o.scheduler) for f in option_fields()} | {
         "--" + f.name.replace("_", "-") for f in option_fields()
     }
     own |= {opt.option for opt in schedulers.get(o.scheduler).options}
+    # Compared without dashes: absl names the -o it refused "--o".
+    name = unknown.group(1).lstrip("-")
+    if name not in {f.lstrip("-") for f in own}:
+        return
     for i, arg in enumerate(user_args):
         flag = arg.split("=", 1)[0]
-        if flag in own:
+        if flag.startswith("-") and flag.lstrip("-") == name:
             value = user_args[i + 1] if i + 1 < len(user_args) and "=" not in arg else ""
             arg = f"{arg} {value}" if value and not value.startswith("-") else arg
             raise JobSpecError(
