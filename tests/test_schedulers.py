@@ -319,3 +319,70 @@ def test_the_job_runtime_replaces_only_regular_files(tmp_path):
     new = tmp_path / "runtime.pyz"
     assert job_runtime("-o", str(new)).stdout.startswith(f"wrote {new}: ")
     assert job_runtime("-o", str(new)).stdout.startswith(f"replaced the existing file {new}: ")
+
+
+# What OpenPBS 23.06's `qstat -Qf -F json rt_HF` prints once `qmgr -c "set queue rt_HF kill_delay=60"` set it
+# (trimmed); without that line the queue has no kill_delay key.
+QSTAT_QUEUE = """{
+    "timestamp":1764950000,
+    "pbs_version":"23.06.06",
+    "pbs_server":"node001",
+    "Queue":{
+        "rt_HF":{
+            "queue_type":"Execution",
+            "total_jobs":1,
+            "kill_delay":60,
+            "enabled":"True",
+            "started":"True"
+        }
+    }
+}"""
+
+
+def test_the_kill_delay_is_the_queues_or_pbss_default():
+    from octo_dist.jobs.schedulers import pbs
+
+    assert pbs.kill_delay(QSTAT_QUEUE, "rt_HF") == (60, "queue rt_HF's kill_delay")
+    unset = QSTAT_QUEUE.replace('"kill_delay":60,', "")
+    assert pbs.kill_delay(unset, "rt_HF") == (10, "PBS's default: queue rt_HF sets no kill_delay")
+    for said in ("", "qstat: Unknown queue", "[]", '{"Queue": {}}', '{"Queue": {"rt_HF": 3}}'):
+        assert pbs.kill_delay(said, "rt_HF") == (
+            10,
+            "PBS's default: qstat did not describe queue rt_HF",
+        )
+
+
+def test_the_job_asks_its_queues_kill_delay_of_qstat(tmp_path):
+    from octo_dist.jobs.schedulers import pbs
+
+    asked = tmp_path / "asked"
+    qstat = tmp_path / "qstat"
+    qstat.write_text(
+        f"#!/bin/sh\necho \"$@\" > {asked}\ncat <<'JSON'\n{QSTAT_QUEUE.replace('rt_HF', 'rt_HG')}\nJSON\n"
+    )
+    qstat.chmod(0o755)
+    nowhere = str(tmp_path / "no-pbs.conf")
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "PBS_QUEUE": "rt_HG", "PBS_CONF_FILE": nowhere}
+    assert pbs.queue_kill_delay(env) == (60, "queue rt_HG's kill_delay")
+    assert asked.read_text().split() == ["-Qf", "-F", "json", "rt_HG"]
+    assert pbs.queue_kill_delay({**env, "PBS_QUEUE": ""}) == (
+        10,
+        "PBS's default: PBS_QUEUE is not set",
+    )
+    assert pbs.queue_kill_delay(
+        {**env, "PATH": str(tmp_path / "none")}
+    ) == (  # a qstat not on PATH is not run
+        10,
+        "PBS's default: no qstat found (pbs.conf's PBS_EXEC, PATH)",
+    )
+    # PBS's own qstat (pbs.conf's PBS_EXEC) before another scheduler's on PATH (Grid Engine's /usr/bin/qstat)
+    (tmp_path / "opt" / "bin").mkdir(parents=True)
+    own = tmp_path / "opt" / "bin" / "qstat"
+    own.write_text("#!/bin/sh\necho 'qstat: Unknown queue' >&2\nexit 1\n")
+    own.chmod(0o755)
+    conf = tmp_path / "pbs.conf"
+    conf.write_text(f"PBS_SERVER=node001\nPBS_EXEC={tmp_path / 'opt'}\nPBS_HOME=/var/spool/pbs\n")
+    assert pbs.queue_kill_delay({**env, "PBS_CONF_FILE": str(conf)}) == (
+        10,
+        f"PBS's default: {own} -Qf rt_HG failed (qstat: Unknown queue)",
+    )

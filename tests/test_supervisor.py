@@ -26,7 +26,9 @@ from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 # FAKE_RANKS copies of the rest (the rank guard, then the rank's command) and forwards SIGUSR1; on SIGTERM it ends
 # the ranks. FAKE_LAUNCHER: "ranks" (a failed rank ends the others, mpirun's way), "stuck" (after a failure it waits
 # forever: a node it cannot reach), "dies" (killed before any rank starts), "lose" (the last rank's node is lost:
-# never started, and the launcher still exits 0, as prterun may).
+# never started, and the launcher still exits 0, as prterun may), "lingers" (after the training's ranks exited it
+# waits forever, as Open MPI 4's mpirun told to wait for PBS's kill delay; "lingers-preflight": after the
+# preflight's). It notes "launcher pid P sid S pgid G".
 FAKE_MPIRUN = r"""
 import os, signal, subprocess, sys, time
 args = sys.argv[1:]
@@ -36,6 +38,8 @@ mode = os.environ.get("FAKE_LAUNCHER", "ranks")
 n = int(os.environ.get("FAKE_RANKS", "2"))
 if mode == "dies":
     os.kill(os.getpid(), signal.SIGKILL)
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(f"launcher pid {os.getpid()} sid {os.getsid(0)} pgid {os.getpgid(0)}\n")
 started = n - 1 if mode == "lose" else n
 procs = [subprocess.Popen(args, env={**os.environ, "OMPI_COMM_WORLD_RANK": str(r)}) for r in range(started)]
 def forward(sig, _frame):
@@ -59,14 +63,17 @@ while any(p.poll() is None for p in procs):
             while True:
                 time.sleep(1)
         forward(signal.SIGTERM, None)
+preflight = "check-env" in args
+while mode == ("lingers-preflight" if preflight else "lingers"):
+    time.sleep(1)
 sys.exit(failed or max(p.returncode for p in procs))
 """
 
 # Stands in for `octo-dist` on every rank: "check-env" is the preflight, anything else the training. It notes
 # "<stage>-started <rank>" in FAKE_LOG; FAKE_FAIL_<STAGE>="1:3" makes rank 1 exit 3; the training (and the
 # preflight with FAKE_PREFLIGHT_WAITS) waits for a stop signal, notes "<stage>-stopping", then waits for the file
-# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint; FAKE_STOP_TRAIN=1 makes rank 1 stop
-# itself (SIGSTOP) once its training started.
+# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint, and rank 0 notes the step it saved
+# (7) as octo-dist's ranks do; FAKE_STOP_TRAIN=1 makes rank 1 stop itself (SIGSTOP) once its training started.
 FAKE_RANK = r"""
 import os, signal, sys, time
 rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
@@ -94,6 +101,9 @@ say(f"{stage}-stopping {signal.Signals(stops[0]).name[3:] if stops else 'none'}"
 shutdown = os.environ.get("FAKE_SHUTDOWN")
 while shutdown and not os.path.exists(shutdown) and time.monotonic() < deadline:
     time.sleep(0.01)
+if stops and stage == "train" and rank == "0":
+    from octo_dist.apps import harness
+    harness.note_stop(7)
 sys.exit(0 if stops else 1)
 """
 
@@ -254,6 +264,53 @@ def test_a_signal_during_training_or_twice_is_one_clean_stop(job, tmp_path, capf
         assert f"{s.name} after" in err, err
     assert "training exited with 0" in err and exit_file(tmp_path) == "0", err
     assert "train-stopping USR1 0" in log.read_text()  # the launcher got SIGUSR1, never SIGTERM
+    said = (
+        ": step 7 saved; this job's exit status is 0 (.octo-dist-exit-42 in the save directory, which a chained "
+        "job reads)"
+    )
+    assert any(f"stopped by {s.name}{said}" in err for s in sigs), err
+
+
+def test_the_launcher_has_a_process_group_of_its_own_in_the_jobs_session(job, capfd):
+    # PBS finds a job's processes by its session (qdel signals them, the accounting counts them); a signal for the
+    # job's process group (Grid Engine's -notify) must not reach the ranks twice.
+    make, log = job
+    sup = make()
+    when_logged(log, "train-started", signal_me(signal.SIGTERM))
+    assert sup.main() == 0
+    launches = [ln.split() for ln in log.read_text().splitlines() if ln.startswith("launcher pid")]
+    assert len(launches) == 2, launches  # the preflight's and the training's
+    for _, _, pid, _, sid, _, pgid in launches:
+        assert int(sid) == os.getsid(0) and pgid == pid and int(pgid) != os.getpgid(0), launches
+
+
+def test_a_launcher_that_lingers_after_every_rank_stopped_is_ended_and_the_stop_is_clean(
+    job, tmp_path, capfd
+):
+    make, log = job
+    sup = make(FAKE_LAUNCHER="lingers")
+    when_logged(log, "train-started", signal_me(signal.SIGTERM))
+    started = time.monotonic()
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert (
+        f"every rank stopped and finished; the launcher is still running {ranks.DONE_GRACE_S}s later: ending it"
+    ) in err, err
+    assert "training exited with 0" in err and "stopped by SIGTERM: step 7 saved" in err, err
+    assert exit_file(tmp_path) == "0" and time.monotonic() - started < 30
+
+
+def test_a_launcher_that_lingers_without_a_stop_is_not_ended_for_it(job, tmp_path, capfd):
+    # Only a stop ends a launcher whose ranks finished: here the stop is asked for after the ranks exited
+    # (the preflight's ranks exit without one), and until then nothing ended the launcher.
+    make, log = job
+    sup = make(FAKE_LAUNCHER="lingers-preflight")
+    threading.Timer(1.5 + ranks.DONE_GRACE_S, signal_me(signal.SIGTERM)).start()
+    assert sup.main() == 0
+    err = capfd.readouterr().err
+    assert err.index("SIGTERM after") < err.index("the launcher is still running"), err
+    assert "stop requested during the preflight: not training" in err, err
+    assert "train-started" not in log.read_text()
 
 
 def test_a_signal_during_shutdown_keeps_the_clean_stop(job, tmp_path, capfd):
@@ -445,3 +502,25 @@ def test_the_rank_guard_starts_the_rank_with_them(tmp_path, monkeypatch):
     assert rankguard.main(str(tmp_path), [sys.executable, "-c", code]) == 0
     n = len(os.sched_getaffinity(0))
     assert out.read_text() == f"{max(n, 1)} {max(n, 1)}"
+
+
+def test_rank_0_notes_the_step_a_stop_saved_only_inside_a_job(tmp_path, monkeypatch, caplog):
+    from octo_dist import savelayout
+    from octo_dist.apps import harness
+
+    monkeypatch.chdir(tmp_path)
+    harness.note_stop(12, {})  # octo-dist smoke by hand: no job directory, nothing written
+    assert list(tmp_path.iterdir()) == []
+    harness.note_stop(12, {savelayout.JOB_DIR_ENV: str(tmp_path)})
+    assert (tmp_path / "stopped").read_text() == "12\n" and savelayout.stopped_step(
+        str(tmp_path)
+    ) == 12
+    gone = tmp_path / "gone"
+    harness.note_stop(
+        12, {savelayout.JOB_DIR_ENV: str(gone)}
+    )  # the note is a courtesy: a warning, no error
+    assert (
+        "could not note the stop in" in caplog.text and savelayout.stopped_step(str(gone)) is None
+    )
+    (tmp_path / "stopped").write_text("12\x00")
+    assert savelayout.stopped_step(str(tmp_path)) is None

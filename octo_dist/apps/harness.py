@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from octo_dist import EXIT_USAGE
+from octo_dist import EXIT_USAGE, savelayout
 from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 from octo_dist.runtime import startclock
@@ -200,6 +200,19 @@ def parameter_digests(result) -> list:
     return [r["digest"] for r in collectives.allgather_json({"digest": result.params_digest})]
 
 
+def note_stop(step: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Tells the job runtime which step a stop signal's checkpoint saved (``<job dir>/stopped``: "1200\\n"), for its
+    last line; nothing outside a job. Rank 0 only, after the checkpoint is written."""
+    job_dir = environ.get(savelayout.JOB_DIR_ENV, "")
+    if not job_dir:
+        return
+    try:
+        with open(savelayout.stop_note(job_dir), "w") as f:
+            f.write(f"{step}\n")
+    except OSError as e:  # a courtesy: the checkpoint and the exit status do not depend on it
+        log.warning("could not note the stop in %s: %s", job_dir, e.strerror)
+
+
 def summary(
     job: Job,
     command: str,
@@ -243,6 +256,8 @@ def summary(
         startup_beside=startclock.besides(),
     )
     if rt.is_main:
+        if result.stopped_by:
+            note_stop(result.end_step)
         print(summary_mod.lines(s), flush=True)
         if directory:
             json_path, png_path = summary_mod.write(directory, s, result.losses)

@@ -172,6 +172,11 @@ class Scheduler:
         """(argv before the rank's command, variables to export for it). ``job``: the supervisor's ``Job``."""
         raise NotImplementedError
 
+    def signalled_status(self, signal_name: str) -> str:
+        """What the scheduler reports for a job it signalled (``signal_name``: "TERM") that then stopped cleanly and
+        exited 0, when that is not 0 ("PBS reports Exit_status 271 ..."); "" when it reports the job's own."""
+        return ""
+
     def node_probe(self, nodes: int) -> Optional[Sequence[str]]:
         """A command that fails naming a node the scheduler cannot reach, run now and then; None: no probe."""
         return None

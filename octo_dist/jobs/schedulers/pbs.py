@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import subprocess
+from typing import Mapping, Tuple
 
 from octo_dist.jobs.schedulers.base import AFTER_ENV, Option, ResourceType, _resource_keys
 from octo_dist.jobs.schedulers.mpirun import MpirunScheduler
@@ -24,6 +28,12 @@ RESOURCE_TYPES = {
         1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test", ABCI3_NCCL
     ),
 }
+# A qdel sends SIGTERM to every process of the job, then SIGKILL the queue's kill_delay later (PBS's default, when the
+# queue sets none): the time a stop has to write its checkpoint.
+DEFAULT_KILL_DELAY_S = 10
+# Open MPI 4's mpirun, sent SIGTERM, kills its ranks this many seconds later (its default: 1): told the kill delay,
+# the ranks keep the whole of it for their checkpoint. Open MPI 5 has no such setting (and ignores this one).
+SIGKILL_TIMEOUT_MCA = "OMPI_MCA_odls_base_sigkill_timeout"
 # "mem=400gb", "ngpus=8": one PBS resource, KEY=VALUE.
 RESOURCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.,:/+@%-]+)")
 
@@ -151,6 +161,26 @@ class Pbs(MpirunScheduler):
     def submit_hint(self, script, group):
         return f"qsub {script}"
 
+    def launcher(self, job):
+        argv, exports = super().launcher(job)
+        delay, source = queue_kill_delay(job.env)
+        exports[SIGKILL_TIMEOUT_MCA] = str(delay)
+        job.note(
+            f"a qdel gives this job {delay}s from SIGTERM to SIGKILL ({source}): a stop's checkpoint must be "
+            "written within it; for longer steps or checkpoints, stop with the job's own timer (--stop-margin) "
+            "or use a queue with a longer kill_delay"
+        )
+        return argv, exports
+
+    def signalled_status(self, signal_name):
+        if signal_name != "TERM":
+            return ""
+        # The job's login shell, the top of its session, dies of the qdel's SIGTERM: PBS records 256 + 15.
+        return (
+            "PBS will report Exit_status 271 for it (256 + SIGTERM: a qdel signals the job's login shell too), "
+            "whatever the job did after the signal"
+        )
+
     def log_path(self, name, job, submit_dir, home):
         # -k oe keeps it in your home as NAME.oNUMBER while the job runs
         return os.path.join(home, f"{name}.o{job.split('.')[0]}")
@@ -176,3 +206,70 @@ def script_variables(script: str) -> list:
                 elif word.startswith("-v") and len(word) > 2:
                     out += [v for v in word[2:].split(",") if v]
     return out
+
+
+def kill_delay(qstat_json: str, queue: str) -> Tuple[int, str]:
+    """(seconds from a qdel's SIGTERM to its SIGKILL, where that figure comes from), from ``qstat -Qf -F json
+    QUEUE``'s output (``{"Queue": {"rt_HF": {"kill_delay": 60, ...}}}`` -> ``(60, "queue rt_HF's kill_delay")``).
+    qstat lists kill_delay only where a queue sets it: otherwise PBS's default, 10 s."""
+    try:
+        attrs = json.loads(qstat_json)["Queue"][queue]
+    except (ValueError, KeyError, TypeError):
+        attrs = None
+    if not isinstance(attrs, dict):
+        return DEFAULT_KILL_DELAY_S, f"PBS's default: qstat did not describe queue {queue}"
+    value = str(attrs.get("kill_delay", ""))
+    if not value.isdigit():
+        return DEFAULT_KILL_DELAY_S, f"PBS's default: queue {queue} sets no kill_delay"
+    return int(value), f"queue {queue}'s kill_delay"
+
+
+def pbs_exec(conf_text: str) -> str:
+    """Where PBS is installed, from its ``pbs.conf`` ("PBS_EXEC=/opt/pbs" -> "/opt/pbs"); "" when not said."""
+    for line in conf_text.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "PBS_EXEC" and value.strip():
+            return value.strip()
+    return ""
+
+
+def find_qstat(env: Mapping[str, str]) -> str:
+    """PBS's own qstat: ``$PBS_EXEC/bin/qstat`` from the pbs.conf PBS reads (``PBS_CONF_FILE``, else
+    /etc/pbs.conf), else the first on PATH; "" when none. A job's PATH may hold another scheduler's qstat first
+    (Grid Engine's /usr/bin/qstat), or none."""
+    try:
+        with open(env.get("PBS_CONF_FILE") or "/etc/pbs.conf") as f:
+            home = pbs_exec(f.read())
+    except (OSError, UnicodeDecodeError):
+        home = ""
+    own = os.path.join(home, "bin", "qstat") if home else ""
+    if own and os.access(own, os.X_OK):
+        return own
+    return shutil.which("qstat", path=env.get("PATH", "")) or ""
+
+
+def queue_kill_delay(env: Mapping[str, str]) -> Tuple[int, str]:
+    """``kill_delay`` for the job's queue (``PBS_QUEUE``: "rt_HF"), asking PBS's qstat; PBS's default, and why,
+    when the queue or qstat cannot be had."""
+    queue = env.get("PBS_QUEUE", "")
+    qstat = find_qstat(env)
+    if not queue or not qstat:
+        missing = (
+            "PBS_QUEUE is not set" if not queue else "no qstat found (pbs.conf's PBS_EXEC, PATH)"
+        )
+        return DEFAULT_KILL_DELAY_S, f"PBS's default: {missing}"
+    try:
+        done = subprocess.run(
+            [qstat, "-Qf", "-F", "json", queue],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=dict(env),
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return DEFAULT_KILL_DELAY_S, f"PBS's default: {qstat} -Qf {queue} failed ({e})"
+    if done.returncode != 0:
+        said = " ".join(done.stderr.split())[:200] or f"exit {done.returncode}"
+        return DEFAULT_KILL_DELAY_S, f"PBS's default: {qstat} -Qf {queue} failed ({said})"
+    return kill_delay(done.stdout, queue)

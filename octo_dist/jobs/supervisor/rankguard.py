@@ -119,7 +119,10 @@ def main(job_dir: str, command: Sequence[str]) -> int:
         signal.signal(sig, forward)
     try:
         cpus = cpus_for_rank(os.environ, len(os.sched_getaffinity(0)))
-        procs.append(subprocess.Popen(list(command), env={**os.environ, **cpus} if cpus else None))
+        # The job's directory for the rank's own notes (rank 0: the step a stop saved), absolute: the rank may
+        # start elsewhere (in an image, in the submit directory).
+        env = {**os.environ, **cpus, savelayout.JOB_DIR_ENV: os.path.abspath(job_dir)}
+        procs.append(subprocess.Popen(list(command), env=env))
     except OSError as e:
         print(f"octo-dist job: cannot start {command[0]} ({e.strerror})", file=sys.stderr)
         write_note(job_dir, rank_of(os.environ), 127, socket.gethostname())

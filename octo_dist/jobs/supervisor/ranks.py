@@ -4,6 +4,12 @@ A rank that fails leaves a note (``rankguard``); a launcher still running ``FAIL
 (mpirun waiting for a node it lost) is ended, so a dead job never holds its nodes until the wall time; a launcher
 that exits 0 while some rank never said it finished fails the job, naming the ranks that are missing. Where the
 scheduler has a node probe (SLURM: srun has no keepalive), a node it cannot reach ends the launcher, named.
+
+The launcher runs in a process group of its own inside the job's session: a signal for the job's process group
+(Grid Engine's -notify, Ctrl-C) reaches the ranks once, through the supervisor, while PBS, which tracks a job by its
+session, still sees, accounts and signals mpirun and the ranks. After a stop, a launcher still running
+``DONE_GRACE_S`` after every rank said it finished (Open MPI 4's mpirun, told to wait for the site's kill delay
+before it kills ranks, waits that long even for ranks that already exited) is ended: the job ends with its ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from octo_dist import savelayout
 
 FAILED_GRACE_S = 20  # a launcher still running this long after a rank failed is ended
 END_WAIT_S = 10  # after SIGTERM to the launcher's group, this long before SIGKILL
+DONE_GRACE_S = (
+    3  # after a stop, a launcher still running this long after every rank finished is ended
+)
 NODE_PROBE_S = (
     15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
 )
@@ -91,6 +100,17 @@ class Launcher:
         except OSError:
             pass
 
+    def _end_after_stop(self) -> None:
+        """Every rank stopped, checkpointed and exited 0; the launcher outlives them: end its group."""
+        self.job.note(
+            f"every rank stopped and finished; the launcher is still running {DONE_GRACE_S}s later: ending it"
+        )
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait()
+
     def _probe_nodes(self, finished: threading.Event) -> None:
         """While the launcher runs: a probe that fails naming a node ends the launcher, naming the node; one that
         fails naming none (a busy controller) only leaves a note."""
@@ -132,14 +152,15 @@ class Launcher:
         job = self.job
         for sub in (savelayout.FAILED, savelayout.DONE):
             shutil.rmtree(os.path.join(job.job_dir, sub), ignore_errors=True)
+        # os.setpgrp: its own process group in the job's session (see the module's docstring)
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, env=job.env, start_new_session=True
+            argv, stdin=subprocess.DEVNULL, env=job.env, preexec_fn=os.setpgrp
         )
         if job.stop:  # a stop that came while it was starting has not reached it yet
             self.signal(signal.SIGUSR1)
         finished = threading.Event()
         threading.Thread(target=self._probe_nodes, args=(finished,), daemon=True).start()
-        failed_at, failure = None, ""
+        failed_at, failure, all_done_at, ended_after_stop = None, "", None, False
         try:
             while self.proc.poll() is None:
                 try:
@@ -159,7 +180,16 @@ class Launcher:
                 ):
                     self._end()
                     break
-            status = exit_status(self.proc.wait())
+                if job.stop and failed_at is None and all_done_at is None:
+                    if not missing_ranks(job.job_dir, job.ranks):
+                        all_done_at = job.clock()
+                if all_done_at is not None and job.clock() - all_done_at >= DONE_GRACE_S:
+                    if self.proc.poll() is None:
+                        self._end_after_stop()
+                        ended_after_stop = True
+                    break
+            # Ended after every rank finished: the ranks' status (0), not the SIGKILL's.
+            status = 0 if ended_after_stop else exit_status(self.proc.wait())
         finally:
             finished.set()
         if (

@@ -4,8 +4,12 @@ Every stop signal (TERM, INT, USR1, USR2, HUP) becomes SIGUSR1 for the launcher:
 SIGTERM alike (checkpoint at the next step boundary, exit 0), mpirun forwards SIGUSR1 to every rank but answers
 SIGTERM by killing the ranks within half a second (Open MPI 5.0.8, measured), and srun forwards SIGUSR1 too. A
 signal ignored when the job started (``job.sh &`` from a script, nohup, cron, some CI runners) is armed again here:
-Python can, bash could not. The launcher runs in a session of its own, so a signal for the job's process group
-(Grid Engine's -notify, Ctrl-C) reaches the ranks once, through here.
+Python can, bash could not. The launcher runs in a process group of its own, so a signal for the job's process
+group (Grid Engine's -notify, Ctrl-C) reaches the ranks once, through here; it stays in the job's session, where
+PBS looks for a job's processes (its qdel signals every one of them, and it accounts them).
+
+A stop that ended with every rank's checkpoint written is said in one line, with the step saved and the exit
+status this job leaves for a chain: a scheduler may report another status for a job it signalled (PBS: 271).
 
 The concerns beside this one: what is checked and built before the ranks start (``prepare``), the launcher's runs
 and what a failed or lost rank does to them (``ranks``), the save directory's names (``octo_dist.savelayout``).
@@ -56,9 +60,11 @@ class Supervisor:
         self.sockets = a.sockets
         self.forward_prefixes = settings.forwarding.forward_prefixes
         self.forward_names = settings.forwarding.forward_names
-        self.stop: Optional[str] = None  # "TERM": the signal that asked for the stop
+        self.stop: Optional[str] = None  # "TERM": the signal that asked for the stop (the latest)
+        self.stop_signals: List[str] = []  # every one that did, in order: ["USR1", "TERM"]
         self.launch = ranks.Launcher(self)
         self.job_dir = ""
+        self.job_id = "0"  # the scheduler's, once main() has read it: "12345.pbs1"
         self.deadline = None
         if self.scheduler.stop_timer:
             self.deadline = (
@@ -85,6 +91,7 @@ class Supervisor:
         """``name``: "TERM". Asks every rank to checkpoint and stop (again, when asked twice)."""
         self.note(f"SIG{name} after {self.seconds()}s: asking every rank to checkpoint and stop")
         self.stop = name
+        self.stop_signals.append(name)
         self.launch.signal(signal.SIGUSR1)
 
     def check_timer(self) -> None:
@@ -163,7 +170,7 @@ class Supervisor:
             env.setdefault(name, value)  # a value set before the job wins
         if s.forwarding.coordinator:
             env["COORDINATOR_ADDRESS"] = s.forwarding.coordinator
-        job = self.scheduler.job_id(env)
+        job = self.job_id = self.scheduler.job_id(env)
         try:
             self.check_node()
         except JobFailed as e:
@@ -213,7 +220,24 @@ class Supervisor:
             + (f" (stop requested by SIG{self.stop})" if self.stop else "")
             + (self.launch.outcome(status) if self.launch.rank_failure else "")
         )
+        if self.stop and status == 0:
+            self.note_stopped()
         return status
+
+    def note_stopped(self) -> None:
+        """One line: "stopped by SIGTERM: step 1200 saved; this job's exit status is 0 (...)", and what the
+        scheduler will report instead where it reports another status for a job it signalled."""
+        step = savelayout.stopped_step(self.job_dir)
+        saved = f"step {step} saved" if step is not None else "every rank saved its checkpoint"
+        exit_name = os.path.basename(savelayout.exit_file(self.save_dir, self.job_id))
+        line = (
+            f"stopped by SIG{self.stop}: {saved}; this job's exit status is 0 ({exit_name} in the save "
+            "directory, which a chained job reads)"
+        )
+        reported = [
+            self.scheduler.signalled_status(name) for name in dict.fromkeys(self.stop_signals)
+        ]
+        self.note("; ".join([line, *[r for r in reported if r][:1]]))
 
 
 def main(settings_json: str) -> int:
