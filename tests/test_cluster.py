@@ -495,8 +495,8 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     )
 
 
-def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:
-    """SIGKILL every training process on node (the ranks; not the launcher's daemon)."""
+def kill_ranks(cluster: sim.Cluster, node: str, sig: int = signal.SIGKILL) -> list[int]:
+    """``sig`` to every training process on node (the ranks; not the launcher's daemon, not the rank guard)."""
     killed = []
     for pid in cluster.processes_on(node):
         try:
@@ -504,12 +504,12 @@ def kill_ranks(cluster: sim.Cluster, node: str) -> list[int]:
         except OSError:
             continue
         if any(part.endswith(b"octo-dist") for part in cmd[:2]):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             killed.append(pid)
     return killed
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
+@pytest.mark.parametrize("fault", ["sigkill", "link-cut", "sigstop"])
 def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     fault, cluster, sif, spool, tmp_path
 ):
@@ -526,8 +526,9 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     )  # the preflight table already names node002: read what follows
     if fault == "link-cut":
         cluster.cut_link("node002")
-    else:
-        assert kill_ranks(cluster, "node002"), "no rank processes found on node002"
+    else:  # sigstop: node002's rank hangs (stopped), its node and network fine
+        sig = signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL
+        assert kill_ranks(cluster, "node002", sig), "no rank processes found on node002"
     t0 = time.monotonic()
     rc = job.wait(FAULT_DEADLINE_S + FAULT_GRACE_S)
     took = time.monotonic() - t0
@@ -541,6 +542,8 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     assert "node002" in said or "rank 1 " in said, (
         f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
     )
+    if fault == "sigstop":  # a hung rank: named with its node, within a minute
+        assert "rank 1 on node002 hung" in said and took < 60, (took, tail(job))
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)

@@ -475,12 +475,48 @@ def test_the_rank_guard_ends_a_stopped_rank_as_hung(tmp_path, monkeypatch):
     assert note == "rank 3 on g0002 hung: stopped (SIGSTOP) for 2 s, ended with status 137\n"
 
 
-def test_the_process_state_is_read_after_the_last_parenthesis(tmp_path):
-    (tmp_path / "42").mkdir()
-    (tmp_path / "42" / "stat").write_text("42 (a) b (T) c) S 1 42 42 0 -1\n")
-    assert rankguard.process_state(42, str(tmp_path)) == "S"
-    assert rankguard.process_state(43, str(tmp_path)) == ""
-    assert rankguard.process_state(os.getpid()) in ("R", "S")
+def test_the_process_tree_is_read_after_the_last_parenthesis(tmp_path):
+    # 42 the rank's starter ("singularity"), 43 the training process below it (a name with ") T "), 44 below that,
+    # 50 someone else's; "self" and a vanished entry are skipped.
+    stats = {
+        42: "42 (starter-suid) S 41 42 42 0 -1",
+        43: "43 (a) b (T) c) T 42 42 42 0 -1",
+        44: "44 (python3) S 43 42 42 0 -1",
+        50: "50 (bash) T 1 50 50 0 -1",
+    }
+    for pid, text in stats.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(text + "\n")
+    (tmp_path / "60").mkdir()  # gone before its stat was read
+    (tmp_path / "self").mkdir()
+    assert sorted(rankguard.process_tree(42, str(tmp_path))) == [(42, "S"), (43, "T"), (44, "S")]
+    assert rankguard.process_tree(44, str(tmp_path)) == [(44, "S")]
+    assert rankguard.process_tree(99, str(tmp_path)) == []
+    assert rankguard.process_tree(os.getpid())[0] in ((os.getpid(), "R"), (os.getpid(), "S"))
+
+
+def test_a_rank_stopped_below_its_starter_is_found_and_every_process_of_it_ended(monkeypatch):
+    # As under singularity exec: the guard's child waits for the training process, which is the one stopped.
+    monkeypatch.setattr(rankguard, "STOPPED_LIMIT", 2)
+    code = (
+        "import os, signal, subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)']); "
+        "print(p.pid, flush=True); p.wait()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    inner = int(proc.stdout.readline())
+    started = time.monotonic()
+    assert rankguard.wait_watching(proc, "1", "node002") == (
+        137,
+        "hung: stopped (SIGSTOP) for 2 s, ended",
+    )
+    assert time.monotonic() - started < 30
+    deadline = time.monotonic() + 10
+    while rankguard.process_tree(inner) and rankguard.process_tree(inner)[0][1] != "Z":
+        assert time.monotonic() < deadline, (
+            f"the stopped process {inner} was left: {rankguard.process_tree(inner)}"
+        )
+        time.sleep(0.1)
 
 
 def test_a_rank_is_told_the_cpus_it_was_given_not_pbss_one():

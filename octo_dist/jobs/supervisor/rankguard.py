@@ -6,8 +6,9 @@ rank left no ``done`` note (its node was lost) fails the job.
 
 A rank stopped on its node (SIGSTOP, a debugger's attach gone wrong) holds every other rank in its next collective
 until JAX's coordination service gives up (about 100 s, and it names rank 0, which hosts the service). The guard
-looks at its rank's state once a second: stopped for ``STOPPED_LIMIT`` checks in a row while the guard itself ran,
-it is ended and noted as hung, naming its node, so the job ends within a minute naming the right rank. A
+looks at its rank's processes once a second (the rank, or under ``singularity exec`` the runtime's starter and the
+training process below it): one stopped for ``STOPPED_LIMIT`` checks in a row while the guard itself ran, they are
+all ended and the rank noted as hung, naming its node, so the job ends within a minute naming the right rank. A
 scheduler's suspend (qmod -s, scontrol suspend) stops the guard too: its checks do not run meanwhile and are not
 counted.
 """
@@ -19,7 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Mapping, Sequence, Tuple
+from typing import List, Mapping, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -59,30 +60,53 @@ def write_note(job_dir: str, rank: str, status: int, host: str, hung: str = "") 
         pass  # the note is a courtesy: the rank's own status still reaches the launcher
 
 
-def process_state(pid: int, proc_root: str = "/proc") -> str:
-    """The kernel's one-letter state of ``pid`` (``/proc/PID/stat``: "4242 (python3) T 1 ..." -> "T"); "" when
-    unreadable. The command name may hold spaces and parentheses: the state follows the last ")"."""
+def process_tree(pid: int, proc_root: str = "/proc") -> List[Tuple[int, str]]:
+    """``[(pid, state), ...]`` of ``pid`` and every process below it, from ``/proc/*/stat`` ("4243 (python3) T
+    4242 ..." -> ppid 4242, state "T"); [] once ``pid`` is gone. A scan of /proc: the kernel's per-task children
+    lists are not everywhere."""
+    table = {}
     try:
-        with open(os.path.join(proc_root, str(pid), "stat")) as f:
-            text = f.read()
+        names = [n for n in os.listdir(proc_root) if n.isdigit()]
     except OSError:
-        return ""
-    rest = text[text.rfind(")") + 1 :].split()
-    return rest[0] if rest else ""
+        names = []
+    for name in names:
+        try:
+            with open(os.path.join(proc_root, name, "stat")) as f:
+                text = f.read()
+        except OSError:
+            continue
+        rest = text[text.rfind(")") + 1 :].split()
+        if len(rest) >= 2 and rest[1].isdigit():
+            table[int(name)] = (rest[0], int(rest[1]))
+    if pid not in table:
+        return []
+    tree, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        tree.append((here, table[here][0]))
+        todo += [p for p, (_, ppid) in table.items() if ppid == here and p != here]
+    return tree
 
 
 def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, str]:
-    """(the rank's exit status, "" or why it was ended as hung): a rank found stopped (state T or t)
-    ``STOPPED_LIMIT`` checks in a row is killed (``HUNG_STATUS``)."""
+    """(the rank's exit status, "" or why it was ended as hung): a rank one of whose processes is found stopped
+    (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``)."""
     stopped = 0
     while True:
         try:
             return exit_status(proc.wait(CHECK_S)), ""
         except subprocess.TimeoutExpired:
             pass
-        stopped = stopped + 1 if process_state(proc.pid) in ("T", "t") else 0
+        tree = process_tree(proc.pid)
+        stopped = stopped + 1 if any(state in ("T", "t") for _, state in tree) else 0
         if stopped < STOPPED_LIMIT:
             continue
+        for pid, _ in reversed(tree):  # below the rank's own process first; that one by its Popen
+            if pid != proc.pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         try:
             proc.kill()
         except OSError:
