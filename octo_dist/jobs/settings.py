@@ -302,8 +302,10 @@ def _range(meta: Mapping) -> str:
 
 
 def _error(name: str, found: str, expected: str) -> SettingsError:
+    # "job setting timing.walltime_s: ..." for one setting; "the job settings: not JSON ..." for the whole
+    what = name if name == "the job settings" else f"job setting {name}"
     return SettingsError(
-        f"job setting {name}: {found}",
+        f"{what}: {found}",
         expected,
         "re-render the job script with octo-dist launch (it writes and checks these settings)",
     )
