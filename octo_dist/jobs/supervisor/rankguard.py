@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import List, Mapping, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -28,6 +28,7 @@ from octo_dist import savelayout
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOPPED_LIMIT = 20  # checks, one a second, that find the rank stopped before it is ended as hung
 CHECK_S = 1.0
+RESCAN_CHECKS = 10  # a full scan of /proc for the rank's processes every this many checks
 HUNG_STATUS = 137  # as a SIGKILLed rank reports it
 
 # The launcher's rank variables, first found wins: Open MPI 4/5, PMIx, SLURM, MPICH. "3"
@@ -60,48 +61,71 @@ def write_note(job_dir: str, rank: str, status: int, host: str, hung: str = "") 
         pass  # the note is a courtesy: the rank's own status still reaches the launcher
 
 
-def process_tree(pid: int, proc_root: str = "/proc") -> List[Tuple[int, str]]:
-    """``[(pid, state), ...]`` of ``pid`` and every process below it, from ``/proc/*/stat`` ("4243 (python3) T
-    4242 ..." -> ppid 4242, state "T"); [] once ``pid`` is gone. A scan of /proc: the kernel's per-task children
-    lists are not everywhere."""
-    table = {}
+def _stat(pid: int, proc_root: str = "/proc") -> Optional[Tuple[str, int]]:
+    """(state, ppid) of ``pid`` from ``/proc/PID/stat`` ("4243 (python3) T 4242 ..." -> ("T", 4242)); None when it
+    is gone. The command name may hold spaces and parentheses: the fields follow the last ")"."""
     try:
-        names = [n for n in os.listdir(proc_root) if n.isdigit()]
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 1 :].split()
+    return (rest[0], int(rest[1])) if len(rest) >= 2 and rest[1].isdigit() else None
+
+
+def process_tree(pid: int, proc_root: str = "/proc") -> List[Tuple[int, str, int]]:
+    """``[(pid, state, ppid), ...]`` of ``pid`` and every process below it, ``pid`` first; [] once it is gone. A
+    scan of /proc: the kernel's per-task children lists are not everywhere."""
+    try:
+        names = [int(n) for n in os.listdir(proc_root) if n.isdigit()]
     except OSError:
         names = []
-    for name in names:
-        try:
-            with open(os.path.join(proc_root, name, "stat")) as f:
-                text = f.read()
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 1 :].split()
-        if len(rest) >= 2 and rest[1].isdigit():
-            table[int(name)] = (rest[0], int(rest[1]))
+    table = {n: st for n in names for st in [_stat(n, proc_root)] if st}
     if pid not in table:
         return []
     tree, todo = [], [pid]
     while todo:
         here = todo.pop()
-        tree.append((here, table[here][0]))
+        tree.append((here, *table[here]))
         todo += [p for p, (_, ppid) in table.items() if ppid == here and p != here]
     return tree
 
 
+def recheck(
+    tree: List[Tuple[int, str, int]], proc_root: str = "/proc"
+) -> List[Tuple[int, str, int]]:
+    """The same processes' states read again (their stat files only); one gone, or whose parent changed (a pid
+    taken by another process), is left out."""
+    out = []
+    for pid, _, ppid in tree:
+        st = _stat(pid, proc_root)
+        if st and st[1] == ppid:
+            out.append((pid, *st))
+    return out
+
+
 def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, str]:
     """(the rank's exit status, "" or why it was ended as hung): a rank one of whose processes is found stopped
-    (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``)."""
-    stopped = 0
+    (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``).
+
+    A check reads the stat files of the processes found last time; /proc is scanned again every
+    ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 25 us per process of the node)."""
+    stopped, checks, tree = 0, 0, []
     while True:
         try:
             return exit_status(proc.wait(CHECK_S)), ""
         except subprocess.TimeoutExpired:
             pass
-        tree = process_tree(proc.pid)
-        stopped = stopped + 1 if any(state in ("T", "t") for _, state in tree) else 0
+        checks += 1
+        tree = recheck(tree) if tree and checks % RESCAN_CHECKS else []
+        if not tree or any(state in ("T", "t") for _, state, _ in tree):
+            tree = process_tree(proc.pid)
+        stopped = stopped + 1 if any(state in ("T", "t") for _, state, _ in tree) else 0
         if stopped < STOPPED_LIMIT:
             continue
-        for pid, _ in reversed(tree):  # below the rank's own process first; that one by its Popen
+        for pid, _, _ in reversed(
+            tree
+        ):  # below the rank's own process first; that one by its Popen
             if pid != proc.pid:
                 try:
                     os.kill(pid, signal.SIGKILL)
