@@ -28,7 +28,8 @@ from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 # forever: a node it cannot reach), "dies" (killed before any rank starts), "lose" (the last rank's node is lost:
 # never started, and the launcher still exits 0, as prterun may), "lingers" (after the training's ranks exited it
 # waits forever, as Open MPI 4's mpirun told to wait for PBS's kill delay; "lingers-preflight": after the
-# preflight's). It notes "launcher pid P sid S pgid G".
+# preflight's; 60 s at most, then it exits 143, so a runtime that does not end it fails the test rather than
+# hanging it). It notes "launcher pid P sid S pgid G".
 FAKE_MPIRUN = r"""
 import os, signal, subprocess, sys, time
 args = sys.argv[1:]
@@ -64,8 +65,9 @@ while any(p.poll() is None for p in procs):
                 time.sleep(1)
         forward(signal.SIGTERM, None)
 preflight = "check-env" in args
-while mode == ("lingers-preflight" if preflight else "lingers"):
-    time.sleep(1)
+if mode == ("lingers-preflight" if preflight else "lingers"):
+    time.sleep(60)
+    sys.exit(143)
 sys.exit(failed or max(p.returncode for p in procs))
 """
 
@@ -507,7 +509,7 @@ def test_a_rank_stopped_below_its_starter_is_found_and_every_process_of_it_ended
     code = (
         "import os, signal, subprocess, sys, time; "
         "p = subprocess.Popen([sys.executable, '-c', 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)']); "
-        "print(p.pid, flush=True); p.wait()"
+        "print(p.pid, flush=True); p.wait(60)"  # 60 s: a guard that misses the stop ends with 0, not a hang
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     inner = int(proc.stdout.readline())

@@ -109,7 +109,7 @@ def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, st
     (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``).
 
     A check reads the stat files of the processes found last time; /proc is scanned again every
-    ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 25 us per process of the node)."""
+    ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 20 us per process of the node)."""
     stopped, checks, tree = 0, 0, []
     while True:
         try:
@@ -123,9 +123,8 @@ def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, st
         stopped = stopped + 1 if any(state in ("T", "t") for _, state, _ in tree) else 0
         if stopped < STOPPED_LIMIT:
             continue
-        for pid, _, _ in reversed(
-            tree
-        ):  # below the rank's own process first; that one by its Popen
+        # Below the rank's own process first; that one by its Popen.
+        for pid, _, _ in reversed(tree):
             if pid != proc.pid:
                 try:
                     os.kill(pid, signal.SIGKILL)

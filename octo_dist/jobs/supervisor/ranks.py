@@ -25,9 +25,8 @@ from octo_dist import savelayout
 
 FAILED_GRACE_S = 20  # a launcher still running this long after a rank failed is ended
 END_WAIT_S = 10  # after SIGTERM to the launcher's group, this long before SIGKILL
-DONE_GRACE_S = (
-    3  # after a stop, a launcher still running this long after every rank finished is ended
-)
+# After a stop, a launcher still running this long after every rank finished is ended.
+DONE_GRACE_S = 3
 NODE_PROBE_S = (
     15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
 )

@@ -234,9 +234,8 @@ class Supervisor:
             f"stopped by SIG{self.stop}: {saved}; this job's exit status is 0 ({exit_name} in the save "
             "directory, which a chained job reads)"
         )
-        reported = [
-            self.scheduler.signalled_status(name) for name in dict.fromkeys(self.stop_signals)
-        ]
+        # The first of the stop's signals the scheduler reports otherwise (PBS: a qdel's TERM), if any.
+        reported = (self.scheduler.signalled_status(name) for name in self.stop_signals)
         self.note("; ".join([line, *[r for r in reported if r][:1]]))
 
 
