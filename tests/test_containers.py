@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from octo_dist.stack import imagedefs as images
+from octo_dist.stack import digests, dockerfile, imagecontract, imagedefs, singularitydef
 from octo_dist.stack import manifest as mf
 
 REPO = mf.REPO_ROOT
@@ -25,7 +25,7 @@ DOCKERFILE = (REPO / "Dockerfile").read_text()
 DEFINITION = (REPO / "singularity.def").read_text()
 # Every GPU profile's image: its Dockerfile target and its Singularity definition, checked alike.
 GPU_PROFILES = ("cuda11", "cuda12")
-DEFINITIONS = {p: (REPO / images.definition_file(p)).read_text() for p in GPU_PROFILES}
+DEFINITIONS = {p: (REPO / imagecontract.definition_file(p)).read_text() for p in GPU_PROFILES}
 NEW_DIGEST = "sha256:" + "ab" * 32
 
 
@@ -115,7 +115,7 @@ def definition_scripts(tmp_path: Path) -> list[Path]:
     """Each definition's %post, %test and %runscript as the scripts the build runs (bash: %post -c /bin/bash)."""
     out = []
     for profile, text in DEFINITIONS.items():
-        d = images.parse_definition(text)
+        d = singularitydef.parse_definition(text)
         for section in ("post", "test", "runscript"):
             path = tmp_path / f"singularity-{profile}-{section}.sh"
             # SC2154: the build runtime, not this script, defines variables such as OCTO_DIST_REVISION.
@@ -150,21 +150,21 @@ def test_shellcheck_is_live(tmp_path):
 
 
 def test_the_committed_definitions_agree_with_env():
-    assert images.check_checkout(REPO) == []
+    assert imagedefs.check_checkout(REPO) == []
 
 
 def test_the_checker_sees_every_image_profile():
     # Non-vacuous: the checks above loop over these, so they must exist.
     assert {p.name for p in MANIFEST.profiles.values() if p.image_base} == {"cpu", *GPU_PROFILES}
-    df = images.parse_dockerfile(DOCKERFILE)
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
     assert df.stage("cpu") and df.stage("cuda11") and df.stage("cuda12")
-    assert images.definition_files(MANIFEST) == ["singularity.def", "singularity-cuda12.def"]
+    assert imagecontract.definition_files(MANIFEST) == ["singularity.def", "singularity-cuda12.def"]
 
 
 def test_a_gpu_profile_without_its_definition_is_reported(tmp_path):
     src = copy_definitions(tmp_path / "src")
     (src / "singularity-cuda12.def").unlink()
-    findings = images.check_checkout(src)
+    findings = imagedefs.check_checkout(src)
     assert [str(f).splitlines()[0] for f in findings] == [
         "singularity-cuda12.def: found no such file; expected a Singularity definition for the cuda12 "
         "profile's image"
@@ -175,14 +175,14 @@ def test_a_gpu_profile_without_its_definition_is_reported(tmp_path):
 def test_spython_parses_the_definition_like_the_checker_does(profile):
     from spython.main.parse.parsers import SingularityParser
 
-    path = REPO / images.definition_file(profile)
+    path = REPO / imagecontract.definition_file(profile)
     recipe = next(iter(SingularityParser(str(path)).recipe.values()))
-    ours = images.parse_definition(DEFINITIONS[profile])
+    ours = singularitydef.parse_definition(DEFINITIONS[profile])
     cuda = MANIFEST.images[MANIFEST.profile(profile).image_base]
     assert recipe.fromHeader == ours.header["from"] == cuda.pinned
     env = dict(e.split("=", 1) for e in recipe.environ)
     assert env["PYTHONNOUSERSITE"] == "1" and env["OCTO_DIST_PROFILE"] == profile
-    assert env["OCTO_DIST_MANIFEST"] == images.IMAGE_MANIFEST
+    assert env["OCTO_DIST_MANIFEST"] == imagecontract.IMAGE_MANIFEST
     assert "LD_LIBRARY_PATH" not in env and "$PATH" in env["PATH"]
     assert {f.split()[0] for f in recipe.files} >= {
         "env",
@@ -197,27 +197,29 @@ def test_spython_parses_the_definition_like_the_checker_does(profile):
     assert re.match(r"exec \S*octo-dist \"\$@\"", recipe.cmd)
     post = "\n".join(recipe.install)
     assert f"containers/install.sh {profile} /opt/octo-dist/venv --require-git" in post
-    assert labels[images.PROFILE_LABEL] == profile
+    assert labels[imagecontract.PROFILE_LABEL] == profile
     assert "octo-dist check-env --no-gpu" in "\n".join(ours.sections["test"])
-    for section in images.SINGULARITY_SECTIONS:
+    for section in imagecontract.SINGULARITY_SECTIONS:
         assert any(ln.strip() for ln in ours.sections[section]), section
 
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
 def test_singularity_and_docker_share_base_install_script_and_lock(profile):
-    df = images.parse_dockerfile(DOCKERFILE)
-    sif = images.parse_definition(DEFINITIONS[profile])
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
+    sif = singularitydef.parse_definition(DEFINITIONS[profile])
     base = MANIFEST.images[MANIFEST.profile(profile).image_base]
-    assert images.target_base(df, profile) == sif.header["from"] == base.pinned
-    assert images.target_base(df, "cpu") == MANIFEST.images["cpu"].pinned
+    assert dockerfile.target_base(df, profile) == sif.header["from"] == base.pinned
+    assert dockerfile.target_base(df, "cpu") == MANIFEST.images["cpu"].pinned
     # Same script, same profile, hence the same lock: env/locks/<profile>-py3.10.txt (Ubuntu 22.04's python3).
-    assert images.install_runs(images.target_runs(df, profile), profile)
+    assert imagecontract.install_runs(dockerfile.target_runs(df, profile), profile)
     for other in {"cpu", *GPU_PROFILES} - {profile}:  # another build stage does not leak in
-        assert not images.install_runs(images.target_runs(df, profile), other), other
-        assert not images.install_runs(
-            images.shell_body(sif.sections["post"]).splitlines(), other
+        assert not imagecontract.install_runs(dockerfile.target_runs(df, profile), other), other
+        assert not imagecontract.install_runs(
+            singularitydef.shell_body(sif.sections["post"]).splitlines(), other
         ), other
-    assert images.install_runs(images.shell_body(sif.sections["post"]).splitlines(), profile)
+    assert imagecontract.install_runs(
+        singularitydef.shell_body(sif.sections["post"]).splitlines(), profile
+    )
     assert (REPO / f"env/locks/{profile}-py3.10.txt").is_file() and MANIFEST.profile(
         profile
     ).python == "3.10"
@@ -225,23 +227,31 @@ def test_singularity_and_docker_share_base_install_script_and_lock(profile):
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
 def test_the_gpu_images_install_the_infiniband_userland_and_the_cpu_image_does_not(profile):
-    df = images.parse_dockerfile(DOCKERFILE)
-    sif = images.parse_definition(DEFINITIONS[profile])
-    cuda_chain = [r for r in images.target_runs(df, profile) if images.INFINIBAND_RUN.search(r)]
-    assert cuda_chain and not [
-        r for r in images.target_runs(df, "cpu") if images.INFINIBAND_RUN.search(r)
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
+    sif = singularitydef.parse_definition(DEFINITIONS[profile])
+    cuda_chain = [
+        r for r in dockerfile.target_runs(df, profile) if imagecontract.INFINIBAND_RUN.search(r)
     ]
-    assert images.INFINIBAND_RUN.search(images.shell_body(sif.sections["post"]))
-    assert images.check_os_packages((REPO / "containers/os-packages.sh").read_text()) == []
-    assert set(images.INFINIBAND_PACKAGES) == {"libibverbs1", "ibverbs-providers", "librdmacm1"}
+    assert cuda_chain and not [
+        r for r in dockerfile.target_runs(df, "cpu") if imagecontract.INFINIBAND_RUN.search(r)
+    ]
+    assert imagecontract.INFINIBAND_RUN.search(singularitydef.shell_body(sif.sections["post"]))
+    assert imagedefs.check_os_packages((REPO / "containers/os-packages.sh").read_text()) == []
+    assert set(imagecontract.INFINIBAND_PACKAGES) == {
+        "libibverbs1",
+        "ibverbs-providers",
+        "librdmacm1",
+    }
 
 
 def test_os_packages_without_a_verbs_package_is_reported():
     script = (REPO / "containers/os-packages.sh").read_text()
-    findings = images.check_os_packages(mutate(script, "infiniband=(libibverbs1 ", "infiniband=("))
+    findings = imagedefs.check_os_packages(
+        mutate(script, "infiniband=(libibverbs1 ", "infiniband=(")
+    )
     assert found(findings, "os-packages.sh", "libibverbs1"), findings
     assert found(
-        images.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array"
+        imagedefs.check_os_packages("#!/bin/bash\n"), "os-packages.sh", "no infiniband=(...) array"
     )
 
 
@@ -262,9 +272,9 @@ def test_os_packages_script_takes_infiniband_and_refuses_anything_else(tmp_path)
         for ln in (tmp_path / "calls").read_text().splitlines()
         if ln.startswith("apt-get install")
     ]
-    assert installed and all(p in installed[0].split() for p in images.INFINIBAND_PACKAGES), (
-        installed
-    )
+    assert installed and all(
+        p in installed[0].split() for p in imagecontract.INFINIBAND_PACKAGES
+    ), installed
     (tmp_path / "calls").unlink()
     subprocess.run(["bash", script, "runtime"], env=env, check=True, capture_output=True)
     assert "libibverbs1" not in (tmp_path / "calls").read_text()
@@ -370,7 +380,7 @@ def test_a_drifted_dockerfile_is_reported(name, tmp_path):
     old, new, where, what = DOCKER_DRIFTS[name]
     drifted = tmp_path / "Dockerfile"
     drifted.write_text(mutate(DOCKERFILE, old, new))
-    findings = images.check_dockerfile(drifted.read_text(), MANIFEST)
+    findings = dockerfile.check_dockerfile(drifted.read_text(), MANIFEST)
     assert found(findings, where, what), "\n".join(map(str, findings)) or "no findings"
 
 
@@ -439,11 +449,11 @@ DRIFT_CASES = [("cuda11", n) for n in DEF_DRIFTS] + [("cuda12", n) for n in CUDA
 @pytest.mark.parametrize("profile,name", DRIFT_CASES)
 def test_a_drifted_definition_is_reported(profile, name, tmp_path):
     old, new, where, what = (DEF_DRIFTS if profile == "cuda11" else CUDA12_DEF_DRIFTS)[name]
-    drifted = tmp_path / images.definition_file(profile)
+    drifted = tmp_path / imagecontract.definition_file(profile)
     drifted.write_text(mutate(DEFINITIONS[profile], old, new))
-    findings = images.check_definition(drifted.read_text(), MANIFEST, profile)
+    findings = singularitydef.check_definition(drifted.read_text(), MANIFEST, profile)
     assert found(findings, where, what), "\n".join(map(str, findings)) or "no findings"
-    assert all(f.where.startswith(images.definition_file(profile)) for f in findings)
+    assert all(f.where.startswith(imagecontract.definition_file(profile)) for f in findings)
 
 
 PIN_EDITS = {
@@ -467,11 +477,11 @@ def test_a_hand_edited_pin_is_reported_and_rendering_restores_it(key, tmp_path):
     src = copy_definitions(tmp_path / "src")
     committed = (src / name).read_text()
     (src / name).write_text(mutate(committed, old, new))
-    findings = images.check_checkout(src)
+    findings = imagedefs.check_checkout(src)
     assert [f.where for f in findings] == [name], "\n".join(map(str, findings))
     assert "make image-defs" in findings[0].fix and new.split("=")[-1] in findings[0].found
-    assert images.render_checkout(src) == [name]
-    assert (src / name).read_text() == committed and images.check_checkout(src) == []
+    assert imagecontract.render_checkout(src) == [name]
+    assert (src / name).read_text() == committed and imagedefs.check_checkout(src) == []
 
 
 def test_a_moved_pin_in_env_is_rendered_into_both_definitions(tmp_path):
@@ -480,10 +490,10 @@ def test_a_moved_pin_in_env_is_rendered_into_both_definitions(tmp_path):
     stack = src / "env" / "stack.toml"
     old = MANIFEST.images["cuda11"].digest
     stack.write_text(stack.read_text().replace(old, NEW_DIGEST))
-    stale = images.check_checkout(src)
+    stale = imagedefs.check_checkout(src)
     assert {f.where for f in stale} == {"Dockerfile", "singularity.def"}, stale
-    assert images.render_checkout(src) == ["Dockerfile", "singularity.def"]
-    assert images.check_checkout(src) == []
+    assert imagecontract.render_checkout(src) == ["Dockerfile", "singularity.def"]
+    assert imagedefs.check_checkout(src) == []
     for name in ("Dockerfile", "singularity.def"):
         text = (src / name).read_text()
         assert NEW_DIGEST in text and old not in text, name
@@ -493,17 +503,17 @@ def test_a_moved_pin_in_env_is_rendered_into_both_definitions(tmp_path):
 def test_the_committed_definitions_are_rendered_from_env():
     for name, profile in (
         ("Dockerfile", None),
-        *((images.definition_file(p), p) for p in GPU_PROFILES),
+        *((imagecontract.definition_file(p), p) for p in GPU_PROFILES),
     ):
         text = (REPO / name).read_text()
-        assert images.render(text, MANIFEST, profile=profile) == text, (
+        assert imagecontract.render(text, MANIFEST, profile=profile) == text, (
             f"{name}: run make image-defs"
         )
 
 
 def test_a_finding_says_what_was_found_expected_and_the_fix():
     text = mutate(DEFINITION, "export PYTHONNOUSERSITE=1", "export PYTHONNOUSERSITE=0")
-    (finding,) = images.check_definition(text, MANIFEST)
+    (finding,) = singularitydef.check_definition(text, MANIFEST)
     assert str(finding) == (
         "singularity.def %environment: found PYTHONNOUSERSITE='0'; expected '1'\n"
         "  fix: `export PYTHONNOUSERSITE=1` in %environment"
@@ -532,7 +542,7 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies():
     ]
     assert rules[0] == "*", "an allow-list: everything out, then what the build needs back in"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
-    df = images.parse_dockerfile(DOCKERFILE)
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
     copied = set()
     for stage in df.stages:
         for ins in stage.instructions:
@@ -552,7 +562,11 @@ def copy_definitions(dest: Path) -> Path:
     shutil.copy(REPO / "env" / "stack.toml", dest / "env" / "stack.toml")
     shutil.copytree(REPO / "env" / "locks", dest / "env" / "locks")
     (dest / "containers").mkdir()
-    for name in ("Dockerfile", "containers/os-packages.sh", *images.definition_files(MANIFEST)):
+    for name in (
+        "Dockerfile",
+        "containers/os-packages.sh",
+        *imagecontract.definition_files(MANIFEST),
+    ):
         shutil.copy(REPO / name, dest / name)
     return dest
 
@@ -569,7 +583,7 @@ def test_refresh_digests_rewrites_env_and_every_definition(tmp_path):
             NEW_DIGEST if ref == MANIFEST.images["cpu"].tagged else MANIFEST.images["cuda11"].digest
         )
 
-    changes = images.refresh_digests(src, resolve)
+    changes = digests.refresh_digests(src, resolve)
     assert changes == {old: NEW_DIGEST}
     assert sorted(asked) == sorted(
         i.tagged for i in MANIFEST.images.values()
@@ -578,14 +592,15 @@ def test_refresh_digests_rewrites_env_and_every_definition(tmp_path):
         text = (src / name).read_text()
         assert NEW_DIGEST in text and old not in text, name
     assert NEW_DIGEST not in (src / "singularity.def").read_text()  # the cuda11 base did not move
-    assert images.check_checkout(src) == []
+    assert imagedefs.check_checkout(src) == []
 
 
 def test_refresh_digests_without_crane_or_skopeo_fails_clearly():
     with pytest.raises(
-        images.RefreshError, match="(?s)found neither crane nor skopeo.*fix: apt-get install skopeo"
+        digests.RefreshError,
+        match="(?s)found neither crane nor skopeo.*fix: apt-get install skopeo",
     ):
-        images.registry_resolver(which=lambda name: None)
+        digests.registry_resolver(which=lambda name: None)
 
 
 def test_refresh_digests_with_no_registry_names_the_failure(tmp_path):
@@ -595,9 +610,9 @@ def test_refresh_digests_with_no_registry_names_the_failure(tmp_path):
         "#!/bin/sh\necho 'pinging container registry registry-1.docker.io: no such host' >&2\nexit 1\n"
     )
     fake.chmod(0o755)
-    resolve = images.registry_resolver(which=lambda name: str(fake) if name == "skopeo" else None)
+    resolve = digests.registry_resolver(which=lambda name: str(fake) if name == "skopeo" else None)
     with pytest.raises(
-        images.RefreshError,
+        digests.RefreshError,
         match=r"could not resolve docker.io/nvidia/cuda:11.8.0-base-ubuntu22.04: "
         r".*no such host\n  expected: a registry reachable",
     ):
@@ -606,7 +621,7 @@ def test_refresh_digests_with_no_registry_names_the_failure(tmp_path):
 
 def test_skopeo_digest_is_the_hash_of_the_manifest_as_served():
     assert (
-        images.manifest_digest(b"{}")
+        digests.manifest_digest(b"{}")
         == "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
     )
 
@@ -759,20 +774,21 @@ def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
     """The build-time line of the GPU targets and the .sifs' %test, run here against a libibverbs built with gcc."""
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
-    df = images.parse_dockerfile(DOCKERFILE)
-    docker = {r for p in GPU_PROFILES for r in images.target_runs(df, p) if "load_verbs" in r}
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
+    docker = {r for p in GPU_PROFILES for r in dockerfile.target_runs(df, p) if "load_verbs" in r}
     sif = {
         ln.strip()
         for p in GPU_PROFILES
-        for ln in images.parse_definition(DEFINITIONS[p]).sections["test"]
+        for ln in singularitydef.parse_definition(DEFINITIONS[p]).sections["test"]
         if "load_verbs" in ln
     }
     assert len(docker) == 1 and docker == sif
     assert all(
-        len([r for r in images.target_runs(df, p) if "load_verbs" in r]) == 1 for p in GPU_PROFILES
+        len([r for r in dockerfile.target_runs(df, p) if "load_verbs" in r]) == 1
+        for p in GPU_PROFILES
     )
     docker = sorted(docker)
-    assert not [r for r in images.target_runs(df, "cpu") if "load_verbs" in r]
+    assert not [r for r in dockerfile.target_runs(df, "cpu") if "load_verbs" in r]
     command = docker[0].replace("/opt/octo-dist/venv/bin/python", sys.executable)
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -804,9 +820,11 @@ def test_the_gpu_images_verify_at_build_time_that_verbs_load(tmp_path):
 
 def test_the_cuda12_images_pull_no_cuda_base_image():
     # jax[cuda12] brings every CUDA library as a wheel; only the driver comes from the host (--nv, --gpus).
-    df = images.parse_dockerfile(DOCKERFILE)
-    assert images.target_base(df, "cuda12") == images.target_base(df, "cpu")
-    assert "nvidia/cuda" not in images.parse_definition(DEFINITIONS["cuda12"]).header["from"]
-    assert "LD_LIBRARY_PATH" not in images.shell_body(
-        images.parse_definition(DEFINITIONS["cuda12"]).sections["environment"]
+    df = dockerfile.parse_dockerfile(DOCKERFILE)
+    assert dockerfile.target_base(df, "cuda12") == dockerfile.target_base(df, "cpu")
+    assert (
+        "nvidia/cuda" not in singularitydef.parse_definition(DEFINITIONS["cuda12"]).header["from"]
+    )
+    assert "LD_LIBRARY_PATH" not in singularitydef.shell_body(
+        singularitydef.parse_definition(DEFINITIONS["cuda12"]).sections["environment"]
     )

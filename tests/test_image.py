@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import imagerun
-from octo_dist.stack import imagedefs
+from octo_dist.stack import imagecontract
 from octo_dist.stack import manifest as mf
 
 REPO = mf.REPO_ROOT
@@ -194,7 +194,7 @@ def test_the_image_holds_no_secret_no_git_and_no_test_files(image):
     assert not (root / "run/secrets").exists() or not any((root / "run/secrets").iterdir())
     info = imagerun.inspect(IMAGE)
     env = [e.split("=", 1)[0] for e in info["OCIv1"]["config"].get("Env") or []]
-    assert [k for k in env if imagedefs.SECRET_NAME.search(k)] == []
+    assert [k for k in env if imagecontract.SECRET_NAME.search(k)] == []
     history = " ".join(h.get("created_by", "") for h in info["OCIv1"].get("history") or [])
     assert "PRIVATE KEY" not in history and "BEGIN CERTIFICATE" not in history
     # octo-dist's own files: the package and env/, never tests/ (the .dockerignore allow-list keeps them out).

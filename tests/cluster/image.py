@@ -104,10 +104,10 @@ def input_key() -> str:
 def environment_script() -> str:
     """singularity.def's %environment, for the cpu profile: what the image's 90-environment.sh would hold."""
     sys.path.insert(0, str(REPO))
-    from octo_dist.stack import imagedefs
+    from octo_dist.stack import singularitydef
 
-    definition = imagedefs.parse_definition((REPO / "singularity.def").read_text())
-    body = imagedefs.shell_body(definition.sections["environment"])
+    definition = singularitydef.parse_definition((REPO / "singularity.def").read_text())
+    body = singularitydef.shell_body(definition.sections["environment"])
     if "OCTO_DIST_PROFILE=cuda11" not in body:
         raise RuntimeError(
             f"singularity.def's %environment no longer sets OCTO_DIST_PROFILE=cuda11:\n{body}"
