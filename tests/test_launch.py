@@ -51,7 +51,7 @@ BASE = {
 @pytest.mark.parametrize("command", ["smoke", "finetune"])
 def test_rendered_script_passes_shellcheck(tmp_path, scheduler, container, command):
     image = tmp_path / "octo-dist.sif"
-    image.write_bytes(b"SIF")
+    image.write_bytes(b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\0")
     argv = [
         *BASE[scheduler],
         "--per-gpu-batch",
@@ -130,7 +130,8 @@ def test_examples_pass_shellcheck():
     "text, seconds, shown",
     [
         ("1:30:00", 5400, "01:30:00"),
-        ("0:10", 600, "00:10:00"),
+        ("0:10:00", 600, "00:10:00"),
+        ("2-00:00", 172800, "48:00:00"),  # SLURM's days-hours:minutes
         ("2-00:00:00", 172800, "48:00:00"),
         ("72:00:00", 259200, "72:00:00"),
     ],

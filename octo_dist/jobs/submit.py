@@ -15,11 +15,12 @@ import os
 from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
+from octo_dist.jobs import spec as spec_mod
 from octo_dist.problems import Problem
 from octo_dist.launchers import outside
 
 AFTER_ENV = schedulers.base.AFTER_ENV
-MAX_CHAIN = 50  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
+MAX_CHAIN = spec_mod.MAX_CHAIN  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
 SUBMIT_TIMEOUT_S = (
     120  # a qsub/sbatch answers in seconds; a hung scheduler server must not hang launch
 )
@@ -34,6 +35,15 @@ class Submitted:
     job_id: str  # "12345.pbs1" (PBS), "12345" (Grid Engine, SLURM)
     log: str  # where the job's output goes
     argv: tuple  # the command that submitted it
+
+
+def chain_summary(job: spec_mod.JobSpec, chain: int) -> str:
+    """The one line said before anything is queued: ``"submitting 3 jobs x 2 nodes x 12:00:00 = at most 72
+    node-hours"`` (a single job: ``"submitting 1 job x 2 nodes x 12:00:00 = at most 24 node-hours"``)."""
+    jobs = f"{chain} job{'' if chain == 1 else 's'}"
+    nodes = f"{job.nodes} node{'' if job.nodes == 1 else 's'}"
+    total = spec_mod.node_hours(chain * job.nodes, job.walltime_s)
+    return f"submitting {jobs} x {nodes} x {spec_mod.format_walltime(job.walltime_s)} = at most {total}"
 
 
 def command(scheduler: str, script: str, group: Optional[str], after: Optional[str]) -> List[str]:
