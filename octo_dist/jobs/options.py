@@ -111,7 +111,10 @@ class LaunchOptions:
         type=int,
     )
     walltime: str = _opt(
-        "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
+        "1:00:00",
+        "wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
+        "read them as MM:SS (default: {default})",
+        "resources",
     )
     group: Optional[str] = _opt(
         None, "{group_help}", "resources", action=GivenOnce
