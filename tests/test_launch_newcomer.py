@@ -4,6 +4,7 @@ argument", two spellings of the group silently taking the last, a fix that is re
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
@@ -222,3 +223,58 @@ def test_a_defaults_file_error_names_the_file_and_line_and_fixes_the_value(
     project_ini.write_text(text)
     found = refused(capsys, "launch", "pbs", "--nodes", "1", "--dry-run")
     assert found.startswith(f"octo-dist launch: error: {project_ini} {line}"), found
+
+
+def test_grid_engines_qsub_on_path_for_a_pbs_submit_is_named(capsys, tmp_path, monkeypatch):
+    """Debian's gridengine-client qsub, unconfigured (no qmaster), as a login node with the wrong qsub first."""
+    real = shutil.which("qsub", path="/usr/bin")
+    probe = subprocess.run([real, "--version"], capture_output=True, text=True) if real else None
+    if probe is None or submit.qsub_kind(probe.stdout + probe.stderr) != "sge":
+        pytest.skip("needs Grid Engine's qsub in /usr/bin (Debian's gridengine-client)")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    line = refused_with(capsys, 1, *PBS, "--submit", "-o", "job.sh")
+    assert line.startswith("octo-dist launch: error: qsub ")
+    assert line.endswith(
+        "; the qsub on PATH (/usr/bin/qsub) is Grid Engine's, not PBS Professional's that octo-dist launch pbs "
+        "writes for. Fix: put PBS Professional's qsub first on PATH (on the cluster's login node), or render for "
+        "the scheduler you have: octo-dist launch sge ..."
+    )
+
+
+def test_a_failing_pbs_qsub_is_not_called_the_wrong_one(capsys, tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    qsub = tools / "qsub"
+    qsub.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo "pbs_version = 22.05.11"; exit 0; }\n'
+        'echo "qsub: Unknown queue" >&2; exit 1\n'
+    )
+    qsub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    line = refused_with(capsys, 1, *PBS, "--submit", "-o", "job.sh")
+    assert line.endswith("failed (exit 1): qsub: Unknown queue"), line
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("pbs_version = 22.05.11\n", "pbs"),
+        ("GE 8.1.9\nusage: qsub [options]\n", "sge"),
+        (
+            'unable to read qmaster name: qmaster hostname in "/var/lib/gridengine/default/common/act_qmaster"',
+            "sge",
+        ),
+        ("qsub: command not understood", None),
+    ],
+)
+def test_which_qsub_answered(text, kind):
+    assert submit.qsub_kind(text) == kind
+
+
+def refused_with(capsys, code, *argv) -> str:
+    assert cli.main(list(argv)) == code
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "warning:" not in ln]
+    (line,) = err
+    return line

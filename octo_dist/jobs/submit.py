@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
@@ -44,6 +46,41 @@ def chain_summary(job: spec_mod.JobSpec, chain: int) -> str:
     nodes = f"{job.nodes} node{'' if job.nodes == 1 else 's'}"
     total = spec_mod.node_hours(chain * job.nodes, job.walltime_s)
     return f"submitting {jobs} x {nodes} x {spec_mod.format_walltime(job.walltime_s)} = at most {total}"
+
+
+QSUB_KINDS = {"pbs": "PBS Professional's", "sge": "Grid Engine's"}
+VERSION_TIMEOUT_S = 30  # `qsub --version` answers at once, even where no server is configured
+
+
+def qsub_kind(text: str) -> Optional[str]:
+    """Which scheduler a ``qsub --version`` answer is from: ``"pbs_version = 22.05.11"`` -> ``"pbs"``;
+    ``"GE 8.1.9"`` or Grid Engine's "unable to read qmaster name" -> ``"sge"``; anything else -> None."""
+    if re.search(r"pbs_version", text):
+        return "pbs"
+    if re.search(r"(?i)\b(?:s?ge \d|grid ?engine|son of grid engine|qmaster|sge_root)", text):
+        return "sge"
+    return None
+
+
+def wrong_qsub(scheduler: str, run: Callable[..., outside.Finished]) -> str:
+    """After a failed submission for PBS or Grid Engine (both name their command ``qsub``): when the ``qsub`` on
+    PATH is the other scheduler's, the sentence that says so (``"; the qsub on PATH (/usr/bin/qsub) is Grid
+    Engine's, ..."``); else ``""``. Asked only after a failure, so a working submission runs nothing more."""
+    if scheduler not in QSUB_KINDS:
+        return ""
+    try:
+        proc = run(["qsub", "--version"], VERSION_TIMEOUT_S)
+    except (OSError, outside.CommandTimeout):
+        return ""
+    kind = qsub_kind(proc.stdout + proc.stderr)
+    if kind is None or kind == scheduler:
+        return ""
+    where = shutil.which("qsub") or "qsub"
+    return (
+        f"; the qsub on PATH ({where}) is {QSUB_KINDS[kind]}, not {QSUB_KINDS[scheduler]} that octo-dist launch "
+        f"{scheduler} writes for. Fix: put {QSUB_KINDS[scheduler]} qsub first on PATH (on the cluster's login node), "
+        f"or render for the scheduler you have: octo-dist launch {kind} ..."
+    )
 
 
 def command(scheduler: str, script: str, group: Optional[str], after: Optional[str]) -> List[str]:
@@ -104,7 +141,7 @@ def submit(
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
-        return SubmitError(what + before)
+        return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
         argv = command(scheduler, script, group, after)
