@@ -188,8 +188,12 @@ def test_without_the_scheduler_here_the_script_is_still_written(tmp_path, monkey
 # --- a scheduler that hangs, answers in bytes that are not UTF-8, or colours its error -----------------------------
 
 ODD_SCHEDULER = f"""#!{sys.executable}
-# The first call answers like PBS qsub; the call FAKE_ODD_AT behaves as FAKE_ODD says.
+# The first call answers like PBS qsub; the call FAKE_ODD_AT behaves as FAKE_ODD says. `qsub --version` (asked after
+# a failure, to tell PBS's qsub from Grid Engine's) answers as PBS's and is not a submission.
 import os, sys, time
+if sys.argv[1:] == ["--version"]:
+    print("pbs_version = 22.05.11")
+    sys.exit(0)
 log = os.environ["FAKE_SUBMIT_LOG"]
 n = len(open(log).read().splitlines()) if os.path.exists(log) else 0
 with open(log, "a") as f:
