@@ -18,6 +18,7 @@ from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import status
 from octo_dist.problems import Problem
 from octo_dist.launchers import outside
 
@@ -26,6 +27,11 @@ MAX_CHAIN = spec_mod.MAX_CHAIN  # jobs in one --chain: 50 wall times of 24 h are
 SUBMIT_TIMEOUT_S = (
     120  # a qsub/sbatch answers in seconds; a hung scheduler server must not hang launch
 )
+
+
+RECORD_SCRIPT_LIMIT = (
+    1 << 20
+)  # bytes of the written script read back for its save directory (a script is ~10 kB)
 
 
 class SubmitError(Problem, RuntimeError):
@@ -141,6 +147,7 @@ def submit(
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
+        _record(scheduler, script, submit_dir, out)
         return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
@@ -170,4 +177,23 @@ def submit(
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )
+    _record(scheduler, script, submit_dir, out)
     return out
+
+
+def _record(scheduler: str, script: str, submit_dir: str, jobs: List[Submitted]) -> Optional[str]:
+    """The jobs submitted, added to the record in the script's save directory (``status.RECORD``) that ``octo-dist
+    jobs`` reads; None when nothing was submitted, or the record cannot be written (the jobs are queued all the
+    same, and launch has printed their ids)."""
+    if not jobs:
+        return None
+    try:
+        with open(script, "rb") as f:
+            save_dir = status.save_dir_of_script(outside.decode(f.read(RECORD_SCRIPT_LIMIT)))
+        if save_dir is None:
+            return None
+        return status.record(
+            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs]
+        )
+    except OSError:
+        return None
