@@ -168,12 +168,18 @@ SLURM_STATES = {
     "SUSPENDED": "suspended",
     "REQUEUED": "queued",
 }
+# Grid Engine's state letters (qstat): r running, t transferring, Rr restarted, qw waiting, hqw held (a dependency),
+# dr/dt being deleted, s suspended; others (Eqw: an error) are shown as they are.
 SGE_STATES = {
     "r": "running",
     "t": "running",
+    "Rr": "running",
     "qw": "queued",
+    "Rq": "queued",
     "hqw": "held",
     "hRwq": "held",
+    "dr": "exiting",
+    "dt": "exiting",
     "s": "suspended",
 }
 
