@@ -185,7 +185,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     )
     assert smoke.global_batch == 64 and smoke.steps == 500  # 1000 steps x 32 = 500 x 64 examples
     assert (
-        smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=offline")
+        smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=disabled")
         and smoke.resume
     )
     ft = parse(
@@ -224,7 +224,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     assert (
         plain.command == "smoke"
         and plain.global_batch is None
-        and plain.job_args == ("--wandb-mode=offline",)
+        and plain.job_args == ("--wandb-mode=disabled",)
     )
 
 
@@ -968,7 +968,7 @@ def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, c
     assert seen == [
         [
             "--steps=5",
-            "--wandb-mode=offline",
+            "--wandb-mode=disabled",
             "--save-dir=runs/octo-dist",
             "--compile-cache=.octo-dist/compile-cache",
             "--model",

@@ -202,8 +202,10 @@ class LaunchOptions:
         "training",
     )
     wandb_mode: str = _opt(
-        "offline",
-        "online needs WANDB_API_KEY or a key file only you can read (default: {default})",
+        "disabled",
+        "wandb logging, as octo-dist smoke's --wandb-mode: disabled logs nothing to wandb (the run summary and "
+        "loss.png are written all the same), offline keeps the run in the save directory for wandb sync, online "
+        "needs WANDB_API_KEY or a key file only you can read (default: {default}, the same for every command)",
         "training",
         choices=WANDB_MODES,
     )
