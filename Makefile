@@ -227,9 +227,10 @@ validate-gpu: $(if $(filter $(OCTO_DIST),$(VALIDATE_CMD)),$(ENV_STAMP)) ## on a 
 DOCKER ?= docker
 IMAGE ?= octo-dist
 CA_SECRET ?=
-# make sif: the cuda11 image from singularity.def; make sif PROFILE=cuda12: singularity-cuda12.def. The profile
-# stays in the file name: `octo-dist launch --image` reads it there (a .sif's labels need singularity to read).
-SIF_PROFILE = $(if $(filter cuda12,$(PROFILE)),cuda12,cuda11)
+# make sif: the cuda12 image from singularity-cuda12.def, what ABCI 3.0's H200 nodes (sm_90) need; make sif
+# PROFILE=cuda11: the researchers' reference stack from singularity.def (V100/A100). The profile stays in the file
+# name: `octo-dist launch --image` reads it there (a .sif's labels need singularity to read).
+SIF_PROFILE = $(if $(filter cuda11,$(PROFILE)),cuda11,cuda12)
 SIF_DEF = $(if $(filter cuda11,$(SIF_PROFILE)),singularity.def,singularity-$(SIF_PROFILE).def)
 SIF ?= octo-dist-$(SIF_PROFILE).sif
 SIF_TMPDIR ?= $${PBS_LOCALDIR:-/tmp}
@@ -252,7 +253,7 @@ docker-smoke: ## build the cpu image and run the 2-rank smoke job in it under th
 	$(MAKE) docker PROFILE=cpu
 	$(DOCKER) run --rm $(IMAGE):cpu mpirun --oversubscribe -np 2 octo-dist smoke
 
-sif: images-check ## build $(SIF) from $(SIF_DEF) with --fakeroot (PROFILE=cuda12: the cuda12 image)
+sif: images-check ## build $(SIF) from $(SIF_DEF) with --fakeroot (default cuda12, for H200; PROFILE=cuda11: cuda11)
 	@tool=$$(command -v singularity || command -v apptainer) || { \
 	  echo "error: make sif needs singularity or apptainer on PATH; found neither." >&2; \
 	  echo "  fix: on ABCI 3.0, SingularityCE 4.x is on the nodes without a module (elsewhere: module load singularitypro, or install SingularityCE 4.x or Apptainer)" >&2; \

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "env": "octo_dist.envcheck.envreport",
     "smoke": "octo_dist.apps.smoke.app",
     "launch": "octo_dist.jobs.cli",
+    "jobs": "octo_dist.jobs.jobscli",
     "job-runtime": "octo_dist.jobs.supervisor.zipapp",
     "finetune": "octo_dist.apps.finetune.app",
     "weights": "octo_dist.apps.finetune.weights",

@@ -241,6 +241,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
         slurm,
         tmp_path,
         compile_cache,
+        "--submit",
         "--chain",
         "2",
         "--stop-margin",

@@ -184,7 +184,7 @@ def test_an_older_python_gets_one_line_from_the_runtime_not_a_syntax_error(runti
 def test_an_empty_or_cut_short_runtime_fails_the_job_in_one_line(tmp_path, cut):
     """The rendered image job checks the runtime file before it runs it: python3 runs an empty file as nothing."""
     image = tmp_path / "octo.sif"
-    image.write_text("")
+    image.write_bytes(b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\0")
     script = tmp_path / "job.sh"
     spec = parse(["pbs", "--nodes", "1", "--group", "g1", "--image", str(image), "--module", ""])
     script.write_text(render.render(spec, "job.sh"))

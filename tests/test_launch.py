@@ -51,7 +51,7 @@ BASE = {
 @pytest.mark.parametrize("command", ["smoke", "finetune"])
 def test_rendered_script_passes_shellcheck(tmp_path, scheduler, container, command):
     image = tmp_path / "octo-dist.sif"
-    image.write_bytes(b"SIF")
+    image.write_bytes(b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\0")
     argv = [
         *BASE[scheduler],
         "--per-gpu-batch",
@@ -130,7 +130,8 @@ def test_examples_pass_shellcheck():
     "text, seconds, shown",
     [
         ("1:30:00", 5400, "01:30:00"),
-        ("0:10", 600, "00:10:00"),
+        ("0:10:00", 600, "00:10:00"),
+        ("2-00:00", 172800, "48:00:00"),  # SLURM's days-hours:minutes
         ("2-00:00:00", 172800, "48:00:00"),
         ("72:00:00", 259200, "72:00:00"),
     ],
@@ -184,7 +185,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     )
     assert smoke.global_batch == 64 and smoke.steps == 500  # 1000 steps x 32 = 500 x 64 examples
     assert (
-        smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=offline")
+        smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=disabled")
         and smoke.resume
     )
     ft = parse(
@@ -223,7 +224,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     assert (
         plain.command == "smoke"
         and plain.global_batch is None
-        and plain.job_args == ("--wandb-mode=offline",)
+        and plain.job_args == ("--wandb-mode=disabled",)
     )
 
 
@@ -967,7 +968,7 @@ def test_the_training_command_is_checked_by_the_checker_given_for_it(tmp_path, c
     assert seen == [
         [
             "--steps=5",
-            "--wandb-mode=offline",
+            "--wandb-mode=disabled",
             "--save-dir=runs/octo-dist",
             "--compile-cache=.octo-dist/compile-cache",
             "--model",

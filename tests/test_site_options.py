@@ -227,6 +227,7 @@ def test_a_data_dir_or_venv_missing_here_is_a_one_line_warning_and_the_script_is
         "job.sh",
         "--",
         "finetune",
+        "--config.pretrained_path=weights/octo-small",  # no warning of a missing pretrained model either
     ]
     assert cli.main(["launch", *argv]) == 0
     err = capsys.readouterr().err

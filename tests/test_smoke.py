@@ -79,6 +79,11 @@ def test_verdict_names_ranks_devices_steps_and_losses():
     assert "2 rank(s) x 1 cpu device(s) = 2 device(s), global batch 8 (4 per rank" in text
     assert "steps 0 -> 2 of 2, loss 0.8300 -> 0.0200" in text and "identical on every rank" in text
     assert "DIFFER across ranks" in smoke.verdict(dict(r, digests=["a", "b"]))
+    one = smoke.verdict(dict(r, ranks=1, digests=["a"]))
+    assert (
+        "  parameters of the one rank: a (one rank: nothing to compare)" in one
+        and "identical" not in one
+    )
 
 
 def test_resuming_refuses_other_settings_and_fresh_runs_refuse_old_checkpoints(tmp_path):

@@ -117,9 +117,9 @@ def test_chain_submits_each_job_after_the_previous_one(
     fake_scheduler, tmp_path, monkeypatch, capsys, scheduler
 ):
     monkeypatch.setenv("FAKE_SCHEDULER", scheduler)
-    assert cli.main(["launch", *HEADS[scheduler], "-o", "job.sh", "--chain", "3"]) == 0, (
-        capsys.readouterr().err
-    )
+    assert (
+        cli.main(["launch", *HEADS[scheduler], "-o", "job.sh", "--submit", "--chain", "3"]) == 0
+    ), capsys.readouterr().err
     out = capsys.readouterr().out
     later, ids, first_log = EXPECTED[scheduler]
     calls = fake_scheduler()
@@ -141,7 +141,7 @@ def test_submit_once_and_a_refusal_is_reported(fake_scheduler, monkeypatch, caps
     assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 0
     assert "submitted job 100.pbs1: log " in capsys.readouterr().out and len(fake_scheduler()) == 1
     monkeypatch.setenv("FAKE_REFUSE_AT", "3")  # the second job of this chain: 1 call logged already
-    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--chain", "2"]) == 1
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "2"]) == 1
     err = capsys.readouterr().err
     assert "failed (exit 1): qsub: Unknown queue; submitted before it: 101.pbs1" in err, err
 
@@ -188,8 +188,12 @@ def test_without_the_scheduler_here_the_script_is_still_written(tmp_path, monkey
 # --- a scheduler that hangs, answers in bytes that are not UTF-8, or colours its error -----------------------------
 
 ODD_SCHEDULER = f"""#!{sys.executable}
-# The first call answers like PBS qsub; the call FAKE_ODD_AT behaves as FAKE_ODD says.
+# The first call answers like PBS qsub; the call FAKE_ODD_AT behaves as FAKE_ODD says. `qsub --version` (asked after
+# a failure, to tell PBS's qsub from Grid Engine's) answers as PBS's and is not a submission.
 import os, sys, time
+if sys.argv[1:] == ["--version"]:
+    print("pbs_version = 22.05.11")
+    sys.exit(0)
 log = os.environ["FAKE_SUBMIT_LOG"]
 n = len(open(log).read().splitlines()) if os.path.exists(log) else 0
 with open(log, "a") as f:
@@ -233,7 +237,7 @@ def test_a_scheduler_answering_bytes_that_are_not_utf8_mid_chain_reports_the_job
 ):
     monkeypatch.setenv("FAKE_ODD_AT", "2")
     monkeypatch.setenv("FAKE_ODD", "bytes")
-    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--chain", "3"]) == 1
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "3"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("octo-dist launch: error: "), err
     assert (
@@ -281,7 +285,7 @@ def test_launch_submit_with_a_hanging_scheduler_returns_with_one_line(
 def test_a_chain_longer_than_the_maximum_is_refused_before_anything_is_written(
     odd_scheduler, capsys
 ):
-    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--chain", "100000"]) == 2
+    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "100000"]) == 2
     err = capsys.readouterr().err
     assert f"--chain 100000; expected at most {submit.MAX_CHAIN} jobs in one chain" in err, err
     assert not odd_scheduler.exists() and not (odd_scheduler.parent / "job.sh").exists()

@@ -1,5 +1,6 @@
 """The run summary: figures from timestamps (pure), and what `octo-dist smoke --save-dir D` leaves in D."""
 
+import dataclasses
 import json
 import struct
 
@@ -33,9 +34,14 @@ def test_figures_come_from_the_timestamps():
     assert (s.loss_first, s.loss_last) == (0.9, 0.5)
     text = summary.lines(s)
     assert text.startswith(
-        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (compile 7.0 s), "
+        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (compile and first step 7.0 s), "
         "median step 250.0 ms,"
     )
+    # With the start-up profile, its compile phase is the one compile time shown (not 7.0 s beside it).
+    profiled = summary.lines(
+        dataclasses.replace(s, startup={"parameters": 2.0, "compile": 4.5, "first_step": 0.5})
+    )
+    assert "first step after 10.0 s (compile 4.5 s)," in profiled and "7.0" not in profiled
     assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
 
 

@@ -188,9 +188,16 @@ def lines(s: RunSummary) -> str:
         else "no steps run"
     )
     rate = f"{s.examples_per_s:.0f} examples/s" if s.examples_per_s else "- examples/s"
+    # One compile time: the start-up profile's phase when there is one (the wait for the step's compilation);
+    # without it, the time from the start of training to the first step's end, which also holds the parameters'
+    # initialisation and the first step, and is named so.
+    if s.startup and "compile" in s.startup:
+        compiled = f"compile {_seconds(s.startup['compile'])}"
+    else:
+        compiled = f"compile and first step {_seconds(s.compile_s)}"
     text = (
         f"octo-dist {s.command}: run summary: wall {_seconds(s.wall_s)}, first step after "
-        f"{_seconds(s.time_to_first_step_s)} (compile {_seconds(s.compile_s)}), median step "
+        f"{_seconds(s.time_to_first_step_s)} ({compiled}), median step "
         f"{_seconds(s.median_step_s, 'ms')},\n  {rate} (global batch {s.global_batch}), {loss} over steps "
         f"{s.start_step} -> {s.end_step}" + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
     )

@@ -24,6 +24,36 @@ def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str,
     return builds.profile_for(build) if build else "cpu"
 
 
+def other_stack(requested: str, dists: Mapping) -> Optional[str]:
+    """One line when ``--profile`` asks for a GPU stack and the installed JAX is another profile's: every pin would
+    fail (59 lines on a cpu venv), while the fix is one: ``"this is the cpu stack (jaxlib 0.4.22); use the cuda12
+    image or `make env PROFILE=cuda12`"``. None when the installed JAX is the requested profile's, or has none."""
+    from octo_dist.envcheck.installed import versions
+    from octo_dist.stack import builds
+
+    build = builds.jax_build(versions(dists))
+    if not build:
+        return None
+    installed = builds.profile_for(build)
+    if installed == requested:
+        return None
+    return (
+        f"check-env --profile {requested}: this is the {installed} stack (jaxlib {build}); expected the "
+        f"{requested} stack. Fix: use the {requested} image (octo-dist-{requested}.sif) or "
+        f"`make env PROFILE={requested}`; -v lists every check"
+    )
+
+
+def _print(text: str) -> None:
+    """``print`` that ends quietly when the reader has gone (``check-env --json | head``): no BrokenPipeError
+    traceback; stdout is pointed at /dev/null so the interpreter's own flush at exit does not raise again."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "check-env",
@@ -115,12 +145,17 @@ def run(args: argparse.Namespace) -> int:
 
         compute_cap = gpus.compute_capability() if smi else None
         checks += run_deep(profile, os.environ, installed.site_dirs(dists.values()), compute_cap)
-    print(
+    code = report.exit_code(checks)
+    mismatch = other_stack(profile.name, dists) if args.profile and code and not args.json else None
+    if mismatch and not args.verbose:
+        print(f"error: {mismatch}", file=sys.stderr)
+        return code
+    _print(
         report.as_json(checks, profile.name, report.context(profile.gpu))
         if args.json
         else report.as_table(checks, profile.name, args.verbose)
     )
-    return report.exit_code(checks)
+    return code
 
 
 def _launch(args, profile, checks, smi) -> int:

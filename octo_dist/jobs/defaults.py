@@ -24,11 +24,14 @@ Pure: ``resolve`` takes the files' texts; ``files`` says where they are for an e
 from __future__ import annotations
 
 import configparser
+import difflib
 import os
+import re
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers
+from octo_dist.jobs import spec as spec_mod
 from octo_dist.launchers import outside
 
 USER_FILE = os.path.join("octo-dist", "launch.ini")
@@ -80,6 +83,51 @@ def files(environ: Mapping[str, str], cwd: str) -> Tuple[str, str]:
     return os.path.join(config_home, USER_FILE), os.path.join(cwd, PROJECT_FILE)
 
 
+def _line_of(text: str, section: str, key: str) -> int:
+    """The line (from 1) where ``key`` is set in ``[section]`` of an INI text; 0 when not found. configparser keeps
+    no line numbers, so errors find it again: ``("[launch]\\nwalltime = 12h\\n", "launch", "walltime")`` -> 2."""
+    current = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        header = re.fullmatch(r"\[([^\]]+)\]\s*(?:[#;].*)?", stripped)
+        if header:
+            current = header.group(1).strip()
+        elif current == section and re.match(
+            rf"{re.escape(key)}\s*(?:[=:]|$)", stripped, re.IGNORECASE
+        ):
+            return n
+    return 0
+
+
+def _where(path: str, text: str, section: str, key: str) -> str:
+    """``"/home/u/.config/octo-dist/launch.ini line 3 [launch]"``: where an error's key is, for the editor."""
+    n = _line_of(text, section, key)
+    return f"{path}{f' line {n}' if n else ''} [{section}]"
+
+
+def _value(where: str, key: str, field: str, value: str) -> object:
+    """A key's value checked as the command line checks its flag, the error naming the file and line."""
+    if field in BOOLS:
+        if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
+            raise DefaultsError(
+                f"{where}: {key} = {value!r}; expected true or false. Fix: {key} = true"
+            )
+        return value.lower() in ("true", "yes", "1")
+    if field == "walltime":
+        try:
+            spec_mod.parse_walltime(value, label=f"{key} =")
+        except spec_mod.JobSpecError as e:
+            fix = e.fix.replace("--walltime ", f"{key} = ", 1)
+            raise DefaultsError(f"{where}: {e.found}; expected {e.expected}. Fix: {fix}") from None
+    if field == "wandb_mode" and value not in spec_mod.WANDB_MODES:
+        close = difflib.get_close_matches(value, spec_mod.WANDB_MODES, n=1) or ["offline"]
+        raise DefaultsError(
+            f"{where}: {key} = {value!r}; expected one of {', '.join(spec_mod.WANDB_MODES)}. "
+            f"Fix: {key} = {close[0]}"
+        )
+    return value
+
+
 def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
     parser = configparser.ConfigParser(interpolation=None)
     try:
@@ -97,23 +145,23 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
         if not parser.has_section(section):
             continue
         for key, value in parser.items(section):
+            where = _where(path, text, section, key)
             if key not in keys:
+                # "group_" / "wall-time" / "walltime_" -> the key meant, as the command line's "did you mean".
+                spelled = key.replace("_", "-")
+                close = difflib.get_close_matches(spelled, list(keys), n=1, cutoff=0.6)
+                meant = close[0] if close else None
                 raise DefaultsError(
-                    f"{path} [{section}]: unknown key {key!r}; expected one of "
-                    f"{', '.join(sorted(keys))}. Fix: remove or rename it"
+                    f"{where}: unknown key {key!r}"
+                    + (f", did you mean {meant!r}?" if meant else "")
+                    + f" Expected one of {', '.join(sorted(keys))}. Fix: "
+                    + (f"{meant} = {value}" if meant else "remove or rename it")
                 )
             field = keys[key]
             if field in lists:
                 out[field] = tuple(value.split())
-            elif field in BOOLS:
-                if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                    raise DefaultsError(
-                        f"{path} [{section}]: {key} = {value!r}; expected true or false. "
-                        f"Fix: {key} = true"
-                    )
-                out[field] = value.lower() in ("true", "yes", "1")
             else:
-                out[field] = value
+                out[field] = _value(where, key, field, value)
     unknown = [s for s in parser.sections() if s != "launch" and not s.startswith("launch.")]
     if unknown:
         raise DefaultsError(

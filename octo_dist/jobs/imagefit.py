@@ -28,6 +28,54 @@ GPU_ARCH = {
 _PROFILE_WORD = re.compile(r"(?:^|[-_.])(cpu|cuda\d+)(?=[-_.]|$)")
 
 
+# A SIF file (sylabs/sif's global header): a 32-byte launch line ("#!/usr/bin/env run-singularity\n"), then the
+# magic "SIF_MAGIC\0" at byte 32. A squashfs image (singularity runs those too) starts with "hsqs".
+SIF_MAGIC_OFFSET = 32
+SIF_MAGIC = b"SIF_MAGIC"
+SQUASHFS_MAGIC = b"hsqs"
+HEADER_BYTES = 64
+
+
+def needed_profile(resource_type: Optional[str]) -> str:
+    """The image profile a resource type's GPUs need: ``"rt_HF"`` (H200, sm_90) -> ``"cuda12"``; ``"rt_F"`` (V100)
+    -> ``"cuda11"``; unknown (SLURM, Grid Engine) -> ``"cuda12"``, what ``make sif`` builds by default."""
+    arch = GPU_ARCH.get(resource_type or "", ("", ""))[1]
+    return "cuda11" if arch in ("sm_70",) else "cuda12"
+
+
+def build_fix(resource_type: Optional[str]) -> str:
+    """How to build the image a resource type needs: ``"make sif PROFILE=cuda12 (writes octo-dist-cuda12.sif)"``."""
+    profile = needed_profile(resource_type)
+    return f"make sif PROFILE={profile} (writes octo-dist-{profile}.sif)"
+
+
+def header_problem(head: bytes, image: str) -> Optional[str]:
+    """Why the first bytes of ``image`` are not an image singularity runs (None when they are):
+    ``b""`` -> "is empty"; a text file -> "is not a SIF file (it starts with 'hello')"."""
+    if not head:
+        return f"--image {image} is empty"
+    if head[SIF_MAGIC_OFFSET : SIF_MAGIC_OFFSET + len(SIF_MAGIC)] == SIF_MAGIC or head.startswith(
+        SQUASHFS_MAGIC
+    ):
+        return None
+    start = head[:16].decode("ascii", "backslashreplace")
+    return f"--image {image} is not a SIF file (it starts with {start!r}, not a SIF header)"
+
+
+def read_head(path: str) -> Optional[bytes]:
+    """The first ``HEADER_BYTES`` of ``path``; None where it cannot be opened here (the caller's existence check
+    decides about a missing file; a FIFO is not opened, so nothing blocks)."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as f:
+            return f.read(HEADER_BYTES)
+    except OSError:
+        return None
+
+
 def image_profile(image: str) -> Optional[str]:
     """``"/groups/g/octo-dist/octo-dist_cuda11.sif"`` -> ``"cuda11"``; a name without one -> None."""
     name = os.path.basename(image)
@@ -51,7 +99,7 @@ def check(image: Optional[str], resource_type: Optional[str]) -> tuple:
         return (
             f"--image {os.path.basename(image)} (the cpu profile) on {resource_type} ({gpu}, {arch})",
             "a GPU image: the cpu profile's JAX runs on the CPU and leaves every GPU idle",
-            "--image octo-dist-cuda12.sif (make sif PROFILE=cuda12)",
+            f"--image octo-dist-cuda12.sif ({build_fix(resource_type)})",
         ), None
     if profile == "cuda11" and arch == "sm_90":
         return None, (

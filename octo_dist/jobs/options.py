@@ -5,6 +5,7 @@ help text: ``spec.build`` validates the options into a ``JobSpec``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Mapping, Optional, Tuple
 
@@ -23,6 +24,24 @@ DEFAULT_COMPILE_CACHE = (
 def scheduler_names() -> Tuple[str, ...]:
     """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
     return tuple(schedulers.SCHEDULERS)
+
+
+class GivenOnce(argparse.Action):
+    """Stores the value of an option that has several spellings (``--group`` and SLURM's ``--account``): the same
+    setting given twice with different values is refused in one line (exit 2), where argparse would keep the last
+    without a word (``--account a --group b`` ran under b)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "given." + self.dest, None)
+        if given is not None and given[1] != values:
+            first = f"{given[0]} {given[1]}"
+            parser.exit(
+                2,
+                f"octo-dist launch: error: {first} and {option_string} {values} set the same setting twice; "
+                f"expected one value. Fix: keep one of them ({first}, or {option_string} {values})\n",
+            )
+        setattr(namespace, "given." + self.dest, (option_string, values))
+        setattr(namespace, self.dest, values)
 
 
 def _opt(
@@ -92,9 +111,14 @@ class LaunchOptions:
         type=int,
     )
     walltime: str = _opt(
-        "1:00:00", "wall-time limit, H:MM:SS, H:MM or D-H:MM:SS (default: {default})", "resources"
+        "1:00:00",
+        "wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
+        "read them as MM:SS (default: {default})",
+        "resources",
     )
-    group: Optional[str] = _opt(None, "{group_help}", "resources")  # + the scheduler's group_flags
+    group: Optional[str] = _opt(
+        None, "{group_help}", "resources", action=GivenOnce
+    )  # + the scheduler's group_flags
     name: str = _opt("octo-dist", "job name (default: {default})", "resources")
     directives: Optional[tuple] = _opt(
         None,
@@ -178,8 +202,10 @@ class LaunchOptions:
         "training",
     )
     wandb_mode: str = _opt(
-        "offline",
-        "online needs WANDB_API_KEY or a key file only you can read (default: {default})",
+        "disabled",
+        "wandb logging, as octo-dist smoke's --wandb-mode: disabled logs nothing to wandb (the run summary and "
+        "loss.png are written all the same), offline keeps the run in the save directory for wandb sync, online "
+        "needs WANDB_API_KEY or a key file only you can read (default: {default}, the same for every command)",
         "training",
         choices=WANDB_MODES,
     )

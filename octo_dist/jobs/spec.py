@@ -16,7 +16,7 @@ import unicodedata
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
-from octo_dist.jobs import schedulers, sitedirectives
+from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.commands import COMMANDS, DEFAULT_COMMAND, Checker, Command, config_file_first
 from octo_dist.jobs.options import (
@@ -90,22 +90,67 @@ class JobSpec:
 
 
 WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
+# Two fields, "30:00": PBS (walltime=[[HH:]MM:]SS), SLURM (--time=MM:SS) and Grid Engine (h_rt=[[H:]M:]S) all read
+# minutes:seconds, while people mean hours:minutes as often as not; 30 hours instead of 30 minutes (or the reverse)
+# costs a day in the queue or the run, so two fields are refused with both readings spelled out.
+TWO_FIELDS_RE = re.compile(r"(\d+):(\d\d)")
+# "12h", "30m", "90min", "2d", "1h30m", "45s": what people type for a duration, read to suggest H:MM:SS.
+UNITS_RE = re.compile(
+    r"(?:(\d+)\s*d(?:ays?)?)?\s*(?:(\d+)\s*h(?:ours?|rs?)?)?\s*(?:(\d+)\s*m(?:in(?:utes?)?)?)?"
+    r"\s*(?:(\d+)\s*s(?:ec(?:onds?)?)?)?",
+    re.IGNORECASE,
+)
 
 
-def parse_walltime(text: str) -> int:
-    """``"1:30:00"`` / ``"01:30"`` (H:MM) / ``"2-00:00:00"`` (D-H:MM:SS) -> seconds; nothing around it."""
+def walltime_fix(text: str) -> str:
+    """The ``--walltime`` a refused value most likely meant, in the H:MM:SS form every scheduler reads alike:
+    ``"12h"`` -> ``"12:00:00"``, ``"1h30m"`` -> ``"1:30:00"``, ``"2d"`` -> ``"2-00:00:00"``, ``"30:00"`` -> both
+    readings (``"0:30:00 (30 minutes) or 30:00:00 (30 hours)"``); anything else -> ``"1:30:00"``."""
+    text = text.strip()
+    m = TWO_FIELDS_RE.fullmatch(text)
+    if m:
+        first, second = int(m.group(1)), int(m.group(2))
+        return (
+            f"{format_walltime(first * 60 + second)} ({first} min {second} s, as the schedulers read it) or "
+            f"{format_walltime(first * 3600 + second * 60)} ({first} h {second} min)"
+        )
+    m = UNITS_RE.fullmatch(text)
+    if text and m and any(m.groups()) and len(text) <= 20:
+        days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+        total = ((hours * 60) + minutes) * 60 + seconds
+        if days and not total:
+            return f"{days}-00:00:00"
+        if 0 < days * 86400 + total <= job_settings.MAX_WALLTIME_S:
+            return format_walltime(days * 86400 + total)
+    if text.isdigit() and 0 < int(text) <= 168:
+        return (
+            f"{int(text)}:00:00 (a bare number is seconds to PBS and Grid Engine, minutes to SLURM)"
+        )
+    return "1:30:00"
+
+
+def parse_walltime(text: str, label: str = "--walltime") -> int:
+    """``"1:30:00"`` (H:MM:SS) / ``"2-00:00:00"`` / ``"2-00:00"`` (D-H:MM[:SS], SLURM's days) -> seconds; nothing
+    around it. Two fields (``"30:00"``) are refused: the schedulers read minutes:seconds, people often mean hours.
+    ``label`` names where the value came from (``"--walltime"``, ``"walltime in ./octo-dist.ini line 3"``)."""
+    if len(text) <= 20 and TWO_FIELDS_RE.fullmatch(text):
+        raise JobSpecError(
+            f"{label} {text}, two fields, which PBS, SLURM and Grid Engine all read as minutes:seconds",
+            "H:MM:SS (three fields), so that no one reads hours for minutes",
+            f"--walltime {walltime_fix(text)}",
+        )
     m = WALLTIME_RE.fullmatch(text)
     if not m or not any(int(g or 0) for g in m.groups()) or len(text) > 20:
         raise JobSpecError(
-            f"--walltime {text[:40]!r} is not a wall time",
-            "H:MM:SS, H:MM or D-H:MM:SS, more than zero (e.g. 1:30:00)",
-            "--walltime 1:30:00",
+            f"{label} {text[:40]!r} is not a wall time",
+            "H:MM:SS or D-H:MM:SS, more than zero (e.g. 1:30:00)",
+            f"--walltime {walltime_fix(text)}",
         )
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total > job_settings.MAX_WALLTIME_S:
         raise JobSpecError(
-            f"--walltime {text} ({total} s)",
+            f"{label} {text} ({total} s)",
             f"at most {job_settings.MAX_WALLTIME_S // 86400} days",
             "--walltime 7-00:00:00 (ABCI 3.0 allows up to 168 hours on rt_HF)",
         )
@@ -115,6 +160,20 @@ def parse_walltime(text: str) -> int:
 def format_walltime(seconds: int) -> str:
     """Seconds -> ``"HH:MM:SS"`` with hours past 24 (``"72:00:00"``), which PBS, SGE and SLURM all accept."""
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def node_hours(nodes: int, walltime_s: int) -> str:
+    """``(2, 1800)`` -> ``"1 node-hour"``, ``(2, 5400)`` -> ``"3 node-hours"``, ``(1, 600)`` -> ``"0.17 node-hours"``:
+    what the job may use at most (sites charge by it; ABCI's points are node-hours x the resource type's rate)."""
+    value = nodes * walltime_s / 3600
+    shown = f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.2g}"
+    return f"{shown} node-hour{'' if shown == '1' else 's'}"
+
+
+def time_summary(job: "JobSpec") -> str:
+    """The wall time and what it may cost, for the line that says the script was written:
+    ``"wall time 00:30:00, at most 1 node-hour"`` (2 nodes, ``--walltime 0:15:00``)."""
+    return f"wall time {format_walltime(job.walltime_s)}, at most {node_hours(job.nodes, job.walltime_s)}"
 
 
 def scaled_steps(steps: int, reference_batch: int, global_batch: int) -> int:
@@ -130,12 +189,16 @@ UNSAFE_CATEGORIES = job_settings.UNSAFE_CATEGORIES
 
 
 def check_printable(label: str, value: str) -> None:
-    """Refuse a value the job script cannot hold safely: ``"runs\\n touch X"`` -> JobSpecError."""
+    """Refuse a value the job script cannot hold safely: ``"runs\\n touch X"`` -> JobSpecError.
+
+    ``label`` names the value as the user gave it: a flag (``"--save-dir"``), ``"argument 3 after --"``, or a
+    description that starts with "the" (``"the option"``)."""
     if len(value) > job_settings.MAX_TEXT:
+        shorter = f"{label} shorter" if label.startswith("the ") else f"a shorter {label}"
         raise JobSpecError(
             f"{label} of {len(value)} characters ({value[:40]!r}...)",
             f"at most {job_settings.MAX_TEXT} (the longest path a Linux system call takes)",
-            f"a shorter {label}",
+            shorter,
         )
     bad = sorted({c for c in value if unicodedata.category(c) in UNSAFE_CATEGORIES})
     if bad:
@@ -181,7 +244,7 @@ def _ranks_and_devices(
     _positive("--ranks-per-node", ranks, f"--ranks-per-node {gpus_per_node}")
     if ranks is not None and ranks > gpus_per_node:
         raise JobSpecError(
-            f"--ranks-per-node {ranks} with --gpus-per-node {gpus_per_node}",
+            f"--ranks-per-node {shown_number(ranks)} with --gpus-per-node {gpus_per_node}",
             "at most one rank per GPU (JAX binds whole GPUs to a process; two ranks on one GPU fail "
             "or share its memory)",
             f"--ranks-per-node {gpus_per_node}",
@@ -194,7 +257,8 @@ def _ranks_and_devices(
         divisors = [r for r in range(1, gpus_per_node + 1) if gpus_per_node % r == 0]
         near = max((r for r in divisors if r <= ranks), default=1)
         raise JobSpecError(
-            f"{ranks} rank(s) per node x {devices} GPU(s) per rank with --gpus-per-node {gpus_per_node}",
+            f"{shown_number(ranks)} rank(s) per node x {shown_number(devices)} GPU(s) per rank "
+            f"with --gpus-per-node {gpus_per_node}",
             f"ranks per node x devices per rank = {gpus_per_node}, so every GPU is used",
             f"--ranks-per-node {near} --devices-per-rank {gpus_per_node // near}, "
             f"or --ranks-per-node {gpus_per_node} (one GPU each)",
@@ -202,9 +266,72 @@ def _ranks_and_devices(
     return ranks, devices
 
 
+# The fine-tune configs shipped with octo-dist, which all leave pretrained_path unset (a placeholder): a job from one
+# of them without --config.pretrained_path fails when it starts. tests/test_finetune_fields.py keeps this in sync.
+PACKAGED_FINETUNE_CONFIGS = ("finetune_config.py", "finetune_smoke_config.py")
+WANDB_KEY_FILE = os.path.join(
+    ".config", "octo-dist", "wandb_api_key"
+)  # under $HOME, or $WANDB_KEY_FILE
+
+
+def wandb_key_found(environ: Mapping[str, str], read: Callable[[str], Optional[str]]) -> bool:
+    """Whether a job with ``--wandb-mode online`` will find a key where the job runtime looks (WANDB_API_KEY, the
+    key file, ``~/.netrc``'s api.wandb.ai): ``read(path)`` is the file's text, None when there is none."""
+    if environ.get("WANDB_API_KEY"):
+        return True
+    home = environ.get("HOME", os.path.expanduser("~"))
+    if read(environ.get("WANDB_KEY_FILE") or os.path.join(home, WANDB_KEY_FILE)) is not None:
+        return True
+    return "api.wandb.ai" in (read(os.path.join(home, ".netrc")) or "")
+
+
+def _read_small(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def finetune_warnings(
+    spec: "JobSpec",
+    environ: Optional[Mapping[str, str]] = None,
+    read: Callable[[str], Optional[str]] = _read_small,
+) -> list:
+    """What would make the job fail after its wait in the queue, though the script renders: a packaged fine-tune
+    config without ``--config.pretrained_path``; ``--wandb-mode online`` with no key this host can see."""
+    environ = os.environ if environ is None else environ
+    out = []
+    if spec.command == "finetune":
+        given = [*spec.lead_args, *spec.user_args]
+        config = next(
+            (a.partition("=")[2] for a in given if a.startswith("--config=")), "finetune_config.py"
+        )
+        if os.path.basename(
+            config.partition(":")[0]
+        ) in PACKAGED_FINETUNE_CONFIGS and not _flag_given(
+            spec.user_args, "--config.pretrained_path"
+        ):
+            out.append(
+                "-- finetune without --config.pretrained_path: the packaged config has none, so every rank stops "
+                "at its start (after the wait in the queue). Fix: add --config.pretrained_path=weights/octo-small "
+                "after -- finetune (make weights downloads it on a login node)"
+            )
+    if spec.wandb_mode == "online" and not wandb_key_found(environ, read):
+        home = environ.get("HOME", "~")
+        out.append(
+            f"--wandb-mode online, but no wandb key here: WANDB_API_KEY is unset, {os.path.join(home, WANDB_KEY_FILE)} "
+            "does not exist and ~/.netrc has no api.wandb.ai entry; the job fails at its start unless one is there "
+            f"when it runs. Fix: (umask 077; cat > ~/{WANDB_KEY_FILE}) and paste the key, or wandb login, or "
+            "--wandb-mode offline"
+        )
+    return out
+
+
 def missing_paths(spec: "JobSpec", is_dir: Callable[[str], bool]) -> list:
     """One warning per directory the job reads that this host does not have (it may exist only on the
-    cluster, so the render goes on): ``["--data-dir data/bridge: no such directory here (/home/u/proj); ..."]``.
+    cluster, so the render goes on): ``["--data-dir data/bridge: no such directory here (/home/u/proj); ..."]``;
+    then :func:`finetune_warnings`' (this host's environment and files).
 
     ``is_dir``: ``os.path.isdir`` relative to where the script is rendered (and, usually, submitted)."""
     out = []
@@ -218,7 +345,7 @@ def missing_paths(spec: "JobSpec", is_dir: Callable[[str], bool]) -> list:
             f"--venv {spec.venv}: no such environment on this host (no {os.path.join(spec.venv, 'bin')}); the job "
             f"fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or --image FILE.sif"
         )
-    return out
+    return out + finetune_warnings(spec)
 
 
 # The largest batch, step count or sample count a flag takes: what every training program's int32 counters hold.
@@ -227,7 +354,7 @@ MAX_COUNT = 2**31 - 1
 
 def _positive(name: str, value: Optional[int], fix: str, most: int = MAX_COUNT) -> None:
     if value is not None and not 1 <= value <= most:
-        raise JobSpecError(f"{name} {value}", f"{name} from 1 to {most}", fix)
+        raise JobSpecError(f"{name} {shown_number(value)}", f"{name} from 1 to {most}", fix)
 
 
 def _flag_given(args: Sequence[str], flag: str) -> bool:
@@ -338,11 +465,12 @@ def build(
         )
     sched = schedulers.get(o.scheduler)
     site = o.site_values()
+    _check_chain(o)
     _check_texts(o, command_line)
     alloc = _allocation(o, sched)
     walltime_s = _walltime(o)
     _check_header_values(o, sched, site)
-    image, binds = _paths(o, sched, image_exists)
+    image, binds = _paths(o, sched, image_exists, alloc.resource_type)
     training = _training(o, alloc, checkers or {})
     modules = (
         tuple(
@@ -387,6 +515,32 @@ def build(
     )
 
 
+MAX_CHAIN = (
+    50  # jobs in one --chain (submit.MAX_CHAIN): 50 wall times of 24 h are 50 days of training
+)
+
+
+def _check_chain(o: LaunchOptions) -> None:
+    """``--chain N`` queues N jobs: only with ``--submit`` (writing a script never submits), 1 to MAX_CHAIN."""
+    if o.chain is None:
+        return
+    if o.chain < 1:
+        raise JobSpecError(f"--chain {shown_number(o.chain)}", "1 or more jobs", "--chain 3")
+    if o.chain > MAX_CHAIN:
+        raise JobSpecError(
+            f"--chain {shown_number(o.chain)}",
+            f"at most {MAX_CHAIN} jobs in one chain",
+            f"--chain {MAX_CHAIN}, then another chain after it ends",
+        )
+    if not o.submit and not o.dry_run:
+        raise JobSpecError(
+            f"--chain {o.chain} without --submit",
+            "--submit with it: --chain submits jobs to the queue, and without --submit launch only writes the "
+            "script",
+            f"--submit --chain {o.chain} (or drop --chain to only write the script)",
+        )
+
+
 def _check_texts(o: LaunchOptions, command_line: Sequence[str]) -> None:
     """Every free text the script will hold, printable and of a sane length."""
     for label, value in (
@@ -399,10 +553,19 @@ def _check_texts(o: LaunchOptions, command_line: Sequence[str]) -> None:
     ):
         if value is not None:
             check_printable(label, value)
-    for arg in o.train:
-        check_printable("the training command's argument", arg)
+    for n, arg in enumerate(o.train, 1):
+        check_printable(f"argument {n} after --", arg)
+    # The launch line in the header holds every option's value: name each by its flag ("--save-dir"), not by
+    # where it sits, so the fix says which option to shorten.
+    flag = None
     for arg in command_line:
-        check_printable("the command line's argument", arg)
+        if arg.startswith("-"):
+            name, eq, value = arg.partition("=")
+            flag = None if eq else name
+            check_printable(name if eq else "the option", value if eq else arg)
+        else:
+            check_printable(flag or "the command line's word", arg)
+            flag = None
 
 
 def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
@@ -435,7 +598,7 @@ def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
         gpus_per_node = rt.gpus
     elif gpus_per_node > rt.gpus:
         raise JobSpecError(
-            f"--gpus-per-node {gpus_per_node} on {resource_type}",
+            f"--gpus-per-node {shown_number(gpus_per_node)} on {resource_type}",
             f"at most {rt.gpus} ({rt.about})",
             f"--gpus-per-node {rt.gpus}",
         )
@@ -462,13 +625,13 @@ def _allocation(o: LaunchOptions, sched) -> _Allocation:
         cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
     if not 0 <= cpus_per_rank <= job_settings.MAX_CPUS_PER_RANK:
         raise JobSpecError(
-            f"--cpus-per-rank {cpus_per_rank}",
+            f"--cpus-per-rank {shown_number(cpus_per_rank)}",
             f"0 (no binding) to {job_settings.MAX_CPUS_PER_RANK}",
             "--cpus-per-rank 0",
         )
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
         raise JobSpecError(
-            f"--cpus-per-rank {cpus_per_rank} x {ranks_per_node} rank(s) on {resource_type}",
+            f"--cpus-per-rank {shown_number(cpus_per_rank)} x {ranks_per_node} rank(s) on {resource_type}",
             f"at most {rt.cores} cores ({rt.about})",
             f"--cpus-per-rank {rt.cores // ranks_per_node}",
         )
@@ -483,15 +646,34 @@ def _walltime(o: LaunchOptions) -> int:
     walltime_s = parse_walltime(o.walltime)
     # 5:01 with a 300 s margin would leave the ranks 1 s: they stop before the first step, and a chain goes on.
     least = job_settings.MIN_TRAINING_S
+    if walltime_s < least and 0 <= o.stop_margin:
+        # No margin makes 10 s enough: the fix is a longer wall time, with the margin asked for (or the default).
+        longer = format_walltime(min(o.stop_margin, 3600) + max(least, 600))
+        raise JobSpecError(
+            f"--walltime {o.walltime} ({walltime_s} s)",
+            f"at least {least} s for the ranks to start and train, plus the stop margin "
+            f"({shown_number(o.stop_margin)} s)",
+            f"--walltime {longer}",
+        )
     if not 0 <= o.stop_margin <= walltime_s - least:
         raise JobSpecError(
-            f"--stop-margin {o.stop_margin} s with --walltime {o.walltime}",
+            f"--stop-margin {shown_number(o.stop_margin)} s with --walltime {o.walltime}",
             f"a margin of 0 s or more that leaves the ranks at least {least} s before it "
             "(they need time to start and train)",
             f"--stop-margin {max(min(DEFAULT_STOP_MARGIN_S, walltime_s // 10, walltime_s - least), 0)} "
             "or a longer --walltime",
         )
     return walltime_s
+
+
+def shown_number(value: int) -> str:
+    """A number as an error shows it: whole up to 20 digits, else its first 20 and how long it is
+    (``10**3999`` -> ``"10000000000000000000... (4,000 digits)"``): a pasted run of digits must not fill the screen."""
+    text = str(value)
+    digits = text.lstrip("-")
+    if len(digits) <= 20:
+        return text
+    return f"{text[: len(text) - len(digits) + 20]}... ({len(digits):,} digits)"
 
 
 def _check_header_values(o: LaunchOptions, sched, site: Mapping[str, Any]) -> None:
@@ -530,12 +712,25 @@ def _check_header_values(o: LaunchOptions, sched, site: Mapping[str, Any]) -> No
 
 
 def _paths(
-    o: LaunchOptions, sched, image_exists: Callable[[str], bool]
+    o: LaunchOptions,
+    sched,
+    image_exists: Callable[[str], bool],
+    resource_type: Optional[str] = None,
+    read_head: Callable[[str], Optional[bytes]] = imagefit.read_head,
 ) -> Tuple[Optional[str], tuple]:
     """(the image, absolute when checked here; the directories bound into it)."""
     image = o.image or None
     bound = bool(image)
     _path("--image", image, False)
+    if image and re.match(r"[^/]*:", image):
+        # "x:y.sif": singularity reads what comes before the first ':' as a URI scheme (docker:, library:, oras:)
+        # and fails on the node with "unsupported transport"; a path with a '/' before the ':' is a file.
+        raise JobSpecError(
+            f"--image {image!r}: singularity reads {image.split(':', 1)[0] + ':'!r} as a URI scheme "
+            "(like docker: or library:), not as part of a file name",
+            "a path to a .sif file",
+            f"--image ./{image}, or rename the file without ':'",
+        )
     _path("--venv", o.venv, False)
     _path("--save-dir", o.save_dir, bound)
     _path("--data-dir", o.data_dir, bound)
@@ -548,9 +743,20 @@ def _paths(
         if not image_exists(image):
             raise JobSpecError(
                 f"--image {image}: no such file",
-                "a Singularity image (.sif) that exists here",
-                "build it (make sif), fix the path, or --skip-image-check when it exists "
-                "only on the cluster",
+                f"a Singularity image (.sif) that exists here, the {imagefit.needed_profile(resource_type)} "
+                f"profile for {resource_type or 'these GPUs'}",
+                f"{imagefit.build_fix(resource_type)}, fix the path, or --skip-image-check when it "
+                "exists only on the cluster",
+            )
+        head = read_head(image)
+        problem = imagefit.header_problem(head, image) if head is not None else None
+        if problem:
+            raise JobSpecError(
+                problem,
+                "a Singularity image: a SIF file starts with a '#!/usr/bin/env run-singularity' line and "
+                "SIF_MAGIC at byte 32",
+                f"point --image at the .sif that {imagefit.build_fix(resource_type).split(' (')[0]} or "
+                "singularity build wrote",
             )
         image = os.path.abspath(
             image

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
+from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import status
 from octo_dist.problems import Problem
 from octo_dist.launchers import outside
 
 AFTER_ENV = schedulers.base.AFTER_ENV
-MAX_CHAIN = 50  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
+MAX_CHAIN = spec_mod.MAX_CHAIN  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
 SUBMIT_TIMEOUT_S = (
     120  # a qsub/sbatch answers in seconds; a hung scheduler server must not hang launch
 )
+
+
+RECORD_SCRIPT_LIMIT = (
+    1 << 20
+)  # bytes of the written script read back for its save directory (a script is ~10 kB)
 
 
 class SubmitError(Problem, RuntimeError):
@@ -34,6 +43,50 @@ class Submitted:
     job_id: str  # "12345.pbs1" (PBS), "12345" (Grid Engine, SLURM)
     log: str  # where the job's output goes
     argv: tuple  # the command that submitted it
+
+
+def chain_summary(job: spec_mod.JobSpec, chain: int) -> str:
+    """The one line said before anything is queued: ``"submitting 3 jobs x 2 nodes x 12:00:00 = at most 72
+    node-hours"`` (a single job: ``"submitting 1 job x 2 nodes x 12:00:00 = at most 24 node-hours"``)."""
+    jobs = f"{chain} job{'' if chain == 1 else 's'}"
+    nodes = f"{job.nodes} node{'' if job.nodes == 1 else 's'}"
+    total = spec_mod.node_hours(chain * job.nodes, job.walltime_s)
+    return f"submitting {jobs} x {nodes} x {spec_mod.format_walltime(job.walltime_s)} = at most {total}"
+
+
+QSUB_KINDS = {"pbs": "PBS Professional's", "sge": "Grid Engine's"}
+VERSION_TIMEOUT_S = 30  # `qsub --version` answers at once, even where no server is configured
+
+
+def qsub_kind(text: str) -> Optional[str]:
+    """Which scheduler a ``qsub --version`` answer is from: ``"pbs_version = 22.05.11"`` -> ``"pbs"``;
+    ``"GE 8.1.9"`` or Grid Engine's "unable to read qmaster name" -> ``"sge"``; anything else -> None."""
+    if re.search(r"pbs_version", text):
+        return "pbs"
+    if re.search(r"(?i)\b(?:s?ge \d|grid ?engine|son of grid engine|qmaster|sge_root)", text):
+        return "sge"
+    return None
+
+
+def wrong_qsub(scheduler: str, run: Callable[..., outside.Finished]) -> str:
+    """After a failed submission for PBS or Grid Engine (both name their command ``qsub``): when the ``qsub`` on
+    PATH is the other scheduler's, the sentence that says so (``"; the qsub on PATH (/usr/bin/qsub) is Grid
+    Engine's, ..."``); else ``""``. Asked only after a failure, so a working submission runs nothing more."""
+    if scheduler not in QSUB_KINDS:
+        return ""
+    try:
+        proc = run(["qsub", "--version"], VERSION_TIMEOUT_S)
+    except (OSError, outside.CommandTimeout):
+        return ""
+    kind = qsub_kind(proc.stdout + proc.stderr)
+    if kind is None or kind == scheduler:
+        return ""
+    where = shutil.which("qsub") or "qsub"
+    return (
+        f"; the qsub on PATH ({where}) is {QSUB_KINDS[kind]}, not {QSUB_KINDS[scheduler]} that octo-dist launch "
+        f"{scheduler} writes for. Fix: put {QSUB_KINDS[scheduler]} qsub first on PATH (on the cluster's login node), "
+        f"or render for the scheduler you have: octo-dist launch {kind} ..."
+    )
 
 
 def command(scheduler: str, script: str, group: Optional[str], after: Optional[str]) -> List[str]:
@@ -94,7 +147,8 @@ def submit(
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
-        return SubmitError(what + before)
+        _record(scheduler, script, submit_dir, out)
+        return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
         argv = command(scheduler, script, group, after)
@@ -123,4 +177,23 @@ def submit(
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )
+    _record(scheduler, script, submit_dir, out)
     return out
+
+
+def _record(scheduler: str, script: str, submit_dir: str, jobs: List[Submitted]) -> Optional[str]:
+    """The jobs submitted, added to the record in the script's save directory (``status.RECORD``) that ``octo-dist
+    jobs`` reads; None when nothing was submitted, or the record cannot be written (the jobs are queued all the
+    same, and launch has printed their ids)."""
+    if not jobs:
+        return None
+    try:
+        with open(script, "rb") as f:
+            save_dir = status.save_dir_of_script(outside.decode(f.read(RECORD_SCRIPT_LIMIT)))
+        if save_dir is None:
+            return None
+        return status.record(
+            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs]
+        )
+    except OSError:
+        return None

@@ -97,7 +97,10 @@ def bind_spec(spec: str) -> tuple[str, str, bool]:
 def image_dir(image: str) -> Path:
     """The directory a fake ``.sif`` names; errors read like Singularity's."""
     try:
-        magic, path = Path(image).read_text().split(None, 1)
+        data = Path(image).read_bytes()
+        # After a SIF header (what launch checks), or alone.
+        data = data[42:] if data[32:41] == b"SIF_MAGIC" else data
+        magic, path = data.decode().split(None, 1)
     except (OSError, ValueError):
         raise UsageError(
             f"could not open image {image}: not a simulated image (expected '{IMAGE_MAGIC} DIR')"

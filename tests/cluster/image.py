@@ -182,9 +182,13 @@ def image_dir_of(sif: Path) -> Path:
     return Path(sif.read_text().split(None, 1)[1].strip())
 
 
+# A SIF file's global header as far as `octo-dist launch --image` reads it: the 32-byte launch line, then the magic.
+SIF_HEADER = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0"
+
+
 def write_sif(path: Path, image: Path) -> Path:
-    """A fake ``.sif`` naming the image directory (what ``container.py`` opens)."""
-    path.write_text(f"octo-dist-sim-image {image}\n")
+    """A fake ``.sif`` naming the image directory (what ``container.py`` opens), behind a SIF header."""
+    path.write_bytes(SIF_HEADER + f"octo-dist-sim-image {image}\n".encode())
     return path
 
 

@@ -25,6 +25,7 @@ from octo_dist.apps.finetune.configfile import (
     packaged_configs,
     resolve_config_file,
 )
+from octo_dist.apps.finetune.flagerrors import ALIASES
 from octo_dist.apps.finetune.modelconfig import FINETUNING_MODES, MODALITIES, flat_keys
 from octo_dist.engine.stepfns import STEP_FNS
 from octo_dist.runtime import runtime
@@ -159,7 +160,7 @@ def config_value(argv: Sequence[str]) -> str:
 
 USAGE = (
     "usage: octo-dist finetune [--config=FILE[:ARGS]] [--config.FIELD=VALUE ...] [--name=NAME] [--debug]\n"
-    "                          [--resume] [--step_fn=auto|jit|shard_map] [--compile_cache=DIR]\n"
+    "                          [--resume] [--step-fn=auto|jit|shard_map] [--compile-cache=DIR]\n"
     "                          [--launcher=NAME] [--coordinator=HOST:PORT] [--init-timeout=S]\n"
     "                          [--devices-per-process=MODE]"
 )
@@ -185,12 +186,16 @@ def help_text(argv: Sequence[str], width: int = 118) -> str:
     ]
     for name, kind, default, metavar, text in FLAGS:
         shown = f"={metavar}" if metavar else ""
+        # One name per setting: octo-dist's own flags as smoke and launch spell them (--compile-cache); absl's
+        # underscore spelling, the fork's style, is accepted too (flagerrors.ALIASES).
+        spelled = name.replace("_", "-") if "--" + name in ALIASES.values() else name
+        also = f" (--{name} works too)" if spelled != name else ""
         rows.append(
             (
-                f"--{name}{shown}",
-                text
+                f"--{spelled}{shown}",
+                text + also
                 if default is None
-                else f"{text} (default: {'off' if default is False else default})",
+                else f"{text}{also} (default: {'off' if default is False else default})",
             )
         )
     # The start-up flags, described as smoke describes them (the same argparse definitions).

@@ -10,8 +10,12 @@ wording is tested directly.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
-from typing import Iterable, Optional, Sequence
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence
+
+from octo_dist.apps.finetune.configfile import PACKAGED_CONFIGS, packaged_configs
 
 # octo-dist's own flags are spelled as the fork spells its flags (underscores: --step_fn); the hyphenated
 # spelling the other subcommands use (smoke --step-fn) is accepted as an alias, so either works everywhere.
@@ -36,8 +40,98 @@ def with_aliases(argv: Sequence[str]) -> list:
     return out
 
 
+# The packaged configs' field names as plain text, so that `octo-dist launch ... -- finetune --config.tpyo=1` is caught
+# on a login node's bare Python 3.9 (no absl, no ml_collections to load the config): one "<config file> <field>" a
+# line, generated from the configs by `python -m octo_dist.apps.finetune.flagerrors > .../fields.txt` and checked to
+# be in sync by tests/test_finetune_fields.py.
+FIELDS_FILE = PACKAGED_CONFIGS / "fields.txt"
+FIELDS_HEADER = (
+    "# The packaged fine-tune configs' fields, for checking --config.FIELD without ml_collections. Generated:\n"
+    "# python -m octo_dist.apps.finetune.flagerrors > octo_dist/apps/finetune/configs/fields.txt\n"
+)
+
+
+def generate_fields() -> str:
+    """:data:`FIELDS_FILE`'s text from the packaged configs, over every config string they take (a field that only
+    some finetuning modes have is known): needs ml_collections."""
+    from octo_dist.apps.finetune.configfile import load_config
+    from octo_dist.apps.finetune.modelconfig import FINETUNING_MODES, MODALITIES, flat_keys
+
+    lines = []
+    strings = [""] + [",".join(p) for p in itertools.product(FINETUNING_MODES, MODALITIES)]
+    for name in packaged_configs():
+        fields = set()
+        for arg in strings:
+            try:
+                config = load_config(f"{name}:{arg}" if arg else name).to_dict()
+            except Exception:  # a config string this config does not take
+                continue
+            fields.update(".".join(map(str, key)) for key in flat_keys(config))
+        lines += [f"{name} {field}" for field in sorted(fields)]
+    return FIELDS_HEADER + "\n".join(lines) + "\n"
+
+
+def packaged_fields(text: Optional[str] = None) -> Dict[str, set]:
+    """``{"finetune_config.py": {"pretrained_path", "optimizer.learning_rate.peak_value", ...}}`` from
+    :data:`FIELDS_FILE` (or ``text``); standard library only."""
+    if text is None:
+        try:
+            text = FIELDS_FILE.read_text()
+        except OSError:
+            return {}
+    out: Dict[str, set] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, field = line.partition(" ")
+            out.setdefault(name, set()).add(field.strip())
+    return out
+
+
+def _packaged_config(value: str) -> Optional[str]:
+    """``"finetune_config.py:head_only,multimodal"`` or its packaged path -> ``"finetune_config.py"``; a config
+    file of the user's own -> None (only ml_collections, loading it, knows its fields)."""
+    path = value.partition(":")[0]
+    if "/" not in path and Path(path).is_file():
+        return None  # a file of that name in the working directory is what ml_collections loads
+    if "/" in path and Path(path).resolve().parent != PACKAGED_CONFIGS:
+        return None
+    name = Path(path).name
+    return name if name in packaged_configs() else None
+
+
+def unknown_field(argv: Sequence[str], fields: Optional[Dict[str, set]] = None) -> Optional[str]:
+    """The first ``--config.FIELD`` the chosen packaged config does not have, as ml_collections refuses it (one
+    line, with the closest field): ``--config.tpyo=1`` -> "unknown config field tpyo, did you mean ..."; None when
+    every field is known, or the config is the user's own."""
+    from octo_dist.apps.finetune.commandline import config_value
+
+    fields = packaged_fields() if fields is None else fields
+    name = _packaged_config(config_value(argv))
+    known = fields.get(name or "")
+    if not known:
+        return None
+    nodes = {".".join(f.split(".")[: i + 1]) for f in known for i in range(f.count(".") + 1)}
+    for a in argv[1:]:
+        flag = a.partition("=")[0]
+        if not flag.startswith("--config.") or flag[len("--config.") :] in nodes:
+            continue
+        field = flag[len("--config.") :]
+        close = difflib.get_close_matches(field, sorted(nodes), n=1, cutoff=0.6)
+        if not close:
+            last = field.rsplit(".", 1)[-1]
+            leaves = {n.rsplit(".", 1)[-1]: n for n in sorted(nodes, key=len, reverse=True)}
+            close = [
+                leaves[m] for m in difflib.get_close_matches(last, list(leaves), n=1, cutoff=0.6)
+            ]
+        return f"unknown config field {field}" + (
+            f", did you mean --config.{close[0]}?" if close else ""
+        )
+    return None
+
+
 def argv_problem(argv: Sequence[str]) -> Optional[str]:
-    """A mistake absl would report badly, found before parsing: a config field spelled with hyphens.
+    """A mistake absl would report badly, found before parsing: a config field spelled with hyphens; a field the
+    packaged config does not have (checked from :data:`FIELDS_FILE`, so also where absl is missing).
 
     ``--config.num-steps=5`` -> "--config.num-steps=5: config fields are spelled with underscores, did you mean
     --config.num_steps=5?".
@@ -50,7 +144,7 @@ def argv_problem(argv: Sequence[str]) -> Optional[str]:
                 f"{a}: config fields are spelled with underscores, did you mean "
                 f"{fixed}{'=' + value if value else ''}?"
             )
-    return None
+    return unknown_field(argv)
 
 
 def one_line(error: BaseException, argv: Sequence[str], fields: Iterable[str] = ()) -> str:
@@ -93,3 +187,9 @@ def one_line(error: BaseException, argv: Sequence[str], fields: Iterable[str] = 
             best = f"--config.{words[0]}" if words else None
         return f"unknown flag --{name}" + (f", did you mean {best}?" if best else "")
     return text[len("flag ") :] if text.startswith("flag --") else text
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(generate_fields())

@@ -184,7 +184,12 @@ def verdict(rec: dict) -> str:
         f"({rec['global_batch'] // rec['ranks']} per rank, read per rank per step: {reads})",
         f"  steps {rec['start_step']} -> {rec['end_step']} of {rec['steps']}, {loss}"
         + (f", stopped by {rec['stopped_by']} (checkpoint saved)" if rec["stopped_by"] else ""),
-        f"  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: {', '.join(rec['digests'])}",
+        (
+            f"  parameters of the one rank: {', '.join(rec['digests'])} (one rank: nothing to compare)"
+            if len(rec["digests"]) == 1
+            else f"  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
+            f"{', '.join(rec['digests'])}"
+        ),
     ]
     return "\n".join(lines)
 

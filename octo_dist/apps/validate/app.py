@@ -34,6 +34,20 @@ MODELS = ("tiny", "auto", "octo")
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # NCCL expands %h (host) and %p (pid): one file per rank
 
 
+class _Renamed(argparse.Action):
+    """Stores the value; an option given by its old name (the second option string) gets a note naming the new one:
+    one name per setting everywhere (``--per-gpu-batch``, as ``octo-dist launch`` spells it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string != self.option_strings[0]:
+            print(
+                f"octo-dist validate: note: {option_string} is now {self.option_strings[0]} (as in octo-dist "
+                "launch); the old name still works",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "validate",
@@ -56,8 +70,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--steps", type=int, default=30, help="smoke steps per run, >= 5 (default: %(default)s)"
     )
     p.add_argument(
-        "--per-device-batch",
+        "--per-gpu-batch",
+        "--per-device-batch",  # its old name: accepted, with a note (launch's name is --per-gpu-batch)
+        dest="per_device_batch",
         type=int,
+        action=_Renamed,
         default=8,
         help="examples per device per step; the global batch grows with the devices (default: %(default)s)",
     )
@@ -112,7 +129,7 @@ def usage_problems(args) -> list:
             f"--steps {args.steps}: expected >= 5 (the first two steps compile; the median needs the rest)"
         )
     if args.per_device_batch < 1:
-        out.append(f"--per-device-batch {args.per_device_batch}: expected >= 1")
+        out.append(f"--per-gpu-batch {args.per_device_batch}: expected >= 1")
     if not 0 < args.min_efficiency <= 1:
         out.append(f"--min-efficiency {args.min_efficiency}: expected a number in (0, 1]")
     if args.cpu_devices < 0 or args.cpu_devices == 1:

@@ -1,0 +1,146 @@
+"""``octo-dist jobs [status|log|cancel]``: what ``launch --submit`` / ``--chain`` started, read from the save
+directory's record (``status.RECORD``): each job's state, the step reached and the newest saved checkpoint, the log
+of the running job, and cancelling what is still queued or running.
+
+    $ octo-dist jobs --save-dir runs/ft
+    chain of 3 (slurm, submitted 2026-12-06T04:20:00Z, job.sh):
+      100  done     exit 0                       log octo-dist-100.out
+      101  running                               log octo-dist-101.out
+      102  held     waits for the job before it  log octo-dist-102.out
+    newest checkpoint: step 1200 (runs/ft/1200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from octo_dist import EXIT_USAGE
+from octo_dist.jobs import status as st
+from octo_dist.launchers import outside
+from octo_dist.problems import Problem
+
+DEFAULT_SAVE_DIR = "runs/octo-dist"  # launch's --save-dir default
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "jobs",
+        help="status, log and cancel of the jobs launch --submit/--chain started",
+        description="The jobs octo-dist launch --submit or --chain N submitted for a save directory (recorded "
+        "there at submission): status (default) lists each job's state, the step reached and the newest saved "
+        "checkpoint; log shows the end of the running job's log; cancel ends every job of the chain still "
+        "queued or running.",
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("status", "log", "cancel"),
+        default="status",
+        help="what to do (default: %(default)s)",
+    )
+    p.add_argument(
+        "--save-dir",
+        default=DEFAULT_SAVE_DIR,
+        help="the save directory the jobs were submitted with, as launch was given it, from the directory launch "
+        "ran in (default: %(default)s)",
+    )
+    p.add_argument(
+        "--lines",
+        type=int,
+        default=40,
+        help="log: lines from the end of the log (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _latest(save_dir: str) -> dict:
+    path = os.path.join(save_dir, st.RECORD)
+    records = st.read_records(path)
+    if not records:
+        raise st.JobsError(
+            f"no jobs recorded for --save-dir {save_dir} (no {path})",
+            "the save directory of a launch --submit or --chain run",
+            "octo-dist jobs --save-dir DIR, with the --save-dir you gave launch",
+        )
+    return records[-1]
+
+
+def _table(submission: dict, jobs: list) -> str:
+    n = len(jobs)
+    head = (
+        f"{'chain of ' + str(n) if n > 1 else 'one job'} ({submission['scheduler']}, submitted "
+        f"{submission.get('submitted', '?')}, {os.path.basename(str(submission.get('script', '')))}):"
+    )
+    width = max(len(j.job_id) for j in jobs)
+    detail = max(len(j.detail) for j in jobs)
+    rows = [
+        f"  {j.job_id:<{width}}  {j.state:<8} {j.detail:<{detail}}  log {j.log}".rstrip()
+        for j in jobs
+    ]
+    return outside.escape("\n".join([head, *rows])).replace("\\n", "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        submission = _latest(args.save_dir)
+        jobs = st.states(submission)
+    except Problem as e:
+        print(f"octo-dist jobs: error: {e}", file=sys.stderr)
+        return e.exit_status
+    if args.action == "status":
+        print(_table(submission, jobs))
+        found = st.newest_checkpoint(os.path.join(submission["submit_dir"], submission["save_dir"]))
+        print(
+            f"newest checkpoint: step {found[0]} ({found[1]})"
+            if found
+            else "newest checkpoint: none yet"
+        )
+        return 0
+    if args.action == "log":
+        running = [j for j in jobs if j.state in ("running", "exiting")]
+        started = running or [
+            j for j in jobs if j.state in ("done", "failed") and os.path.isfile(j.log)
+        ]
+        if not started:
+            print(
+                "octo-dist jobs: error: no job of the chain has run yet; expected a running or ended job. "
+                "Fix: octo-dist jobs status, and wait for the first to start",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        job = started[0] if running else started[-1]
+        try:
+            text = st.log_tail(job.log, max(args.lines, 1))
+        except OSError as e:
+            print(
+                f"octo-dist jobs: error: cannot read job {job.job_id}'s log {job.log} ({e.strerror}); expected "
+                f"the scheduler to write it there. Fix: look where your site puts job logs",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"job {job.job_id} ({job.state}), {job.log}:\n{text}")
+        return 0
+    argv = st.cancel_command(submission["scheduler"], jobs)
+    if argv is None:
+        print("nothing to cancel: no job of the chain is queued or running")
+        return 0
+    try:
+        proc = outside.run_command(argv, st.QUERY_TIMEOUT_S)
+    except (OSError, outside.CommandTimeout) as e:
+        print(
+            f"octo-dist jobs: error: {' '.join(argv)} did not run ({e}); the jobs are as they were",
+            file=sys.stderr,
+        )
+        return 1
+    if proc.returncode != 0:
+        said = outside.shown(proc.stderr) or outside.shown(proc.stdout)
+        print(
+            f"octo-dist jobs: error: {' '.join(argv)} failed (exit {proc.returncode}): {said}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"cancelled {', '.join(argv[1:])} ({' '.join(argv)})")
+    return 0

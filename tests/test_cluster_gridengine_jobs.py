@@ -1,0 +1,62 @@
+"""``octo-dist jobs`` against real Grid Engine on the two-node namespace cluster: a chain of two submitted on node001
+as a user does it, its states (the first running, the second held for it), the running job's log, and cancelling the
+rest of the chain with qdel; from the record launch --submit left in the save directory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from test_cluster_gridengine import (  # noqa: F401  (pytest fixtures, used by name)
+    JOB_TIMEOUT_S,
+    LONG_STEP_TIME,
+    LONG_STEPS,
+    VENV,
+    ended,
+    ge_one_per_node,
+    launch,
+    log,
+    workdir,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def jobs(ge, work, *argv):
+    argv = [str(VENV / "bin" / "octo-dist"), "jobs", "--save-dir", "runs/smoke", *argv]
+    return ge.run(argv, cwd=work, check=False)
+
+
+def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, tmp_path):  # noqa: F811
+    ge, work = ge_one_per_node, workdir(tmp_path)
+    first, second = launch(
+        ge, work, steps=LONG_STEPS, chain=2, step_time=LONG_STEP_TIME, ranks_per_node=1
+    )
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while True:
+        res = jobs(ge, work)
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
+        if rows.get(first) == "running" and (work / "runs" / "smoke" / "2").is_dir():
+            break
+        assert time.monotonic() < deadline, res.stdout + log(work, first)[-4000:]
+        time.sleep(2)
+    assert res.stdout.startswith("chain of 2 (sge, submitted "), res.stdout
+    assert rows[second] == "held" and "waits for the job before it" in res.stdout
+    tail = jobs(ge, work, "log")
+    assert tail.returncode == 0 and tail.stdout.startswith(
+        f"job {first} (running), {work / f'octo-dist.o{first}'}:"
+    )
+    cancel = jobs(ge, work, "cancel")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout == f"cancelled {first}, {second} (qdel {first} {second})\n"
+    ended(ge, work, first)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while ge.job_state(second) is not None:
+        assert time.monotonic() < deadline, f"job {second} still queued after qdel"
+        time.sleep(1)
+    assert (
+        jobs(ge, work, "cancel").stdout
+        == "nothing to cancel: no job of the chain is queued or running\n"
+    )

@@ -1,0 +1,76 @@
+"""``octo-dist jobs`` against real Slurm 22.05 on the two-node namespace cluster: a chain of two submitted on the
+login node (node001) as a user does it, its states (the first running, the second held for it), the running job's
+log, and cancelling the rest of the chain; from the record launch --submit left in the save directory."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from cluster import sim
+from helpers import clean_env
+from test_cluster_slurm import (  # noqa: F401  (pytest fixtures, used by name)
+    LONG,
+    LONG_STEP_TIME,
+    compile_cache,
+    launch,
+    slurm,
+    slurm_ready,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+WAIT_S = 420  # the first job's start (the preflight, JAX's start-up) on a loaded 2-core machine
+
+
+def jobs(slurm, tmp_path, *argv):  # noqa: F811
+    """``octo-dist jobs --save-dir runs/smoke ...`` on the login node, in the submit directory."""
+    home = tmp_path / "home"
+    env = sim.base_env(slurm.cluster, home, {})
+    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
+    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    argv = [sys.executable, "-m", "octo_dist", "jobs", "--save-dir", "runs/smoke", *argv]
+    return slurm.client(
+        "node001", argv, env=env, cwd=str(tmp_path / "submit"), check=False, timeout=120
+    )
+
+
+def test_a_chains_status_log_and_cancel_under_real_slurm(slurm, tmp_path, compile_cache):  # noqa: F811
+    job = launch(
+        slurm, tmp_path, compile_cache, "--chain", "2", steps=LONG, step_time=LONG_STEP_TIME
+    )
+    first, second = job.ids
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        res = jobs(slurm, tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
+        if (
+            rows.get(first) == "running"
+            and (tmp_path / "submit" / "runs" / "smoke" / "50").is_dir()
+        ):
+            break
+        assert time.monotonic() < deadline, res.stdout + job.tail()
+        time.sleep(2)
+    assert res.stdout.startswith("chain of 2 (slurm, submitted "), res.stdout
+    assert (
+        rows[second] == "held" and f"{second}  held     waits for the job before it" in res.stdout
+    )
+    log = jobs(slurm, tmp_path, "log", "--lines", "200")
+    assert log.returncode == 0 and log.stdout.startswith(
+        f"job {first} (running), {job.logs[0]}:"
+    ), log.stderr
+    cancel = jobs(slurm, tmp_path, "cancel")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout == f"cancelled {first}, {second} (scancel {first} {second})\n"
+    for i in (0, 1):
+        assert job.wait(i)["JobState"] == "CANCELLED", job.tail(i)
+    after = jobs(slurm, tmp_path)
+    assert [ln.split()[1] for ln in after.stdout.splitlines()[1:3]] != ["running", "held"], (
+        after.stdout
+    )
+    assert (
+        jobs(slurm, tmp_path, "cancel").stdout
+        == "nothing to cancel: no job of the chain is queued or running\n"
+    )

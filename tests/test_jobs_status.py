@@ -1,0 +1,196 @@
+"""``octo-dist jobs``: what ``launch --submit``/``--chain`` started, recorded in the save directory at submission,
+read back with the scheduler's answers (fake ``sbatch``/``squeue``/``scancel`` and ``qsub``/``qstat``/``qdel`` on
+PATH that answer as the real ones print), the exit files the job runtime leaves and the checkpoints on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from octo_dist import cli
+from octo_dist.jobs import status
+
+# Submits like sbatch --parsable / PBS qsub; squeue and qstat answer from FAKE_QUEUE ({"101": "RUNNING", ...});
+# scancel/qdel record what they were asked to end.
+FAKE = f"""#!{sys.executable}
+import json, os, sys
+prog = os.path.basename(sys.argv[0])
+state = os.environ["FAKE_STATE"]
+data = json.load(open(state)) if os.path.exists(state) else {{"n": 100, "queue": {{}}, "calls": []}}
+data["calls"].append([prog] + sys.argv[1:])
+queue = data["queue"]
+if prog in ("sbatch", "qsub") and sys.argv[1:] != ["--version"]:
+    job = str(data["n"]) + (".pbs1" if prog == "qsub" else "")
+    data["n"] += 1
+    queue[job] = "PENDING" if prog == "sbatch" else "Q"
+    print(job if prog == "qsub" else job + ";cluster1")
+elif prog == "squeue":
+    ids = sys.argv[sys.argv.index("-j") + 1].split(",")
+    for job in ids:
+        if job in queue:
+            reason = "Dependency" if queue[job] == "PENDING" and job != min(queue) else "None"
+            print(f"{{job}}|{{queue[job]}}|{{reason}}")
+elif prog == "qstat":
+    job = sys.argv[-1]
+    if job not in queue:
+        print(f"qstat: Unknown Job Id {{job}}", file=sys.stderr)
+        sys.exit(153)
+    record = {{"job_state": queue[job]}}
+    if queue[job] == "F":
+        record["Exit_status"] = 0
+    print(json.dumps({{"Jobs": {{job: record}}}}))
+elif prog in ("scancel", "qdel"):
+    for job in sys.argv[1:]:
+        queue.pop(job, None)
+json.dump(data, open(state, "w"))
+"""
+
+
+@pytest.fixture
+def scheduler(tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("sbatch", "squeue", "scancel", "qsub", "qstat", "qdel"):
+        (tools / name).write_text(FAKE)
+        (tools / name).chmod(0o755)
+    state = tmp_path / "state.json"
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_STATE", str(state))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+
+    class Fake:
+        def read(self):
+            return json.loads(state.read_text())
+
+        def set(self, **queue):
+            data = self.read()
+            data["queue"] = {k.lstrip("_"): v for k, v in queue.items()}
+            state.write_text(json.dumps(data))
+
+    return Fake()
+
+
+SLURM = [
+    "launch",
+    "slurm",
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "8",
+    "--save-dir",
+    "runs/ft",
+    "-o",
+    "job.sh",
+]
+
+
+def jobs(capsys, *argv) -> tuple:
+    code = cli.main(["jobs", "--save-dir", "runs/ft", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_chain_is_recorded_in_the_save_dir_and_its_states_read_back(scheduler, capsys, tmp_path):
+    assert cli.main([*SLURM, "--submit", "--chain", "3"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (record,) = json.loads((tmp_path / "runs" / "ft" / status.RECORD).read_text())
+    assert record["scheduler"] == "slurm" and record["save_dir"] == "runs/ft"
+    assert [j["id"] for j in record["jobs"]] == ["100", "101", "102"]
+    assert record["jobs"][0]["log"] == str(tmp_path / "octo-dist-100.out")
+    # The first job ran and ended well (its exit file), the second runs and saved step 150, the third waits.
+    (tmp_path / "runs" / "ft" / ".octo-dist-exit-100").write_text("0\n")
+    for step, whole in (
+        (100, True),
+        (150, True),
+        (200, False),
+    ):  # 200: being saved, no checksums yet
+        (tmp_path / "runs" / "ft" / str(step)).mkdir()
+        if whole:
+            (tmp_path / "runs" / "ft" / str(step) / "checksums.json").write_text("{}")
+    scheduler.set(_101="RUNNING", _102="PENDING")
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("chain of 3 (slurm, submitted ") and lines[0].endswith(", job.sh):")
+    assert lines[1].split()[:4] == ["100", "done", "exit", "0"]
+    assert lines[2].split()[:2] == ["101", "running"]
+    assert lines[3].split()[:2] == ["102", "held"] and "waits for the job before it" in lines[3]
+    assert lines[4] == f"newest checkpoint: step 150 ({tmp_path / 'runs' / 'ft' / '150'})"
+    # The running job's log, as a terminal shows it (a progress bar's last drawing).
+    (tmp_path / "octo-dist-101.out").write_text(
+        "start\ntrain: 1%\rtrain: 50%\rtrain: 75% loss 0.1\n"
+    )
+    code, out, _ = jobs(capsys, "log", "--lines", "1")
+    assert (
+        code == 0
+        and out == f"job 101 (running), {tmp_path / 'octo-dist-101.out'}:\ntrain: 75% loss 0.1\n"
+    )
+    # Cancel ends the rest of the chain, and only that.
+    code, out, err = jobs(capsys, "cancel")
+    assert code == 0, err
+    assert out == "cancelled 101, 102 (scancel 101 102)\n"
+    assert scheduler.read()["calls"][-1] == ["scancel", "101", "102"]
+    code, out, _ = jobs(capsys)
+    assert [ln.split()[1] for ln in out.splitlines()[1:4]] == ["done", "ended", "ended"]
+    assert (
+        jobs(capsys, "cancel")[1] == "nothing to cancel: no job of the chain is queued or running\n"
+    )
+
+
+def test_pbs_states_come_from_qstat_and_a_failed_job_from_its_exit_file(
+    scheduler, capsys, tmp_path
+):
+    argv = [
+        "launch",
+        "pbs",
+        "--nodes",
+        "1",
+        "--group",
+        "g1",
+        "--save-dir",
+        "runs/ft",
+        "-o",
+        "job.sh",
+    ]
+    assert cli.main([*argv, "--submit", "--chain", "2"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    scheduler.set(**{"_100.pbs1": "F", "_101.pbs1": "H"})
+    (tmp_path / "runs" / "ft" / ".octo-dist-exit-100.pbs1").write_text("1\n")
+    code, out, _ = jobs(capsys)
+    rows = out.splitlines()
+    assert rows[1].split()[:4] == ["100.pbs1", "failed", "exit", "1"]
+    assert rows[2].split()[:2] == ["101.pbs1", "held"] and rows[3] == "newest checkpoint: none yet"
+    assert jobs(capsys, "cancel")[1] == "cancelled 101.pbs1 (qdel 101.pbs1)\n"
+
+
+def test_no_record_is_one_line_with_the_fix(scheduler, capsys):
+    code, out, err = jobs(capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "octo-dist jobs: error: no jobs recorded for --save-dir runs/ft (no runs/ft/.octo-dist-jobs.json); expected "
+        "the save directory of a launch --submit or --chain run. Fix: octo-dist jobs --save-dir DIR, with the "
+        "--save-dir you gave launch\n"
+    )
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[1, 2]", b"{"])
+def test_a_damaged_record_is_one_line(scheduler, capsys, tmp_path, content):
+    (tmp_path / "runs" / "ft").mkdir(parents=True)
+    (tmp_path / "runs" / "ft" / status.RECORD).write_bytes(content)
+    code, _, err = jobs(capsys)
+    assert code == 2 and err.count("\n") == 1 and "Fix: remove" in err, err
+
+
+def test_the_save_dir_is_read_from_the_rendered_script(tmp_path):
+    from octo_dist.jobs import render
+    from octo_dist.jobs.cli import parse
+
+    job = parse(["slurm", "--nodes", "1", "--gpus-per-node", "2", "--save-dir", "runs/it's here"])
+    assert status.save_dir_of_script(render.render(job, "job.sh")) == "runs/it's here"
+    assert status.save_dir_of_script("#!/bin/bash\necho not ours\n") is None
+    assert os.path.basename(status.record_path("runs/x", "/w")) == status.RECORD
