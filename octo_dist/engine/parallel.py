@@ -232,11 +232,6 @@ class Engine:
         key = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), AUGMENT_STREAM)
         return jax.lax.with_sharding_constraint(self.augment(batch, key), self.sharded)
 
-    def augmented_batch(self, state: TrainState, batch):
-        """What the step's loss sees of ``batch`` at ``state.step`` (sharded like ``batch``): for tests and
-        benchmarks of the augmentation the step runs."""
-        return jax.jit(self._augmented, out_shardings=self.sharded)(state, batch)
-
     def _build(self):
         if self.step_fn == "jit":
 
