@@ -18,6 +18,9 @@ what several processes need:
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
   logging are the engine's and the job harness's (``octo_dist.apps.harness``);
+* the images are augmented inside the train step, on each device's rows of the batch (``augment_on="device"``, the
+  default: the fork's ``image_augment_kwargs`` ops in JAX, ``octo_dist.engine.augment``); ``augment_on="host"``
+  keeps the fork's tf.data augmentation;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
