@@ -4,6 +4,7 @@
     eng = parallel.Engine(mesh, policy.loss, optax.adam(1e-3))  # step_fn="auto" (default), "jit" or "shard_map"
     state = eng.init_state(policy, eng.global_batch(local), seed=0)
     state, metrics = eng.step(state, eng.global_batch(local))   # local: this process's slice, numpy
+    eng = parallel.Engine(mesh, loss, tx, augment=augment.batch_augmenter(kwargs))  # images augmented in the step
 
 Inputs are *global* arrays assembled from each process's slice with
 ``multihost_utils.host_local_array_to_global_array`` (``make_array_from_process_local_data`` arrived in 0.4.29).
@@ -41,6 +42,11 @@ BATCH_AXIS = "batch"
 STOP = "stop_signal"  # the metric holding the largest pending signal number over every process
 MAX_SIGNAL = 65  # signal numbers are below this on Linux (SIGRTMAX = 64)
 LossFn = Callable[[Any, Mapping[str, Any], Any, bool], Tuple[Any, Mapping[str, Any]]]
+# (batch, key) -> batch, traced inside the step before the loss: the device's image augmentation (augment.py)
+BatchFn = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
+# The augmentation's key is fold_in(<the step's key>, AUGMENT_STREAM): a stream of its own, so the dropout masks
+# drawn from the step's key stay what they were without augmentation.
+AUGMENT_STREAM = 0x61756700  # "aug"
 
 
 @flax.struct.dataclass
@@ -122,8 +128,10 @@ class Engine:
         *,
         step_fn: str = "auto",
         check_rep: Optional[bool] = None,
+        augment: Optional[BatchFn] = None,
     ):
         self.mesh = mesh
+        self.augment = augment  # None: the batch reaches the loss as it came (augmented on the host, or not at all)
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.step_fn = resolve_step_fn(
@@ -213,10 +221,22 @@ class Engine:
         params = optax.apply_updates(state.params, updates)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
+    def _augmented(self, state: TrainState, batch):
+        """The batch as the loss sees it: augmented with the step's own key where the engine has ``augment``.
+
+        Runs under ``jit`` on the global batch (never inside ``shard_map``): the per-sample keys follow the global
+        sample index, so the images do not depend on the device count; the augmentation is elementwise per sample,
+        so XLA keeps it on each device's rows with no communication (checked in tests/test_augment.py)."""
+        if self.augment is None:
+            return batch
+        key = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), AUGMENT_STREAM)
+        return jax.lax.with_sharding_constraint(self.augment(batch, key), self.sharded)
+
     def _build(self):
         if self.step_fn == "jit":
 
             def step(state, batch, stop):
+                batch = self._augmented(state, batch)
                 loss, metrics, grads = self._update(
                     state, batch, jax.random.fold_in(state.rng, state.step)
                 )
@@ -278,6 +298,11 @@ class Engine:
             check_rep=self.check_rep
             and not single,  # one device: replicated without a pmean the check sees
         )
+        if self.augment is not None:
+            per_device_batch = mapped
+            mapped = lambda state, batch, stop: per_device_batch(  # noqa: E731
+                state, self._augmented(state, batch), stop
+            )
         return jax.jit(
             mapped,
             in_shardings=(self.replicated, self.sharded, self.sharded),

@@ -6,6 +6,8 @@ Standard library only: ``octo-dist finetune`` and ``smoke`` declare their ``--st
 
 from __future__ import annotations
 
+from typing import Mapping
+
 STEP_FNS = ("auto", "jit", "shard_map")
 # What step_fn="auto" runs on each platform (resolve_step_fn); any platform not named here gets "jit".
 AUTO_STEP_FNS = {"cpu": "shard_map"}
@@ -27,3 +29,108 @@ def resolve_step_fn(step_fn: str, platform: str) -> str:
     if step_fn not in STEP_FNS:
         raise ValueError(f"step_fn {step_fn!r}; expected one of {STEP_FNS}")
     return AUTO_STEP_FNS.get(platform, "jit") if step_fn == "auto" else step_fn
+
+
+# --- where the images of a batch are augmented ----------------------------------------------------------------------
+
+# config.augment_on: "device" augments the batch's images inside the jitted train step (octo_dist/engine/augment.py);
+# "host" leaves them to the fork's tf.data pipeline (dlimp's augment_image, per frame on the CPU).
+AUGMENT_ON = ("device", "host")
+DEFAULT_AUGMENT_ON = "device"
+# The ops of dlimp's augment_image the step implements, with the arguments each takes, positionally or by name:
+# {"random_brightness": [0.1]} or {"random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]}}.
+DEVICE_OPS = {
+    "random_resized_crop": ("scale", "ratio"),
+    "random_brightness": ("max_delta",),
+    "random_contrast": ("lower", "upper"),
+    "random_saturation": ("lower", "upper"),
+    "random_hue": ("max_delta",),
+}
+
+
+def op_arguments(op: str, value) -> dict:
+    """One op's arguments by name, as dlimp passes them (a mapping by name, a sequence positionally).
+
+    >>> op_arguments("random_contrast", [0.9, 1.1]), op_arguments("random_hue", {"max_delta": 0.05})
+    ({'lower': 0.9, 'upper': 1.1}, {'max_delta': 0.05})
+    """
+    names = DEVICE_OPS[op]
+    given = dict(value) if hasattr(value, "items") else dict(zip(names, value))
+    if sorted(given) != sorted(names) or (not hasattr(value, "items") and len(value) != len(names)):
+        raise ValueError(f"{op}: {value!r}; expected {', '.join(names)}, e.g. {_EXAMPLES[op]}")
+    return given
+
+
+_EXAMPLES = {
+    "random_resized_crop": '{"scale": [0.8, 1.0], "ratio": [0.9, 1.1]}',
+    "random_brightness": "[0.1]",
+    "random_contrast": "[0.9, 1.1]",
+    "random_saturation": "[0.9, 1.1]",
+    "random_hue": "[0.05]",
+}
+
+
+def _pair_problem(op: str, pair, low: float, high: float) -> str:
+    if len(pair) != 2:
+        return f"{op} {list(pair)}; expected [low, high]"
+    lo, hi = (float(x) for x in pair)
+    if not (low <= lo <= hi <= high):
+        return f"{op} range {[lo, hi]}; expected {low} <= low <= high <= {high}"
+    return ""
+
+
+def _op_problem(op: str, args: Mapping) -> str:
+    """TensorFlow's own argument checks for the op (what tf.image refuses, refused up front)."""
+    if op == "random_resized_crop":
+        return _pair_problem(op + " scale", args["scale"], 0.0, float("inf")) or _pair_problem(
+            op + " ratio", args["ratio"], 1e-6, float("inf")
+        )
+    if op in ("random_contrast", "random_saturation"):
+        lo, hi = float(args["lower"]), float(args["upper"])
+        return "" if 0 <= lo < hi else f"{op} [{lo}, {hi}]; expected 0 <= lower < upper"
+    high = 0.5 if op == "random_hue" else float("inf")
+    delta = float(args["max_delta"])
+    return (
+        "" if 0 <= delta <= high else f"{op} max_delta {delta}; expected 0 <= max_delta <= {high}"
+    )
+
+
+def augment_problems(image_augment_kwargs: Mapping) -> list:
+    """What keeps the train step from augmenting as ``image_augment_kwargs`` asks (``[]``: nothing).
+
+    ``image_augment_kwargs`` is Octo's ``frame_transform_kwargs.image_augment_kwargs``: one dict for every camera
+    (it has ``augment_order``) or one per camera name (``{"primary": {...}, "wrist": {...}}``).
+
+    >>> augment_problems({"augment_order": ["random_hue"], "random_hue": [0.7]})
+    ['random_hue max_delta 0.7; expected 0 <= max_delta <= 0.5']
+    """
+    per_camera = (
+        {"": image_augment_kwargs}
+        if "augment_order" in image_augment_kwargs
+        else dict(image_augment_kwargs)
+    )
+    found = []
+    for camera, kwargs in per_camera.items():
+        where = f" (camera {camera})" if camera else ""
+        if not hasattr(kwargs, "items") or "augment_order" not in kwargs:
+            found.append(
+                f"image_augment_kwargs{where}: {kwargs!r}; expected a dict with augment_order"
+            )
+            continue
+        for op in kwargs["augment_order"]:
+            if op not in DEVICE_OPS:
+                found.append(
+                    f"{op} (in augment_order{where}): not an op the train step implements; expected one of "
+                    + ", ".join(DEVICE_OPS)
+                )
+                continue
+            if op not in kwargs:
+                found.append(f"{op}{where}: no arguments; expected {op}={_EXAMPLES[op]}")
+                continue
+            try:
+                problem = _op_problem(op, op_arguments(op, kwargs[op]))
+            except (TypeError, ValueError) as e:
+                problem = str(e)
+            if problem:
+                found.append(problem + where)
+    return found

@@ -18,6 +18,9 @@ what several processes need:
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
   logging are the engine's and the job harness's (``octo_dist.apps.harness``);
+* the images are augmented inside the train step, on each device's rows of the batch (``augment_on="device"``, the
+  default: the fork's ``image_augment_kwargs`` ops in JAX, ``octo_dist.engine.augment``); ``augment_on="host"``
+  keeps the fork's tf.data augmentation;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -152,13 +155,34 @@ def shape_differences(spec, batch) -> str:
     return "; ".join(found)
 
 
+def step_augmenter(c: Mapping):
+    """The train step's image augmentation for config ``c``: ``(batch, key) -> batch`` applying
+    ``frame_transform_kwargs.image_augment_kwargs`` per camera when ``c.augment_on`` is ``"device"``; None when it
+    is ``"host"`` (the data pipeline augmented the images: the step leaves them as they come)."""
+    if config.augment_on(c) != "device":
+        return None
+    from octo_dist.engine import augment
+
+    kwargs = (c.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
+    return augment.batch_augmenter(kwargs)
+
+
 def compile_ahead(
-    policy, mesh, local_spec, init_rng, optimizer_kwargs, step_fn, seed, compile_step=True
+    policy,
+    mesh,
+    local_spec,
+    init_rng,
+    optimizer_kwargs,
+    step_fn,
+    seed,
+    compile_step=True,
+    augment=None,
 ) -> Ahead:
     """Compile the parameters' init and the train step for one global batch of ``local_spec``'s shapes (this
     process's batch: ``jax.ShapeDtypeStruct`` or arrays), before any batch exists: nothing is computed, so it runs
     while the shuffle buffer fills. The optimizer is made from the parameters' shapes (``create_optimizer`` takes
-    shapes), so the real parameters are made once, by the compiled init."""
+    shapes), so the real parameters are made once, by the compiled init. ``augment``: the step's image
+    augmentation (:func:`step_augmenter`), or None."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
     from octo.utils.train_utils import create_optimizer
@@ -179,7 +203,7 @@ def compile_ahead(
     # XLA compiles without Python's lock: the init's compilation in a thread, beside the step's (the larger).
     init = startclock.Background("init_compile", lowered.compile)
     tx, lr_schedule, _ = create_optimizer(params_spec, **optimizer_kwargs)
-    engine = parallel.Engine(mesh, policy.loss, tx, step_fn=step_fn)
+    engine = parallel.Engine(mesh, policy.loss, tx, step_fn=step_fn, augment=augment)
     if compile_step:
         engine.compile(engine.abstract_state(policy, global_spec, seed, params_spec), global_spec)
     return Ahead(init=init.result(), tx=tx, lr_schedule=lr_schedule, engine=engine)
@@ -347,7 +371,11 @@ def _make_model(
     )
     batch_spec = source.batch_spec()
     startclock.done("dataset")
-    ahead = compile_ahead(policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed)
+    # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera).
+    augment = step_augmenter(c)
+    ahead = compile_ahead(
+        policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
+    )
     startclock.done("compile")
 
     # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
@@ -360,7 +388,7 @@ def _make_model(
             "the first batch differs from the shapes compiled for (%s); compiling again", differ
         )
         ahead = compile_ahead(
-            policy, mesh, example, init_rng, optimizer_kwargs, cfg.step_fn, c.seed
+            policy, mesh, example, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
         )
         startclock.done("compile")
     global_example = gather.for_from_config(example, mesh)

@@ -3,6 +3,7 @@
     job = config.parse(flags.config, probe, name="ft_{batch_size}", resume=True)
     job.config.batch_size, job.config.dataset_kwargs.name   # the config, read directly (a FrozenConfigDict)
     job.run_dir, job.resume.start                            # what the command line adds
+    job.config.augment_on                                    # "device" or "host": always set, decided here
 
 :func:`parse` checks the config (:mod:`.checks`: every problem at once), names the run directory, and decides once
 whether to resume (``checkpoint.decide`` over ``<run dir>/train_state``). The other concerns have their own
@@ -16,10 +17,10 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional
 
-from octo_dist.apps.finetune.checks import HfProbe, is_url, validate
+from octo_dist.apps.finetune.checks import HfProbe, is_url, problems
 from octo_dist.apps.finetune.configfile import ConfigError
 from octo_dist.apps.finetune.modelconfig import flat_keys
-from octo_dist.engine import checkpoint
+from octo_dist.engine import checkpoint, stepfns
 
 TRAIN_STATE_DIR = "train_state"  # <run dir>/train_state: the engine's resumable checkpoints
 DEFAULT_PROJECT = "octo_finetune"  # wandb.project when the config leaves it empty
@@ -39,6 +40,34 @@ def format_name(name: str, config: Mapping) -> str:
             f"--name={name!r} names {e} which is not a config field; expected fields like "
             f"{{batch_size}} or {{dataset_kwargs_name}}"
         ) from None
+
+
+def augment_on(config: Mapping) -> str:
+    """Where the batch's images are augmented: ``config.augment_on``, ``"device"`` (inside the train step) when a
+    config file does not say (the fork's own configs)."""
+    return str(config.get("augment_on") or stepfns.DEFAULT_AUGMENT_ON)
+
+
+def augment_config_problems(config: Mapping) -> list:
+    """What is wrong with ``augment_on`` and, for ``"device"``, the augmentation the train step is asked for.
+
+    >>> augment_config_problems({"augment_on": "gpu"})
+    ["augment_on 'gpu'; expected one of device, host. Fix: --config.augment_on=device"]
+    """
+    where = augment_on(config)
+    if where not in stepfns.AUGMENT_ON:
+        return [
+            f"augment_on {where!r}; expected one of {', '.join(stepfns.AUGMENT_ON)}. "
+            f"Fix: --config.augment_on={stepfns.DEFAULT_AUGMENT_ON}"
+        ]
+    if where != "device":
+        return []
+    kwargs = (config.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
+    return [
+        f"frame_transform_kwargs.image_augment_kwargs: {p}. Fix: --config.augment_on=host augments on the host "
+        "with TensorFlow, as the fork does"
+        for p in stepfns.augment_problems(kwargs)
+    ]
 
 
 def run_dir(config: Mapping, name: str) -> Optional[str]:
@@ -123,8 +152,13 @@ def parse(
     from ml_collections import ConfigDict, FrozenConfigDict
 
     checked = ConfigDict(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+    # Decided here, once: the data pipeline (augments on the host or not) and the train step (augments or not)
+    # both read job.config.augment_on, so a config without the field cannot leave the images augmented twice.
+    checked.augment_on = augment_on(checked)
     plain = checked.to_dict()
-    validate(plain, probe)
+    found = problems(plain, probe) + augment_config_problems(plain)
+    if found:
+        raise ConfigError("the fine-tune configuration cannot run:\n  - " + "\n  - ".join(found))
     out = run_dir(plain, name)
     train_state = os.path.join(out, TRAIN_STATE_DIR) if out and not is_url(out) else None
     return FinetuneJob(

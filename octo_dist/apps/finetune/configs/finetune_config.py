@@ -6,7 +6,8 @@
 Every field can be overridden on the command line (--config.batch_size=128). Differences from the fork:
 ``batch_size`` is the GLOBAL batch over all processes (each process reads batch_size / processes examples);
 ``dataset_kwargs.data_dir`` defaults to ``data`` (the job scripts' --data-dir); ``model_config`` (unused here)
-lets a config build a model from scratch instead of ``pretrained_path`` (see finetune_smoke_config.py).
+lets a config build a model from scratch instead of ``pretrained_path`` (see finetune_smoke_config.py);
+``augment_on`` (``"device"``, or ``"host"`` as the fork) says where ``image_augment_kwargs`` are applied.
 Config files load without Octo: module specs are written as the plain dicts ModuleSpec.create returns.
 """
 
@@ -120,6 +121,9 @@ def get_config(config_string="full,multimodal"):
         random_hue=[0.05],
         augment_order=["random_brightness", "random_contrast", "random_saturation", "random_hue"],
     )
+    # Where these run: "device" inside the jitted train step, on each device's share of the batch (the host only
+    # decodes and batches); "host" in the fork's tf.data pipeline (TensorFlow on the CPU, per frame).
+    config["augment_on"] = "device"
     frame_transform_kwargs = dict(
         resize_size={
             "primary": (256, 256),  # workspace (3rd person) camera is at 256x256

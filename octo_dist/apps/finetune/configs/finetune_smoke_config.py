@@ -75,6 +75,7 @@ def get_config(config_string="full"):
             task_augment_kwargs=dict(keep_image_prob=1.0),
             num_parallel_calls=1,
         ),
+        augment_on="device",  # image_augment_kwargs applied in the train step ("host": in tf.data, as the fork)
         frame_transform_kwargs=dict(
             resize_size={"primary": (64, 64)},
             image_augment_kwargs=dict(
