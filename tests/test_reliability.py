@@ -1,0 +1,190 @@
+"""What a hostile or careless input must not do: delete outside the job's own directory, write over a device, bypass
+a check through another spelling, end in a traceback. Each input is fabricated; the code under test is the real one
+(the job runtime as a process, `octo-dist launch` as a process, the parsers called directly)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import clean_env
+from octo_dist import savelayout
+from octo_dist.engine import savedir
+from octo_dist.jobs import schedulers
+from octo_dist.jobs import settings as job_settings
+
+
+def program(path: Path, text: str) -> None:
+    path.write_text(f"#!{sys.executable}\n{text}")
+    path.chmod(0o755)
+
+
+def settings_json(scheduler: str, tmp_path: Path, save_dir: Path) -> str:
+    return json.dumps(
+        {
+            "schema": job_settings.SCHEMA,
+            "script_name": "job.sh",
+            "allocation": {
+                "scheduler": scheduler,
+                "nodes": 1,
+                "ranks_per_node": 1,
+                "cpus_per_rank": 0,
+                "sockets": 0,
+            },
+            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
+            "software": {"modules": [], "image": "", "venv": str(tmp_path / "venv"), "binds": []},
+            "storage": {
+                "save_dir": str(save_dir),
+                "data_dir": "",
+                "compile_cache": "",
+                "wandb_mode": "disabled",
+            },
+            "forwarding": {
+                "environment": [],
+                "coordinator": "",
+                "forward_prefixes": [],
+                "forward_names": [],
+            },
+            "commands": {
+                "preflight": ["octo-dist", "check-env", "--launch"],
+                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
+            },
+        }
+    )
+
+
+@pytest.fixture
+def runtime_job(tmp_path):
+    """(run(scheduler, **env) -> CompletedProcess, outer directory): the real job runtime as a process, its save
+    directory ``outer/save`` beside a file of the user's (``outer/keep.txt``) and a checkpoint (``outer/save/7``);
+    mpirun and srun stand-ins that run the rank's command, a venv whose octo-dist exits 0."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # The launcher stand-in: skips its options (each with a value), runs the rest once as rank 0.
+    launcher = (
+        "import os, subprocess, sys\nargs = sys.argv[1:]\n"
+        "while args and args[0].startswith('-'):\n    args = args[1:] if '=' in args[0] else args[2:]\n"
+        "sys.exit(subprocess.call(args, env={**os.environ, 'OMPI_COMM_WORLD_RANK': '0', 'SLURM_PROCID': '0'}))\n"
+    )
+    program(bin_dir / "mpirun", launcher)
+    program(bin_dir / "srun", launcher)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    program(venv / "python", "")
+    program(venv / "octo-dist", "import sys\nsys.exit(0)\n")
+    outer = tmp_path / "outer"
+    (outer / "save" / "7").mkdir(parents=True)
+    (outer / "save" / "7" / "checkpoint").write_text("weights")
+    (outer / "keep.txt").write_text("the user's")
+    (tmp_path / "nodefile").write_text("localhost\n")
+
+    def run(scheduler: str, **env: str) -> subprocess.CompletedProcess:
+        full = clean_env(
+            PATH=f"{bin_dir}:/usr/bin:/bin",
+            PBS_NODEFILE=str(tmp_path / "nodefile"),
+            HOME=str(tmp_path),
+            **env,
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "octo_dist.jobs.supervisor", "supervise"]
+            + [settings_json(scheduler, tmp_path, outer / "save")],
+            cwd=tmp_path,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    return run, outer
+
+
+def test_the_runtime_stand_ins_run_a_job_and_remove_only_its_own_directory(runtime_job):
+    run, outer = runtime_job
+    proc = run("pbs", PBS_JOBID="12345.pbs1")
+    assert proc.returncode == 0, proc.stderr
+    assert (outer / "save" / ".octo-dist-exit-12345.pbs1").read_text() == "0\n"
+    assert not (outer / "save" / ".octo-dist-job-12345.pbs1").exists()
+    assert (outer / "keep.txt").exists() and (outer / "save" / "7" / "checkpoint").exists()
+
+
+@pytest.mark.parametrize(
+    "scheduler, var, value",
+    [("pbs", "PBS_JOBID", "1/../.."), ("slurm", "SLURM_JOB_ID", "7/../..")],
+)
+def test_a_job_id_that_names_a_path_deletes_nothing_and_is_one_line(
+    runtime_job, scheduler, var, value
+):
+    run, outer = runtime_job
+    proc = run(scheduler, **{var: value})
+    assert (outer / "keep.txt").read_text() == "the user's", (
+        "the save directory's parent was deleted"
+    )
+    assert (outer / "save" / "7" / "checkpoint").read_text() == "weights"
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{var}={value!r}" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(os.listdir(outer / "save")) == ["7"]  # nothing made, nothing written
+
+
+@pytest.mark.parametrize(
+    "value", ["12345.pbs1", "9876543", "123456", "4242", "123[4].pbs1", "123_4", "4242[3]"]
+)
+def test_job_ids_of_every_scheduler_pass_the_check(value):
+    assert savelayout.checked_job_id("PBS_JOBID", value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1/../..", "..", "1..2", "a\0b", ".hidden", "-rf", "x" * 129, "12 34", "1\n2", "é1", "1/2"],
+)
+def test_job_ids_that_are_not_safe_file_names_are_refused_naming_the_variable(value):
+    with pytest.raises(savelayout.JobIdError) as e:
+        savelayout.checked_job_id("SLURM_JOB_ID", value)
+    assert e.value.exit_status == 2 and str(e.value).startswith("SLURM_JOB_ID=")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["pbs", "slurm", "sge"])
+def test_every_scheduler_checks_its_job_id(name):
+    s = schedulers.get(name)
+    assert s.job_id({s.job_id_var: "42"}) == "42" and s.job_id({}) == "0"
+    with pytest.raises(savelayout.JobIdError):
+        s.job_id({s.job_id_var: "1/../.."})
+
+
+def test_the_save_directory_lock_refuses_a_job_id_that_is_a_path():
+    assert savedir.job_id({"PBS_JOBID": "12345.pbs1"}) == "12345.pbs1"
+    with pytest.raises(savelayout.JobIdError, match="PBS_JOBID='../x'"):
+        savedir.job_id({"PBS_JOBID": "../x"})
+
+
+def test_only_the_directory_the_job_made_is_removed(tmp_path):
+    save = tmp_path / "save"
+    save.mkdir()
+    made = savelayout.make_job_dir(str(save), "42")
+    assert (Path(made) / savelayout.JOB_MARK).read_text() == "42\n"
+    assert (
+        savelayout.make_job_dir(str(save), "42") == made
+    )  # started again by the scheduler: its own
+    assert savelayout.remove_job_dir(str(save), made, "42") is None and not os.path.exists(made)
+    # A directory of that name the job did not make (no mark, or another job's) is neither taken nor removed.
+    other = save / ".octo-dist-job-43"
+    other.mkdir()
+    (other / "data").write_text("x")
+    with pytest.raises(FileExistsError):
+        savelayout.make_job_dir(str(save), "43")
+    assert "left" in savelayout.remove_job_dir(str(save), str(other), "43")
+    assert (other / "data").exists()
+    # A link in the job directory's place, to a directory holding a mark: left alone, its target kept.
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / savelayout.JOB_MARK).write_text("44\n")
+    (save / ".octo-dist-job-44").symlink_to(target)
+    assert savelayout.remove_job_dir(str(save), str(save / ".octo-dist-job-44"), "44")
+    assert (target / savelayout.JOB_MARK).exists()
