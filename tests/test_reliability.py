@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +189,77 @@ def test_only_the_directory_the_job_made_is_removed(tmp_path):
     (save / ".octo-dist-job-44").symlink_to(target)
     assert savelayout.remove_job_dir(str(save), str(save / ".octo-dist-job-44"), "44")
     assert (target / savelayout.JOB_MARK).exists()
+
+
+# --- octo-dist launch -o --------------------------------------------------------------------------------------
+
+
+def launch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``octo-dist launch ARGS`` as a process (a FIFO that blocks it fails the test at ``timeout``, not forever)."""
+    return subprocess.run(
+        [sys.executable, "-m", "octo_dist", "launch", *args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+PBS_JOB = ("pbs", "--group", "gxx00000", "--nodes", "1")
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("octo-dist launch: error: "), proc.stderr
+    return lines[0]
+
+
+def test_launch_o_refuses_a_fifo_without_opening_it(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    line = one_error_line(launch(*PBS_JOB, "-o", str(fifo), cwd=tmp_path))
+    assert "is a FIFO, not a file" in line
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_launch_o_refuses_a_device_and_leaves_its_mode(tmp_path):
+    # A copy of /dev/null's device node (char 1:3) in a tmp directory: the real /dev/null is never touched.
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    null.chmod(0o666)  # mknod's mode passes through the umask
+    line = one_error_line(launch(*PBS_JOB, "-o", str(null), cwd=tmp_path))
+    assert "is a character device, not a file" in line
+    st = os.lstat(null)
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+
+
+def test_launch_o_refuses_a_symlink_and_leaves_its_target(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("my notes\n")
+    target.chmod(0o600)
+    (tmp_path / "job.sh").symlink_to(target)
+    line = one_error_line(launch(*PBS_JOB, "-o", "job.sh", cwd=tmp_path))
+    assert "is a symbolic link, not a file" in line
+    assert target.read_text() == "my notes\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_launch_o_refuses_a_directory(tmp_path):
+    line = one_error_line(launch(*PBS_JOB, "-o", str(tmp_path), cwd=tmp_path))
+    assert "is a directory" in line
+
+
+def test_launch_o_says_when_it_replaces_a_file_that_is_not_a_job_script(tmp_path):
+    (tmp_path / "job.sh").write_text("my notes\n")
+    proc = launch(*PBS_JOB, "-o", "job.sh", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "replaced 'job.sh', which was not a job script octo-dist wrote" in proc.stdout
+    assert (tmp_path / "job.sh").read_text().startswith("#!/bin/bash")
+    assert os.access(tmp_path / "job.sh", os.X_OK)
+    again = launch(
+        *PBS_JOB, "-o", "job.sh", cwd=tmp_path
+    )  # its own script: replaced without a word
+    assert again.returncode == 0 and "replaced" not in again.stdout, again.stdout
+    assert sorted(os.listdir(tmp_path)) == ["job.sh"]  # no temporary file left
