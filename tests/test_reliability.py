@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env
-from octo_dist import savelayout
+from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs.schedulers.pbs import qsub_options
 
 
 def program(path: Path, text: str) -> None:
@@ -263,3 +264,48 @@ def test_launch_o_says_when_it_replaces_a_file_that_is_not_a_job_script(tmp_path
     )  # its own script: replaced without a word
     assert again.returncode == 0 and "replaced" not in again.stdout, again.stdout
     assert sorted(os.listdir(tmp_path)) == ["job.sh"]  # no temporary file left
+
+
+# --- PBS directives as qsub's getopt reads them ---------------------------------------------------------------
+
+
+def test_qsub_options_are_read_as_getopt_reads_them():
+    assert qsub_options(["-VJ", "1-4"]) == [("V", None), ("J", "1-4")]
+    assert qsub_options(["-Vlselect=4:mpiprocs=1"]) == [("V", None), ("l", "select=4:mpiprocs=1")]
+    assert qsub_options(["-Vl", "walltime=99:00:00"]) == [("V", None), ("l", "walltime=99:00:00")]
+    assert qsub_options(["-Nname", "-zV"]) == [("N", "name"), ("z", None), ("V", None)]
+    assert qsub_options(["-m", "-V"]) == [
+        ("m", "-V")
+    ]  # a value that looks like an option is the value
+    assert qsub_options(["-N"]) == [("N", None)]
+    assert qsub_options(["x", "-q", "a", "--", "-J", "1"]) == [("q", "a")]
+
+
+CLUSTERED = {
+    "#PBS -VJ 1-4": "#PBS -J 1-4",
+    "#PBS -Vl walltime=99:00:00": "#PBS -l walltime=99:00:00",
+    "#PBS -Vlselect=4:mpiprocs=1": "#PBS -l select=4:mpiprocs=1",
+    "#PBS -Vq rt_HG": "#PBS -q rt_HG",
+    "#PBS -VN x": "#PBS -N x",
+    "#PBS -hJ1-4": "#PBS -J 1-4",
+}
+
+
+@pytest.mark.parametrize("clustered, plain", sorted(CLUSTERED.items()))
+def test_a_clustered_pbs_directive_is_refused_as_its_plain_form(clustered, plain, capsys):
+    s = schedulers.get("pbs")
+    assert [k for k in s.directive_keys(clustered) if k != "-V" and k != "-h"] == s.directive_keys(
+        plain
+    )
+    codes = []
+    for directive in (plain, clustered):
+        codes.append(cli.main(["launch", *PBS_JOB, "--dry-run", "--directive", directive]))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and directive in err[0] and " sets -" in err[0], err
+    assert codes == [2, 2]
+
+
+def test_pbs_directives_that_add_to_the_header_still_render(capsys):
+    for directive in ("#PBS -m abe -M me@example.org", "#PBS -Vlmem=400gb"):
+        assert cli.main(["launch", *PBS_JOB, "--dry-run", "--directive", directive]) == 0
+        assert directive in capsys.readouterr().out
