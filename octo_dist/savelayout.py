@@ -143,4 +143,6 @@ def stopped_step(job_dir_path: str) -> Optional[int]:
             text = f.read().strip()
     except (OSError, UnicodeDecodeError):
         return None
-    return int(text) if text.isdigit() else None
+    return (
+        int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
+    )  # not "²", which isdigit() passes

@@ -18,7 +18,11 @@ from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs.schedulers import pbs
 from octo_dist.jobs.schedulers.pbs import qsub_options
+from octo_dist.launchers import cli as launchers_cli
+from octo_dist.launchers import coordinator
+from octo_dist.stack import manifest, toml_subset
 
 
 def program(path: Path, text: str) -> None:
@@ -86,12 +90,8 @@ def runtime_job(tmp_path):
     (tmp_path / "nodefile").write_text("localhost\n")
 
     def run(scheduler: str, **env: str) -> subprocess.CompletedProcess:
-        full = clean_env(
-            PATH=f"{bin_dir}:/usr/bin:/bin",
-            PBS_NODEFILE=str(tmp_path / "nodefile"),
-            HOME=str(tmp_path),
-            **env,
-        )
+        full = clean_env(PATH=f"{bin_dir}:/usr/bin:/bin", HOME=str(tmp_path))
+        full.update({"PBS_NODEFILE": str(tmp_path / "nodefile"), **env})
         return subprocess.run(
             [sys.executable, "-m", "octo_dist.jobs.supervisor", "supervise"]
             + [settings_json(scheduler, tmp_path, outer / "save")],
@@ -309,3 +309,117 @@ def test_pbs_directives_that_add_to_the_header_still_render(capsys):
     for directive in ("#PBS -m abe -M me@example.org", "#PBS -Vlmem=400gb"):
         assert cli.main(["launch", *PBS_JOB, "--dry-run", "--directive", directive]) == 0
         assert directive in capsys.readouterr().out
+
+
+# --- one line, exit 2, where a traceback was ------------------------------------------------------------------
+
+
+def node_list_error(tmp_path: Path, path: str, nodes: int = 1) -> str:
+    error, _ = schedulers.get("pbs").node_checks({"PBS_NODEFILE": path}, nodes, 8, "job.sh")
+    assert error and "\n" not in error, error
+    return error
+
+
+def test_a_node_file_that_is_not_a_node_list_is_one_line(tmp_path):
+    assert "is not a regular file" in node_list_error(tmp_path, str(tmp_path))
+    assert "is not a regular file" in node_list_error(
+        tmp_path, "/dev/zero"
+    )  # never read: it has no end
+    binary = tmp_path / "nodes.bin"
+    binary.write_bytes(b"\xff\xfe\x00node\n")
+    assert "is not text" in node_list_error(tmp_path, str(binary))
+    assert "is unset" in node_list_error(tmp_path, "")
+
+
+def test_a_node_file_with_fewer_nodes_than_rendered_is_refused_naming_both_counts(tmp_path):
+    nodes = tmp_path / "nodes"
+    nodes.write_text("g0001\ng0001\ng0002\n")
+    error = node_list_error(tmp_path, str(nodes), nodes=3)
+    assert "lists 2 node(s); expected the 3 this script was rendered for" in error
+    assert "--nodes 2" in error
+    assert schedulers.get("pbs").node_checks({"PBS_NODEFILE": str(nodes)}, 2, 8, "job.sh") == (
+        None,
+        [],
+    )
+    more = schedulers.get("pbs").node_checks({"PBS_NODEFILE": str(nodes)}, 1, 8, "job.sh")
+    assert (
+        more[0] is None and "lists 2 node(s)" in more[1][0]
+    )  # more than rendered: mpirun uses the first
+
+
+@pytest.mark.parametrize("nodefile", ["directory", "binary", "short"])
+def test_a_bad_node_file_ends_the_real_runtime_in_one_line_before_mpirun(
+    runtime_job, tmp_path, nodefile
+):
+    run, outer = runtime_job
+    path = tmp_path / "nodes"
+    if nodefile == "directory":
+        path.mkdir()
+    elif nodefile == "binary":
+        path.write_bytes(bytes(range(256)))
+    else:
+        path.write_text("")  # no node at all: fewer than the 1 rendered
+    proc = run("pbs", PBS_JOBID="12345.pbs1", PBS_NODEFILE=str(path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PBS_NODEFILE" in lines[0], proc.stderr
+    assert not (tmp_path / "ranks.log").exists()
+
+
+def test_a_kill_delay_that_is_not_ascii_digits_is_pbss_default():
+    for value in ("\u00b2", "\u0663", "9" * 5000, "-1", ""):
+        qstat = json.dumps({"Queue": {"rt_HF": {"kill_delay": value}}})
+        assert pbs.kill_delay(qstat, "rt_HF") == (
+            pbs.DEFAULT_KILL_DELAY_S,
+            "PBS's default: queue rt_HF sets no kill_delay",
+        )
+    assert pbs.kill_delay(json.dumps({"Queue": {"rt_HF": {"kill_delay": 60}}}), "rt_HF")[0] == 60
+
+
+def test_other_numbers_from_outside_that_isdigit_passes_are_refused(tmp_path):
+    (tmp_path / savelayout.STOPPED).write_text("\u00b2\n")
+    assert savelayout.stopped_step(str(tmp_path)) is None
+    with pytest.raises(coordinator.CoordinatorError, match="port"):
+        coordinator.parse_address("g0001:\u00b2", "COORDINATOR_ADDRESS")
+    assert launchers_cli._rank_guess({"OMPI_COMM_WORLD_RANK": "\u00b2"}) == "unknown"
+
+
+def deep_toml(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    return path
+
+
+def test_a_toml_of_100000_nested_brackets_is_one_line(tmp_path):
+    with pytest.raises(toml_subset.TomlSubsetError, match="nested deeper than"):
+        toml_subset.loads(deep_toml(tmp_path).read_text())
+    with pytest.raises(manifest.ManifestError, match="not valid TOML"):
+        manifest.load_manifest(deep_toml(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "check-env", "--manifest", str(deep_toml(tmp_path))],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not valid TOML" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["check-env", "--manifest", "{fifo}"], ["detect", "--env-file", "{fifo}"]],
+    ids=["check-env --manifest", "detect --env-file"],
+)
+def test_a_fifo_as_an_input_file_is_refused_without_blocking(tmp_path, argv):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", *[a.format(fifo=fifo) for a in argv]],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,  # a blocked open fails the test here rather than hanging it
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not a" in proc.stderr, proc.stderr

@@ -219,7 +219,8 @@ def kill_delay(qstat_json: str, queue: str) -> Tuple[int, str]:
     if not isinstance(attrs, dict):
         return DEFAULT_KILL_DELAY_S, f"PBS's default: qstat did not describe queue {queue}"
     value = str(attrs.get("kill_delay", ""))
-    if not value.isdigit():
+    # ASCII digits only: "²".isdigit() is True and int("²") raises
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         return DEFAULT_KILL_DELAY_S, f"PBS's default: queue {queue} sets no kill_delay"
     return int(value), f"queue {queue}'s kill_delay"
 
