@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
+from helpers import REPO, clean_env
 from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
@@ -423,3 +423,57 @@ def test_a_fifo_as_an_input_file_is_refused_without_blocking(tmp_path, argv):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a" in proc.stderr, proc.stderr
+
+
+# --- containers/install.sh ------------------------------------------------------------------------------------
+
+
+def install_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "containers" / "install.sh"), *args],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def refused(proc: subprocess.CompletedProcess, says: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], proc.stderr
+    assert "Fix: " in lines[0]
+
+
+def test_install_sh_checks_the_profile_before_writing_anything(tmp_path):
+    prefix = tmp_path / "work"
+    prefix.mkdir()
+    (prefix / "notes.txt").write_text("mine")
+    refused(install_sh("bogus", str(prefix)), "no profile 'bogus'")
+    refused(install_sh("bogus", str(tmp_path / "new")), "expected one of: cpu ")
+    assert os.listdir(prefix) == ["notes.txt"] and not (tmp_path / "new").exists()
+
+
+def test_install_sh_never_writes_into_a_directory_that_is_not_empty_and_not_a_venv(tmp_path):
+    prefix = tmp_path / "work"
+    prefix.mkdir()
+    (prefix / "notes.txt").write_text("mine")
+    refused(install_sh("cpu", str(prefix)), "not empty and not a venv")
+    refused(install_sh("cpu", str(prefix / "notes.txt")), "is not a directory")
+    assert os.listdir(prefix) == ["notes.txt"]
+
+
+def test_install_sh_checks_python_and_the_lock_before_making_the_venv(tmp_path):
+    refused(
+        install_sh("cpu", str(tmp_path / "a"), PYTHON=str(tmp_path / "nopython")), "does not run"
+    )
+    # A Python the profile has no lock for (cuda11 is locked for 3.10 only; a fake 3.99 for any profile).
+    fake = tmp_path / "python3.99"
+    fake.write_text("#!/bin/sh\necho 3.99\n")
+    fake.chmod(0o755)
+    refused(
+        install_sh("cpu", str(tmp_path / "b"), PYTHON=str(fake)),
+        "no lock for profile 'cpu' on Python 3.99",
+    )
+    refused(install_sh("cpu", str(tmp_path / "c"), "--bogus"), "option '--bogus'")
+    assert sorted(os.listdir(tmp_path)) == ["python3.99"]
