@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -477,3 +478,24 @@ def test_install_sh_checks_python_and_the_lock_before_making_the_venv(tmp_path):
     )
     refused(install_sh("cpu", str(tmp_path / "c"), "--bogus"), "option '--bogus'")
     assert sorted(os.listdir(tmp_path)) == ["python3.99"]
+
+
+# --- the images' help texts -----------------------------------------------------------------------------------
+
+# GPUs per node of each image's nodes: cuda12 is for ABCI 3.0's rt_HF (8 H200), cuda11 for 4-GPU nodes (V100).
+IMAGE_GPUS = {
+    "singularity-cuda12.def": schedulers.get("pbs").resource_types["rt_HF"].gpus,
+    "singularity.def": 4,
+}
+
+
+@pytest.mark.parametrize("definition", sorted(IMAGE_GPUS))
+def test_the_images_help_starts_one_rank_per_gpu_of_a_node(definition):
+    text = (REPO / definition).read_text()
+    help_text = text.split("%help", 1)[1].split("\n%", 1)[0]
+    lines = re.findall(r"mpirun -np (\d+) --map-by ppr:(\d+):node", help_text)
+    gpus = IMAGE_GPUS[definition]
+    assert lines, help_text
+    for ranks, per_node in lines:
+        assert int(per_node) == gpus and int(ranks) % gpus == 0, (definition, ranks, per_node)
+    assert f"{lines[0][0]} ranks, {gpus} per node" in help_text
