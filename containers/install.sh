@@ -59,7 +59,10 @@ if ! py_mm=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>
 fi
 lock="$src/env/locks/$profile-py$py_mm.txt"
 if [ ! -f "$lock" ]; then
-  available=$(cd "$src/env/locks" && ls "$profile"-py*.txt | grep -v -- '-dev.txt$' | tr '\n' ' ')
+  available=""
+  for f in "$src/env/locks/$profile"-py*.txt; do
+    case $f in *-dev.txt) ;; *) available+="${f##*/} " ;; esac
+  done
   first=${available%% *}
   first=${first#"$profile"-py}
   fail "no lock for profile '$profile' on Python $py_mm ($python); expected one of: ${available% }. Fix: PYTHON=python${first%.txt} $0 $profile $prefix, or add $py_mm to lock_pythons in env/stack.toml and run make lock"
