@@ -499,3 +499,25 @@ def test_the_images_help_starts_one_rank_per_gpu_of_a_node(definition):
     for ranks, per_node in lines:
         assert int(per_node) == gpus and int(ranks) % gpus == 0, (definition, ranks, per_node)
     assert f"{lines[0][0]} ranks, {gpus} per node" in help_text
+
+
+# --- smaller refusals -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schema", [2.0, True, "2"])
+def test_a_settings_schema_that_is_not_the_int_is_refused(tmp_path, schema):
+    raw = json.loads(settings_json("pbs", tmp_path, tmp_path / "save"))
+    job_settings.from_mapping(raw)  # the int: read
+    raw["schema"] = schema
+    with pytest.raises(job_settings.SettingsError, match="schema"):
+        job_settings.from_mapping(raw)
+
+
+def test_a_config_file_that_exits_when_loaded_is_one_line_not_a_silent_exit_0(tmp_path):
+    pytest.importorskip("absl")
+    config = tmp_path / "exits.py"
+    config.write_text("raise SystemExit(0)\n")
+    line = one_error_line(
+        launch(*PBS_JOB, "--dry-run", "--", "finetune", f"--config={config}", cwd=tmp_path)
+    )
+    assert "SystemExit('0')" in line and "-- finetune" in line

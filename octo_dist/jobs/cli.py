@@ -301,6 +301,22 @@ def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]
     return "\n".join(shown) + "\n"
 
 
+def no_exit(checker: commands.Checker) -> commands.Checker:
+    """``checker``, with a ``SystemExit`` from inside it (a ``--config`` file whose import calls ``sys.exit(0)``)
+    made the ``ValueError`` of a refused flag: launch never ends silently, with nothing written and exit 0."""
+
+    def check(argv: Sequence[str]) -> None:
+        try:
+            checker(argv)
+        except SystemExit as e:
+            raise ValueError(
+                f"checking these flags exited (SystemExit({str(e.code)[:40]!r}): a --config file that exits "
+                "when it is loaded?)"
+            ) from None
+
+    return check
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
@@ -313,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(show_defaults(options, sources))
         return 0
     try:
-        job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+        checkers = {name: no_exit(c) for name, c in args.checkers.items()}
+        job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
         refusal, warning = imagefit.check(job.image, job.resource_type)
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
