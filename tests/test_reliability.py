@@ -521,3 +521,19 @@ def test_a_config_file_that_exits_when_loaded_is_one_line_not_a_silent_exit_0(tm
         launch(*PBS_JOB, "--dry-run", "--", "finetune", f"--config={config}", cwd=tmp_path)
     )
     assert "SystemExit('0')" in line and "-- finetune" in line
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        ["--launcher", "single"],
+        ["--launcher=single"],
+        ["--coordinator", "g0001:99999"],
+        ["--coordinator=g0001:23456"],
+    ],
+)
+def test_start_up_flags_the_job_decides_are_refused_after_the_double_dash(after, capsys):
+    assert cli.main(["launch", *PBS_JOB, "--dry-run", "--", "smoke", "--steps", "5", *after]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{after[0].split('=')[0]} " in err[0] and "after --" in err[0], err
+    assert cli.main(["launch", *PBS_JOB, "--dry-run", "--", "smoke", "--steps", "5"]) == 0

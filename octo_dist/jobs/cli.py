@@ -173,6 +173,9 @@ def parse(
     add_parser(parser.add_subparsers(), checkers)
     args = parser.parse_args(["launch", *argv])
     options, _ = options_from_args(args)
+    refusal = commands.job_decides(options.train[1:])
+    if refusal:
+        raise spec_mod.JobSpecError(*refusal)
     return spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
 
 
@@ -329,6 +332,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(show_defaults(options, sources))
         return 0
     try:
+        refusal = commands.job_decides(options.train[1:])
+        if refusal:
+            raise spec_mod.JobSpecError(*refusal)
         checkers = {name: no_exit(c) for name, c in args.checkers.items()}
         job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
         refusal, warning = imagefit.check(job.image, job.resource_type)
