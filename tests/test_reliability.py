@@ -322,14 +322,14 @@ def node_list_error(tmp_path: Path, path: str, nodes: int = 1) -> str:
 
 
 def test_a_node_file_that_is_not_a_node_list_is_one_line(tmp_path):
-    assert "is not a regular file" in node_list_error(tmp_path, str(tmp_path))
-    assert "is not a regular file" in node_list_error(
+    assert "(not a regular file)" in node_list_error(tmp_path, str(tmp_path))
+    assert "(not a regular file)" in node_list_error(
         tmp_path, "/dev/zero"
     )  # never read: it has no end
     binary = tmp_path / "nodes.bin"
     binary.write_bytes(b"\xff\xfe\x00node\n")
-    assert "is not text" in node_list_error(tmp_path, str(binary))
-    assert "is unset" in node_list_error(tmp_path, "")
+    assert "(not text: not UTF-8)" in node_list_error(tmp_path, str(binary))
+    assert "PBS_NODEFILE is '' (unset)" in node_list_error(tmp_path, "")
 
 
 def test_a_node_file_with_fewer_nodes_than_rendered_is_refused_naming_both_counts(tmp_path):

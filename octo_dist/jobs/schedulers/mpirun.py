@@ -90,23 +90,23 @@ def read_node_list(path: str) -> Tuple[str, str]:
     """(text, "") of the node list at ``path``, or ("", what is wrong with it): unset, missing, not a regular file
     (a directory, ``/dev/zero``: checked before it is opened), larger than ``NODE_LIST_MAX_BYTES``, not text."""
     if not path:
-        return "", "is unset"
+        return "", "unset"
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            return "", "is not a regular file"
+            return "", "not a regular file"
         with open(path, "rb") as f:
             data = f.read(NODE_LIST_MAX_BYTES + 1)
     except OSError as e:
-        return "", f"cannot be read ({e.strerror or e})"
+        return "", f"cannot be read: {e.strerror or e}"
     if len(data) > NODE_LIST_MAX_BYTES:
-        return "", f"is larger than {NODE_LIST_MAX_BYTES >> 20} MiB"
+        return "", f"larger than {NODE_LIST_MAX_BYTES >> 20} MiB"
     try:
         text = data.decode()
     except UnicodeDecodeError:
-        return "", "is not text (not UTF-8)"
+        return "", "not text: not UTF-8"
     if "\0" in text:
-        return "", "is not text (a NUL byte)"
+        return "", "not text: a NUL byte"
     return text, ""
 
 
@@ -121,9 +121,9 @@ class MpirunScheduler(Scheduler):
         text, problem = read_node_list(hostfile)
         if problem:
             return (
-                f"{self.hostfile_var}={hostfile!r} {problem}; expected the node list the scheduler gives every job "
-                f"(a text file, one node a line). Fix: submit it ({self.submit_program} {script_name}) rather "
-                "than running it"
+                f"{self.hostfile_var} is {hostfile!r} ({problem}); expected the node list the scheduler gives "
+                f"every job (a text file, one node a line). Fix: submit it ({self.submit_program} {script_name}) "
+                "rather than running it"
             ), []
         found = count_hosts(text)
         refusal = self.allocation_error(env, text, nodes, ranks_per_node)
