@@ -84,8 +84,13 @@ def make_job_dir(save_dir: str, job: str) -> str:
         if _mark_of(path) != job:
             raise FileExistsError(17, f"{path} exists and was not made by job {job}") from None
         return path
-    with open(mark, "w") as f:
-        f.write(f"{job}\n")
+    try:
+        with open(mark, "w") as f:
+            f.write(f"{job}\n")
+    except OSError:
+        # A full disk: the directory just made, empty, goes again rather than stay unmarked.
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     return path
 
 
