@@ -12,8 +12,9 @@
 #                 secret (/run/secrets/ca), so it is used for this run and never stored in a layer.
 set -euo pipefail
 
+usage="usage: $0 PROFILE PREFIX [--editable] [--skip-git|--require-git] [--no-self]"
 if [ $# -lt 2 ]; then
-  echo "usage: $0 PROFILE PREFIX [--editable] [--skip-git|--require-git] [--no-self]" >&2
+  echo "$usage" >&2
   exit 2
 fi
 profile=$1
@@ -22,20 +23,52 @@ shift 2
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-python3}
 
-if [ ! -x "$prefix/bin/python" ]; then
-  "$python" -m venv "$prefix"
+# Everything is checked before anything is written: a bad profile, Python or prefix leaves PREFIX as it was.
+fail() {  # one line: what was found; expected; the fix. Exit 2.
+  echo "error: $1" >&2
+  exit 2
+}
+for arg in "$@"; do
+  case $arg in
+    --editable | --skip-git | --require-git | --no-self | --only-git) ;;
+    *) fail "option '$arg'; expected --editable, --skip-git, --require-git, --no-self or --only-git. Fix: $usage" ;;
+  esac
+done
+profiles=()
+for f in "$src"/env/locks/*.txt; do
+  case $f in *-dev.txt) ;; *) name=${f##*/}; profiles+=("${name%-py*.txt}") ;; esac
+done
+known=$(printf '%s\n' "${profiles[@]}" | sort -u | tr '\n' ' ')
+case " $known " in
+  *" $profile "*) ;;
+  *) fail "no profile '$profile' (no lock env/locks/$profile-py*.txt); expected one of: ${known% }. Fix: $0 ${profiles[0]:-cpu} $prefix" ;;
+esac
+# A venv of ours to update (make env again): bin/python and pyvenv.cfg. Anything else that is not empty is refused.
+if [ -e "$prefix" ] || [ -L "$prefix" ]; then
+  if [ -L "$prefix" ] || [ ! -d "$prefix" ]; then
+    fail "PREFIX $prefix exists and is not a directory; expected a new or empty directory, or a venv made by $0. Fix: pass another PREFIX"
+  fi
+  if [ -x "$prefix/bin/python" ] && [ -f "$prefix/pyvenv.cfg" ]; then
+    python="$prefix/bin/python"
+  elif [ -n "$(ls -A -- "$prefix")" ]; then
+    fail "PREFIX $prefix is a directory that is not empty and not a venv (no bin/python and pyvenv.cfg); expected a new or empty directory, or a venv made by $0. Fix: pass a new PREFIX, e.g. $prefix/venv"
+  fi
 fi
-py_mm=$("$prefix/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if ! py_mm=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); then
+  fail "PYTHON=$python does not run; expected a Python 3 interpreter to make the venv from. Fix: PYTHON=python3.10 $0 $profile $prefix"
+fi
 lock="$src/env/locks/$profile-py$py_mm.txt"
 if [ ! -f "$lock" ]; then
-  echo "error: no lock for profile '$profile' on Python $py_mm (looked for $lock)" >&2
-  available=()
-  for f in "$src"/env/locks/*.txt; do
-    case $f in *-dev.txt) ;; *) available+=("${f##*/}") ;; esac
+  available=""
+  for f in "$src/env/locks/$profile"-py*.txt; do
+    case $f in *-dev.txt) ;; *) available+="${f##*/} " ;; esac
   done
-  echo "  available: ${available[*]}" >&2
-  echo "  fix: PYTHON=python3.10 $0 $profile $prefix   (or add $py_mm to lock_pythons in env/stack.toml and run make lock)" >&2
-  exit 1
+  first=${available%% *}
+  first=${first#"$profile"-py}
+  fail "no lock for profile '$profile' on Python $py_mm ($python); expected one of: ${available% }. Fix: PYTHON=python${first%.txt} $0 $profile $prefix, or add $py_mm to lock_pythons in env/stack.toml and run make lock"
+fi
+if [ ! -x "$prefix/bin/python" ]; then
+  "$python" -m venv "$prefix"
 fi
 
 if [ -n "${OCTO_DIST_CA:-}" ]; then

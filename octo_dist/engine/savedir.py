@@ -86,8 +86,10 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
 
 
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
-    """The scheduler's job id (``PBS_JOBID=12345.pbs1`` -> ``"12345.pbs1"``), None outside a job."""
-    return next((environ[v] for v in JOB_ID_VARS if environ.get(v)), None)
+    """The scheduler's job id (``PBS_JOBID=12345.pbs1`` -> ``"12345.pbs1"``), None outside a job; one that is not a
+    job id (``"1/../.."``) is ``savelayout.JobIdError`` (exit 2), as the job runtime refuses it."""
+    var = next((v for v in JOB_ID_VARS if environ.get(v)), None)
+    return savelayout.checked_job_id(var, environ[var]) if var else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -306,7 +308,10 @@ def prepare(
         if problem is None:
             try:
                 claim = RunLock(directory, job_id(environ)).acquire()
-            except SaveDirError as e:
+            except (
+                SaveDirError,
+                savelayout.JobIdError,
+            ) as e:  # every rank hears of it: none waits alone
                 problem = str(e)
             except OSError as e:
                 problem = (

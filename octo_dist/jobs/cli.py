@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_USAGE
@@ -23,6 +24,7 @@ from octo_dist.jobs import options as options_mod
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
+from octo_dist.jobs.supervisor.zipapp import existing_kind
 from octo_dist.launchers import outside
 
 
@@ -171,6 +173,9 @@ def parse(
     add_parser(parser.add_subparsers(), checkers)
     args = parser.parse_args(["launch", *argv])
     options, _ = options_from_args(args)
+    refusal = commands.job_decides(options.train[1:])
+    if refusal:
+        raise spec_mod.JobSpecError(*refusal)
     return spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
 
 
@@ -203,13 +208,23 @@ def syntax_check(text: str) -> None:
 
 
 def output_path(options: options_mod.LaunchOptions) -> str:
-    """Where ``-o`` writes: refuses a directory or a missing parent with the fix."""
+    """Where ``-o`` writes: a new file or a regular file to replace. Refuses, before anything is opened, a
+    directory, a missing parent, a link (never followed out), a device, FIFO or socket (``/dev/null`` would be
+    chmod'ed, a FIFO would block), with the fix."""
     out = options.output or f"octo-dist-{options.scheduler}.sh"
-    if os.path.isdir(out):
+    default = f"octo-dist-{options.scheduler}.sh"
+    kind = existing_kind(out)
+    if kind == "directory":
         raise spec_mod.JobSpecError(
             f"-o {out!r} is a directory",
             "a file name for the script",
-            f"-o {os.path.join(out, f'octo-dist-{options.scheduler}.sh')}",
+            f"-o {os.path.join(out, default)}",
+        )
+    if kind not in ("", "file"):
+        raise spec_mod.JobSpecError(
+            f"-o {out!r} is a {kind}, not a file",
+            "a new file name or a regular file to replace (a link is not followed)",
+            f"-o {default}",
         )
     parent = os.path.dirname(out) or "."
     if not os.path.isdir(parent):
@@ -219,6 +234,37 @@ def output_path(options: options_mod.LaunchOptions) -> str:
             f"mkdir -p {shlex.quote(parent)}",
         )
     return out
+
+
+SCRIPT_MARK = b"\n# octo-dist job for "  # a line of every script render writes, near its top
+
+
+def is_job_script(path: str) -> bool:
+    """Whether the regular file ``path`` is a job script octo-dist wrote (its first 4 KB hold ``SCRIPT_MARK``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        return SCRIPT_MARK in f.read(4096)
+
+
+def write_script(out: str, text: str) -> None:
+    """Writes ``text`` to ``out`` as an executable file, atomically: a new file takes the name, so only the file
+    written is chmod'ed and what was there (a link, a file of another owner) is never written through."""
+    directory = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=".octo-dist-launch-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o755)
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
@@ -258,6 +304,22 @@ def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]
     return "\n".join(shown) + "\n"
 
 
+def no_exit(checker: commands.Checker) -> commands.Checker:
+    """``checker``, with a ``SystemExit`` from inside it (a ``--config`` file whose import calls ``sys.exit(0)``)
+    made the ``ValueError`` of a refused flag: launch never ends silently, with nothing written and exit 0."""
+
+    def check(argv: Sequence[str]) -> None:
+        try:
+            checker(argv)
+        except SystemExit as e:
+            raise ValueError(
+                f"checking these flags exited (SystemExit({str(e.code)[:40]!r}): a --config file that exits "
+                "when it is loaded?)"
+            ) from None
+
+    return check
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
@@ -270,7 +332,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(show_defaults(options, sources))
         return 0
     try:
-        job = spec_mod.build(options, checkers=args.checkers, command_line=command_line(options))
+        refusal = commands.job_decides(options.train[1:])
+        if refusal:
+            raise spec_mod.JobSpecError(*refusal)
+        checkers = {name: no_exit(c) for name, c in args.checkers.items()}
+        job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
         refusal, warning = imagefit.check(job.image, job.resource_type)
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
@@ -290,10 +356,16 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
+    kind = existing_kind(out)
+    if kind not in ("", "file"):  # it became one after the checks: still never written through
+        print(
+            f"octo-dist launch: error: -o {out!r} is now a {kind}; expected a file. Fix: -o {out}.sh",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    foreign = kind == "file" and not is_job_script(out)
     try:
-        with open(out, "w") as f:
-            f.write(text)
-        os.chmod(out, 0o755)
+        write_script(out, text)
     except OSError as e:
         print(
             f"octo-dist launch: error: cannot write {out!r} ({e.strerror}); expected a file you can write. "
@@ -307,6 +379,8 @@ def run(args: argparse.Namespace) -> int:
         + (f", global batch {job.global_batch}" if job.global_batch else "")
         + (f", {job.steps} steps" if job.steps else "")
     )
+    if foreign:
+        wrote = f"replaced {out!r}, which was not a job script octo-dist wrote; " + wrote
     if not (options.submit or options.chain):
         print(f"{wrote}. Submit: {submit}")
         return 0

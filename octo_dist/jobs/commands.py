@@ -94,3 +94,28 @@ def config_file_first(args: Sequence[str]) -> Tuple[list, list]:
             rest.append(args[i])
         i += 1
     return first, rest
+
+
+# Start-up flags every training program reads (runtime.argv_options) that a job decides for all its ranks: each
+# rank detects the scheduler's launcher, and the coordinator is agreed, or given by launch's own --coordinator
+# (checked there). After `--` they would bypass that: "--launcher single" makes every rank train alone,
+# "--coordinator g0001:99999" is a port no rank can use.
+JOB_DECIDES = {
+    "--launcher": "drop --launcher after --: every rank detects the scheduler's launcher",
+    "--coordinator": "drop --coordinator after --, and give launch's own --coordinator HOST:PORT before --",
+}
+
+
+def job_decides(user_args: Sequence[str]) -> Optional[Tuple[str, str, str]]:
+    """``(found, expected, fix)`` for the first start-up flag after ``--`` that the job decides
+    (``["--steps=5", "--launcher", "single"]`` -> ``("--launcher single after --", ...)``), else None."""
+    for i, arg in enumerate(user_args):
+        flag, eq, value = arg.partition("=")
+        if flag in JOB_DECIDES:
+            value = value if eq else (user_args[i + 1] if i + 1 < len(user_args) else "")
+            return (
+                f"{flag} {value} after --".replace("  ", " "),
+                "the ranks' launcher and coordinator decided by the job for every rank",
+                JOB_DECIDES[flag],
+            )
+    return None

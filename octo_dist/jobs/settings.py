@@ -171,7 +171,8 @@ def from_mapping(raw: Any) -> JobSettings:
     if not isinstance(raw, dict):
         raise _error("the job settings", _kind(raw), "a JSON object {...}")
     schema = raw.get("schema")
-    if schema != SCHEMA:
+    # An int, as every int field: 2.0 == 2 (and True == 1) in Python, but neither is what a script carries.
+    if type(schema) is not int or schema != SCHEMA:
         found = (
             "no schema (an older octo-dist's script)" if schema is None else f"schema {schema!r}"
         )

@@ -196,7 +196,7 @@ def _rank_guess(environ: Mapping[str, str]) -> str:
         "PMIX_RANK",
         "RANK",
     ):
-        if environ.get(var, "").isdigit():
+        if re.fullmatch(r"[0-9]{1,9}", environ.get(var, "")):  # not "²", which isdigit() passes
             return environ[var]
     return "unknown"
 

@@ -105,7 +105,7 @@ def parse_address(address: str, source: str) -> Coordinator:
     host, sep, port = address.strip().rpartition(":")
     if not sep or not host:
         raise bad("no host before ':'" if sep else "no ':PORT'")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:  # not "²" (isdigit())
         raise bad(f"port {port!r} is not a number from 1 to 65535")
     if host.startswith("["):
         if not (host.endswith("]") and _is_ipv6(host[1:-1])):

@@ -18,6 +18,7 @@ import dataclasses
 import os
 import re
 import signal
+import stat
 import subprocess
 import threading
 from typing import IO, List, Optional, Sequence
@@ -75,6 +76,11 @@ def read_bytes(path: str, limit: int, what: str, fix: str) -> bytes:
     """
     what = f"{what} {path}" if what else str(path)
     try:
+        # A FIFO's open blocks until a writer comes (forever, for a stray one): refused before opening.
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            kind = "FIFO" if stat.S_ISFIFO(mode) else "socket"
+            raise InputError(f"{what} is a {kind}, not a file", "a regular file", fix)
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:

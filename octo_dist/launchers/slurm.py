@@ -152,7 +152,7 @@ def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
         return counts[node]
     if environ.get(GTIDS):
         return len([g for g in environ[GTIDS].split(",") if g.strip()])
-    if environ.get(NTASKS_PER_NODE, "").isdigit():
+    if re.fullmatch(r"[0-9]{1,9}", environ.get(NTASKS_PER_NODE, "")):  # not "²" (isdigit())
         return int(environ[NTASKS_PER_NODE])
     if world == 1:
         return 1
@@ -192,7 +192,7 @@ def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
         return None
     asked = environ.get(NTASKS, "")
     note = None
-    if asked.isdigit() and int(asked) > 1:
+    if re.fullmatch(r"[0-9]{1,9}", asked) and int(asked) > 1:
         note = (
             f"Slurm job {environ[JOB_ID]} asked for {asked} tasks ({NTASKS}={asked}) but this process is its batch "
             f"script or salloc shell, not an srun step: it runs as one process. To run {asked} ranks: "

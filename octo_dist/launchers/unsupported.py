@@ -17,6 +17,7 @@ alone on the full batch, and pass the ``process_count()`` check (1 == 1).
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, Optional
 
 from octo_dist.launchers.base import Launch, refuse, shown
@@ -55,7 +56,7 @@ START = (
 def _several(environ: Mapping[str, str], size_var: str) -> bool:
     """The launcher says more than one process (a WORLD_SIZE of 1 is a single process whatever started it)."""
     raw = environ.get(size_var, "").strip()
-    return not (raw.isdigit() and int(raw) <= 1)
+    return not (re.fullmatch(r"[0-9]{1,9}", raw) and int(raw) <= 1)
 
 
 def refuse_unsupported(environ: Mapping[str, str]) -> None:

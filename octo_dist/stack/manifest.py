@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -435,7 +436,16 @@ def load_manifest(
     p = Path(path) if path else manifest_path(environ)
     fix = f"pass --manifest /path/to/env/stack.toml, or set {MANIFEST_ENV}=/path/to/env/stack.toml"
     try:
-        # Bounded: the manifest is a few KiB; a path to /dev/zero or a disk image must not be read whole.
+        # A FIFO would block the open, a device never end: only a regular file is opened.
+        mode = os.stat(p).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory")
+        if not stat.S_ISREG(mode):
+            raise ManifestError(
+                f"manifest {p} is not a regular file (a FIFO, device or socket); expected the file env/stack.toml "
+                f"of an octo-dist checkout. Fix: {fix}"
+            )
+        # Bounded: the manifest is a few KiB; a path to a disk image must not be read whole.
         with open(p, "rb") as f:
             raw = f.read(MANIFEST_LIMIT + 1)
     except FileNotFoundError:
@@ -458,7 +468,7 @@ def load_manifest(
     except (
         ValueError,
         UnicodeDecodeError,
-    ) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors
+    ) as e:  # TOMLDecodeError and TomlSubsetError are ValueErrors; loads makes a RecursionError one
         raise ManifestError(
             f"{p} is not valid TOML ({str(e).splitlines()[0] if str(e) else type(e).__name__}); expected "
             f"env/stack.toml of an octo-dist checkout. Fix: {fix}"
@@ -474,7 +484,10 @@ def loads(text: str, reader: Optional[Callable[[str], Dict[str, Any]]] = None) -
     """
     if reader is None:
         reader = _toml.loads if _toml is not None else toml_subset.loads
-    return reader(text)
+    try:
+        return reader(text)
+    except RecursionError:  # tomllib recurses once per "[" of nested arrays: "a = [[[[...]]]]"
+        raise ValueError("arrays nested too deeply") from None
 
 
 def default_profile(environ: Mapping[str, str] = os.environ) -> Optional[str]:

@@ -38,6 +38,11 @@ class TomlSubsetError(Refusal, ValueError):
         self.line = line
 
 
+# One Python frame per level: "a = [[[[...]]]]" 100,000 deep would end in a RecursionError, not a line. The
+# manifest's deepest array is 1 level.
+MAX_ARRAY_DEPTH = 32
+
+
 def loads(text: str) -> Dict[str, Any]:
     """Parse ``text`` into the same dict ``tomllib.loads`` returns (for the supported subset).
 
@@ -267,7 +272,9 @@ class _Reader:
         self.pos = end + 1
         return value
 
-    def array(self) -> List[Any]:
+    def array(self, depth: int = 1) -> List[Any]:
+        if depth > MAX_ARRAY_DEPTH:
+            raise self.error(f"arrays nested deeper than {MAX_ARRAY_DEPTH}")
         self.pos += 1
         items: List[Any] = []
         while True:
@@ -275,7 +282,7 @@ class _Reader:
             if self.peek() == "]":
                 self.pos += 1
                 return items
-            items.append(self.value())
+            items.append(self.array(depth + 1) if self.peek() == "[" else self.value())
             self.skip_array_space()
             c = self.peek()
             if c == ",":

@@ -13,6 +13,8 @@ import re
 import unicodedata
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from octo_dist import savelayout
+
 AFTER_ENV = "OCTO_DIST_AFTER"  # a chained job's predecessor: "12345.pbs1"
 
 # A value that goes into a directive as one word: the scheduler reads it, never bash, but a space would split it.
@@ -159,8 +161,10 @@ class Scheduler:
 
     # ---- the job's first node: the supervisor -------------------------------------------------------------------
     def job_id(self, env: Mapping[str, str]) -> str:
-        """``env[job_id_var]``, or "0" outside a job (the checks then refuse)."""
-        return env.get(self.job_id_var) or "0"
+        """``env[job_id_var]``, or "0" outside a job (the checks then refuse). It names files in the save directory:
+        one that is not a job id ("1/../..") is ``savelayout.JobIdError``, one line naming the variable."""
+        value = env.get(self.job_id_var)
+        return savelayout.checked_job_id(self.job_id_var, value) if value else "0"
 
     def node_checks(
         self, env: Mapping[str, str], nodes: int, ranks_per_node: int, script_name: str

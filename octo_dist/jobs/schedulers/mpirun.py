@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from typing import List, Mapping, Optional, Tuple
 
@@ -81,6 +82,34 @@ def forwarded(env: Mapping[str, str], prefixes, names) -> List[str]:
     return out
 
 
+# A node list of 10,000 nodes ("g0001.abci.local 8 rt_HF@g0001 UNDEFINED") is under 1 MiB: read at most this much.
+NODE_LIST_MAX_BYTES = 4 << 20
+
+
+def read_node_list(path: str) -> Tuple[str, str]:
+    """(text, "") of the node list at ``path``, or ("", what is wrong with it): unset, missing, not a regular file
+    (a directory, ``/dev/zero``: checked before it is opened), larger than ``NODE_LIST_MAX_BYTES``, not text."""
+    if not path:
+        return "", "unset"
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return "", "not a regular file"
+        with open(path, "rb") as f:
+            data = f.read(NODE_LIST_MAX_BYTES + 1)
+    except OSError as e:
+        return "", f"cannot be read: {e.strerror or e}"
+    if len(data) > NODE_LIST_MAX_BYTES:
+        return "", f"larger than {NODE_LIST_MAX_BYTES >> 20} MiB"
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return "", "not text: not UTF-8"
+    if "\0" in text:
+        return "", "not text: a NUL byte"
+    return text, ""
+
+
 class MpirunScheduler(Scheduler):
     """A scheduler whose job starts its ranks with ``mpirun`` from a node list in ``hostfile_var``."""
 
@@ -89,20 +118,28 @@ class MpirunScheduler(Scheduler):
 
     def node_checks(self, env, nodes, ranks_per_node, script_name):
         hostfile = env.get(self.hostfile_var, "")
-        if not hostfile or not os.access(hostfile, os.R_OK):
+        text, problem = read_node_list(hostfile)
+        if problem:
             return (
-                f"{self.hostfile_var} is '{hostfile}'; expected the node list the scheduler gives every job. "
-                f"Fix: submit it ({self.submit_program} {script_name}) rather than running it"
+                f"{self.hostfile_var} is {hostfile!r} ({problem}); expected the node list the scheduler gives "
+                f"every job (a text file, one node a line). Fix: submit it ({self.submit_program} {script_name}) "
+                "rather than running it"
             ), []
-        with open(hostfile) as f:
-            text = f.read()
         found = count_hosts(text)
+        refusal = self.allocation_error(env, text, nodes, ranks_per_node)
+        if found < nodes and not refusal:
+            # mpirun would pile the missing nodes' ranks onto the listed ones (oversubscribed GPUs) or fail later.
+            refusal = (
+                f"{self.hostfile_var} {hostfile} lists {found} node(s); expected the {nodes} this script was "
+                f"rendered for. Fix: re-render with --nodes {found}, or submit it as rendered "
+                f"({self.submit_program} {script_name})"
+            )
         warnings = []
-        if found != nodes:
+        if found > nodes:
             warnings.append(
                 f"warning: {hostfile} lists {found} node(s); this script was rendered for {nodes}"
             )
-        return self.allocation_error(env, text, nodes, ranks_per_node), warnings
+        return refusal, warnings
 
     def allocation_error(
         self, env, hostfile_text: str, nodes: int, ranks_per_node: int

@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Mapping, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.jobs.schedulers.base import AFTER_ENV, Option, ResourceType, _resource_keys
 from octo_dist.jobs.schedulers.mpirun import MpirunScheduler
@@ -126,15 +126,15 @@ class Pbs(MpirunScheduler):
         return None
 
     def directive_keys(self, directive):
-        # qsub reads its options with getopt (one letter, the value attached or not: "-lselect=3", "-l select=3");
-        # PBS resource names ignore case ("Walltime" is walltime).
-        words = []
-        for word in directive.split()[1:]:
-            if re.fullmatch(r"-[A-Za-z].+", word):
-                words += [word[:2], word[2:]]
+        # qsub reads a directive's words as its command line, with getopt: "-VJ 1-4" is -V then -J 1-4,
+        # "-Vlselect=4" is -V then -l select=4. PBS resource names ignore case ("Walltime" is walltime).
+        keys = []
+        for letter, value in qsub_options(directive.split()[1:]):
+            if letter == "l" and value is not None:
+                keys += _resource_keys(["-l", value], lower=True)
             else:
-                words.append(word)
-        return _resource_keys(words, lower=True)
+                keys.append("-" + letter)
+        return keys
 
     def site_lines(self, spec):
         # --resource mem=400gb: "#PBS -l mem=400gb"
@@ -219,7 +219,8 @@ def kill_delay(qstat_json: str, queue: str) -> Tuple[int, str]:
     if not isinstance(attrs, dict):
         return DEFAULT_KILL_DELAY_S, f"PBS's default: qstat did not describe queue {queue}"
     value = str(attrs.get("kill_delay", ""))
-    if not value.isdigit():
+    # ASCII digits only: "²".isdigit() is True and int("²") raises
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         return DEFAULT_KILL_DELAY_S, f"PBS's default: queue {queue} sets no kill_delay"
     return int(value), f"queue {queue}'s kill_delay"
 
@@ -273,3 +274,35 @@ def queue_kill_delay(env: Mapping[str, str]) -> Tuple[int, str]:
         said = " ".join(done.stderr.split())[:200] or f"exit {done.returncode}"
         return DEFAULT_KILL_DELAY_S, f"PBS's default: {qstat} -Qf {queue} failed ({said})"
     return kill_delay(done.stdout, queue)
+
+
+# qsub's options without a value (PBS Professional 2022: -f -h -I -G -V -X -z); every other letter takes one,
+# attached ("-Nname") or as the next word ("-N name").
+QSUB_FLAGS = frozenset("fhIGVXz")
+
+
+def qsub_options(words: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+    """Options as qsub's getopt reads them: ``["-VJ", "1-4"]`` -> ``[("V", None), ("J", "1-4")]``,
+    ``["-Vlselect=4:mpiprocs=1"]`` -> ``[("V", None), ("l", "select=4:mpiprocs=1")]``. A word that is not an
+    option is passed over (a later option still counts); ``--`` ends the options; a letter whose value is missing
+    at the end gets None."""
+    out: List[Tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word == "--":
+            break
+        if not word.startswith("-") or word == "-":
+            continue
+        for j, letter in enumerate(word[1:], 1):
+            if letter in QSUB_FLAGS:
+                out.append((letter, None))
+                continue
+            value: Optional[str] = word[j + 1 :]
+            if not value:
+                value = words[i] if i < len(words) else None
+                i += 1
+            out.append((letter, value))
+            break
+    return out

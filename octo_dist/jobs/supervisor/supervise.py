@@ -170,23 +170,32 @@ class Supervisor:
             env.setdefault(name, value)  # a value set before the job wins
         if s.forwarding.coordinator:
             env["COORDINATOR_ADDRESS"] = s.forwarding.coordinator
-        job = self.job_id = self.scheduler.job_id(env)
         try:
+            # It names the job's directory and exit file: a value that is not a job id ("1/../..") ends it here.
+            job = self.job_id = self.scheduler.job_id(env)
             self.check_node()
-        except JobFailed as e:
+        except (JobFailed, savelayout.JobIdError) as e:
             self.note(f"error: {e}")
             return e.exit_status
-        # This job's node list and the ranks' notes; removed at the end.
-        self.job_dir = savelayout.job_dir(self.save_dir, job)
+        # This job's node list and the ranks' notes, marked as this job's; removed at the end, only if still so.
         status = 1
         try:
-            make_directory("job", self.job_dir, "--save-dir")
+            try:
+                self.job_dir = savelayout.make_job_dir(self.save_dir, job)
+            except OSError as e:
+                raise JobFailed(
+                    f"the job directory in {self.save_dir} cannot be made ({e.strerror or e}); expected to make "
+                    f"{os.path.basename(savelayout.job_dir(self.save_dir, job))} there. Fix: re-render with "
+                    "--save-dir PATH, or move that name away"
+                ) from None
             status = self.supervise()
         except JobFailed as e:
             self.note(f"error: {e}")
             status = e.exit_status
         finally:
-            shutil.rmtree(self.job_dir, ignore_errors=True)
+            left = savelayout.remove_job_dir(self.save_dir, self.job_dir, job)
+            if left:
+                self.note(f"warning: {left}")
             # For the next job of a chain (octo-dist launch --chain): 0 when this one finished or stopped for the
             # wall time.
             try:
