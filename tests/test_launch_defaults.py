@@ -78,6 +78,8 @@ def test_other_schedulers_skip_another_schedulers_section(home, capsys):
     [
         ("[launch]\ngroupp = x\n", "unknown key 'groupp'"),
         ("[lunch]\ngroup = x\n", "unknown section [lunch]"),
+        # A scheduler nobody registered: its section would be read by nothing.
+        ("[launch.lsf]\ngroup = x\n", "unknown section [launch.lsf]"),
         ("group = x\n", "not an INI file"),
         ("[launch]\nskip-image-check = maybe\n", "expected true or false"),
     ],

@@ -162,7 +162,9 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
                 out[field] = tuple(value.split())
             else:
                 out[field] = _value(where, key, field, value)
-    unknown = [s for s in parser.sections() if s != "launch" and not s.startswith("launch.")]
+    # "[launch.lsf]" where no LSF scheduler is registered would be read by nothing: name it, as a typo would be.
+    known = {"launch", *(f"launch.{name}" for name in schedulers.SCHEDULERS)}
+    unknown = [s for s in parser.sections() if s not in known]
     if unknown:
         raise DefaultsError(
             f"{path}: unknown section [{unknown[0]}]; expected [launch] or "
