@@ -3,6 +3,7 @@ arguments and answer with job ids as the real ones print them."""
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -133,6 +134,12 @@ def test_chain_submits_each_job_after_the_previous_one(
     )
     for n, job in enumerate(ids):
         assert f"submitted job {job}" in out, out
+    # The wall time and its cost in the "wrote" line, and the whole chain's before anything is queued.
+    wrote, summary = out.splitlines()[:2]
+    assert re.search(r", wall time \d\d:\d\d:\d\d, at most [\d,.]+ node-hours?$", wrote), wrote
+    assert re.fullmatch(
+        r"submitting 3 jobs x 2 nodes x \d\d:\d\d:\d\d = at most [\d,.]+ node-hours?", summary
+    ), out
     assert (
         f"log {tmp_path / first_log}" in out and f"submitted job {ids[1]}, after {ids[0]}" in out
     ), out

@@ -378,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
         + (f", global batch {job.global_batch}" if job.global_batch else "")
         + (f", {job.steps} steps" if job.steps else "")
+        + f", {spec_mod.time_summary(job)}"
     )
     if foreign:
         wrote = f"replaced {out!r}, which was not a job script octo-dist wrote; " + wrote
@@ -385,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{wrote}. Submit: {submit}")
         return 0
     print(wrote)
+    # What the queue will be asked for, before anything is queued: "submitting 3 jobs x 2 nodes x 12:00:00 = ...".
+    print(submit_mod.chain_summary(job, options.chain or 1))
     try:
         jobs = submit_mod.submit(
             job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1
