@@ -121,6 +121,16 @@ def test_a_missing_image_names_the_profile_the_nodes_need(capsys):
     assert "the cuda12 profile for rt_HF" in line and "make sif PROFILE=cuda12" in line
 
 
+def test_a_job_without_its_venv_names_the_profile_the_nodes_need(capsys):
+    """A script rendered with --venv says, on a node without that venv, which environment to build: ABCI 3.0's
+    H200 (sm_90) need cuda12, not the cuda11 stack."""
+    assert cli.main([*PBS, "--venv", "/nonexistent/venv", "--dry-run"]) == 0, (
+        capsys.readouterr().err
+    )
+    script = capsys.readouterr().out
+    assert "(make env PROFILE=cuda12)" in script and "PROFILE=cuda11" not in script, script
+
+
 def test_make_sif_builds_the_profile_h200_needs():
     def planned(*args):
         proc = subprocess.run(

@@ -13,7 +13,7 @@ import re
 import shlex
 from typing import List
 
-from octo_dist.jobs import schedulers, sitedirectives
+from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES
 from octo_dist.jobs.spec import JobSpec, format_walltime
@@ -141,8 +141,9 @@ def _handover(spec: JobSpec, script_name: str) -> str:
         said = _say(
             "octo-dist job: error: no ",
             python,
-            "; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with "
-            "--venv PATH or --image FILE.sif",
+            # The profile these nodes' GPUs need: rt_HF's H200 (sm_90) -> cuda12, rt_F's V100 -> cuda11.
+            f"; expected the octo-dist environment (make env PROFILE={imagefit.needed_profile(spec.resource_type)}). "
+            "Fix: build it, or re-render with --venv PATH or --image FILE.sif",
         )
         python = shlex.quote(python)
         return (
