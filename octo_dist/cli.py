@@ -248,7 +248,9 @@ def _innermost_parser(
     return parser
 
 
-def _unknown_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+def _unknown_message(
+    parser: argparse.ArgumentParser, unknown: Sequence[str], argv: Sequence[str] = ()
+) -> str:
     """``["--profle", "cpu"]`` -> "unrecognized argument --profle; did you mean --profile?"."""
     import difflib
 
@@ -256,7 +258,18 @@ def _unknown_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) ->
     flag = word.split("=", 1)[0]
     flags = [o for o in parser._option_string_actions if o.startswith("--")]
     close = difflib.get_close_matches(flag, flags, n=1) if flag.startswith("-") else []
-    return f"unrecognized argument {word}" + (f"; did you mean {close[0]}?" if close else "")
+    if close:
+        return f"unrecognized argument {word}; did you mean {close[0]}?"
+    return f"unrecognized argument {word}" + _after_dashes_hint(parser, word, argv)
+
+
+def _after_dashes_hint(parser: argparse.ArgumentParser, word: str, argv: Sequence[str]) -> str:
+    """A launch flag nobody knows, on a command line without ``--``, is most often a training flag put before it:
+    ``launch pbs --nodes 2 finetune --config.num_steps=5`` -> "; training flags go after --: ..."."""
+    if not parser.prog.startswith("octo-dist launch ") or "--" in argv or not word.startswith("-"):
+        return ""
+    command = next((w for w in argv if w in ("smoke", "finetune")), "finetune")
+    return f"; training flags go after --: {parser.prog} [options] -- {command} {word}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # argparse reports a subcommand's unknown flag through the top-level parser ("usage: octo-dist [-h] ...
         # unrecognized arguments: --profle cpu"): name the subcommand's usage and the closest flag instead.
         innermost = _innermost_parser(parser, argv)
-        innermost.error(_unknown_message(innermost, unknown))
+        innermost.error(_unknown_message(innermost, unknown, argv))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

@@ -44,6 +44,13 @@ def octo_dist(*argv):
             "octo-dist smoke: error: unrecognized argument --stepz=3; did you mean --steps?",
         ),
         (
+            # A training flag before the "--" that hands the rest to the training command.
+            ["launch", "pbs", "--nodes", "2", "--group", "g", "finetune", "--config.num_steps=5"],
+            "usage: octo-dist launch pbs ",
+            "octo-dist launch pbs: error: unrecognized argument --config.num_steps=5; training flags go after "
+            "--: octo-dist launch pbs [options] -- finetune --config.num_steps=5",
+        ),
+        (
             ["check-env", "stray"],
             "usage: octo-dist check-env ",
             "octo-dist check-env: error: unrecognized argument stray",
