@@ -17,9 +17,11 @@ host: Open MPI 5's prterun SIGKILLs them 0.5 s later, Open MPI 4.1's mpirun 2 s 
 through ``odls_base_sigkill_timeout``), which lost the stop checkpoint. Ignoring it is not enough (prterun installs
 its own handler); a blocked signal stays blocked through exec, and the launchers do not unblock it. The rank guard
 unblocks it again for itself and its rank, which stop on it with a checkpoint; the launcher runs on until they
-exited, and the queue's SIGKILL after the kill delay still ends everything. MPICH's Hydra forwards SIGTERM and keeps
-running: blocked, the ranks get the qdel's own SIGTERM and the supervisor's SIGUSR1 all the same. The supervisor's
-own SIGTERM to a launcher that outlives a failed rank is blocked too: its SIGKILL ``END_WAIT_S`` later ends it.
+exited, and the queue's SIGKILL after the kill delay still ends everything. MPICH's Hydra (measured: 4.0.2) forwards
+SIGTERM and keeps running, so blocked or not its ranks stop on it; note that its proxy and every rank call setsid,
+so PBS's qdel reaches only mpiexec. The supervisor's own SIGTERM to a launcher that outlives a failed rank is
+blocked too: its SIGKILL ``END_WAIT_S`` later ends it. On the other nodes of a job, Open MPI's daemons (orted,
+prted) are started by PBS's task manager or ssh, not from here: they are not shielded (not measured yet).
 
 A launcher killed by a signal (``kill -9``, the out-of-memory killer) leaves its ranks running on without it, still
 writing checkpoints: the supervisor says what killed it and SIGKILLs its process group (on this node the ranks and
