@@ -9,7 +9,10 @@ group (Grid Engine's -notify, Ctrl-C) reaches the ranks once, through here; it s
 PBS looks for a job's processes (its qdel signals every one of them, and it accounts them).
 
 A stop that ended with every rank's checkpoint written is said in one line, with the step saved and the exit
-status this job leaves for a chain: a scheduler may report another status for a job it signalled (PBS: 271).
+status this job leaves for a chain: a scheduler may report another status for a job it signalled (PBS: 271). PBS's
+qdel signals mpirun too: there it starts with SIGTERM blocked (``ranks``). The exit file says "stopping ..." from
+the stop's first signal, so a job the kill delay's SIGKILL ends mid-stop still lets its chain resume
+(``exitfile``).
 
 The concerns beside this one: what is checked and built before the ranks start (``prepare``), the launcher's runs
 and what a failed or lost rank does to them (``ranks``), the save directory's names (``octo_dist.savelayout``).
