@@ -14,8 +14,15 @@ Once stopping, the job only saves and exits, so further stop signals are ignored
 repeat them (SGE's ``-notify`` then the kill, ``scancel`` twice, a second ``qdel``), and a second SIGTERM or
 SIGUSR1 arriving while the checkpoint is written or the process shuts down would otherwise end it with 143/138
 (the default action: ``close()`` restores it, and so does Python's own shutdown for every Python-level handler).
-The first signal therefore sets ``SIG_IGN`` for all of them, which stays in force through interpreter shutdown.
-SIGKILL (a scheduler's last word after its grace period) cannot be ignored and still ends the job.
+The handler records the first signal and only that; ``close()`` (the job's work is done, the checkpoint written)
+then sets ``SIG_IGN`` for all of them, which stays in force through interpreter shutdown. SIGKILL (a scheduler's
+last word after its grace period) cannot be ignored and still ends the job.
+
+Not ``SIG_IGN`` from the handler itself: a qdel's SIGTERM, the rank guard's copy of it and the job runtime's SIGUSR1
+arrive within microseconds, and a signal Python has already noted but not yet handled when its handler becomes
+``SIG_IGN`` is reported as "Signal 15 ignored due to race condition" with a traceback in the log. ``close()``
+blocks the signals first (``pthread_sigmask`` runs the handlers of those already noted), ignores them, and unblocks
+them: whatever came in between is dropped by the kernel, silently.
 
 A stop signal already ignored when the handler is installed was ignored by whatever started this process (a
 launcher run with ``&`` from a script, ``nohup``, some CI runners; an ignore survives fork and exec): the handler
@@ -58,9 +65,6 @@ class StopSignal:
         if self.received is None:
             # Not a log call: logging from a signal handler can deadlock on the handler's lock.
             self.received = signum
-            for s in self._previous:
-                signal.signal(s, signal.SIG_IGN)
-            _ignored_here.update(self._previous)
 
     @property
     def pending(self) -> int:
@@ -71,8 +75,14 @@ class StopSignal:
         return signal.Signals(signum).name
 
     def close(self) -> None:
-        """Put back the handlers found at install time, unless a stop signal came: then keep ignoring them."""
+        """Put back the handlers found at install time, unless a stop signal came: then ignore them from now on."""
         if self.received is not None:
+            signals = list(self._previous)
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+            for s in signals:
+                signal.signal(s, signal.SIG_IGN)
+            _ignored_here.update(signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
             return
         for s, previous in self._previous.items():
             signal.signal(s, previous)

@@ -11,6 +11,7 @@ from typing import Callable, List, Tuple
 
 from octo_dist import savelayout
 from octo_dist.jobs.settings import JobSettings
+from octo_dist.jobs.supervisor import exitfile
 from octo_dist.problems import Problem
 
 # Where octo-dist's key file is; WANDB_API_KEY in the environment wins. The key itself is never in the script.
@@ -40,8 +41,9 @@ def make_directory(what: str, path: str, option: str) -> str:
 
 
 def previous_job(save_dir: str, after: str, note: Callable[[str], None]) -> None:
-    """A chained job trains only when the job before it (``after``: "12345.pbs1") finished or stopped for the wall
-    time (its exit file says 0); one that left no exit file was ended by the scheduler: resume all the same."""
+    """A chained job trains only when the job before it (``after``: "12345.pbs1") finished or stopped, or was
+    ended during a stop or by its launcher's death with its checkpoints intact (its exit file, ``exitfile``); one
+    that left no exit file was ended by the scheduler: resume all the same."""
     previous = savelayout.exit_file(save_dir, after)
     if not os.path.isfile(previous):
         note(
@@ -49,14 +51,31 @@ def previous_job(save_dir: str, after: str, note: Callable[[str], None]) -> None
             "resuming from the last checkpoint"
         )
         return
-    with open(previous) as f:
-        was = f.read().strip()
-    if was != "0":
+    try:
+        train, said = exitfile.read(previous)
+    except OSError as e:
+        train, said = None, f"unreadable ({e.strerror or e})"
+    if train:
+        if said != "0":
+            note(f"the previous job of this chain ({after}) left: {said}")
+        return
+    if train is False:
         raise JobFailed(
-            f"the previous job of this chain ({after}) failed with exit {was}: not training; expected it "
+            f"the previous job of this chain ({after}) failed with exit {said}: not training; expected it "
             "to finish or to stop for the wall time. Fix: read its log, then submit again (octo-dist "
             "launch ... --submit)"
         )
+    if said == "empty":
+        raise JobFailed(
+            f"the previous job of this chain ({after}) left an empty exit status ({previous}): it could not write "
+            "it (its file system was full?); expected 0 or a status. Fix: read its log, make room in the save "
+            "directory (df -h), then submit again (octo-dist launch ... --submit)"
+        )
+    raise JobFailed(
+        f"the previous job of this chain ({after}) left {previous}, {said}; expected the one line octo-dist "
+        "writes there (0, a status, 'stopping ...'). Fix: remove that file if another program wrote it, then "
+        "submit again (octo-dist launch ... --submit)"
+    )
 
 
 def data_directory(path: str) -> str:

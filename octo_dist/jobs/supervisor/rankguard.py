@@ -11,16 +11,23 @@ training process below it): one stopped for ``STOPPED_LIMIT`` checks in a row wh
 all ended and the rank noted as hung, naming its node, so the job ends within a minute naming the right rank. A
 scheduler's suspend (qmod -s, scontrol suspend) stops the guard too: its checks do not run meanwhile and are not
 counted.
+
+The guard unblocks the stop signals the supervisor blocked in the launcher (``ranks.SHIELDED``: a qdel's SIGTERM
+must not make mpirun kill the ranks), so the guard and its rank see them again. It watches its parent too (the
+launcher, or the launcher's daemon on another node): once that is gone (``kill -9`` of mpirun), the rank is ended
+and noted, instead of training on without a job. The rank itself is started with Linux's parent-death signal
+(SIGKILL when the guard dies), so no rank outlives its guard.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -30,6 +37,8 @@ STOPPED_LIMIT = 20  # checks, one a second, that find the rank stopped before it
 CHECK_S = 1.0
 RESCAN_CHECKS = 10  # a full scan of /proc for the rank's processes every this many checks
 HUNG_STATUS = 137  # as a SIGKILLed rank reports it
+ORPHANED_STATUS = 137  # a rank ended because its launcher is gone
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent exits
 
 # The launcher's rank variables, first found wins: Open MPI 4/5, PMIx, SLURM, MPICH. "3"
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK")
@@ -104,18 +113,57 @@ def recheck(
     return out
 
 
-def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, str]:
+def end_tree(proc: subprocess.Popen, tree: List[Tuple[int, str, int]]) -> None:
+    """SIGKILLs every process of ``tree`` below the rank's own, then the rank by its Popen, and reaps it."""
+    for pid, _, _ in reversed(tree):
+        if pid != proc.pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    try:
+        proc.kill()
+    except OSError:
+        pass
+    proc.wait()
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """The rank's ``preexec_fn``: SIGKILL when ``parent`` (the guard) exits, from Linux's ``prctl``; a guard gone
+    already (the race the man page warns of) ends it at once. Elsewhere (no prctl) nothing is set."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def wait_watching(
+    proc: subprocess.Popen, rank: str, host: str, parent: Optional[int] = None
+) -> Tuple[int, str]:
     """(the rank's exit status, "" or why it was ended as hung): a rank one of whose processes is found stopped
     (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``).
 
     A check reads the stat files of the processes found last time; /proc is scanned again every
-    ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 20 us per process of the node)."""
+    ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 20 us per process of the node).
+
+    ``parent``: the launcher's pid (the guard's parent when it started); once the guard's parent is another (the
+    launcher died, the guard was handed to init), every process of the rank is killed (``ORPHANED_STATUS``)."""
     stopped, checks, tree = 0, 0, []
     while True:
         try:
             return exit_status(proc.wait(CHECK_S)), ""
         except subprocess.TimeoutExpired:
             pass
+        if parent is not None and os.getppid() != parent:
+            end_tree(proc, process_tree(proc.pid))
+            return ORPHANED_STATUS, f"lost its launcher (pid {parent}): ended"
         checks += 1
         tree = recheck(tree) if tree and checks % RESCAN_CHECKS else []
         if not tree or any(state in ("T", "t") for _, state, _ in tree):
@@ -123,18 +171,7 @@ def wait_watching(proc: subprocess.Popen, rank: str, host: str) -> Tuple[int, st
         stopped = stopped + 1 if any(state in ("T", "t") for _, state, _ in tree) else 0
         if stopped < STOPPED_LIMIT:
             continue
-        # Below the rank's own process first; that one by its Popen.
-        for pid, _, _ in reversed(tree):
-            if pid != proc.pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        try:
-            proc.kill()
-        except OSError:
-            pass
-        proc.wait()
+        end_tree(proc, tree)
         return HUNG_STATUS, f"hung: stopped (SIGSTOP) for {stopped} s, ended"
 
 
@@ -164,12 +201,17 @@ def main(job_dir: str, command: Sequence[str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    # Blocked in the launcher (ranks.SHIELDED), inherited here: this guard and its rank stop on them.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    parent = os.getppid()
     try:
         cpus = cpus_for_rank(os.environ, len(os.sched_getaffinity(0)))
         # The job's directory for the rank's own notes (rank 0: the step a stop saved), absolute: the rank may
         # start elsewhere (in an image, in the submit directory).
         env = {**os.environ, **cpus, savelayout.JOB_DIR_ENV: os.path.abspath(job_dir)}
-        procs.append(subprocess.Popen(list(command), env=env))
+        procs.append(
+            subprocess.Popen(list(command), env=env, preexec_fn=die_with_parent(os.getpid()))
+        )
     except OSError as e:
         print(f"octo-dist job: cannot start {command[0]} ({e.strerror})", file=sys.stderr)
         write_note(job_dir, rank_of(os.environ), 127, socket.gethostname())
@@ -177,6 +219,14 @@ def main(job_dir: str, command: Sequence[str]) -> int:
     for signum in pending:
         forward(signum, None)
     rank, host = rank_of(os.environ), socket.gethostname()
-    status, hung = wait_watching(procs[0], rank, host)
+    status, hung = wait_watching(procs[0], rank, host, parent)
+    if status == ORPHANED_STATUS and hung.startswith("lost"):
+        # The supervisor may have ended too (its launcher killed): the job's log is this one's stderr as well.
+        try:
+            os.write(
+                2, f"octo-dist job: rank {rank} on {host} {hung} with status {status}\n".encode()
+            )
+        except OSError:
+            pass  # its stderr went through the launcher that is gone: the note below stays
     write_note(job_dir, rank, status, host, hung)
     return status

@@ -10,6 +10,23 @@ The launcher runs in a process group of its own inside the job's session: a sign
 session, still sees, accounts and signals mpirun and the ranks. After a stop, a launcher still running
 ``DONE_GRACE_S`` after every rank said it finished (Open MPI 4's mpirun, told to wait for the site's kill delay
 before it kills ranks, waits that long even for ranks that already exited) is ended: the job ends with its ranks.
+
+Under PBS, ``mpirun`` starts with SIGTERM blocked (``SHIELDED``). A qdel sends SIGTERM to every process of the
+job's session at once, mpirun included, and each MPI's launcher answers it by ending the ranks (measured on one
+host: Open MPI 5's prterun SIGKILLs them 0.5 s later, Open MPI 4.1's mpirun 2 s later, or the kill delay told
+through ``odls_base_sigkill_timeout``), which lost the stop checkpoint. Ignoring it is not enough (prterun installs
+its own handler); a blocked signal stays blocked through exec, and the launchers do not unblock it. The rank guard
+unblocks it again for itself and its rank, which stop on it with a checkpoint; the launcher runs on until they
+exited, and the queue's SIGKILL after the kill delay still ends everything. MPICH's Hydra (measured: 4.0.2) forwards
+SIGTERM and keeps running, so blocked or not its ranks stop on it; note that its proxy and every rank call setsid,
+so PBS's qdel reaches only mpiexec. The supervisor's own SIGTERM to a launcher that outlives a failed rank is
+blocked too: its SIGKILL ``END_WAIT_S`` later ends it. On the other nodes of a job, Open MPI's daemons (orted,
+prted) are started by PBS's task manager or ssh, not from here: they are not shielded (not measured yet).
+
+A launcher killed by a signal (``kill -9``, the out-of-memory killer) leaves its ranks running on without it, still
+writing checkpoints: the supervisor says what killed it and SIGKILLs its process group (on this node the ranks and
+their guards are in it), and each guard watches its parent (the launcher, or its daemon on another node) and ends
+its rank when that is gone.
 """
 
 from __future__ import annotations
@@ -31,11 +48,38 @@ NODE_PROBE_S = (
     15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
 )
 POLL_S = 0.5
+# Blocked in the launcher (see the module's docstring): the signal PBS's qdel sends every process of the job.
+SHIELDED = (signal.SIGTERM,)
+# The schedulers whose stop sends SIGTERM to every process of the job at once. Grid Engine's qdel sends SIGKILL
+# (after -notify's SIGUSR2, which mpirun forwards); SLURM's srun is not mpirun.
+SHIELDED_SCHEDULERS = ("pbs",)
 
 
 def exit_status(returncode: int) -> int:
     """Popen's returncode as a shell gives it: -9 (SIGKILL) -> 137."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(returncode: int) -> str:
+    """The signal that ended a process, from Popen's returncode: -9 -> "SIGKILL"; "" when it exited."""
+    if returncode >= 0:
+        return ""
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def launcher_preexec(shielded) -> Callable[[], None]:
+    """The launcher's ``preexec_fn``: a process group of its own, ``shielded`` signals blocked (inherited through
+    exec by the launcher and whatever it starts; the rank guard unblocks them)."""
+
+    def preexec() -> None:
+        os.setpgrp()
+        if shielded:
+            signal.pthread_sigmask(signal.SIG_BLOCK, shielded)
+
+    return preexec
 
 
 def first_failure(job_dir: str) -> str:
@@ -67,8 +111,12 @@ class Launcher:
     def __init__(self, job):
         self.job = job
         self.proc: Optional[subprocess.Popen] = None  # the launcher, while it runs
+        self.argv0 = "mpirun"  # the launcher's program, as the note on its death names it
         self.rank_failure = ""  # "rank 1 on g0001 exited with status 2": the first rank that failed
         self.launcher_status = 0  # what the launcher itself exited with
+        # "SIGKILL": the signal that killed the launcher while its ranks ran, when the supervisor did not send it
+        self.launcher_killed = ""
+        self.ending = False  # the supervisor is ending the launcher itself
 
     def signal(self, sig) -> None:
         """Sends ``sig`` to the launcher while it runs (mpirun and srun forward SIGUSR1 to every rank)."""
@@ -86,6 +134,7 @@ class Launcher:
             f"the launcher is still running {FAILED_GRACE_S}s after a rank failed: ending it"
         )
         pid = self.proc.pid
+        self.ending = True
         try:
             os.killpg(pid, signal.SIGTERM)
         except OSError:
@@ -104,11 +153,30 @@ class Launcher:
         self.job.note(
             f"every rank stopped and finished; the launcher is still running {DONE_GRACE_S}s later: ending it"
         )
+        self.ending = True
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
             pass
         self.proc.wait()
+
+    def _end_orphans(self) -> None:
+        """The launcher died of a signal: its ranks and their guards on this node (its process group) run on
+        without it, writing checkpoints into a job that has ended. Says what killed it, unless the supervisor
+        did, and SIGKILLs the group: a checkpoint being written is left unfinished, never damaging the ones
+        before it (a resume takes the newest that verifies)."""
+        name = signal_name(self.proc.returncode)
+        if not self.ending:
+            self.launcher_killed = name
+            self.job.note(
+                f"the launcher ({os.path.basename(self.argv0)}, pid {self.proc.pid}) was killed by {name} after "
+                f"{self.job.seconds()}s: ending every rank it started (its process group on this node; a rank on "
+                "another node ends when its launcher daemon is gone)"
+            )
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
     def _probe_nodes(self, finished: threading.Event) -> None:
         """While the launcher runs: a probe that fails naming a node ends the launcher, naming the node; one that
@@ -139,6 +207,7 @@ class Launcher:
             note(
                 f"node {node} cannot be reached by {scheduler.title}: ending the job step ({said})"
             )
+            self.ending = True
             self.signal(signal.SIGTERM)
             if finished.wait(END_WAIT_S):
                 return
@@ -151,9 +220,12 @@ class Launcher:
         job = self.job
         for sub in (savelayout.FAILED, savelayout.DONE):
             shutil.rmtree(os.path.join(job.job_dir, sub), ignore_errors=True)
-        # os.setpgrp: its own process group in the job's session (see the module's docstring)
+        # Its own process group in the job's session, SIGTERM blocked under mpirun (see the module's docstring).
+        self.argv0 = argv[0]
+        shielded = SHIELDED if job.scheduler.name in SHIELDED_SCHEDULERS else ()
+        self.ending, self.launcher_killed = False, ""
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, env=job.env, preexec_fn=os.setpgrp
+            argv, stdin=subprocess.DEVNULL, env=job.env, preexec_fn=launcher_preexec(shielded)
         )
         if job.stop:  # a stop that came while it was starting has not reached it yet
             self.signal(signal.SIGUSR1)
@@ -189,6 +261,8 @@ class Launcher:
                     break
             # Ended after every rank finished: the ranks' status (0), not the SIGKILL's.
             status = 0 if ended_after_stop else exit_status(self.proc.wait())
+            if self.proc.returncode < 0:
+                self._end_orphans()
         finally:
             finished.set()
         if (

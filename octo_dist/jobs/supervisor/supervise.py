@@ -9,7 +9,10 @@ group (Grid Engine's -notify, Ctrl-C) reaches the ranks once, through here; it s
 PBS looks for a job's processes (its qdel signals every one of them, and it accounts them).
 
 A stop that ended with every rank's checkpoint written is said in one line, with the step saved and the exit
-status this job leaves for a chain: a scheduler may report another status for a job it signalled (PBS: 271).
+status this job leaves for a chain: a scheduler may report another status for a job it signalled (PBS: 271). PBS's
+qdel signals mpirun too: there it starts with SIGTERM blocked (``ranks``). The exit file says "stopping ..." from
+the stop's first signal, so a job the kill delay's SIGKILL ends mid-stop still lets its chain resume
+(``exitfile``).
 
 The concerns beside this one: what is checked and built before the ranks start (``prepare``), the launcher's runs
 and what a failed or lost rank does to them (``ranks``), the save directory's names (``octo_dist.savelayout``).
@@ -28,7 +31,7 @@ from typing import List, Optional
 from octo_dist import savelayout
 from octo_dist.jobs import schedulers
 from octo_dist.jobs.settings import JobSettings, SettingsError, from_json
-from octo_dist.jobs.supervisor import prepare, ranks
+from octo_dist.jobs.supervisor import exitfile, prepare, ranks
 from octo_dist.jobs.supervisor.prepare import JobFailed, make_directory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -64,6 +67,10 @@ class Supervisor:
         self.stop_signals: List[str] = []  # every one that did, in order: ["USR1", "TERM"]
         self.launch = ranks.Launcher(self)
         self.job_dir = ""
+        self.save_dir = ""  # absolute, once check_node made it
+        # True once the exit file says how the job ended: a later stop signal leaves it alone.
+        self.exit_final = False
+        self.training = False  # the training's ranks were started (a launcher killed then leaves a resumable job)
         self.job_id = "0"  # the scheduler's, once main() has read it: "12345.pbs1"
         self.deadline = None
         if self.scheduler.stop_timer:
@@ -90,6 +97,9 @@ class Supervisor:
     def request_stop(self, name: str) -> None:
         """``name``: "TERM". Asks every rank to checkpoint and stop (again, when asked twice)."""
         self.note(f"SIG{name} after {self.seconds()}s: asking every rank to checkpoint and stop")
+        if self.stop is None and self.job_dir and not self.exit_final:
+            # What the chain reads if the scheduler's SIGKILL ends this job before it can say how the stop went.
+            self.write_exit(exitfile.stopping(name, self.seconds()))
         self.stop = name
         self.stop_signals.append(name)
         self.launch.signal(signal.SIGUSR1)
@@ -198,15 +208,48 @@ class Supervisor:
                 self.note(f"warning: {left}")
             # For the next job of a chain (octo-dist launch --chain): 0 when this one finished or stopped for the
             # wall time.
-            try:
-                with open(savelayout.exit_file(self.save_dir, job), "w") as f:
-                    f.write(f"{status}\n")
-            except OSError:
-                pass
+            self.exit_final = True
+            self.write_exit(self.exit_text(status))
         return status
 
+    def exit_text(self, status: int) -> str:
+        """The exit file's line for ``status`` (``exitfile``): a stop, or a launcher killed from outside, that
+        ended non-zero leaves the chain free to resume from the checkpoints written before."""
+        if status == 0:
+            return "0"
+        killed = self.launch.launcher_killed if self.training else ""
+        if killed:
+            return exitfile.resumable(
+                status, f"the launcher was killed by {killed} after {self.seconds()}s"
+            )
+        if self.stop:
+            return exitfile.resumable(
+                status,
+                f"stopped by SIG{self.stop}, but the training exited with {status} before every rank said it saved",
+            )
+        return str(status)
+
+    def write_exit(self, text: str) -> None:
+        """The exit file for the chain; one line when it cannot be written."""
+        path = savelayout.exit_file(self.save_dir, self.job_id)
+        why = exitfile.write(path, text)
+        if why:
+            self.note(
+                f"error: cannot write {path} ({why}): the next job of a chain will find it empty and not train. "
+                f"Fix: make room on the save directory's file system (df -h {self.save_dir})"
+            )
+
     def supervise(self) -> int:
-        self.prepare()
+        try:
+            self.prepare()
+        except OSError as e:
+            # Copying the node list or the runtime into the job's directory: a full disk.
+            where = f" ({e.filename})" if e.filename else ""
+            raise JobFailed(
+                f"the job's files cannot be written under {self.save_dir}{where}: {e.strerror or e}; expected "
+                f"room for them on its file system. Fix: make room there (df -h {self.save_dir}), then submit "
+                "again"
+            ) from None
         preflight, train = self.command("preflight"), self.command("train")
         if self.stop:
             self.note(f"stop requested (SIG{self.stop}) before the ranks started: not training")
@@ -223,6 +266,7 @@ class Supervisor:
             self.note(f"preflight failed{outcome}: not training; its report above names the fix")
             return status
         self.note(f"training: {' '.join(train)}")
+        self.training = True
         status = self.run_ranks(train)
         self.note(
             f"training exited with {status} after {self.seconds()}s"
