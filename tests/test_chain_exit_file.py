@@ -180,3 +180,18 @@ def test_a_full_file_system_at_job_start_is_one_line_and_the_chain_says_so(tmp_p
     assert chained.returncode == 2 and "Traceback" not in chained.stderr, said
     assert "the previous job of this chain (50.pbs5) left an empty exit status" in said, said
     assert "file system was full?" in said, said
+
+
+@pytest.mark.parametrize("after", ["../../outside", "1/../..", "40.pbs5\nx"])
+def test_a_previous_job_id_that_is_no_job_id_is_one_line_and_reads_nothing(tmp_path, after):
+    """OCTO_DIST_AFTER names the file the chain reads: "../../outside" must not reach a file outside the save
+    directory (before: it read ``save/.octo-dist-exit-../../outside``, whatever that was)."""
+    save = tmp_path / "save"
+    save.mkdir()
+    render(tmp_path, save)
+    proc = run_job(tmp_path, "41.pbs5", after=after)
+    said = helpers.tail(proc.stderr, 3000)
+    lines = errors(proc)
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, said
+    assert "OCTO_DIST_AFTER=" in lines[0] and "is not a job id" in lines[0], said
+    assert "preflight" not in proc.stderr, said

@@ -681,6 +681,27 @@ def test_a_key_file_others_can_read_is_refused(fake_job, tmp_path):
     assert not log.exists()  # refused before any rank started
 
 
+@pytest.mark.parametrize(
+    "content, found",
+    [
+        (bytes(range(256)), "not printable ASCII text"),
+        (b"", "empty"),
+        (b"k" * 5000, "over 4096 bytes"),
+    ],
+    ids=["binary", "empty", "huge"],
+)
+def test_a_key_file_that_holds_no_key_is_one_line(fake_job, tmp_path, content, found):
+    """Before: a binary key file ended the job in a UnicodeDecodeError traceback (exit 1)."""
+    make, env, log = fake_job
+    key_file = tmp_path / "key"
+    key_file.write_bytes(content)
+    key_file.chmod(0o600)
+    proc = start(make("--wandb-mode", "online"), {**env, "WANDB_KEY_FILE": str(key_file)}, tmp_path)
+    out = finish(proc)
+    assert proc.returncode == 2 and f"{key_file} is {found}; expected one wandb API key" in out, out
+    assert "Traceback" not in out and not log.exists()  # refused before any rank started
+
+
 def test_online_without_any_key_is_refused(fake_job, tmp_path):
     make, env, log = fake_job
     proc = start(make("--wandb-mode", "online"), env, tmp_path)

@@ -10,9 +10,11 @@ import shutil
 from typing import Callable, List, Tuple
 
 from octo_dist import savelayout
+from octo_dist.jobs.schedulers.base import AFTER_ENV
 from octo_dist.jobs.settings import JobSettings
 from octo_dist.jobs.supervisor import exitfile
 from octo_dist.problems import Problem
+
 
 # Where octo-dist's key file is; WANDB_API_KEY in the environment wins. The key itself is never in the script.
 KEY_FILE_ENV = "WANDB_KEY_FILE"
@@ -44,6 +46,11 @@ def previous_job(save_dir: str, after: str, note: Callable[[str], None]) -> None
     """A chained job trains only when the job before it (``after``: "12345.pbs1") finished or stopped, or was
     ended during a stop or by its launcher's death with its checkpoints intact (its exit file, ``exitfile``); one
     that left no exit file was ended by the scheduler: resume all the same."""
+    try:
+        # It names a file to read: "12345.pbs1", never "../../etc/x".
+        after = savelayout.checked_job_id(AFTER_ENV, after)
+    except savelayout.JobIdError as e:
+        raise JobFailed(str(e)) from None
     previous = savelayout.exit_file(save_dir, after)
     if not os.path.isfile(previous):
         note(
@@ -100,8 +107,9 @@ def rank_runner(
         venv = s.software.venv
         if not os.access(os.path.join(venv, "bin", "python"), os.X_OK):
             raise JobFailed(
-                f"no {venv}/bin/python; expected the octo-dist environment (make env PROFILE=cuda11). Fix: "
-                "build it, or re-render with --venv PATH or --image FILE.sif"
+                f"no {venv}/bin/python; expected the octo-dist environment (make env PROFILE=cuda12 for ABCI "
+                "3.0's H200, PROFILE=cuda11 for CUDA 11 GPUs). Fix: build it, or re-render with --venv PATH or "
+                "--image FILE.sif"
             )
         return [], os.path.join(os.path.abspath(venv), "bin") + os.sep
     image = s.software.image
@@ -134,6 +142,39 @@ def rank_runner(
     return [*run, image], ""
 
 
+# A wandb key is 40 (legacy) to 86 characters: a file larger than this is not a key.
+KEY_FILE_MAX = 4096
+
+
+def read_key(key_file: str) -> str:
+    """The key in ``key_file`` (whitespace dropped: ``"0123...cdef\\n"`` -> ``"0123...cdef"``); one line when the file
+    is not a key: empty, binary, or larger than any key."""
+    with open(key_file, "rb") as f:
+        raw = f.read(KEY_FILE_MAX + 1)
+    key = "".join(raw.decode("ascii", errors="replace").split())
+    if (
+        len(raw) > KEY_FILE_MAX
+        or not key
+        or not key.isprintable()
+        or not key.isascii()
+        or "\ufffd" in key
+    ):
+        found = (
+            "empty"
+            if not raw.strip()
+            else (
+                f"over {KEY_FILE_MAX} bytes"
+                if len(raw) > KEY_FILE_MAX
+                else "not printable ASCII text"
+            )
+        )
+        raise JobFailed(
+            f"{key_file} is {found}; expected one wandb API key (40 to 86 letters and digits). Fix: (umask 077; "
+            f"cat >{key_file}) and paste the key from https://wandb.ai/authorize"
+        )
+    return key
+
+
 def wandb_key(env: dict) -> None:
     """The key comes from the environment, or from a file only you can read; never from the script: sets
     ``env["WANDB_API_KEY"]`` from the file when that is where it is."""
@@ -148,12 +189,11 @@ def wandb_key(env: dict) -> None:
                 f"{key_file} has mode {mode:o}; expected 600 or 400 (readable by you only). "
                 f"Fix: chmod 600 {key_file}"
             )
-        with open(key_file) as f:
-            env["WANDB_API_KEY"] = "".join(f.read().split())
+        env["WANDB_API_KEY"] = read_key(key_file)
         return
     try:
-        with open(os.path.join(home, ".netrc")) as f:
-            if "api.wandb.ai" in f.read():
+        with open(os.path.join(home, ".netrc"), "rb") as f:
+            if b"api.wandb.ai" in f.read(KEY_FILE_MAX * 16):
                 return
     except OSError:
         pass
