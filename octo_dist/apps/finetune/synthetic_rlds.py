@@ -60,8 +60,8 @@ def _images(colour: np.ndarray, size: int, rng, texture: bool) -> np.ndarray:
     if not texture:
         images = (colour[:, None, None, :] * ramp).astype(np.uint8)  # (n, size, 1, 3): rows below
         return np.broadcast_to(images, (len(colour), size, size, 3)).copy()
-    # Noise (a camera's grain and clutter): real frames' JPEGs are 10-30 KB at 256x256, a plain ramp's about 2 KB.
-    noise = rng.normal(0, 12, (len(colour), size, size, 3)).astype(np.float32)
+    # Noise (a camera's grain and clutter): 256x256 JPEGs of about 18 KB, as real frames (10-30 KB; a ramp: 2 KB).
+    noise = rng.normal(0, 4, (len(colour), size, size, 3)).astype(np.float32)
     return np.clip(colour[:, None, None, :] * ramp + noise, 0, 255).astype(np.uint8)
 
 
