@@ -84,10 +84,13 @@ def report(
     cores_per_node: int,
     gpus_per_node: int,
     why_no_fork: str = "",
+    spread: Optional[Mapping[str, Sequence[float]]] = None,
 ) -> list:
-    """The result lines from the measured medians (CPU seconds per sample): the table, the split, the verdicts."""
+    """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
+    min-max column): the table, the split, the verdicts."""
     lines = [
-        f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}",
+        f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}"
+        f"  rounds (ms/sample)",
     ]
     fork = medians.get("fork")
     for name in ("resize", "augment", "every-resize", "fork"):
@@ -96,9 +99,10 @@ def report(
             continue
         rate = 1.0 / medians[name]
         ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
+        rounds = (spread or {}).get(name) or [medians[name]]
         lines.append(
             f"{LABELS[name]:<60} {medians[name] * 1e3:9.2f} {rate:14.1f} "
-            f"{rate * cores_per_node:10,.0f} {ratio}"
+            f"{rate * cores_per_node:10,.0f} {ratio}  {min(rounds) * 1e3:.2f}-{max(rounds) * 1e3:.2f}"
         )
     parts = " + ".join(f"{stage} {seconds * 1e3:.2f}" for stage, seconds in split.items())
     total = sum(split.values())
@@ -250,6 +254,7 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         cores_per_node=args.cores_per_node,
         gpus_per_node=args.gpus_per_node,
         why_no_fork=src.why_no_fork,
+        spread=times,
     ):
         out(line)
     return 0
