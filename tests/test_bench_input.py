@@ -8,6 +8,7 @@ total; each verdict follows from the numbers printed beside it).
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -84,7 +85,9 @@ def numbers(line: str) -> list:
 def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_follow(realistic):
     proc = subprocess.run(
         [*OCTO_DIST, "bench-input", str(realistic), *WINDOW_2_WRIST]
-        + ["--batch-size", "4", "--batches", "1", "--rounds", "2", "--warmup", "1"],
+        + ["--batch-size", "4", "--batches", "1", "--rounds", "2", "--warmup", "1"]
+        # every core this test may use: pinned to one, it would queue behind whatever else runs there
+        + ["--cores", str(len(os.sched_getaffinity(0)))],
         capture_output=True,
         text=True,
         timeout=600,
