@@ -95,9 +95,7 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.splitlines()
-    assert (
-        "window 2, cameras primary 256x256, wrist 128x128; batch 4; pinned to 1 core(s)" in out[0]
-    )
+    assert "window 2, cameras primary 256x256, wrist 128x128; batch 4; pinned to " in out[0]
     rows = {}
     for label in vd_labels():
         row = next(line for line in out if line.startswith(label))
