@@ -277,3 +277,36 @@ def test_the_forks_own_frame_transforms_give_the_same_pixels():
         np.testing.assert_array_equal(
             frames.augment_image(image, seed, augment), augment_image(image, seed=seed, **augment)
         )
+
+
+def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
+    """OctoData's default frame transforms are these (no Octo import): its batches come decoded and resized, the
+    padding camera at its target size, and not augmented when the step augments."""
+    from ml_collections import FrozenConfigDict
+
+    from octo_dist.apps.finetune import config as fc
+    from octo_dist.apps.finetune import pipeline
+
+    primary = jpeg(photo(64, 64, 15))
+
+    def build():
+        # 2 trajectories of 3 frames, as Octo's trajectory transforms hand them over (window 2)
+        one = frame([primary, primary], [b"", b""], goal=primary)
+        trajectory = tf.nest.map_structure(lambda x: tf.stack([x] * 3), one)
+        dataset = tf.data.Dataset.from_tensors(trajectory).repeat(2)
+        dataset.dataset_statistics = {}
+        return dataset
+
+    settings = {**CONFIG, "augment_on": "device", "seed": 0, "shuffle_buffer_size": 4}
+    job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="frames", run_dir=None)
+    source = pipeline.OctoData(job, None, 2, 0, 1, build=build, process=lambda b: b)
+    batch = source.example
+    assert batch["observation"]["image_primary"].shape == (2, 2, *PRIMARY, 3)
+    np.testing.assert_array_equal(
+        batch["observation"]["image_primary"][0, 1], plain_resize(decoded(primary), PRIMARY)
+    )
+    assert batch["observation"]["image_wrist"].shape == (2, 2, *WRIST, 3)
+    assert not batch["observation"]["image_wrist"].any()
+    np.testing.assert_array_equal(
+        batch["task"]["image_primary"][1], plain_resize(decoded(primary), PRIMARY)
+    )
