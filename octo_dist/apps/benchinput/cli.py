@@ -129,6 +129,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="samples/s per core of the input pipeline (ours and the fork's) and whether a node feeds its GPUs",
         description=__doc__.split("\n\n")[2].replace("\n", " "),
     )
+    _arguments(p)
+    return p
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", metavar="DATA_DIR", help="the tensorflow_datasets data_dir to read")
     p.add_argument(
         "--config",
@@ -169,7 +174,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--cores-per-node", type=int, default=vd.DEFAULT_CORES_PER_NODE)
     p.add_argument("--gpus-per-node", type=int, default=vd.DEFAULT_GPUS_PER_NODE)
     p.set_defaults(func=main)
-    return p
 
 
 def _pin(cores: int) -> list:
@@ -262,7 +266,9 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
 
 def main_argv(argv: Optional[Sequence[str]] = None) -> int:
     """``bench/input.py``'s entry: the same command without ``octo-dist``."""
-    parser = argparse.ArgumentParser(prog="bench/input.py")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench-input", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(
+        prog="bench/input.py", description=__doc__.split("\n\n")[2].replace("\n", " ")
+    )
+    _arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.func(args)
