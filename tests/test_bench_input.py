@@ -82,6 +82,7 @@ def numbers(line: str) -> list:
     return [float(x.replace(",", "")) for x in re.findall(r"-?[\d,]*\d\.?\d*", line)]
 
 
+@pytest.mark.slow
 def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_follow(realistic):
     proc = subprocess.run(
         [*OCTO_DIST, "bench-input", str(realistic), *WINDOW_2_WRIST]
