@@ -96,8 +96,8 @@ def check_paths(src: Path, dst: Path, name: str) -> Path:
     return versions[-1]
 
 
-def _set_shapes(features: dict, sizes: Mapping[str, Tuple[int, int]], found: set) -> None:
-    """In features.json's tree, the image features named in ``sizes`` under ``observation`` get their new size."""
+def _set_shapes(features: dict, sizes: Mapping[str, Tuple[int, int]]) -> None:
+    """In features.json's tree, the image features named in ``sizes`` get their new size (height, width)."""
     for key, value in features.items():
         if not isinstance(value, dict):
             continue
@@ -105,9 +105,8 @@ def _set_shapes(features: dict, sizes: Mapping[str, Tuple[int, int]], found: set
         if key in sizes and isinstance(image, dict) and "shape" in image:
             dims = image["shape"]["dimensions"]
             image["shape"]["dimensions"] = [str(sizes[key][0]), str(sizes[key][1]), *dims[2:]]
-            found.add(key)
         else:
-            _set_shapes(value, sizes, found)
+            _set_shapes(value, sizes)
 
 
 def _image_formats(features: dict, out: dict) -> dict:
@@ -196,8 +195,7 @@ def convert(
         )
     import tensorflow as tf  # after every check: a refusal is one line, without TensorFlow's start-up notes
 
-    found: set = set()
-    _set_shapes(features, sizes, found)
+    _set_shapes(features, sizes)
     converters = {
         f: (*_converter(tuple(s), method, formats[f], quality), tuple(s)) for f, s in sizes.items()
     }
