@@ -200,6 +200,20 @@ bench-startup: $(ENV_STAMP) ## time to first step of smoke (and finetune where o
 bench-startup-fork: $(ENV_STAMP) ## time to first step, step time, memory of finetune: this tree vs the fork's scripts/finetune.py (FORK=<its tree>), side by side
 	$(VENV)/bin/python bench/startup_fork.py $(if $(FORK),--fork $(FORK))
 
+# The fine-tune's input pipeline on the window-2 + wrist config at realistic sizes: a synthetic RLDS dataset with
+# 256x256 JPEG frames for both cameras (the wrist one resized to 128x128 on the host), camera-like noise; ours and
+# the fork's (where octo imports) side by side. BENCH_INPUT_ARGS adds flags (--cores, --step-rate, --set ...).
+BENCH_INPUT_DATA ?= runs/bench_input_rlds
+BENCH_INPUT_ARGS ?=
+.PHONY: bench-input
+bench-input: $(ENV_STAMP) ## samples/s per core of the input pipeline, ours vs the fork's, its split, and whether a node feeds 8 GPUs
+	$(VENV)/bin/python -m octo_dist.apps.finetune.synthetic_rlds $(BENCH_INPUT_DATA) --image-size 256 \
+	  --wrist-size 256 --texture --train-episodes 20 --val-episodes 2 --steps 30
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/python bench/input.py $(BENCH_INPUT_DATA) \
+	  --config=finetune_config.py:full,image_conditioned --set window_size=2 \
+	  --set dataset_kwargs.name=octo_dist_synthetic --set dataset_kwargs.image_obs_keys.wrist=wrist_image \
+	  $(BENCH_INPUT_ARGS)
+
 clean-env: ## remove $(VENV)
 	rm -rf $(VENV)
 

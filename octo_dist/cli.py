@@ -25,6 +25,8 @@ SUBCOMMANDS = {
     "job-runtime": "octo_dist.jobs.supervisor.zipapp",
     "finetune": "octo_dist.apps.finetune.app",
     "weights": "octo_dist.apps.finetune.weights",
+    "convert-frames": "octo_dist.apps.finetune.convertframes",
+    "bench-input": "octo_dist.apps.benchinput.cli",
     "detect": "octo_dist.launchers.cli",
     "validate": "octo_dist.apps.validate.app",
 }

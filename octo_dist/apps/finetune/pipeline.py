@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Optional
 
-from octo_dist.apps.finetune import config
+from octo_dist.apps.finetune import config, frames
+
+log = logging.getLogger(__name__)
 
 
 def data_seed(seed: int, process_index: int, start_step: int) -> int:
@@ -30,6 +32,39 @@ def data_seed(seed: int, process_index: int, start_step: int) -> int:
     import numpy as np
 
     return int(np.random.SeedSequence([seed, process_index, start_step]).generate_state(1)[0] >> 1)
+
+
+def octo_trajectories(plain_config: Mapping):
+    """The fork's trajectories for a config (``make_dataset_from_rlds``, then ``apply_trajectory_transforms``, as
+    ``make_single_dataset`` calls them), ``dataset_statistics`` attached. Needs Octo."""
+    from octo.data.dataset import apply_trajectory_transforms, make_dataset_from_rlds
+
+    c = plain_config
+    dataset, statistics = make_dataset_from_rlds(**c["dataset_kwargs"], train=True)
+    dataset = apply_trajectory_transforms(dataset, **c.get("traj_transform_kwargs", {}), train=True)
+    # make_single_dataset's: "seems to reduce memory usage without affecting speed" (a tf.data option)
+    dataset = dataset.with_ram_budget(1)
+    dataset.dataset_statistics = statistics
+    return dataset
+
+
+def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = None) -> Callable:
+    """The frame transforms for a config: a dataset of frames -> the same frames decoded, resized and augmented.
+
+    octo-dist's own (:class:`frames.FrameTransforms`: the fork's pixels without the resizes that change nothing;
+    no augmentation with ``augment_on = "device"``) wherever they do what the config asks; else the fork's
+    ``apply_frame_transforms`` (depth images, image dropout), without its augmentation when the step augments.
+    """
+    kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
+    missing = frames.unsupported(kwargs, element_spec)
+    if not missing:
+        return frames.FrameTransforms.from_config(plain_config)
+    from octo.data.dataset import apply_frame_transforms
+
+    log.info("frame transforms: the fork's apply_frame_transforms (for %s)", ", ".join(missing))
+    if plain_config.get("augment_on", "host") == "device":
+        kwargs["image_augment_kwargs"] = {}
+    return functools.partial(apply_frame_transforms, **kwargs, train=True)
 
 
 def process_batch(batch: dict, text_processor) -> dict:
@@ -50,7 +85,7 @@ class OctoData:
     times (statistics, example, training), and fills the shuffle buffer once.
 
     It is ``make_single_dataset``'s (``make_dataset_from_rlds``, then ``apply_trajectory_transforms``) with the frame
-    transforms (image decoding, resizing, augmentation: ``apply_frame_transforms``) applied after the shuffle, as
+    transforms (image decoding, resizing, augmentation: :func:`frame_transform`) applied after the shuffle, as
     Octo's own ``make_interleaved_dataset`` orders them, not before it. The shuffle buffer then holds encoded frames:
     the fork's decodes and augments every frame that fills it (10,000 with the default config; 5.9 GB and most of
     its start-up on the debug dataset) although a step takes 8 of them. Each batch's frames are still decoded and
@@ -63,8 +98,8 @@ class OctoData:
       start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
         augmentation seeds follow it.
       build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
-        config). ``transform``: the frame transforms, over a dataset of frames (default: Octo's
-        ``apply_frame_transforms`` for the config's ``frame_transform_kwargs``). ``process``: one batch -> what the
+        config). ``transform``: the frame transforms, over a dataset of frames (default: :func:`frame_transform` for
+        the config: octo-dist's, or the fork's for what they do not do). ``process``: one batch -> what the
         model reads (default: Octo's ``process_batch``).
     """
 
@@ -145,23 +180,11 @@ class OctoData:
         )
 
     def _make_trajectories(self):
-        from octo.data.dataset import apply_trajectory_transforms, make_dataset_from_rlds
+        return octo_trajectories(self.config.plain_config())
 
-        c = self.config.plain_config()
-        dataset, statistics = make_dataset_from_rlds(**c["dataset_kwargs"], train=True)
-        dataset = apply_trajectory_transforms(
-            dataset, **c.get("traj_transform_kwargs", {}), train=True
-        )
-        # make_single_dataset's: "seems to reduce memory usage without affecting speed" (a tf.data option)
-        dataset = dataset.with_ram_budget(1)
-        dataset.dataset_statistics = statistics
-        return dataset
-
-    def _frame_transforms(self, frames):
-        from octo.data.dataset import apply_frame_transforms
-
-        c = self.config.plain_config()
-        return apply_frame_transforms(frames, **c.get("frame_transform_kwargs", {}), train=True)
+    def _frame_transforms(self, frames_dataset):
+        transform = frame_transform(self.config.plain_config(), frames_dataset.element_spec)
+        return transform(frames_dataset)
 
     @staticmethod
     def _flattened(dataset):

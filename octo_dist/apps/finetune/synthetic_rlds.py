@@ -7,12 +7,15 @@ It has the layout of the Bridge data the fork's default fine-tune config reads (
 ``make_single_dataset`` loads it with the same ``image_obs_keys={"primary": "image_0"}``,
 ``proprio_obs_key="proprio"`` and ``language_key="language_instruction"``. Each step::
 
-    observation: {image_0: uint8[S, S, 3] (JPEG), state: float32[7]}
+    observation: {image_0: uint8[S, S, 3] (JPEG), state: float32[7]}   # + wrist_image: uint8[W, W, 3] (JPEG)
     action: float32[7]        # 6 movement dims + gripper in {0, 1}; bridge_dataset_transform relabels the movement
     language_instruction: str, is_first / is_last / is_terminal: bool, reward / discount: float32
 
 The state is a smooth random walk and the image's colour follows it, so a policy has something to learn. Only
-numpy and tensorflow_datasets are needed: writing it does not need Octo.
+numpy and tensorflow_datasets are needed: writing it does not need Octo. ``--wrist-size 128`` adds a second camera
+(``wrist_image``; the config's ``image_obs_keys={"primary": "image_0", "wrist": "wrist_image"}``) and
+``--texture`` adds pixel noise, so the JPEGs are about as large (and as slow to decode) as a real camera's: the input
+benchmark's data (``--image-size 256 --wrist-size 128 --texture``).
 """
 
 from __future__ import annotations
@@ -39,13 +42,27 @@ INSTRUCTIONS = (
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How much to write: ``train_episodes`` + ``val_episodes`` episodes of ``steps`` steps, ``image_size`` pixels."""
+    """How much to write: ``train_episodes`` + ``val_episodes`` episodes of ``steps`` steps, ``image_size`` pixels
+    (and a ``wrist_size`` wrist camera when not 0; pixel noise with ``texture``)."""
 
     train_episodes: int = 16
     val_episodes: int = 4
     steps: int = 12
     image_size: int = 64
     seed: int = 0
+    wrist_size: int = 0
+    texture: bool = False
+
+
+def _images(colour: np.ndarray, size: int, rng, texture: bool) -> np.ndarray:
+    """(n, 3) uint8 colours -> (n, size, size, 3) uint8 frames: the colour over a top-to-bottom ramp (+ noise)."""
+    ramp = np.linspace(0.5, 1.0, size, dtype=np.float32)[None, :, None, None]
+    if not texture:
+        images = (colour[:, None, None, :] * ramp).astype(np.uint8)  # (n, size, 1, 3): rows below
+        return np.broadcast_to(images, (len(colour), size, size, 3)).copy()
+    # Noise (a camera's grain and clutter): 256x256 JPEGs of about 18 KB, as real frames (10-30 KB; a ramp: 2 KB).
+    noise = rng.normal(0, 4, (len(colour), size, size, 3)).astype(np.float32)
+    return np.clip(colour[:, None, None, :] * ramp + noise, 0, 255).astype(np.uint8)
 
 
 def episode(layout: Layout, index: int) -> dict:
@@ -57,19 +74,19 @@ def episode(layout: Layout, index: int) -> dict:
     action = np.concatenate(
         [np.diff(state[:, :6], axis=0, append=state[-1:, :6]), state[:, -1:]], axis=1
     )
-    colour = (np.tanh(state[:, :3]) * 100 + 128).astype(
-        np.uint8
-    )  # (n, 3): the state shows in the image
-    ramp = np.linspace(0.5, 1.0, s, dtype=np.float32)[None, :, None, None]
-    images = (colour[:, None, None, :] * ramp).astype(
-        np.uint8
-    )  # (n, 1, s, 3) -> broadcast rows below
-    images = np.broadcast_to(images, (n, s, s, 3)).copy()
+    # (n, 3): the state shows in the image
+    colour = (np.tanh(state[:, :3]) * 100 + 128).astype(np.uint8)
+    images = _images(colour, s, rng, layout.texture)
+    observation = [{"image_0": images[t], "state": state[t]} for t in range(n)]
+    if layout.wrist_size:
+        wrist = _images(255 - colour, layout.wrist_size, rng, layout.texture)
+        for t in range(n):
+            observation[t]["wrist_image"] = wrist[t]
     instruction = INSTRUCTIONS[index % len(INSTRUCTIONS)]
     return {
         "steps": [
             {
-                "observation": {"image_0": images[t], "state": state[t]},
+                "observation": observation[t],
                 "action": action[t].astype(np.float32),
                 "language_instruction": instruction,
                 "is_first": t == 0,
@@ -107,6 +124,15 @@ def _builder_class():
             def scalar(dtype):
                 return tfds.features.Scalar(dtype=dtype)
 
+            def jpeg(side):
+                return tfds.features.Image(
+                    shape=(side, side, 3), dtype=np.uint8, encoding_format="jpeg"
+                )
+
+            cameras = {"image_0": jpeg(s)}
+            if self._layout.wrist_size:
+                cameras["wrist_image"] = jpeg(self._layout.wrist_size)
+
             # DatasetInfo directly: dataset_info_from_configs looks for a README beside the defining module.
             return tfds.core.DatasetInfo(
                 builder=self,
@@ -117,9 +143,7 @@ def _builder_class():
                             {
                                 "observation": tfds.features.FeaturesDict(
                                     {
-                                        "image_0": tfds.features.Image(
-                                            shape=(s, s, 3), dtype=np.uint8, encoding_format="jpeg"
-                                        ),
+                                        **cameras,
                                         "state": tfds.features.Tensor(
                                             shape=(ACTION_DIM,), dtype=np.float32
                                         ),
@@ -202,8 +226,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default=Layout.seed,
         help="seed of the images, actions and instructions (default: %(default)s)",
     )
+    p.add_argument(
+        "--wrist-size",
+        type=int,
+        default=Layout.wrist_size,
+        help="side of a second (wrist) camera's square images, wrist_image; 0: none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--texture",
+        action="store_true",
+        help="add pixel noise: JPEGs about as large (and as slow to decode) as a real camera's",
+    )
     a = p.parse_args(argv)
-    out = write(a.data_dir, Layout(a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed))
+    layout = Layout(
+        a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed, a.wrist_size, a.texture
+    )
+    out = write(a.data_dir, layout)
     print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")
     return 0
 

@@ -1,0 +1,274 @@
+"""``octo-dist bench-input``: samples/s per core of the fine-tune's input pipeline, ours and the fork's, and whether
+a node's cores feed its GPUs.
+
+    octo-dist bench-input runs/bench_input_rlds --config=finetune_config.py:full,image_conditioned \\
+        --set window_size=2 --set dataset_kwargs.name=octo_dist_synthetic \\
+        --set dataset_kwargs.image_obs_keys.wrist=wrist_image
+
+Run it on a compute node before spending GPU hours: it pins itself to ``--cores`` cores (1 by default), measures the
+CPU time per sample of each pipeline (:mod:`.measure`), and prints them side by side with the split of ours into
+read-and-batch / decode / resize / augment, then a verdict per pipeline for a node of ``--cores-per-node`` cores and
+``--gpus-per-node`` GPUs (:mod:`.verdict`). Timings are printed, never checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+from typing import Mapping, Optional, Sequence
+
+from octo_dist.apps.benchinput import verdict as vd
+from octo_dist.problems import Refusal
+
+LABELS = {
+    "resize": "ours, augmentation on the device (host: decode + batch)",
+    "augment": "ours, augmentation on the host",
+    "every-resize": "ours, host augmentation, every resize run (the fork's way)",
+    "fork": "fork (Octo's apply_frame_transforms)",
+}
+
+
+class BenchError(Refusal):
+    """A benchmark that cannot run as asked (exit 2, before anything is measured)."""
+
+
+def apply_settings(config, settings: Sequence[str]):
+    """``["window_size=2", "dataset_kwargs.image_obs_keys.wrist=wrist_image"]`` set on an ml_collections config, as
+    ``--config.window_size=2`` would for the fine-tune (values read as Python literals, else as text; a field that
+    is a FieldReference, ``window_size``, moves every field sharing it)."""
+    for item in settings:
+        path, eq, text = item.partition("=")
+        if not eq or not path:
+            raise BenchError(f"--set {item}", "FIELD.PATH=VALUE", "--set window_size=2")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *parents, leaf = path.split(".")
+        node = config
+        for p in parents:
+            if p not in node:
+                raise BenchError(
+                    f"--set {item}: the config has no field {path}", fix="check the config file"
+                )
+            node = node[p]
+        try:
+            node[leaf] = value
+        except (TypeError, KeyError, AttributeError) as e:
+            raise BenchError(f"--set {item}: {e}", fix="a value of the field's type") from None
+    return config
+
+
+def image_sizes(config: Mapping) -> dict:
+    """Camera -> (height, width) the model sees: the cameras the config reads, at their resize_size."""
+    from octo_dist.apps.benchinput import reader
+    from octo_dist.apps.finetune import frames
+
+    transforms = frames.FrameTransforms.from_config(config)
+    return {
+        camera: transforms.size_of(camera)
+        for camera, feature in reader.image_features(config).items()
+        if feature is not None and transforms.size_of(camera) is not None
+    }
+
+
+def report(
+    medians: Mapping[str, float],
+    split: Mapping[str, float],
+    *,
+    gpu_rate: float,
+    basis: str,
+    model: str,
+    cores_per_node: int,
+    gpus_per_node: int,
+    why_no_fork: str = "",
+    spread: Optional[Mapping[str, Sequence[float]]] = None,
+) -> list:
+    """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
+    min-max column): the table, the split, the verdicts."""
+    lines = [
+        f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}"
+        f"  rounds (ms/sample)",
+    ]
+    fork = medians.get("fork")
+    for name in ("resize", "augment", "every-resize", "fork"):
+        if name not in medians:
+            lines.append(f"{LABELS[name]:<60} not importable, skipped: {why_no_fork}")
+            continue
+        rate = 1.0 / medians[name]
+        ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
+        rounds = (spread or {}).get(name) or [medians[name]]
+        lines.append(
+            f"{LABELS[name]:<60} {medians[name] * 1e3:9.2f} {rate:14.1f} "
+            f"{rate * cores_per_node:10,.0f} {ratio}  {min(rounds) * 1e3:.2f}-{max(rounds) * 1e3:.2f}"
+        )
+    parts = " + ".join(f"{stage} {seconds * 1e3:.2f}" for stage, seconds in split.items())
+    total = sum(split.values())
+    lines.append(
+        f"split of ours with host augmentation (ms/sample): {parts} = {total * 1e3:.2f} (the total above)"
+    )
+    for name in ("resize", "augment", "fork"):
+        if name in medians:
+            line = vd.verdict(
+                1.0 / medians[name],
+                cores=cores_per_node,
+                gpu_rate=gpu_rate,
+                gpus=gpus_per_node,
+                model=model,
+                basis=basis,
+            )
+            lines.append(f"verdict, {LABELS[name]}: {line}")
+    return lines
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench-input",
+        help="samples/s per core of the input pipeline (ours and the fork's) and whether a node feeds its GPUs",
+        description=__doc__.split("\n\n")[2].replace("\n", " "),
+    )
+    _arguments(p)
+    return p
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", metavar="DATA_DIR", help="the tensorflow_datasets data_dir to read")
+    p.add_argument(
+        "--config",
+        default="finetune_config.py",
+        help="the fine-tune config (default: %(default)s); its dataset, window, cameras and frame transforms",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change a config field, as --config.FIELD=VALUE does for finetune (repeatable)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
+    p.add_argument(
+        "--batches", type=int, default=5, help="per pipeline per round (default: %(default)s)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=2, help="batches before the rounds (default: %(default)s)"
+    )
+    p.add_argument("--shuffle-buffer", type=int, default=256, help="frames (default: %(default)s)")
+    p.add_argument("--cores", type=int, default=1, help="cores to pin to (default: %(default)s)")
+    p.add_argument("--model", default="octo-small", choices=sorted(vd.MODELS))
+    p.add_argument(
+        "--utilisation",
+        type=float,
+        default=vd.DEFAULT_UTILISATION,
+        help="share of the H200's peak the step reaches (default: %(default)s)",
+    )
+    p.add_argument(
+        "--step-rate",
+        type=float,
+        help="measured samples/s per GPU of the train step (instead of the FLOP estimate)",
+    )
+    p.add_argument("--cores-per-node", type=int, default=vd.DEFAULT_CORES_PER_NODE)
+    p.add_argument("--gpus-per-node", type=int, default=vd.DEFAULT_GPUS_PER_NODE)
+    p.set_defaults(func=main)
+
+
+def _pin(cores: int) -> list:
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 1 <= cores <= len(allowed):
+        raise BenchError(
+            f"--cores {cores}", f"1 to {len(allowed)} (the cores this process may use)", "--cores 1"
+        )
+    chosen = allowed[:cores]
+    os.sched_setaffinity(0, chosen)
+    return chosen
+
+
+def _config(args) -> dict:
+    from octo_dist.apps.finetune.configfile import load_config
+
+    config = apply_settings(load_config(args.config), args.set).to_dict()
+    for name, value in [("--batch-size", args.batch_size), ("--batches", args.batches)]:
+        if value < 1:
+            raise BenchError(f"{name} {value}", "a positive number", f"{name} 8")
+    if args.rounds < 1 or args.step_rate is not None and args.step_rate <= 0:
+        raise BenchError("--rounds or --step-rate below 1", "positive numbers", "--rounds 3")
+    return config
+
+
+def main(args) -> int:
+    """``octo-dist bench-input DATA_DIR [--config C] [--set F=V ...]``."""
+    from octo_dist.apps.finetune import tfquiet
+
+    # TensorFlow's C++ notes (cost estimates, CPU features) and AutoGraph's fallback lines bury the table.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tfquiet.quiet_autograph(os.environ)
+    try:
+        config = _config(args)
+        chosen = _pin(args.cores)
+        sizes = image_sizes(config)
+        from octo_dist.apps.benchinput import reader
+
+        shape = vd.model_shape(args.model)
+        gpu_rate, basis, how = vd.consumption(
+            shape, reader.window_of(config), sizes, args.utilisation, args.step_rate
+        )
+    except (Refusal, ValueError) as e:
+        print(f"octo-dist bench-input: error: {e}".replace("\n", " "), file=sys.stderr)
+        return getattr(e, "exit_status", 2)
+    return run(args, config, chosen, sizes, gpu_rate, basis, how, shape.name)
+
+
+def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> int:
+    from octo_dist.apps.benchinput import measure, reader
+
+    src = measure.source(args.data_dir, config)
+    out(
+        f"bench-input: {args.data_dir}, dataset {config['dataset_kwargs']['name']}, window "
+        f"{reader.window_of(config)}, cameras "
+        + ", ".join(f"{c} {h}x{w}" for c, (h, w) in sizes.items())
+        + f"; batch {args.batch_size}; pinned to {len(chosen)} core(s) {chosen}; {args.rounds} interleaved "
+        f"round(s) of {args.batches} batches; CPU time per sample (all threads)"
+    )
+    out(
+        "frames: Octo's make_dataset_from_rlds + apply_trajectory_transforms"
+        if src.octo
+        else "frames: the minimal RLDS reader (octo not importable: its trajectory transforms not run)"
+    )
+    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer)
+    times = measure.rounds(
+        datasets,
+        batch_size=args.batch_size,
+        batches=args.batches,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        progress=lambda line: print(f"bench-input: {line}", file=sys.stderr, flush=True),
+    )
+    medians = measure.medians(times)
+    out(how)
+    for line in report(
+        medians,
+        measure.split(medians),
+        gpu_rate=gpu_rate,
+        basis=basis,
+        model=model,
+        cores_per_node=args.cores_per_node,
+        gpus_per_node=args.gpus_per_node,
+        why_no_fork=src.why_no_fork,
+        spread=times,
+    ):
+        out(line)
+    return 0
+
+
+def main_argv(argv: Optional[Sequence[str]] = None) -> int:
+    """``bench/input.py``'s entry: the same command without ``octo-dist``."""
+    parser = argparse.ArgumentParser(
+        prog="bench/input.py", description=__doc__.split("\n\n")[2].replace("\n", " ")
+    )
+    _arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return args.func(args)

@@ -1,0 +1,143 @@
+"""CPU time per sample of input pipelines, measured side by side: the same data, interleaved rounds.
+
+    pipelines = measure.pipelines("data", config, batch_size=64)   # name -> a tf.data dataset of batches
+    times = measure.rounds(pipelines, batch_size=64, batches=5, rounds=3)   # name -> [CPU s per sample, ...]
+
+The CPU time is the whole process's (every tf.data thread: ``time.process_time``), so it counts the cores a pipeline
+used, whatever its parallelism. Pipelines run one at a time: a round takes ``batches`` batches from each in turn,
+and the clock of each stops only once the process is idle again (its prefetch and shuffle buffers refilled, which
+is work for those batches). Before the rounds, each pipeline is warmed up (shuffle buffer filled, graphs traced).
+
+The pipelines (:func:`pipelines`), each a shuffle of frames then the frame transforms then ``batch``:
+- ``rest``, ``decode``, ``resize``, ``augment``: octo-dist's frame transforms with the stages switched on one after
+  another (``frames.stage_variants``), augmentation on the host; ``resize`` is "augmentation on the device" (the
+  host decodes and batches), ``augment`` is "augmentation on the host". Their differences are the split.
+- ``every-resize``: the same with every resize run, the no-op ones and the padding images' too (as the fork does).
+- ``fork``: Octo's ``apply_frame_transforms``, where Octo is importable.
+The frames come from Octo's ``make_dataset_from_rlds`` and ``apply_trajectory_transforms`` where Octo is importable,
+else from :func:`reader.rlds_frames` (no trajectory transforms: said in the report).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Dict, List, Mapping, Optional
+
+from octo_dist.apps.benchinput import reader
+from octo_dist.apps.finetune import frames
+
+STAGE_NAMES = ("rest", "decode", "resize", "augment")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where the frames come from: ``make()`` -> a fresh dataset of frames (encoded images); ``octo``: Octo's
+    trajectory pipeline (else the minimal reader); ``fork_transforms``: Octo's frame transforms, or None."""
+
+    make: Callable
+    octo: bool
+    fork_transforms: Optional[Callable]
+    why_no_fork: str = ""
+
+
+def source(data_dir: str, config: Mapping) -> Source:
+    """Octo's trajectory pipeline on ``data_dir`` where Octo imports, else the minimal RLDS reader."""
+    try:
+        from octo.data.dataset import apply_frame_transforms
+    except ImportError as e:
+        return Source(
+            make=lambda: reader.rlds_frames(data_dir, config),
+            octo=False,
+            fork_transforms=None,
+            why_no_fork=f"octo not importable ({e})",
+        )
+    from octo_dist.apps.finetune import pipeline
+
+    plain = {**config, "dataset_kwargs": {**config["dataset_kwargs"], "data_dir": data_dir}}
+
+    def make():
+        frames_ds = pipeline.octo_trajectories(plain).repeat().unbatch()
+        frames_ds.is_flattened = (
+            True  # dlimp maps frames, not trajectories (what its flatten() sets)
+        )
+        return frames_ds
+
+    def fork(frames_ds):
+        kwargs = plain.get("frame_transform_kwargs") or {}
+        return apply_frame_transforms(frames_ds, **kwargs, train=True)
+
+    return Source(make=make, octo=True, fork_transforms=fork)
+
+
+def pipelines(src: Source, config: Mapping, batch_size: int, shuffle: int, seed: int = 0) -> dict:
+    """Name -> a dataset of batches, for every pipeline the benchmark compares (see the module's docstring)."""
+    import tensorflow as tf
+
+    host = frames.FrameTransforms.from_config({**config, "augment_on": "host"})
+    variants = dict(frames.stage_variants(host))
+    variants["every-resize"] = dataclasses.replace(host, skip_same_size=False)
+    if src.fork_transforms is not None:
+        variants["fork"] = src.fork_transforms
+    out = {}
+    for name, transform in variants.items():
+        tf.random.set_seed(seed)  # each pipeline's augmentation draws from the same seed
+        shuffled = src.make().shuffle(shuffle, seed=seed)
+        shuffled.is_flattened = True
+        out[name] = transform(shuffled).batch(batch_size, drop_remainder=True).prefetch(2)
+    return out
+
+
+def settle(step: float = 0.05, quiet: float = 0.1, limit: float = 30.0) -> None:
+    """Wait until the process's threads are idle: less than ``quiet`` of a core used over ``step`` seconds."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        cpu = time.process_time()
+        time.sleep(step)
+        if time.process_time() - cpu < quiet * step:
+            return
+
+
+def rounds(
+    datasets: Mapping[str, object],
+    *,
+    batch_size: int,
+    batches: int,
+    rounds: int,
+    warmup: int = 2,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Dict[str, List[float]]:
+    """Name -> CPU seconds per sample in each round (``batches`` batches per pipeline per round, interleaved)."""
+    iterators = {name: ds.as_numpy_iterator() for name, ds in datasets.items()}
+    for name, it in iterators.items():
+        for _ in range(warmup):
+            next(it)
+        progress(f"warmed up {name}")
+    out: Dict[str, List[float]] = {name: [] for name in iterators}
+    for r in range(rounds):
+        for name, it in iterators.items():
+            settle()
+            cpu = time.process_time()
+            for _ in range(batches):
+                next(it)
+            settle()
+            out[name].append((time.process_time() - cpu) / (batches * batch_size))
+        progress(f"round {r + 1}/{rounds} done")
+    return out
+
+
+def medians(times: Mapping[str, List[float]]) -> Dict[str, float]:
+    """Name -> the median over rounds of CPU seconds per sample."""
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def split(median: Mapping[str, float]) -> Dict[str, float]:
+    """Stage -> CPU seconds per sample it adds: the differences of the cumulative pipelines' medians (rest, then
+    +decode, +resize, +augment), so the stages sum to the whole (``augment``) exactly; a stage cheaper than the
+    noise between rounds may come out slightly negative."""
+    out, before = {}, 0.0
+    for name in STAGE_NAMES:
+        out[name] = median[name] - before
+        before = median[name]
+    return out

@@ -1,0 +1,166 @@
+"""octo-dist convert-frames: a copy of an RLDS dataset with its frames at the model's sizes, never written in place.
+
+The source is a real tensorflow_datasets dataset (the synthetic one: 64x64 primary JPEGs, 128x128 wrist JPEGs); the
+copy is read back with tensorflow_datasets, as the fine-tune reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import clean_env
+
+tf = pytest.importorskip("tensorflow")
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from octo_dist.apps.finetune import convertframes, frames, synthetic_rlds  # noqa: E402
+
+OCTO_DIST = [sys.executable, "-m", "octo_dist"]
+NAME = synthetic_rlds.NAME
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    layout = synthetic_rlds.Layout(
+        train_episodes=2, val_episodes=1, steps=5, image_size=64, wrist_size=128, texture=True
+    )
+    synthetic_rlds.write(root, layout)
+    return root
+
+
+def digests(root) -> dict:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def convert(*argv, cwd=None):
+    return subprocess.run(
+        [*OCTO_DIST, "convert-frames", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+        cwd=cwd,
+    )
+
+
+def episodes(data_dir, split="train") -> list:
+    builder = tfds.builder_from_directory(str(data_dir / NAME / synthetic_rlds.DATASET_VERSION))
+    skip = {"image_0": tfds.decode.SkipDecoding(), "wrist_image": tfds.decode.SkipDecoding()}
+    ds = builder.as_dataset(split=split, decoders={"steps": {"observation": skip}})
+    out = []
+    for episode in ds:
+        steps = episode["steps"].batch(100).get_single_element()
+        out.append(tf.nest.map_structure(lambda x: x.numpy(), steps))
+    return builder, out
+
+
+def test_the_copy_has_the_frames_at_the_models_sizes_and_the_rest_unchanged(source, tmp_path):
+    before = digests(source)
+    dst = tmp_path / "converted"
+    proc = convert(
+        source, dst, "--name", NAME, "--size", "image_0=256x256", "--size", "wrist_image=128"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        "train.tfrecord-00000-of-00001: 10 image(s) resized, 10 already at their size"
+        in proc.stdout
+    )
+    assert digests(source) == before  # the source is only read
+
+    old_builder, old = episodes(source)
+    new_builder, new = episodes(dst)
+    observation = new_builder.info.features["steps"]["observation"]
+    assert observation["image_0"].shape == (256, 256, 3)
+    assert observation["wrist_image"].shape == (128, 128, 3)
+    assert new_builder.info.splits["train"].num_examples == 2
+    assert len(new) == len(old) == 2
+    for a, b in zip(old, new):
+        np.testing.assert_array_equal(a["action"], b["action"])
+        np.testing.assert_array_equal(a["language_instruction"], b["language_instruction"])
+        # already at their size: copied byte for byte, not re-encoded
+        assert list(a["observation"]["wrist_image"]) == list(b["observation"]["wrist_image"])
+        for small, big in zip(a["observation"]["image_0"], b["observation"]["image_0"]):
+            decoded = tf.io.decode_jpeg(small)
+            expected = frames.resize_image(decoded, (256, 256)).numpy().astype(int)
+            got = tf.io.decode_jpeg(big).numpy().astype(int)
+            assert got.shape == (256, 256, 3)
+            # the fine-tune's lanczos3 pixels, through JPEG at quality 95
+            assert np.abs(got - expected).mean() < 2.0
+    # The fine-tune's frame transforms find nothing to resize in the copy.
+    encoded = new[0]["observation"]["image_0"][0]
+    np.testing.assert_array_equal(
+        frames.resize_unless_same(tf.io.decode_jpeg(encoded), (256, 256)),
+        tf.io.decode_jpeg(encoded),
+    )
+
+
+def test_sizes_come_from_the_configs_cameras():
+    config = {
+        "dataset_kwargs": {"image_obs_keys": {"primary": "image_0", "wrist": None}},
+        "frame_transform_kwargs": {"resize_size": {"primary": (256, 256), "wrist": (128, 128)}},
+    }
+    assert convertframes.sizes_from_config(config) == {"image_0": (256, 256)}
+    config["dataset_kwargs"]["image_obs_keys"]["wrist"] = "wrist_image"
+    assert convertframes.sizes_from_config(config) == {
+        "image_0": (256, 256),
+        "wrist_image": (128, 128),
+    }
+    assert convertframes.parse_size("image_0=256x192") == ("image_0", (256, 192))
+    with pytest.raises(convertframes.ConvertError, match="expected FEATURE=HEIGHTxWIDTH"):
+        convertframes.parse_size("image_0=big")
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        ("same", "is the source"),
+        ("inside", "is the source"),
+        ("non-empty", "already exists and is not empty"),
+    ],
+)
+def test_a_destination_that_would_write_in_place_or_over_something_is_refused(
+    source, tmp_path, where, expected
+):
+    dst = {"same": source, "inside": source / NAME / "copy", "non-empty": tmp_path / "old"}[where]
+    if where == "non-empty":
+        dst.mkdir()
+        (dst / "keep.txt").write_text("mine")
+    before_src, before_dst = digests(source), digests(dst) if dst.exists() else None
+    proc = convert(source, dst, "--name", NAME, "--size", "image_0=256")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Fix:" in lines[0], proc.stderr
+    assert digests(source) == before_src
+    assert (digests(dst) if dst.exists() else None) == before_dst
+    assert not (source / NAME / "copy").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            ["--name", "no_such_dataset", "--size", "image_0=256"],
+            "no RLDS dataset 'no_such_dataset'",
+        ),
+        (["--name", NAME, "--size", "image_9=256"], "camera features ['image_9'] to resize"),
+        (["--name", NAME, "--size", "image_0=0"], "--size image_0=0; expected FEATURE="),
+        (["--size", "image_0=256"], "no dataset name"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(source, tmp_path, flags, expected):
+    dst = tmp_path / "out"
+    proc = convert(source, dst, *flags)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not dst.exists()

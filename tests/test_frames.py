@@ -1,0 +1,312 @@
+"""The host frame transforms (octo_dist.apps.finetune.frames): the fork's pixels, without the work that changes nothing.
+
+Frames are made here as Octo's trajectory transforms hand them over (a window of 2 encoded frames per camera, a
+goal image in the task, ``pad_mask_dict``), from real JPEGs; the oracle is a plain ``tf.image.resize`` (dlimp's
+lanczos3 path) of the decoded image. Where Octo and dlimp are importable, their own functions are the oracle too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from octo_dist.apps.finetune import frames  # noqa: E402
+
+PRIMARY, WRIST = (256, 256), (128, 128)
+CONFIG = {
+    "frame_transform_kwargs": {
+        "resize_size": {"primary": PRIMARY, "wrist": WRIST},
+        "image_augment_kwargs": {
+            "primary": {
+                "random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]},
+                "random_brightness": [0.1],
+                "random_contrast": [0.9, 1.1],
+                "random_saturation": [0.9, 1.1],
+                "random_hue": [0.05],
+                "augment_order": [
+                    "random_resized_crop",
+                    "random_brightness",
+                    "random_contrast",
+                    "random_saturation",
+                    "random_hue",
+                ],
+            },
+            "wrist": {"random_brightness": [0.1], "augment_order": ["random_brightness"]},
+        },
+    }
+}
+
+
+def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A uint8 image with detail at every scale (a ramp plus noise), so a wrong resize shows in the pixels."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 200, w, dtype=np.float32)[None, :, None]
+    return np.clip(ramp + rng.normal(0, 30, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def jpeg(image: np.ndarray) -> bytes:
+    return tf.io.encode_jpeg(image, quality=95).numpy()
+
+
+def decoded(data: bytes) -> np.ndarray:
+    return tf.io.decode_image(data, expand_animations=False, dtype=tf.uint8).numpy()
+
+
+def plain_resize(image: np.ndarray, size, method: str = "lanczos3") -> np.ndarray:
+    """The oracle: ``tf.image.resize`` as dlimp's ``resize_image`` calls it (antialiased, rounded, clipped)."""
+    out = tf.image.resize(image, size, method=method, antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8).numpy()
+
+
+def frame(primary: list, wrist: list, goal: bytes = b"") -> dict:
+    """One frame of a window as Octo's trajectory transforms make it: encoded images, "" where padding."""
+    present = lambda xs: tf.constant([len(x) > 0 for x in xs])  # noqa: E731
+    return {
+        "observation": {
+            "image_primary": tf.constant(primary),
+            "image_wrist": tf.constant(wrist),
+            "proprio": tf.zeros((len(primary), 7)),
+            "pad_mask_dict": {
+                "image_primary": present(primary),
+                "image_wrist": present(wrist),
+            },
+        },
+        "task": {
+            "image_primary": tf.constant(goal),
+            "pad_mask_dict": {"image_primary": tf.constant(len(goal) > 0)},
+        },
+        "action": tf.zeros((len(primary), 4, 7)),
+    }
+
+
+class Counting:
+    """The real resize, counting the times it runs (a variable bumped inside the graph, not at trace time)."""
+
+    def __init__(self):
+        self.calls = tf.Variable(0)
+
+    def __call__(self, image, size, method):
+        with tf.control_dependencies([self.calls.assign_add(1)]):
+            return frames.resize_image(image, size, method)
+
+
+def transformed(transforms: frames.FrameTransforms, one: dict) -> dict:
+    """``one`` through the transform as training runs it: a tf.data map (graph mode)."""
+    dataset = tf.data.Dataset.from_tensors(one)
+    return next(iter(transforms(dataset).as_numpy_iterator()))
+
+
+def host(**overrides) -> frames.FrameTransforms:
+    return frames.FrameTransforms.from_config(
+        {**CONFIG, **overrides.pop("config", {})}, **overrides
+    )
+
+
+@pytest.mark.parametrize("method", frames.RESIZE_METHODS)
+def test_the_forks_resize_to_the_same_size_gives_the_same_pixels(method):
+    # Why skipping is exact: the antialiased resize to an image's own size returns it unchanged (noise: the worst case).
+    for h, w in [PRIMARY, WRIST, (60, 80)]:
+        image = np.random.default_rng(h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        np.testing.assert_array_equal(plain_resize(image, (h, w), method), image)
+
+
+def test_images_of_another_size_get_the_plain_resizes_pixels():
+    counting = Counting()
+    small, odd = jpeg(photo(64, 64, 1)), jpeg(photo(150, 200, 2))
+    out = transformed(
+        host(augment=False, resize=counting), frame([small, odd], [odd, small], goal=odd)
+    )
+    obs = out["observation"]
+    np.testing.assert_array_equal(obs["image_primary"][0], plain_resize(decoded(small), PRIMARY))
+    np.testing.assert_array_equal(obs["image_primary"][1], plain_resize(decoded(odd), PRIMARY))
+    np.testing.assert_array_equal(obs["image_wrist"][0], plain_resize(decoded(odd), WRIST))
+    np.testing.assert_array_equal(obs["image_wrist"][1], plain_resize(decoded(small), WRIST))
+    np.testing.assert_array_equal(out["task"]["image_primary"], plain_resize(decoded(odd), PRIMARY))
+    assert obs["image_primary"].dtype == np.uint8 and obs["image_primary"].shape == (2, *PRIMARY, 3)
+    assert int(counting.calls.numpy()) == 5
+
+
+def test_an_image_at_the_target_size_passes_through_unchanged_and_is_never_resized():
+    counting = Counting()
+    primary, wrist = jpeg(photo(*PRIMARY, 3)), jpeg(photo(*WRIST, 4))
+    out = transformed(
+        host(augment=False, resize=counting), frame([primary, primary], [wrist, wrist], primary)
+    )
+    np.testing.assert_array_equal(out["observation"]["image_primary"][1], decoded(primary))
+    np.testing.assert_array_equal(out["observation"]["image_wrist"][0], decoded(wrist))
+    np.testing.assert_array_equal(out["task"]["image_primary"], decoded(primary))
+    assert int(counting.calls.numpy()) == 0
+    # The fork's way (skip_same_size=False, only the input benchmark's comparison) runs all 5 resizes.
+    out = transformed(
+        host(augment=False, resize=counting, skip_same_size=False),
+        frame([primary, primary], [wrist, wrist], primary),
+    )
+    assert int(counting.calls.numpy()) == 5
+    np.testing.assert_array_equal(out["observation"]["image_primary"][1], decoded(primary))
+
+
+def test_padding_images_are_zeros_at_the_target_size_and_never_resized():
+    counting = Counting()
+    primary = jpeg(photo(64, 64, 5))
+    out = transformed(
+        host(augment=False, resize=counting), frame([primary, primary], [b"", b""], b"")
+    )
+    for image, size in [
+        (out["observation"]["image_wrist"], (2, *WRIST, 3)),
+        (out["task"]["image_primary"], (*PRIMARY, 3)),
+    ]:
+        assert image.shape == size and image.dtype == np.uint8 and not image.any()
+    assert int(counting.calls.numpy()) == 2  # the two real 64x64 primary images only
+    # A camera without a target size: Octo's 1x1 padding image.
+    out = transformed(
+        host(augment=False, config={"frame_transform_kwargs": {}}), frame([primary], [b""])
+    )
+    assert out["observation"]["image_wrist"].shape == (1, 1, 1, 3)
+
+
+def test_bilinear_is_an_opt_in_for_the_resizes_that_remain():
+    image = jpeg(photo(100, 100, 6))
+    lanczos = transformed(host(augment=False), frame([image], [image]))["observation"]
+    bilinear = transformed(
+        host(augment=False, config={"resize_method": "bilinear"}), frame([image], [image])
+    )
+    bilinear = bilinear["observation"]
+    np.testing.assert_array_equal(
+        lanczos["image_primary"][0], plain_resize(decoded(image), PRIMARY)
+    )
+    np.testing.assert_array_equal(
+        bilinear["image_primary"][0], plain_resize(decoded(image), PRIMARY, "bilinear")
+    )
+    assert (bilinear["image_primary"] != lanczos["image_primary"]).any()
+    with pytest.raises(ValueError, match="resize_method='bicubic'; expected one of"):
+        host(config={"resize_method": "bicubic"})
+
+
+def test_the_host_augments_only_when_augment_on_is_host():
+    primary, wrist = jpeg(photo(*PRIMARY, 7)), jpeg(photo(*WRIST, 8))
+    one = frame([primary, primary], [wrist, b""], goal=primary)
+    tf.random.set_seed(1)
+    on_host = transformed(host(), one)
+    on_device = transformed(host(config={"augment_on": "device"}), one)
+    plain = transformed(host(augment=False), one)
+    for key in ("image_primary", "image_wrist"):
+        np.testing.assert_array_equal(on_device["observation"][key], plain["observation"][key])
+    np.testing.assert_array_equal(on_device["task"]["image_primary"], decoded(primary))
+    aug = on_host["observation"]
+    assert (aug["image_primary"] != plain["observation"]["image_primary"]).any()
+    assert (aug["image_wrist"][0] != plain["observation"]["image_wrist"][0]).any()
+    # Every frame of a window alike (one seed per frame, as Octo's); a padding image stays zeros.
+    np.testing.assert_array_equal(aug["image_primary"][0], aug["image_primary"][1])
+    assert not aug["image_wrist"][1].any()
+    with pytest.raises(ValueError, match="augment_on='gpu'; expected one of"):
+        host(config={"augment_on": "gpu"})
+
+
+def test_augment_image_follows_the_order_and_seed():
+    image = tf.constant(photo(*WRIST, 9))
+    seed = tf.constant([3, 4])
+    kwargs = CONFIG["frame_transform_kwargs"]["image_augment_kwargs"]["primary"]
+    a = frames.augment_image(image, seed, kwargs).numpy()
+    np.testing.assert_array_equal(a, frames.augment_image(image, seed, kwargs).numpy())
+    assert (a != frames.augment_image(image, seed + 1, kwargs).numpy()).any()
+    # Brightness alone is the TensorFlow op on [0, 1] floats, clipped, back to uint8.
+    bright = frames.augment_image(
+        image, seed, {"random_brightness": [0.1], "augment_order": ["random_brightness"]}
+    )
+    float_image = tf.image.convert_image_dtype(image, tf.float32)
+    expected = tf.clip_by_value(tf.image.stateless_random_brightness(float_image, 0.1, seed), 0, 1)
+    np.testing.assert_array_equal(
+        bright, tf.image.convert_image_dtype(expected, tf.uint8, saturate=True)
+    )
+    with pytest.raises(ValueError, match=r"augment_order names \['random_blur'\]"):
+        frames.augment_image(image, seed, {"augment_order": ["random_blur"]})
+
+
+def test_stage_variants_switch_the_stages_off_in_turn():
+    primary = jpeg(photo(64, 64, 10))
+    one = frame([primary, primary], [b"", b""])
+    variants = dict(frames.stage_variants(host()))
+    assert list(variants) == ["rest", "decode", "resize", "augment"]
+    rest = transformed(variants["rest"], one)["observation"]["image_primary"]
+    assert rest.dtype == object and rest[0] == primary
+    cropped = transformed(variants["decode"], one)["observation"]["image_primary"]
+    assert cropped.shape == (2, *PRIMARY, 3)
+    # padded, not resized
+    np.testing.assert_array_equal(cropped[0][96:160, 96:160], decoded(primary))
+
+
+def test_what_the_fork_does_that_these_do_not_is_named():
+    assert frames.unsupported(CONFIG["frame_transform_kwargs"]) == []
+    assert frames.unsupported({"image_dropout_prob": 0.0, "depth_resize_size": {}}) == []
+    assert frames.unsupported({"image_dropout_prob": 0.5}) == ["image_dropout_prob=0.5"]
+    spec = {"observation": {"depth_primary": None, "image_primary": None}}
+    assert frames.unsupported({}, spec) == ["observation.depth_primary (depth images)"]
+
+
+def test_the_forks_own_frame_transforms_give_the_same_pixels():
+    """With Octo importable (a source tree on PYTHONPATH): its apply_frame_transforms without augmentation, and
+    dlimp's augment_image on the same seed, against these."""
+    pytest.importorskip("octo")
+    from dlimp.augmentations import augment_image
+    from octo.data.dataset import apply_frame_transforms
+    import dlimp as dl
+
+    small, at_size, wrist = (
+        jpeg(photo(64, 64, 11)),
+        jpeg(photo(*PRIMARY, 12)),
+        jpeg(photo(*WRIST, 13)),
+    )
+    one = frame([small, at_size], [wrist, b""], goal=b"")
+    kwargs = CONFIG["frame_transform_kwargs"]
+    dataset = tf.data.Dataset.from_tensors(one)
+    # a DLataset of frames, as dlimp's flatten() makes one
+    dataset.__class__ = type("DLataset", (dl.DLataset, type(dataset)), {})
+    dataset.is_flattened = True
+    forks = apply_frame_transforms(dataset, resize_size=kwargs["resize_size"], train=False)
+    fork_out = next(iter(forks.as_numpy_iterator()))
+    ours = transformed(host(augment=False), one)
+    for part in ("observation", "task"):
+        for key, value in fork_out[part].items():
+            if key.startswith("image_"):
+                np.testing.assert_array_equal(ours[part][key], value)
+    image, seed = tf.constant(photo(*PRIMARY, 14)), tf.constant([5, 6])
+    for name in ("primary", "wrist"):
+        augment = kwargs["image_augment_kwargs"][name]
+        np.testing.assert_array_equal(
+            frames.augment_image(image, seed, augment), augment_image(image, seed=seed, **augment)
+        )
+
+
+def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
+    """OctoData's default frame transforms are these (no Octo import): its batches come decoded and resized, the
+    padding camera at its target size, and not augmented when the step augments."""
+    from ml_collections import FrozenConfigDict
+
+    from octo_dist.apps.finetune import config as fc
+    from octo_dist.apps.finetune import pipeline
+
+    primary = jpeg(photo(64, 64, 15))
+
+    def build():
+        # 2 trajectories of 3 frames, as Octo's trajectory transforms hand them over (window 2)
+        one = frame([primary, primary], [b"", b""], goal=primary)
+        trajectory = tf.nest.map_structure(lambda x: tf.stack([x] * 3), one)
+        dataset = tf.data.Dataset.from_tensors(trajectory).repeat(2)
+        dataset.dataset_statistics = {}
+        return dataset
+
+    settings = {**CONFIG, "augment_on": "device", "seed": 0, "shuffle_buffer_size": 4}
+    job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="frames", run_dir=None)
+    source = pipeline.OctoData(job, None, 2, 0, 1, build=build, process=lambda b: b)
+    batch = source.example
+    assert batch["observation"]["image_primary"].shape == (2, 2, *PRIMARY, 3)
+    np.testing.assert_array_equal(
+        batch["observation"]["image_primary"][0, 1], plain_resize(decoded(primary), PRIMARY)
+    )
+    assert batch["observation"]["image_wrist"].shape == (2, 2, *WRIST, 3)
+    assert not batch["observation"]["image_wrist"].any()
+    np.testing.assert_array_equal(
+        batch["task"]["image_primary"][1], plain_resize(decoded(primary), PRIMARY)
+    )
