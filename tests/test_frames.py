@@ -310,3 +310,25 @@ def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
     np.testing.assert_array_equal(
         batch["task"]["image_primary"][1], plain_resize(decoded(primary), PRIMARY)
     )
+
+
+@pytest.mark.parametrize("said, host_augments", [({}, False), ({"augment_on": "host"}, True)])
+def test_the_pipeline_decides_who_augments_as_the_step_does(said, host_augments):
+    """A config that does not name augment_on (a fork's own config file) is augmented by the train step
+    (config.augment_on's default, "device"): the host must then not augment it too."""
+    from octo_dist.apps.finetune import config as fc
+    from octo_dist.apps.finetune import pipeline
+
+    transform = pipeline.frame_transform({**CONFIG, **said})
+    assert fc.augment_on({**CONFIG, **said}) == ("host" if host_augments else "device")
+    assert transform.augment is host_augments
+
+
+def test_an_unknown_resize_method_is_refused_with_the_config_problems():
+    """Before start-up, in one line with the fix, not a ValueError once the pipeline is built."""
+    from octo_dist.apps.finetune import config as fc
+
+    assert fc.augment_config_problems({"resize_method": "bicubic", "augment_on": "host"}) == [
+        "resize_method 'bicubic'; expected one of lanczos3, bilinear. Fix: --config.resize_method=lanczos3"
+    ]
+    assert fc.augment_config_problems({"resize_method": "bilinear", "augment_on": "host"}) == []

@@ -19,8 +19,10 @@ from typing import Any, Mapping, Optional
 
 from octo_dist.apps.finetune.checks import HfProbe, is_url, problems
 from octo_dist.apps.finetune.configfile import ConfigError
+from octo_dist.apps.finetune.frames import RESIZE_METHODS
 from octo_dist.apps.finetune.modelconfig import flat_keys
 from octo_dist.engine import checkpoint, stepfns
+
 
 TRAIN_STATE_DIR = "train_state"  # <run dir>/train_state: the engine's resumable checkpoints
 DEFAULT_PROJECT = "octo_finetune"  # wandb.project when the config leaves it empty
@@ -54,6 +56,12 @@ def augment_config_problems(config: Mapping) -> list:
     >>> augment_config_problems({"augment_on": "gpu"})
     ["augment_on 'gpu'; expected one of device, host. Fix: --config.augment_on=device"]
     """
+    method = config.get("resize_method") or "lanczos3"
+    if method not in RESIZE_METHODS:
+        return [
+            f"resize_method {method!r}; expected one of {', '.join(RESIZE_METHODS)}. "
+            "Fix: --config.resize_method=lanczos3"
+        ]
     where = augment_on(config)
     if where not in stepfns.AUGMENT_ON:
         return [

@@ -30,8 +30,15 @@ import dataclasses
 import math
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-AUGMENT_ON = ("host", "device")  # the config's "augment_on": who augments the images
-RESIZE_METHODS = ("lanczos3", "bilinear")  # the config's "resize_method"; lanczos3 is the fork's
+from octo_dist.engine import stepfns
+
+AUGMENT_ON = (
+    stepfns.AUGMENT_ON
+)  # the config's "augment_on": who augments the images ("device", "host")
+RESIZE_METHODS = (
+    "lanczos3",
+    "bilinear",
+)  # the config's "resize_method" (config.RESIZE_METHODS); the fork's: lanczos3
 # The frame transform kwargs this module takes; any other (depth_resize_size, image_dropout_prob > 0) is Octo's.
 HANDLED_KWARGS = ("resize_size", "image_augment_kwargs", "num_parallel_calls")
 # What a FrameTransforms may switch off (the input benchmark does).

@@ -55,6 +55,10 @@ def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = Non
     no augmentation with ``augment_on = "device"``) wherever they do what the config asks; else the fork's
     ``apply_frame_transforms`` (depth images, image dropout), without its augmentation when the step augments.
     """
+    # Decided once, as the train step decides it (config.augment_on: "device" where a config does not say): the
+    # host must not augment what the step augments again, nor leave unaugmented what it does not.
+    where = config.augment_on(plain_config)
+    plain_config = {**plain_config, "augment_on": where}
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
     missing = frames.unsupported(kwargs, element_spec)
     if not missing:
@@ -62,7 +66,7 @@ def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = Non
     from octo.data.dataset import apply_frame_transforms
 
     log.info("frame transforms: the fork's apply_frame_transforms (for %s)", ", ".join(missing))
-    if plain_config.get("augment_on", "host") == "device":
+    if where == "device":
         kwargs["image_augment_kwargs"] = {}
     return functools.partial(apply_frame_transforms, **kwargs, train=True)
 
