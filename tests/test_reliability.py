@@ -537,3 +537,21 @@ def test_start_up_flags_the_job_decides_are_refused_after_the_double_dash(after,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{after[0].split('=')[0]} " in err[0] and "after --" in err[0], err
     assert cli.main(["launch", *PBS_JOB, "--dry-run", "--", "smoke", "--steps", "5"]) == 0
+
+
+@pytest.mark.parametrize("digits", ["²", "٣", "1²"])
+def test_digits_that_isdigit_passes_but_int_refuses_are_no_number(digits, tmp_path):
+    """``"²".isdigit()`` is True and ``int("²")`` a ValueError: each reader takes ASCII digits only."""
+    from octo_dist.jobs.supervisor import exitfile, rankguard
+    from octo_dist.runtime import runtime
+
+    # PBS's NCPUS: a value that is no number is left as the site set it, never int()ed.
+    assert rankguard.cpus_for_rank({"NCPUS": digits, "OMP_NUM_THREADS": digits}, 12) == {}
+    with pytest.raises(runtime.SettingError):
+        runtime.devices_per_process(digits)
+    # An exit file's status: not one octo-dist writes, so the chain neither trains on it nor reads it as failed.
+    said = tmp_path / ".octo-dist-exit-1"
+    said.write_text(f"{digits} resumable: stopped\n")
+    assert exitfile.read(str(said))[0] is None
+    said.write_text(f"{digits}\n")
+    assert exitfile.read(str(said))[0] is None

@@ -64,7 +64,7 @@ def devices_per_process(text: str) -> str:
       SettingError: anything else (``"two"``, ``"0"``).
     """
     value = str(text).strip()
-    if value in ("one", "all") or (value.isdigit() and int(value) >= 1):
+    if value in ("one", "all") or (value.isascii() and value.isdigit() and int(value) >= 1):
         return "one" if value == "1" else value
     raise SettingError(
         f"--devices-per-process {text!r}",

@@ -87,8 +87,10 @@ def read(path: str) -> Tuple[Optional[bool], str]:
     words = line.split()
     if words == ["0"]:
         return True, line
-    if words[0] == "stopping" or (words[0].isdigit() and words[1:2] == ["resumable:"]):
+    if words[0] == "stopping" or (
+        words[0].isascii() and words[0].isdigit() and words[1:2] == ["resumable:"]
+    ):
         return True, line
-    if words[0].isdigit() and len(words) == 1 and len(line) <= 3:
+    if words[0].isascii() and words[0].isdigit() and len(words) == 1 and len(line) <= 3:
         return False, line
     return None, f"not an exit status ({shown(line)!r})"

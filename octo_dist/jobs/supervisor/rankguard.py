@@ -79,7 +79,11 @@ def _stat(pid: int, proc_root: str = "/proc") -> Optional[Tuple[str, int]]:
     except OSError:
         return None
     rest = text[text.rfind(")") + 1 :].split()
-    return (rest[0], int(rest[1])) if len(rest) >= 2 and rest[1].isdigit() else None
+    return (
+        (rest[0], int(rest[1]))
+        if len(rest) >= 2 and rest[1].isascii() and rest[1].isdigit()
+        else None
+    )
 
 
 def process_tree(pid: int, proc_root: str = "/proc") -> List[Tuple[int, str, int]]:
@@ -181,7 +185,11 @@ def cpus_for_rank(env: Mapping[str, str], cpus: int) -> dict:
     none (``select=2:mpiprocs=1``): a rank given 12 cores would run 1 thread. Raised to ``cpus`` only where PBS's
     pair says less (NCPUS=1, OMP_NUM_THREADS=1 -> 12); a value the user chose (the two differ) stays."""
     ncpus = env.get("NCPUS", "")
-    if not ncpus.isdigit() or env.get("OMP_NUM_THREADS") != ncpus or int(ncpus) >= cpus:
+    if (
+        not (ncpus.isascii() and ncpus.isdigit())
+        or env.get("OMP_NUM_THREADS") != ncpus
+        or int(ncpus) >= cpus
+    ):
         return {}
     return {"NCPUS": str(cpus), "OMP_NUM_THREADS": str(cpus)}
 

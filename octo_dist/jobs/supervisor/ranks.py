@@ -281,7 +281,7 @@ class Launcher:
         self.launcher_status = status
         self.rank_failure = failure
         last = failure.rsplit(" ", 1)[-1] if failure else ""
-        if last.isdigit():
+        if last.isascii() and last.isdigit():
             status = int(last)
         if failed and status == 0:
             status = 1
