@@ -94,6 +94,11 @@ class Scheduler:
     workdir = '"$PWD"'  # a bash expression: where the job's relative paths start (qsub's directory)
     launcher_program = "mpirun"  # checked on PATH after the modules are loaded
     stop_timer = True  # False where the scheduler itself signals the script ahead of the limit (SLURM's --signal)
+    # True where the scheduler's stop (qdel, the wall time) sends SIGTERM to every process of the job at once, the
+    # launcher included: the launcher then starts with SIGTERM blocked, so that mpirun (prterun kills its ranks 0.5 s
+    # after a SIGTERM) leaves the ranks to agree the stop and save. Grid Engine's qdel sends SIGKILL after -notify's
+    # SIGUSR2, which mpirun forwards; SLURM signals through srun.
+    stop_reaches_every_process = False
     submit_program = "qsub"
     job_id_re = re.compile(
         r"(\d+)"

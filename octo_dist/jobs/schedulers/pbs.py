@@ -96,6 +96,9 @@ class Pbs(MpirunScheduler):
 """
     directive_prefix = "#PBS"
     job_id_var = "PBS_JOBID"
+    stop_reaches_every_process = (
+        True  # a job is its session: qdel SIGTERMs all of it, kill_delay, then SIGKILL
+    )
     hostfile_var = "PBS_NODEFILE"
     workdir = (
         '"${PBS_O_WORKDIR:-$PWD}"'  # PBS starts the job in $HOME; PBS_O_WORKDIR is where qsub ran

@@ -48,11 +48,9 @@ NODE_PROBE_S = (
     15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
 )
 POLL_S = 0.5
-# Blocked in the launcher (see the module's docstring): the signal PBS's qdel sends every process of the job.
+# Blocked in the launcher where the scheduler's stop reaches every process of the job (the scheduler's
+# stop_reaches_every_process: PBS's qdel), see the module's docstring.
 SHIELDED = (signal.SIGTERM,)
-# The schedulers whose stop sends SIGTERM to every process of the job at once. Grid Engine's qdel sends SIGKILL
-# (after -notify's SIGUSR2, which mpirun forwards); SLURM's srun is not mpirun.
-SHIELDED_SCHEDULERS = ("pbs",)
 
 
 def exit_status(returncode: int) -> int:
@@ -222,7 +220,7 @@ class Launcher:
             shutil.rmtree(os.path.join(job.job_dir, sub), ignore_errors=True)
         # Its own process group in the job's session, SIGTERM blocked under mpirun (see the module's docstring).
         self.argv0 = argv[0]
-        shielded = SHIELDED if job.scheduler.name in SHIELDED_SCHEDULERS else ()
+        shielded = SHIELDED if job.scheduler.stop_reaches_every_process else ()
         self.ending, self.launcher_killed = False, ""
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, env=job.env, preexec_fn=launcher_preexec(shielded)
