@@ -228,7 +228,7 @@ class _MetricsReader:
         agreed_signal = int(values.pop(parallel.STOP))
         self.losses[step] = values["loss"]
         now, self._tick = self._tick, time.perf_counter()
-        if hasattr(self.bar, "set_postfix"):  # rank 0's tqdm bar (the bare range elsewhere)
+        if hasattr(self.bar, "set_postfix_str"):  # rank 0: tqdm or StepLines (the bare range elsewhere)
             # The loss read lags the bar by a step (the host reads step k-1 after dispatching step k): say so.
             self.bar.set_postfix_str(f"loss {values['loss']:.4f} at step {step}", refresh=False)
         cfg = self.cfg
@@ -279,6 +279,10 @@ def _train_steps(
             upcoming = None
         agreed_signal = read(*unread) if unread is not None else 0
         unread = (step, metrics)
+        if upcoming is None:
+            # The last step: read now, inside the bar's last iteration, so the bar ends on the run's last loss.
+            agreed_signal = read(*unread) or agreed_signal
+            unread = None
         if agreed_signal:
             stopped_by = stop.name(agreed_signal)
             break

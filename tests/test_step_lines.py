@@ -1,0 +1,77 @@
+"""Training's progress in a job's log: plain step lines, not tqdm's carriage-return redraws, and the last one says
+the run's last loss (the bar used to end a step behind the summary)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+
+import helpers
+from helpers import REPO, clean_env
+from octo_dist.runtime import ranklog
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_step_lines_every_interval_and_at_the_end():
+    clock, out = Clock(), io.StringIO()
+    lines = ranklog.StepLines(range(10, 20), total=20, initial=10, every_s=30, out=out, clock=clock)
+    for step in lines:
+        lines.set_postfix_str(f"loss {step / 100:.4f} at step {step}")
+        clock.now += 10  # 10 s a step: a line every third step, and the last
+    said = out.getvalue().splitlines()
+    assert said == [
+        "train: step 13/20, loss 0.1200 at step 12 (0.10 steps/s)",
+        "train: step 16/20, loss 0.1500 at step 15 (0.10 steps/s)",
+        "train: step 19/20, loss 0.1800 at step 18 (0.10 steps/s)",
+        "train: step 20/20, loss 0.1900 at step 19 (0.10 steps/s)",
+    ], said
+
+
+def test_a_log_file_gets_rank_0s_step_lines_a_terminal_the_bar():
+    assert isinstance(
+        ranklog.progress(range(3), 0, total=3), ranklog.StepLines
+    )  # pytest's stderr: no tty
+    assert ranklog.progress(range(3), 1, total=3) == range(3)
+
+
+def test_a_runs_last_line_says_its_last_loss(tmp_path):
+    """One process, stderr a pipe as in a batch job: no carriage return, and the final line's loss is the
+    recorded loss of the last step."""
+    record = tmp_path / "record.json"
+    proc = helpers.run(
+        [
+            sys.executable,
+            "-m",
+            "octo_dist",
+            "smoke",
+            "--model",
+            "tiny",
+            "--steps",
+            "6",
+            "--save-dir",
+            str(tmp_path / "save"),
+            "--record",
+            str(record),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\r" not in proc.stderr
+    last = [ln for ln in proc.stderr.splitlines() if re.search(r"train: step \d+/6", ln)][-1]
+    losses = json.loads(record.read_text())["losses"]
+    assert f"train: step 6/6, loss {losses['5']:.4f} at step 5 " in last, last
