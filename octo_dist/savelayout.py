@@ -4,7 +4,9 @@ A job's ``--save-dir`` (``runs/octo-small-ft``), as the job runtime and the rank
 
     runs/octo-small-ft/
       .octo-dist.lock                 the run that uses it now (engine/savedir.py): host, pid, job id, heartbeat
-      .octo-dist-exit-12345.pbs1      job 12345.pbs1's exit status, "0\\n": the next job of a chain reads it
+      .octo-dist-exit-12345.pbs1      job 12345.pbs1's exit status for the next job of a chain (jobs/supervisor/
+                                      exitfile.py): "0", a status ("3": it does not train), "stopping SIGTERM: ..."
+                                      (a stop cut short) or "143 resumable: ..." (checkpoints intact: it resumes)
       .octo-dist-job-12345.pbs1/      while job 12345.pbs1 runs, removed at its end:
         .octo-dist-job                  "12345.pbs1\n": made by this job, the mark its removal checks
         nodes                           the scheduler's node list, where every node and the image see it

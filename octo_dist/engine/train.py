@@ -228,7 +228,8 @@ class _MetricsReader:
         agreed_signal = int(values.pop(parallel.STOP))
         self.losses[step] = values["loss"]
         now, self._tick = self._tick, time.perf_counter()
-        if hasattr(self.bar, "set_postfix_str"):  # rank 0: tqdm or StepLines (the bare range elsewhere)
+        # rank 0's tqdm bar or StepLines (the bare range elsewhere)
+        if hasattr(self.bar, "set_postfix_str"):
             # The loss read lags the bar by a step (the host reads step k-1 after dispatching step k): say so.
             self.bar.set_postfix_str(f"loss {values['loss']:.4f} at step {step}", refresh=False)
         cfg = self.cfg
