@@ -44,8 +44,13 @@ LONG_STEP_TIME = 0.1  # such a run sleeps between steps: the tests beside it kee
 JOB_TIMEOUT_S = 480  # a whole job (queueing, preflight, training) on a loaded 2-core machine
 END_TIMEOUT_S = 180  # qdel to the job's end: the kill delay and a loaded machine
 SHELL_JOB_TIMEOUT_S = 120  # a plain shell job of the imitation's own tests
-# Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank.
-SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
+# Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank. OCTO_DIST_LOG_ALL_RANKS=1
+# makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
+SUBMIT_VARS = {
+    "NCCL_DEBUG": "WARN",
+    "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell",
+    "OCTO_DIST_LOG_ALL_RANKS": "1",
+}
 DIRECTIVE_MARK = "from-a-directive"
 # The queue's kill delay in the qdel scenario: long enough for a stop of 0.1 s steps on a loaded machine, and not
 # PBS's default (10 s), so the job's start line shows it read the queue's own.
@@ -430,6 +435,9 @@ def test_the_submit_shells_forwarded_variables_reach_every_rank(two_nodes):
     )
     listed = two_nodes["final"].get("Variable_List", {})
     assert all(listed.get(k) == v for k, v in SUBMIT_VARS.items()), listed
+    # Visible in the log as a user would see it on ABCI: OCTO_DIST_LOG_ALL_RANKS=1 gave node002's rank INFO lines
+    # (many of them: one intact is enough however the ranks' output interleaves).
+    assert "[rank 1/2 node002] INFO" in two_nodes["log"], two_nodes["tail"]
 
 
 def test_ranks_get_the_cpus_they_are_given(two_nodes):
