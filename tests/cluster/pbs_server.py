@@ -39,13 +39,9 @@ import threading
 import time
 from pathlib import Path
 
-VERSION = "23.06.06 (imitation)"
-DEFAULT_KILL_DELAY_S = 10
-TICK_S = (
-    0.5  # how often jobs are scheduled, watched for their end, and scanned for escaped processes
-)
-# qsub's options that take a value (the others: -h, -V, -z, -I, -X); getopt letters as in qsub(1B).
-WITH_VALUE = set("aAcCeGjJklmMNoPpqrSuvWz") - {"z"}
+DEFAULT_KILL_DELAY_S = 10  # PBS's kill delay where a queue sets none
+# How often jobs are scheduled, watched for their end, and scanned for processes outside their sessions.
+TICK_S = 0.5
 
 
 # ---- processes ---------------------------------------------------------------------------------------------------
@@ -182,8 +178,10 @@ class Server:
             finally:
                 for fd in fds:
                     os.close(fd)
-            if reply is not None:
+            try:
                 conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                pass  # the caller is gone: a pbs_tmrsh the qdel ended before its task did
 
     # ---- qsub ----
 
