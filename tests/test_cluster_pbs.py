@@ -239,6 +239,24 @@ def test_the_imitation_runs_a_chain_after_its_predecessor(pbs):
     ).exists()  # no -k: copied to PBS_O_WORKDIR at the end
 
 
+def test_the_imitation_ends_a_job_at_its_wall_time_as_a_qdel_does(pbs):
+    """-l walltime: SIGTERM to the job's sessions at the limit (the script's trap runs), then as a qdel; -V gives the
+    job the whole submitting environment."""
+    work = workdir(pbs, "imitation-walltime")
+    script = f"""#!/bin/bash
+#PBS -l walltime=00:00:02
+trap 'echo "term $WHOLE_ENV" > {work}/term' TERM
+sleep 600 &
+wait
+"""
+    job = qsub(pbs, work, script, "-V", env={"WHOLE_ENV": "came-with-V"})
+    record = ended(pbs, job)
+    assert record["Exit_status"] == 271, record
+    assert "walltime" in record["comment"], record
+    assert wait_file(work / "term") == "term came-with-V\n"
+    assert pbs.carrying(job) == [] and sim_pbs.escapes(record) == [], record
+
+
 # ---- the rendered job ----------------------------------------------------------------------------------------------
 
 
