@@ -85,7 +85,7 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 # cancels, lost nodes. Those mostly wait (paced ranks, a cut link's timeouts), so they get streams of their own
 # rather than queueing behind each other. Each lists its slowest tests (--durations): a CI log shows where time went.
 # The PBS tests (the rendered jobs under an imitation of PBS as a real one was measured to behave,
-# tests/cluster/pbs.py) run on cluster 3 in a fifth stream ($(PBS_LOG)): about 7 minutes, long scenarios included.
+# tests/cluster/pbs.py) run on cluster 3 in a fifth stream ($(PBS_LOG)): 7 to 9 minutes, long scenarios included.
 # TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -76,8 +75,7 @@ def compile_cache(pbs):
     """One JAX compilation cache for the module's jobs (the jobs' user writes it): only the first job compiles."""
     path = Path(tempfile.mkdtemp(prefix=f"{sim.PREFIX}-pbs-cache-", dir="/var/tmp"))
     path.chmod(0o755)
-    pw = pwd.getpwnam(pbs.user)
-    shutil.chown(path, pw.pw_uid, pw.pw_gid)
+    os.chown(path, pbs.uid, pbs.gid)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -86,8 +84,7 @@ def workdir(p: sim_pbs.Pbs, name: str) -> Path:
     """A submit directory of the jobs' user, in its home."""
     work = p.home / name
     work.mkdir()
-    pw = pwd.getpwnam(p.user)
-    shutil.chown(work, pw.pw_uid, pw.pw_gid)
+    os.chown(work, p.uid, p.gid)
     return work
 
 

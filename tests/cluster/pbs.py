@@ -53,9 +53,10 @@ and starts a node's processes with ``nsenter``). The commands (``pbs_commands.py
 ``PBS_CONF_FILE``) talk to it over a unix socket. Everything lives in one run directory, ``RUN``
 (``/var/spool/<prefix>-pbs``, removed before and after): ``pbs.conf``, ``pbs_environment``, ``aux`` (node files),
 ``mom_priv/jobs`` (the scripts) and ``spool`` per node, the jobs' user's home, ``TMPDIR``s. Nothing is written to
-``/etc``. The jobs' user (``USER``, one per cluster instance) is created once with ``useradd``. The venv's Python
-may live where only root may enter (a pyenv in ``/root``): each node's own mount namespace gets an overlay there
-whose top others may enter (the machine's own directories are untouched).
+``/etc``. The jobs' user (``USER``, uid ``UID``, one per cluster instance) exists only in
+the nodes: each node's own mount namespace gets ``/etc/passwd`` and ``/etc/group`` bound from copies in ``RUN/etc``
+that name it. The venv's Python may live where only root may enter (a pyenv in ``/root``): each node's mount
+namespace gets an overlay there whose top others may enter (the machine's own directories are untouched).
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ from . import pbs_server, sim
 HERE = Path(__file__).resolve().parent
 RUN = Path("/var/spool") / f"{sim.PREFIX}-pbs"
 USER = f"{sim.PREFIX}-pbs"  # octosim-pbs, octsim3-pbs: each instance's jobs have their own user and home
+# The jobs' user's uid and gid (47100 for instance 0, 47103 for instance 3): known only inside the nodes, whose mount
+# namespaces get a passwd and group file naming it (the machine's /etc is never written).
+UID = GID = 47100 + sim.INSTANCE
 QUEUES = ("rt_HF", "rt_HG")
 NCPUS_PER_NODE = 8
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the commands' interpreter: any user can run it
@@ -124,8 +128,14 @@ def unavailable() -> Optional[str]:
         return f"no {SYSTEM_PYTHON} (the PBS commands' interpreter): apt-get install python3"
     if not MPIRUN.exists():
         return f"no {MPIRUN}: apt-get install openmpi-bin"
-    if shutil.which("useradd") is None or shutil.which("setpriv") is None:
-        return "no useradd or setpriv (passwd, util-linux): the jobs' user cannot be made"
+    if shutil.which("setpriv") is None:
+        return "no setpriv (util-linux): the jobs cannot run as a user that is not root"
+    try:
+        taken = pwd.getpwuid(UID).pw_name
+    except KeyError:
+        taken = ""
+    if taken and taken != USER:
+        return f"uid {UID} is {taken}'s on this machine; expected it free for the PBS jobs' user ({USER})"
     return None
 
 
@@ -141,20 +151,6 @@ def blockers(paths: Sequence[Path]) -> list[Path]:
                     out.append(d)
                 break
     return out
-
-
-def ensure_user(name: str = USER, home: Path = RUN / "home") -> pwd.struct_passwd:
-    """The jobs' user (not root), created once; its home is made afresh by every set-up."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
-         "--shell", "/bin/bash", "--comment", "octo-dist PBS tests", name],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return pwd.getpwnam(name)
 
 
 def escapes(record: Mapping) -> list[str]:
@@ -180,7 +176,7 @@ class Pbs:
         self.exec = self.run_dir / "exec"
         self.server = cluster.nodes[0]
         self.daemon: Optional[subprocess.Popen] = None
-        self.user = USER
+        self.user, self.uid, self.gid = USER, UID, GID
 
     # ---- paths and environments -----------------------------------------------------------------------------
 
@@ -241,11 +237,10 @@ class Pbs:
         """``argv`` on ``node`` (node001), as root or as the jobs' user (``user=True``), with a login's environment."""
         node = node or self.server
         if user:
-            pw = pwd.getpwnam(self.user)
             argv = [
                 "setpriv",
-                f"--reuid={pw.pw_uid}",
-                f"--regid={pw.pw_gid}",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
                 "--init-groups",
                 "--",
                 *argv,
@@ -276,7 +271,7 @@ class Pbs:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         try:
             self._files()
-            self._open_the_way()
+            self._node_mounts()
             self._start_server()
         except BaseException:
             self.down()
@@ -284,7 +279,6 @@ class Pbs:
         return self
 
     def _files(self) -> None:
-        pw = ensure_user(self.user, self.home)
         self.run_dir.mkdir(parents=True)
         self.run_dir.chmod(0o755)
         for d, mode in (
@@ -299,7 +293,17 @@ class Pbs:
             d.mkdir(parents=True)
             d.chmod(mode)
         self.exec.chmod(0o755)
-        shutil.chown(self.home, pw.pw_uid, pw.pw_gid)
+        os.chown(self.home, self.uid, self.gid)
+        (self.run_dir / "etc").mkdir(mode=0o755)
+        for name, line in (
+            (
+                "passwd",
+                f"{self.user}:x:{self.uid}:{self.gid}:octo-dist PBS tests:{self.home}:/bin/bash\n",
+            ),
+            ("group", f"{self.user}:x:{self.gid}:\n"),
+        ):
+            (self.run_dir / "etc" / name).write_text(Path("/etc", name).read_text() + line)
+            (self.run_dir / "etc" / name).chmod(0o644)
         (self.run_dir / "site-python" / "sitecustomize.py").write_text(
             SITECUSTOMIZE.format(folder=str(self.rank_env_dir))
         )
@@ -340,10 +344,16 @@ class Pbs:
             f"PYTHONPATH={self.run_dir / 'site-python'}\n"
         )
 
-    def _open_the_way(self) -> None:
-        """The jobs' user must run the venv's Python, which may live where only root may enter (a pyenv in
-        ``/root``): in each node's own mount namespace (the machine's is untouched), every such directory gets an
-        overlay whose top is enterable by all (mode 0711, on a tmpfs of that namespace), its content unchanged."""
+    def _node_mounts(self) -> None:
+        """In each node's own mount namespace (the machine's is untouched): the jobs' user in its /etc/passwd and
+        /etc/group (bind mounts of RUN/etc's copies), and, where the venv's Python lives where only root may enter
+        (a pyenv in ``/root``), an overlay on each such directory whose top all may enter (mode 0711, on a tmpfs of
+        that namespace), its content unchanged."""
+        for node in self.cluster.nodes:
+            for name in ("passwd", "group"):
+                self._in_mounts(
+                    node, 'mount --bind "$1" "$2"', self.run_dir / "etc" / name, Path("/etc", name)
+                )
         for i, blocked in enumerate(blockers(self.reach)):
             for node in self.cluster.nodes:
                 top = self.run_dir / "overlay" / node / str(i)
@@ -353,28 +363,19 @@ class Pbs:
                     '&& chmod 0711 "$1/upper" && '
                     'mount -t overlay octo-dist-overlay -o "lowerdir=$2,upperdir=$1/upper,workdir=$1/work" "$2"'
                 )
-                proc = subprocess.run(
-                    [
-                        "nsenter",
-                        "-t",
-                        str(self.cluster.pid(node)),
-                        "-m",
-                        "sh",
-                        "-c",
-                        script,
-                        "sh",
-                        str(top),
-                        str(blocked),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
-                if proc.returncode != 0:
-                    raise RuntimeError(
-                        f"{blocked} cannot be opened to the jobs' user on {node} (an overlay in its mount namespace): "
-                        f"{proc.stderr.strip()}; expected the venv's Python reachable by a user that is not root"
-                    )
+                self._in_mounts(node, script, top, blocked)
+
+    def _in_mounts(self, node: str, script: str, first: Path, second: Path) -> None:
+        """``sh -c script sh first second`` in ``node``'s mount namespace."""
+        argv = ["nsenter", "-t", str(self.cluster.pid(node)), "-m", "sh", "-c", script, "sh"]
+        proc = subprocess.run(
+            [*argv, str(first), str(second)], capture_output=True, text=True, timeout=60
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"{second} on {node}: {script} failed in its mount namespace: {proc.stderr.strip()}; expected the "
+                "jobs' user known there and the venv's Python reachable by it"
+            )
 
     def _start_server(self) -> None:
         config = {
@@ -453,9 +454,10 @@ class Pbs:
 
     def carrying(self, job_id: str) -> list[str]:
         """Every live process that carries the job's PBS_JOBID, in its sessions or not: 'node002: 4242 ...'."""
+        holders = {n: self.cluster.pid(n) for n in self.cluster.nodes}
         return [
-            pbs_server.describe(pid, {n: self.cluster.pid(n) for n in self.cluster.nodes})
-            for pid, _sid in pbs_server.outside_sessions(job_id, set())
+            pbs_server.describe(pid, holders)
+            for pid, _sid in pbs_server.outside_sessions(job_id, set(), holders)
         ]
 
     def logs(self, n: int = 3000) -> str:

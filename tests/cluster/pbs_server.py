@@ -95,9 +95,15 @@ def _net(pid: int) -> str:
         return ""
 
 
-def outside_sessions(job_id: str, sessions: set) -> list:
-    """Live processes of the job (its PBS_JOBID) in none of its sessions: [(pid, session)]."""
-    return [(pid, sid) for pid, sid in live_pids() if sid not in sessions and carries(pid, job_id)]
+def outside_sessions(job_id: str, sessions: set, holders: dict) -> list:
+    """Live processes of the job (its PBS_JOBID) in none of its sessions, on this cluster's nodes (another
+    cluster's job may have the same id): [(pid, session)]."""
+    nets = {_net(p) for p in holders.values()}
+    return [
+        (pid, sid)
+        for pid, sid in live_pids()
+        if sid not in sessions and carries(pid, job_id) and _net(pid) in nets
+    ]
 
 
 # ---- requests ----------------------------------------------------------------------------------------------------
@@ -562,7 +568,7 @@ class Server:
                 spooled.unlink(missing_ok=True)
         Path(job["_nodefile"]).unlink(missing_ok=True)
         shutil.rmtree(job["_tmpdir"], ignore_errors=True)
-        survivors = outside_sessions(job_id, set())
+        survivors = outside_sessions(job_id, set(), self.holders)
         if survivors:
             job["octo_survivors"] = [describe(pid, self.holders) for pid, _ in survivors]
         job.update(job_state="F", substate=92 if "_stopped" not in job else 91)
@@ -597,7 +603,7 @@ class Server:
                     continue
                 if state not in ("R", "E"):
                     continue
-                for pid, sid in outside_sessions(job_id, set(job["_sessions"])):
+                for pid, sid in outside_sessions(job_id, set(job["_sessions"]), self.holders):
                     job["_outside"].setdefault(pid, describe(pid, self.holders))
                     job["octo_outside_sessions"] = list(job["_outside"].values())
                 limit = job["_walltime"]
