@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from cluster import sim
 
 pytestmark = [pytest.mark.cluster]
 
-VENV = Path(os.environ.get("VIRTUAL_ENV") or Path(__import__("sys").executable).parent.parent)
+VENV = Path(sys.executable).parent.parent
 GROUP = "gxx00000"  # -P: an ABCI group
 STEPS = 10
 SAVE_EVERY = 2
