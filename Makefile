@@ -323,5 +323,5 @@ docker-local-smoke: docker-local-base docker-local ## build $(IMAGE):cpu-local, 
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
+	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py tests/test_cluster_pbs.py $(CLUSTER_ARGS) || status=$$?; \
 	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status
