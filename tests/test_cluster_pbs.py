@@ -18,6 +18,7 @@ output. All of them share one cluster (set up in about a second), each job in a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -52,6 +53,12 @@ SUBMIT_VARS = {
     "OCTO_DIST_LOG_ALL_RANKS": "1",
 }
 DIRECTIVE_MARK = "from-a-directive"
+# A lost node: from the fault to the job's end. What it takes: a rank noticing (a SIGKILLed one at once; with the link
+# cut, JAX's coordination service timing out node002's rank), the runtime's FAILED_GRACE_S (20 s) for mpirun to end
+# by itself, its END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. Not a timing assertion: the bound
+# past which a job that does not end is a job held until its wall time. A constant, not FAILED_GRACE_S read from the
+# runtime: a runtime whose grace grew must fail here.
+LOST_NODE_BOUND_S = 150
 # The queue's kill delay in the qdel scenario: long enough for a stop of 0.1 s steps on a loaded machine, and not
 # PBS's default (10 s), so the job's start line shows it read the queue's own.
 QDEL_KILL_DELAY_S = 45
@@ -559,3 +566,103 @@ def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs
     )
     assert sorted(e["_host"] for e in ranks) == ["node001", "node002"], job.tail(1)
     assert all(v == DIRECTIVE_MARK for v in seen.values()), seen
+
+
+# ---- a lost node (long) ----------------------------------------------------------------------------------------
+
+
+# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
+# directory without it is still being written.
+MANIFEST = "checksums.json"
+
+
+def checkpoints(save_dir: Path) -> dict[str, str]:
+    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256."""
+    out = {}
+    for step in sorted(
+        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
+    ):
+        for f in sorted(step.rglob("*")):
+            if f.is_file():
+                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def kill_ranks(p: sim_pbs.Pbs, node: str) -> list[int]:
+    """SIGKILL to every training process on node (the ranks: ``.../bin/octo-dist smoke``; not mpirun's daemon, not
+    the rank guard)."""
+    killed = []
+    for pid in p.cluster.processes_on(node):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+def mend_link(node: str) -> None:
+    """Plugs node's cable back in (``Cluster.cut_link`` undone): the module's other jobs use node002."""
+    sim._ip("-n", sim.SWITCH, "link", "set", f"{sim.PREFIX}-{node}", "up")
+
+
+@pytest.mark.cluster_long
+@pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
+def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, compile_cache):
+    """A 2-node job as rendered, paced; after its step-2 checkpoint node002's rank is SIGKILLed, or node002's link
+    cut (packets dropped, no RST: mpirun and the ranks on node001 hear nothing more). The job ends well before its
+    wall time, fails (PBS's Exit_status non-zero), its log names node002 or rank 1 after the fault, the checkpoints
+    written before it are intact and verify, and nothing of the job is left on either node."""
+    job = launch(
+        pbs,
+        compile_cache,
+        workdir(pbs, f"lost-{fault}"),
+        "--walltime",
+        "1:00:00",
+        steps=LONG,
+        step_time=LONG_STEP_TIME,
+    )
+    wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST, job)
+    before = checkpoints(job.save_dir)
+    seen = len(job.log())  # the preflight already names node002: read what follows
+    t0 = time.monotonic()
+    try:
+        if fault == "link-cut":
+            pbs.cluster.cut_link("node002")
+        else:
+            require(kill_ranks(pbs, "node002"), "no rank process found on node002\n" + job.tail())
+        final = pbs.wait_ended(job.id, LOST_NODE_BOUND_S)
+        took = time.monotonic() - t0
+    finally:
+        if fault == "link-cut":
+            mend_link("node002")
+    if final.get("job_state") not in sim_pbs.ENDED:
+        pbs.run(["qdel", "-W", "force", job.id], check=False)
+        pytest.fail(
+            f"{fault}: job {job.id} still {final.get('job_state')} {took:.0f} s after node002 was lost "
+            f"(a job that holds its nodes until the wall time)\n" + job.tail()
+        )
+    left = pbs.carrying(job.id)
+    said = job.log()[seen:]
+    what = (
+        f"{fault}, ended {took:.0f} s after: {json.dumps(brief(final))}; left: {left}\n{job.tail()}"
+    )
+    assert final.get("Exit_status") not in (None, 0), "the job did not fail: " + what
+    assert "node002" in said or "rank 1 " in said, (
+        f"nothing the job said after the fault names node002 or rank 1: {said[-3000:]}\n{what}"
+    )
+    after = checkpoints(job.save_dir)
+    # max_to_keep may retire old checkpoints: every file of those still there is unchanged
+    kept = {k: v for k, v in before.items() if k.split("/")[0] in {a.split("/")[0] for a in after}}
+    assert kept and {k: after.get(k) for k in kept} == kept, (
+        "a checkpoint written before the fault changed: " + what
+    )
+    newest = max(int(k.split("/")[0]) for k in before)
+    assert newest in verified_steps(job.save_dir), (newest, steps_in(job.save_dir), what)
+    assert sim_pbs.escapes(final) == [] and left == [], (
+        "processes of the job that PBS could not end: " + what
+    )
+    print(f"\nlost node ({fault}): job {job.id} ended {took:.1f} s after the fault, Exit_status "
+          f"{final.get('Exit_status')}")  # fmt: skip
