@@ -650,8 +650,11 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         f"{fault}, ended {took:.0f} s after: {json.dumps(brief(final))}; left: {left}\n{job.tail()}"
     )
     assert final.get("Exit_status") not in (None, 0), "the job did not fail: " + what
-    assert "node002" in said or "rank 1 " in said, (
-        f"nothing the job said after the fault names node002 or rank 1: {said[-3000:]}\n{what}"
+    # A killed rank: the runtime's own words (its rank guard's note), whatever the MPI's messages say. A cut link:
+    # node002's rank may never fail by itself, so whoever notices (the coordination service, mpirun) names it.
+    names = ["rank 1 on node002"] if fault == "sigkill" else ["node002", "rank 1 "]
+    assert any(n in said for n in names), (
+        f"nothing the job said after the fault names {' or '.join(names)}: {said[-3000:]}\n{what}"
     )
     after = checkpoints(job.save_dir)
     # max_to_keep may retire old checkpoints: every file of those still there is unchanged
