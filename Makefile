@@ -84,8 +84,8 @@ check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, n
 # schedulers run every scenario, the long ones included (OCTO_DIST_CLUSTER_LONG=1): time-limit stops and chains,
 # cancels, lost nodes. Those mostly wait (paced ranks, a cut link's timeouts), so they get streams of their own
 # rather than queueing behind each other. Each lists its slowest tests (--durations): a CI log shows where time went.
-# The real PBS tests (OpenPBS, built once per machine by tests/cluster/openpbs-build.sh, which .ci/run calls) run on
-# cluster 3 in a fifth stream ($(PBS_LOG)); they skip with the reason where OpenPBS is not built.
+# The PBS tests (the rendered jobs under an imitation of PBS as a real one was measured to behave,
+# tests/cluster/pbs.py) run on cluster 3 in a fifth stream ($(PBS_LOG)): 7 to 9 minutes, long scenarios included.
 # TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
 CLUSTER_LOG ?= .cluster/suite.log
@@ -95,7 +95,7 @@ PBS_LOG ?= .cluster/pbs.log
 BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py tests/test_checkpoint_integrity.py tests/test_disk_full.py
 REAL_SLURM ?= tests/test_cluster_slurm.py
 REAL_GRIDENGINE ?= tests/test_cluster_gridengine.py
-REAL_PBS ?= tests/test_cluster_pbs.py
+PBS_IMITATION ?= tests/test_cluster_pbs.py
 BESIDE_SLURM ?= tests/test_runtime.py tests/test_validate.py tests/test_step_collectives.py tests/test_gather.py
 BESIDE_DAEMONS ?= tests/test_engine.py tests/test_inherited_signals.py tests/test_stop_signals.py
 STREAM_PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
@@ -112,11 +112,11 @@ ifeq ($(TEST_SPLIT),1)
 	     || status=$$?; \
 	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_DAEMONS) || status=$$?; \
 	   exit $$status; } > $(GRIDENGINE_LOG) 2>&1 & gridengine=$$!; \
-	  { OCTOSIM_INSTANCE=3 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(REAL_PBS); \
+	  { OCTOSIM_INSTANCE=3 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(PBS_IMITATION); \
 	  } > $(PBS_LOG) 2>&1 & pbs=$$!; \
 	  { status=0; \
 	   $(STREAM_PYTEST) -m cluster --durations=15 \
-	     $(foreach f,$(REAL_SLURM) $(REAL_GRIDENGINE) $(REAL_PBS),--ignore=$(f)) || status=$$?; \
+	     $(foreach f,$(REAL_SLURM) $(REAL_GRIDENGINE) $(PBS_IMITATION),--ignore=$(f)) || status=$$?; \
 	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
 	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
 	  trap 'kill $$cluster $$slurm $$gridengine $$pbs 2>/dev/null' INT TERM; \
@@ -132,9 +132,9 @@ ifeq ($(TEST_SPLIT),1)
 	  cat $(SLURM_LOG); \
 	  echo "---- the real Grid Engine tests, then $(BESIDE_DAEMONS) (beside the rest; $(GRIDENGINE_LOG)) ----"; \
 	  cat $(GRIDENGINE_LOG); \
-	  echo "---- the real PBS tests (beside the rest; $(PBS_LOG)) ----"; \
+	  echo "---- the PBS tests, against its imitation (beside the rest; $(PBS_LOG)) ----"; \
 	  cat $(PBS_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, real Slurm and $(BESIDE_SLURM) $$slurmed, real Grid Engine and $(BESIDE_DAEMONS) $$gridded, real PBS $$pbsed ----"; \
+	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, real Slurm and $(BESIDE_SLURM) $$slurmed, real Grid Engine and $(BESIDE_DAEMONS) $$gridded, PBS (imitation) $$pbsed ----"; \
 	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$slurmed = 0 ] && [ $$gridded = 0 ] && [ $$pbsed = 0 ]
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
@@ -338,5 +338,5 @@ docker-local-smoke: docker-local-base docker-local ## build $(IMAGE):cpu-local, 
 CLUSTER_ARGS ?=
 .PHONY: cluster-smoke
 cluster-smoke: $(DEV_STAMP) ## run the job scripts on a simulated 2-node cluster (root; tests marked cluster)
-	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py $(CLUSTER_ARGS) || status=$$?; \
+	status=0; OCTO_DIST_CLUSTER_LONG=1 $(VENV)/bin/python -m pytest -m cluster -rxXs -v tests/test_cluster.py tests/test_cluster_slurm.py tests/test_cluster_gridengine.py tests/test_cluster_mpi41.py tests/test_cluster_pbs.py $(CLUSTER_ARGS) || status=$$?; \
 	  if [ -s .cluster/cluster-smoke.txt ]; then echo; cat .cluster/cluster-smoke.txt; fi; exit $$status

@@ -5,6 +5,7 @@ example cannot drift from the code:
     <!-- check: static (why) -->         every `octo-dist ...` (or `python3 -m octo_dist ...`) accepted by the real
                                          argument parser, parsed only; every `make X` a target of the Makefile
     <!-- check: output FILE -->          an excerpt of FILE (scripts/jobs/* re-rendered by `octo-dist launch`)
+    <!-- check: rendered FILE -->        the whole FILE as the run block just before it writes it (`-o FILE`)
     <!-- check: recorded (why) -->       output of a cluster, a GPU or a timing that cannot be reproduced here
     <!-- check: code -->                 source code shown, not a command
 
@@ -29,7 +30,7 @@ import pytest
 from helpers import REPO, clean_env
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-KINDS = ("run", "static", "output", "recorded", "code")
+KINDS = ("run", "static", "output", "rendered", "recorded", "code")
 # "<!-- check: recorded (a 20 s run of 3 processes) -->" -> kind "recorded", argument "(a 20 s run of 3 processes)"
 MARKER = re.compile(r"^<!-- check: (\S+)\s*(.*?)\s*-->$")
 
@@ -204,15 +205,19 @@ def test_static_block_commands_parse(block):
 # ---- run: executed --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("block", of_kind("run"))
-def test_run_block_runs(block, tmp_path):
-    script = tmp_path / "block.sh"
+def run_block(block: Block, cwd: Path) -> None:
+    """Runs a block's text as a script in ``cwd`` with the venv first on PATH; fails the test unless it exits 0.
+    HOME is a fresh directory there: a launch.ini of whoever runs the tests never changes what a block renders."""
+    script = cwd / "block.sh"
     script.write_text(block.text, encoding="utf-8")
+    home = cwd / "home"
+    home.mkdir(exist_ok=True)
     bindir = os.path.dirname(sys.executable)  # the venv's octo-dist and mpirun
-    env = clean_env(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = clean_env(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", HOME=str(home))
+    env.pop("XDG_CONFIG_HOME", None)
     proc = subprocess.run(
         ["bash", "-eo", "pipefail", str(script)],
-        cwd=tmp_path,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -221,6 +226,11 @@ def test_run_block_runs(block, tmp_path):
     assert proc.returncode == 0, (
         f"{block} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     )
+
+
+@pytest.mark.parametrize("block", of_kind("run"))
+def test_run_block_runs(block, tmp_path):
+    run_block(block, tmp_path)
 
 
 # ---- output: an excerpt of a file the test regenerates --------------------------------------------------------------
@@ -247,6 +257,100 @@ def test_output_block_is_an_excerpt(block):
 def _contiguous(excerpt: str, whole: str) -> bool:
     want, have = excerpt.rstrip("\n").split("\n"), whole.split("\n")
     return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
+
+
+# ---- rendered: the whole file the command just above writes ---------------------------------------------------------
+
+
+def block_before(block: Block) -> Block | None:
+    """The fenced block before ``block`` in its file (the command whose output it shows), or None."""
+    earlier = [b for b in ALL if b.path == block.path and b.line < block.line]
+    return earlier[-1] if earlier else None
+
+
+@pytest.mark.parametrize("block", of_kind("rendered"))
+def test_rendered_block_is_what_the_command_above_writes(block, tmp_path):
+    """A block that says "this is the whole script" is the file the run block above it writes, byte for byte: its
+    command is run (the real `octo-dist launch`) and nothing is normalised, as nothing in a rendered script varies
+    with the machine, the date or the checkout's commit."""
+    command = block_before(block)
+    assert command is not None and command.kind == "run", (
+        f"{block}: a rendered block follows the run block that writes {block.arg}"
+    )
+    run_block(command, tmp_path)
+    written = tmp_path / block.arg
+    assert written.is_file(), f"{command} wrote no {block.arg}"
+    assert block.text == written.read_text(encoding="utf-8"), (
+        f"{block}: not the {block.arg} that {command} writes now; replace the block with it"
+    )
+
+
+def checkout_of(text: str) -> str:
+    """Where a block's ``cd`` commands leave you, from /: ``cd /groups/g && git clone URL && cd octo-dist`` ->
+    "/groups/g/octo-dist"."""
+    cwd = "/"
+    for command in commands(text):
+        if command[:1] == ["cd"] and len(command) == 2:
+            cwd = os.path.normpath(os.path.join(cwd, command[1]))
+    return cwd
+
+
+def abci_blocks() -> tuple:
+    """README (b)'s checkout (step 1's cd) and its fine-tune: the submit command, the run block rendering it here
+    and the script shown (the rendered block after them)."""
+    readme = [b for b in ALL if b.path == REPO / "README.md"]
+    shown = next(b for b in readme if b.kind == "rendered")
+    render = block_before(shown)
+    submit = block_before(render)
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.count("\n", 0, text.index("## (b) ABCI 3.0")) + 1
+    first = next(b for b in readme if b.line > section)
+    return checkout_of(first.text), submit, render, shown
+
+
+def test_the_abci_script_shown_is_what_the_submit_command_writes(tmp_path):
+    """README (b) step 4's command, rendered without `--submit --chain N` from the checkout of step 1 (`$PWD`
+    written out, the image skipped as it is not here), writes the script the README shows, which is the ready-made
+    scripts/jobs/abci3-pbs-finetune.sh under the name -o gives it."""
+    checkout, submit, _, shown = abci_blocks()
+    assert checkout == "/groups/gxx00000/octo-dist", checkout
+    argv = octo_dist_argv(commands(submit.text)[0])
+    assert argv[:2] == ["launch", "pbs"] and "--submit" in argv and "--chain" in argv, submit
+    chain = argv.index("--chain")
+    argv = [
+        a.replace("$PWD", checkout) for a in argv[:chain] + argv[chain + 2 :] if a != "--submit"
+    ]
+    argv.insert(argv.index("--"), "--skip-image-check")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env(HOME=str(home))
+    env.pop("XDG_CONFIG_HOME", None)
+    octo_dist = os.path.join(os.path.dirname(sys.executable), "octo-dist")
+    proc = subprocess.run(
+        [octo_dist, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr
+    name = argv[argv.index("-o") + 1]
+    assert shown.arg == name and shown.text == (tmp_path / name).read_text(encoding="utf-8"), (
+        f"{shown} is not the script {submit}'s command writes (octo-dist {shlex.join(argv)})"
+    )
+    ready = (REPO / "scripts/jobs/abci3-pbs-finetune.sh").read_text(encoding="utf-8")
+    assert shown.text == ready.replace("abci3-pbs-finetune.sh", name), (
+        f"{shown} is not scripts/jobs/abci3-pbs-finetune.sh under the name {name}"
+    )
+
+
+def test_one_checkout_location_for_abci():
+    """The ABCI pages name README (b)'s checkout and no other: no `$HOME/octo-dist` beside `/groups/...`."""
+    checkout, *_ = abci_blocks()
+    abci = (REPO / "docs" / "abci.md").read_text(encoding="utf-8")
+    assert f"PYTHONPATH={checkout}" in abci, f"docs/abci.md does not name the checkout {checkout}"
+    elsewhere = [
+        f"{p.relative_to(REPO)}: {m.group(0)}"
+        for p in DOCS
+        for m in re.finditer(r"(\$HOME|~)/octo-dist(?![.\w-])", p.read_text(encoding="utf-8"))
+    ]
+    assert not elsewhere, f"a checkout other than {checkout}: {elsewhere}"
 
 
 # ---- the README's shape: a table of contents, the user paths before the internals, links that resolve ---------------

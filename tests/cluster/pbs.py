@@ -1,37 +1,62 @@
-"""A real PBS (OpenPBS 23.06.06, the open-source PBS Professional) on the namespace cluster of ``sim.py``.
+"""An imitation of PBS Professional on the namespace cluster of ``sim.py``, behaving as a real PBS was measured to.
 
     with sim.Cluster(state) as c, Pbs(c) as p:
         p.run(["qsub", "job.sh"], user=True, cwd=p.home / "submit")
 
-OpenPBS is neither a Debian package nor on PyPI: ``openpbs-build.sh`` builds it from ``../shared/thirdparty/``
-into a versioned prefix outside the clone (root, once per machine; ``OCTO_DIST_OPENPBS_PREFIX`` names another).
+What it imitates (measured against OpenPBS 23.06.06, the open-source PBS Professional, on this cluster, and PBS
+Professional's documented behaviour):
 
-How it runs:
+* **A job is its sessions.** The job script runs as the submitting user (never root: qsub refuses root's jobs) in
+  a new session on the job's first host, under a job shell (``bash -c 'bash SCRIPT; exit $?'``), in ``$HOME``.
+  ``pbs_tmrsh HOST CMD...`` starts a task of the job on HOST: a new session there, which the job owns too. ``qdel``
+  and the wall time send SIGTERM to every process of those sessions on every node, wait the queue's ``kill_delay``
+  (10 s unless ``qmgr -c "set queue Q kill_delay=N"``), then SIGKILL every process still in them; the job ends as
+  soon as none is left. A job whose job shell exits ends, and what is left in its sessions is SIGKILLed.
+  ``Exit_status``: the job shell's, 256 + N when it died of signal N (a qdel'd job: 271, whatever its script did).
+* **A process that left the job's sessions** (setsid, ``start_new_session``) is invisible to PBS: never signalled,
+  never waited for, it outlives the job. The imitation finds it (it still carries the job's ``PBS_JOBID`` in
+  ``/proc/PID/environ``) and names it in the job's record: ``octo_outside_sessions`` (seen while the job ran) and
+  ``octo_survivors`` (alive when the job ended). ``Pbs.escapes(record)`` lists both; tests assert it is empty.
+* **qsub**: ``#PBS`` directives up to the script's first command, command-line options over them; ``-v`` lists
+  (``NAME=value``, or ``NAME`` whose value qsub reads from its environment) and ``-V``; a command line's ``-v``
+  *replaces* the script's ``#PBS -v`` (as measured); nothing else of the submitting shell reaches the job but
+  ``PBS_O_*``. ``-l select=N:ncpus=C:mpiprocs=R``: ``place=scatter`` (or ``excl``) puts each chunk on its own
+  host; otherwise chunks fill a host first (measured: ``select=2:mpiprocs=1`` ran as ``node001/0+node001/1``).
+  ``-W depend=afterany:ID`` holds a job (``H``) until ID has ended. ``-j oe``, ``-k oe`` (the output file kept in
+  the user's home on the first host while the job runs: ``NAME.oSEQ``), ``-o``/``-e`` (else the output is copied
+  to ``PBS_O_WORKDIR`` at the end). ``-q`` (ABCI's ``rt_HF``, the default, and ``rt_HG``), ``-P`` (any project),
+  ``-N``. Job ids are ``SEQ.node001``, from 0.
+* **The job's environment**, as a mom gives it: the node's ``pbs_environment`` (here: ``PATH=/bin:/usr/bin``,
+  ``PBS_CONF_FILE``, the site's Open MPI rsh agent, ``OCTO_DIST_NO_MPI4PY=1`` and a ``sitecustomize`` that writes
+  each MPI rank's environment to its own file under ``RUN/rank-env``), the job's ``Variable_List``, the owner's
+  ``HOME``/``USER``/``LOGNAME``/``SHELL``, ``PBS_JOBID``, ``PBS_JOBNAME``, ``PBS_QUEUE``, ``PBS_NODEFILE`` (one line
+  per ``mpiprocs`` of each chunk), ``PBS_O_*`` (``PBS_O_WORKDIR``: where qsub ran), ``PBS_ENVIRONMENT=PBS_BATCH``,
+  ``TMPDIR``, and ``NCPUS``/``OMP_NUM_THREADS`` set to the ncpus of the job's chunks on that host (1 when the
+  select asks none, as measured).
+* **qstat** ``-f``/``-x``/``-F json`` (``Exit_status``, ``exec_host``, ``exec_vnode``, ``Resource_List``,
+  ``Variable_List``, ``depend``, ``project``...; a finished job only with ``-x``), ``qstat -Qf -F json QUEUE``
+  (``kill_delay`` listed only where the queue sets it); ``qdel [-W force]``; ``qmgr -c "set queue Q ATTR=V"``.
+* **Remote ranks through PBS's task manager**: Debian's Open MPI 4.1 has no ``tm`` launcher, so the site's
+  environment makes its rsh agent ``RUN/bin/tmrsh-agent``, which runs the shell line Open MPI hands an agent as
+  ``pbs_tmrsh HOST /bin/sh -c LINE``: node002's Open MPI daemon is a task of the job there, not an ssh.
 
-* Everything the daemons write lives under one run directory, ``RUN`` (``/var/spool/<prefix>-pbs``, one per
-  cluster instance, removed before and after): a ``PBS_HOME`` per node (``RUN/node001``: server, scheduler, comm,
-  the datastore and a mom; ``RUN/node002``: a mom), each with its own ``pbs.conf``, named by ``PBS_CONF_FILE`` in
-  every command's environment and in the node's ``pbs_environment`` (what a mom gives every job). ``/etc/pbs.conf``,
-  ``/etc/init.d`` and ``/etc/profile.d`` are never written (``pbs_postinstall``, which writes them, is not run: the
-  ``PBS_HOME`` layout it makes is made here).
-* The datastore is PostgreSQL (Debian's), created by OpenPBS's own ``pbs_db_utility install_db`` and run by the
-  server as user ``postgres`` on a port of this instance (``15200 + instance``: its socket file is in Debian's
-  shared ``/run/postgresql``). ``down()`` stops it cleanly (a SIGKILLed postmaster would leave its shared memory).
-* Every daemon runs in the foreground (``-N``) inside a node's namespaces: ``pbs_comm``, ``pbs_server`` (and so
-  the datastore) and ``pbs_sched`` on node001, ``pbs_mom`` on node001 and node002. Whatever outlives ``down()`` is
-  in a node's network namespace, where ``sim``'s clean-up (``down()``, and the next ``up()``) kills it.
-* ABCI's specifics are configured, not assumed: execution queues ``rt_HF`` and ``rt_HG`` (enabled, started;
-  ``rt_HF`` the default), ``-P group`` (a job's project: OpenPBS accepts any), job history for ``qstat -x``.
-  Each node declares ``NCPUS_PER_NODE`` CPUs (both share this machine's cores), as the Slurm cluster does.
-* Jobs run as a user that is not root, ``USER`` (one per instance, created once with ``useradd``; its home is
-  ``RUN/home``, made afresh by every set-up). ``run(..., user=True)`` runs a command as that user on a node.
-* Remote ranks: Debian's Open MPI 4.1 has no ``tm`` launcher, so the site's environment (``pbs_environment``) sets
-  its rsh agent to ``RUN/bin/tmrsh-agent``, which hands the command line Open MPI gives an agent (a shell command,
-  as to ssh) to ``pbs_tmrsh HOST /bin/sh -c LINE``: PBS's task manager starts it on the other node's mom, inside
-  the job (as Open MPI's own tm launcher would), not through ssh. The site's environment also carries
-  ``OCTO_DIST_NO_MPI4PY=1`` (the venv's mpi4py is built for its Open MPI 5, not Debian's 4.1) and a
-  ``sitecustomize`` that writes each MPI rank's environment, CPU affinity and command to ``RUN/rank-env`` (one file
-  per process: never parsed from interleaved output).
+What it does not imitate: a scheduler's policy beyond first fit (priorities, fairshare, reservations), resource
+limits other than the wall time (no cgroups, no memory or CPU enforcement: ranks may run on every CPU), prologue
+and epilogue, hooks, job arrays, ``qsig``, ``qhold``/``qrls``, rerun, stage-in/out, interactive jobs, a login
+shell reading ``/etc/profile``, the exact text of PBS's error messages, and the exit status PBS Professional
+records for a wall-time kill (here, as for a qdel, 256 + SIGTERM).
+
+How it runs: one root daemon, ``pbs_server.py``, in node001's namespaces, does the server's, the scheduler's and
+every node's mom's work (the nodes share this kernel's one pid namespace, so it sees and signals every session,
+and starts a node's processes with ``nsenter``). The commands (``pbs_commands.py``, installed as ``$PBS_EXEC/bin/
+{qsub,qstat,qdel,qmgr,pbs_tmrsh}``; ``PBS_EXEC`` and the daemon's socket are named in each node's ``pbs.conf``,
+``PBS_CONF_FILE``) talk to it over a unix socket. Everything lives in one run directory, ``RUN``
+(``/var/spool/<prefix>-pbs``, removed before and after): ``pbs.conf``, ``pbs_environment``, ``aux`` (node files),
+``mom_priv/jobs`` (the scripts) and ``spool`` per node, the jobs' user's home, ``TMPDIR``s. Nothing is written to
+``/etc``. The jobs' user (``USER``, uid ``UID``, one per cluster instance) exists only in
+the nodes: each node's own mount namespace gets ``/etc/passwd`` and ``/etc/group`` bound from copies in ``RUN/etc``
+that name it. The venv's Python may live where only root may enter (a pyenv in ``/root``): each node's mount
+namespace gets an overlay there whose top others may enter (the machine's own directories are untouched).
 """
 
 from __future__ import annotations
@@ -49,24 +74,22 @@ from typing import Mapping, Optional, Sequence
 
 from helpers import REPO, restore_signals
 
-from . import sim
+from . import pbs_server, sim
 
-VERSION = "23.06.06"
 HERE = Path(__file__).resolve().parent
-BUILD = HERE / "openpbs-build.sh"
-PREFIX_ENV = "OCTO_DIST_OPENPBS_PREFIX"
-MARKER = ".octo-dist-build-complete"  # written by openpbs-build.sh once the install is complete
 RUN = Path("/var/spool") / f"{sim.PREFIX}-pbs"
-USER = f"{sim.PREFIX}-pbs"  # octosim-pbs, octsim3-pbs: each instance's jobs have their own home
+USER = f"{sim.PREFIX}-pbs"  # octosim-pbs, octsim3-pbs: each instance's jobs have their own user and home
+# The jobs' user's uid and gid (47100 for instance 0, 47103 for instance 3): known only inside the nodes, whose mount
+# namespaces get a passwd and group file naming it (the machine's /etc is never written).
+UID = GID = 47100 + sim.INSTANCE
 QUEUES = ("rt_HF", "rt_HG")
 NCPUS_PER_NODE = 8
-DB_USER = "postgres"  # Debian's postgresql package's user; OpenPBS's default data service user
-DB_PORT = 15200 + sim.INSTANCE
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the commands' interpreter: any user can run it
 MPIRUN = Path("/usr/bin/mpirun")  # Debian's Open MPI 4.1 (the hpcx family); .ci/run selects it
-START_TIMEOUT_S = 180  # datastore, server, scheduler and two moms up, on a loaded 2-core machine
-STOP_TIMEOUT_S = 60
-# job_state once a job has left the queue (qstat -x): F finished (any way), M moved.
-ENDED = frozenset({"F", "M"})
+COMMANDS = ("qsub", "qstat", "qdel", "qmgr", "pbs_tmrsh")
+START_TIMEOUT_S = 60
+# job_state once a job has left the queue (qstat -x): F finished (any way).
+ENDED = frozenset({"F"})
 
 # Records one file per MPI rank process (Open MPI sets OMPI_COMM_WORLD_RANK in each); anything else is untouched.
 SITECUSTOMIZE = """\
@@ -96,47 +119,23 @@ exec {tmrsh} "$host" /bin/sh -c "$*"
 """
 
 
-def prefix() -> Path:
-    """Where openpbs-build.sh installs (or installed) OpenPBS."""
-    if os.environ.get(PREFIX_ENV):
-        return Path(os.environ[PREFIX_ENV])
-    out = subprocess.run(
-        ["bash", str(BUILD), "--prefix"], capture_output=True, text=True, check=True
-    )
-    return Path(out.stdout.strip())
-
-
-def pg_bin() -> Optional[Path]:
-    """Debian's PostgreSQL server programs (initdb, pg_ctl), the newest version installed."""
-    found = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: p.parent.parent.name
-    )
-    return found[-1].parent if found else None
-
-
 def unavailable() -> Optional[str]:
-    """Why a real PBS cannot run here, or None."""
+    """Why the PBS imitation cannot run here, or None."""
     reason = sim.unavailable()
     if reason:
         return reason
-    exe = prefix()
-    if not (exe / MARKER).exists():
-        return (
-            f"OpenPBS {VERSION} is not built at {exe}; expected a complete build there. "
-            f"Fix: sudo {BUILD.relative_to(HERE.parents[1])} (once per machine; a few minutes)"
-        )
-    if not os.stat(exe / "sbin" / "pbs_iff").st_mode & 0o4000:
-        return f"{exe}/sbin/pbs_iff is not setuid root: rebuild with {BUILD.name}"
-    if pg_bin() is None or shutil.which("psql") is None or shutil.which("pg_config") is None:
-        return "no PostgreSQL server (the PBS datastore): apt-get install postgresql libpq-dev"
-    try:
-        pwd.getpwnam(DB_USER)
-    except KeyError:
-        return f"no user '{DB_USER}' (Debian's postgresql package creates it)"
+    if not SYSTEM_PYTHON.exists():
+        return f"no {SYSTEM_PYTHON} (the PBS commands' interpreter): apt-get install python3"
     if not MPIRUN.exists():
         return f"no {MPIRUN}: apt-get install openmpi-bin"
-    if shutil.which("useradd") is None or shutil.which("setpriv") is None:
-        return "no useradd or setpriv (passwd, util-linux): the jobs' user cannot be made"
+    if shutil.which("setpriv") is None:
+        return "no setpriv (util-linux): the jobs cannot run as a user that is not root"
+    try:
+        taken = pwd.getpwuid(UID).pw_name
+    except KeyError:
+        taken = ""
+    if taken and taken != USER:
+        return f"uid {UID} is {taken}'s on this machine; expected it free for the PBS jobs' user ({USER})"
     return None
 
 
@@ -154,37 +153,12 @@ def blockers(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
-def remove_leftovers(run: Path = RUN) -> None:
-    """What a crashed run left in ``run``, and the shared memory of its SIGKILLed postmaster (named in its
-    ``postmaster.pid``; removed once nothing is attached). Its processes lived in the cluster's namespaces: ``sim``
-    killed them."""
-    for pidfile in run.glob("*/datastore/postmaster.pid"):
-        try:
-            shmid = pidfile.read_text().splitlines()[6].split()[1]
-            attached = {
-                ln.split()[1]: ln.split()[6]
-                for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
-                if len(ln.split()) > 6
-            }
-        except (OSError, IndexError):
-            continue
-        if attached.get(shmid) == "0":
-            subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
-    shutil.rmtree(run, ignore_errors=True)
-
-
-def ensure_user(name: str = USER, home: Path = RUN / "home") -> pwd.struct_passwd:
-    """The jobs' user (not root), created once; its home is made afresh by every set-up."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
-         "--shell", "/bin/bash", "--comment", "octo-dist PBS tests", name],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return pwd.getpwnam(name)
+def escapes(record: Mapping) -> list[str]:
+    """The processes of a job that PBS could not see (the imitation's own fields of ``qstat -x -f``): 'seen
+    outside the job's sessions: node001: 4242 (session 4242) mpirun ...', 'alive after the job ended: ...'."""
+    return [
+        f"seen outside the job's sessions: {p}" for p in record.get("octo_outside_sessions", [])
+    ] + [f"alive after the job ended: {p}" for p in record.get("octo_survivors", [])]
 
 
 class Pbs:
@@ -199,10 +173,10 @@ class Pbs:
         self.cluster = cluster
         self.reach = reach
         self.run_dir = Path(run)
-        self.exec = prefix()
+        self.exec = self.run_dir / "exec"
         self.server = cluster.nodes[0]
-        self.daemons: dict[str, subprocess.Popen] = {}
-        self.user = USER
+        self.daemon: Optional[subprocess.Popen] = None
+        self.user, self.uid, self.gid = USER, UID, GID
 
     # ---- paths and environments -----------------------------------------------------------------------------
 
@@ -225,7 +199,7 @@ class Pbs:
     def env(self, node: Optional[str] = None, extra: Mapping[str, str] = ()) -> dict:
         """What root's login shell on ``node`` has for PBS's commands."""
         env = {
-            "PATH": f"{self.exec}/bin:{self.exec}/sbin:{sim.NODE_PATH}",
+            "PATH": f"{self.exec}/bin:{sim.NODE_PATH}",
             "PBS_CONF_FILE": str(self.conf(node or self.server)),
             "HOME": "/root",
             "USER": "root",
@@ -263,11 +237,10 @@ class Pbs:
         """``argv`` on ``node`` (node001), as root or as the jobs' user (``user=True``), with a login's environment."""
         node = node or self.server
         if user:
-            pw = pwd.getpwnam(self.user)
             argv = [
                 "setpriv",
-                f"--reuid={pw.pw_uid}",
-                f"--regid={pw.pw_gid}",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
                 "--init-groups",
                 "--",
                 *argv,
@@ -295,130 +268,71 @@ class Pbs:
     # ---- set-up -----------------------------------------------------------------------------------------------
 
     def up(self) -> "Pbs":
-        remove_leftovers(self.run_dir)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         try:
             self._files()
-            self._open_the_way()
-            self._install_datastore()
-            self._start("pbs_comm", self.server, ["pbs_comm", "-N"])
-            self._start("pbs_server", self.server, ["pbs_server", "-N", "-t", "create"])
-            self._wait(self._server_answers, "pbs_server answers qstat -B")
-            self._configure()
-            self._start("pbs_sched", self.server, ["pbs_sched", "-N"])
-            for node in self.cluster.nodes:
-                self._start(f"pbs_mom-{node}", node, ["pbs_mom", "-N"])
-            self._wait(self._nodes_free, "every node free in pbsnodes")
+            self._node_mounts()
+            self._start_server()
         except BaseException:
             self.down()
             raise
         return self
 
     def _files(self) -> None:
-        pw = ensure_user(self.user, self.home)
         self.run_dir.mkdir(parents=True)
         self.run_dir.chmod(0o755)
         for d, mode in (
             (self.home, 0o755),
             (self.rank_env_dir, 0o1777),
             (self.run_dir / "site-python", 0o755),
+            (self.run_dir / "tmp", 0o1777),
+            (self.run_dir / "bin", 0o755),
+            (self.exec / "bin", 0o755),
+            (self.exec / "lib", 0o755),
         ):
-            d.mkdir()
+            d.mkdir(parents=True)
             d.chmod(mode)
-        shutil.chown(self.home, pw.pw_uid, pw.pw_gid)
+        self.exec.chmod(0o755)
+        os.chown(self.home, self.uid, self.gid)
+        (self.run_dir / "etc").mkdir(mode=0o755)
+        for name, line in (
+            (
+                "passwd",
+                f"{self.user}:x:{self.uid}:{self.gid}:octo-dist PBS tests:{self.home}:/bin/bash\n",
+            ),
+            ("group", f"{self.user}:x:{self.gid}:\n"),
+        ):
+            (self.run_dir / "etc" / name).write_text(Path("/etc", name).read_text() + line)
+            (self.run_dir / "etc" / name).chmod(0o644)
         (self.run_dir / "site-python" / "sitecustomize.py").write_text(
             SITECUSTOMIZE.format(folder=str(self.rank_env_dir))
         )
-        bindir = self.run_dir / "bin"
-        bindir.mkdir()
-        agent = bindir / "tmrsh-agent"
+        shutil.copy(HERE / "pbs_commands.py", self.exec / "lib" / "pbs_commands.py")
+        for name in COMMANDS:
+            path = self.exec / "bin" / name
+            path.write_text(
+                f'#!/bin/sh\nexec {SYSTEM_PYTHON} -I {self.exec}/lib/pbs_commands.py {name} "$@"\n'
+            )
+            path.chmod(0o755)
+        agent = self.run_dir / "bin" / "tmrsh-agent"
         agent.write_text(TMRSH_AGENT.format(tmrsh=self.exec / "bin" / "pbs_tmrsh"))
         agent.chmod(0o755)
         for node in self.cluster.nodes:
-            self._pbs_home(node, server=node == self.server)
+            self._pbs_home(node)
 
-    def _open_the_way(self) -> None:
-        """The jobs' user must run the venv's Python, which may live where only root may enter (a pyenv in
-        ``/root``): in each node's own mount namespace (the machine's is untouched), every such directory gets an
-        overlay whose top is enterable by all (mode 0711, on a tmpfs of that namespace), its content unchanged."""
-        for i, blocked in enumerate(blockers(self.reach)):
-            for node in self.cluster.nodes:
-                top = self.run_dir / "overlay" / node / str(i)
-                top.mkdir(parents=True)
-                script = (
-                    'mount -t tmpfs -o mode=0700 octo-dist-overlay "$1" && mkdir "$1/upper" "$1/work" '
-                    '&& chmod 0711 "$1/upper" && '
-                    'mount -t overlay octo-dist-overlay -o "lowerdir=$2,upperdir=$1/upper,workdir=$1/work" "$2"'
-                )
-                proc = subprocess.run(
-                    [
-                        "nsenter",
-                        "-t",
-                        str(self.cluster.pid(node)),
-                        "-m",
-                        "sh",
-                        "-c",
-                        script,
-                        "sh",
-                        str(top),
-                        str(blocked),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                )
-                if proc.returncode != 0:
-                    raise RuntimeError(
-                        f"{blocked} cannot be opened to the jobs' user on {node} (an overlay in its mount namespace): "
-                        f"{proc.stderr.strip()}; expected the venv's Python reachable by a user that is not root"
-                    )
-
-    def _pbs_home(self, node: str, server: bool) -> None:
-        """The layout pbs_postinstall makes, its pbs.conf, the mom's config and the site's job environment."""
+    def _pbs_home(self, node: str) -> None:
+        """A node's pbs.conf, the site's job environment (what its mom gives every job), aux, spool, the scripts."""
         home = self.home_of(node)
-        dirs = [
-            ("", 0o755), ("aux", 0o755), ("checkpoint", 0o700), ("mom_logs", 0o755), ("mom_priv", 0o751),
-            ("mom_priv/jobs", 0o751), ("mom_priv/hooks", 0o750), ("mom_priv/hooks/tmp", 0o750),
-            ("spool", 0o1777), ("undelivered", 0o1777), ("tmp", 0o1777),
-        ]  # fmt: skip
-        if server:
-            dirs += [
-                ("server_logs", 0o755), ("server_priv", 0o750), ("server_priv/accounting", 0o755),
-                ("server_priv/jobs", 0o750), ("server_priv/users", 0o750), ("server_priv/hooks", 0o750),
-                ("server_priv/hooks/tmp", 0o750), ("sched_logs", 0o755), ("sched_priv", 0o750),
-                ("comm_logs", 0o755),
-            ]  # fmt: skip
-        for rel, mode in dirs:
-            d = home / rel
-            d.mkdir(parents=True, exist_ok=True)
-            d.chmod(mode)
-        etc = self.exec / "etc"
-        if server:
-            hooks = self.exec / "lib" / "python" / "altair" / "pbs_hooks"
-            for f in hooks.glob("*") if hooks.is_dir() else ():
-                shutil.copy2(f, home / "server_priv" / "hooks" / f.name)
-            for f in (home / "server_priv" / "hooks").glob("PBS_xeon_phi_provision.*"):
-                f.unlink()
-            (home / "server_priv" / "db_user").write_text(DB_USER)
-            (home / "server_priv" / "db_user").chmod(0o600)
-            for src, dst in (
-                ("pbs_dedicated", "dedicated_time"),
-                ("pbs_holidays", "holidays"),
-                ("pbs_resource_group", "resource_group"),
-                ("pbs_sched_config", "sched_config"),
-            ):
-                shutil.copy(etc / src, home / "sched_priv" / dst)
-        starts = {"SERVER": server, "SCHED": server, "COMM": server, "MOM": True}
+        for rel, mode in (("", 0o755), ("aux", 0o755), ("spool", 0o1777), ("mom_priv/jobs", 0o751)):
+            (home / rel).mkdir(parents=True, exist_ok=True)
+            (home / rel).chmod(mode)
         self.conf(node).write_text(
             f"# Written by tests/cluster/pbs.py for one test run; removed with {self.run_dir}.\n"
             f"PBS_EXEC={self.exec}\n"
             f"PBS_HOME={home}\n"
             f"PBS_SERVER={self.server}\n"
             f"PBS_MOM_NODE_NAME={node}\n"
-            f"PBS_LEAF_ROUTERS={self.server}\n"
-            f"PBS_DATA_SERVICE_PORT={DB_PORT}\n"
-            f"PBS_TMPDIR={home / 'tmp'}\n"
-            "PBS_CORE_LIMIT=unlimited\n"
-            "PBS_SCP=/bin/false\n" + "".join(f"PBS_START_{k}={int(v)}\n" for k, v in starts.items())
+            f"PBS_IMITATION_SOCKET={self.run_dir / 'server.sock'}\n"
         )
         (home / "pbs_environment").write_text(
             "TZ=UTC\n"
@@ -429,144 +343,82 @@ class Pbs:
             "OCTO_DIST_NO_MPI4PY=1\n"
             f"PYTHONPATH={self.run_dir / 'site-python'}\n"
         )
-        (home / "mom_priv" / "config").write_text(
-            f"$clienthost {self.server}\n"
-            # Output and staging stay on this machine's one file system: cp, never scp/rcp.
-            "$usecp *:/ /\n"
-            "$logevent 0x1ff\n"
-        )
 
-    def _install_datastore(self) -> None:
-        """OpenPBS's own datastore set-up (initdb as postgres, schema, password), as pbs_habitat runs it."""
-        argv = [
-            "bash",
-            "-c",
-            f'. "{self.exec}/libexec/pbs_db_env" && exec "{self.exec}/libexec/pbs_db_utility" install_db',
-        ]
-        env = {
-            "PATH": f"{self.exec}/bin:{self.exec}/sbin:{sim.NODE_PATH}",
-            "PBS_DATA_SERVICE_USER": DB_USER,
-            "PBS_DATA_SERVICE_PORT": str(DB_PORT),
-        }
-        self._wait_for_a_dead_postmaster()
-        proc = self.run(argv, env=env, check=False, timeout=300)
+    def _node_mounts(self) -> None:
+        """In each node's own mount namespace (the machine's is untouched): the jobs' user in its /etc/passwd and
+        /etc/group (bind mounts of RUN/etc's copies), and, where the venv's Python lives where only root may enter
+        (a pyenv in ``/root``), an overlay on each such directory whose top all may enter (mode 0711, on a tmpfs of
+        that namespace), its content unchanged."""
+        for node in self.cluster.nodes:
+            for name in ("passwd", "group"):
+                self._in_mounts(
+                    node, 'mount --bind "$1" "$2"', self.run_dir / "etc" / name, Path("/etc", name)
+                )
+        for i, blocked in enumerate(blockers(self.reach)):
+            for node in self.cluster.nodes:
+                top = self.run_dir / "overlay" / node / str(i)
+                top.mkdir(parents=True)
+                script = (
+                    'mount -t tmpfs -o mode=0700 octo-dist-overlay "$1" && mkdir "$1/upper" "$1/work" '
+                    '&& chmod 0711 "$1/upper" && '
+                    'mount -t overlay octo-dist-overlay -o "lowerdir=$2,upperdir=$1/upper,workdir=$1/work" "$2"'
+                )
+                self._in_mounts(node, script, top, blocked)
+
+    def _in_mounts(self, node: str, script: str, first: Path, second: Path) -> None:
+        """``sh -c script sh first second`` in ``node``'s mount namespace."""
+        argv = ["nsenter", "-t", str(self.cluster.pid(node)), "-m", "sh", "-c", script, "sh"]
+        proc = subprocess.run(
+            [*argv, str(first), str(second)], capture_output=True, text=True, timeout=60
+        )
         if proc.returncode != 0:
-            # Seen 3 times in about 15 recoveries from a crashed run, beside another PBS cluster's tests and a CPU
-            # hog: "Error starting PBS Data Service" (its log was not kept then). The script removed its half-made
-            # datastore; a postmaster it may have left is asked to stop; then once more.
-            first = f"{proc.stdout.strip()} {proc.stderr.strip()}"
-            self._stop_postmaster()
-            time.sleep(5)
-            proc = self.run(argv, env=env, check=False, timeout=300)
-        if proc.returncode != 0:
-            log = self.home_of(self.server) / "spool" / "db_start.log"
-            said = log.read_text(errors="replace")[-2000:] if log.exists() else f"(no {log})"
             raise RuntimeError(
-                f"pbs_db_utility install_db failed twice ({proc.returncode}): {first} / {proc.stdout.strip()} "
-                f"{proc.stderr.strip()}\n--- {log.name} ---\n{said}"
+                f"{second} on {node}: {script} failed in its mount namespace: {proc.stderr.strip()}; expected the "
+                "jobs' user known there and the venv's Python reachable by it"
             )
 
-    def _wait_for_a_dead_postmaster(self, timeout: float = 30) -> None:
-        """A crashed run's postmaster, SIGKILLed by the cluster's set-up, still named in its socket's lock file
-        (``/run/postgresql/.s.PGSQL.<port>.lock``) until it is reaped: PostgreSQL refuses to start while that pid
-        exists. Waits until it is gone (or is another program's again)."""
-        lock = Path("/run/postgresql") / f".s.PGSQL.{DB_PORT}.lock"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                pid = int(lock.read_text().split()[0])
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                zombie = "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
-            except (OSError, ValueError, IndexError):
-                return
-            if b"postgres" not in cmd and not zombie:
-                return
-            time.sleep(0.5)
-
-    def _stop_postmaster(self, timeout: float = 20) -> None:
-        """SIGINT (PostgreSQL's fast shutdown) to a postmaster of this cluster's datastore, and a wait for it."""
-        datastore = str(self.home_of(self.server) / "datastore").encode()
-        pids = []
-        for pid in self.cluster.processes_on(self.server):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"postgres" in cmd and datastore in cmd:
-                pids.append(pid)
-                try:
-                    os.kill(pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + timeout
-        while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.5)
-
-    def _start(self, name: str, node: str, argv: Sequence[str]) -> None:
-        log_dir = self.run_dir / "console"
-        log_dir.mkdir(exist_ok=True)
-        with open(log_dir / f"{name}.log", "w") as log:
-            self.daemons[name] = subprocess.Popen(
-                self.cluster.exec_argv(node, argv, self.env(node), str(self.home_of(node))),
+    def _start_server(self) -> None:
+        config = {
+            "run": str(self.run_dir),
+            "nodes": {n: self.cluster.pid(n) for n in self.cluster.nodes},
+            "ncpus": NCPUS_PER_NODE,
+            "queues": list(QUEUES),
+            "default_queue": QUEUES[0],
+            "tmpdir": str(self.run_dir / "tmp"),
+            "pbs_environment": {
+                n: str(self.home_of(n) / "pbs_environment") for n in self.cluster.nodes
+            },
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(config))
+        log = open(self.run_dir / "server.log", "w")
+        with log:
+            self.daemon = subprocess.Popen(
+                self.cluster.exec_argv(
+                    self.server,
+                    [
+                        sys.executable,
+                        "-I",
+                        str(HERE / "pbs_server.py"),
+                        str(self.run_dir / "config.json"),
+                    ],
+                    {"PATH": sim.NODE_PATH, "LANG": "C.UTF-8"},
+                    str(self.run_dir),
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=restore_signals,
             )
-
-    def _wait(self, ready, what: str, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            dead = [n for n, p in self.daemons.items() if p.poll() is not None]
-            if dead:
-                raise RuntimeError(
-                    f"{', '.join(dead)} exited while waiting until {what}\n{self.logs()}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"PBS: timed out waiting until {what}\n{self.logs()}")
-            time.sleep(1)
-
-    def _server_answers(self) -> bool:
-        return self.run(["qstat", "-B"], check=False, timeout=60).returncode == 0
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (self.run_dir / "server.ready").exists():
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the PBS imitation's server did not start\n{self.logs()}")
+            time.sleep(0.1)
 
     def qmgr(self, *commands: str) -> None:
         for command in commands:
             self.run(["qmgr", "-c", command])
-
-    def _configure(self) -> None:
-        """ABCI's queues and what the tests read (job history), the nodes with their declared CPUs."""
-        commands = []
-        for q in QUEUES:
-            commands += [
-                f"create queue {q} queue_type=execution",
-                f"set queue {q} enabled=true",
-                f"set queue {q} started=true",
-            ]
-        commands += [
-            f"set server default_queue={QUEUES[0]}",
-            "set server job_history_enable=true",
-            "set server scheduling=true",
-            "set server scheduler_iteration=5",
-        ]
-        for node in self.cluster.nodes:
-            commands += [
-                f"create node {node}",
-                f"set node {node} resources_available.ncpus={NCPUS_PER_NODE}",
-            ]
-        self.qmgr(*commands)
-
-    def nodes(self) -> dict:
-        """``pbsnodes -av -F json``'s nodes: {"node001": {"state": "free", ...}}."""
-        proc = self.run(["pbsnodes", "-av", "-F", "json"], check=False, timeout=60)
-        try:
-            return json.loads(proc.stdout).get("nodes", {})
-        except ValueError:
-            return {}
-
-    def _nodes_free(self) -> bool:
-        found = self.nodes()
-        return all(found.get(n, {}).get("state") == "free" for n in self.cluster.nodes)
 
     # ---- looking at jobs --------------------------------------------------------------------------------------
 
@@ -600,47 +452,29 @@ class Pbs:
             out.append(env)
         return out
 
+    def carrying(self, job_id: str) -> list[str]:
+        """Every live process that carries the job's PBS_JOBID, in its sessions or not: 'node002: 4242 ...'."""
+        holders = {n: self.cluster.pid(n) for n in self.cluster.nodes}
+        return [
+            pbs_server.describe(pid, holders)
+            for pid, _sid in pbs_server.outside_sessions(job_id, set(), holders)
+        ]
+
     def logs(self, n: int = 3000) -> str:
-        """The tail of every daemon's log of today and their console output (for a failing test's message)."""
-        out = []
-        for node in self.cluster.nodes:
-            for d in ("server_logs", "sched_logs", "mom_logs", "comm_logs"):
-                for f in sorted((self.home_of(node) / d).glob("*")):
-                    out.append(f"--- {node} {d}/{f.name} ---\n{f.read_text(errors='replace')[-n:]}")
-        for f in sorted((self.run_dir / "console").glob("*.log")):
-            text = f.read_text(errors="replace").strip()
-            if text:
-                out.append(f"--- console {f.name} ---\n{text[-n:]}")
-        return "\n".join(out)
+        """The tail of the server's log (for a failing test's message)."""
+        log = self.run_dir / "server.log"
+        text = log.read_text(errors="replace").strip() if log.exists() else ""
+        return f"--- pbs_server.log ---\n{text[-n:]}" if text else "(the PBS server logged nothing)"
 
     # ---- teardown ---------------------------------------------------------------------------------------------
 
     def down(self) -> None:
-        """The server stopped with its datastore (qterm), the other daemons SIGTERMed, what stays SIGKILLed with
-        everything else in the nodes' namespaces; the run directory removed. Idempotent."""
-        server = self.daemons.get("pbs_server")
-        if server is not None and server.poll() is None:
-            try:
-                self.run(["qterm", "-t", "quick"], check=False, timeout=30)
-                server.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.conf(self.server).exists() and (self.home_of(self.server) / "datastore").is_dir():
-            try:  # the postmaster, if the server left it running
-                self.run([f"{self.exec}/sbin/pbs_dataservice", "stop"], check=False, timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.daemons.values():
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for p in self.daemons.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.daemons.clear()
+        """The daemon and whatever is left in the nodes' namespaces SIGKILLed; the run directory removed.
+        Idempotent."""
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.kill()
+            self.daemon.wait()
+        self.daemon = None
         for node in self.cluster.nodes:
             if node in self.cluster.holders:
                 for pid in self.cluster.processes_on(node):
@@ -648,7 +482,7 @@ class Pbs:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        remove_leftovers(self.run_dir)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __enter__(self) -> "Pbs":
         return self.up()
