@@ -39,7 +39,7 @@ def test_one_gpu_per_rank_passes_no_devices_flag():
 
 
 def test_devices_per_rank_alone_sets_the_ranks():
-    job = build("slurm", "--nodes", "1", "--gpus-per-node", "8", "--devices-per-rank", "8")
+    job = build("slurm", "--nodes", "1", "--gpus-per-node", "8", "--devices-per-process", "8")
     assert (job.ranks_per_node, job.devices_per_rank) == (1, 8)
     assert "--devices-per-process=8" in job.job_args
 
@@ -47,13 +47,13 @@ def test_devices_per_rank_alone_sets_the_ranks():
 @pytest.mark.parametrize(
     "argv, fix",
     [
-        (["--ranks-per-node", "3"], "--ranks-per-node 2 --devices-per-rank 4"),
+        (["--ranks-per-node", "3"], "--ranks-per-node 2 --devices-per-process 4"),
         (
-            ["--ranks-per-node", "4", "--devices-per-rank", "1"],
-            "--ranks-per-node 4 --devices-per-rank 2",
+            ["--ranks-per-node", "4", "--devices-per-process", "1"],
+            "--ranks-per-node 4 --devices-per-process 2",
         ),
-        (["--devices-per-rank", "3"], "--ranks-per-node 2 --devices-per-rank 4"),
-        (["--devices-per-rank", "16"], "--ranks-per-node 8 --devices-per-rank 1"),
+        (["--devices-per-process", "3"], "--ranks-per-node 2 --devices-per-process 4"),
+        (["--devices-per-process", "16"], "--ranks-per-node 8 --devices-per-process 1"),
     ],
 )
 def test_gpus_left_idle_or_over_asked_are_refused_in_one_line_with_the_fix(argv, fix):
@@ -65,7 +65,7 @@ def test_gpus_left_idle_or_over_asked_are_refused_in_one_line_with_the_fix(argv,
 
 
 def test_the_devices_flag_after_the_command_is_refused():
-    with pytest.raises(spec_mod.JobSpecError, match="--devices-per-rank"):
+    with pytest.raises(spec_mod.JobSpecError, match="--devices-per-process"):
         build("pbs", "--nodes", "1", "--group", "g1", "--", "smoke", "--devices-per-process=all")
 
 
@@ -100,7 +100,7 @@ def test_preflight_checks_ranks_times_devices_against_the_hosts_gpus():
     assert preflight.problems(records(4, 8), True, devices=2) == []
     (problem,) = preflight.problems(records(4, 8), True, devices=4)
     assert "4 ranks but 8 GPU(s) for 4 GPU(s) each" in problem
-    assert "--ranks-per-node 2 --devices-per-rank 4" in problem
+    assert "--ranks-per-node 2 --devices-per-process 4" in problem
     assert preflight.problems(records(1, 8), True, devices=None) == []
     assert preflight.problems(records(2, 8), True, devices=None)  # "all" on two ranks of one host
     assert [preflight.devices_per_rank(m) for m in ("one", "all", "2", 4)] == [1, None, 2, 4]

@@ -92,7 +92,7 @@ def problems(
                 out.append(
                     f"{host}: {n} ranks but {gpus} GPU(s) for {devices} GPU(s) each; expected ranks x "
                     f"devices per rank = at most {gpus} (octo-dist launch --ranks-per-node "
-                    f"{max(gpus // devices, 1)} --devices-per-rank {devices if gpus >= devices else 1})"
+                    f"{max(gpus // devices, 1)} --devices-per-process {devices if gpus >= devices else 1})"
                 )
     for r in records:
         if r["env_failures"]:

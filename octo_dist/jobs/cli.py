@@ -89,6 +89,8 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         names = [flag, "--" + f.name.replace("_", "-")] if not flag.startswith("--") else [flag]
         if f.name == "group":
             names = [*s.group_flags, *names]  # the scheduler's own word first
+        renamed = {"action": options_mod.Renamed} if meta["old_flags"] else {}
+        names += meta["old_flags"]
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
         configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
@@ -98,6 +100,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
             default=NOT_GIVEN if configurable else f.default,
             help=meta["help"].format(default=default, **values),
             **meta["argparse"],
+            **renamed,
         )
     for opt in s.options:  # the scheduler's own: NOT_GIVEN, so a defaults file may set them
         default = "none" if opt.default is None else opt.default

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Mapping, Optional, Tuple
 
 from octo_dist.jobs import schedulers
@@ -52,6 +53,7 @@ def _opt(
     flag: Optional[str] = None,
     in_header: bool = True,
     needs: str = "",
+    old_flags: Tuple[str, ...] = (),
     **argparse_kwargs,
 ):
     """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
@@ -68,9 +70,24 @@ def _opt(
             "flag": flag,
             "in_header": in_header,
             "needs": needs,
+            "old_flags": old_flags,  # earlier spellings: still accepted, with a note naming this one
             "argparse": argparse_kwargs,
         },
     )
+
+
+class Renamed(argparse.Action):
+    """Stores the value; an option given by an earlier name (any option string but the first) gets a note naming
+    the current one, on stderr: ``octo-dist launch pbs: note: --devices-per-rank is now --devices-per-process; the
+    old name still works``. One name per setting across octo-dist's commands."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string != self.option_strings[0]:
+            print(
+                f"{parser.prog}: note: {option_string} is now {self.option_strings[0]}; the old name still works",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +110,7 @@ class LaunchOptions:
     )
     ranks_per_node: Optional[int] = _opt(
         None,
-        "processes per node (default: GPUs per node / --devices-per-rank, one per GPU without it)",
+        "processes per node (default: GPUs per node / --devices-per-process, one per GPU without it)",
         "resources",
         type=int,
     )
@@ -102,6 +119,9 @@ class LaunchOptions:
         "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
         "(default: GPUs per node / ranks per node)",
         "resources",
+        # smoke's, finetune's and validate's spelling too: one name for one setting
+        flag="--devices-per-process",
+        old_flags=("--devices-per-rank",),
         type=int,
     )
     cpus_per_rank: Optional[int] = _opt(

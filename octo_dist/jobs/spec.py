@@ -240,7 +240,7 @@ def _ranks_and_devices(
     8 GPUs: (None, None) -> (8, 1); (4, None) -> (4, 2); (None, 8) -> (1, 8); (3, None) and (4, 4) are refused:
     a GPU nobody binds sits idle for the whole job while the batch is counted as if it worked.
     """
-    _positive("--devices-per-rank", devices, "--devices-per-rank 1")
+    _positive("--devices-per-process", devices, "--devices-per-process 1")
     _positive("--ranks-per-node", ranks, f"--ranks-per-node {gpus_per_node}")
     if ranks is not None and ranks > gpus_per_node:
         raise JobSpecError(
@@ -260,7 +260,7 @@ def _ranks_and_devices(
             f"{shown_number(ranks)} rank(s) per node x {shown_number(devices)} GPU(s) per rank "
             f"with --gpus-per-node {gpus_per_node}",
             f"ranks per node x devices per rank = {gpus_per_node}, so every GPU is used",
-            f"--ranks-per-node {near} --devices-per-rank {gpus_per_node // near}, "
+            f"--ranks-per-node {near} --devices-per-process {gpus_per_node // near}, "
             f"or --ranks-per-node {gpus_per_node} (one GPU each)",
         )
     return ranks, devices
@@ -397,7 +397,7 @@ def derived_defaults(o: "LaunchOptions") -> dict:
             ranks, devices = None, None  # the render refuses them, saying why
     # The reasons use --help's words: "(default: GPUs per node / ranks per node)".
     if o.ranks_per_node is None:
-        why = "GPUs per node / --devices-per-rank" if o.devices_per_rank else "one per GPU"
+        why = "GPUs per node / --devices-per-process" if o.devices_per_rank else "one per GPU"
         out["ranks_per_node"] = (ranks, why)
     if o.devices_per_rank is None:
         out["devices_per_rank"] = (devices, "GPUs per node / ranks per node")
@@ -876,7 +876,7 @@ def _check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Seque
         raise JobSpecError(
             f"{cmd.devices} after --",
             "the GPUs of each rank set by octo-dist launch, which also sizes the ranks and the batch",
-            f"drop {cmd.devices} after -- and use --devices-per-rank",
+            f"drop {cmd.devices} after -- and use --devices-per-process",
         )
 
 

@@ -27,25 +27,12 @@ from typing import Mapping, Optional, Sequence
 from octo_dist import EXIT_USAGE
 from octo_dist.apps.validate import report
 from octo_dist.apps.validate.report import FAIL, OK, SKIP, Step
+from octo_dist.jobs import options
 from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 
 MODELS = ("tiny", "auto", "octo")
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # NCCL expands %h (host) and %p (pid): one file per rank
-
-
-class _Renamed(argparse.Action):
-    """Stores the value; an option given by its old name (the second option string) gets a note naming the new one:
-    one name per setting everywhere (``--per-gpu-batch``, as ``octo-dist launch`` spells it)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if option_string != self.option_strings[0]:
-            print(
-                f"octo-dist validate: note: {option_string} is now {self.option_strings[0]} (as in octo-dist "
-                "launch); the old name still works",
-                file=sys.stderr,
-            )
-        setattr(namespace, self.dest, values)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -74,7 +61,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--per-device-batch",  # its old name: accepted, with a note (launch's name is --per-gpu-batch)
         dest="per_device_batch",
         type=int,
-        action=_Renamed,
+        action=options.Renamed,
         default=8,
         help="examples per device per step; the global batch grows with the devices (default: %(default)s)",
     )
