@@ -85,7 +85,9 @@ def test_the_report_as_json_and_text(tmp_path):
         "gpus",
         "mpirun",
         "variables",
+        "container",
     } <= set(r)
+    assert r["container"]["runtime"] in ("none", "docker", "podman", "singularity", "apptainer")
     jax_row = next(row for row in r["stack"] if row["name"] == "jax")
     assert jax_row == {"name": "jax", "pinned": "==0.4.22", "installed": "0.4.22"}
     assert (
@@ -103,6 +105,7 @@ def test_the_report_as_json_and_text(tmp_path):
         timeout=300,
     ).stdout
     assert text.startswith("octo-dist 0.1.0 on ") and "stack (pinned -> installed):" in text
+    assert "\ncontainer: " in text
     assert (
         "GPUs (nvidia-smi" in text and "NCCL_DEBUG=INFO" in text and "sk-must-not-leak" not in text
     )

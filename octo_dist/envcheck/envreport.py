@@ -5,8 +5,9 @@
 
 It says what this process runs on: octo-dist, Python and the OS; every pin of the profile next to what is installed;
 JAX's own environment report (from a subprocess, so a broken jax cannot take this report down with it); the GPUs and
-driver from ``nvidia-smi``; ``mpirun --version``; and the scheduler's and launcher's variables, with anything that
-looks like a secret masked. Nothing here changes the environment.
+driver from ``nvidia-smi``; ``mpirun --version``; whether it runs in a container and which image (``container``);
+and the scheduler's and launcher's variables, with anything that looks like a secret masked. Nothing here changes
+the environment.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from octo_dist import EXIT_OK, EXIT_USAGE
-from octo_dist.envcheck import cli, installed, provenance, report
+from octo_dist.envcheck import cli, container, installed, provenance, report
 from octo_dist.stack import manifest as mf
 
 # Variables a job's behaviour depends on: the scheduler's, the launcher's, and the settings octo-dist, NCCL, XLA,
@@ -159,6 +160,8 @@ def collect(
             ]
         ),
         "variables": job_variables(environ),
+        # In a container, and which image: a bug report must say whose code ran (the image's or a checkout's).
+        "container": container.where(environ),
     }
 
 
@@ -168,6 +171,7 @@ def as_text(r: Mapping) -> str:
         f"octo-dist {r['octo_dist_version']} on {r['host']}: Python {r['python']} ({r['python_executable']}), "
         f"{r['platform']}",
         f"profile {r['profile']} (GPU profile: {'yes' if r['gpu'] else 'no'})",
+        f"container: {container.as_line(r['container'])}",
         "",
         "stack (pinned -> installed):",
     ]
