@@ -50,8 +50,10 @@ TIMEOUT_S = 1800
 CONFIG = "scripts/configs/finetune_config.py:full,image_conditioned"
 DATA = "tests/debug_dataset"
 WARMUP_STEPS = 10
-# ratio octo-dist / fork that each figure should reach (first step: the start-up work octo-dist overlaps or skips)
-TARGETS = {"first_step_s": 0.6, "step_s": 1.0, "maxrss_mib": 1.05, "wall_s": None}
+# ratio octo-dist / fork that each figure should reach: the first step a third of the fork's or less (the start-up
+# work octo-dist overlaps or skips), the steady step no slower, a quarter of its memory (the shuffle buffer holds
+# encoded frames)
+TARGETS = {"first_step_s": 0.3, "step_s": 1.0, "maxrss_mib": 0.25, "wall_s": None}
 ROWS = (
     ("first_step_s", "time to first step (s)", 1.0, "{:.1f}"),
     ("step_s", "steady step (ms)", 1e3, "{:.1f}"),
