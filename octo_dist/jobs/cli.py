@@ -255,13 +255,17 @@ def is_job_script(path: str) -> bool:
 def write_script(out: str, text: str) -> None:
     """Writes ``text`` to ``out`` as an executable file, atomically: a new file takes the name, so only the file
     written is chmod'ed and what was there (a link, a file of another owner) is never written through."""
+    # Both names through the same absolute directory: a relative ``out`` resolved from the working directory may
+    # cross a mount that the absolute path does not (a bind mount over the submit directory), and rename() then
+    # fails with EXDEV ("Invalid cross-device link"), as it did in a node's mount namespace.
     directory = os.path.dirname(os.path.abspath(out))
+    target = os.path.join(directory, os.path.basename(out))
     fd, tmp = tempfile.mkstemp(prefix=".octo-dist-launch-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             os.fchmod(f.fileno(), 0o755)
-        os.replace(tmp, out)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
