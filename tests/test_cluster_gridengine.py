@@ -234,25 +234,27 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
 
 
 def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_path):
-    """Each job asks its ranks to stop 120 s before h_rt (3 min): they checkpoint and the job ends 0 before Grid
+    """Each job asks its ranks to stop 300 s before h_rt (6 min): they checkpoint and the job ends 0 before Grid
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint.
 
     600 steps at 0.1 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
-    midway; the second does the rest (or is stopped at its own 60 s: either way it resumed)."""
+    midway; the second does the rest (or is stopped at its own 60 s: either way it resumed). The stop gets 300 s
+    (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
+    not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
     work = workdir(tmp_path)
     first, second = launch(
         ge,
         work,
         "--walltime",
-        "0:03:00",
+        "0:06:00",
         "--stop-margin",
-        "120",
+        "300",
         steps=600,
         chain=2,
         step_time=LONG_STEP_TIME,
     )
     script = (work / "job.sh").read_text()
-    assert "#$ -l h_rt=00:03:00\n" in script and "#$ -notify\n" in script
+    assert "#$ -l h_rt=00:06:00\n" in script and "#$ -notify\n" in script
     record = ended(ge, work, first)
     text = log(work, first)
     assert record["failed"] == "0" and record["exit_status"] == "0", (record, text[-4000:])
