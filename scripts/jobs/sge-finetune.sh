@@ -20,7 +20,7 @@ cd -- "$PWD"
 # shellcheck source=/dev/null
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
 if command -v module >/dev/null 2>&1; then module load openmpi/4.1; else printf '%s\n' "octo-dist job: no 'module' command here: not loading "'openmpi/4.1' >&2; fi
-[ -x .venv/bin/python ] || { printf '%s\n' "octo-dist job: error: no "'.venv/bin/python'"; expected the octo-dist environment (make env PROFILE=cuda11). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }
+[ -x .venv/bin/python ] || { printf '%s\n' "octo-dist job: error: no "'.venv/bin/python'"; expected the octo-dist environment (make env PROFILE=cuda12). Fix: build it, or re-render with --venv PATH or --image FILE.sif" >&2; exit 2; }
 exec .venv/bin/python -m octo_dist.jobs.supervisor supervise '{"schema": 2, "script_name": "sge-finetune.sh",
  "allocation": {"scheduler": "sge", "nodes": 2, "ranks_per_node": 4, "cpus_per_rank": 0, "sockets": 0},
  "timing": {"walltime_s": 7200, "stop_margin_s": 300},
