@@ -20,6 +20,7 @@ and what a failed or lost rank does to them (``ranks``), the save directory's na
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -113,9 +114,6 @@ class Supervisor:
     def prepare(self) -> None:
         """Everything before the ranks start that needs the job's directory; raises JobFailed."""
         s, env = self.s, self.env
-        after = env.get(AFTER_ENV, "")
-        if after:
-            prepare.previous_job(self.save_dir, after, self.note)
         data_dir = prepare.data_directory(s.storage.data_dir)
         cache = s.storage.compile_cache
         if cache:
@@ -190,13 +188,23 @@ class Supervisor:
         # This job's node list and the ranks' notes, marked as this job's; removed at the end, only if still so.
         status = 1
         try:
+            # Whether the job before it in a chain lets it train, before this one writes anything but its exit file.
+            after = env.get(AFTER_ENV, "")
+            if after:
+                prepare.previous_job(self.save_dir, after, self.note)
             try:
                 self.job_dir = savelayout.make_job_dir(self.save_dir, job)
             except OSError as e:
+                # A full file system (ENOSPC, a quota's EDQUOT) is fixed by making room, not by another directory.
+                full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+                fix = (
+                    f"make room there (df -h {self.save_dir}), then submit again"
+                    if full
+                    else "re-render with --save-dir PATH, or move that name away"
+                )
                 raise JobFailed(
                     f"the job directory in {self.save_dir} cannot be made ({e.strerror or e}); expected to make "
-                    f"{os.path.basename(savelayout.job_dir(self.save_dir, job))} there. Fix: re-render with "
-                    "--save-dir PATH, or move that name away"
+                    f"{os.path.basename(savelayout.job_dir(self.save_dir, job))} there. Fix: {fix}"
                 ) from None
             status = self.supervise()
         except JobFailed as e:
