@@ -625,6 +625,11 @@ def test_a_manifest_that_is_a_directory_is_a_one_line_usage_error(tmp_path, argv
     assert "Fix: pass --manifest /path/to/env/stack.toml" in proc.stderr
 
 
-def test_an_endless_manifest_is_refused_without_reading_it_whole():
-    with pytest.raises(mf.ManifestError, match=r"^manifest /dev/zero is longer than 1048576 bytes"):
+def test_an_endless_manifest_is_refused_without_reading_it_whole(tmp_path):
+    # A device is refused before it is opened; a regular file is read to 1 MiB at most.
+    with pytest.raises(mf.ManifestError, match=r"^manifest /dev/zero is not a regular file"):
         mf.load_manifest("/dev/zero")
+    huge = tmp_path / "stack.toml"
+    huge.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(mf.ManifestError, match=rf"^manifest {huge} is longer than 1048576 bytes"):
+        mf.load_manifest(str(huge))

@@ -86,6 +86,7 @@ def test_install_script_refuses_a_python_without_a_lock(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert res.returncode == 1
+    assert res.returncode == 2  # bad input: refused before anything is written
+    assert not (tmp_path / "v").exists()
     assert "no lock for profile 'cpu' on Python 3.9" in res.stderr
     assert "cpu-py3.11.txt" in res.stderr and "PYTHON=python3.10" in res.stderr
