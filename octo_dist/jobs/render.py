@@ -16,7 +16,8 @@ from typing import List
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES
-from octo_dist.jobs.spec import JobSpec, format_walltime
+from octo_dist.jobs.spec import JobSpec
+from octo_dist.jobs.walltime import format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
 PREFLIGHT = ("octo-dist", "check-env", "--launch")
