@@ -98,7 +98,7 @@ def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
 def placement(o: LaunchOptions, sched) -> Placement:
     if o.nodes is None:
         raise JobSpecError(f"{o.scheduler} without --nodes", "the number of nodes", "--nodes 2")
-    positive("--nodes", o.nodes, "--nodes 1 (or more)", job_settings.MAX_NODES)
+    job_settings.check_field(job_settings.Allocation, "nodes", o.nodes)
     gpus_per_node, resource_type, rt = _gpus_per_node(o, sched)
     positive(
         "--gpus-per-node",
@@ -113,12 +113,7 @@ def placement(o: LaunchOptions, sched) -> Placement:
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
         cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
-    if not 0 <= cpus_per_rank <= job_settings.MAX_CPUS_PER_RANK:
-        raise JobSpecError(
-            f"--cpus-per-rank {shown_number(cpus_per_rank)}",
-            f"0 (no binding) to {job_settings.MAX_CPUS_PER_RANK}",
-            "--cpus-per-rank 0",
-        )
+    job_settings.check_field(job_settings.Allocation, "cpus_per_rank", cpus_per_rank)
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
         raise JobSpecError(
             f"--cpus-per-rank {shown_number(cpus_per_rank)} x {ranks_per_node} rank(s) on {resource_type}",

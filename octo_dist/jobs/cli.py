@@ -171,7 +171,7 @@ def command_line(options: options_mod.LaunchOptions) -> list:
 
 def parse(
     argv: Sequence[str], checkers: Optional[Mapping[str, commands.Checker]] = None
-) -> spec_mod.JobSpec:
+) -> spec_mod.Job:
     """``octo-dist launch`` argv (without "launch") -> JobSpec; for the examples and tests."""
     parser = argparse.ArgumentParser(prog="octo-dist")
     add_parser(parser.add_subparsers(), checkers)

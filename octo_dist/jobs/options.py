@@ -1,6 +1,6 @@
 """``octo-dist launch``'s options: ``LaunchOptions``, one field per flag, from which the parser, the defaults files'
 keys and ``--show-defaults`` are generated; each scheduler adds its own (``Scheduler.options``). Pure data and
-help text: ``spec.build`` validates the options into a ``JobSpec``.
+help text: ``spec.build`` decides the options into a ``Job(header, settings)``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
 
 WANDB_MODES = job_settings.WANDB_MODES
-DEFAULT_STOP_MARGIN_S = (
-    300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
-)
+DEFAULT_STOP_MARGIN_S = job_settings.DEFAULT_STOP_MARGIN_S
 DEFAULT_COMPILE_CACHE = (
     ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
 )

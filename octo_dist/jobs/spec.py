@@ -1,9 +1,10 @@
-"""A job's choices (``options.LaunchOptions``) validated into a ``JobSpec``: what the header and the job's settings
-are rendered from.
+"""A job's choices (``options.LaunchOptions``) decided into one ``Job(header, settings)``: the scheduler header's
+values, and the ``JobSettings`` the script carries to the job runtime (the same object, checked by the same code).
 
 Everything here is pure: ``build(options)`` takes the options (and an ``image_exists`` predicate, so tests need no
-image) and either returns a ``JobSpec`` or raises ``JobSpecError`` naming what was found, what was expected and the
-fix, before anything is written or submitted. What differs between schedulers comes from the scheduler's class.
+image) and either returns a ``Job`` or raises ``JobSpecError`` naming, in the words of launch's flags, what was
+found, what was expected and the fix, before anything is written or submitted. What differs between schedulers
+comes from the scheduler's class.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs.allocation import placement, ranks_and_devices
-from octo_dist.jobs.commands import Checker
+from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, PREFLIGHT, Checker
 from octo_dist.jobs.flagchecks import (
     JobSpecError,
     check_coordinator,
@@ -25,71 +26,72 @@ from octo_dist.jobs.flagchecks import (
 )
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.options import (
-    DEFAULT_STOP_MARGIN_S,
-    WANDB_MODES,
     LaunchOptions,
     scheduler_names,
 )
-from octo_dist.jobs.training import training
-from octo_dist.jobs.walltime import format_walltime, parse_walltime
+from octo_dist.jobs.training import Training, training
+from octo_dist.jobs.walltime import parse_walltime
 
-__all__ = ["JobSpec", "JobSpecError", "build", "derived_defaults"]
+__all__ = ["Job", "JobHeader", "JobSpecError", "build", "derived_defaults"]
 
 
 @dataclasses.dataclass(frozen=True)
-class JobSpec:
-    scheduler: str
-    nodes: int
-    gpus_per_node: int
-    ranks_per_node: int
+class JobHeader:
+    """What only the login node needs of a job: the scheduler's header, and what launch says it wrote."""
+
     resource_type: Optional[str]  # "rt_HF"; None for SLURM and Grid Engine
-    sockets: int  # 0: unknown (SLURM, Grid Engine)
-    cpus_per_rank: int  # 0: no binding
-    walltime_s: int
+    gpus_per_node: int
+    devices_per_rank: int  # GPUs each rank binds; ranks_per_node x this == gpus_per_node
     group: Optional[str]  # ABCI group (qsub -P), Grid Engine project (-P) or SLURM account
     name: str
-    image: Optional[str]  # a .sif; None runs from ``venv``
-    venv: str
-    binds: tuple  # extra directories bound into the image when they exist on the node
-    save_dir: str
-    data_dir: Optional[str]
-    compile_cache: str  # "" when off
-    wandb_mode: str
-    coordinator: Optional[str]  # "host:port" only when asked; octo-dist agrees one otherwise
-    modules: tuple
-    environment: tuple  # (name, value, why) the job exports unless already set (NCCL for ABCI 3.0)
-    stop_margin_s: int
-    command: str  # a key of COMMANDS
-    job_args: (
-        tuple  # the job's settings as the command's flags: ("--global-batch=64", "--steps=100")
-    )
-    user_args: tuple  # the training command's own flags, after `--` (the config file's excepted)
-    resume: bool  # pass the command's resume flag (continue from save_dir after a stop)
-    global_batch: Optional[int]
-    steps: Optional[int]
-    command_line: tuple = ()  # the `octo-dist launch ...` argv that rendered it, for the script's header
-    lead_args: tuple = ()  # ("--config=finetune_config.py:head_only,multimodal",): before every other flag
-    devices_per_rank: int = 1  # GPUs each rank binds; ranks_per_node x this == gpus_per_node
     # The scheduler's own options (Scheduler.options), given or default: {"pe": "mpi", "queue": None},
     # {"partition": "gpu"}, {"resources": ("mem=400gb",)}; the scheduler's site_lines read them.
-    site: Mapping = dataclasses.field(default_factory=dict)
-    directives: tuple = ()  # header lines as given: ("#SBATCH --mail-type=END",)
+    site: Mapping
+    directives: tuple  # header lines as given: ("#SBATCH --mail-type=END",)
+    command_line: tuple  # the `octo-dist launch ...` argv that rendered it, for the script's header
+    training: Training  # the command, its flags from the job's settings and the user's, the batch and steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What ``octo-dist launch`` renders: the header's values, and the settings the job runtime reads back from the
+    script (``settings.JobSettings``, checked in the words of launch's flags before anything is written).
+
+    ``job.nodes``, ``job.save_dir``, ``job.steps``: a field of the header, of its training command, or of one
+    section of the settings (the names do not repeat), as the scheduler's ``header_values``/``site_lines`` and
+    launch's messages read them; no copy is made."""
+
+    header: JobHeader
+    settings: job_settings.JobSettings
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("header", "settings"):
+            raise AttributeError(name)  # copy and pickle probe these before the fields exist
+        for part in (self.header, self.header.training, *_sections(self.settings)):
+            if name in type(part).__dict__.get("__dataclass_fields__", {}) or name in getattr(
+                part, "_fields", ()
+            ):
+                return getattr(part, name)
+        raise AttributeError(f"a Job has no {name!r}")
 
     @property
     def ranks(self) -> int:
-        return self.nodes * self.ranks_per_node
+        return self.settings.ranks
 
     @property
     def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.settings.allocation.nodes * self.header.gpus_per_node
 
     @property
     def preflight_args(self) -> tuple:
-        """What ``octo-dist check-env --launch`` needs to check the GPUs each rank will bind against each host's:
-        ``("--devices-per-process=2",)``; empty for one GPU per rank (its default)."""
-        return (
-            (f"--devices-per-process={self.devices_per_rank}",) if self.devices_per_rank > 1 else ()
-        )
+        """What ``octo-dist check-env --launch`` is given besides itself: ``("--devices-per-process=2",)``."""
+        return self.settings.commands.preflight[len(PREFLIGHT) :]
+
+
+def _sections(settings: job_settings.JobSettings) -> list:
+    return [
+        getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "script_name"
+    ]
 
 
 def derived_defaults(o: "LaunchOptions") -> dict:
@@ -143,8 +145,8 @@ def build(
     image_exists: Callable[[str], bool] = os.path.isfile,
     checkers: Optional[Mapping[str, Checker]] = None,
     command_line: Sequence[str] = (),
-) -> JobSpec:
-    """A validated JobSpec, or JobSpecError.
+) -> Job:
+    """A validated Job, or JobSpecError.
 
     Args:
       options: the choices; ``options.train`` is the training command after ``--`` (``("smoke", "--model",
@@ -165,50 +167,68 @@ def build(
     _check_chain(o)
     _check_texts(o, command_line)
     alloc = placement(o, sched)
-    walltime_s = _walltime(o)
+    timing = job_settings.Timing(walltime_s=parse_walltime(o.walltime), stop_margin_s=o.stop_margin)
+    job_settings.check_section("timing", timing, flags=True)
     _check_header_values(o, sched, site)
     image, binds = _paths(o, sched, image_exists, alloc.resource_type)
     train = training(o, alloc, checkers or {})
-    modules = (
-        tuple(
-            m for m in o.modules if m
-        )  # --module '': no modules at all (the site's MPI is on PATH)
-        if o.modules is not None
-        else sched.default_modules + (sched.image_modules if image else ())
+    s = job_settings
+    settings = s.JobSettings(
+        script_name="job.sh",  # the name it is written under: render's
+        allocation=s.Allocation(
+            o.scheduler,
+            o.nodes,
+            alloc.ranks_per_node,
+            alloc.cpus_per_rank,
+            alloc.rt.sockets if alloc.rt else 0,
+        ),
+        timing=timing,
+        software=s.Software(_modules(o, sched, image), image or "", o.venv, binds),
+        storage=s.Storage(o.save_dir, o.data_dir or "", o.compile_cache, o.wandb_mode),
+        forwarding=s.Forwarding(
+            environment=tuple(
+                (n, v)
+                for n, v, _ in (alloc.rt.environment if alloc.rt else ())
+                + COMMANDS[train.command].environment
+            ),
+            coordinator=o.coordinator or "",
+            forward_prefixes=FORWARD_PREFIXES,
+            forward_names=FORWARD_NAMES,
+        ),
+        # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
+        commands=s.Commands(preflight=preflight_argv(alloc.devices_per_rank), train=train.argv),
     )
-    return JobSpec(
-        scheduler=o.scheduler,
-        nodes=o.nodes,
-        gpus_per_node=alloc.gpus_per_node,
-        ranks_per_node=alloc.ranks_per_node,
-        devices_per_rank=alloc.devices_per_rank,
+    job_settings.check(
+        settings, flags=True
+    )  # every setting, as the job runtime will check it again
+    header = JobHeader(
         resource_type=alloc.resource_type,
-        sockets=alloc.rt.sockets if alloc.rt else 0,
-        cpus_per_rank=alloc.cpus_per_rank,
-        walltime_s=walltime_s,
+        gpus_per_node=alloc.gpus_per_node,
+        devices_per_rank=alloc.devices_per_rank,
         group=o.group,
         name=o.name,
-        image=image,
-        venv=o.venv,
-        binds=binds,
-        save_dir=o.save_dir,
-        data_dir=o.data_dir,
-        compile_cache=o.compile_cache,
-        wandb_mode=o.wandb_mode,
-        coordinator=o.coordinator,
-        modules=modules,
-        environment=alloc.rt.environment if alloc.rt else (),
-        stop_margin_s=o.stop_margin,
-        command=train.command,
-        job_args=train.job_args,
-        user_args=train.user_args,
-        lead_args=train.lead_args,
         site={k: v for k, v in site.items() if v not in (None, ())},
         directives=tuple(o.directives or ()),
-        resume=train.resume,
-        global_batch=train.global_batch,
-        steps=train.steps,
         command_line=tuple(command_line),
+        training=train,
+    )
+    return Job(header, settings)
+
+
+def _modules(o: LaunchOptions, sched, image: Optional[str]) -> tuple:
+    if o.modules is not None:
+        return tuple(
+            m for m in o.modules if m
+        )  # --module '': no modules at all (the site's MPI is on PATH)
+    return sched.default_modules + (sched.image_modules if image else ())
+
+
+def preflight_argv(devices_per_rank: int) -> tuple:
+    """``octo-dist check-env --launch``, with what it needs to check the GPUs each rank will bind against each
+    host's: ``--devices-per-process=2``; nothing more for one GPU per rank (its default)."""
+    return (
+        *PREFLIGHT,
+        *((f"--devices-per-process={devices_per_rank}",) if devices_per_rank > 1 else ()),
     )
 
 
@@ -265,30 +285,6 @@ def _check_texts(o: LaunchOptions, command_line: Sequence[str]) -> None:
             flag = None
 
 
-def _walltime(o: LaunchOptions) -> int:
-    walltime_s = parse_walltime(o.walltime)
-    # 5:01 with a 300 s margin would leave the ranks 1 s: they stop before the first step, and a chain goes on.
-    least = job_settings.MIN_TRAINING_S
-    if walltime_s < least and 0 <= o.stop_margin:
-        # No margin makes 10 s enough: the fix is a longer wall time, with the margin asked for (or the default).
-        longer = format_walltime(min(o.stop_margin, 3600) + max(least, 600))
-        raise JobSpecError(
-            f"--walltime {o.walltime} ({walltime_s} s)",
-            f"at least {least} s for the ranks to start and train, plus the stop margin "
-            f"({shown_number(o.stop_margin)} s)",
-            f"--walltime {longer}",
-        )
-    if not 0 <= o.stop_margin <= walltime_s - least:
-        raise JobSpecError(
-            f"--stop-margin {shown_number(o.stop_margin)} s with --walltime {o.walltime}",
-            f"a margin of 0 s or more that leaves the ranks at least {least} s before it "
-            "(they need time to start and train)",
-            f"--stop-margin {max(min(DEFAULT_STOP_MARGIN_S, walltime_s // 10, walltime_s - least), 0)} "
-            "or a longer --walltime",
-        )
-    return walltime_s
-
-
 def _check_header_values(o: LaunchOptions, sched, site: Mapping[str, Any]) -> None:
     """The values that go into the header's directives and the job's environment."""
     if sched.group_required and not o.group:
@@ -308,12 +304,6 @@ def _check_header_values(o: LaunchOptions, sched, site: Mapping[str, Any]) -> No
     )
     if refused:
         raise JobSpecError(*refused)
-    if o.wandb_mode not in WANDB_MODES:
-        raise JobSpecError(
-            f"--wandb-mode {o.wandb_mode!r}",
-            f"one of {', '.join(WANDB_MODES)}",
-            "--wandb-mode offline",
-        )
     if o.coordinator is not None:
         check_coordinator(o.coordinator)
     for module in o.modules or ():

@@ -46,7 +46,7 @@ class Submitted:
     argv: tuple  # the command that submitted it
 
 
-def chain_summary(job: spec_mod.JobSpec, chain: int) -> str:
+def chain_summary(job: spec_mod.Job, chain: int) -> str:
     """The one line said before anything is queued: ``"submitting 3 jobs x 2 nodes x 12:00:00 = at most 72
     node-hours"`` (a single job: ``"submitting 1 job x 2 nodes x 12:00:00 = at most 24 node-hours"``)."""
     jobs = f"{chain} job{'' if chain == 1 else 's'}"

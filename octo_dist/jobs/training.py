@@ -4,13 +4,21 @@ user's own flags after ``--``, checked by the program's own parser (``checkers``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from octo_dist.jobs import schedulers
 from octo_dist.jobs.allocation import Placement
-from octo_dist.jobs.commands import COMMANDS, DEFAULT_COMMAND, Checker, Command, config_file_first
+from octo_dist.jobs.commands import (
+    COMMANDS,
+    DEFAULT_COMMAND,
+    PATH_SETTINGS,
+    Checker,
+    Command,
+    config_file_first,
+)
 from octo_dist.jobs.flagchecks import MAX_COUNT, JobSpecError, flag_given, positive
 from octo_dist.jobs.options import LaunchOptions, flag_of, option_fields
 
@@ -30,6 +38,9 @@ class Training(NamedTuple):
     global_batch: Optional[int]
     steps: Optional[int]
     resume: bool
+    argv: (
+        tuple  # what every rank runs, the directories as "@{save_dir}": ("octo-dist", "smoke", ...)
+    )
 
 
 def _batch_and_steps(
@@ -80,7 +91,7 @@ def training(o: LaunchOptions, alloc: Placement, checkers: Mapping[str, Checker]
             "-- smoke --model tiny   or   -- finetune --config.pretrained_path=hf://rail-berkeley/octo-small",
         )
     cmd = COMMANDS[command_name]
-    if o.data_dir and not cmd.data_dir:
+    if o.data_dir and "data_dir" not in cmd.flags:
         raise JobSpecError(
             f"--data-dir with {command_name}",
             f"no --data-dir: {command_name} reads no dataset",
@@ -88,27 +99,20 @@ def training(o: LaunchOptions, alloc: Placement, checkers: Mapping[str, Checker]
         )
     gpus = o.nodes * alloc.gpus_per_node
     global_batch, steps = _batch_and_steps(o, gpus, f"{o.nodes} node(s) x {alloc.gpus_per_node}")
-    mapped = []
-    if global_batch is not None:
-        mapped.append(f"{cmd.batch}={global_batch}")
-    if steps is not None:
-        mapped.append(f"{cmd.steps}={steps}")
-    if cmd.wandb_mode:
-        mapped.append(f"{cmd.wandb_mode}={o.wandb_mode}")
-    if alloc.devices_per_rank > 1:
-        mapped.append(f"{cmd.devices}={alloc.devices_per_rank}")
-    check_not_given_twice(cmd, mapped, user_args)
+    values = {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}
+    devices = (
+        alloc.devices_per_rank if alloc.devices_per_rank > 1 else None
+    )  # 1: the programs' default
+    values.update(global_batch=global_batch, steps=steps, devices_per_rank=devices)
+    given = {s: values.get(s) for s in cmd.flags if values.get(s) not in (None, "", False)}
+    job_args = [f"{cmd.flags[s]}={v}" for s, v in given.items() if s not in PATH_SETTINGS]
+    check_not_given_twice(cmd, job_args, user_args)
     resume = bool(o.resume and cmd.resume)
+    tail = [*user_args, *([cmd.resume] if resume else [])]
     checker = checkers.get(command_name)
     if checker is not None:
-        argv = [*lead_args, *mapped, f"{cmd.save_dir}={o.save_dir}"]
-        if o.data_dir:
-            argv.append(f"{cmd.data_dir}={o.data_dir}")
-        if o.compile_cache:
-            argv.append(f"{cmd.compile_cache}={o.compile_cache}")
-        argv += [*user_args, *([cmd.resume] if resume else [])]
         try:
-            checker(argv)
+            checker([*lead_args, *job_args, *_path_args(cmd, given, placeholders=False), *tail])
         except ValueError as e:
             refuse_launch_flags(o, user_args, command_name, str(e))
             raise JobSpecError(
@@ -116,14 +120,32 @@ def training(o: LaunchOptions, alloc: Placement, checkers: Mapping[str, Checker]
                 f"flags that octo-dist {command_name} accepts",
                 f"octo-dist {command_name} --help lists them",
             ) from None
+    argv = (*cmd.program, *lead_args, *job_args, *_path_args(cmd, given, placeholders=True), *tail)
     return Training(
-        command_name, tuple(lead_args), tuple(user_args), tuple(mapped), global_batch, steps, resume
+        command_name,
+        tuple(lead_args),
+        tuple(user_args),
+        tuple(job_args),
+        global_batch,
+        steps,
+        resume,
+        argv,
     )
 
 
-def check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Sequence[str]) -> None:
+def _path_args(cmd: Command, given: Mapping[str, object], placeholders: bool) -> list:
+    """The job's directories as the program's flags: ``--save-dir=@{save_dir}`` in the script (the runtime makes
+    them absolute on the node), ``--save-dir=runs/x`` for the render-time check."""
+    return [
+        f"{cmd.flags[s]}=" + (f"@{{{s}}}" if placeholders else str(given[s]))
+        for s in PATH_SETTINGS
+        if s in given
+    ]
+
+
+def check_not_given_twice(cmd: Command, job_args: Sequence[str], user_args: Sequence[str]) -> None:
     """The training command's own flags after ``--`` must not set what launch sets."""
-    for flag in mapped:
+    for flag in job_args:
         flag_name = flag.split("=", 1)[0]
         if flag_given(user_args, flag_name):
             raise JobSpecError(
@@ -131,7 +153,7 @@ def check_not_given_twice(cmd: Command, mapped: Sequence[str], user_args: Sequen
                 "each setting given once",
                 f"drop {flag_name} after --",
             )
-    for flag in (cmd.save_dir, cmd.data_dir, cmd.resume, cmd.compile_cache):
+    for flag in (*(cmd.flags.get(s) for s in PATH_SETTINGS), cmd.resume):
         if flag and flag_given(user_args, flag):
             raise JobSpecError(
                 f"{flag} after --",
