@@ -31,7 +31,7 @@ def test_a_new_launch_setting_reaches_the_training_config_by_one_option_and_one_
 ):
     pytest.importorskip("absl")
     pytest.importorskip("ml_collections")
-    from octo_dist.apps.finetune import app as finetune_app
+    from octo_dist.apps.finetune import arguments
 
     # 1. One option ...
     @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,7 @@ def test_a_new_launch_setting_reaches_the_training_config_by_one_option_and_one_
     for name, value in paths.items():
         train = [arg.replace("@{" + name + "}", value) for arg in train]
     assert train[:2] == ["octo-dist", "finetune"]
-    config = finetune_app.parse_flags(["octo-dist finetune", *train[2:]]).config
+    config = arguments.parse_flags(["octo-dist finetune", *train[2:]]).config
     assert config.save_interval == 250
     assert config.save_dir == paths["save_dir"]
     assert json.loads(settings.to_json())["commands"]["train"] == list(settings.commands.train)
@@ -84,3 +84,46 @@ def test_a_launch_setting_given_again_after_the_double_dash_is_refused_in_one_li
     assert err.count("\n") == 0
     assert "--config.save_interval after -- while octo-dist launch sets it" in err
     assert "Fix: drop --config.save_interval after --" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, path, in_flag_words, in_json_words",
+    [
+        (
+            "--nodes",
+            20000,
+            ("allocation", "nodes"),
+            "--nodes 20000; expected --nodes from 1 to 10000. Fix: --nodes 1 (or more)",
+            "job setting allocation.nodes: 20000; expected a whole number from 1 to 10000",
+        ),
+        (
+            "--cpus-per-rank",
+            2000,
+            ("allocation", "cpus_per_rank"),
+            "--cpus-per-rank 2000; expected 0 (no binding) to 1024. Fix: --cpus-per-rank 0",
+            "job setting allocation.cpus_per_rank: 2000; expected a whole number from 0 to 1024",
+        ),
+        (
+            "--wandb-mode",
+            "loud",
+            ("storage", "wandb_mode"),
+            None,  # argparse's choices refuse it first on the command line
+            "job setting storage.wandb_mode: 'loud'; expected one of online, offline, disabled",
+        ),
+    ],
+)
+def test_one_validator_names_a_setting_by_its_flag_at_render_and_by_its_path_on_the_node(
+    capsys, flag, value, path, in_flag_words, in_json_words
+):
+    """The same field metadata and the same check refuse the value in both places, in each place's words."""
+    base = ["launch", "slurm", "--nodes", "1", "--gpus-per-node", "4", "--dry-run"]
+    if in_flag_words is not None:
+        assert cli.main([*base, flag, str(value)]) == 2
+        assert capsys.readouterr().err.strip() == f"octo-dist launch: error: {in_flag_words}"
+    assert cli.main(base) == 0
+    raw = json.loads(_settings_in(capsys.readouterr().out).to_json())
+    raw[path[0]][path[1]] = value
+    with pytest.raises(job_settings.SettingsError) as refused:
+        job_settings.from_json(json.dumps({"schema": job_settings.SCHEMA, **raw}))
+    assert str(refused.value).startswith(in_json_words)
+    assert "Fix: re-render the job script with octo-dist launch" in str(refused.value)
