@@ -127,3 +127,30 @@ def test_one_validator_names_a_setting_by_its_flag_at_render_and_by_its_path_on_
         job_settings.from_json(json.dumps({"schema": job_settings.SCHEMA, **raw}))
     assert str(refused.value).startswith(in_json_words)
     assert "Fix: re-render the job script with octo-dist launch" in str(refused.value)
+
+
+def test_every_setting_with_a_flag_is_the_launch_option_of_that_flag_with_its_help():
+    """A setting's flag and help are declared once, in its metadata (``settings.py``): launch's option of that
+    flag takes both from there, so a refusal of the value names the flag that set it."""
+    options = {options_mod.flag_of(f): f for f in options_mod.option_fields()}
+    seen = []
+    sections = (
+        job_settings.Allocation,
+        job_settings.Timing,
+        job_settings.Software,
+        job_settings.Storage,
+    )
+    for section in (*sections, job_settings.Forwarding):
+        for f in dataclasses.fields(section):
+            if f.metadata["flag"]:
+                option = options[f.metadata["flag"]]  # KeyError: a setting no launch option sets
+                assert option.metadata["help"] == f.metadata["help"] != "", f.name
+                seen.append(f.metadata["flag"])
+    assert {
+        "--nodes",
+        "--walltime",
+        "--stop-margin",
+        "--save-dir",
+        "--module",
+        "--coordinator",
+    } <= set(seen)

@@ -70,12 +70,14 @@ def _field(
     flag: str = "",
     fix: str = "",
     expected: str = "",
+    help: str = "",
 ):
     """A setting's metadata: its bounds (integers: ``low <= value <= high``), allowed values, whether it is a path;
     ``flag``: the ``octo-dist launch`` option that sets it, which names it in a refusal at render time (on the
     node, its JSON path does); ``fix``: that refusal's fix (``"--nodes 1 (or more)"``); ``expected``: its wording
-    of the bounds where ``"--nodes from 1 to 10000"`` would not say it (``"0 (no binding) to 1024"``)."""
-    meta = {"low": low, "high": high, "choices": choices, "path": path}
+    of the bounds where ``"--nodes from 1 to 10000"`` would not say it (``"0 (no binding) to 1024"``); ``help``:
+    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``)."""
+    meta = {"low": low, "high": high, "choices": choices, "path": path, "help": help}
     return dataclasses.field(metadata={**meta, "flag": flag, "fix": fix, "expected": expected})
 
 
@@ -84,9 +86,15 @@ class Allocation:
     """Where the ranks run: what the scheduler was asked for."""
 
     scheduler: Text = _field()  # "pbs": a registered scheduler's name
-    nodes: int = _field(1, MAX_NODES, flag="--nodes", fix="--nodes 1 (or more)")
+    nodes: int = _field(
+        1, MAX_NODES, flag="--nodes", fix="--nodes 1 (or more)", help="number of nodes (required)"
+    )
     ranks_per_node: int = _field(
-        1, MAX_RANKS_PER_NODE, flag="--ranks-per-node", fix="--ranks-per-node 8"
+        1,
+        MAX_RANKS_PER_NODE,
+        flag="--ranks-per-node",
+        fix="--ranks-per-node 8",
+        help="processes per node (default: GPUs per node / --devices-per-process, one per GPU without it)",
     )
     cpus_per_rank: int = _field(  # 0: no binding
         0,
@@ -94,36 +102,88 @@ class Allocation:
         flag="--cpus-per-rank",
         fix="--cpus-per-rank 0",
         expected=f"0 (no binding) to {MAX_CPUS_PER_RANK}",
+        help="CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
     )
     sockets: int = _field(0, MAX_SOCKETS)  # 0: unknown (SLURM, Grid Engine)
 
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    walltime_s: int = _field(1, MAX_WALLTIME_S, flag="--walltime", fix="--walltime 1:00:00")
+    walltime_s: int = _field(
+        1,
+        MAX_WALLTIME_S,
+        flag="--walltime",
+        fix="--walltime 1:00:00",
+        help="wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
+        "read them as MM:SS (default: {default})",
+    )
     # every rank checkpoints and stops this long before it
-    stop_margin_s: int = _field(0, MAX_WALLTIME_S, flag="--stop-margin", fix="--stop-margin 300")
+    stop_margin_s: int = _field(
+        0,
+        MAX_WALLTIME_S,
+        flag="--stop-margin",
+        fix="--stop-margin 300",
+        help="seconds before the wall time at which every rank checkpoints and "
+        "stops (default: {default})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Software:
     """What the ranks run from: the image, else the venv; the modules loaded before."""
 
-    modules: Texts = _field(flag="--module", fix="--module hpcx/2.20")
-    image: Text = _field(path=True, flag="--image")  # "" runs from ``venv``
-    venv: Text = _field(path=True, flag="--venv")
+    modules: Texts = _field(
+        flag="--module",
+        fix="--module hpcx/2.20",
+        help="environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
+    )
+    image: Text = _field(
+        path=True,
+        flag="--image",
+        help="Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+    )  # "" runs from ``venv``
+    venv: Text = _field(
+        path=True,
+        flag="--venv",
+        help="environment to run from without an image (default: {default})",
+    )
     # extra directories bound into the image when the node has them
-    binds: Texts = _field(path=True, flag="--bind")
+    binds: Texts = _field(
+        path=True,
+        flag="--bind",
+        help="extra directory to bind into the image, repeatable (default: {binds})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Storage:
     """Where the job reads and writes, relative to the submit directory; the runtime makes them absolute."""
 
-    save_dir: Text = _field(path=True, flag="--save-dir")
-    data_dir: Text = _field(path=True, flag="--data-dir")  # "": no dataset
-    compile_cache: Text = _field(path=True, flag="--compile-cache")  # "": off
-    wandb_mode: Text = _field(choices=WANDB_MODES, flag="--wandb-mode", fix="--wandb-mode offline")
+    save_dir: Text = _field(
+        path=True,
+        flag="--save-dir",
+        help="checkpoint directory, bound into the image (default: {default})",
+    )
+    data_dir: Text = _field(
+        path=True,
+        flag="--data-dir",
+        help="dataset directory for finetune, bound into the image (default: none)",
+    )  # "": no dataset
+    compile_cache: Text = _field(
+        path=True,
+        flag="--compile-cache",
+        help="JAX's persistent compilation cache, shared by the nodes and by "
+        "later jobs so a resubmission does not recompile; empty: off "
+        "(default: {default})",
+    )  # "": off
+    wandb_mode: Text = _field(
+        choices=WANDB_MODES,
+        flag="--wandb-mode",
+        fix="--wandb-mode offline",
+        help="wandb logging, as octo-dist smoke's --wandb-mode: disabled logs nothing to wandb (the run summary and "
+        "loss.png are written all the same), offline keeps the run in the save directory for wandb sync, online "
+        "needs WANDB_API_KEY or a key file only you can read (default: {default}, the same for every command)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +193,10 @@ class Forwarding:
     environment: Pairs = (
         _field()
     )  # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
-    coordinator: Text = _field(flag="--coordinator")  # "host:port", or "" when octo-dist agrees one
+    coordinator: Text = _field(
+        flag="--coordinator",
+        help="HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
+    )  # "host:port", or "" when octo-dist agrees one
     forward_prefixes: Texts = _field()  # ("NCCL_", "XLA_", ...)
     forward_names: Texts = _field()
 
