@@ -198,9 +198,8 @@ def build(
         # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
         commands=s.Commands(preflight=preflight_argv(alloc.devices_per_rank), train=train.argv),
     )
-    job_settings.check(
-        settings, flags=True
-    )  # every setting, as the job runtime will check it again
+    # Every setting, in the words of launch's flags, by the check the job runtime runs again on the node.
+    job_settings.check(settings, flags=True)
     header = JobHeader(
         resource_type=alloc.resource_type,
         gpus_per_node=alloc.gpus_per_node,
@@ -217,9 +216,8 @@ def build(
 
 def _modules(o: LaunchOptions, sched, image: Optional[str]) -> tuple:
     if o.modules is not None:
-        return tuple(
-            m for m in o.modules if m
-        )  # --module '': no modules at all (the site's MPI is on PATH)
+        # --module '': no modules at all (the site's MPI is on PATH)
+        return tuple(m for m in o.modules if m)
     return sched.default_modules + (sched.image_modules if image else ())
 
 
