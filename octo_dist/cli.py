@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                 sub,
                 checkers={
                     "smoke": _checker("octo_dist.apps.smoke.app", "smoke"),
-                    "finetune": _checker("octo_dist.apps.finetune.app", "finetune"),
+                    "finetune": _checker("octo_dist.apps.finetune.arguments", "finetune"),
                 },
             )
         else:

@@ -9,7 +9,7 @@ import pytest
 from helpers import REPO
 from octo_dist import cli
 from octo_dist.apps.finetune import configfile, flagerrors
-from octo_dist.jobs import spec
+from octo_dist.jobs import jobwarnings
 from test_host_python import bare, host_python
 
 LAUNCH = [
@@ -35,8 +35,8 @@ def test_the_shipped_field_names_are_the_configs_own():
 
 def test_launch_knows_which_packaged_configs_leave_pretrained_path_unset():
     pytest.importorskip("ml_collections")
-    assert tuple(configfile.packaged_configs()) == spec.PACKAGED_FINETUNE_CONFIGS
-    for name in spec.PACKAGED_FINETUNE_CONFIGS:
+    assert tuple(configfile.packaged_configs()) == jobwarnings.PACKAGED_FINETUNE_CONFIGS
+    for name in jobwarnings.PACKAGED_FINETUNE_CONFIGS:
         assert configfile.load_config(name).pretrained_path is None, name
 
 

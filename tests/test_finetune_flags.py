@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from helpers import REPO, clean_env
-from octo_dist.apps.finetune import app, flagerrors
+from octo_dist.apps.finetune import app, arguments, flagerrors
 
 FINETUNE = [sys.executable, "-m", "octo_dist", "finetune"]
 FIX = "Fix: octo-dist finetune --help lists the flags and config fields"
@@ -51,11 +51,13 @@ def test_a_bad_flag_is_one_line_and_exit_2(flag, line):
 
 def test_the_hyphenated_spelling_of_octo_dist_flags_is_accepted():
     # smoke spells them --step-fn / --compile-cache, the fork's style --step_fn: either works in finetune.
-    flags = app.parse_flags(
+    flags = arguments.parse_flags(
         ["octo-dist finetune", "--config=finetune_smoke_config.py", "--step-fn=jit"]
     )
     assert flags.step_fn == "jit"
-    flags = app.parse_flags(["octo-dist finetune", "--compile-cache", "/tmp/cache", "--debug"])
+    flags = arguments.parse_flags(
+        ["octo-dist finetune", "--compile-cache", "/tmp/cache", "--debug"]
+    )
     assert flags.compile_cache == "/tmp/cache" and flags.debug
 
 
@@ -78,7 +80,7 @@ def test_a_field_word_is_suggested_from_the_least_nested_field():
 
 def test_finetune_takes_smokes_start_up_flags_from_the_same_definitions():
     # --devices-per-process and the rest are runtime.argv_options's, as in smoke: read before absl sees argv.
-    flags, startup = app.parse_command_line(
+    flags, startup = arguments.parse_command_line(
         [
             "octo-dist finetune",
             "--config=finetune_smoke_config.py",
@@ -97,9 +99,9 @@ def test_finetune_takes_smokes_start_up_flags_from_the_same_definitions():
     }
     assert flags.config.seed == 3
     # The fork's underscore spelling is accepted too; nothing given: smoke's defaults.
-    _, startup = app.parse_command_line(["octo-dist finetune", "--devices_per_process=all"])
+    _, startup = arguments.parse_command_line(["octo-dist finetune", "--devices_per_process=all"])
     assert startup["devices"] == "all"
-    assert app.parse_command_line(["octo-dist finetune"])[1]["devices"] == "one"
+    assert arguments.parse_command_line(["octo-dist finetune"])[1]["devices"] == "one"
 
 
 def test_a_bad_start_up_flag_is_one_line_and_listed_in_help(capsys):

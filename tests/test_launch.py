@@ -17,7 +17,7 @@ import pytest
 import helpers
 from helpers import REPO, clean_env
 from octo_dist import cli
-from octo_dist.jobs import examples, render, spec
+from octo_dist.jobs import examples, render, spec, training, walltime
 from octo_dist.jobs.cli import parse
 
 VENV_BIN = Path(sys.executable).parent
@@ -137,7 +137,7 @@ def test_examples_pass_shellcheck():
     ],
 )
 def test_walltime_forms(text, seconds, shown):
-    assert spec.parse_walltime(text) == seconds and spec.format_walltime(seconds) == shown
+    assert walltime.parse_walltime(text) == seconds and walltime.format_walltime(seconds) == shown
 
 
 def test_headers_follow_each_scheduler():
@@ -218,7 +218,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
         parse([*BASE["pbs"], "--no-resume", "--", "finetune"])
     )
     assert (
-        spec.scaled_steps(50000, 256, 384) == 33334
+        training.scaled_steps(50000, 256, 384) == 33334
     )  # rounded up: never fewer examples than planned
     plain = parse([*BASE["sge"]])
     assert (

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import REPO
 from octo_dist import cli
-from octo_dist.jobs import spec, submit
+from octo_dist.jobs import submit, walltime
 from octo_dist.jobs.cli import parse
 
 PBS = ["launch", "pbs", "--nodes", "2", "--group", "g1"]
@@ -56,18 +56,18 @@ def test_two_field_walltime_is_never_thirty_hours(capsys, scheduler):
 def test_a_walltime_in_units_gets_a_fix_made_of_it(capsys, text, fix):
     line = refused(capsys, *PBS, "--walltime", text, "--dry-run")
     assert line.endswith(f"Fix: --walltime {fix}")
-    assert spec.parse_walltime(fix) > 0  # the fix is accepted
+    assert walltime.parse_walltime(fix) > 0  # the fix is accepted
 
 
 def test_the_wrote_line_parts_say_the_wall_time_and_node_hours():
     job = parse(["pbs", "--nodes", "2", "--group", "g1", "--walltime", "12:00:00"])
-    assert spec.time_summary(job) == "wall time 12:00:00, at most 24 node-hours"
+    assert walltime.time_summary(job) == "wall time 12:00:00, at most 24 node-hours"
     assert (
         submit.chain_summary(job, 3)
         == "submitting 3 jobs x 2 nodes x 12:00:00 = at most 72 node-hours"
     )
     one = parse(["pbs", "--nodes", "1", "--group", "g1", "--walltime", "0:10:00"])
-    assert spec.time_summary(one) == "wall time 00:10:00, at most 0.17 node-hours"
+    assert walltime.time_summary(one) == "wall time 00:10:00, at most 0.17 node-hours"
     assert (
         submit.chain_summary(one, 1)
         == "submitting 1 job x 1 node x 00:10:00 = at most 0.17 node-hours"

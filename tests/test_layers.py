@@ -205,3 +205,60 @@ def test_a_fabricated_long_function_is_reported(tmp_path):
         f"{PACKAGE}/engine/long.py:Loop.step": MAX_FUNCTION_LINES + 2,
         f"{PACKAGE}/engine/long.py:too_long": MAX_FUNCTION_LINES + 1,
     }
+
+
+# The job's settings and the applications are read most by people adding to them (a scheduler, a setting, a
+# command): there a function fits one screen. Their folders, under the package.
+STRICT_FOLDERS = ("jobs", "apps")
+MAX_STRICT_FUNCTION_LINES = 80
+
+
+def test_no_function_in_jobs_or_apps_is_longer_than_80_lines():
+    found = {
+        name: lines
+        for folder in STRICT_FOLDERS
+        for name, lines in long_functions(
+            REPO / PACKAGE / folder, MAX_STRICT_FUNCTION_LINES
+        ).items()
+    }
+    assert found == {}, (
+        f"over {MAX_STRICT_FUNCTION_LINES} lines in {PACKAGE}/{{{','.join(STRICT_FOLDERS)}}}, split them into "
+        "named steps: "
+        + ", ".join(f"{name} ({lines} lines)" for name, lines in sorted(found.items()))
+    )
+
+
+# --- module length -----------------------------------------------------------------------------------------------
+
+# A module longer than this holds more than one concern: split it, one file per concern (no utils.py).
+MAX_MODULE_LINES = 600
+
+
+def long_modules(package_dir: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """``{"octo_dist/jobs/spec.py": 910}``: every module of the package over ``limit`` lines."""
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found[path.relative_to(package_dir.parent).as_posix()] = lines
+    return found
+
+
+def test_no_module_is_longer_than_600_lines():
+    found = long_modules(REPO / PACKAGE)
+    assert found == {}, f"over {MAX_MODULE_LINES} lines, split them by concern: " + ", ".join(
+        f"{name} ({lines} lines)" for name, lines in sorted(found.items())
+    )
+
+
+def test_a_fabricated_long_module_and_a_long_jobs_function_are_reported(tmp_path):
+    package = tmp_path / PACKAGE
+    (package / "jobs").mkdir(parents=True)
+    (package / "jobs" / "fits.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (package / "jobs" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(package) == {f"{PACKAGE}/jobs/long.py": MAX_MODULE_LINES + 1}
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_STRICT_FUNCTION_LINES))
+    (package / "jobs" / "steps.py").write_text(f"def too_long():\n{body}")
+    assert long_functions(package / "jobs", MAX_STRICT_FUNCTION_LINES) == {
+        "jobs/steps.py:too_long": MAX_STRICT_FUNCTION_LINES + 1
+    }

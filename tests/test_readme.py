@@ -138,7 +138,7 @@ def parse_problem(argv: list) -> str | None:
     """None when octo-dist's own parsers accept ``argv`` (nothing runs), else what they printed. The training
     command after ``launch ... --`` is parsed by its own parser, as launch does when it renders."""
     from octo_dist import cli
-    from octo_dist.apps.finetune import app as finetune
+    from octo_dist.apps.finetune import arguments as finetune
 
     if argv[:1] == ["finetune"]:
         try:

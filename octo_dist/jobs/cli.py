@@ -21,6 +21,7 @@ from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import imagefit, schedulers
 from octo_dist.jobs import commands
 from octo_dist.jobs import options as options_mod
+from octo_dist.jobs import jobwarnings, walltime
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -170,7 +171,7 @@ def command_line(options: options_mod.LaunchOptions) -> list:
 
 def parse(
     argv: Sequence[str], checkers: Optional[Mapping[str, commands.Checker]] = None
-) -> spec_mod.JobSpec:
+) -> spec_mod.Job:
     """``octo-dist launch`` argv (without "launch") -> JobSpec; for the examples and tests."""
     parser = argparse.ArgumentParser(prog="octo-dist")
     add_parser(parser.add_subparsers(), checkers)
@@ -352,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status
-    for warning in ([warning] if warning else []) + spec_mod.missing_paths(job, os.path.isdir):
+    for warning in ([warning] if warning else []) + jobwarnings.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
     try:
@@ -385,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
         + (f", global batch {job.global_batch}" if job.global_batch else "")
         + (f", {job.steps} steps" if job.steps else "")
-        + f", {spec_mod.time_summary(job)}"
+        + f", {walltime.time_summary(job)}"
     )
     if foreign:
         wrote = f"replaced {out!r}, which was not a job script octo-dist wrote; " + wrote

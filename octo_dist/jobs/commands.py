@@ -7,58 +7,74 @@ from it, ``spec.build`` checks that the user's own flags after ``--`` do not set
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 # Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
 # srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
 # scheduler sets CUDA_VISIBLE_DEVICES per node (a shared rt_HG node), and node 0's value is wrong elsewhere.
 FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
 FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED")
+# What every rank runs before training, under the job's launcher: it fails the job before any GPU time is spent.
+PREFLIGHT = ("octo-dist", "check-env", "--launch")
+
+
+# The job's directories: the script passes them as "@{save_dir}", which the runtime makes absolute on the node.
+PATH_SETTINGS = ("save_dir", "data_dir", "compile_cache")
+# Settings launch always decides for every rank: refused after `--` even when launch leaves them at the program's
+# own default ("--devices-per-process" sizes the ranks and the batch).
+ALWAYS_LAUNCHS = (*PATH_SETTINGS, "devices_per_rank")
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
     """How to start one training program on every rank, and which of its flags carry the job's settings.
 
-    ``program`` is looked up in the venv's ``bin/`` (no container) or on the image's PATH; a flag that is None
-    is not passed (the program has no such setting: the script still exports WANDB_MODE, which wandb reads).
+    ``program`` is looked up in the venv's ``bin/`` (no container) or on the image's PATH. ``flags`` maps a
+    launch setting (a field of ``LaunchOptions``, or what launch derives from them: ``global_batch``, ``steps``,
+    ``devices_per_rank``) to the program's flag for it, in the order they are passed; a setting the program has
+    no flag for is not in it (the script still exports WANDB_MODE, which wandb reads), and one left unset is not
+    passed (the program's own default). A new launch setting that reaches training is one ``LaunchOptions``
+    field and one entry here per program.
     """
 
     program: tuple
-    batch: str  # the GLOBAL batch (examples per step over all ranks)
-    steps: str
-    save_dir: str
-    data_dir: Optional[str]
-    wandb_mode: Optional[str]
-    resume: Optional[str]
-    compile_cache: str
-    devices: str  # the GPUs each rank binds, given when more than one: "--devices-per-process=2"
+    flags: Mapping[
+        str, str
+    ]  # {"global_batch": "--global-batch", "steps": "--steps", "save_dir": ...}
+    resume: Optional[str]  # passed alone: continue from the save directory after a stop
     environment: tuple = ()  # (name, value, why) exported by the script and passed to every rank
+
+    @property
+    def devices(self) -> str:
+        """The flag for the GPUs each rank binds: ``"--devices-per-process"``, given when more than one."""
+        return self.flags["devices_per_rank"]
 
 
 # The one place the job's settings meet each program's flag names.
 COMMANDS = {
     "smoke": Command(
         ("octo-dist", "smoke"),
-        batch="--global-batch",
-        steps="--steps",
-        save_dir="--save-dir",
-        data_dir=None,
-        wandb_mode="--wandb-mode",
+        flags={
+            "global_batch": "--global-batch",  # the GLOBAL batch (examples per step over all ranks)
+            "steps": "--steps",
+            "wandb_mode": "--wandb-mode",
+            "devices_per_rank": "--devices-per-process",
+            "save_dir": "--save-dir",
+            "compile_cache": "--compile-cache",
+        },
         resume="--resume",
-        compile_cache="--compile-cache",
-        devices="--devices-per-process",
     ),
     "finetune": Command(
         ("octo-dist", "finetune"),
-        batch="--config.batch_size",
-        steps="--config.num_steps",
-        save_dir="--config.save_dir",
-        data_dir="--config.dataset_kwargs.data_dir",
-        wandb_mode=None,
+        flags={
+            "global_batch": "--config.batch_size",
+            "steps": "--config.num_steps",
+            "devices_per_rank": "--devices-per-process",
+            "save_dir": "--config.save_dir",
+            "data_dir": "--config.dataset_kwargs.data_dir",
+            "compile_cache": "--compile_cache",
+        },
         resume="--resume",
-        compile_cache="--compile_cache",
-        devices="--devices-per-process",
         environment=(
             (
                 "HF_HUB_OFFLINE",

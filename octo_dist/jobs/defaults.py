@@ -31,7 +31,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers
-from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import walltime
+from octo_dist.jobs.flagchecks import JobSpecError
+from octo_dist.jobs.settings import WANDB_MODES
 from octo_dist.launchers import outside
 
 USER_FILE = os.path.join("octo-dist", "launch.ini")
@@ -115,14 +117,14 @@ def _value(where: str, key: str, field: str, value: str) -> object:
         return value.lower() in ("true", "yes", "1")
     if field == "walltime":
         try:
-            spec_mod.parse_walltime(value, label=f"{key} =")
-        except spec_mod.JobSpecError as e:
+            walltime.parse_walltime(value, label=f"{key} =")
+        except JobSpecError as e:
             fix = e.fix.replace("--walltime ", f"{key} = ", 1)
             raise DefaultsError(f"{where}: {e.found}; expected {e.expected}. Fix: {fix}") from None
-    if field == "wandb_mode" and value not in spec_mod.WANDB_MODES:
-        close = difflib.get_close_matches(value, spec_mod.WANDB_MODES, n=1) or ["offline"]
+    if field == "wandb_mode" and value not in WANDB_MODES:
+        close = difflib.get_close_matches(value, WANDB_MODES, n=1) or ["offline"]
         raise DefaultsError(
-            f"{where}: {key} = {value!r}; expected one of {', '.join(spec_mod.WANDB_MODES)}. "
+            f"{where}: {key} = {value!r}; expected one of {', '.join(WANDB_MODES)}. "
             f"Fix: {key} = {close[0]}"
         )
     return value

@@ -1,6 +1,6 @@
 """``octo-dist launch``'s options: ``LaunchOptions``, one field per flag, from which the parser, the defaults files'
 keys and ``--show-defaults`` are generated; each scheduler adds its own (``Scheduler.options``). Pure data and
-help text: ``spec.build`` validates the options into a ``JobSpec``.
+help text: ``spec.build`` decides the options into a ``Job(header, settings)``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
 
 WANDB_MODES = job_settings.WANDB_MODES
-DEFAULT_STOP_MARGIN_S = (
-    300  # ranks checkpoint this long before the wall time; an Octo checkpoint takes well under it
-)
+DEFAULT_STOP_MARGIN_S = job_settings.DEFAULT_STOP_MARGIN_S
 DEFAULT_COMPILE_CACHE = (
     ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
 )
@@ -76,6 +74,13 @@ def _opt(
     )
 
 
+def _setting(section, name: str, default, group: str, **argparse_kwargs):
+    """A LaunchOptions field for a setting the job carries (``settings.Allocation``'s ``nodes``): its flag and help
+    are the setting's own metadata, so the flag that sets it is the flag a refusal of its value names."""
+    meta = next(f for f in dataclasses.fields(section) if f.name == name).metadata
+    return _opt(default, meta["help"], group, flag=meta["flag"], **argparse_kwargs)
+
+
 class Renamed(argparse.Action):
     """Stores the value; an option given by an earlier name (any option string but the first) gets a note naming
     the current one, on stderr: ``octo-dist launch pbs: note: --devices-per-rank is now --devices-per-process; the
@@ -98,7 +103,7 @@ class LaunchOptions:
     train: tuple = ()  # the training command after `--`: ("smoke", "--model", "tiny"); empty: the smoke job
     # The scheduler's own options given (Scheduler.options), as (name, value) pairs: (("partition", "gpu"),).
     site: tuple = ()
-    nodes: Optional[int] = _opt(None, "number of nodes (required)", "resources", type=int)
+    nodes: Optional[int] = _setting(job_settings.Allocation, "nodes", None, "resources", type=int)
     resource_type: Optional[str] = _opt(
         None,
         "{resource_types} (default: {resource_type})",
@@ -108,11 +113,8 @@ class LaunchOptions:
     gpus_per_node: Optional[int] = _opt(
         None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
     )
-    ranks_per_node: Optional[int] = _opt(
-        None,
-        "processes per node (default: GPUs per node / --devices-per-process, one per GPU without it)",
-        "resources",
-        type=int,
+    ranks_per_node: Optional[int] = _setting(
+        job_settings.Allocation, "ranks_per_node", None, "resources", type=int
     )
     devices_per_rank: Optional[int] = _opt(
         None,
@@ -124,18 +126,10 @@ class LaunchOptions:
         old_flags=("--devices-per-rank",),
         type=int,
     )
-    cpus_per_rank: Optional[int] = _opt(
-        None,
-        "CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
-        "resources",
-        type=int,
+    cpus_per_rank: Optional[int] = _setting(
+        job_settings.Allocation, "cpus_per_rank", None, "resources", type=int
     )
-    walltime: str = _opt(
-        "1:00:00",
-        "wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
-        "read them as MM:SS (default: {default})",
-        "resources",
-    )
+    walltime: str = _setting(job_settings.Timing, "walltime_s", "1:00:00", "resources")
     group: Optional[str] = _opt(
         None, "{group_help}", "resources", action=GivenOnce
     )  # + the scheduler's group_flags
@@ -149,18 +143,10 @@ class LaunchOptions:
         flag="--directive",
         metavar="TEXT",
     )
-    modules: Optional[tuple] = _opt(
-        None,
-        "environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
-        "resources",
-        action="append",
-        flag="--module",
+    modules: Optional[tuple] = _setting(
+        job_settings.Software, "modules", None, "resources", action="append"
     )
-    image: Optional[str] = _opt(
-        None,
-        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
-        "environment",
-    )
+    image: Optional[str] = _setting(job_settings.Software, "image", None, "environment")
     skip_image_check: bool = _opt(
         False,
         "the image exists only on the cluster: do not look for it here; the script "
@@ -168,19 +154,12 @@ class LaunchOptions:
         "environment",
         action="store_true",
     )
-    venv: str = _opt(
-        ".venv", "environment to run from without an image (default: {default})", "environment"
+    venv: str = _setting(job_settings.Software, "venv", ".venv", "environment")
+    bind: Optional[tuple] = _setting(
+        job_settings.Software, "binds", None, "environment", action="append"
     )
-    bind: Optional[tuple] = _opt(
-        None,
-        "extra directory to bind into the image, repeatable (default: {binds})",
-        "environment",
-        action="append",
-    )
-    coordinator: Optional[str] = _opt(
-        None,
-        "HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
-        "environment",
+    coordinator: Optional[str] = _setting(
+        job_settings.Forwarding, "coordinator", None, "environment"
     )
     per_gpu_batch: Optional[int] = _opt(
         None,
@@ -206,28 +185,13 @@ class LaunchOptions:
         type=int,
         metavar="BATCH",
     )
-    save_dir: str = _opt(
-        "runs/octo-dist",
-        "checkpoint directory, bound into the image (default: {default})",
-        "training",
+    save_dir: str = _setting(job_settings.Storage, "save_dir", "runs/octo-dist", "training")
+    data_dir: Optional[str] = _setting(job_settings.Storage, "data_dir", None, "training")
+    compile_cache: str = _setting(
+        job_settings.Storage, "compile_cache", DEFAULT_COMPILE_CACHE, "training"
     )
-    data_dir: Optional[str] = _opt(
-        None, "dataset directory for finetune, bound into the image (default: none)", "training"
-    )
-    compile_cache: str = _opt(
-        DEFAULT_COMPILE_CACHE,
-        "JAX's persistent compilation cache, shared by the nodes and by "
-        "later jobs so a resubmission does not recompile; empty: off "
-        "(default: {default})",
-        "training",
-    )
-    wandb_mode: str = _opt(
-        "disabled",
-        "wandb logging, as octo-dist smoke's --wandb-mode: disabled logs nothing to wandb (the run summary and "
-        "loss.png are written all the same), offline keeps the run in the save directory for wandb sync, online "
-        "needs WANDB_API_KEY or a key file only you can read (default: {default}, the same for every command)",
-        "training",
-        choices=WANDB_MODES,
+    wandb_mode: str = _setting(
+        job_settings.Storage, "wandb_mode", "disabled", "training", choices=WANDB_MODES
     )
     resume: bool = _opt(
         True,
@@ -236,10 +200,10 @@ class LaunchOptions:
         action="store_false",
         flag="--no-resume",
     )
-    stop_margin: int = _opt(
+    stop_margin: int = _setting(
+        job_settings.Timing,
+        "stop_margin_s",
         DEFAULT_STOP_MARGIN_S,
-        "seconds before the wall time at which every rank checkpoints and "
-        "stops (default: {default})",
         "training",
         type=int,
         metavar="SECONDS",

@@ -1,4 +1,4 @@
-"""``render(spec) -> str``: a job script a reader audits in a minute.
+"""``render(job) -> str``: a job script a reader audits in a minute.
 
 The scheduler's header (its class in ``schedulers/``), a comment saying what runs, ``module load``, and one line
 handing over to the job runtime (``supervisor/``, Python) with the job's settings as JSON. Everything that reacts to
@@ -9,17 +9,17 @@ signals, failures and time limits lives there, tested. The header's ``@{name}`` 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from typing import List
 
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES
-from octo_dist.jobs.spec import JobSpec, format_walltime
+from octo_dist.jobs.spec import Job
+from octo_dist.jobs.walltime import format_walltime
 
 PLACEHOLDER = re.compile(r"@\{(\w+)\}")
-PREFLIGHT = ("octo-dist", "check-env", "--launch")
 RUNTIME_ENV = "OCTO_DIST_RUNTIME"  # a zipapp from `octo-dist job-runtime -o FILE`: used instead of the image's
 RUNTIME_FILE = (
     ".octo-dist-runtime.pyz"  # where an image job writes the image's runtime: the submit directory
@@ -46,65 +46,21 @@ if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then
 """
 
 
-def train_argv(spec: JobSpec) -> List[str]:
+def train_argv(job: Job) -> List[str]:
     """The training command every rank runs: the program (from the venv's bin/ or the image's PATH), its flags, and
     the job's paths as ``@{save_dir}``, which the runtime makes absolute on the node."""
-    cmd = COMMANDS[spec.command]
-    out = [*cmd.program, *spec.lead_args, *spec.job_args, f"{cmd.save_dir}=@{{save_dir}}"]
-    if spec.data_dir:
-        out.append(f"{cmd.data_dir}=@{{data_dir}}")
-    if spec.compile_cache:
-        out.append(f"{cmd.compile_cache}=@{{compile_cache}}")
-    out += spec.user_args
-    if spec.resume:
-        out.append(cmd.resume)
-    return out
+    return list(job.settings.commands.train)
 
 
-def train_lines(spec: JobSpec) -> List[str]:
+def train_lines(job: Job) -> List[str]:
     """The training command as shell words, for reading (tests, messages)."""
-    return [shlex.join(train_argv(spec))]
+    return [shlex.join(train_argv(job))]
 
 
-def settings(spec: JobSpec, script_name: str) -> job_settings.JobSettings:
-    """What the job runtime needs: the typed settings the script carries (``jobs/settings.py``)."""
-    s = job_settings
-    return s.JobSettings(
-        script_name=script_name,
-        allocation=s.Allocation(
-            scheduler=spec.scheduler,
-            nodes=spec.nodes,
-            ranks_per_node=spec.ranks_per_node,
-            cpus_per_rank=spec.cpus_per_rank,
-            sockets=spec.sockets,
-        ),
-        timing=s.Timing(walltime_s=spec.walltime_s, stop_margin_s=spec.stop_margin_s),
-        software=s.Software(
-            modules=tuple(spec.modules),
-            image=spec.image or "",
-            venv=spec.venv,
-            binds=tuple(spec.binds),
-        ),
-        storage=s.Storage(
-            save_dir=spec.save_dir,
-            data_dir=spec.data_dir or "",
-            compile_cache=spec.compile_cache,
-            wandb_mode=spec.wandb_mode,
-        ),
-        forwarding=s.Forwarding(
-            environment=tuple(
-                (n, v) for n, v, _ in spec.environment + COMMANDS[spec.command].environment
-            ),
-            coordinator=spec.coordinator or "",
-            forward_prefixes=FORWARD_PREFIXES,
-            forward_names=FORWARD_NAMES,
-        ),
-        commands=s.Commands(
-            # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
-            preflight=(*PREFLIGHT, *spec.preflight_args),
-            train=tuple(train_argv(spec)),
-        ),
-    )
+def settings(job: Job, script_name: str) -> job_settings.JobSettings:
+    """What the job runtime needs: the job's settings (``jobs/settings.py``), under the name the script is written
+    as."""
+    return dataclasses.replace(job.settings, script_name=script_name)
 
 
 def substitute(template: str, values: dict) -> str:
@@ -122,27 +78,24 @@ def _say(before: str, value: str, after: str = "") -> str:
     return f"printf '%s\\n' \"{before}\"{quoted}" + (f'"{after}"' if after else "") + " >&2"
 
 
-def _modules(spec: JobSpec) -> str:
-    if not spec.modules:
+def _modules(job: Job) -> str:
+    if not job.modules:
         return "# no modules to load (--module ''): the launcher and python3 on PATH are used\n"
-    names = " ".join(map(shlex.quote, spec.modules))
-    said = _say("octo-dist job: no 'module' command here: not loading ", " ".join(spec.modules))
+    names = " ".join(map(shlex.quote, job.modules))
+    said = _say("octo-dist job: no 'module' command here: not loading ", " ".join(job.modules))
     return f"if command -v module >/dev/null 2>&1; then module load {names}; else {said}; fi\n"
 
 
-def _handover(spec: JobSpec, script_name: str) -> str:
-    values = settings(spec, script_name)
-    job_settings.check(
-        values
-    )  # what the runtime will refuse is refused here, before anything is written
-    args = "supervise " + shlex.quote(values.to_json())
-    if not spec.image:
-        python = spec.venv + "/bin/python"
+def _handover(job: Job, script_name: str) -> str:
+    # Checked when the job was built (spec.build), by the code the runtime reads it back with.
+    args = "supervise " + shlex.quote(settings(job, script_name).to_json())
+    if not job.image:
+        python = job.venv + "/bin/python"
         said = _say(
             "octo-dist job: error: no ",
             python,
             # The profile these nodes' GPUs need: rt_HF's H200 (sm_90) -> cuda12, rt_F's V100 -> cuda11.
-            f"; expected the octo-dist environment (make env PROFILE={imagefit.needed_profile(spec.resource_type)}). "
+            f"; expected the octo-dist environment (make env PROFILE={imagefit.needed_profile(job.resource_type)}). "
             "Fix: build it, or re-render with --venv PATH or --image FILE.sif",
         )
         python = shlex.quote(python)
@@ -152,11 +105,11 @@ def _handover(spec: JobSpec, script_name: str) -> str:
         )
     said = _say(
         "octo-dist job: error: image ",
-        spec.image,
+        job.image,
         " not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render "
         "with --image PATH",
     )
-    image = shlex.quote(spec.image)
+    image = shlex.quote(job.image)
     # The runtime is the image's own, written beside the job (the submit directory, which singularity binds).
     return (
         f"[ -f {image} ] || {{ {said}; exit 2; }}\n"
@@ -171,35 +124,35 @@ def _handover(spec: JobSpec, script_name: str) -> str:
     )
 
 
-def render(spec: JobSpec, script_name: str = "job.sh") -> str:
-    """The job script for ``spec``; ``script_name`` only appears in the submit hints."""
-    s = schedulers.get(spec.scheduler)
+def render(job: Job, script_name: str = "job.sh") -> str:
+    """The job script for ``job``; ``script_name`` only appears in the submit hints."""
+    s = schedulers.get(job.scheduler)
     q = shlex.quote
     values = {
         "title": s.title,
-        "group": spec.group or "",
-        "resource_type": spec.resource_type or "",
-        "nodes": spec.nodes,
-        "ranks_per_node": spec.ranks_per_node,
-        "gpus_per_node": spec.gpus_per_node,
-        "gpus_per_rank": spec.devices_per_rank,
-        "walltime": format_walltime(spec.walltime_s),
-        "name": spec.name,
-        "slots": spec.ranks,
-        "stop_margin_s": spec.stop_margin_s,
-        "submit": s.submit_hint(q(script_name), spec.group),
-        "command_line": shlex.join(spec.command_line) or "octo-dist launch",
+        "group": job.group or "",
+        "resource_type": job.resource_type or "",
+        "nodes": job.nodes,
+        "ranks_per_node": job.ranks_per_node,
+        "gpus_per_node": job.gpus_per_node,
+        "gpus_per_rank": job.devices_per_rank,
+        "walltime": format_walltime(job.walltime_s),
+        "name": job.name,
+        "slots": job.ranks,
+        "stop_margin_s": job.stop_margin_s,
+        "submit": s.submit_hint(q(script_name), job.group),
+        "command_line": shlex.join(job.command_line) or "octo-dist launch",
         "launcher": s.launcher_program,
-        "timer": f" (so does its timer,\n# {spec.stop_margin_s} s before the wall time)"
+        "timer": f" (so does its timer,\n# {job.stop_margin_s} s before the wall time)"
         if s.stop_timer
         else "",
         "workdir": s.workdir,
-        "modules": _modules(spec),
-        "handover": _handover(spec, script_name),
-        **s.header_values(spec),
+        "modules": _modules(job),
+        "handover": _handover(job, script_name),
+        **s.header_values(job),
     }
     # The site's lines (--partition, --resource, --directive...) after the scheduler's own directives.
     header = sitedirectives.insert(
-        substitute(s.header, values), s.site_lines(spec), s.directive_prefix
+        substitute(s.header, values), s.site_lines(job), s.directive_prefix
     )
     return header + substitute(BODY, values)

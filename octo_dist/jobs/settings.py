@@ -1,9 +1,11 @@
 """The job's settings: one typed, nested object, written into the job script as JSON and read back on the node.
 
-``render`` builds a :class:`JobSettings` from the validated ``JobSpec`` and writes ``to_json()`` into the script's
-last line; the job runtime (``supervisor``) reads it back with :func:`from_json`, the same code, so what a script
-carries is checked field by field before anything starts: a script edited by hand, cut short or written by another
-octo-dist version is refused in one line (exit 2), never half-run. Standard library only, Python 3.9: it ships in the
+``spec.build`` makes the :class:`JobSettings` of a ``Job`` and checks it with :func:`check` in the words of
+``octo-dist launch``'s flags (each field's metadata names its flag, bounds and the fix); ``render`` writes
+``to_json()`` into the script's last line; the job runtime (``supervisor``) reads it back with :func:`from_json` and
+the same :func:`check`, naming fields by their JSON path, so what a script carries is checked field by field before
+anything starts: a script edited by hand, cut short or written by another octo-dist version is refused in one line
+(exit 2), never half-run. Standard library only, Python 3.9: it ships in the
 job runtime's zipapp.
 
     {"schema": 2, "script_name": "job.sh",
@@ -34,6 +36,9 @@ MAX_WALLTIME_S = 366 * 24 * 3600  # schedulers cap jobs at days; a year is past 
 MIN_TRAINING_S = (
     30  # wall time minus stop margin: less leaves the ranks no time to start, let alone train
 )
+# Ranks checkpoint this long before the wall time unless --stop-margin says otherwise; an Octo checkpoint takes
+# well under it.
+DEFAULT_STOP_MARGIN_S = 300
 MAX_TEXT = 4096  # PATH_MAX: the longest path, module name or argument a job script holds
 MAX_ITEMS = 1000  # the most entries of one list (training arguments, binds, modules, variables)
 WANDB_MODES = ("online", "offline", "disabled")
@@ -51,9 +56,29 @@ class SettingsError(Refusal, ValueError):
     """Job settings that must not run: which field, what it held, what was expected; exit 2."""
 
 
-def _field(low: int = 0, high: int = 0, *, choices: Tuple[str, ...] = (), path: bool = False):
-    """A field's bounds (integers: ``low <= value <= high``), allowed values, or whether it is a path."""
-    return dataclasses.field(metadata={"low": low, "high": high, "choices": choices, "path": path})
+class JobSpecError(SettingsError):
+    """The same refusal in the words of ``octo-dist launch``'s flags, before anything is written:
+    ``--nodes 0; expected --nodes from 1 to 10000. Fix: --nodes 1 (or more)`` (one line)."""
+
+
+def _field(
+    low: int = 0,
+    high: int = 0,
+    *,
+    choices: Tuple[str, ...] = (),
+    path: bool = False,
+    flag: str = "",
+    fix: str = "",
+    expected: str = "",
+    help: str = "",
+):
+    """A setting's metadata: its bounds (integers: ``low <= value <= high``), allowed values, whether it is a path;
+    ``flag``: the ``octo-dist launch`` option that sets it, which names it in a refusal at render time (on the
+    node, its JSON path does); ``fix``: that refusal's fix (``"--nodes 1 (or more)"``); ``expected``: its wording
+    of the bounds where ``"--nodes from 1 to 10000"`` would not say it (``"0 (no binding) to 1024"``); ``help``:
+    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``)."""
+    meta = {"low": low, "high": high, "choices": choices, "path": path, "help": help}
+    return dataclasses.field(metadata={**meta, "flag": flag, "fix": fix, "expected": expected})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,40 +86,104 @@ class Allocation:
     """Where the ranks run: what the scheduler was asked for."""
 
     scheduler: Text = _field()  # "pbs": a registered scheduler's name
-    nodes: int = _field(1, MAX_NODES)
-    ranks_per_node: int = _field(1, MAX_RANKS_PER_NODE)
-    cpus_per_rank: int = _field(0, MAX_CPUS_PER_RANK)  # 0: no binding
+    nodes: int = _field(
+        1, MAX_NODES, flag="--nodes", fix="--nodes 1 (or more)", help="number of nodes (required)"
+    )
+    ranks_per_node: int = _field(
+        1,
+        MAX_RANKS_PER_NODE,
+        flag="--ranks-per-node",
+        fix="--ranks-per-node 8",
+        help="processes per node (default: GPUs per node / --devices-per-process, one per GPU without it)",
+    )
+    cpus_per_rank: int = _field(  # 0: no binding
+        0,
+        MAX_CPUS_PER_RANK,
+        flag="--cpus-per-rank",
+        fix="--cpus-per-rank 0",
+        expected=f"0 (no binding) to {MAX_CPUS_PER_RANK}",
+        help="CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
+    )
     sockets: int = _field(0, MAX_SOCKETS)  # 0: unknown (SLURM, Grid Engine)
 
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    walltime_s: int = _field(1, MAX_WALLTIME_S)
+    walltime_s: int = _field(
+        1,
+        MAX_WALLTIME_S,
+        flag="--walltime",
+        fix="--walltime 1:00:00",
+        help="wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
+        "read them as MM:SS (default: {default})",
+    )
+    # every rank checkpoints and stops this long before it
     stop_margin_s: int = _field(
-        0, MAX_WALLTIME_S
-    )  # every rank checkpoints and stops this long before it
+        0,
+        MAX_WALLTIME_S,
+        flag="--stop-margin",
+        fix="--stop-margin 300",
+        help="seconds before the wall time at which every rank checkpoints and "
+        "stops (default: {default})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Software:
     """What the ranks run from: the image, else the venv; the modules loaded before."""
 
-    modules: Texts = _field()
-    image: Text = _field(path=True)  # "" runs from ``venv``
-    venv: Text = _field(path=True)
+    modules: Texts = _field(
+        flag="--module",
+        fix="--module hpcx/2.20",
+        help="environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
+    )
+    image: Text = _field(
+        path=True,
+        flag="--image",
+        help="Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+    )  # "" runs from ``venv``
+    venv: Text = _field(
+        path=True,
+        flag="--venv",
+        help="environment to run from without an image (default: {default})",
+    )
+    # extra directories bound into the image when the node has them
     binds: Texts = _field(
-        path=True
-    )  # extra directories bound into the image when the node has them
+        path=True,
+        flag="--bind",
+        help="extra directory to bind into the image, repeatable (default: {binds})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Storage:
     """Where the job reads and writes, relative to the submit directory; the runtime makes them absolute."""
 
-    save_dir: Text = _field(path=True)
-    data_dir: Text = _field(path=True)  # "": no dataset
-    compile_cache: Text = _field(path=True)  # "": off
-    wandb_mode: Text = _field(choices=WANDB_MODES)
+    save_dir: Text = _field(
+        path=True,
+        flag="--save-dir",
+        help="checkpoint directory, bound into the image (default: {default})",
+    )
+    data_dir: Text = _field(
+        path=True,
+        flag="--data-dir",
+        help="dataset directory for finetune, bound into the image (default: none)",
+    )  # "": no dataset
+    compile_cache: Text = _field(
+        path=True,
+        flag="--compile-cache",
+        help="JAX's persistent compilation cache, shared by the nodes and by "
+        "later jobs so a resubmission does not recompile; empty: off "
+        "(default: {default})",
+    )  # "": off
+    wandb_mode: Text = _field(
+        choices=WANDB_MODES,
+        flag="--wandb-mode",
+        fix="--wandb-mode offline",
+        help="wandb logging, as octo-dist smoke's --wandb-mode: disabled logs nothing to wandb (the run summary and "
+        "loss.png are written all the same), offline keeps the run in the save directory for wandb sync, online "
+        "needs WANDB_API_KEY or a key file only you can read (default: {default}, the same for every command)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +193,10 @@ class Forwarding:
     environment: Pairs = (
         _field()
     )  # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
-    coordinator: Text = _field()  # "host:port", or "" when octo-dist agrees one
+    coordinator: Text = _field(
+        flag="--coordinator",
+        help="HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
+    )  # "host:port", or "" when octo-dist agrees one
     forward_prefixes: Texts = _field()  # ("NCCL_", "XLA_", ...)
     forward_names: Texts = _field()
 
@@ -114,7 +206,7 @@ class Commands:
     """The preflight's and the training's argv; ``@{save_dir}`` and the like are filled in on the node."""
 
     preflight: Texts = _field()
-    train: Texts = _field()
+    train: Texts = _field(flag="the training command")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,25 +298,33 @@ def _build(cls, values: Any, where: str):
     return cls(**out)
 
 
-def _value(name: str, kind, value: Any, meta: Mapping):
+def _value(name: str, kind, value: Any, meta: Mapping, flags: bool = False):
+    """One setting checked against its type and metadata; ``name`` is its JSON path (``allocation.nodes``), or with
+    ``flags`` the launch option that set it (``--nodes``), and the refusal speaks of that."""
     if kind is int:
         if (
             type(value) is not int
         ):  # bool is an int to Python, and 1e999 a float: neither is a count
             raise _error(name, _kind(value), _range(meta))
         if not meta["low"] <= value <= meta["high"]:
+            if flags:
+                expected = meta.get("expected") or f"{name} from {meta['low']} to {meta['high']}"
+                raise JobSpecError(f"{name} {shown_number(value)}", expected, meta.get("fix", ""))
             raise _error(name, str(value), _range(meta))
         return value
     if kind is str:
-        return _text(name, value, meta)
+        return check_text(name, value, meta, flags)
     if kind == Texts:
-        return tuple(_text(f"{name}[{i}]", v, meta) for i, v in enumerate(_items(name, value)))
+        return tuple(
+            check_text(name if flags else f"{name}[{i}]", v, meta, flags)
+            for i, v in enumerate(_items(name, value))
+        )
     if kind == Pairs:
         out = []
         for i, pair in enumerate(_items(name, value)):
-            if not (isinstance(pair, list) and len(pair) == 2):
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise _error(f"{name}[{i}]", _kind(pair), "a [NAME, VALUE] pair")
-            var, val = (_text(f"{name}[{i}]", v, meta) for v in pair)
+            var, val = (check_text(f"{name}[{i}]", v, meta) for v in pair)
             if not ENV_NAME.fullmatch(var):
                 raise _error(f"{name}[{i}]", f"variable name {var!r}", "letters, digits and '_'")
             out.append((var, val))
@@ -233,44 +333,71 @@ def _value(name: str, kind, value: Any, meta: Mapping):
 
 
 def _items(name: str, value: Any) -> list:
-    if not isinstance(value, list):
+    # A tuple where launch built the settings; a JSON list where a script carried them.
+    if not isinstance(value, (list, tuple)):
         raise _error(name, _kind(value), "a JSON list [...]")
     if len(value) > MAX_ITEMS:
         raise _error(name, f"{len(value)} entries", f"at most {MAX_ITEMS}")
-    return value
+    return list(value)
 
 
-def _text(name: str, value: Any, meta: Mapping) -> str:
+def check_text(name: str, value: Any, meta: Mapping = {}, flags: bool = False) -> str:
+    """A text setting: a string of at most MAX_TEXT printable characters, one of ``meta["choices"]``, a path not
+    starting with '-' (``meta["path"]``). With ``flags``, ``name`` is what the user gave it as (``"--save-dir"``,
+    ``"argument 3 after --"``, or a description starting with "the") and the refusal gives a fix."""
     if not isinstance(value, str):
         raise _error(name, _kind(value), "a JSON string")
     if len(value) > MAX_TEXT:
-        raise _error(name, f"{len(value)} characters", f"at most {MAX_TEXT}")
+        if not flags:
+            raise _error(name, f"{len(value)} characters", f"at most {MAX_TEXT}")
+        raise JobSpecError(
+            f"{name} of {len(value)} characters ({value[:40]!r}...)",
+            f"at most {MAX_TEXT} (the longest path a Linux system call takes)",
+            f"{name} shorter" if name.startswith("the ") else f"a shorter {name}",
+        )
     bad = sorted({c for c in value if unicodedata.category(c) in UNSAFE_CATEGORIES})
     if bad:
         shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
-        raise _error(name, f"{value[:60]!r} holding {shown}", "printable characters only")
+        if not flags:
+            raise _error(name, f"{value[:60]!r} holding {shown}", "printable characters only")
+        clean = "".join(c for c in value if c not in bad)
+        raise JobSpecError(
+            f"{name} {value!r} contains {shown}",
+            "printable characters only (a newline or control character can end a comment or a quoted "
+            "word in the job script and run as a command)",
+            f"{name} {clean!r}",
+        )
     if meta.get("choices") and value not in meta["choices"]:
+        if flags:
+            raise JobSpecError(
+                f"{name} {value!r}", f"one of {', '.join(meta['choices'])}", meta["fix"]
+            )
         raise _error(name, repr(value), f"one of {', '.join(meta['choices'])}")
     if meta.get("path") and value.startswith("-"):
+        if flags:
+            raise JobSpecError(
+                f"{name} {value!r} starts with '-'",
+                "a path the script's commands cannot read as an option",
+                f"{name} ./{value}",
+            )
         raise _error(name, repr(value), "a path that does not start with '-'")
     return value
 
 
-def check(s: JobSettings) -> None:
-    """The rules between fields (each field alone is checked while reading)."""
+def check(s: JobSettings, flags: bool = False) -> None:
+    """Every setting against its type and bounds, then the rules between them: on the node after reading (JSON
+    paths), and in ``octo-dist launch`` before anything is written (``flags``: in the words of its options)."""
     # Imported here: the schedulers' registry is the runtime's, and settings are also built where none is needed.
     from octo_dist.jobs import schedulers
 
-    a, t = s.allocation, s.timing
+    a = s.allocation
     if a.scheduler not in schedulers.SCHEDULERS:
         known = ", ".join(sorted(schedulers.SCHEDULERS))
         raise _error("allocation.scheduler", repr(a.scheduler), f"one of {known}")
-    if t.walltime_s - t.stop_margin_s < MIN_TRAINING_S:
-        raise _error(
-            "timing",
-            f"walltime_s {t.walltime_s} with stop_margin_s {t.stop_margin_s}",
-            f"at least {MIN_TRAINING_S} s between the start and the stop",
-        )
+    for f in dataclasses.fields(s):
+        section = getattr(s, f.name)
+        if dataclasses.is_dataclass(section):
+            check_section(f.name, section, flags)
     for key in ("preflight", "train"):
         if not getattr(s.commands, key):
             raise _error(f"commands.{key}", "an empty command", "a program and its arguments")
@@ -278,6 +405,72 @@ def check(s: JobSettings) -> None:
         raise _error("storage.save_dir", "''", "the checkpoint directory")
     if not s.software.venv and not s.software.image:
         raise _error("software", "neither an image nor a venv", "one of them")
+
+
+def check_section(where: str, section: Any, flags: bool = False) -> None:
+    """One section (``"timing"``, a :class:`Timing`): its rules, then each field; ``launch`` checks a section as
+    soon as it is decided, so what depends on it (the GPUs, from the nodes) is never computed from a bad value."""
+    if isinstance(section, Timing):
+        _check_timing(section, flags)
+    hints = get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        flag = f.metadata.get("flag")
+        name = flag if flags and flag else f"{where}.{f.name}"
+        _value(name, hints[f.name], getattr(section, f.name), f.metadata, flags and bool(flag))
+
+
+def check_field(cls, name: str, value: Any) -> None:
+    """One field of section ``cls`` in the words of its flag, before the section exists:
+    ``check_field(Allocation, "cpus_per_rank", -1)`` -> ``JobSpecError("--cpus-per-rank -1; ...")``."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    _value(f.metadata["flag"], get_type_hints(cls)[name], value, f.metadata, True)
+
+
+def _check_timing(t: Timing, flags: bool) -> None:
+    """The ranks need MIN_TRAINING_S between their start and the stop margin: 5:01 with a 300 s margin would leave
+    them 1 s, and they would stop before the first step while a chain goes on."""
+    least, margin, walltime_s = MIN_TRAINING_S, t.stop_margin_s, t.walltime_s
+    if 0 <= margin <= walltime_s - least:
+        return
+    if not flags:
+        if type(margin) is not int or type(walltime_s) is not int:
+            return  # the field's own check names it
+        raise _error(
+            "timing",
+            f"walltime_s {walltime_s} with stop_margin_s {margin}",
+            f"at least {least} s between the start and the stop",
+        )
+    walltime = format_walltime(walltime_s)
+    if walltime_s < least and 0 <= margin:
+        # No margin makes 10 s enough: the fix is a longer wall time, with the margin asked for (or the default).
+        raise JobSpecError(
+            f"--walltime {walltime} ({walltime_s} s)",
+            f"at least {least} s for the ranks to start and train, plus the stop margin "
+            f"({shown_number(margin)} s)",
+            f"--walltime {format_walltime(min(margin, 3600) + max(least, 600))}",
+        )
+    raise JobSpecError(
+        f"--stop-margin {shown_number(margin)} s with --walltime {walltime}",
+        f"a margin of 0 s or more that leaves the ranks at least {least} s before it "
+        "(they need time to start and train)",
+        f"--stop-margin {max(min(DEFAULT_STOP_MARGIN_S, walltime_s // 10, walltime_s - least), 0)} "
+        "or a longer --walltime",
+    )
+
+
+def format_walltime(seconds: int) -> str:
+    """Seconds -> ``"HH:MM:SS"`` with hours past 24 (``"72:00:00"``), which PBS, SGE and SLURM all accept."""
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def shown_number(value: int) -> str:
+    """A number as an error shows it: whole up to 20 digits, else its first 20 and how long it is
+    (``10**3999`` -> ``"10000000000000000000... (4,000 digits)"``): a pasted run of digits must not fill the screen."""
+    text = str(value)
+    digits = text.lstrip("-")
+    if len(digits) <= 20:
+        return text
+    return f"{text[: len(text) - len(digits) + 20]}... ({len(digits):,} digits)"
 
 
 def _kind(value: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Callable, List, Optional
 
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import spec as spec_mod
+from octo_dist.jobs import walltime
 from octo_dist.jobs import status
 from octo_dist.problems import Problem
 from octo_dist.launchers import outside
@@ -45,13 +46,13 @@ class Submitted:
     argv: tuple  # the command that submitted it
 
 
-def chain_summary(job: spec_mod.JobSpec, chain: int) -> str:
+def chain_summary(job: spec_mod.Job, chain: int) -> str:
     """The one line said before anything is queued: ``"submitting 3 jobs x 2 nodes x 12:00:00 = at most 72
     node-hours"`` (a single job: ``"submitting 1 job x 2 nodes x 12:00:00 = at most 24 node-hours"``)."""
     jobs = f"{chain} job{'' if chain == 1 else 's'}"
     nodes = f"{job.nodes} node{'' if job.nodes == 1 else 's'}"
-    total = spec_mod.node_hours(chain * job.nodes, job.walltime_s)
-    return f"submitting {jobs} x {nodes} x {spec_mod.format_walltime(job.walltime_s)} = at most {total}"
+    total = walltime.node_hours(chain * job.nodes, job.walltime_s)
+    return f"submitting {jobs} x {nodes} x {walltime.format_walltime(job.walltime_s)} = at most {total}"
 
 
 QSUB_KINDS = {"pbs": "PBS Professional's", "sge": "Grid Engine's"}

@@ -36,21 +36,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import logging
 import os
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from octo_dist import EXIT_FAILED, EXIT_OK
 from octo_dist.apps import harness
 from octo_dist.apps.finetune import (
+    arguments,
     checks,
     commandline,
     config,
-    configfile,
-    flagerrors,
     modelconfig,
     pipeline,
     tfquiet,
@@ -531,47 +529,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def check_command(argv: Sequence[str]) -> None:
-    """Raise ValueError (one line) when ``octo-dist finetune ARGV`` would refuse its flags or config fields.
-
-    ``octo-dist launch`` calls this when it renders a job script; it parses the fork's flags and loads the config
-    file (standard library, absl and ml_collections only: no JAX, no Octo)."""
-    parse_command_line(["octo-dist finetune", *argv])
-
-
-def parse_command_line(argv: Sequence[str]) -> tuple:
-    """argv (program name first) -> (absl's FlagValues, runtime.initialize's options from the start-up flags smoke
-    takes too: ``--devices-per-process``...); any refusal is a one-line ValueError (ImportError passes: absl or
-    ml_collections missing on a login node's bare Python, where the caller skips the check)."""
-    argv = flagerrors.with_aliases(argv)
-    problem = flagerrors.argv_problem(argv)
-    if problem:
-        raise ValueError(problem)
-    startup, argv = commandline.split_startup(argv)
-    try:
-        return commandline.parse_flags(argv), startup
-    except ImportError:
-        raise
-    except (
-        Exception
-    ) as e:  # absl's flags.Error, ml_collections' KeyError for an unknown field, ConfigError
-        raise ValueError(flagerrors.one_line(e, argv, _config_fields(argv))) from None
-
-
-def parse_flags(argv: Sequence[str]):
-    """argv (program name first) -> absl's FlagValues (:func:`parse_command_line` without the start-up options)."""
-    return parse_command_line(argv)[0]
-
-
-def _config_fields(argv: Sequence[str]) -> list:
-    """The chosen config's fields as dotted names, for suggestions (none when the config itself cannot load)."""
-    try:
-        loaded = configfile.load_config(commandline.config_value(argv)).to_dict()
-    except Exception:
-        return []
-    return [".".join(map(str, key)) for key in modelconfig.flat_keys(loaded)]
-
-
 TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
 
@@ -580,45 +537,24 @@ def main(
     environ: Mapping[str, str] = os.environ,
     probe: Optional[checks.HfProbe] = None,
 ) -> int:
-    """``octo-dist finetune`` / ``scripts/finetune.py``: parse the fork's flags (``argv[0]`` is the program), check
-    the config, then :func:`run`."""
+    """``octo-dist finetune`` / ``scripts/finetune.py`` (``argv[0]`` is the program): the flags read and the config
+    checked in one place (:func:`arguments.job_config`), then :func:`run`."""
     if commandline.wants_help(argv):
         print(commandline.help_text(argv), end="")
         return EXIT_OK
-    if environ is os.environ and TF_LOG_LEVEL_ENV not in environ:
-        # TensorFlow (tf.data) logs "Unable to register cuDNN factory" and "TF-TRT Warning" at start-up, at ERROR
-        # level, on every rank: noise that buries the job's own lines. Real failures still raise in Python; a user
-        # who wants TF's log sets TF_CPP_MIN_LOG_LEVEL (0 shows everything).
-        os.environ[TF_LOG_LEVEL_ENV] = "3"
+    _quiet_tensorflow(environ)
     try:
-        flags, startup = parse_command_line(argv)
-    except ValueError as e:
-        # "unknown flag --steps, did you mean --config.num_steps?" gets the fix; a refusal with its own keeps it.
-        text = str(e)
-        if "Fix: " not in text:
-            text += "" if text.endswith("?") else "."
-            text += " Fix: octo-dist finetune --help lists the flags and config fields"
-        print(f"octo-dist finetune: error: {text}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    try:
-        if probe is None:
-            from octo_dist.apps.finetune import weights
-
-            probe = functools.partial(weights.probe, environ=environ)
-        job_config = config.parse(
-            flags.config,
-            probe,
-            name=flags.name,
-            debug=flags.debug,
-            resume=flags.resume,
-            step_fn=flags.step_fn,
-            compile_cache=flags.compile_cache,
-            runtime=startup,
-        )
-    except (
-        Problem
-    ) as e:  # a dataset, weights or save directory the run cannot use; checkpoints not to resume
+        job_config = arguments.job_config(argv, environ, probe)
+    except Problem as e:  # a flag, dataset, weights or save directory the run cannot use
         # Every rank checks the same files and fails alike; mpirun ends the job at the first non-zero exit.
         print(f"octo-dist finetune: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
     return run(job_config, environ)
+
+
+def _quiet_tensorflow(environ: Mapping[str, str]) -> None:
+    """TensorFlow (tf.data) logs "Unable to register cuDNN factory" and "TF-TRT Warning" at start-up, at ERROR
+    level, on every rank: noise that buries the job's own lines. Real failures still raise in Python; a user who
+    wants TF's log sets TF_CPP_MIN_LOG_LEVEL (0 shows everything)."""
+    if environ is os.environ and TF_LOG_LEVEL_ENV not in environ:
+        os.environ[TF_LOG_LEVEL_ENV] = "3"

@@ -45,6 +45,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_training_flags(p)
+    _add_run_flags(p)
+    runtime.argv_options(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _add_training_flags(p: argparse.ArgumentParser) -> None:
+    """What is trained: the model, steps, batch, seed, learning rate and step function."""
     p.add_argument(
         "--model",
         choices=MODELS,
@@ -82,6 +91,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
         "GPUs; or either by name (default: %(default)s)",
     )
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Where the run writes (checkpoints, wandb, compile cache, record), its pace and the equivalence check."""
     p.add_argument(
         "--save-dir",
         help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)",
@@ -143,9 +156,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=1e-5,
         help="largest relative loss difference --check-equivalence accepts (default: %(default)s)",
     )
-    runtime.argv_options(p)
-    p.set_defaults(func=main)
-    return p
 
 
 class ModelError(Refusal, ValueError):
@@ -217,7 +227,6 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
     """The smoke job on this rank, inside the harness."""
     import optax
 
-    from octo_dist.runtime import collectives
     from octo_dist.runtime import tracking
     from octo_dist.engine import data
     from octo_dist.engine import train
@@ -267,6 +276,22 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
         fingerprint=fingerprint,
         on_step=Pace(args.step_time) if args.step_time else None,
     )
+    rec = _record(rt, policy, args, source, result, tracker.run_id)
+    harness.say(job, verdict(rec))
+    summary = harness.summary(
+        job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"]
+    )
+    rec["step_time_median_s"] = summary.median_step_s
+    if rt.is_main and args.record:
+        with open(args.record, "w") as f:
+            json.dump(rec, f, indent=1)
+    return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
+
+
+def _record(rt, policy, args, source, result, run_id) -> dict:
+    """What the run did, gathered from every rank: its losses, each rank's parameter digest, reads and host."""
+    from octo_dist.runtime import collectives
+
     # Examples this rank made per batch it made (a run stopped by a signal has made one batch ahead of its last step).
     ranks = collectives.allgather_json(
         {
@@ -275,7 +300,7 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
             "host": rt.host,
         }
     )
-    rec = {
+    return {
         "model": policy.name,
         "ranks": rt.process_count,
         "devices": rt.device_count,
@@ -290,17 +315,8 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
         "digests": [r["digest"] for r in ranks],
         "reads_per_step": [r["reads_per_step"] for r in ranks],
         "hosts": [r["host"] for r in ranks],
-        "run_id": tracker.run_id,
+        "run_id": run_id,
     }
-    harness.say(job, verdict(rec))
-    summary = harness.summary(
-        job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"]
-    )
-    rec["step_time_median_s"] = summary.median_step_s
-    if rt.is_main and args.record:
-        with open(args.record, "w") as f:
-            json.dump(rec, f, indent=1)
-    return EXIT_OK if len(set(rec["digests"])) == 1 else EXIT_FAILED
 
 
 def argument_problem(args) -> Optional[str]:

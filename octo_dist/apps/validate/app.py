@@ -305,38 +305,39 @@ def read_nccl_logs(log_dir: str) -> list:
     return lines
 
 
+def _environment_step(
+    records: Sequence[Mapping], hosts: list, platforms: list, gpu_profile: bool
+) -> Step:
+    """check-env on every rank, and the backend a GPU profile needs."""
+    failing = {r["rank"]: r["env_failures"] for r in records if r["env_failures"]}
+    found = f"{len(records)} ranks on {len(hosts)} host(s), JAX backend {'/'.join(platforms)}"
+    if failing:
+        return Step(
+            "environment",
+            FAIL,
+            f"{found}; check-env fails on rank(s) "
+            + "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(failing.items())),
+            "check-env passes on every rank",
+            "mpirun ... octo-dist check-env --launch",
+        )
+    if gpu_profile and platforms != ["gpu"]:
+        return Step(
+            "environment",
+            FAIL,
+            f"{found}; a GPU profile on the CPU backend",
+            "gpu on every rank",
+            "singularity exec --nv ... octo-dist check-env --deep (the cudnn.* checks say why)",
+        )
+    return Step("environment", OK, f"{found}; check-env ok on every rank")
+
+
 def across_steps(records: Sequence[Mapping], gpu_profile: bool) -> list:
     """The report of a multi-process run, from every rank's record (pure; the same on every rank)."""
     from octo_dist.apps.validate import nccl_log
 
     hosts = sorted({r["host"] for r in records})
     platforms = sorted({r["platform"] for r in records})
-    failing = {r["rank"]: r["env_failures"] for r in records if r["env_failures"]}
-    steps = []
-    found = f"{len(records)} ranks on {len(hosts)} host(s), JAX backend {'/'.join(platforms)}"
-    if failing:
-        steps.append(
-            Step(
-                "environment",
-                FAIL,
-                f"{found}; check-env fails on rank(s) "
-                + "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(failing.items())),
-                "check-env passes on every rank",
-                "mpirun ... octo-dist check-env --launch",
-            )
-        )
-    elif gpu_profile and platforms != ["gpu"]:
-        steps.append(
-            Step(
-                "environment",
-                FAIL,
-                f"{found}; a GPU profile on the CPU backend",
-                "gpu on every rank",
-                "singularity exec --nv ... octo-dist check-env --deep (the cudnn.* checks say why)",
-            )
-        )
-    else:
-        steps.append(Step("environment", OK, f"{found}; check-env ok on every rank"))
+    steps = [_environment_step(records, hosts, platforms, gpu_profile)]
     bench = [r["allreduce"] for r in records]
     wrong = [r["rank"] for r in records if r["allreduce"]["sum"] != r["allreduce"]["sum_expected"]]
     b0 = bench[0]

@@ -21,26 +21,6 @@ from octo_dist.policies.octo_spec import module_spec
 def get_config(config_string="full,multimodal"):
     mode, task = parse_mode(config_string)
 
-    # Fill this in for your own dataset! As in the fork: two image keys, the third-person view ("primary") and the
-    # wrist view ("wrist", None if not used).
-    FINETUNING_KWARGS = {
-        "name": "bridge_dataset",
-        "data_dir": "data",
-        "image_obs_keys": {"primary": "image_0", "wrist": None},
-        "proprio_obs_key": "proprio",
-        "language_key": "language_instruction",
-        "action_proprio_normalization_type": "normal",
-        # We want to avoid normalizing the gripper
-        "action_normalization_mask": [True, True, True, True, True, True, False],
-        # standardize_fn is loaded by name, e.g. "my_package.transforms:my_dataset_transform"
-        "standardize_fn": module_spec(
-            "octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"
-        ),
-        # If the default data loading speed is too slow, try these:
-        # "num_parallel_reads": 8,  # for reading from disk / GCS
-        # "num_parallel_calls": 16,  # for initial dataset construction
-    }
-
     max_steps = FieldReference(50000)
     window_size = FieldReference(default=1)
 
@@ -59,7 +39,7 @@ def get_config(config_string="full,multimodal"):
         save_dir=placeholder(str),
         seed=42,
         wandb=dict(project="octo_finetune", group=placeholder(str), entity=placeholder(str)),
-        dataset_kwargs=FINETUNING_KWARGS,
+        dataset_kwargs=_dataset_kwargs(),
         modality=task,
         finetuning_mode=mode,
         window_size=window_size,
@@ -83,6 +63,43 @@ def get_config(config_string="full,multimodal"):
         ),
     )
 
+    # Where these run: "device" inside the jitted train step, on each device's share of the batch (the host only
+    # decodes and batches); "host" in the fork's tf.data pipeline (TensorFlow on the CPU, per frame).
+    config["augment_on"] = "device"
+    # Where a resize remains (an image stored at another size than resize_size): "lanczos3" as the fork, or
+    # "bilinear", about 3x cheaper per image and slightly softer. A resize to the size an image has is skipped.
+    config["resize_method"] = "lanczos3"
+    config["frame_transform_threads"] = 16  # kept from the fork (unused by make_single_dataset)
+    config["traj_transform_kwargs"] = _traj_transform_kwargs(task, window_size)
+    config["frame_transform_kwargs"] = _frame_transform_kwargs()
+    return ConfigDict(config)
+
+
+def _dataset_kwargs() -> dict:
+    """The dataset: the fork's bridge example."""
+    # Fill this in for your own dataset! As in the fork: two image keys, the third-person view ("primary") and the
+    # wrist view ("wrist", None if not used).
+    return {
+        "name": "bridge_dataset",
+        "data_dir": "data",
+        "image_obs_keys": {"primary": "image_0", "wrist": None},
+        "proprio_obs_key": "proprio",
+        "language_key": "language_instruction",
+        "action_proprio_normalization_type": "normal",
+        # We want to avoid normalizing the gripper
+        "action_normalization_mask": [True, True, True, True, True, True, False],
+        # standardize_fn is loaded by name, e.g. "my_package.transforms:my_dataset_transform"
+        "standardize_fn": module_spec(
+            "octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"
+        ),
+        # If the default data loading speed is too slow, try these:
+        # "num_parallel_reads": 8,  # for reading from disk / GCS
+        # "num_parallel_calls": 16,  # for initial dataset construction
+    }
+
+
+def _traj_transform_kwargs(task: str, window_size) -> dict:
+    """Goal relabelling and task dropping for the modality."""
     if task == "image_conditioned":
         goal_relabeling_strategy = "uniform"
         keep_image_prob = 1.0
@@ -93,13 +110,17 @@ def get_config(config_string="full,multimodal"):
         goal_relabeling_strategy = "uniform"
         keep_image_prob = 0.5
 
-    traj_transform_kwargs = dict(
+    return dict(
         window_size=window_size,
         action_horizon=4,
         goal_relabeling_strategy=goal_relabeling_strategy,
         task_augment_strategy="delete_task_conditioning",
         task_augment_kwargs=dict(keep_image_prob=keep_image_prob),
     )
+
+
+def _frame_transform_kwargs() -> dict:
+    """Image sizes and the augmentations of each camera."""
     workspace_augment_kwargs = dict(
         random_resized_crop=dict(scale=[0.8, 1.0], ratio=[0.9, 1.1]),
         random_brightness=[0.1],
@@ -121,20 +142,10 @@ def get_config(config_string="full,multimodal"):
         random_hue=[0.05],
         augment_order=["random_brightness", "random_contrast", "random_saturation", "random_hue"],
     )
-    # Where these run: "device" inside the jitted train step, on each device's share of the batch (the host only
-    # decodes and batches); "host" in the fork's tf.data pipeline (TensorFlow on the CPU, per frame).
-    config["augment_on"] = "device"
-    # Where a resize remains (an image stored at another size than resize_size): "lanczos3" as the fork, or
-    # "bilinear", about 3x cheaper per image and slightly softer. A resize to the size an image has is skipped.
-    config["resize_method"] = "lanczos3"
-    frame_transform_kwargs = dict(
+    return dict(
         resize_size={
             "primary": (256, 256),  # workspace (3rd person) camera is at 256x256
             "wrist": (128, 128),  # wrist camera is at 128x128
         },
         image_augment_kwargs=dict(primary=workspace_augment_kwargs, wrist=wrist_augment_kwargs),
     )
-    config["frame_transform_threads"] = 16  # kept from the fork (unused by make_single_dataset)
-    config["traj_transform_kwargs"] = traj_transform_kwargs
-    config["frame_transform_kwargs"] = frame_transform_kwargs
-    return ConfigDict(config)

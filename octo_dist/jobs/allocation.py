@@ -1,0 +1,127 @@
+"""How the ranks split a node: GPUs per node (from ``--gpus-per-node`` or the resource type), ranks per node, GPUs
+and CPU cores per rank, decided once from the options; refused in flag words when a GPU would sit idle or the
+cores do not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Tuple
+
+from octo_dist.jobs import schedulers
+from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs.flagchecks import JobSpecError, positive, shown_number
+from octo_dist.jobs.options import LaunchOptions
+
+
+class Placement(NamedTuple):
+    """What a node holds and how the ranks split it, decided once from the options and the resource type."""
+
+    gpus_per_node: int
+    resource_type: Optional[str]
+    rt: Optional[schedulers.base.ResourceType]
+    ranks_per_node: int
+    devices_per_rank: int
+    cpus_per_rank: int
+
+
+def ranks_and_devices(
+    gpus_per_node: int, ranks: Optional[int], devices: Optional[int]
+) -> Tuple[int, int]:
+    """(ranks per node, GPUs per rank) that use every GPU of a node, from the two options (either may be unset).
+
+    8 GPUs: (None, None) -> (8, 1); (4, None) -> (4, 2); (None, 8) -> (1, 8); (3, None) and (4, 4) are refused:
+    a GPU nobody binds sits idle for the whole job while the batch is counted as if it worked.
+    """
+    positive("--devices-per-process", devices, "--devices-per-process 1")
+    positive("--ranks-per-node", ranks, f"--ranks-per-node {gpus_per_node}")
+    if ranks is not None and ranks > gpus_per_node:
+        raise JobSpecError(
+            f"--ranks-per-node {shown_number(ranks)} with --gpus-per-node {gpus_per_node}",
+            "at most one rank per GPU (JAX binds whole GPUs to a process; two ranks on one GPU fail "
+            "or share its memory)",
+            f"--ranks-per-node {gpus_per_node}",
+        )
+    if ranks is None:
+        ranks = gpus_per_node // devices if devices and devices <= gpus_per_node else gpus_per_node
+    if devices is None:
+        devices = gpus_per_node // ranks
+    if ranks * devices != gpus_per_node:
+        divisors = [r for r in range(1, gpus_per_node + 1) if gpus_per_node % r == 0]
+        near = max((r for r in divisors if r <= ranks), default=1)
+        raise JobSpecError(
+            f"{shown_number(ranks)} rank(s) per node x {shown_number(devices)} GPU(s) per rank "
+            f"with --gpus-per-node {gpus_per_node}",
+            f"ranks per node x devices per rank = {gpus_per_node}, so every GPU is used",
+            f"--ranks-per-node {near} --devices-per-process {gpus_per_node // near}, "
+            f"or --ranks-per-node {gpus_per_node} (one GPU each)",
+        )
+    return ranks, devices
+
+
+def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
+    """(GPUs per node, resource type, its ResourceType): from --gpus-per-node, or the scheduler's resource type."""
+    gpus_per_node = o.gpus_per_node
+    if not sched.resource_types:
+        if o.resource_type:
+            raise JobSpecError(
+                f"--resource-type {o.resource_type} for {o.scheduler}",
+                f"none: octo-dist knows no {sched.title} resource types (ABCI 3.0's are PBS's)",
+                "drop --resource-type and give --gpus-per-node",
+            )
+        if gpus_per_node is None:
+            raise JobSpecError(
+                f"{o.scheduler} without --gpus-per-node",
+                f"the GPUs of one node ({sched.title} sites differ)",
+                "--gpus-per-node 8 (or what your nodes have)",
+            )
+        return gpus_per_node, None, None
+    resource_type = o.resource_type or sched.default_resource_type
+    rt = sched.resource_types.get(resource_type)
+    if rt is None:
+        known = ", ".join(f"{k} ({v.about})" for k, v in sched.resource_types.items())
+        raise JobSpecError(
+            f"--resource-type {resource_type!r} for {o.scheduler}",
+            f"one of: {known}",
+            f"--resource-type {sched.default_resource_type or next(iter(sched.resource_types))}",
+        )
+    if gpus_per_node is None:
+        gpus_per_node = rt.gpus
+    elif gpus_per_node > rt.gpus:
+        raise JobSpecError(
+            f"--gpus-per-node {shown_number(gpus_per_node)} on {resource_type}",
+            f"at most {rt.gpus} ({rt.about})",
+            f"--gpus-per-node {rt.gpus}",
+        )
+    return gpus_per_node, resource_type, rt
+
+
+def placement(o: LaunchOptions, sched) -> Placement:
+    if o.nodes is None:
+        raise JobSpecError(f"{o.scheduler} without --nodes", "the number of nodes", "--nodes 2")
+    job_settings.check_field(job_settings.Allocation, "nodes", o.nodes)
+    gpus_per_node, resource_type, rt = _gpus_per_node(o, sched)
+    positive(
+        "--gpus-per-node",
+        gpus_per_node,
+        f"--gpus-per-node {rt.gpus if rt else 8}",
+        job_settings.MAX_RANKS_PER_NODE,
+    )
+    ranks_per_node, devices_per_rank = ranks_and_devices(
+        gpus_per_node, o.ranks_per_node, o.devices_per_rank
+    )
+    # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
+    cpus_per_rank = o.cpus_per_rank
+    if cpus_per_rank is None:
+        cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
+    job_settings.check_field(job_settings.Allocation, "cpus_per_rank", cpus_per_rank)
+    if rt and cpus_per_rank * ranks_per_node > rt.cores:
+        raise JobSpecError(
+            f"--cpus-per-rank {shown_number(cpus_per_rank)} x {ranks_per_node} rank(s) on {resource_type}",
+            f"at most {rt.cores} cores ({rt.about})",
+            f"--cpus-per-rank {rt.cores // ranks_per_node}",
+        )
+    if ranks_per_node == 1:
+        cpus_per_rank = 0  # one rank per node has the node's CPUs to itself; a partial node's cores are the cgroup's
+    return Placement(
+        gpus_per_node, resource_type, rt, ranks_per_node, devices_per_rank, cpus_per_rank
+    )

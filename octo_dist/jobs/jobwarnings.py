@@ -1,0 +1,92 @@
+"""What would make a job fail after its wait in the queue, though its script renders: warnings, not refusals
+(a path may exist only on the cluster), printed by ``octo-dist launch`` before it writes the script.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping, Optional
+
+from octo_dist.jobs.flagchecks import flag_given
+
+
+# The fine-tune configs shipped with octo-dist, which all leave pretrained_path unset (a placeholder): a job from one
+# of them without --config.pretrained_path fails when it starts. tests/test_finetune_fields.py keeps this in sync.
+PACKAGED_FINETUNE_CONFIGS = ("finetune_config.py", "finetune_smoke_config.py")
+WANDB_KEY_FILE = os.path.join(
+    ".config", "octo-dist", "wandb_api_key"
+)  # under $HOME, or $WANDB_KEY_FILE
+
+
+def wandb_key_found(environ: Mapping[str, str], read: Callable[[str], Optional[str]]) -> bool:
+    """Whether a job with ``--wandb-mode online`` will find a key where the job runtime looks (WANDB_API_KEY, the
+    key file, ``~/.netrc``'s api.wandb.ai): ``read(path)`` is the file's text, None when there is none."""
+    if environ.get("WANDB_API_KEY"):
+        return True
+    home = environ.get("HOME", os.path.expanduser("~"))
+    if read(environ.get("WANDB_KEY_FILE") or os.path.join(home, WANDB_KEY_FILE)) is not None:
+        return True
+    return "api.wandb.ai" in (read(os.path.join(home, ".netrc")) or "")
+
+
+def _read_small(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def finetune_warnings(
+    spec,
+    environ: Optional[Mapping[str, str]] = None,
+    read: Callable[[str], Optional[str]] = _read_small,
+) -> list:
+    """What would make the job fail after its wait in the queue, though the script renders: a packaged fine-tune
+    config without ``--config.pretrained_path``; ``--wandb-mode online`` with no key this host can see."""
+    environ = os.environ if environ is None else environ
+    out = []
+    if spec.command == "finetune":
+        given = [*spec.lead_args, *spec.user_args]
+        config = next(
+            (a.partition("=")[2] for a in given if a.startswith("--config=")), "finetune_config.py"
+        )
+        if os.path.basename(
+            config.partition(":")[0]
+        ) in PACKAGED_FINETUNE_CONFIGS and not flag_given(
+            spec.user_args, "--config.pretrained_path"
+        ):
+            out.append(
+                "-- finetune without --config.pretrained_path: the packaged config has none, so every rank stops "
+                "at its start (after the wait in the queue). Fix: add --config.pretrained_path=weights/octo-small "
+                "after -- finetune (make weights downloads it on a login node)"
+            )
+    if spec.wandb_mode == "online" and not wandb_key_found(environ, read):
+        home = environ.get("HOME", "~")
+        out.append(
+            f"--wandb-mode online, but no wandb key here: WANDB_API_KEY is unset, {os.path.join(home, WANDB_KEY_FILE)} "
+            "does not exist and ~/.netrc has no api.wandb.ai entry; the job fails at its start unless one is there "
+            f"when it runs. Fix: (umask 077; cat > ~/{WANDB_KEY_FILE}) and paste the key, or wandb login, or "
+            "--wandb-mode offline"
+        )
+    return out
+
+
+def missing_paths(spec, is_dir: Callable[[str], bool]) -> list:
+    """One warning per directory the job reads that this host does not have (it may exist only on the
+    cluster, so the render goes on): ``["--data-dir data/bridge: no such directory here (/home/u/proj); ..."]``;
+    then :func:`finetune_warnings`' (this host's environment and files).
+
+    ``is_dir``: ``os.path.isdir`` relative to where the script is rendered (and, usually, submitted)."""
+    out = []
+    if spec.data_dir and not is_dir(spec.data_dir):
+        out.append(
+            f"--data-dir {spec.data_dir}: no such directory on this host; the job fails at its start unless "
+            f"it exists where the job runs. Fix: check the path, or make it before submitting"
+        )
+    if not spec.image and not is_dir(os.path.join(spec.venv, "bin")):
+        out.append(
+            f"--venv {spec.venv}: no such environment on this host (no {os.path.join(spec.venv, 'bin')}); the job "
+            f"fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or --image FILE.sif"
+        )
+    return out + finetune_warnings(spec)

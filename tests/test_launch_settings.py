@@ -1,0 +1,156 @@
+"""A launch setting that reaches training is one ``LaunchOptions`` field and one ``Command.flags`` entry per program:
+this test adds one (``--save-interval``, for finetune's ``config.save_interval``) with exactly those two things and
+sees it reach the fine-tune's ConfigDict through the real ``octo-dist launch`` command line, the rendered script's
+settings and finetune's own flag parser."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from typing import Optional
+
+import pytest
+
+from octo_dist import cli
+from octo_dist.jobs import commands
+from octo_dist.jobs import options as options_mod
+from octo_dist.jobs import settings as job_settings
+
+
+def _settings_in(script: str) -> job_settings.JobSettings:
+    """The settings a rendered script hands to the job runtime: the single-quoted JSON word after ``supervise``,
+    read back by the runtime's own reader."""
+    words = shlex.shlex(script[script.index(" supervise '") + len(" supervise ") :], posix=True)
+    words.whitespace_split = True
+    return job_settings.from_json(next(words))
+
+
+def test_a_new_launch_setting_reaches_the_training_config_by_one_option_and_one_map_entry(
+    monkeypatch, capsys, tmp_path
+):
+    pytest.importorskip("absl")
+    pytest.importorskip("ml_collections")
+    from octo_dist.apps.finetune import arguments
+
+    # 1. One option ...
+    @dataclasses.dataclass(frozen=True)
+    class WithSaveInterval(options_mod.LaunchOptions):
+        save_interval: Optional[int] = options_mod._opt(
+            None, "steps between checkpoints (default: the command's own)", "training", type=int
+        )
+
+    monkeypatch.setattr(options_mod, "LaunchOptions", WithSaveInterval)
+    # 2. ... and one map entry for the program that takes it.
+    finetune = commands.COMMANDS["finetune"]
+    flags = {**finetune.flags, "save_interval": "--config.save_interval"}
+    monkeypatch.setitem(commands.COMMANDS, "finetune", dataclasses.replace(finetune, flags=flags))
+
+    argv = ["launch", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--save-interval", "250"]
+    argv += ["--save-dir", "runs/ft", "--dry-run", "--", "finetune"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    settings = _settings_in(capsys.readouterr().out)
+    train = list(settings.commands.train)
+    assert "--config.save_interval=250" in train, train
+
+    # What every rank parses: the script's argv with the job's directories filled in, as the runtime does.
+    paths = {"save_dir": str(tmp_path / "runs"), "compile_cache": str(tmp_path / "cache")}
+    for name, value in paths.items():
+        train = [arg.replace("@{" + name + "}", value) for arg in train]
+    assert train[:2] == ["octo-dist", "finetune"]
+    config = arguments.parse_flags(["octo-dist finetune", *train[2:]]).config
+    assert config.save_interval == 250
+    assert config.save_dir == paths["save_dir"]
+    assert json.loads(settings.to_json())["commands"]["train"] == list(settings.commands.train)
+
+
+def test_a_launch_setting_given_again_after_the_double_dash_is_refused_in_one_line(
+    monkeypatch, capsys
+):
+    """The map entry also makes ``-- finetune --config.save_interval=9`` a setting given twice."""
+
+    @dataclasses.dataclass(frozen=True)
+    class WithSaveInterval(options_mod.LaunchOptions):
+        save_interval: Optional[int] = options_mod._opt(None, "steps", "training", type=int)
+
+    monkeypatch.setattr(options_mod, "LaunchOptions", WithSaveInterval)
+    finetune = commands.COMMANDS["finetune"]
+    flags = {**finetune.flags, "save_interval": "--config.save_interval"}
+    monkeypatch.setitem(commands.COMMANDS, "finetune", dataclasses.replace(finetune, flags=flags))
+    argv = ["launch", "slurm", "--nodes", "1", "--gpus-per-node", "4", "--save-interval", "250"]
+    argv += ["--dry-run", "--", "finetune", "--config.save_interval=9"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "--config.save_interval after -- while octo-dist launch sets it" in err
+    assert "Fix: drop --config.save_interval after --" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, path, in_flag_words, in_json_words",
+    [
+        (
+            "--nodes",
+            20000,
+            ("allocation", "nodes"),
+            "--nodes 20000; expected --nodes from 1 to 10000. Fix: --nodes 1 (or more)",
+            "job setting allocation.nodes: 20000; expected a whole number from 1 to 10000",
+        ),
+        (
+            "--cpus-per-rank",
+            2000,
+            ("allocation", "cpus_per_rank"),
+            "--cpus-per-rank 2000; expected 0 (no binding) to 1024. Fix: --cpus-per-rank 0",
+            "job setting allocation.cpus_per_rank: 2000; expected a whole number from 0 to 1024",
+        ),
+        (
+            "--wandb-mode",
+            "loud",
+            ("storage", "wandb_mode"),
+            None,  # argparse's choices refuse it first on the command line
+            "job setting storage.wandb_mode: 'loud'; expected one of online, offline, disabled",
+        ),
+    ],
+)
+def test_one_validator_names_a_setting_by_its_flag_at_render_and_by_its_path_on_the_node(
+    capsys, flag, value, path, in_flag_words, in_json_words
+):
+    """The same field metadata and the same check refuse the value in both places, in each place's words."""
+    base = ["launch", "slurm", "--nodes", "1", "--gpus-per-node", "4", "--dry-run"]
+    if in_flag_words is not None:
+        assert cli.main([*base, flag, str(value)]) == 2
+        assert capsys.readouterr().err.strip() == f"octo-dist launch: error: {in_flag_words}"
+    assert cli.main(base) == 0
+    raw = json.loads(_settings_in(capsys.readouterr().out).to_json())
+    raw[path[0]][path[1]] = value
+    with pytest.raises(job_settings.SettingsError) as refused:
+        job_settings.from_json(json.dumps({"schema": job_settings.SCHEMA, **raw}))
+    assert str(refused.value).startswith(in_json_words)
+    assert "Fix: re-render the job script with octo-dist launch" in str(refused.value)
+
+
+def test_every_setting_with_a_flag_is_the_launch_option_of_that_flag_with_its_help():
+    """A setting's flag and help are declared once, in its metadata (``settings.py``): launch's option of that
+    flag takes both from there, so a refusal of the value names the flag that set it."""
+    options = {options_mod.flag_of(f): f for f in options_mod.option_fields()}
+    seen = []
+    sections = (
+        job_settings.Allocation,
+        job_settings.Timing,
+        job_settings.Software,
+        job_settings.Storage,
+    )
+    for section in (*sections, job_settings.Forwarding):
+        for f in dataclasses.fields(section):
+            if f.metadata["flag"]:
+                option = options[f.metadata["flag"]]  # KeyError: a setting no launch option sets
+                assert option.metadata["help"] == f.metadata["help"] != "", f.name
+                seen.append(f.metadata["flag"])
+    assert {
+        "--nodes",
+        "--walltime",
+        "--stop-margin",
+        "--save-dir",
+        "--module",
+        "--coordinator",
+    } <= set(seen)
