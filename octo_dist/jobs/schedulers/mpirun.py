@@ -1,9 +1,17 @@
-"""Open MPI's ``mpirun`` as the job's launcher (PBS, Grid Engine): the part those schedulers share.
+"""Open MPI's ``mpirun`` (or MPICH's Hydra ``mpiexec`` in its place) as the job's launcher (PBS, Grid Engine): the
+part those schedulers share.
 
 ``-x NAME`` passes a variable to the ranks on other nodes (Open MPI 4 gives them nothing else; the values stay off
 the command line, so a wandb key never shows in ``ps``). The scheduler's node list may exist on the first node only,
 outside the image: the ranks get a copy in the job's directory under the save directory, which every node and the
 image see, named by ``OCTO_DIST_NODEFILE`` (the scheduler's own variable is left as it set it).
+
+The ``mpirun`` on PATH may be MPICH's Hydra (``mpirun.mpich``, Intel MPI's ``mpirun``), which refuses Open MPI's
+options ("unrecognized argument x"): its ``--version`` says which, and Hydra gets its own line (``-f HOSTS -ppn R -n
+N``; it passes the whole environment to every rank by default, so no ``-x``). Under a session-wide SIGTERM (PBS's
+qdel) Hydra behaves (measured, MPICH 4.0.2): ``mpiexec`` forwards SIGTERM and SIGUSR1 to every rank and runs on
+until they exit; its ``hydra_pmi_proxy`` and every rank call ``setsid``, so the qdel reaches neither, and a proxy
+whose ``mpiexec`` is gone (``kill -9``, the kill delay's SIGKILL) SIGKILLs the processes it started.
 """
 
 from __future__ import annotations
@@ -71,6 +79,51 @@ def binding(
             "core",
         ], ""
     return ["--map-by", f"ppr:{ranks_per_node}:node:PE={cpus_per_rank}", "--bind-to", "core"], ""
+
+
+# What ``mpirun --version`` prints first: "HYDRA build details:" (MPICH), "Intel(R) MPI Library ..." (Intel MPI's
+# Hydra); Open MPI's: "mpirun (Open MPI) 4.1.4".
+HYDRA_MARKS = ("HYDRA", "Intel(R) MPI")
+
+
+def is_hydra(version_text: str) -> bool:
+    """Whether ``mpirun --version``'s output is MPICH's or Intel MPI's Hydra rather than Open MPI's mpirun."""
+    return any(mark in version_text[:400] for mark in HYDRA_MARKS)
+
+
+def launcher_version(env: Mapping[str, str]) -> str:
+    """What the job's ``mpirun`` (first on the job's PATH) says to ``--version``; "" when it cannot be asked."""
+    program = shutil.which("mpirun", path=env.get("PATH", ""))
+    if not program:
+        return ""
+    try:
+        done = subprocess.run(
+            [program, "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=dict(env),
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr
+
+
+def hydra_binding(ranks_per_node: int, cpus_per_rank: int, cores: int) -> Tuple[List[str], str]:
+    """Hydra's binding, and a note ("" when none): ``cpus_per_rank`` cores per rank, when the node has them.
+
+    >>> hydra_binding(8, 12, 96)[0]
+    ['-bind-to', 'core:12']
+    """
+    if cpus_per_rank <= 0:
+        return ["-bind-to", "none"], ""
+    if cores < cpus_per_rank * ranks_per_node:
+        return ["-bind-to", "none"], (
+            f"this node has {cores} CPU(s), fewer than {ranks_per_node} rank(s) x {cpus_per_rank}: "
+            "not binding ranks to cores"
+        )
+    return ["-bind-to", f"core:{cpus_per_rank}"], ""
 
 
 def forwarded(env: Mapping[str, str], prefixes, names) -> List[str]:
@@ -154,6 +207,8 @@ class MpirunScheduler(Scheduler):
         for name, value in KEEPALIVE.items():
             exports[f"OMPI_MCA_oob_tcp_{name}"] = value
             exports[f"PRTE_MCA_oob_tcp_{name}"] = value
+        if is_hydra(launcher_version(job.env)):
+            return self.hydra_launcher(job, node_list), exports
         bind, note = binding(
             job.ranks_per_node,
             job.cpus_per_rank,
@@ -170,3 +225,19 @@ class MpirunScheduler(Scheduler):
         env = {**job.env, **exports}
         argv += forwarded(env, job.forward_prefixes, job.forward_names)
         return argv, exports
+
+    def hydra_launcher(self, job, node_list: str) -> List[str]:
+        """MPICH's (or Intel MPI's) Hydra ``mpiexec``: ``-ppn R -n N``, the hosts from the node list (one line per
+        slot, "g0001" twice -> ``-hosts g0001:2``); where Open MPI reads the scheduler's list itself (Grid Engine),
+        Hydra does too. Every variable reaches the ranks (Hydra's default, ``-genvall``)."""
+        bind, note = hydra_binding(
+            job.ranks_per_node, job.cpus_per_rank, len(os.sched_getaffinity(0))
+        )
+        if note:
+            job.note(note)
+        argv = ["mpirun", "-ppn", str(job.ranks_per_node), "-n", str(job.ranks), *bind]
+        if self.hostfile_option:
+            with open(node_list) as f:
+                hosts = list(dict.fromkeys(ln.split()[0] for ln in f if ln.split()))
+            argv += ["-hosts", ",".join(f"{h}:{job.ranks_per_node}" for h in hosts)]
+        return argv

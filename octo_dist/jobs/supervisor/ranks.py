@@ -19,8 +19,10 @@ its own handler); a blocked signal stays blocked through exec, and the launchers
 unblocks it again for itself and its rank, which stop on it with a checkpoint; the launcher runs on until they
 exited, and the queue's SIGKILL after the kill delay still ends everything. MPICH's Hydra (measured: 4.0.2) forwards
 SIGTERM and keeps running, so blocked or not its ranks stop on it; note that its proxy and every rank call setsid,
-so PBS's qdel reaches only mpiexec. The supervisor's own SIGTERM to a launcher that outlives a failed rank is
-blocked too: its SIGKILL ``END_WAIT_S`` later ends it. On the other nodes of a job, Open MPI's daemons (orted,
+so PBS's qdel reaches only mpiexec, and the launcher's process group holds only mpiexec: once mpiexec is gone (its
+``kill -9``, the kill delay's SIGKILL) its proxy SIGKILLs the guards it started, and their ranks die with them.
+The supervisor's own SIGTERM to a launcher that outlives a failed rank is blocked too: its SIGKILL ``END_WAIT_S``
+later ends it. On the other nodes of a job, Open MPI's daemons (orted,
 prted) are started by PBS's task manager or ssh, not from here: they are not shielded (not measured yet).
 
 A launcher killed by a signal (``kill -9``, the out-of-memory killer) leaves its ranks running on without it, still
