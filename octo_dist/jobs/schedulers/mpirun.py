@@ -7,7 +7,7 @@ outside the image: the ranks get a copy in the job's directory under the save di
 image see, named by ``OCTO_DIST_NODEFILE`` (the scheduler's own variable is left as it set it).
 
 The ``mpirun`` on PATH may be MPICH's Hydra (``mpirun.mpich``, Intel MPI's ``mpirun``), which refuses Open MPI's
-options ("unrecognized argument x"): its ``--version`` says which, and Hydra gets its own line (``-f HOSTS -ppn R -n
+options ("unrecognized argument x"): where its links lead says which, and Hydra gets its own line (``-f HOSTS -ppn R -n
 N``; it passes the whole environment to every rank by default, so no ``-x``). Under a session-wide SIGTERM (PBS's
 qdel) Hydra behaves (measured, MPICH 4.0.2): ``mpiexec`` forwards SIGTERM and SIGUSR1 to every rank and runs on
 until they exit; its ``hydra_pmi_proxy`` and every rank call ``setsid``, so the qdel reaches neither, and a proxy
@@ -81,33 +81,32 @@ def binding(
     return ["--map-by", f"ppr:{ranks_per_node}:node:PE={cpus_per_rank}", "--bind-to", "core"], ""
 
 
-# What ``mpirun --version`` prints first: "HYDRA build details:" (MPICH), "Intel(R) MPI Library ..." (Intel MPI's
-# Hydra); Open MPI's: "mpirun (Open MPI) 4.1.4".
-HYDRA_MARKS = ("HYDRA", "Intel(R) MPI")
+# Hydra's launcher program: MPICH's ``mpirun`` links to it (/usr/bin/mpirun.mpich -> mpiexec.hydra); Intel MPI's
+# ``mpirun`` is a shell script that starts it.
+HYDRA_PROGRAM = "mpiexec.hydra"
 
 
-def is_hydra(version_text: str) -> bool:
-    """Whether ``mpirun --version``'s output is MPICH's or Intel MPI's Hydra rather than Open MPI's mpirun."""
-    return any(mark in version_text[:400] for mark in HYDRA_MARKS)
+def is_hydra(real_path: str, head: bytes) -> bool:
+    """Whether the job's ``mpirun`` is Hydra, from where its links lead (``real_path``) and its first bytes
+    (``head``): ``mpiexec.hydra`` itself, or a script (``#!``) that names it. Open MPI's (``orterun``, ``prterun``,
+    hpcx's) is neither. Read, not run: running ``mpirun --version`` is one more launch a site's wrapper may log."""
+    if os.path.basename(real_path) == HYDRA_PROGRAM:
+        return True
+    return head.startswith(b"#!") and HYDRA_PROGRAM.encode() in head
 
 
-def launcher_version(env: Mapping[str, str]) -> str:
-    """What the job's ``mpirun`` (first on the job's PATH) says to ``--version``; "" when it cannot be asked."""
+def launcher_is_hydra(env: Mapping[str, str]) -> bool:
+    """``is_hydra`` for the first ``mpirun`` on the job's PATH; False when there is none or it cannot be read."""
     program = shutil.which("mpirun", path=env.get("PATH", ""))
     if not program:
-        return ""
+        return False
+    real = os.path.realpath(program)
     try:
-        done = subprocess.run(
-            [program, "--version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            env=dict(env),
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout + done.stderr
+        with open(real, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        head = b""
+    return is_hydra(real, head)
 
 
 def hydra_binding(ranks_per_node: int, cpus_per_rank: int, cores: int) -> Tuple[List[str], str]:
@@ -207,7 +206,7 @@ class MpirunScheduler(Scheduler):
         for name, value in KEEPALIVE.items():
             exports[f"OMPI_MCA_oob_tcp_{name}"] = value
             exports[f"PRTE_MCA_oob_tcp_{name}"] = value
-        if is_hydra(launcher_version(job.env)):
+        if launcher_is_hydra(job.env):
             return self.hydra_launcher(job, node_list), exports
         bind, note = binding(
             job.ranks_per_node,
@@ -221,9 +220,10 @@ class MpirunScheduler(Scheduler):
         argv = ["mpirun"]
         if self.hostfile_option:
             argv += ["-hostfile", job.env[self.hostfile_var]]
-        argv += [*bind, "-x", self.job_id_var]
         env = {**job.env, **exports}
-        argv += forwarded(env, job.forward_prefixes, job.forward_names)
+        # The job's id as the supervisor checked it, and the scheduler's own, whatever the forwarded prefixes say.
+        names = (*job.forward_names, savelayout.JOB_ID_ENV, self.job_id_var)
+        argv += [*bind, *forwarded(env, job.forward_prefixes, names)]
         return argv, exports
 
     def hydra_launcher(self, job, node_list: str) -> List[str]:

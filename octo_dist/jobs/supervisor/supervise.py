@@ -181,6 +181,8 @@ class Supervisor:
         try:
             # It names the job's directory and exit file: a value that is not a job id ("1/../..") ends it here.
             job = self.job_id = self.scheduler.job_id(env)
+            # Read and checked once, here: the ranks and every other module read this one (savelayout.job_id).
+            env[savelayout.JOB_ID_ENV] = job
             self.check_node()
         except (JobFailed, savelayout.JobIdError) as e:
             self.note(f"error: {e}")
