@@ -11,7 +11,7 @@ import dataclasses
 import os
 import re
 import unicodedata
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -64,8 +64,19 @@ def unprintable(text: str) -> bool:
     return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in text)
 
 
+# Every scheduler defined, by name ("pbs"): each subclass that sets its own ``name`` registers itself when its class
+# is defined, as JAX's ClusterEnv subclasses do; the package imports every module beside this one.
+SCHEDULERS: Dict[str, "Scheduler"] = {}
+
+
 class Scheduler:
-    """One scheduler. Subclasses set the class attributes and override what differs."""
+    """One scheduler. Subclasses set the class attributes and override what differs; one that sets ``name`` is
+    registered under it when it is defined (a shared base such as ``MpirunScheduler`` sets none)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            SCHEDULERS[cls.name] = cls()
 
     name = ""  # "pbs": the `octo-dist launch NAME` word
     title = ""  # "PBS Professional": for the script's comment
