@@ -11,7 +11,7 @@ import dataclasses
 import os
 import re
 import unicodedata
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -62,6 +62,20 @@ class Option:
 def unprintable(text: str) -> bool:
     """A control, format, separator or surrogate character: ends a directive line or hides text from a reader."""
     return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in text)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobContext:
+    """What the job runtime learned on the job's first node, handed to the scheduler's ``launcher`` beside the job's
+    ``JobSettings``: facts of this run, never a copy of a setting."""
+
+    env: Mapping[
+        str, str
+    ]  # the job's environment as exported so far: {"PBS_NODEFILE": "/var/spool/pbs/aux/1.pbs1"}
+    job_id: str  # "12345.pbs1": read by the scheduler's module and checked (``Scheduler.job_id``)
+    job_dir: str  # "/groups/gxx00000/runs/a/.octo-dist-job-12345.pbs1": the job's directory, every node sees it
+    cores: int  # CPUs this node gives the job (the supervisor's affinity): 96
+    note: Callable[[str], None]  # one line to the job's log ("octo-dist job: ...")
 
 
 # Every scheduler defined, by name ("pbs"): each subclass that sets its own ``name`` registers itself when its class
@@ -188,8 +202,9 @@ class Scheduler:
         """(error or None, warnings) about the job's allocation, before anything starts."""
         return None, []
 
-    def launcher(self, job) -> Tuple[List[str], dict]:
-        """(argv before the rank's command, variables to export for it). ``job``: the supervisor's ``Job``."""
+    def launcher(self, settings, ctx: JobContext) -> Tuple[List[str], dict]:
+        """(argv before the rank's command, variables to export for it), from the job's ``JobSettings``
+        (``jobs/settings.py``: the allocation, what is forwarded) and what the runtime learned (``ctx``)."""
         raise NotImplementedError
 
     def signalled_status(self, signal_name: str) -> str:

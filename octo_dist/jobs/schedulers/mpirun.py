@@ -199,45 +199,46 @@ class MpirunScheduler(Scheduler):
         """A refusal of the allocation's shape, or None."""
         return None
 
-    def launcher(self, job):
-        node_list = os.path.join(job.job_dir, savelayout.NODE_LIST)
-        shutil.copyfile(job.env[self.hostfile_var], node_list)
+    def launcher(self, settings, ctx):
+        a = settings.allocation
+        node_list = os.path.join(ctx.job_dir, savelayout.NODE_LIST)
+        shutil.copyfile(ctx.env[self.hostfile_var], node_list)
         exports = {NODE_LIST_ENV: node_list}
         for name, value in KEEPALIVE.items():
             exports[f"OMPI_MCA_oob_tcp_{name}"] = value
             exports[f"PRTE_MCA_oob_tcp_{name}"] = value
-        if launcher_is_hydra(job.env):
-            return self.hydra_launcher(job, node_list), exports
+        if launcher_is_hydra(ctx.env):
+            return self.hydra_launcher(settings, ctx, node_list), exports
         bind, note = binding(
-            job.ranks_per_node,
-            job.cpus_per_rank,
-            job.sockets,
-            len(os.sched_getaffinity(0)),
-            sockets_here() if job.cpus_per_rank > 0 and job.sockets > 0 else 0,
+            a.ranks_per_node,
+            a.cpus_per_rank,
+            a.sockets,
+            ctx.cores,
+            sockets_here() if a.cpus_per_rank > 0 and a.sockets > 0 else 0,
         )
         if note:
-            job.note(note)
+            ctx.note(note)
         argv = ["mpirun"]
         if self.hostfile_option:
-            argv += ["-hostfile", job.env[self.hostfile_var]]
-        env = {**job.env, **exports}
+            argv += ["-hostfile", ctx.env[self.hostfile_var]]
+        env = {**ctx.env, **exports}
         # The job's id as the supervisor checked it, and the scheduler's own, whatever the forwarded prefixes say.
-        names = (*job.forward_names, savelayout.JOB_ID_ENV, self.job_id_var)
-        argv += [*bind, *forwarded(env, job.forward_prefixes, names)]
+        f = settings.forwarding
+        names = (*f.forward_names, savelayout.JOB_ID_ENV, self.job_id_var)
+        argv += [*bind, *forwarded(env, f.forward_prefixes, names)]
         return argv, exports
 
-    def hydra_launcher(self, job, node_list: str) -> List[str]:
+    def hydra_launcher(self, settings, ctx, node_list: str) -> List[str]:
         """MPICH's (or Intel MPI's) Hydra ``mpiexec``: ``-ppn R -n N``, the hosts from the node list (one line per
         slot, "g0001" twice -> ``-hosts g0001:2``); where Open MPI reads the scheduler's list itself (Grid Engine),
         Hydra does too. Every variable reaches the ranks (Hydra's default, ``-genvall``)."""
-        bind, note = hydra_binding(
-            job.ranks_per_node, job.cpus_per_rank, len(os.sched_getaffinity(0))
-        )
+        per_node = settings.allocation.ranks_per_node
+        bind, note = hydra_binding(per_node, settings.allocation.cpus_per_rank, ctx.cores)
         if note:
-            job.note(note)
-        argv = ["mpirun", "-ppn", str(job.ranks_per_node), "-n", str(job.ranks), *bind]
+            ctx.note(note)
+        argv = ["mpirun", "-ppn", str(per_node), "-n", str(settings.ranks), *bind]
         if self.hostfile_option:
             with open(node_list) as f:
                 hosts = list(dict.fromkeys(ln.split()[0] for ln in f if ln.split()))
-            argv += ["-hosts", ",".join(f"{h}:{job.ranks_per_node}" for h in hosts)]
+            argv += ["-hosts", ",".join(f"{h}:{per_node}" for h in hosts)]
         return argv

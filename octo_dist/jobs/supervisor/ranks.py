@@ -106,7 +106,7 @@ def missing_ranks(job_dir: str, ranks: int) -> List[int]:
 
 class Launcher:
     """Runs commands on every rank under the scheduler's launcher; ``job`` is the supervisor (its ``env``,
-    ``note``, ``scheduler``, ``nodes``, ``ranks``, ``job_dir``, ``clock`` and ``stop``)."""
+    ``note``, ``scheduler``, settings ``s``, ``job_dir``, ``clock`` and ``stop``)."""
 
     def __init__(self, job):
         self.job = job
@@ -182,7 +182,7 @@ class Launcher:
         """While the launcher runs: a probe that fails naming a node ends the launcher, naming the node; one that
         fails naming none (a busy controller) only leaves a note."""
         scheduler, note = self.job.scheduler, self.job.note
-        probe = scheduler.node_probe(self.job.nodes)
+        probe = scheduler.node_probe(self.job.s.allocation.nodes)
         while probe and not finished.wait(NODE_PROBE_S):
             try:
                 done = subprocess.run(
@@ -252,7 +252,7 @@ class Launcher:
                     self._end()
                     break
                 if job.stop and failed_at is None and all_done_at is None:
-                    if not missing_ranks(job.job_dir, job.ranks):
+                    if not missing_ranks(job.job_dir, job.s.ranks):
                         all_done_at = job.clock()
                 if all_done_at is not None and job.clock() - all_done_at >= DONE_GRACE_S:
                     if self.proc.poll() is None:
@@ -286,7 +286,7 @@ class Launcher:
         if failed and status == 0:
             status = 1
         if status == 0:
-            missing = missing_ranks(self.job.job_dir, self.job.ranks)
+            missing = missing_ranks(self.job.job_dir, self.job.s.ranks)
             if missing:
                 self.job.note(
                     f"the launcher exited 0 but rank(s) {' '.join(map(str, missing))} never finished (their "
