@@ -2,7 +2,10 @@
 
 Two sides: the login node's (``header``, ``submit_command``, ``parse_job_id``, ``log_path``: used by ``render`` and
 ``submit``) and the job's first node's (``node_checks``, ``launcher``, ``node_probe``: used by the supervisor). The
-job side reads only a ``Mapping`` of the job's environment, so tests pass dicts.
+job side reads a ``Mapping`` of the job's environment, and ``launcher`` the job's ``JobSettings`` and a frozen
+``JobContext`` of what the runtime learned, so tests pass dicts and dataclasses, never a supervisor.
+
+A subclass that sets ``name`` registers itself (``SCHEDULERS``) when its class is defined.
 """
 
 from __future__ import annotations
