@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Optional
+from typing import Mapping, Optional
 
 from octo_dist.problems import Refusal
 
@@ -52,6 +52,20 @@ JOB_ID_SAYS = (
 )
 
 
+# The job's id as the job runtime read it from its scheduler and checked, exported to every rank: "12345.pbs1". Every
+# module but the scheduler's own reads this one (``job_id``).
+JOB_ID_ENV = "OCTO_DIST_JOB_ID"
+# Outside the job runtime (a user's own mpirun in a job script) no one exported it: the schedulers' own variables,
+# first set wins. Each scheduler's module names its own (``Scheduler.job_id_var``); this is the same list for the
+# layers that may not import the schedulers (launchers, engine), and a test keeps the two alike.
+SCHEDULER_JOB_ID_VARS = (
+    "PBS_JOBID",  # "12345.pbs1" (PBS Professional, ABCI 3.0)
+    "SLURM_JOB_ID",  # "123456"
+    "JOB_ID",  # "9876543" (Grid Engine; a common name, so after Slurm's)
+    "LSB_JOBID",  # "4242" (IBM LSF)
+)
+
+
 class JobIdError(Refusal):
     """A job id that cannot be part of a file name: one line naming the variable and its value, exit 2."""
 
@@ -67,6 +81,13 @@ def checked_job_id(var: str, value: str) -> str:
             f"run the job script under its scheduler (qsub/sbatch), or unset {var} when running it by hand",
         )
     return value
+
+
+def job_id(environ: Mapping[str, str]) -> Optional[str]:
+    """The job's id, checked (``checked_job_id``): ``OCTO_DIST_JOB_ID`` (the job runtime's), else the first of the
+    schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``); None outside a job."""
+    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if environ.get(v)), None)
+    return checked_job_id(var, environ[var]) if var else None
 
 
 def job_dir(save_dir: str, job: str) -> str:

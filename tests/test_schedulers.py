@@ -1,6 +1,7 @@
 """One class per scheduler: the pure parts of each (binding, node lists, the Grid Engine PE's shape, Slurm's lost
-node) and proof that a new scheduler is one module and one register line: LSF added so to a copy of the package,
-offered by the real ``octo-dist launch``, rendered, submitted and chained, and run by the job runtime."""
+node) and proof that a new scheduler is one module and nothing else: LSF added so to a copy of the package (the
+class registers itself where it is defined), offered by the real ``octo-dist launch``, rendered, submitted and
+chained, and run by the job runtime."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # IBM Spectrum LSF, as a site would add it: one module (its header, its own --queue option, its directive grammar,
 # its node list LSB_DJOB_HOSTFILE with one line per slot, `bsub job.sh`, -w 'ended(ID)' for a chain, and
-# "Job <123> is submitted to queue <gpu>.") and one register line.
+# "Job <123> is submitted to queue <gpu>."), and nothing else: no register line, no edit of the package.
 LSF_MODULE = r'''"""IBM Spectrum LSF: ``#BSUB -n SLOTS``, ``span[ptile=R]``, the node list in ``LSB_DJOB_HOSTFILE``."""
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ class Lsf(MpirunScheduler):
     def log_path(self, name, job, submit_dir, home):
         return os.path.join(submit_dir, f"{name}.o{job}")
 '''
-REGISTER = "register(__import__('octo_dist.jobs.schedulers.lsf', fromlist=['Lsf']).Lsf())\n"
 
 # Stands in for mpirun on one host: skips its options (each with a value), starts the rest once per rank with
 # OMPI_COMM_WORLD_RANK set, and exits with the first failure.
@@ -81,10 +81,10 @@ while args and args[0].startswith("-"):
 procs = [subprocess.Popen(args, env={**os.environ, "OMPI_COMM_WORLD_RANK": str(r)}) for r in range(4)]
 sys.exit(max(p.wait() for p in procs))
 """
-# Stands in for octo-dist on every rank: notes its rank and argv.
+# Stands in for octo-dist on every rank: notes its rank, the job id it was given and its argv.
 FAKE_OCTO_DIST = """import os, sys
 with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(f"{os.environ['OMPI_COMM_WORLD_RANK']} {' '.join(sys.argv[1:])}\\n")
+    f.write(f"{os.environ['OMPI_COMM_WORLD_RANK']} {os.environ.get('OCTO_DIST_JOB_ID')} {' '.join(sys.argv[1:])}\\n")
 """
 
 
@@ -95,15 +95,13 @@ def program(path: Path, text: str) -> None:
 
 @pytest.fixture
 def with_lsf(tmp_path) -> Path:
-    """A copy of octo_dist/ with LSF added as a user would: one new module and one register line."""
+    """A copy of octo_dist/ with LSF added as a site would: one new module, no other edit."""
     copy = tmp_path / "src"
     shutil.copytree(
         REPO / "octo_dist", copy / "octo_dist", ignore=shutil.ignore_patterns("__pycache__")
     )
     package = copy / "octo_dist" / "jobs" / "schedulers"
     (package / "lsf.py").write_text(LSF_MODULE)
-    init = package / "__init__.py"
-    init.write_text(init.read_text() + REGISTER)
     return copy
 
 
@@ -115,9 +113,9 @@ def test_a_new_scheduler_is_one_module_and_one_line_through_launch_render_and_th
         capture_output=True,
         text=True,
     ).stdout
-    assert changed.count("Only in") == 1 and changed.count("\n> ") == 1, (
-        changed
-    )  # the module, the line
+    # the module, and no line of any other file
+    assert changed.count("Only in") == 1 and "lsf.py" in changed, changed
+    assert "\n> " not in changed and "\n< " not in changed, changed
     work = tmp_path / "work"
     (work / "bin").mkdir(parents=True)
     venv = work / "venv" / "bin"
@@ -170,8 +168,10 @@ def test_a_new_scheduler_is_one_module_and_one_line_through_launch_render_and_th
     assert ran.returncode == 0, ran.stderr
     ranks = sorted((work / "ranks.log").read_text().splitlines())
     assert [r.split()[0] for r in ranks] == ["0", "0", "1", "1", "2", "2", "3", "3"], ranks
+    # LSB_JOBID, read by the new module alone, reaches every rank as OCTO_DIST_JOB_ID
+    assert all(r.split()[1] == "7" for r in ranks), ranks
     assert sum("check-env --launch" in r for r in ranks) == 4
-    assert sum(r.split()[1] == "smoke" for r in ranks) == 4, ranks
+    assert sum(r.split()[2] == "smoke" for r in ranks) == 4, ranks
     assert (work / "runs" / "octo-dist" / ".octo-dist-exit-7").read_text() == "0\n"
 
 

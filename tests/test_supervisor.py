@@ -29,9 +29,12 @@ from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 # never started, and the launcher still exits 0, as prterun may), "lingers" (after the training's ranks exited it
 # waits forever, as Open MPI 4's mpirun told to wait for PBS's kill delay; "lingers-preflight": after the
 # preflight's; 60 s at most, then it exits 143, so a runtime that does not end it fails the test rather than
-# hanging it). It notes "launcher pid P sid S pgid G".
+# hanging it). It notes "launcher pid P sid S pgid G"; to --version it answers as Open MPI's.
 FAKE_MPIRUN = r"""
 import os, signal, subprocess, sys, time
+if sys.argv[1:] == ["--version"]:  # as Open MPI's says it (the job runtime asks whether it is Hydra)
+    print("mpirun (Open MPI) 5.0.8")
+    sys.exit(0)
 args = sys.argv[1:]
 while args and args[0].startswith("-"):
     args = args[2:]
@@ -72,10 +75,11 @@ sys.exit(failed or max(p.returncode for p in procs))
 """
 
 # Stands in for `octo-dist` on every rank: "check-env" is the preflight, anything else the training. It notes
-# "<stage>-started <rank>" in FAKE_LOG; FAKE_FAIL_<STAGE>="1:3" makes rank 1 exit 3; the training (and the
-# preflight with FAKE_PREFLIGHT_WAITS) waits for a stop signal, notes "<stage>-stopping", then waits for the file
-# FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its checkpoint, and rank 0 notes the step it saved
-# (7) as octo-dist's ranks do; FAKE_STOP_TRAIN=1 makes rank 1 stop itself (SIGSTOP) once its training started.
+# "<stage>-started <rank>" and "job-id-<OCTO_DIST_JOB_ID> <rank>" in FAKE_LOG; FAKE_FAIL_<STAGE>="1:3" makes rank 1
+# exit 3; the training (and the preflight with FAKE_PREFLIGHT_WAITS) waits for a stop signal, notes
+# "<stage>-stopping", then waits for the file FAKE_SHUTDOWN (when set) before it exits 0, as a rank writing its
+# checkpoint, and rank 0 notes the step it saved (7) as octo-dist's ranks do; FAKE_STOP_TRAIN=1 makes rank 1 stop
+# itself (SIGSTOP) once its training started.
 FAKE_RANK = r"""
 import os, signal, sys, time
 rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
@@ -87,6 +91,7 @@ stops = []
 for sig in (signal.SIGUSR1, signal.SIGTERM):
     signal.signal(sig, lambda s, _f: stops.append(s))
 say(f"{stage}-started")
+say(f"job-id-{os.environ.get('OCTO_DIST_JOB_ID')}")
 if stage == "train" and os.environ.get("FAKE_STOP_TRAIN") == rank:  # a rank stopped on its node
     os.kill(os.getpid(), signal.SIGSTOP)
 fail = os.environ.get(f"FAKE_FAIL_{stage.upper()}", "")
@@ -226,6 +231,19 @@ def test_a_job_without_a_stop_runs_preflight_then_training(job, tmp_path, capfd)
     assert "1 node(s) x 2 rank(s); preflight: " in err and "stop requested by SIGUSR1" in err, err
     assert "train-stopping USR1 0" in log.read_text() and "train-stopping USR1 1" in log.read_text()
     assert exit_file(tmp_path) == "0" and not (tmp_path / "save" / ".octo-dist-job-42").exists()
+
+
+def test_the_ranks_get_the_job_id_the_runtime_read_and_checked(job, tmp_path, capfd):
+    """Grid Engine's JOB_ID=42, read by its scheduler module once: every rank reads OCTO_DIST_JOB_ID, which mpirun
+    passes to the other nodes' ranks too (-x)."""
+    make, log = job
+    sup = make(FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0
+    text = log.read_text()
+    assert "job-id-42 0" in text and "job-id-42 1" in text, text
+    pairs = list(zip(sup.launcher, sup.launcher[1:]))
+    assert ("-x", "OCTO_DIST_JOB_ID") in pairs, sup.launcher
 
 
 def test_a_signal_before_the_launcher_started_ends_the_job_without_ranks(

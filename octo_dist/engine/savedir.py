@@ -45,7 +45,6 @@ HEARTBEAT_S = 60
 STALE_AFTER_S = (
     15 * 60
 )  # 15 heartbeats missed: no live holder is that late, even on a loaded file server
-JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")  # "12345.pbs1", "123456", "9876543" (SGE)
 
 
 class SaveDirError(CheckpointError):
@@ -86,10 +85,10 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
 
 
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
-    """The scheduler's job id (``PBS_JOBID=12345.pbs1`` -> ``"12345.pbs1"``), None outside a job; one that is not a
-    job id (``"1/../.."``) is ``savelayout.JobIdError`` (exit 2), as the job runtime refuses it."""
-    var = next((v for v in JOB_ID_VARS if environ.get(v)), None)
-    return savelayout.checked_job_id(var, environ[var]) if var else None
+    """The job's id as the job runtime exported it (``OCTO_DIST_JOB_ID=12345.pbs1`` -> ``"12345.pbs1"``), else the
+    scheduler's own variable (LSF's ``LSB_JOBID`` too), None outside a job; one that is not a job id (``"1/../.."``)
+    is ``savelayout.JobIdError`` (exit 2), as the job runtime refuses it."""
+    return savelayout.job_id(environ)
 
 
 def pid_alive(pid: int) -> bool:

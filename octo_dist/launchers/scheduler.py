@@ -8,15 +8,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from octo_dist import savelayout
 from octo_dist.launchers.base import Launch, shown
 
-# Tried in order; the first one set names the job.
-JOB_ID_VARS = (
-    "PBS_JOBID",  # "12345.pbs1" (ABCI 3.0, PBS Professional)
-    "JOB_ID",  # "9876543" (Grid Engine, ABCI 2.0)
-    "SLURM_JOB_ID",  # "123456"
-    "LSB_JOBID",  # "4242" (IBM LSF)
-)
 SCHEDULERS = {
     "PBS_JOBID": "PBS",
     "JOB_ID": "Grid Engine",
@@ -28,10 +22,12 @@ SGE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NS
 
 
 def job_id(environ: Mapping[str, str], launch: Optional[Launch] = None) -> Optional[str]:
-    """The scheduler's job id, else the launcher's own (Open MPI's job family, PRRTE's namespace), else None."""
-    for var in JOB_ID_VARS:
-        if environ.get(var):
-            return environ[var]
+    """The job's id as the job runtime exported it (``OCTO_DIST_JOB_ID``, checked there), else the scheduler's own
+    variable (checked here: ``savelayout.JobIdError``), else the launcher's own (Open MPI's job family, PRRTE's
+    namespace), else None."""
+    found = savelayout.job_id(environ)
+    if found:
+        return found
     return launch.job_id if launch is not None else None
 
 

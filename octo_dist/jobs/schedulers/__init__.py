@@ -2,9 +2,10 @@
 
 Each module defines one :class:`~octo_dist.jobs.schedulers.base.Scheduler` subclass owning everything that differs
 between schedulers: the script's header, where the job's node list and id come from, the launcher command, the
-submit and dependency commands, how to read the job id ``qsub``/``sbatch`` prints, and where the log lands. Adding a
-scheduler is one new module here (and its test) plus one ``register`` line below, or ``register(MyScheduler())``
-from anywhere before rendering.
+submit and dependency commands, how to read the job id ``qsub``/``sbatch`` prints, and where the log lands. A
+subclass that sets ``name`` registers itself when it is defined (``Scheduler.__init_subclass__``), and every module
+of this package is imported here: adding a scheduler is one new module in this directory (and its test), nothing
+else. ``register(MyScheduler())`` still makes one known from anywhere before rendering.
 
 Standard library only: these modules ship inside the job runtime (``octo-dist job-runtime``), which runs on the
 job's first node with the host's ``python3``.
@@ -12,14 +13,12 @@ job's first node with the host's ``python3``.
 
 from __future__ import annotations
 
-from typing import Dict
+import importlib
+import pkgutil
 
-from octo_dist.jobs.schedulers.base import Scheduler
-from octo_dist.jobs.schedulers.gridengine import GridEngine
-from octo_dist.jobs.schedulers.pbs import Pbs
-from octo_dist.jobs.schedulers.slurm import Slurm
+from octo_dist.jobs.schedulers.base import SCHEDULERS, Scheduler
 
-SCHEDULERS: Dict[str, Scheduler] = {}
+__all__ = ["SCHEDULERS", "Scheduler", "get", "register"]
 
 
 def register(scheduler: Scheduler) -> Scheduler:
@@ -33,5 +32,10 @@ def get(name: str) -> Scheduler:
     return SCHEDULERS[name]
 
 
-for _s in (Pbs(), GridEngine(), Slurm()):
-    register(_s)
+# Every module here (pbs, gridengine, slurm, and whatever a site adds), also from inside the job runtime's zipapp;
+# then the registry in name order, as `octo-dist launch --help` lists them: lsf, pbs, sge, slurm.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+_by_name = sorted(SCHEDULERS.items())
+SCHEDULERS.clear()
+SCHEDULERS.update(_by_name)

@@ -2,7 +2,10 @@
 
 Two sides: the login node's (``header``, ``submit_command``, ``parse_job_id``, ``log_path``: used by ``render`` and
 ``submit``) and the job's first node's (``node_checks``, ``launcher``, ``node_probe``: used by the supervisor). The
-job side reads only a ``Mapping`` of the job's environment, so tests pass dicts.
+job side reads a ``Mapping`` of the job's environment, and ``launcher`` the job's ``JobSettings`` and a frozen
+``JobContext`` of what the runtime learned, so tests pass dicts and dataclasses, never a supervisor.
+
+A subclass that sets ``name`` registers itself (``SCHEDULERS``) when its class is defined.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 import os
 import re
 import unicodedata
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 
@@ -64,8 +67,33 @@ def unprintable(text: str) -> bool:
     return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in text)
 
 
+@dataclasses.dataclass(frozen=True)
+class JobContext:
+    """What the job runtime learned on the job's first node, handed to the scheduler's ``launcher`` beside the job's
+    ``JobSettings``: facts of this run, never a copy of a setting."""
+
+    env: Mapping[
+        str, str
+    ]  # the job's environment as exported so far: {"PBS_NODEFILE": "/var/spool/pbs/aux/1.pbs1"}
+    job_id: str  # "12345.pbs1": read by the scheduler's module and checked (``Scheduler.job_id``)
+    job_dir: str  # "/groups/gxx00000/runs/a/.octo-dist-job-12345.pbs1": the job's directory, every node sees it
+    cores: int  # CPUs this node gives the job (the supervisor's affinity): 96
+    note: Callable[[str], None]  # one line to the job's log ("octo-dist job: ...")
+
+
+# Every scheduler defined, by name ("pbs"): each subclass that sets its own ``name`` registers itself when its class
+# is defined, as JAX's ClusterEnv subclasses do; the package imports every module beside this one.
+SCHEDULERS: Dict[str, "Scheduler"] = {}
+
+
 class Scheduler:
-    """One scheduler. Subclasses set the class attributes and override what differs."""
+    """One scheduler. Subclasses set the class attributes and override what differs; one that sets ``name`` is
+    registered under it when it is defined (a shared base such as ``MpirunScheduler`` sets none)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            SCHEDULERS[cls.name] = cls()
 
     name = ""  # "pbs": the `octo-dist launch NAME` word
     title = ""  # "PBS Professional": for the script's comment
@@ -177,8 +205,9 @@ class Scheduler:
         """(error or None, warnings) about the job's allocation, before anything starts."""
         return None, []
 
-    def launcher(self, job) -> Tuple[List[str], dict]:
-        """(argv before the rank's command, variables to export for it). ``job``: the supervisor's ``Job``."""
+    def launcher(self, settings, ctx: JobContext) -> Tuple[List[str], dict]:
+        """(argv before the rank's command, variables to export for it), from the job's ``JobSettings``
+        (``jobs/settings.py``: the allocation, what is forwarded) and what the runtime learned (``ctx``)."""
         raise NotImplementedError
 
     def signalled_status(self, signal_name: str) -> str:

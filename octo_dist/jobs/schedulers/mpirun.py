@@ -1,9 +1,17 @@
-"""Open MPI's ``mpirun`` as the job's launcher (PBS, Grid Engine): the part those schedulers share.
+"""Open MPI's ``mpirun`` (or MPICH's Hydra ``mpiexec`` in its place) as the job's launcher (PBS, Grid Engine): the
+part those schedulers share.
 
 ``-x NAME`` passes a variable to the ranks on other nodes (Open MPI 4 gives them nothing else; the values stay off
 the command line, so a wandb key never shows in ``ps``). The scheduler's node list may exist on the first node only,
 outside the image: the ranks get a copy in the job's directory under the save directory, which every node and the
 image see, named by ``OCTO_DIST_NODEFILE`` (the scheduler's own variable is left as it set it).
+
+The ``mpirun`` on PATH may be MPICH's Hydra (``mpirun.mpich``, Intel MPI's ``mpirun``), which refuses Open MPI's
+options ("unrecognized argument x"): where its links lead says which, and Hydra gets its own line (``-f HOSTS -ppn R -n
+N``; it passes the whole environment to every rank by default, so no ``-x``). Under a session-wide SIGTERM (PBS's
+qdel) Hydra behaves (measured, MPICH 4.0.2): ``mpiexec`` forwards SIGTERM and SIGUSR1 to every rank and runs on
+until they exit; its ``hydra_pmi_proxy`` and every rank call ``setsid``, so the qdel reaches neither, and a proxy
+whose ``mpiexec`` is gone (``kill -9``, the kill delay's SIGKILL) SIGKILLs the processes it started.
 """
 
 from __future__ import annotations
@@ -71,6 +79,50 @@ def binding(
             "core",
         ], ""
     return ["--map-by", f"ppr:{ranks_per_node}:node:PE={cpus_per_rank}", "--bind-to", "core"], ""
+
+
+# Hydra's launcher program: MPICH's ``mpirun`` links to it (/usr/bin/mpirun.mpich -> mpiexec.hydra); Intel MPI's
+# ``mpirun`` is a shell script that starts it.
+HYDRA_PROGRAM = "mpiexec.hydra"
+
+
+def is_hydra(real_path: str, head: bytes) -> bool:
+    """Whether the job's ``mpirun`` is Hydra, from where its links lead (``real_path``) and its first bytes
+    (``head``): ``mpiexec.hydra`` itself, or a script (``#!``) that names it. Open MPI's (``orterun``, ``prterun``,
+    hpcx's) is neither. Read, not run: running ``mpirun --version`` is one more launch a site's wrapper may log."""
+    if os.path.basename(real_path) == HYDRA_PROGRAM:
+        return True
+    return head.startswith(b"#!") and HYDRA_PROGRAM.encode() in head
+
+
+def launcher_is_hydra(env: Mapping[str, str]) -> bool:
+    """``is_hydra`` for the first ``mpirun`` on the job's PATH; False when there is none or it cannot be read."""
+    program = shutil.which("mpirun", path=env.get("PATH", ""))
+    if not program:
+        return False
+    real = os.path.realpath(program)
+    try:
+        with open(real, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        head = b""
+    return is_hydra(real, head)
+
+
+def hydra_binding(ranks_per_node: int, cpus_per_rank: int, cores: int) -> Tuple[List[str], str]:
+    """Hydra's binding, and a note ("" when none): ``cpus_per_rank`` cores per rank, when the node has them.
+
+    >>> hydra_binding(8, 12, 96)[0]
+    ['-bind-to', 'core:12']
+    """
+    if cpus_per_rank <= 0:
+        return ["-bind-to", "none"], ""
+    if cores < cpus_per_rank * ranks_per_node:
+        return ["-bind-to", "none"], (
+            f"this node has {cores} CPU(s), fewer than {ranks_per_node} rank(s) x {cpus_per_rank}: "
+            "not binding ranks to cores"
+        )
+    return ["-bind-to", f"core:{cpus_per_rank}"], ""
 
 
 def forwarded(env: Mapping[str, str], prefixes, names) -> List[str]:
@@ -147,26 +199,46 @@ class MpirunScheduler(Scheduler):
         """A refusal of the allocation's shape, or None."""
         return None
 
-    def launcher(self, job):
-        node_list = os.path.join(job.job_dir, savelayout.NODE_LIST)
-        shutil.copyfile(job.env[self.hostfile_var], node_list)
+    def launcher(self, settings, ctx):
+        a = settings.allocation
+        node_list = os.path.join(ctx.job_dir, savelayout.NODE_LIST)
+        shutil.copyfile(ctx.env[self.hostfile_var], node_list)
         exports = {NODE_LIST_ENV: node_list}
         for name, value in KEEPALIVE.items():
             exports[f"OMPI_MCA_oob_tcp_{name}"] = value
             exports[f"PRTE_MCA_oob_tcp_{name}"] = value
+        if launcher_is_hydra(ctx.env):
+            return self.hydra_launcher(settings, ctx, node_list), exports
         bind, note = binding(
-            job.ranks_per_node,
-            job.cpus_per_rank,
-            job.sockets,
-            len(os.sched_getaffinity(0)),
-            sockets_here() if job.cpus_per_rank > 0 and job.sockets > 0 else 0,
+            a.ranks_per_node,
+            a.cpus_per_rank,
+            a.sockets,
+            ctx.cores,
+            sockets_here() if a.cpus_per_rank > 0 and a.sockets > 0 else 0,
         )
         if note:
-            job.note(note)
+            ctx.note(note)
         argv = ["mpirun"]
         if self.hostfile_option:
-            argv += ["-hostfile", job.env[self.hostfile_var]]
-        argv += [*bind, "-x", self.job_id_var]
-        env = {**job.env, **exports}
-        argv += forwarded(env, job.forward_prefixes, job.forward_names)
+            argv += ["-hostfile", ctx.env[self.hostfile_var]]
+        env = {**ctx.env, **exports}
+        # The job's id as the supervisor checked it, and the scheduler's own, whatever the forwarded prefixes say.
+        f = settings.forwarding
+        names = (*f.forward_names, savelayout.JOB_ID_ENV, self.job_id_var)
+        argv += [*bind, *forwarded(env, f.forward_prefixes, names)]
         return argv, exports
+
+    def hydra_launcher(self, settings, ctx, node_list: str) -> List[str]:
+        """MPICH's (or Intel MPI's) Hydra ``mpiexec``: ``-ppn R -n N``, the hosts from the node list (one line per
+        slot, "g0001" twice -> ``-hosts g0001:2``); where Open MPI reads the scheduler's list itself (Grid Engine),
+        Hydra does too. Every variable reaches the ranks (Hydra's default, ``-genvall``)."""
+        per_node = settings.allocation.ranks_per_node
+        bind, note = hydra_binding(per_node, settings.allocation.cpus_per_rank, ctx.cores)
+        if note:
+            ctx.note(note)
+        argv = ["mpirun", "-ppn", str(per_node), "-n", str(settings.ranks), *bind]
+        if self.hostfile_option:
+            with open(node_list) as f:
+                hosts = list(dict.fromkeys(ln.split()[0] for ln in f if ln.split()))
+            argv += ["-hosts", ",".join(f"{h}:{per_node}" for h in hosts)]
+        return argv

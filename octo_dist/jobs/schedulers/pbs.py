@@ -164,11 +164,11 @@ class Pbs(MpirunScheduler):
     def submit_hint(self, script, group):
         return f"qsub {script}"
 
-    def launcher(self, job):
-        argv, exports = super().launcher(job)
-        delay, source = queue_kill_delay(job.env)
+    def launcher(self, settings, ctx):
+        argv, exports = super().launcher(settings, ctx)
+        delay, source = queue_kill_delay(ctx.env)
         exports[SIGKILL_TIMEOUT_MCA] = str(delay)
-        job.note(
+        ctx.note(
             f"a qdel gives this job {delay}s from SIGTERM to SIGKILL ({source}): a stop's checkpoint must be "
             "written within it; for longer steps or checkpoints, stop with the job's own timer (--stop-margin) "
             "or use a queue with a longer kill_delay"

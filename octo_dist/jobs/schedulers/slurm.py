@@ -173,17 +173,18 @@ class Slurm(Scheduler):
             )
         return None, []
 
-    def launcher(self, job):
+    def launcher(self, settings, ctx):
         # srun passes the whole environment on (--export=ALL, said explicitly); --cpus-per-task binds each rank's cores.
         argv = [
             "srun",
-            f"--nodes={job.nodes}",
-            f"--ntasks-per-node={job.ranks_per_node}",
+            f"--nodes={settings.allocation.nodes}",
+            f"--ntasks-per-node={settings.allocation.ranks_per_node}",
             "--export=ALL",
             "--kill-on-bad-exit=1",
         ]
-        if job.cpus_per_rank > 0:
-            argv += [f"--cpus-per-task={job.cpus_per_rank}", "--cpu-bind=cores"]
+        cpus = settings.allocation.cpus_per_rank
+        if cpus > 0:
+            argv += [f"--cpus-per-task={cpus}", "--cpu-bind=cores"]
         else:
             argv += ["--cpu-bind=none"]
         return argv, {}

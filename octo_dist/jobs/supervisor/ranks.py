@@ -19,8 +19,10 @@ its own handler); a blocked signal stays blocked through exec, and the launchers
 unblocks it again for itself and its rank, which stop on it with a checkpoint; the launcher runs on until they
 exited, and the queue's SIGKILL after the kill delay still ends everything. MPICH's Hydra (measured: 4.0.2) forwards
 SIGTERM and keeps running, so blocked or not its ranks stop on it; note that its proxy and every rank call setsid,
-so PBS's qdel reaches only mpiexec. The supervisor's own SIGTERM to a launcher that outlives a failed rank is
-blocked too: its SIGKILL ``END_WAIT_S`` later ends it. On the other nodes of a job, Open MPI's daemons (orted,
+so PBS's qdel reaches only mpiexec, and the launcher's process group holds only mpiexec: once mpiexec is gone (its
+``kill -9``, the kill delay's SIGKILL) its proxy SIGKILLs the guards it started, and their ranks die with them.
+The supervisor's own SIGTERM to a launcher that outlives a failed rank is blocked too: its SIGKILL ``END_WAIT_S``
+later ends it. On the other nodes of a job, Open MPI's daemons (orted,
 prted) are started by PBS's task manager or ssh, not from here: they are not shielded (not measured yet).
 
 A launcher killed by a signal (``kill -9``, the out-of-memory killer) leaves its ranks running on without it, still
@@ -104,7 +106,7 @@ def missing_ranks(job_dir: str, ranks: int) -> List[int]:
 
 class Launcher:
     """Runs commands on every rank under the scheduler's launcher; ``job`` is the supervisor (its ``env``,
-    ``note``, ``scheduler``, ``nodes``, ``ranks``, ``job_dir``, ``clock`` and ``stop``)."""
+    ``note``, ``scheduler``, settings ``s``, ``job_dir``, ``clock`` and ``stop``)."""
 
     def __init__(self, job):
         self.job = job
@@ -180,7 +182,7 @@ class Launcher:
         """While the launcher runs: a probe that fails naming a node ends the launcher, naming the node; one that
         fails naming none (a busy controller) only leaves a note."""
         scheduler, note = self.job.scheduler, self.job.note
-        probe = scheduler.node_probe(self.job.nodes)
+        probe = scheduler.node_probe(self.job.s.allocation.nodes)
         while probe and not finished.wait(NODE_PROBE_S):
             try:
                 done = subprocess.run(
@@ -250,7 +252,7 @@ class Launcher:
                     self._end()
                     break
                 if job.stop and failed_at is None and all_done_at is None:
-                    if not missing_ranks(job.job_dir, job.ranks):
+                    if not missing_ranks(job.job_dir, job.s.ranks):
                         all_done_at = job.clock()
                 if all_done_at is not None and job.clock() - all_done_at >= DONE_GRACE_S:
                     if self.proc.poll() is None:
@@ -284,7 +286,7 @@ class Launcher:
         if failed and status == 0:
             status = 1
         if status == 0:
-            missing = missing_ranks(self.job.job_dir, self.job.ranks)
+            missing = missing_ranks(self.job.job_dir, self.job.s.ranks)
             if missing:
                 self.job.note(
                     f"the launcher exited 0 but rank(s) {' '.join(map(str, missing))} never finished (their "

@@ -55,15 +55,7 @@ class Supervisor:
         self.env = env
         self.clock = clock
         self.started = clock()
-        a = settings.allocation
-        self.scheduler = schedulers.get(a.scheduler)
-        self.nodes = a.nodes
-        self.ranks_per_node = a.ranks_per_node
-        self.ranks = settings.ranks
-        self.cpus_per_rank = a.cpus_per_rank
-        self.sockets = a.sockets
-        self.forward_prefixes = settings.forwarding.forward_prefixes
-        self.forward_names = settings.forwarding.forward_names
+        self.scheduler = schedulers.get(settings.allocation.scheduler)
         self.stop: Optional[str] = None  # "TERM": the signal that asked for the stop (the latest)
         self.stop_signals: List[str] = []  # every one that did, in order: ["USR1", "TERM"]
         self.launch = ranks.Launcher(self)
@@ -123,7 +115,14 @@ class Supervisor:
             s, env, [self.save_dir, data_dir, cache], self.note
         )
         prepare.wandb_key(env)
-        self.launcher, exports = self.scheduler.launcher(self)
+        ctx = schedulers.base.JobContext(
+            env=dict(env),
+            job_id=self.job_id,
+            job_dir=self.job_dir,
+            cores=len(os.sched_getaffinity(0)),
+            note=self.note,
+        )
+        self.launcher, exports = self.scheduler.launcher(s, ctx)
         env.update(exports)
         command = self_command()
         if (
@@ -152,9 +151,8 @@ class Supervisor:
     def check_node(self) -> None:
         """The allocation as the scheduler gave it, its launcher on PATH, the save directory; raises JobFailed."""
         s, env = self.s, self.env
-        error, warnings = self.scheduler.node_checks(
-            env, self.nodes, self.ranks_per_node, s.script_name
-        )
+        a = s.allocation
+        error, warnings = self.scheduler.node_checks(env, a.nodes, a.ranks_per_node, s.script_name)
         for w in warnings:
             self.note(w)
         if error:
@@ -181,6 +179,8 @@ class Supervisor:
         try:
             # It names the job's directory and exit file: a value that is not a job id ("1/../..") ends it here.
             job = self.job_id = self.scheduler.job_id(env)
+            # Read and checked once, here: the ranks and every other module read this one (savelayout.job_id).
+            env[savelayout.JOB_ID_ENV] = job
             self.check_node()
         except (JobFailed, savelayout.JobIdError) as e:
             self.note(f"error: {e}")
@@ -263,7 +263,8 @@ class Supervisor:
             self.note(f"stop requested (SIG{self.stop}) before the ranks started: not training")
             return 0
         self.note(
-            f"{self.nodes} node(s) x {self.ranks_per_node} rank(s); preflight: {' '.join(preflight)}"
+            f"{self.s.allocation.nodes} node(s) x {self.s.allocation.ranks_per_node} rank(s); preflight: "
+            + " ".join(preflight)
         )
         status = self.run_ranks(preflight)
         if self.stop:

@@ -1,0 +1,47 @@
+"""A job's identity is read once: the scheduler's module reads its own variable and checks it, the job runtime
+exports it to the ranks as ``OCTO_DIST_JOB_ID``, and every other module reads that one (the schedulers' own
+variables only outside the job runtime, where no one exported it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from octo_dist import savelayout
+from octo_dist.engine import savedir
+from octo_dist.jobs import schedulers
+from octo_dist.launchers import scheduler as launch_scheduler
+
+READERS = {"engine/savedir.py": savedir.job_id, "launchers/scheduler.py": launch_scheduler.job_id}
+
+
+@pytest.mark.parametrize("where", list(READERS))
+def test_the_job_runtimes_id_wins_over_the_schedulers_variables(where):
+    read = READERS[where]
+    assert (
+        read({"OCTO_DIST_JOB_ID": "12345.pbs1", "JOB_ID": "7", "SLURM_JOB_ID": "8"}) == "12345.pbs1"
+    )
+
+
+@pytest.mark.parametrize("where", list(READERS))
+def test_lsfs_job_id_is_honoured_outside_the_job_runtime(where):
+    assert READERS[where]({"LSB_JOBID": "4242"}) == "4242"
+
+
+@pytest.mark.parametrize("where", list(READERS))
+@pytest.mark.parametrize("var", ["OCTO_DIST_JOB_ID", "LSB_JOBID", "PBS_JOBID"])
+def test_a_job_id_that_names_a_path_is_refused_naming_its_variable(where, var):
+    with pytest.raises(savelayout.JobIdError) as e:
+        READERS[where]({var: "1/../.."})
+    assert str(e.value).startswith(f"{var}='1/../..'") and e.value.exit_status == 2
+
+
+def test_outside_a_job_there_is_no_id():
+    assert savelayout.job_id({}) is None and savedir.job_id({"JOB_ID": ""}) is None
+
+
+def test_every_scheduler_shipped_names_its_variable_for_the_layers_that_cannot_ask_it():
+    # The launchers and the engine may not import jobs/ (tests/test_layers.py): outside the job runtime they read
+    # savelayout's list of the schedulers' variables, which must name every scheduler shipped.
+    assert {s.job_id_var for s in schedulers.SCHEDULERS.values()} <= set(
+        savelayout.SCHEDULER_JOB_ID_VARS
+    )
