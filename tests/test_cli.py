@@ -129,3 +129,19 @@ def test_an_older_python_gets_one_line_from_octo_dist_not_a_syntax_error():
     assert proc.stderr.startswith(
         "octo-dist: error: Python 3.8 ("
     ) and "expected Python 3.9 or newer" in (proc.stderr)
+
+
+def test_no_help_shows_docstring_markup():
+    """`--help` is read on a terminal: a description lifted from a docstring showed ``--cores`` and :mod:`.measure`."""
+    import argparse
+
+    from octo_dist import cli
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    marked = {
+        name: line
+        for name, parser in sub.choices.items()
+        for line in parser.format_help().splitlines()
+        if "``" in line or ":mod:" in line or ":func:" in line
+    }
+    assert sub.choices and not marked, marked

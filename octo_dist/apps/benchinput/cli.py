@@ -22,6 +22,14 @@ from typing import Mapping, Optional, Sequence
 from octo_dist.apps.benchinput import verdict as vd
 from octo_dist.problems import Refusal
 
+# What `--help` says: the docstring's paragraph without its markup (no ``--cores`` or :mod:`.measure` on a terminal).
+DESCRIPTION = (
+    "Run it on a compute node before spending GPU hours: it pins itself to --cores cores (1 by default), measures "
+    "the CPU time per sample of each pipeline, and prints them side by side with the split of ours into "
+    "read-and-batch / decode / resize / augment, then a verdict per pipeline for a node of --cores-per-node cores "
+    "and --gpus-per-node GPUs. Timings are printed, never checked."
+)
+
 LABELS = {
     "resize": "ours, augmentation on the device (host: decode + batch)",
     "augment": "ours, augmentation on the host",
@@ -127,7 +135,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench-input",
         help="samples/s per core of the input pipeline (ours and the fork's) and whether a node feeds its GPUs",
-        description=__doc__.split("\n\n")[2].replace("\n", " "),
+        description=DESCRIPTION,
     )
     _arguments(p)
     return p
@@ -266,9 +274,7 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
 
 def main_argv(argv: Optional[Sequence[str]] = None) -> int:
     """``bench/input.py``'s entry: the same command without ``octo-dist``."""
-    parser = argparse.ArgumentParser(
-        prog="bench/input.py", description=__doc__.split("\n\n")[2].replace("\n", " ")
-    )
+    parser = argparse.ArgumentParser(prog="bench/input.py", description=DESCRIPTION)
     _arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.func(args)

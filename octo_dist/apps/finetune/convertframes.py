@@ -227,11 +227,23 @@ def convert(
     return out
 
 
+# What `--help` says: the docstring's paragraph without its markup.
+DESCRIPTION = (
+    "Then train on the copy (--config.dataset_kwargs.data_dir=data-256): its frames need no resize on the host, "
+    "every step of training long. The copy has the source's layout (<name>/<version>/, the same splits, shards, "
+    "episodes and fields); only the camera images of the named features change: each one not already at its size "
+    "is decoded, resized (the config's resize_method, lanczos3 by default: the pixels the fine-tune's own resize "
+    "makes) and re-encoded in its feature's format (JPEG at --quality, 95 by default). An image already at its "
+    "size is copied byte for byte. The source is only read: a destination equal to it or inside it, or one that "
+    "exists and is not empty, is refused before anything is written."
+)
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "convert-frames",
         help="copy an RLDS dataset with its camera frames stored at the model's sizes (no resize when training)",
-        description=__doc__.split("\n\n")[2].replace("\n", " "),
+        description=DESCRIPTION,
     )
     p.add_argument("src", metavar="SRC_DATA_DIR", help="the tensorflow_datasets data_dir to read")
     p.add_argument(
