@@ -245,6 +245,18 @@ def test_launch_writes_the_script_and_prints_how_to_submit(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("#!/bin/bash")
 
 
+def test_dry_run_with_output_shows_the_script_as_output_names_it_and_writes_nothing(
+    tmp_path, capsys
+):
+    out = tmp_path / "job.sh"
+    assert (
+        cli.main(["launch", *BASE["sge"], "--group", "gxx00000", "-o", str(out), "--dry-run"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "qsub job.sh" in text and '"script_name": "job.sh"' in text, text[:800]
+    assert "octo-dist-sge.sh" not in text and not out.exists()
+
+
 # ---- refusals: exit 2, what/expected/fix, nothing written ---------------------------------------------------------
 
 REFUSALS = {

@@ -355,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_status
     for warning in ([warning] if warning else []) + jobwarnings.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
-    text = render(job, os.path.basename(out or f"octo-dist-{job.scheduler}.sh"))
+    # --dry-run with -o shows the script as -o would name it ("sbatch job.sh"), not the default name
+    text = render(job, os.path.basename(out or options.output or f"octo-dist-{job.scheduler}.sh"))
     try:
         syntax_check(text)
     except ScriptError as e:
