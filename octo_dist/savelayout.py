@@ -1,26 +1,46 @@
-"""What lies in a save directory, and under which names: the one place that knows.
+"""What lies in a save directory, and under which names: the one place that knows (``RunLayout``).
 
-A job's ``--save-dir`` (``runs/octo-small-ft``), as the job runtime and the ranks leave it::
+A job's ``--save-dir`` (``runs/ft``), as the job runtime, the ranks and the training program leave it. ``<run>`` is
+the run's directory under it, ``RunLayout.run_path``: smoke's is the save directory itself (``""``), finetune's
+``<wandb.project>/[<wandb.group>/]<name>`` (``octo_finetune/ft_256``). ``<state>`` holds the engine's checkpoints and
+the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune's ``<run>/train_state``::
 
-    runs/octo-small-ft/
-      .octo-dist.lock                 the run that uses it now (engine/savedir.py): host, pid, job id, heartbeat
-      .octo-dist-exit-12345.pbs1      job 12345.pbs1's exit status for the next job of a chain (jobs/supervisor/
-                                      exitfile.py): "0", a status ("3": it does not train), "stopping SIGTERM: ..."
-                                      (a stop cut short) or "143 resumable: ..." (checkpoints intact: it resumes)
-      .octo-dist-job-12345.pbs1/      while job 12345.pbs1 runs, removed at its end:
-        .octo-dist-job                  "12345.pbs1\n": made by this job, the mark its removal checks
-        nodes                           the scheduler's node list, where every node and the image see it
-        octo-dist-runtime.pyz           the job runtime the other nodes' ranks start from (a zipapp's copy)
-        done/rank-3                     rank 3 exited 0 ("rank 3 on g0002")
-        failed/rank-1                   rank 1 failed ("rank 1 on g0001 exited with status 2")
-        stopped                         rank 0 stopped for a signal and saved step 1200 ("1200\\n")
-      <checkpoints>                   the training program's (smoke: <step>/ here; finetune: <run name>/<step>/)
+    runs/ft/                                RunLayout.save_dir
+      .octo-dist-jobs.json                  what octo-dist launch --submit submitted here (jobs/status.py)
+      .octo-dist-exit-12345.pbs1            .exit_file(job): job 12345.pbs1's exit status for the next job of a
+                                            chain (jobs/supervisor/exitfile.py): "0", a status ("3": it does not
+                                            train), "stopping SIGTERM: ..." (a stop cut short) or "143 resumable: ..."
+      .octo-dist-exit-12345.pbs1.<pid>.tmp  for a moment: the exit file being written
+      .octo-dist-job-12345.pbs1/            .job_dir(job): while job 12345.pbs1 runs, removed at its end
+        .octo-dist-job                      .job_mark(job): "12345.pbs1\\n", made by this job, checked before removal
+        nodes                               .node_list(job): the scheduler's node list, where every node and the
+                                            image see it (the mpirun schedulers)
+        octo-dist-runtime.pyz               .runtime_copy(job): the job runtime the other nodes' ranks start from
+                                            (an image job's zipapp, copied)
+        done/rank-<n>                       .rank_note(job, False, n): rank n exited 0 ("rank 3 on g0002")
+        failed/rank-<n>                     .rank_note(job, True, n): rank n failed ("rank 1 on g0001 exited ...")
+        stopped                             .stop_note(job): rank 0 stopped for a signal, saved step 1200 ("1200\\n")
+      <run>/                                .run_dir
+        finetune_config.json                .run_config: finetune's config as it ran (finetune only)
+        wandb_run_id                        .run_id_file: the wandb run a resumed run continues (finetune only)
+        summary.json                        .summary: the run's figures and its loss history across resumed jobs
+        summary.json.tmp                    for a moment: the summary being written
+        loss.png                            .loss_plot: the run's loss curve (where matplotlib is installed)
+        <step>/                             Octo's save_pretrained (finetune only: with config.json and more)
+        <state>/                            .train_state
+          .octo-dist.lock                   .lock: the run that uses it now (engine/savedir.py): host, pid, job id
+          .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
+          .octo-dist-probe.<host>.<pid>     for a moment at start: a rank's write probe (engine/savedir.py)
+          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py)
+          <step>.damaged/                   a checkpoint that failed verification, set aside
+          <step>.orbax-checkpoint-tmp-*/    one being written (removed on restart when half-written)
 
 Standard library only: the job runtime's zipapp carries it, and a login node's bare Python reads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -29,6 +49,13 @@ from typing import Mapping, Optional
 from octo_dist.problems import Refusal
 
 LOCK = ".octo-dist.lock"
+TRAIN_STATE = "train_state"  # finetune's <run>/train_state: the engine's checkpoints and the lock
+RUN_CONFIG = "finetune_config.json"
+RUN_ID = "wandb_run_id"
+SUMMARY = "summary.json"  # apps/summary.py writes it, and LOSS_PLOT, into the run's directory
+LOSS_PLOT = "loss.png"
+JOB_DIR_PREFIX = ".octo-dist-job-"
+EXIT_FILE_PREFIX = ".octo-dist-exit-"
 NODE_LIST = "nodes"
 RUNTIME_COPY = "octo-dist-runtime.pyz"
 DONE = "done"
@@ -92,7 +119,7 @@ def job_id(environ: Mapping[str, str]) -> Optional[str]:
 
 def job_dir(save_dir: str, job: str) -> str:
     """``("runs/x", "12345.pbs1")`` -> ``"runs/x/.octo-dist-job-12345.pbs1"``: one job's notes and copies."""
-    return os.path.join(save_dir, f".octo-dist-job-{checked_job_id('the job id', job)}")
+    return os.path.join(save_dir, f"{JOB_DIR_PREFIX}{checked_job_id('the job id', job)}")
 
 
 def make_job_dir(save_dir: str, job: str) -> str:
@@ -137,12 +164,12 @@ def remove_job_dir(save_dir: str, path: str, job: str) -> Optional[str]:
     real_save = os.path.realpath(save_dir)
     if (
         os.path.dirname(os.path.realpath(path)) != real_save
-        or os.path.basename(path) != f".octo-dist-job-{job}"
+        or os.path.basename(path) != f"{JOB_DIR_PREFIX}{job}"
         or _mark_of(path) != job
     ):
         return (
             f"left {path} in place: it is not the directory job {job} made in {real_save} "
-            f"(expected a directory .octo-dist-job-{job} there holding the mark {JOB_MARK})"
+            f"(expected a directory {JOB_DIR_PREFIX}{job} there holding the mark {JOB_MARK})"
         )
     shutil.rmtree(path, ignore_errors=True)
     return None
@@ -150,7 +177,7 @@ def remove_job_dir(save_dir: str, path: str, job: str) -> Optional[str]:
 
 def exit_file(save_dir: str, job: str) -> str:
     """``("runs/x", "12345.pbs1")`` -> ``"runs/x/.octo-dist-exit-12345.pbs1"``: that job's exit status."""
-    return os.path.join(save_dir, f".octo-dist-exit-{job}")
+    return os.path.join(save_dir, f"{EXIT_FILE_PREFIX}{job}")
 
 
 def rank_note(job_dir_path: str, failed: bool, rank: str) -> str:
@@ -174,3 +201,85 @@ def stopped_step(job_dir_path: str) -> Optional[int]:
     return (
         int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
     )  # not "²", which isdigit() passes
+
+
+def lock_file(train_state: str) -> str:
+    """``"/runs/ft/octo_finetune/ft_256/train_state"`` -> ``".../train_state/.octo-dist.lock"``: the run's lock,
+    beside the checkpoints it guards (``RunLayout.lock``; the engine's ``savedir.RunLock`` takes it there)."""
+    return os.path.join(train_state, LOCK)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLayout:
+    """One run's files in its save directory (the module docstring's tree), built once by the training program
+    (smoke, finetune) and read by every module that names a path in it::
+
+        layout = RunLayout("/groups/gxx00000/runs/ft", "octo_finetune/ft_256", TRAIN_STATE)
+        layout.train_state      # "/groups/gxx00000/runs/ft/octo_finetune/ft_256/train_state"
+        layout.lock             # ".../train_state/.octo-dist.lock"
+        layout.job_dir("12345.pbs1")    # "/groups/gxx00000/runs/ft/.octo-dist-job-12345.pbs1"
+        layout.exit_file("12345.pbs1")  # "/groups/gxx00000/runs/ft/.octo-dist-exit-12345.pbs1"
+
+    The job runtime knows only the save directory (``RunLayout(save_dir)``): the job's files live there, whatever
+    run the training program makes under it.
+    """
+
+    # The job's --save-dir, absolute (or a URL): "/groups/gxx00000/runs/ft".
+    save_dir: str
+    # The run's directory under it: finetune "octo_finetune/ft_256"; smoke "" (the save directory itself).
+    run_path: str = ""
+    # The engine's checkpoints and the lock under the run's directory: finetune TRAIN_STATE; smoke "" (the run's).
+    state_path: str = ""
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.save_dir, self.run_path) if self.run_path else self.save_dir
+
+    @property
+    def train_state(self) -> str:
+        return os.path.join(self.run_dir, self.state_path) if self.state_path else self.run_dir
+
+    @property
+    def lock(self) -> str:
+        return lock_file(self.train_state)
+
+    @property
+    def run_config(self) -> str:
+        return os.path.join(self.run_dir, RUN_CONFIG)
+
+    @property
+    def run_id_file(self) -> str:
+        return os.path.join(self.run_dir, RUN_ID)
+
+    @property
+    def summary(self) -> str:
+        return os.path.join(self.run_dir, SUMMARY)
+
+    @property
+    def loss_plot(self) -> str:
+        return os.path.join(self.run_dir, LOSS_PLOT)
+
+    def checkpoint(self, step: int) -> str:
+        """``5`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""
+        return os.path.join(self.train_state, str(int(step)))
+
+    def job_dir(self, job: str) -> str:
+        return job_dir(self.save_dir, job)
+
+    def job_mark(self, job: str) -> str:
+        return os.path.join(self.job_dir(job), JOB_MARK)
+
+    def exit_file(self, job: str) -> str:
+        return exit_file(self.save_dir, checked_job_id("the job id", job))
+
+    def node_list(self, job: str) -> str:
+        return os.path.join(self.job_dir(job), NODE_LIST)
+
+    def runtime_copy(self, job: str) -> str:
+        return os.path.join(self.job_dir(job), RUNTIME_COPY)
+
+    def rank_note(self, job: str, failed: bool, rank: str) -> str:
+        return rank_note(self.job_dir(job), failed, rank)
+
+    def stop_note(self, job: str) -> str:
+        return stop_note(self.job_dir(job))

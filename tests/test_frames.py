@@ -298,7 +298,7 @@ def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
         return dataset
 
     settings = {**CONFIG, "augment_on": "device", "seed": 0, "shuffle_buffer_size": 4}
-    job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="frames", run_dir=None)
+    job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="frames")
     source = pipeline.OctoData(job, None, 2, 0, 1, build=build, process=lambda b: b)
     batch = source.example
     assert batch["observation"]["image_primary"].shape == (2, 2, *PRIMARY, 3)

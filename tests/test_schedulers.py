@@ -57,12 +57,13 @@ class Lsf(MpirunScheduler):
     job_id_re = re.compile(r"Job <(\d+)> is submitted.*")
     job_id_example = "Job <123> is submitted to queue <gpu>."
 
-    def header_values(self, spec):
-        return {"lsf_walltime": f"{spec.walltime_s // 3600}:{spec.walltime_s % 3600 // 60:02d}"}
+    def header_values(self, header, settings):
+        walltime_s = settings.timing.walltime_s
+        return {"lsf_walltime": f"{walltime_s // 3600}:{walltime_s % 3600 // 60:02d}"}
 
-    def site_lines(self, spec):
-        queue = [f"#BSUB -q {spec.site['queue']}"] if spec.site.get("queue") else []
-        return queue + list(spec.directives)
+    def site_lines(self, header, settings):
+        queue = [f"#BSUB -q {header.site['queue']}"] if header.site.get("queue") else []
+        return queue + list(header.directives)
 
     def submit_command(self, script, after):
         extra = ["-w", f"ended({after})", "-env", f"all,{AFTER_ENV}={after}"] if after else []

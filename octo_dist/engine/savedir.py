@@ -11,7 +11,8 @@ Without these, an unwritable directory is found at the first save (with ``--save
 a full disk leaves a half-written step, and two jobs on one directory delete each other's half-written steps
 (orbax removes ``*.orbax-checkpoint-tmp-*`` on start) and prune each other's checkpoints.
 
-The lock is a file, ``<directory>/.octo-dist.lock``, created atomically (``link(2)`` of a complete file, which
+The lock is a file, ``<directory>/.octo-dist.lock`` (``RunLayout.lock``: the directory is the run's
+``RunLayout.train_state``, where its checkpoints go), created atomically (``link(2)`` of a complete file, which
 also works on NFS) by process 0 and holding who owns it::
 
     {"host": "g0001", "pid": 41235, "job_id": "12345.pbs1", "started": 1733230000.0}
@@ -144,7 +145,8 @@ class RunLock:
         stale_after_s: float = STALE_AFTER_S,
         heartbeat_s: float = HEARTBEAT_S,
     ):
-        self.path = Path(directory) / LOCK_NAME
+        # RunLayout.lock: beside the checkpoints it guards
+        self.path = Path(savelayout.lock_file(str(directory)))
         self.holder = {
             "host": host or socket.gethostname(),
             "pid": os.getpid(),
@@ -314,8 +316,8 @@ def prepare(
                 problem = str(e)
             except OSError as e:
                 problem = (
-                    f"cannot take the lock {directory / LOCK_NAME} ({e}); expected a writable save directory. "
-                    f"Fix: pass another --save-dir"
+                    f"cannot take the lock {savelayout.lock_file(str(directory))} ({e}); expected a writable save "
+                    "directory. Fix: pass another --save-dir"
                 )
     verdict = first_problem(collectives.allgather_json({"rank": rank, "problem": problem}))
     if verdict is not None:

@@ -79,23 +79,26 @@ def _say(before: str, value: str, after: str = "") -> str:
 
 
 def _modules(job: Job) -> str:
-    if not job.modules:
+    modules = job.settings.software.modules
+    if not modules:
         return "# no modules to load (--module ''): the launcher and python3 on PATH are used\n"
-    names = " ".join(map(shlex.quote, job.modules))
-    said = _say("octo-dist job: no 'module' command here: not loading ", " ".join(job.modules))
+    names = " ".join(map(shlex.quote, modules))
+    said = _say("octo-dist job: no 'module' command here: not loading ", " ".join(modules))
     return f"if command -v module >/dev/null 2>&1; then module load {names}; else {said}; fi\n"
 
 
 def _handover(job: Job, script_name: str) -> str:
     # Checked when the job was built (spec.build), by the code the runtime reads it back with.
     args = "supervise " + shlex.quote(settings(job, script_name).to_json())
-    if not job.image:
-        python = job.venv + "/bin/python"
+    software = job.settings.software
+    if not software.image:
+        python = software.venv + "/bin/python"
+        profile = imagefit.needed_profile(job.header.resource_type)
         said = _say(
             "octo-dist job: error: no ",
             python,
             # The profile these nodes' GPUs need: rt_HF's H200 (sm_90) -> cuda12, rt_F's V100 -> cuda11.
-            f"; expected the octo-dist environment (make env PROFILE={imagefit.needed_profile(job.resource_type)}). "
+            f"; expected the octo-dist environment (make env PROFILE={profile}). "
             "Fix: build it, or re-render with --venv PATH or --image FILE.sif",
         )
         python = shlex.quote(python)
@@ -105,11 +108,11 @@ def _handover(job: Job, script_name: str) -> str:
         )
     said = _say(
         "octo-dist job: error: image ",
-        job.image,
+        software.image,
         " not found from $PWD; expected the .sif this job was rendered for. Fix: copy it there, or re-render "
         "with --image PATH",
     )
-    image = shlex.quote(job.image)
+    image = shlex.quote(software.image)
     # The runtime is the image's own, written beside the job (the submit directory, which singularity binds).
     return (
         f"[ -f {image} ] || {{ {said}; exit 2; }}\n"
@@ -126,33 +129,34 @@ def _handover(job: Job, script_name: str) -> str:
 
 def render(job: Job, script_name: str = "job.sh") -> str:
     """The job script for ``job``; ``script_name`` only appears in the submit hints."""
-    s = schedulers.get(job.scheduler)
+    header, alloc, timing = job.header, job.settings.allocation, job.settings.timing
+    s = schedulers.get(alloc.scheduler)
     q = shlex.quote
     values = {
         "title": s.title,
-        "group": job.group or "",
-        "resource_type": job.resource_type or "",
-        "nodes": job.nodes,
-        "ranks_per_node": job.ranks_per_node,
-        "gpus_per_node": job.gpus_per_node,
-        "gpus_per_rank": job.devices_per_rank,
-        "walltime": format_walltime(job.walltime_s),
-        "name": job.name,
-        "slots": job.ranks,
-        "stop_margin_s": job.stop_margin_s,
-        "submit": s.submit_hint(q(script_name), job.group),
-        "command_line": shlex.join(job.command_line) or "octo-dist launch",
+        "group": header.group or "",
+        "resource_type": header.resource_type or "",
+        "nodes": alloc.nodes,
+        "ranks_per_node": alloc.ranks_per_node,
+        "gpus_per_node": header.gpus_per_node,
+        "gpus_per_rank": header.devices_per_rank,
+        "walltime": format_walltime(timing.walltime_s),
+        "name": header.name,
+        "slots": job.settings.ranks,
+        "stop_margin_s": timing.stop_margin_s,
+        "submit": s.submit_hint(q(script_name), header.group),
+        "command_line": shlex.join(header.command_line) or "octo-dist launch",
         "launcher": s.launcher_program,
-        "timer": f" (so does its timer,\n# {job.stop_margin_s} s before the wall time)"
+        "timer": f" (so does its timer,\n# {timing.stop_margin_s} s before the wall time)"
         if s.stop_timer
         else "",
         "workdir": s.workdir,
         "modules": _modules(job),
         "handover": _handover(job, script_name),
-        **s.header_values(job),
+        **s.header_values(header, job.settings),
     }
     # The site's lines (--partition, --resource, --directive...) after the scheduler's own directives.
     header = sitedirectives.insert(
-        substitute(s.header, values), s.site_lines(job), s.directive_prefix
+        substitute(s.header, values), s.site_lines(header, job.settings), s.directive_prefix
     )
     return header + substitute(BODY, values)

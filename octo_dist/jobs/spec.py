@@ -45,7 +45,7 @@ class JobHeader:
     group: Optional[str]  # ABCI group (qsub -P), Grid Engine project (-P) or SLURM account
     name: str
     # The scheduler's own options (Scheduler.options), given or default: {"pe": "mpi", "queue": None},
-    # {"partition": "gpu"}, {"resources": ("mem=400gb",)}; the scheduler's site_lines read them.
+    # {"partition": "gpu"}, {"resources": ("mem=400gb",)}; the scheduler's site_lines(header, settings) read them.
     site: Mapping
     directives: tuple  # header lines as given: ("#SBATCH --mail-type=END",)
     command_line: tuple  # the `octo-dist launch ...` argv that rendered it, for the script's header
@@ -57,9 +57,10 @@ class Job:
     """What ``octo-dist launch`` renders: the header's values, and the settings the job runtime reads back from the
     script (``settings.JobSettings``, checked in the words of launch's flags before anything is written).
 
-    ``job.nodes``, ``job.save_dir``, ``job.steps``: a field of the header, of its training command, or of one
-    section of the settings (the names do not repeat), as the scheduler's ``header_values``/``site_lines`` and
-    launch's messages read them; no copy is made."""
+    The scheduler's render-time hooks get the two parts (``header_values(job.header, job.settings)``,
+    ``site_lines(...)``), and so does ``render``. ``job.nodes``, ``job.image``, ``job.steps``: a field of the header,
+    of its training command, or of one section of the settings (the names do not repeat), as launch's messages
+    (``cli.py``, ``walltime.time_summary``, ``jobwarnings``) still read them; no copy is made."""
 
     header: JobHeader
     settings: job_settings.JobSettings

@@ -58,8 +58,6 @@ from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
 
-RUN_ID_FILE = "wandb_run_id"
-
 
 class ScheduleTracker(tracking.Tracker):
     """Adds the learning rate at each logged step (the fork logs it from inside its train step)."""
@@ -408,22 +406,18 @@ def _open_run(
 ) -> tracking.Tracker:
     """The run directory (its finetune_config.json, written by rank 0) and the tracker; a resumed run continues
     the wandb run whose id the directory keeps."""
-    c, out_dir = cfg.config, cfg.run_dir
-    if out_dir is None:
+    c, layout, out_dir = cfg.config, cfg.layout, cfg.run_dir
+    if layout is None:
         log.warning(
             "save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from"
         )
     elif rt.is_main:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "finetune_config.json"), "w") as f:
+        os.makedirs(layout.run_dir, exist_ok=True)
+        with open(layout.run_config, "w") as f:
             json.dump(plain, f, indent=1, default=_json_default)
     run_id = None
-    if (
-        out_dir
-        and cfg.resume.step is not None
-        and os.path.exists(os.path.join(out_dir, RUN_ID_FILE))
-    ):
-        with open(os.path.join(out_dir, RUN_ID_FILE)) as f:
+    if layout and cfg.resume.step is not None and os.path.exists(layout.run_id_file):
+        with open(layout.run_id_file) as f:
             run_id = f.read().strip() or None  # the resumed run continues the same wandb run
     tracker = tracking.make_tracker(
         rt.process_index,
@@ -442,8 +436,8 @@ def _open_run(
         },
         launch=rt.launch,
     )
-    if out_dir and rt.is_main:
-        with open(os.path.join(out_dir, RUN_ID_FILE), "w") as f:
+    if layout and rt.is_main:
+        with open(layout.run_id_file, "w") as f:
             f.write(tracker.run_id)
     return tracker
 

@@ -17,6 +17,7 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional
 
+from octo_dist import savelayout
 from octo_dist.apps.finetune.checks import HfProbe, is_url, problems
 from octo_dist.apps.finetune.configfile import ConfigError
 from octo_dist.apps.finetune.frames import RESIZE_METHODS
@@ -24,7 +25,6 @@ from octo_dist.apps.finetune.modelconfig import flat_keys
 from octo_dist.engine import checkpoint, stepfns
 
 
-TRAIN_STATE_DIR = "train_state"  # <run dir>/train_state: the engine's resumable checkpoints
 DEFAULT_PROJECT = "octo_finetune"  # wandb.project when the config leaves it empty
 
 
@@ -78,9 +78,10 @@ def augment_config_problems(config: Mapping) -> list:
     ]
 
 
-def run_dir(config: Mapping, name: str) -> Optional[str]:
-    """``<save_dir>/<wandb.project>/<wandb.group>/<name>``, or None without a save_dir; absolute unless a URL
-    (orbax and ``save_pretrained`` refuse relative paths; every rank has the same working directory).
+def layout(config: Mapping, name: str) -> Optional[savelayout.RunLayout]:
+    """The run's files: ``<save_dir>/<wandb.project>/[<wandb.group>/]<name>`` and its ``train_state`` (a
+    ``savelayout.RunLayout``), or None without a save_dir; absolute unless a URL (orbax and ``save_pretrained``
+    refuse relative paths; every rank has the same working directory).
 
     The fork appends a timestamp (a new directory each launch). Here the directory depends only on the flags, so a
     job requeued after its wall time finds its own checkpoints (``--resume``), and a second run with the same name
@@ -89,12 +90,19 @@ def run_dir(config: Mapping, name: str) -> Optional[str]:
     if not config.get("save_dir"):
         return None
     wandb = config.get("wandb") or {}
-    parts = [str(config["save_dir"]), str(wandb.get("project") or DEFAULT_PROJECT)]
+    save_dir = str(config["save_dir"])
+    parts = [str(wandb.get("project") or DEFAULT_PROJECT)]
     if wandb.get("group"):
         parts.append(str(wandb["group"]))
     parts.append(format_name(name, config))
-    joined = os.path.join(*parts)
-    return joined if is_url(joined) else os.path.abspath(joined)
+    save_dir = save_dir if is_url(save_dir) else os.path.abspath(save_dir)
+    return savelayout.RunLayout(save_dir, os.path.join(*parts), savelayout.TRAIN_STATE)
+
+
+def run_dir(config: Mapping, name: str) -> Optional[str]:
+    """``<save_dir>/<wandb.project>/[<wandb.group>/]<name>`` (``layout(...).run_dir``), or None without a save_dir."""
+    found = layout(config, name)
+    return found.run_dir if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +116,8 @@ class FinetuneJob:
 
     config: Any  # ml_collections.FrozenConfigDict
     name: str  # the run's name, formatted: "ft_{batch_size}" -> "ft_256"
-    run_dir: Optional[str]  # absolute (or a URL); None without --config.save_dir
+    # The run's files (run directory, train_state, lock) under --config.save_dir; None without one.
+    layout: Optional[savelayout.RunLayout] = None
     debug: bool = False  # wandb disabled
     # Where training starts (checkpoint.decide over <run dir>/train_state with --resume): decided here, once, from the
     # verified steps; the data pipeline and train.fit both read it.
@@ -120,9 +129,17 @@ class FinetuneJob:
     )  # runtime.initialize's options
 
     @property
+    def run_dir(self) -> Optional[str]:
+        """The run's directory, absolute (or a URL); None without --config.save_dir."""
+        return self.layout.run_dir if self.layout else None
+
+    @property
     def train_state_dir(self) -> Optional[str]:
-        """Where the engine's resumable checkpoints go: ``<run dir>/train_state``."""
-        return os.path.join(self.run_dir, TRAIN_STATE_DIR) if self.run_dir else None
+        """Where the engine's resumable checkpoints go: ``<run dir>/train_state``; None without a save_dir or when
+        it is a URL (orbax checkpoints and the run's lock need a file system)."""
+        if self.layout is None or is_url(self.layout.train_state):
+            return None
+        return self.layout.train_state
 
     def plain_config(self) -> dict:
         """The config as plain data (lists, not the frozen tuples)."""
@@ -167,17 +184,16 @@ def parse(
     found = problems(plain, probe) + augment_config_problems(plain)
     if found:
         raise ConfigError("the fine-tune configuration cannot run:\n  - " + "\n  - ".join(found))
-    out = run_dir(plain, name)
-    train_state = os.path.join(out, TRAIN_STATE_DIR) if out and not is_url(out) else None
-    return FinetuneJob(
+    job = FinetuneJob(
         config=FrozenConfigDict(checked),
         name=format_name(name, plain),
-        run_dir=out,
+        layout=layout(plain, name),
         debug=debug,
-        resume=checkpoint.decide(
-            train_state, resume, elsewhere="pick another --name or --config.save_dir"
-        ),
         step_fn=step_fn,
         compile_cache=compile_cache,
         runtime=dict(runtime or {}),
     )
+    decision = checkpoint.decide(
+        job.train_state_dir, resume, elsewhere="pick another --name or --config.save_dir"
+    )
+    return dataclasses.replace(job, resume=decision)

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE, savelayout
 from octo_dist.apps import harness
 from octo_dist.engine import stepfns
 from octo_dist.runtime import runtime
@@ -223,8 +223,14 @@ class Pace:
         self.last = now
 
 
-def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> int:
-    """The smoke job on this rank, inside the harness."""
+def train(
+    job: harness.Job,
+    args,
+    environ: Mapping[str, str],
+    resume=None,
+    layout: Optional[savelayout.RunLayout] = None,
+) -> int:
+    """The smoke job on this rank, inside the harness; ``layout``: the run's files (None without --save-dir)."""
     import optax
 
     from octo_dist.runtime import tracking
@@ -262,7 +268,8 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
         steps=args.steps,
         seed=args.seed,
         step_fn=args.step_fn,
-        save_dir=args.save_dir,
+        # The engine's checkpoints and the run's lock: smoke's are the save directory itself (RunLayout's tree).
+        save_dir=layout.train_state if layout else None,
         save_every=args.save_every,
         resume=resume,  # checkpoint.decide's, made in main before start-up
     )
@@ -278,8 +285,11 @@ def train(job: harness.Job, args, environ: Mapping[str, str], resume=None) -> in
     )
     rec = _record(rt, policy, args, source, result, tracker.run_id)
     harness.say(job, verdict(rec))
+    run_dir = (
+        layout.run_dir if layout else None
+    )  # summary.json and loss.png: RunLayout.summary, .loss_plot
     summary = harness.summary(
-        job, "smoke", result, timing, args.global_batch, args.save_dir, digests=rec["digests"]
+        job, "smoke", result, timing, args.global_batch, run_dir, digests=rec["digests"]
     )
     rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
@@ -427,11 +437,13 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
         return equivalence.main(args)
     from octo_dist.engine import checkpoint
 
+    # The run's files, named once: smoke's run and checkpoints are the save directory itself (savelayout's tree).
+    layout = savelayout.RunLayout(os.path.abspath(args.save_dir)) if args.save_dir else None
     try:
         # Whether to resume, and from which step, decided once from the verified steps and passed down.
-        resume = checkpoint.decide(args.save_dir, args.resume)
+        resume = checkpoint.decide(layout.train_state if layout else None, args.resume)
     except Problem as e:  # the same directory on every rank: each refuses alike before start-up
         print(f"octo-dist smoke: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
     options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
-    return harness.run("smoke", options, lambda job: train(job, args, environ, resume))
+    return harness.run("smoke", options, lambda job: train(job, args, environ, resume, layout))

@@ -165,14 +165,20 @@ class Scheduler:
         return _resource_keys(words)
 
     # ---- login node: rendering and submitting -------------------------------------------------------------------
-    def header_values(self, spec) -> dict:
-        """Extra ``@{name}`` values this scheduler's header uses (site lines, accounts), from a ``JobSpec``."""
+    # The render-time hooks take the job's two parts, as launch decided them: ``header`` (``jobs/spec.py``'s
+    # ``JobHeader``: ``header.site`` {"partition": "gpu"}, ``header.group`` "gxx00000", ``header.directives``
+    # ("#SBATCH --mail-type=END",), ``header.name``) and ``settings`` (``jobs/settings.py``'s ``JobSettings``:
+    # ``settings.timing.walltime_s`` 3600, ``settings.allocation.cpus_per_rank`` 12). The run-time hook is
+    # ``launcher(settings, ctx)``.
+    def header_values(self, header, settings) -> dict:
+        """Extra ``@{name}`` values this scheduler's header template uses (``{"pe": "mpi"}``), from the job's
+        ``header`` (``JobHeader``) and ``settings`` (``JobSettings``)."""
         return {}
 
-    def site_lines(self, spec) -> List[str]:
+    def site_lines(self, header, settings) -> List[str]:
         """The site's header lines (``--partition``, ``--resource``...; checked by ``sitedirectives.refusal``),
-        then the ``--directive`` lines as given."""
-        return list(spec.directives)
+        then the ``--directive`` lines as given: ``["#SBATCH --partition=gpu", "#SBATCH --mail-type=END"]``."""
+        return list(header.directives)
 
     def submit_hint(self, script: str, group: Optional[str]) -> str:
         """How a user submits the written script by hand: ``qsub job.sh``."""

@@ -96,14 +96,14 @@ class GridEngine(MpirunScheduler):
         # Grid Engine's options are words (-pe, -cwd), never with their value attached.
         return _resource_keys(directive.split()[1:])
 
-    def header_values(self, spec):
-        return {"pe": spec.site.get("pe") or DEFAULT_PE}
+    def header_values(self, header, settings):
+        return {"pe": header.site.get("pe") or DEFAULT_PE}
 
-    def site_lines(self, spec):
+    def site_lines(self, header, settings):
         # --queue gpu.q, --project P: "#$ -q gpu.q", "#$ -P P"
-        out = [f"#$ -q {spec.site['queue']}"] if spec.site.get("queue") else []
-        out += [f"#$ -P {spec.group}"] if spec.group else []
-        return out + list(spec.directives)
+        out = [f"#$ -q {header.site['queue']}"] if header.site.get("queue") else []
+        out += [f"#$ -P {header.group}"] if header.group else []
+        return out + list(header.directives)
 
     def submit_command(self, script, after):
         extra = ["-hold_jid", after, "-v", f"{AFTER_ENV}={after}"] if after else []

@@ -139,9 +139,10 @@ class Pbs(MpirunScheduler):
                 keys.append("-" + letter)
         return keys
 
-    def site_lines(self, spec):
+    def site_lines(self, header, settings):
         # --resource mem=400gb: "#PBS -l mem=400gb"
-        return [f"#PBS -l {r}" for r in spec.site.get("resources") or ()] + list(spec.directives)
+        resources = [f"#PBS -l {r}" for r in header.site.get("resources") or ()]
+        return resources + list(header.directives)
 
     def submit_command(self, script, after, environ=None):
         # PBS passes nothing of the submitting shell unless told (no -V: a login node's PATH and libraries would

@@ -141,20 +141,17 @@ class Slurm(Scheduler):
                         break  # the rest of the word is its value: "-N3"
         return out
 
-    def header_values(self, spec):
-        return {
-            "slurm_cpus": f"#SBATCH --cpus-per-task={spec.cpus_per_rank}\n"
-            if spec.cpus_per_rank
-            else "",
-        }
+    def header_values(self, header, settings):
+        cpus = settings.allocation.cpus_per_rank
+        return {"slurm_cpus": f"#SBATCH --cpus-per-task={cpus}\n" if cpus else ""}
 
-    def site_lines(self, spec):
+    def site_lines(self, header, settings):
         # --account A --partition gpu --qos normal --constraint 'a100&ib': "#SBATCH --partition=gpu"...
-        out = [f"#SBATCH --account={spec.group}"] if spec.group else []
+        out = [f"#SBATCH --account={header.group}"] if header.group else []
         for opt in self.options:
-            if spec.site.get(opt.name):
-                out.append(f"#SBATCH {opt.option}={spec.site[opt.name]}")
-        return out + list(spec.directives)
+            if header.site.get(opt.name):
+                out.append(f"#SBATCH {opt.option}={header.site[opt.name]}")
+        return out + list(header.directives)
 
     def submit_command(self, script, after):
         extra = (

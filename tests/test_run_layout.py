@@ -1,0 +1,211 @@
+"""The save directory's tree as ``octo_dist/savelayout.py`` draws it, checked against ``RunLayout`` (every path the
+picture names by a ``RunLayout`` member is where that member points, for smoke's layout and finetune's) and against
+what a real job writes: the script ``octo-dist launch pbs`` renders, run with PBS's variables and the venv's Open MPI
+5 ``mpirun`` (2 ranks of ``smoke --model tiny``, real orbax checkpoints), stopped as ``qdel`` stops it; and the lock
+the engine takes for a fine-tune run's layout (no Octo needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+import test_qdel_stops as pbsjob  # the PBS job the qdel tests run: rendered by octo-dist launch, run with bash
+
+from octo_dist import savelayout
+from octo_dist.apps.finetune import config as fc
+from octo_dist.engine import checkpoint as ck
+from octo_dist.engine import savedir
+
+JOB = "12345.pbs1"  # the picture's job id: the real job runs under it, so its names are the picture's own
+
+
+class Entry(NamedTuple):
+    path: str  # under the save directory, with the picture's placeholders: "<run>/<state>/.octo-dist.lock"
+    member: Optional[
+        str
+    ]  # the RunLayout member that names it: 'lock', 'exit_file(job)'; None where none does
+    is_dir: bool
+    has_children: bool
+
+
+def documented_tree() -> List[Entry]:
+    """The picture in savelayout's docstring, one entry per drawn line (descriptions' continuation lines skipped)."""
+    doc = savelayout.__doc__
+    lines = doc[doc.index("::\n\n") + 4 :].split("\n\n")[0].splitlines()
+    root_indent = len(lines[0]) - len(lines[0].lstrip())
+    desc_col = lines[0].index("RunLayout.save_dir")
+    stack: List[tuple] = []  # (indent, name)
+    entries: List[Entry] = []
+    for line in lines[1:]:
+        indent = len(line) - len(line.lstrip())
+        if indent >= desc_col:
+            continue  # a description's next line
+        name, _, desc = line.strip().partition("  ")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        assert indent > root_indent, line
+        path = "/".join([n.rstrip("/") for _, n in stack] + [name.rstrip("/")])
+        if entries and stack and entries[-1].path == "/".join(n.rstrip("/") for _, n in stack):
+            entries[-1] = entries[-1]._replace(has_children=True)
+        member = re.match(r"\.(\w+(?:\([^)]*\))?)", desc.strip())
+        entries.append(Entry(path, member.group(1) if member else None, name.endswith("/"), False))
+        stack.append((indent, name))
+    return entries
+
+
+def concrete(path: str, run: str, state: str, step: str = "5") -> str:
+    """A picture's path for one layout: ``<run>``/``<state>`` replaced (smoke's are empty: the level goes)."""
+    parts = []
+    for part in path.split("/"):
+        part = part.replace("<run>", run).replace("<state>", state).replace("<step>", step)
+        part = part.replace("<n>", "3" if step != "\0" else step)
+        if part:
+            parts.append(part)
+    return "/".join(parts)
+
+
+def pattern(path: str, run: str, state: str) -> "re.Pattern":
+    """A picture's path as a pattern over real names: ``<step>`` a number, ``<host>``/``<pid>``/``*`` any name."""
+    text = re.escape(concrete(path, run, state, step="\0"))
+    text = text.replace("\0", r"[0-9]+").replace(r"\*", r"[^/]*")
+    text = text.replace(re.escape("<host>"), r"[^/]+").replace(re.escape("<pid>"), r"[0-9]+")
+    return re.compile(text)
+
+
+LAYOUTS = {
+    # the layout each program builds, and what the picture's <run> and <state> are for it
+    "smoke": (savelayout.RunLayout("/s"), "", ""),
+    "finetune": (
+        fc.layout({"save_dir": "/s", "wandb": {"project": "octo_finetune"}}, "ft_256"),
+        "octo_finetune/ft_256",
+        "train_state",
+    ),
+}
+
+
+@pytest.mark.parametrize("program", list(LAYOUTS))
+def test_every_path_the_picture_names_is_where_run_layout_puts_it(program):
+    """Broken by hand: the picture's lock drawn at the save directory's top (as it was) fails for finetune; a
+    RunLayout.lock beside the run's directory instead of in train_state fails for both."""
+    layout, run, state = LAYOUTS[program]
+    named = [e for e in documented_tree() if e.member]
+    assert {e.member.split("(")[0] for e in named} >= {
+        "exit_file",
+        "job_dir",
+        "job_mark",
+        "node_list",
+        "rank_note",
+        "stop_note",
+        "run_dir",
+        "train_state",
+        "lock",
+        "checkpoint",
+    }
+    for e in named:
+        got = eval(f"layout.{e.member}", {"layout": layout, "job": JOB, "step": 5, "n": "3"})
+        assert os.path.relpath(got, "/s") == (concrete(e.path, run, state) or "."), e
+
+
+def test_a_fine_tune_runs_lock_is_where_the_picture_draws_it(tmp_path):
+    """The engine's real lock on the train_state finetune hands it. Broken by hand: finetune handing the engine its
+    run directory (the lock then lands beside finetune_config.json, not in train_state) fails here."""
+    cfg = {"save_dir": str(tmp_path), "wandb": {"project": "p", "group": "g"}}
+    job = fc.FinetuneJob(config={}, name="ft", layout=fc.layout(cfg, "ft"))
+    lock = savedir.RunLock(job.train_state_dir).acquire()
+    try:
+        written = sorted(
+            os.path.relpath(os.path.join(d, f), tmp_path)
+            for d, _, files in os.walk(tmp_path)
+            for f in files
+        )
+    finally:
+        lock.release()
+    drawn = [e for e in documented_tree() if e.member == "lock"]
+    assert written == [concrete(drawn[0].path, "p/g/ft", "train_state")]
+    assert written == [os.path.relpath(job.layout.lock, tmp_path)]
+
+
+def undocumented(seen: set, run: str, state: str) -> list:
+    """The paths in ``seen`` the picture does not draw: not an entry, not a parent of one, not inside a directory
+    drawn without children (an orbax checkpoint's own files)."""
+    tree = documented_tree()
+    drawn = [pattern(e.path, run, state) for e in tree]
+    opaque = [pattern(e.path, run, state) for e in tree if e.is_dir and not e.has_children]
+    parents = {p for e in tree for p in _parents(e.path)}
+    drawn += [pattern(p, run, state) for p in parents]
+    out = []
+    for path in sorted(seen):
+        if any(d.fullmatch(path) for d in drawn):
+            continue
+        if any(o.fullmatch(p) for o in opaque for p in _parents(path)):
+            continue
+        out.append(path)
+    return out
+
+
+def _parents(path: str) -> list:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def listing(save: Path) -> set:
+    found = set()
+    for d, dirs, files in os.walk(save):
+        for name in dirs + files:
+            found.add(os.path.relpath(os.path.join(d, name), save))
+    return found
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
+    """While the job trains and after a qdel stops it, every file in its save directory is one the picture draws,
+    where RunLayout names it. Broken by hand: a node list written under another name (mpirun.py's
+    ``savelayout.NODE_LIST`` -> "hosts") fails here ("missing" and "undocumented"), and so does a smoke run whose
+    checkpoints go into a train_state of its own while the picture says they are the run's directory."""
+    pbsjob.render(tmp_path, compile_cache)
+    env = pbsjob.pbs_env(tmp_path, "openmpi5", JOB)
+    save = tmp_path / "runs" / "q"
+    layout = savelayout.RunLayout(str(save))
+    job = pbsjob.start(tmp_path, env)
+    seen: set = set()
+    try:
+        # The first checkpoint's manifest, wherever the run puts it (a misplaced one fails below, not by waiting).
+        deadline = time.monotonic() + pbsjob.WAIT_S
+        while not any(os.path.basename(p) == ck.MANIFEST for p in seen):
+            assert job.poll() is None, f"the job exited early:\n{pbsjob.log_tail(tmp_path)}"
+            assert time.monotonic() < deadline, pbsjob.log_tail(tmp_path)
+            seen |= listing(save)
+            time.sleep(0.05)
+        # Training now: the job's directory and the run's lock exist until the job ends.
+        during = listing(save)
+        seen |= during
+        pbsjob.qdel(job.pid)
+        job.wait(timeout=60)
+    finally:
+        pbsjob.end(job, env)
+    after = listing(save)
+    seen |= after
+    rel = lambda p: os.path.relpath(p, save)  # noqa: E731
+    missing = {
+        rel(layout.job_dir(JOB)),
+        rel(layout.job_mark(JOB)),
+        rel(layout.node_list(JOB)),
+        rel(layout.lock),
+        rel(layout.checkpoint(pbsjob.SAVE_EVERY)),
+    } - during
+    assert not missing, (missing, sorted(during))
+    assert rel(layout.exit_file(JOB)) in after, sorted(after)
+    assert rel(layout.job_dir(JOB)) not in after and rel(layout.lock) not in after, sorted(after)
+    assert Path(layout.exit_file(JOB)).read_text().strip() == "0", pbsjob.log_tail(tmp_path)
+    assert undocumented(seen, "", "") == [], sorted(seen)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("compile-cache")
