@@ -610,7 +610,7 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
             PBS_JOBID="77.pbs1",
             PBS_O_WORKDIR=str(tmp_path),
         )
-        expected = f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x PBS_JOBID "
+        expected = f"argv -hostfile {tmp_path / 'hostlist'} --map-by ppr:2:node --bind-to none -x "
     else:  # srun passes the environment on by itself
         env.update(SLURM_JOB_ID="99", SLURM_SUBMIT_DIR=str(tmp_path))
         expected = (
@@ -632,6 +632,8 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
     assert proc.returncode == 0, out
     argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert argv[1].startswith(expected), argv[1]
+    if scheduler == "pbs":  # the job's id, as PBS set it and as the job runtime checked it, reaches every node
+        assert "-x PBS_JOBID " in argv[1] and "-x OCTO_DIST_JOB_ID " in argv[1], argv[1]
     assert f"--save-dir={tmp_path / 'save'} " in argv[1] and "signal USR1" in log.read_text()
 
 
@@ -664,8 +666,8 @@ def test_launcher_line_one_rank_per_gpu_and_key_stays_out_of_argv(fake_job, tmp_
     assert proc.returncode == 0, out
     argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert len(argv) == 2 and "check-env --launch" in argv[0] and " smoke " in argv[1]
-    assert argv[1].startswith("argv --map-by ppr:2:node --bind-to none -x JOB_ID ")
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "OCTO_DIST_NODEFILE"):
+    assert argv[1].startswith("argv --map-by ppr:2:node --bind-to none -x ")
+    for var in ("JOB_ID", "OCTO_DIST_JOB_ID", "WANDB_MODE", "WANDB_API_KEY", "OCTO_DIST_NODEFILE"):
         assert f"-x {var} " in argv[1]
     assert "PE_HOSTFILE" not in argv[1]  # the scheduler's variable is left as it set it
     assert "sk-secret" not in "".join(argv) and "sk-secret" not in out
