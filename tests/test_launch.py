@@ -632,7 +632,9 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
     assert proc.returncode == 0, out
     argv = [ln for ln in log.read_text().splitlines() if ln.startswith("argv ")]
     assert argv[1].startswith(expected), argv[1]
-    if scheduler == "pbs":  # the job's id, as PBS set it and as the job runtime checked it, reaches every node
+    if (
+        scheduler == "pbs"
+    ):  # the job's id, as PBS set it and as the job runtime checked it, reaches every node
         assert "-x PBS_JOBID " in argv[1] and "-x OCTO_DIST_JOB_ID " in argv[1], argv[1]
     assert f"--save-dir={tmp_path / 'save'} " in argv[1] and "signal USR1" in log.read_text()
 
