@@ -26,7 +26,12 @@ checkpoint of Octo's own pretraining does (the fork's ``full`` mode reads it).
 The fork's tree is --fork, else the one the importable ``octo`` package sits in; where neither is found the bench
 prints one ``skipped`` line and exits 0.
 
-usage: bench/startup_fork.py [--fork PATH] [--pretrained DIR] [--rounds 2] [--steps 60]
+Then ``--profile`` runs (1) of each under ``bench/step_profile.py`` print where a steady step's time goes, side by
+side: the step's call (on a CPU it returns when the step is computed), the main thread's waits for input, its
+metric fetches and host-to-device copies, the rest of the loop, the work worker threads did beside the step, and
+compilations after the second step.
+
+usage: bench/startup_fork.py [--fork PATH] [--pretrained DIR] [--rounds 2] [--steps 60] [--profile 1]
 """
 
 import argparse
@@ -189,14 +194,37 @@ def steady(ends: list) -> Optional[float]:
     return statistics.median(gaps) if gaps else None
 
 
+def profiler(run_dir: Path, step: str, profile: bool) -> list:
+    """The command prefix that runs a side under ``bench/step_profile.py`` (nothing for a timed run: the wrappers
+    cost a little per call)."""
+    if not profile:
+        return [sys.executable]
+    return [
+        sys.executable,
+        str(REPO / "bench" / "step_profile.py"),
+        str(run_dir / "profile.json"),
+    ] + [
+        "--step",
+        step,
+    ]
+
+
+def profiled(r: dict, run_dir: Path, profile: bool) -> dict:
+    if not profile:
+        return r
+    from step_profile import breakdown
+
+    return {**r, "profile": breakdown(json.loads((run_dir / "profile.json").read_text()))}
+
+
 def run_fork(
-    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n: int
+    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n, profile: bool = False
 ) -> Tuple[dict, int]:
     run_dir = scratch / f"fork-{n}"
     run_dir.mkdir()
     stamps = run_dir / "iteration_starts.json"
     argv = [
-        sys.executable,
+        *profiler(run_dir, "train_step", profile),
         str(REPO / "bench" / "fork_timing.py"),
         str(stamps),
         str(fork / "scripts" / "finetune.py"),
@@ -207,16 +235,17 @@ def run_fork(
         return r, failed("the fork's finetune.py", argv, r["rc"], run_dir / "log")
     stamped = json.loads(stamps.read_text())
     ends = stamped["iteration_starts"][1:]  # iteration i+1 starts when step i is done
-    return {**r, "first_step_s": ends[0] - stamped["process_started"], "step_s": steady(ends)}, 0
+    r = {**r, "first_step_s": ends[0] - stamped["process_started"], "step_s": steady(ends)}
+    return profiled(r, run_dir, profile), 0
 
 
 def run_octo_dist(
-    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n: int
+    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n, profile: bool = False
 ) -> Tuple[dict, int]:
     run_dir = scratch / f"octo-dist-{n}"
     run_dir.mkdir()
     argv = [
-        sys.executable,
+        *profiler(run_dir, "compiled", profile),
         "-m",
         "octo_dist",
         "finetune",
@@ -227,18 +256,60 @@ def run_octo_dist(
         return r, failed("octo-dist finetune", argv, r["rc"], run_dir / "log")
     summary = json.loads(next((run_dir / "runs").rglob("summary.json")).read_text())
     # time_to_first_step_s: its process start -> first step done, as fork_timing.py measures the fork's
-    return {
+    r = {
         **r,
         "first_step_s": summary["time_to_first_step_s"],
         "step_s": summary["median_step_s"],
         "startup": summary.get("startup") or {},
         "beside": summary.get("startup_beside") or {},
-    }, 0
+    }
+    return profiled(r, run_dir, profile), 0
 
 
 def median_of(runs: list, key: str) -> Optional[float]:
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+# The per-step breakdown's rows: label, the cell of one side's breakdown (bench/step_profile.breakdown), and
+# the key whose ratio octo-dist / fork is printed (None: no ratio).
+PROFILE_ROWS = (
+    ("devices", lambda b: str(b["devices"]), None),
+    ("step to step (ms)", lambda b: _ms(b["interval_s"]), "interval_s"),
+    ("  the step's call (ms)", lambda b: _ms(b["step_s"]), "step_s"),
+    ("  waiting for input (ms)", lambda b: _ms(b["input_s"]), None),
+    ("  metric fetches (n, ms)", lambda b: f"{b['fetch_n']:.0f}, {_ms(b['fetch_s'])}", None),
+    ("  host->device (n, ms)", lambda b: f"{b['h2d_n']:.0f}, {_ms(b['h2d_s'])}", None),
+    ("  the rest (ms)", lambda b: _ms(b["other_s"]), None),
+    (
+        "host->device per step (MB)",
+        lambda b: f"{(b['h2d_bytes'] + b['step_h2d_bytes'] + b['beside_h2d_bytes']) / 1e6:.2f}",
+        None,
+    ),
+    ("  of it inside the step's call", lambda b: f"{b['step_h2d_bytes'] / 1e6:.2f}", None),
+    ("beside the step, threads (ms)", lambda b: _ms(b["beside_s"]), None),
+    ("compilations (steady steps)", lambda b: str(b["compile_n"]), None),
+)
+
+
+def report_profile(profiles: dict) -> None:
+    """One profiled run of each, side by side: where a steady step's time goes (bench/step_profile.py)."""
+    f, o = profiles.get("fork"), profiles.get("octo-dist")
+    if not f or not o:
+        print("per-step profile: too few steps recorded")
+        return
+    print(
+        f"per-step profile, one run each under bench/step_profile.py (median of steps 3-{f['steps'] + 2}; the step's "
+        "call waits for its work on a CPU, jax < 0.4.31):"
+    )
+    print(f"  {'':<32} {'fork':>10} {'octo-dist':>10} {'ratio':>6}")
+    for label, cell, key in PROFILE_ROWS:
+        shown = f"{o[key] / f[key]:.2f}" if key and f[key] else ""
+        print(f"  {label:<32} {cell(f):>10} {cell(o):>10} {shown:>6}")
 
 
 def report(runs: dict, a, fork: Path, model: Path) -> None:
@@ -259,6 +330,19 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
             for r in runs[name]
         )
         print(f"  {name} runs (first step / steady step / peak memory): {each}")
+    steps = {n: [r["step_s"] for r in runs[n] if r.get("step_s")] for n in runs}
+    if all(steps.values()):
+        # each round's two runs ran one after the other: their ratio is the least disturbed by a load that changes
+        ratios = [o / f for f, o in zip(steps["fork"], steps["octo-dist"])]
+        print(
+            "  steady step min/median/max (ms): "
+            + ", ".join(
+                f"{n} {min(v) * 1e3:.0f}/{statistics.median(v) * 1e3:.0f}/{max(v) * 1e3:.0f}"
+                for n, v in steps.items()
+            )
+            + f"; ratio per round min/median/max {min(ratios):.2f}/{statistics.median(ratios):.2f}/"
+            f"{max(ratios):.2f}"
+        )
     for key, title in (("startup", "start-up phases"), ("beside", "work beside them")):
         phases = {}
         for r in runs["octo-dist"]:
@@ -289,6 +373,13 @@ def main() -> int:
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="runs of each, alternating (default: %(default)s)"
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=1,
+        help="profiled runs of each after the timed ones, for the per-step breakdown (0: none; default: "
+        "%(default)s)",
     )
     p.add_argument(
         "--steps",
@@ -328,6 +419,23 @@ def main() -> int:
                     flush=True,
                 )
         report(runs, a, fork, model)
+        profiles = {"fork": [], "octo-dist": []}
+        for n in range(a.profile):
+            for name in ("fork", "octo-dist"):
+                r, rc = which[name](
+                    fork, model, a.steps, scratch, env, f"profiled-{n}", profile=True
+                )
+                if rc:
+                    return rc
+                profiles[name].append(r["profile"])
+        if a.profile:
+            # the profiled run whose steady step is the median of its side's
+            report_profile(
+                {
+                    n: sorted(p, key=lambda b: (b or {}).get("interval_s", 0))[len(p) // 2]
+                    for n, p in profiles.items()
+                }
+            )
     return 0
 
 

@@ -57,3 +57,59 @@ def test_the_fork_runs_unchanged_and_each_iteration_of_its_training_loop_is_stam
     assert len(stamps) == 4  # three iterations started, then the loop's end
     assert got["process_started"] < stamps[0]
     assert all(b - a >= 0.04 for a, b in zip(stamps[1:], stamps[2:]))
+
+
+LOOP = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import jax, jax.numpy as jnp, numpy as np
+
+def train_step(w, batch):
+    return w - 0.1 * jnp.mean(batch), jnp.mean(batch)
+
+def ahead(batch):
+    return batch * 2.0
+
+batch = np.zeros((4, 8), np.float32)  # 128 bytes
+if sys.argv[1] == "jit":  # the fork's way: numpy into a jitted train_step, its metrics fetched every step
+    step = jax.jit(train_step)
+    w = jnp.zeros(())
+    for i in range(7):
+        w, loss = step(w, batch + i)
+        jax.device_get(loss)
+else:  # octo-dist's: compiled steps, the next batch made on a worker thread beside each step
+    step = jax.jit(train_step).lower(jnp.zeros(()), batch).compile()
+    prepare = jax.jit(ahead).lower(batch).compile()
+    pool = ThreadPoolExecutor(1)
+    w, upcoming = jnp.zeros(()), pool.submit(lambda: prepare(jax.device_put(batch))).result()
+    for i in range(7):
+        coming = pool.submit(lambda i=i: prepare(jax.device_put(batch + i)))
+        w, loss = step(w, upcoming)
+        upcoming = coming.result()
+        float(loss), float(loss)
+"""
+
+
+def test_the_step_profile_counts_each_steps_fetches_copies_and_work_beside_it(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    from step_profile import breakdown
+
+    (tmp_path / "loop.py").write_text(LOOP)
+    got = {}
+    for way, step in (("jit", "train_step"), ("compiled", "compiled")):
+        out = tmp_path / f"{way}.json"
+        proc = run(
+            BENCH / "step_profile.py", out, "--step", step, tmp_path / "loop.py", way, cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[way] = breakdown(json.loads(out.read_text()))
+    fork, ours = got["jit"], got["compiled"]
+    # 7 steps, the first two skipped: 4 intervals between the steps left
+    assert (fork["steps"], ours["steps"]) == (4, 4)
+    assert fork["devices"] >= 1 and fork["compile_n"] == ours["compile_n"] == 0
+    # the fork's batch goes in with the step's call (implicit copy), one device_get a step
+    assert (fork["step_h2d_bytes"], fork["h2d_n"], fork["fetch_n"]) == (128, 0, 1)
+    # ours: two float() reads a step on the main thread; the batch's copy and its preparation on the worker
+    assert (ours["step_h2d_bytes"], ours["h2d_n"], ours["fetch_n"]) == (0, 0, 2)
+    assert ours["beside_h2d_bytes"] == 128 and ours["beside_s"] > 0
+    assert ours["input_n"] == 1  # waiting for the worker's batch

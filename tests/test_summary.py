@@ -1,6 +1,5 @@
 """The run summary: figures from timestamps (pure), and what `octo-dist smoke --save-dir D` leaves in D."""
 
-import dataclasses
 import json
 import struct
 
@@ -14,7 +13,7 @@ from octo_dist.apps import summary
 def test_figures_come_from_the_timestamps():
     # Process started at 100.0, training at 103.0; steps ended at 110 (compile), 110.5, then every 0.25 s.
     ends = [110.0, 110.5, 110.75, 111.0, 111.25]
-    s = summary.summarize(
+    given = dict(
         command="smoke",
         processes=2,
         devices=2,
@@ -27,20 +26,24 @@ def test_figures_come_from_the_timestamps():
         step_ends=ends,
         ended=112.0,
     )
-    assert (s.wall_s, s.time_to_first_step_s, s.compile_s) == (12.0, 10.0, 7.0)
+    s = summary.summarize(**given)
+    assert (s.wall_s, s.time_to_first_step_s, s.fit_to_first_step_s) == (12.0, 10.0, 7.0)
+    assert s.compile_s is None  # no start-up profile: no compile phase to report
     assert (
         s.median_step_s == 0.25 and s.examples_per_s == 32.0
     )  # the first two steps (compiling) are left out
     assert (s.loss_first, s.loss_last) == (0.9, 0.5)
     text = summary.lines(s)
     assert text.startswith(
-        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (compile and first step 7.0 s), "
+        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (training start to first step 7.0 s), "
         "median step 250.0 ms,"
     )
     # With the start-up profile, its compile phase is the one compile time shown (not 7.0 s beside it).
-    profiled = summary.lines(
-        dataclasses.replace(s, startup={"parameters": 2.0, "compile": 4.5, "first_step": 0.5})
-    )
+    phases = {"parameters": 2.0, "compile": 4.5, "first_step": 0.5}
+    with_profile = summary.summarize(**{**given, "startup": phases})
+    # one definition: the line, the dataclass and summary.json say the same compile time
+    assert with_profile.compile_s == 4.5 and with_profile.as_json()["compile_s"] == 4.5
+    profiled = summary.lines(with_profile)
     assert "first step after 10.0 s (compile 4.5 s)," in profiled and "7.0" not in profiled
     assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
 
@@ -132,7 +135,10 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert got["startup_beside"] is None and "; beside: " not in proc.stdout
     assert "\n  start-up: imports " in proc.stdout and ", first step " in proc.stdout
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
-    assert 0 < got["compile_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
+    assert 0 < got["fit_to_first_step_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
+    # one compile time: summary.json's is the start-up profile's phase, the one the log line prints
+    assert got["schema"] == 3 and got["compile_s"] == got["startup"]["compile"]
+    assert f"(compile {got['compile_s']:.1f} s)" in proc.stdout
     assert png_size(save / "loss.png") == summary.PLOT_SIZE_PX
     assert (
         "octo-dist smoke: run summary: wall " in proc.stdout

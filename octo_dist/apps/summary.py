@@ -1,7 +1,7 @@
 """What a training run ends with, on rank 0: the figures people look at, in the log, ``summary.json`` and
 ``loss.png`` (the whole run: every job of a resumed or chained run).
 
-    octo-dist finetune: run summary: wall 46.5 s, first step after 37.1 s (compile 1.1 s), median step 155.7 ms,
+    octo-dist finetune: run summary: wall 46.5 s, first step after 37.1 s (compile 20.3 s), median step 155.7 ms,
       51 examples/s (global batch 8), loss 11.2438 -> 8.3107 over steps 0 -> 60
       start-up: imports 4.3 s, checks 0.1 s, distributed 0.5 s, model load 1.0 s, dataset 9.8 s, setup 0.0 s,
       parameters 0.6 s, compile 20.3 s, first step 0.5 s; beside: first batch 2.1 s, init compile 4.7 s
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
 # 2: `losses` is the whole run's (every job of a resumed or chained run), `jobs` lists each job's figures.
-SCHEMA = 2
+# 3: `compile_s` is the start-up profile's compile phase (the one compile time, as the log line says); the time
+# from the start of training to the first step's end, which `compile_s` held before, is `fit_to_first_step_s`.
+SCHEMA = 3
 # loss.png: past this many steps the raw losses are drawn faint under a smoothed line (EMA); the y axis turns
 # logarithmic when the losses span at least LOG_SCALE_SPAN (a factor: 100 = two decades).
 SMOOTH_FROM_STEPS = 200
@@ -44,7 +46,9 @@ class RunSummary:
     wall_s: float  # process start -> end of training
     # process start -> first step finished (None: no step ran)
     time_to_first_step_s: Optional[float]
-    # training start -> first step finished: building, compiling, the first batch
+    # One compile time, the same in the log line, summary.json and the benchmarks: the main thread's wait for the
+    # train step's compilation (the start-up profile's "compile" phase; compilation overlapped with other work
+    # is under startup_beside). None when the run has no start-up profile.
     compile_s: Optional[float]
     # the steps after the first two (which compile the step, then the metric reads)
     median_step_s: Optional[float]
@@ -66,6 +70,8 @@ class RunSummary:
     # work background threads did during start-up, in seconds, beside the phases (not in their sum):
     # {"dataset": 41.0, "compile": 14.2} when the first batch and the step's compilation overlapped other work
     startup_beside: Optional[dict] = None
+    # training start -> first step finished: parameters, the wait for the compiled step, the first step
+    fit_to_first_step_s: Optional[float] = None
 
     @property
     def bound(self) -> Optional[str]:
@@ -158,7 +164,7 @@ def summarize(
         end_step=end_step,
         wall_s=ended - process_started,
         time_to_first_step_s=ends[0] - process_started if ends else None,
-        compile_s=ends[0] - fit_started if ends else None,
+        compile_s=startup.get("compile") if startup else None,
         median_step_s=median,
         examples_per_s=global_batch / median if median else None,
         loss_first=ordered[0] if ordered else None,
@@ -171,6 +177,7 @@ def summarize(
         slowest_rank=slowest,
         slowest_startup=dict(startup_by_rank[slowest]) if slowest is not None else None,
         startup_beside=dict(startup_beside) if startup_beside else None,
+        fit_to_first_step_s=ends[0] - fit_started if ends else None,
     )
 
 
@@ -188,13 +195,13 @@ def lines(s: RunSummary) -> str:
         else "no steps run"
     )
     rate = f"{s.examples_per_s:.0f} examples/s" if s.examples_per_s else "- examples/s"
-    # One compile time: the start-up profile's phase when there is one (the wait for the step's compilation);
-    # without it, the time from the start of training to the first step's end, which also holds the parameters'
+    # One compile time (compile_s: the start-up profile's phase, the wait for the step's compilation); without a
+    # profile, the time from the start of training to the first step's end, which also holds the parameters'
     # initialisation and the first step, and is named so.
-    if s.startup and "compile" in s.startup:
-        compiled = f"compile {_seconds(s.startup['compile'])}"
+    if s.compile_s is not None:
+        compiled = f"compile {_seconds(s.compile_s)}"
     else:
-        compiled = f"compile and first step {_seconds(s.compile_s)}"
+        compiled = f"training start to first step {_seconds(s.fit_to_first_step_s)}"
     text = (
         f"octo-dist {s.command}: run summary: wall {_seconds(s.wall_s)}, first step after "
         f"{_seconds(s.time_to_first_step_s)} ({compiled}), median step "

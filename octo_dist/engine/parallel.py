@@ -4,7 +4,8 @@
     eng = parallel.Engine(mesh, policy.loss, optax.adam(1e-3))  # step_fn="auto" (default), "jit" or "shard_map"
     state = eng.init_state(policy, eng.global_batch(local), seed=0)
     state, metrics = eng.step(state, eng.global_batch(local))   # local: this process's slice, numpy
-    eng = parallel.Engine(mesh, loss, tx, augment=augment.batch_augmenter(kwargs))  # images augmented in the step
+    eng = parallel.Engine(mesh, loss, tx, augment=augment.batch_augmenter(kwargs))  # images augmented on the device
+    state, metrics = eng.step(state, eng.prepare(batch, rng, step), prepared=True)  # augmented ahead (train.fit)
 
 Inputs are *global* arrays assembled from each process's slice with
 ``multihost_utils.host_local_array_to_global_array`` (``make_array_from_process_local_data`` arrived in 0.4.29).
@@ -142,6 +143,21 @@ class Engine:
         self.sharded = NamedSharding(mesh, P(BATCH_AXIS))
         self._step = self._build()
         self._compiled = None  # compile()'s executable; step() calls it once made
+        # The augmentation, a program of its own: (batch, base key, step) -> the batch that step's loss sees.
+        # Run ahead of the step (prepare): on a CPU, whose dispatch returns only when the work is done (jax <
+        # 0.4.31), the next batch is augmented on another core while the step runs, as tf.data's threads augment
+        # the fork's; on GPUs it is queued behind the step. Fused into the step it cost the fork's debug config
+        # 55 of a 185 ms step on the CPU (tf.data keeps those off the fork's step).
+        self._augment_step = (
+            jax.jit(
+                self._augment_at,
+                in_shardings=(self.sharded, self.replicated, self.replicated),
+                out_shardings=self.sharded,
+            )
+            if augment is not None
+            else None
+        )
+        self._augment_compiled = None
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -221,22 +237,26 @@ class Engine:
         params = optax.apply_updates(state.params, updates)
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
-    def _augmented(self, state: TrainState, batch):
-        """The batch as the loss sees it: augmented with the step's own key where the engine has ``augment``.
+    def _augment_at(self, batch, rng, step):
+        """``batch`` as the loss of step ``step`` sees it: augmented with that step's own key (``rng``: the state's
+        base key). Its own program, run ahead of the step (:meth:`prepare`), never fused into it.
 
         Runs under ``jit`` on the global batch (never inside ``shard_map``): the per-sample keys follow the global
         sample index, so the images do not depend on the device count; the augmentation is elementwise per sample,
         so XLA keeps it on each device's rows with no communication (checked in tests/test_augment.py)."""
+        key = jax.random.fold_in(jax.random.fold_in(rng, step), AUGMENT_STREAM)
+        return jax.lax.with_sharding_constraint(self.augment(batch, key), self.sharded)
+
+    def _augmented(self, state: TrainState, batch):
+        """The batch the loss of ``state``'s next step sees (the batch itself where the engine has no ``augment``)."""
         if self.augment is None:
             return batch
-        key = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), AUGMENT_STREAM)
-        return jax.lax.with_sharding_constraint(self.augment(batch, key), self.sharded)
+        return self._augment_at(batch, state.rng, state.step)
 
     def _build(self):
         if self.step_fn == "jit":
 
             def step(state, batch, stop):
-                batch = self._augmented(state, batch)
                 loss, metrics, grads = self._update(
                     state, batch, jax.random.fold_in(state.rng, state.step)
                 )
@@ -298,11 +318,6 @@ class Engine:
             check_rep=self.check_rep
             and not single,  # one device: replicated without a pmean the check sees
         )
-        if self.augment is not None:
-            per_device_batch = mapped
-            mapped = lambda state, batch, stop: per_device_batch(  # noqa: E731
-                state, self._augmented(state, batch), stop
-            )
         return jax.jit(
             mapped,
             in_shardings=(self.replicated, self.sharded, self.sharded),
@@ -313,23 +328,43 @@ class Engine:
     def compile(self, state, batch) -> None:
         """Compile the step ahead of the first call, for ``state``'s and ``batch``'s shapes and shardings: arrays, or
         ``jax.ShapeDtypeStruct`` with shardings (:meth:`abstract_state`), so that it can run in a thread beside the
-        parameters' initialisation. :meth:`step` then calls that executable: the step is compiled once.
+        parameters' initialisation. :meth:`step` then calls that executable: the step is compiled once (and the
+        augmentation, where the engine has one).
         (Weak types are not kept by ShapeDtypeStruct; a call's argument check ignores them, as a restored state's
         arrays already are strongly typed.)"""
         stop = jax.ShapeDtypeStruct((self.mesh.devices.size,), jnp.int32, sharding=self.sharded)
         self._compiled = self._step.lower(state, batch, stop).compile()
+        if self._augment_step is not None:
+            self._augment_compiled = self._augment_step.lower(
+                batch, state.rng, state.step
+            ).compile()
 
     @property
     def compiled(self) -> bool:
         """Whether :meth:`compile` made the step's executable already."""
         return self._compiled is not None
 
-    def step(self, state: TrainState, batch, stop_signal: int = 0) -> Tuple[TrainState, dict]:
+    def prepare(self, batch, rng, step):
+        """The global ``batch`` as the loss of step ``step`` sees it: augmented with that step's key where the engine
+        has ``augment`` (``rng``: the state's base key, replicated; ``step``: a replicated int32 scalar), else
+        ``batch`` itself. Pass the result to :meth:`step` with ``prepared=True``: the same images as an unprepared
+        batch gets inside :meth:`step`, made ahead of it (``train.fit`` does it while the previous step runs)."""
+        if self._augment_step is None:
+            return batch
+        run = self._augment_compiled if self._augment_compiled is not None else self._augment_step
+        return run(batch, rng, step)
+
+    def step(
+        self, state: TrainState, batch, stop_signal: int = 0, prepared: bool = False
+    ) -> Tuple[TrainState, dict]:
         """One optimizer step on a global batch; metrics are replicated jax scalars (``to_host`` reads them).
 
         ``stop_signal``: this process's pending signal number (0: none). ``metrics["stop_signal"]`` is the largest
         over every process, computed inside the step: agreeing to stop costs no collective of its own (a separate
-        all-gather every step cost 4-7 ms on gloo)."""
+        all-gather every step cost 4-7 ms on gloo). ``prepared``: ``batch`` came from :meth:`prepare` for this
+        step (else it is prepared here first)."""
+        if not prepared:
+            batch = self.prepare(batch, state.rng, state.step)
         step = self._compiled if self._compiled is not None else self._step
         return step(state, batch, self._stop_array(stop_signal))
 

@@ -245,6 +245,43 @@ class _MetricsReader:
         return agreed_signal
 
 
+class _Ahead:
+    """Makes the global batch of a step on one worker thread, ready for the step: ``next(batches)``, its transfer,
+    :meth:`parallel.Engine.prepare` (its augmentation, with the step's key). The batches are read in order, one
+    at a time, each once the previous is in hand: the data position stays the steps dispatched."""
+
+    def __init__(self, eng, state, batches, input_s: dict):
+        import concurrent.futures
+
+        from octo_dist.engine import parallel
+
+        self.eng, self.batches, self.input_s = eng, batches, input_s
+        # A copy of the base key: the state's own is donated to every step.
+        self.rng = eng.replicate(parallel.to_host(state.rng))
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="octo-dist-next-batch"
+        )
+
+    def _make(self, step: int, batch=None):
+        import numpy as np
+
+        made = time.perf_counter()
+        read = batch is None
+        batch = self.eng.global_batch(next(self.batches)) if read else batch
+        batch = self.eng.prepare(batch, self.rng, self.eng.replicate(np.int32(step)))
+        if read:
+            # step -> the host's time making the batch of the next step (keyed by the step it ran beside)
+            self.input_s[step - 1] = time.perf_counter() - made
+        return batch
+
+    def submit(self, step: int, batch=None):
+        """Batch ``step`` (``next(batches)``, or ``batch``: a global batch in hand), prepared: a future."""
+        return self.pool.submit(self._make, step, batch)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 def _train_steps(
     eng,
     state,
@@ -261,35 +298,39 @@ def _train_steps(
 ):
     """The steps from ``start``, checkpointed every ``cfg.save_every`` and at the end (or on an agreed stop
     signal): ``(state, the step reached, the stop signal's name or None)``."""
-    # The device never waits for the host: step k is dispatched (asynchronously), then, while it runs, the
-    # host makes global batch k+1 (reading, stacking, starting its transfer) and only then reads step k-1's
-    # metrics, whose values are long computed. The arithmetic is the same as reading every step at once; a
+    # The device never waits for the host: step k is dispatched, and while it runs a worker thread makes global
+    # batch k+1 (reading, stacking, starting its transfer, augmenting it on the device); only then are step
+    # k-1's metrics read, whose values are long computed. The arithmetic is the same as reading every step at once; a
     # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
     stopped_by = None
     done = start
-    upcoming = first
+    ahead = _Ahead(eng, state, batches, read.input_s)
+    # on the worker too: the main thread's programs are the steps alone (bench/step_profile.py counts on it)
+    upcoming = ahead.submit(start, first).result()
     unread = None  # (step, metrics) dispatched but not read yet
-    for step in bar:
-        state, metrics = eng.step(state, upcoming, stop.pending)
-        done = step + 1
-        if done < cfg.steps:
-            made = time.perf_counter()
-            upcoming = eng.global_batch(next(batches))
-            read.input_s[step] = time.perf_counter() - made
-        else:
-            upcoming = None
-        agreed_signal = read(*unread) if unread is not None else 0
-        unread = (step, metrics)
-        if upcoming is None:
-            # The last step: read now, inside the bar's last iteration, so the bar ends on the run's last loss.
-            agreed_signal = read(*unread) or agreed_signal
-            unread = None
-        if agreed_signal:
-            stopped_by = stop.name(agreed_signal)
-            break
-        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-            ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
-            last_saved = done
+    try:
+        for step in bar:
+            # Batch step+1 is made (read, stacked, transferred, augmented) on a worker thread while step runs: on
+            # a CPU the step's call returns only when it is computed (jax < 0.4.31), so made after it, the batch's
+            # host work and augmentation would add to every step.
+            coming = ahead.submit(step + 1) if step + 1 < cfg.steps else None
+            state, metrics = eng.step(state, upcoming, stop.pending, prepared=True)
+            done = step + 1
+            upcoming = coming.result() if coming is not None else None
+            agreed_signal = read(*unread) if unread is not None else 0
+            unread = (step, metrics)
+            if upcoming is None:
+                # The last step: read now, inside the bar's last iteration, so the bar ends on the run's last loss.
+                agreed_signal = read(*unread) or agreed_signal
+                unread = None
+            if agreed_signal:
+                stopped_by = stop.name(agreed_signal)
+                break
+            if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+                ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+                last_saved = done
+    finally:
+        ahead.close()
     if unread is not None:
         agreed_signal = read(*unread)
         if agreed_signal and stopped_by is None:
