@@ -9,7 +9,11 @@ process each, from a scratch directory, alternating (fork, octo-dist, then octo-
 
 * the fork runs unchanged under ``bench/fork_timing.py``, which stamps each iteration of its training loop; with
   ``log_interval=1`` it waits for every step's metrics, so iteration i+1 starting means step i finished;
-* octo-dist's figures are the ones it writes to its run's ``summary.json``.
+* octo-dist's figures are the ones it writes to its run's ``summary.json``; it runs twice a round: as it trains by
+  default (``augment_on="device"``: the images augmented by a program of their own on the device, ahead of each
+  step) and with the fork's placement (``augment_on="host"``: tf.data's threads augment, as the fork's do). On this
+  CPU bench the "device" is the same cores the step runs on, so device augmentation competes with the step; on a
+  GPU it does not. The steady step's target is read on the like-for-like pair (host augmentation both sides).
 
 Figures per run, on one definition for both: time to first step (process start, as ``harness.process_started``
 reads it, to the first step finished), steady step (median of the step-to-step intervals from the third step on),
@@ -59,6 +63,22 @@ WARMUP_STEPS = 10
 # work octo-dist overlaps or skips), the steady step no slower, a quarter of its memory (the shuffle buffer holds
 # encoded frames)
 TARGETS = {"first_step_s": 0.3, "step_s": 1.0, "maxrss_mib": 0.25, "wall_s": None}
+# octo-dist's two runs a round: name -> its augment_on (see the module docstring)
+OURS = {"octo-dist": "device", "octo-dist host-aug": "host"}
+# The fork's config file has no augment_on field (``--config.augment_on=host`` is refused: no such key): ours gets
+# the same config through this wrapper, which adds the field.
+WRAPPED_CONFIG = """import importlib.util
+
+_spec = importlib.util.spec_from_file_location("fork_finetune_config", {path!r})
+_fork = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fork)
+
+
+def get_config(arg=None):
+    config = _fork.get_config(arg)
+    config.augment_on = {augment_on!r}
+    return config
+"""
 ROWS = (
     ("first_step_s", "time to first step (s)", 1.0, "{:.1f}"),
     ("step_s", "steady step (ms)", 1e3, "{:.1f}"),
@@ -240,16 +260,29 @@ def run_fork(
 
 
 def run_octo_dist(
-    fork: Path, model: Path, steps: int, scratch: Path, env: dict, n, profile: bool = False
+    fork: Path,
+    model: Path,
+    steps: int,
+    scratch: Path,
+    env: dict,
+    n,
+    profile: bool = False,
+    augment_on: str = "device",
 ) -> Tuple[dict, int]:
-    run_dir = scratch / f"octo-dist-{n}"
+    run_dir = scratch / f"octo-dist-{augment_on}-{n}"
     run_dir.mkdir()
+    config = run_dir / "config.py"
+    config.write_text(
+        WRAPPED_CONFIG.format(path=str(fork / CONFIG.split(":")[0]), augment_on=augment_on)
+    )
     argv = [
         *profiler(run_dir, "compiled", profile),
         "-m",
         "octo_dist",
         "finetune",
-        *flags(fork, model, steps, run_dir / "runs"),
+        # the fork's flags, its config file replaced by the wrapper (the same config, augment_on set)
+        f"--config={config}:{CONFIG.split(':')[1]}",
+        *flags(fork, model, steps, run_dir / "runs")[1:],
     ]
     r = run_child(argv, run_dir, env, run_dir / "log")
     if r["rc"]:
@@ -317,14 +350,21 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
         f"bench-startup-fork: fork = {fork}; pretrained = {model}; median of {a.rounds} run(s) each, "
         f"{a.steps} steps, one process, {os.cpu_count()} CPU(s)"
     )
-    print(f"{'':<24} {'fork':>9} {'octo-dist':>10} {'ratio':>6}  target")
+    print(
+        f"{'':<24} {'fork':>9} {'octo-dist':>10} {'ratio':>6} {'host-aug':>10} {'ratio':>6}  target "
+        "(step: host-aug, like for like)"
+    )
     for key, label, scale, fmt in ROWS:
-        f, o = median_of(runs["fork"], key), median_of(runs["octo-dist"], key)
-        ratio = f"{o / f:.2f}" if f and o is not None else "-"
+        f = median_of(runs["fork"], key)
         cell = lambda v: fmt.format(v * scale) if v is not None else "-"  # noqa: E731
+        cells = ""
+        for name in OURS:
+            o = median_of(runs[name], key)
+            ratio = f"{o / f:.2f}" if f and o is not None else "-"
+            cells += f" {cell(o):>10} {ratio:>6}"
         target = f"<= {TARGETS[key]}" if TARGETS[key] is not None else ""
-        print(f"{label:<24} {cell(f):>9} {cell(o):>10} {ratio:>6}  {target}")
-    for name in ("fork", "octo-dist"):
+        print(f"{label:<24} {cell(f):>9}{cells}  {target}")
+    for name in runs:
         each = ", ".join(
             f"{r['first_step_s']:.1f} s / {(r['step_s'] or 0) * 1e3:.0f} ms / {r['maxrss_mib']:.0f} MiB"
             for r in runs[name]
@@ -332,17 +372,20 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
         print(f"  {name} runs (first step / steady step / peak memory): {each}")
     steps = {n: [r["step_s"] for r in runs[n] if r.get("step_s")] for n in runs}
     if all(steps.values()):
-        # each round's two runs ran one after the other: their ratio is the least disturbed by a load that changes
-        ratios = [o / f for f, o in zip(steps["fork"], steps["octo-dist"])]
         print(
             "  steady step min/median/max (ms): "
             + ", ".join(
                 f"{n} {min(v) * 1e3:.0f}/{statistics.median(v) * 1e3:.0f}/{max(v) * 1e3:.0f}"
                 for n, v in steps.items()
             )
-            + f"; ratio per round min/median/max {min(ratios):.2f}/{statistics.median(ratios):.2f}/"
-            f"{max(ratios):.2f}"
         )
+        for name in OURS:
+            # each round's runs ran one after the other: their ratio is the least disturbed by a load that changes
+            ratios = [o / f for f, o in zip(steps["fork"], steps[name])]
+            print(
+                f"  {name} / fork steady step, per round min/median/max: {min(ratios):.2f}/"
+                f"{statistics.median(ratios):.2f}/{max(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})"
+            )
     for key, title in (("startup", "start-up phases"), ("beside", "work beside them")):
         phases = {}
         for r in runs["octo-dist"]:
@@ -358,7 +401,10 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
         f"  fork:      python bench/fork_timing.py <run>/iteration_starts.json {fork}/scripts/finetune.py \\"
     )
     print(f"               {shlex.join(shown)}")
-    print(f"  octo-dist: python -m octo_dist finetune {shlex.join(shown)}")
+    print(
+        f"  octo-dist: python -m octo_dist finetune --config=<run>/config.py:{CONFIG.split(':')[1]} "
+        f"{shlex.join(shown[1:])}  (<run>/config.py: the fork's config with augment_on set: device, then host)"
+    )
 
 
 def main() -> int:
@@ -406,10 +452,17 @@ def main() -> int:
             model, rc = make_pretrained(fork, scratch, env)
             if rc:
                 return rc
-        runs = {"fork": [], "octo-dist": []}
-        which = {"fork": run_fork, "octo-dist": run_octo_dist}
+        runs = {"fork": [], **{name: [] for name in OURS}}
+        which = {
+            "fork": run_fork,
+            **{
+                name: (lambda *args, on=on, **kw: run_octo_dist(*args, **kw, augment_on=on))
+                for name, on in OURS.items()
+            },
+        }
         for n in range(a.rounds):
-            for name in ("fork", "octo-dist") if n % 2 == 0 else ("octo-dist", "fork"):
+            order = list(runs)
+            for name in order if n % 2 == 0 else order[::-1]:
                 r, rc = which[name](fork, model, a.steps, scratch, env, n)
                 if rc:
                     return rc

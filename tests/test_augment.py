@@ -547,3 +547,21 @@ def test_the_steps_images_do_not_depend_on_the_device_count_or_step_function(ste
     want = step_run["device_one_jit"]["digest"]
     for run in ("device_all_jit", "device_all_shard_map"):
         assert step_run[run]["digest"] == want, run
+
+
+def test_a_camera_the_dataset_never_fills_is_not_augmented_on_the_device():
+    """The full config's wrist camera has no observation key (``image_obs_keys.wrist = None``): its images are all
+    padding, which the fork does not augment; the device must not brighten them or spend a program on them."""
+    pytest.importorskip("ml_collections")
+    from octo_dist.apps.finetune.app import augmented_cameras
+    from octo_dist.apps.finetune.configs import finetune_config
+
+    c = finetune_config.get_config("full,image_conditioned").to_dict()
+    kwargs = c["frame_transform_kwargs"]["image_augment_kwargs"]
+    assert (
+        set(kwargs) == {"primary", "wrist"}
+        and c["dataset_kwargs"]["image_obs_keys"]["wrist"] is None
+    )
+    assert set(augmented_cameras(c, kwargs)) == {"primary"}
+    c["dataset_kwargs"]["image_obs_keys"]["wrist"] = "wrist_image"
+    assert set(augmented_cameras(c, kwargs)) == {"primary", "wrist"}

@@ -18,9 +18,10 @@ what several processes need:
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
   logging are the engine's and the job harness's (``octo_dist.apps.harness``);
-* the images are augmented inside the train step, on each device's rows of the batch (``augment_on="device"``, the
-  default: the fork's ``image_augment_kwargs`` ops in JAX, ``octo_dist.engine.augment``); ``augment_on="host"``
-  keeps the fork's tf.data augmentation;
+* the images are augmented on the device by a program of their own, run on a worker thread ahead of each step
+  (``augment_on="device"``, the default: the fork's ``image_augment_kwargs`` ops in JAX, ``octo_dist.engine.augment``,
+  ``Engine.prepare``); a camera the dataset never fills is skipped; ``augment_on="host"`` keeps the fork's tf.data
+  augmentation;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -63,8 +64,12 @@ class ScheduleTracker(tracking.Tracker):
     """Adds the learning rate at each logged step (the fork logs it from inside its train step)."""
 
     def __init__(self, inner: tracking.Tracker, schedule):
+        import jax
+
         super().__init__(inner.run_id)
-        self.inner, self.schedule = inner, schedule
+        # jitted once: optax's schedule run eagerly compiled a dozen small programs at the first log step and
+        # dispatched them at every one after (measured by bench/step_profile.py: 13 compiles in a steady step)
+        self.inner, self.schedule = inner, jax.jit(schedule)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self.inner.log({**metrics, "training/learning_rate": float(self.schedule(step))}, step)
@@ -160,7 +165,16 @@ def step_augmenter(c: Mapping):
     from octo_dist.engine import augment
 
     kwargs = (c.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
-    return augment.batch_augmenter(kwargs)
+    return augment.batch_augmenter(augmented_cameras(c, kwargs))
+
+
+def augmented_cameras(c: Mapping, kwargs: Mapping) -> dict:
+    """``image_augment_kwargs`` without the cameras the dataset never fills: ``image_obs_keys = {"primary":
+    "image_0", "wrist": None}`` -> the wrist's images are all padding (zeros). The augmentation leaves padding images
+    as they are (pad mask false), as the fork's does, but it still computed every op on them and threw the result
+    away: 16 images of 128x128 a step at batch 8, window 2 (measured by bench/step_profile.py)."""
+    keys = (c.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
+    return {name: kw for name, kw in kwargs.items() if name not in keys or keys[name] is not None}
 
 
 def compile_ahead(
