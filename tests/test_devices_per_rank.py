@@ -23,25 +23,28 @@ def test_four_ranks_on_an_8_gpu_node_use_every_gpu_and_count_the_batch_over_gpus
         "pbs", "--nodes", "2", "--group", "g1", "--ranks-per-node", "4", "--per-gpu-batch", "32",
         "--", "finetune",
     )  # fmt: skip
-    assert "--config.batch_size=512" in job.job_args  # 32 x 16 GPUs
-    assert (job.ranks_per_node, job.devices_per_rank, job.gpus) == (4, 2, 16)
-    assert "--devices-per-process=2" in job.job_args
+    allocation, job_args = job.settings.allocation, job.header.training.job_args
+    assert "--config.batch_size=512" in job_args  # 32 x 16 GPUs
+    assert (allocation.ranks_per_node, job.header.devices_per_rank, job.gpus) == (4, 2, 16)
+    assert "--devices-per-process=2" in job_args
     assert job.preflight_args == ("--devices-per-process=2",)  # check-env --launch checks the same
     assert (
-        job.cpus_per_rank == 24
+        allocation.cpus_per_rank == 24
     )  # rt_HF's 96 cores over 4 ranks, not 12 each with half of them unbound
 
 
 def test_one_gpu_per_rank_passes_no_devices_flag():
     job = build("pbs", "--nodes", "2", "--group", "g1", "--per-gpu-batch", "4")
-    assert (job.ranks_per_node, job.devices_per_rank, job.global_batch) == (8, 1, 64)
-    assert not any(a.startswith("--devices-per-process") for a in job.job_args)
+    training = job.header.training
+    assert (job.settings.allocation.ranks_per_node, job.header.devices_per_rank) == (8, 1)
+    assert training.global_batch == 64
+    assert not any(a.startswith("--devices-per-process") for a in training.job_args)
 
 
 def test_devices_per_rank_alone_sets_the_ranks():
     job = build("slurm", "--nodes", "1", "--gpus-per-node", "8", "--devices-per-process", "8")
-    assert (job.ranks_per_node, job.devices_per_rank) == (1, 8)
-    assert "--devices-per-process=8" in job.job_args
+    assert (job.settings.allocation.ranks_per_node, job.header.devices_per_rank) == (1, 8)
+    assert "--devices-per-process=8" in job.header.training.job_args
 
 
 @pytest.mark.parametrize(

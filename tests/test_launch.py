@@ -183,6 +183,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     smoke = parse(
         [*BASE["pbs"], "--per-gpu-batch", "4", "--steps", "1000", "--keep-samples-from", "32"]
     )
+    smoke = smoke.header.training
     assert smoke.global_batch == 64 and smoke.steps == 500  # 1000 steps x 32 = 500 x 64 examples
     assert (
         smoke.job_args == ("--global-batch=64", "--steps=500", "--wandb-mode=disabled")
@@ -204,7 +205,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
             "--config.pretrained_path=hf://rail-berkeley/octo-small",
         ]
     )
-    assert ft.job_args == ("--config.batch_size=512", "--config.num_steps=25000")
+    assert ft.header.training.job_args == ("--config.batch_size=512", "--config.num_steps=25000")
     argv = render.train_argv(ft)
     assert argv[:2] == ["octo-dist", "finetune"]  # from the venv's bin/, or the image's own PATH
     assert ", ".join(argv[2:]).startswith(
@@ -220,7 +221,7 @@ def test_batch_and_steps_map_to_each_commands_flags():
     assert (
         training.scaled_steps(50000, 256, 384) == 33334
     )  # rounded up: never fewer examples than planned
-    plain = parse([*BASE["sge"]])
+    plain = parse([*BASE["sge"]]).header.training
     assert (
         plain.command == "smoke"
         and plain.global_batch is None

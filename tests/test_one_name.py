@@ -33,9 +33,9 @@ def test_launch_takes_the_commands_devices_per_process_and_notes_the_old_name(ca
     from octo_dist.jobs.cli import parse
 
     head = ["slurm", "--nodes", "1", "--gpus-per-node", "8"]
-    assert parse([*head, "--devices-per-process", "8"]).devices_per_rank == 8
+    assert parse([*head, "--devices-per-process", "8"]).header.devices_per_rank == 8
     assert capsys.readouterr().err == ""
-    assert parse([*head, "--devices-per-rank", "4"]).devices_per_rank == 4
+    assert parse([*head, "--devices-per-rank", "4"]).header.devices_per_rank == 4
     assert capsys.readouterr().err == (
         "octo-dist launch slurm: note: --devices-per-rank is now --devices-per-process; the old name still works\n"
     )

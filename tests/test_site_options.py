@@ -206,7 +206,7 @@ def test_show_defaults_and_help_agree_on_every_default(scheduler, capsys, tmp_pa
 
 def test_an_empty_module_renders_a_script_that_loads_none():
     job = parse([*BASE["pbs"], "--module", ""])
-    assert job.modules == ()
+    assert job.settings.software.modules == ()
     script = render(job)
     assert "then module load" not in script and "# no modules to load (--module '')" in script
     assert '"modules": []' in script

@@ -328,6 +328,18 @@ def no_exit(checker: commands.Checker) -> commands.Checker:
     return check
 
 
+def wrote_line(out: str, job: spec_mod.Job) -> str:
+    """What launch says it wrote: ``"wrote job.sh: 2 node(s) x 8 rank(s), finetune, global batch 256, 1000 steps,
+    wall time 12:00:00, at most 24 node-hours"``."""
+    allocation, training = job.settings.allocation, job.header.training
+    return (
+        f"wrote {out}: {allocation.nodes} node(s) x {allocation.ranks_per_node} rank(s), {training.command}"
+        + (f", global batch {training.global_batch}" if training.global_batch else "")
+        + (f", {training.steps} steps" if training.steps else "")
+        + f", {walltime.time_summary(job)}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
@@ -345,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
             raise spec_mod.JobSpecError(*refusal)
         checkers = {name: no_exit(c) for name, c in args.checkers.items()}
         job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
-        refusal, warning = imagefit.check(job.image, job.resource_type)
+        refusal, warning = imagefit.check(job.settings.software.image, job.header.resource_type)
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
         _check_submit(options)
@@ -353,10 +365,11 @@ def run(args: argparse.Namespace) -> int:
     except spec_mod.JobSpecError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status
+    scheduler = job.settings.allocation.scheduler
     for warning in ([warning] if warning else []) + jobwarnings.missing_paths(job, os.path.isdir):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     # --dry-run with -o shows the script as -o would name it ("sbatch job.sh"), not the default name
-    text = render(job, os.path.basename(out or options.output or f"octo-dist-{job.scheduler}.sh"))
+    text = render(job, os.path.basename(out or options.output or f"octo-dist-{scheduler}.sh"))
     try:
         syntax_check(text)
     except ScriptError as e:
@@ -382,13 +395,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    submit = schedulers.get(job.scheduler).submit_hint(shlex.quote(out), job.group)
-    wrote = (
-        f"wrote {out}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), {job.command}"
-        + (f", global batch {job.global_batch}" if job.global_batch else "")
-        + (f", {job.steps} steps" if job.steps else "")
-        + f", {walltime.time_summary(job)}"
-    )
+    submit = schedulers.get(scheduler).submit_hint(shlex.quote(out), job.header.group)
+    wrote = wrote_line(out, job)
     if foreign:
         wrote = f"replaced {out!r}, which was not a job script octo-dist wrote; " + wrote
     if not (options.submit or options.chain):
@@ -399,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
     print(submit_mod.chain_summary(job, options.chain or 1))
     try:
         jobs = submit_mod.submit(
-            job.scheduler, out, name=job.name, group=job.group, chain=options.chain or 1
+            scheduler, out, name=job.header.name, group=job.header.group, chain=options.chain or 1
         )
     except submit_mod.SubmitError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)

@@ -38,7 +38,7 @@ def _read_small(path: str) -> Optional[str]:
 
 
 def finetune_warnings(
-    spec,
+    job,
     environ: Optional[Mapping[str, str]] = None,
     read: Callable[[str], Optional[str]] = _read_small,
 ) -> list:
@@ -46,22 +46,23 @@ def finetune_warnings(
     config without ``--config.pretrained_path``; ``--wandb-mode online`` with no key this host can see."""
     environ = os.environ if environ is None else environ
     out = []
-    if spec.command == "finetune":
-        given = [*spec.lead_args, *spec.user_args]
+    training = job.header.training
+    if training.command == "finetune":
+        given = [*training.lead_args, *training.user_args]
         config = next(
             (a.partition("=")[2] for a in given if a.startswith("--config=")), "finetune_config.py"
         )
         if os.path.basename(
             config.partition(":")[0]
         ) in PACKAGED_FINETUNE_CONFIGS and not flag_given(
-            spec.user_args, "--config.pretrained_path"
+            training.user_args, "--config.pretrained_path"
         ):
             out.append(
                 "-- finetune without --config.pretrained_path: the packaged config has none, so every rank stops "
                 "at its start (after the wait in the queue). Fix: add --config.pretrained_path=weights/octo-small "
                 "after -- finetune (make weights downloads it on a login node)"
             )
-    if spec.wandb_mode == "online" and not wandb_key_found(environ, read):
+    if job.settings.storage.wandb_mode == "online" and not wandb_key_found(environ, read):
         home = environ.get("HOME", "~")
         out.append(
             f"--wandb-mode online, but no wandb key here: WANDB_API_KEY is unset, {os.path.join(home, WANDB_KEY_FILE)} "
@@ -72,21 +73,23 @@ def finetune_warnings(
     return out
 
 
-def missing_paths(spec, is_dir: Callable[[str], bool]) -> list:
+def missing_paths(job, is_dir: Callable[[str], bool]) -> list:
     """One warning per directory the job reads that this host does not have (it may exist only on the
     cluster, so the render goes on): ``["--data-dir data/bridge: no such directory here (/home/u/proj); ..."]``;
     then :func:`finetune_warnings`' (this host's environment and files).
 
     ``is_dir``: ``os.path.isdir`` relative to where the script is rendered (and, usually, submitted)."""
     out = []
-    if spec.data_dir and not is_dir(spec.data_dir):
+    storage, software = job.settings.storage, job.settings.software
+    if storage.data_dir and not is_dir(storage.data_dir):
         out.append(
-            f"--data-dir {spec.data_dir}: no such directory on this host; the job fails at its start unless "
+            f"--data-dir {storage.data_dir}: no such directory on this host; the job fails at its start unless "
             f"it exists where the job runs. Fix: check the path, or make it before submitting"
         )
-    if not spec.image and not is_dir(os.path.join(spec.venv, "bin")):
+    if not software.image and not is_dir(os.path.join(software.venv, "bin")):
         out.append(
-            f"--venv {spec.venv}: no such environment on this host (no {os.path.join(spec.venv, 'bin')}); the job "
-            f"fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or --image FILE.sif"
+            f"--venv {software.venv}: no such environment on this host (no {os.path.join(software.venv, 'bin')}); "
+            "the job fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or "
+            "--image FILE.sif"
         )
-    return out + finetune_warnings(spec)
+    return out + finetune_warnings(job)

@@ -58,22 +58,11 @@ class Job:
     script (``settings.JobSettings``, checked in the words of launch's flags before anything is written).
 
     The scheduler's render-time hooks get the two parts (``header_values(job.header, job.settings)``,
-    ``site_lines(...)``), and so does ``render``. ``job.nodes``, ``job.image``, ``job.steps``: a field of the header,
-    of its training command, or of one section of the settings (the names do not repeat), as launch's messages
-    (``cli.py``, ``walltime.time_summary``, ``jobwarnings``) still read them; no copy is made."""
+    ``site_lines(...)``), and so does ``render``. A reader names the part a value lives in:
+    ``job.settings.allocation.nodes``, ``job.settings.software.image``, ``job.header.training.steps``."""
 
     header: JobHeader
     settings: job_settings.JobSettings
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or name in ("header", "settings"):
-            raise AttributeError(name)  # copy and pickle probe these before the fields exist
-        for part in (self.header, self.header.training, *_sections(self.settings)):
-            if name in type(part).__dict__.get("__dataclass_fields__", {}) or name in getattr(
-                part, "_fields", ()
-            ):
-                return getattr(part, name)
-        raise AttributeError(f"a Job has no {name!r}")
 
     @property
     def ranks(self) -> int:
@@ -87,12 +76,6 @@ class Job:
     def preflight_args(self) -> tuple:
         """What ``octo-dist check-env --launch`` is given besides itself: ``("--devices-per-process=2",)``."""
         return self.settings.commands.preflight[len(PREFLIGHT) :]
-
-
-def _sections(settings: job_settings.JobSettings) -> list:
-    return [
-        getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "script_name"
-    ]
 
 
 def derived_defaults(o: "LaunchOptions") -> dict:

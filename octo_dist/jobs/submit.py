@@ -50,9 +50,10 @@ def chain_summary(job: spec_mod.Job, chain: int) -> str:
     """The one line said before anything is queued: ``"submitting 3 jobs x 2 nodes x 12:00:00 = at most 72
     node-hours"`` (a single job: ``"submitting 1 job x 2 nodes x 12:00:00 = at most 24 node-hours"``)."""
     jobs = f"{chain} job{'' if chain == 1 else 's'}"
-    nodes = f"{job.nodes} node{'' if job.nodes == 1 else 's'}"
-    total = walltime.node_hours(chain * job.nodes, job.walltime_s)
-    return f"submitting {jobs} x {nodes} x {walltime.format_walltime(job.walltime_s)} = at most {total}"
+    n, walltime_s = job.settings.allocation.nodes, job.settings.timing.walltime_s
+    nodes = f"{n} node{'' if n == 1 else 's'}"
+    total = walltime.node_hours(chain * n, walltime_s)
+    return f"submitting {jobs} x {nodes} x {walltime.format_walltime(walltime_s)} = at most {total}"
 
 
 QSUB_KINDS = {"pbs": "PBS Professional's", "sge": "Grid Engine's"}

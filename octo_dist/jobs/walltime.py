@@ -94,4 +94,5 @@ def node_hours(nodes: int, walltime_s: int) -> str:
 def time_summary(job) -> str:
     """The wall time and what it may cost, for the line that says the script was written:
     ``"wall time 00:30:00, at most 1 node-hour"`` (2 nodes, ``--walltime 0:15:00``)."""
-    return f"wall time {format_walltime(job.walltime_s)}, at most {node_hours(job.nodes, job.walltime_s)}"
+    walltime_s = job.settings.timing.walltime_s
+    return f"wall time {format_walltime(walltime_s)}, at most {node_hours(job.settings.allocation.nodes, walltime_s)}"
