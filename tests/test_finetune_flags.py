@@ -115,3 +115,31 @@ def test_a_bad_start_up_flag_is_one_line_and_listed_in_help(capsys):
 
     text = " ".join(commandline.help_text(["octo-dist finetune"]).split())
     assert "--devices-per-process=one|all|N" in text and "(default: one)" in text
+
+
+FORK_STYLE_CONFIG = """from ml_collections import ConfigDict
+
+
+def get_config(config_string=None):
+    # a config file written for the fork: none of octo-dist's own fields
+    return ConfigDict({"seed": 42, "num_steps": 10, "batch_size": 8})
+"""
+
+
+@pytest.mark.parametrize("spelling", ["--config.augment_on=host", "--config.augment_on host"])
+def test_octo_dists_own_fields_are_taken_with_a_config_file_that_lacks_them(tmp_path, spelling):
+    """The fork's finetune_config.py has no augment_on or resize_method: overriding them failed with "'augment_on'"
+    (ml_collections refuses a field the file lacks), so a fork config could not choose host augmentation."""
+    pytest.importorskip("ml_collections")
+    config = tmp_path / "fork_config.py"
+    config.write_text(FORK_STYLE_CONFIG)
+    argv = ["prog", f"--config={config}", *spelling.split(" "), "--config.resize_method=bilinear"]
+    fv, _ = arguments.parse_command_line(argv)
+    assert (fv.config.augment_on, fv.config.resize_method, fv.config.seed) == (
+        "host",
+        "bilinear",
+        42,
+    )
+    # the packaged config has the fields: the same override, through the same path
+    fv, _ = arguments.parse_command_line(["prog", "--config.augment_on=host"])
+    assert fv.config.augment_on == "host"

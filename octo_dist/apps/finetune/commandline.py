@@ -130,18 +130,48 @@ def define_flags(flag_values, argv: Sequence[str]) -> None:
     )
 
 
+# octo-dist's own config fields (strings), which a config file written for the fork does not have: ml_collections
+# refuses an override of a field the file lacks ("'augment_on'"), so these are taken out of argv and set after.
+OWN_FIELDS = ("augment_on", "resize_method")
+
+
+def split_own_fields(argv: Sequence[str]) -> tuple:
+    """argv -> (argv without octo-dist's own config fields, those fields' values):
+
+    ``["prog", "--config.augment_on=host", "--config.seed=1"]`` -> ``(["prog", "--config.seed=1"], {"augment_on":
+    "host"})``; ``--config.augment_on host`` (the value as the next word) too.
+    """
+    own = {f"--config.{name}": name for name in OWN_FIELDS}
+    out, values, args = list(argv[:1]), {}, list(argv[1:])
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag in own and (eq or i + 1 < len(args)):
+            values[own[flag]] = value if eq else args[i + 1]
+            i += 1 if eq else 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out, values
+
+
 def parse_flags(argv: Sequence[str]):
     """argv (program name first, start-up flags taken out: :func:`split_startup`) -> the parsed absl FlagValues
     (``.config``, ``.name``, ``.debug``, ``.resume``)."""
     from absl import flags
 
-    argv = _with_config_resolved(argv)
+    argv, own = split_own_fields(_with_config_resolved(argv))
     fv = flags.FlagValues()
     define_flags(fv, argv)
     with warnings.catch_warnings():
         # ml_collections loads the config file with importlib's deprecated load_module(): not ours to fix.
         warnings.filterwarnings("ignore", message="the load_module", category=DeprecationWarning)
         fv(list(argv))
+    for (
+        name,
+        value,
+    ) in own.items():  # checked with the rest of the config (config.augment_on_problems...)
+        fv.config[name] = value
     return fv
 
 
