@@ -65,20 +65,6 @@ WARMUP_STEPS = 10
 TARGETS = {"first_step_s": 0.3, "step_s": 1.0, "maxrss_mib": 0.25, "wall_s": None}
 # octo-dist's two runs a round: name -> its augment_on (see the module docstring)
 OURS = {"octo-dist": "device", "octo-dist host-aug": "host"}
-# The fork's config file has no augment_on field (``--config.augment_on=host`` is refused: no such key): ours gets
-# the same config through this wrapper, which adds the field.
-WRAPPED_CONFIG = """import importlib.util
-
-_spec = importlib.util.spec_from_file_location("fork_finetune_config", {path!r})
-_fork = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fork)
-
-
-def get_config(arg=None):
-    config = _fork.get_config(arg)
-    config.augment_on = {augment_on!r}
-    return config
-"""
 ROWS = (
     ("first_step_s", "time to first step (s)", 1.0, "{:.1f}"),
     ("step_s", "steady step (ms)", 1e3, "{:.1f}"),
@@ -271,18 +257,14 @@ def run_octo_dist(
 ) -> Tuple[dict, int]:
     run_dir = scratch / f"octo-dist-{augment_on}-{n}"
     run_dir.mkdir()
-    config = run_dir / "config.py"
-    config.write_text(
-        WRAPPED_CONFIG.format(path=str(fork / CONFIG.split(":")[0]), augment_on=augment_on)
-    )
     argv = [
         *profiler(run_dir, "compiled", profile),
         "-m",
         "octo_dist",
         "finetune",
-        # the fork's flags, its config file replaced by the wrapper (the same config, augment_on set)
-        f"--config={config}:{CONFIG.split(':')[1]}",
-        *flags(fork, model, steps, run_dir / "runs")[1:],
+        *flags(fork, model, steps, run_dir / "runs"),
+        # octo-dist's own field, which the fork's config file lacks (finetune takes it all the same)
+        f"--config.augment_on={augment_on}",
     ]
     r = run_child(argv, run_dir, env, run_dir / "log")
     if r["rc"]:
@@ -402,8 +384,7 @@ def report(runs: dict, a, fork: Path, model: Path) -> None:
     )
     print(f"               {shlex.join(shown)}")
     print(
-        f"  octo-dist: python -m octo_dist finetune --config=<run>/config.py:{CONFIG.split(':')[1]} "
-        f"{shlex.join(shown[1:])}  (<run>/config.py: the fork's config with augment_on set: device, then host)"
+        f"  octo-dist: python -m octo_dist finetune {shlex.join(shown)} --config.augment_on=device (then host)"
     )
 
 
