@@ -262,3 +262,95 @@ def test_a_fabricated_long_module_and_a_long_jobs_function_are_reported(tmp_path
     assert long_functions(package / "jobs", MAX_STRICT_FUNCTION_LINES) == {
         "jobs/steps.py:too_long": MAX_STRICT_FUNCTION_LINES + 1
     }
+
+
+# ---- no import cycle: what runs when a module is imported (module-level imports; lazy ones inside functions are
+# how a module defers a heavy or optional import, and run after every module involved has loaded) ------------------
+
+
+def module_graph(package_dir: Path) -> dict:
+    """``{"octo_dist.jobs.cli": {"octo_dist.jobs.spec", ...}}``: each module and the package modules its
+    module-level imports load (``from x import name`` counts ``x.name`` when that is a module)."""
+    root = package_dir.parent
+    mods = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package_dir.rglob("*.py")
+    }
+    graph = {}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        edges = set()
+        for node in ast.parse(path.read_text()).body:  # module level: what runs when it is imported
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".")[
+                        : len(mod.split(".")) - node.level + (1 if is_pkg else 0)
+                    ]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
+            for n in names:
+                while n and n not in mods:
+                    n = n.rpartition(".")[0]
+                if n and n != mod:
+                    edges.add(n)
+        graph[mod] = edges
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """The import cycles of ``graph`` (Tarjan's strongly connected components of more than one module)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_level_import_cycle():
+    graph = module_graph(REPO / PACKAGE)
+    assert len(graph) > 100 and not cycles(graph), cycles(graph)
+
+
+def test_a_fabricated_import_cycle_is_reported(tmp_path):
+    pkg = tmp_path / PACKAGE / "jobs"
+    pkg.mkdir(parents=True)
+    (tmp_path / PACKAGE / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from octo_dist.jobs import b\n")
+    (pkg / "b.py").write_text("from . import c\n")
+    (pkg / "c.py").write_text(
+        "import octo_dist.jobs.a\n\n\ndef later():\n    from octo_dist.jobs import b\n"
+    )
+    assert cycles(module_graph(tmp_path / PACKAGE)) == [
+        ["octo_dist.jobs.a", "octo_dist.jobs.b", "octo_dist.jobs.c"]
+    ]
+    (pkg / "c.py").write_text("def later():\n    import octo_dist.jobs.a\n")  # lazy: no cycle
+    assert cycles(module_graph(tmp_path / PACKAGE)) == []
