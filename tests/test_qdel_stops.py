@@ -168,29 +168,23 @@ def start(work: Path, env: dict) -> subprocess.Popen:
 
 def session(sid: int) -> dict:
     """pid -> command line of every process whose session is ``sid`` (PBS's view of the job on this node)."""
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.getsid(int(name)) != sid:
-                continue
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-            found[int(name)] = cmd.decode(errors="replace").strip()
-        except OSError:
-            pass  # gone meanwhile
-    return found
+    return _processes(lambda pid: os.getsid(pid) == sid)
 
 
 def job_processes(env: dict) -> dict:
     """pid -> command line of every process that carries this job's mark, in the job's session or out of it."""
     mark = f"\0{MARK}={env[MARK]}\0".encode()
+    return _processes(lambda pid: mark in b"\0" + Path(f"/proc/{pid}/environ").read_bytes())
+
+
+def _processes(chosen) -> dict:
+    """pid -> command line of every process for which ``chosen(pid)`` holds (a process gone meanwhile is left out)."""
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            if mark not in b"\0" + Path(f"/proc/{name}/environ").read_bytes():
+            if not chosen(int(name)):
                 continue
             cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
             found[int(name)] = cmd.decode(errors="replace").strip()

@@ -20,6 +20,8 @@ import statistics
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
+from octo_dist import savelayout
+
 # 2: `losses` is the whole run's (every job of a resumed or chained run), `jobs` lists each job's figures.
 # 3: `compile_s` is the start-up profile's compile phase (the one compile time, as the log line says); the time
 # from the start of training to the first step's end, which `compile_s` held before, is `fit_to_first_step_s`.
@@ -282,7 +284,8 @@ def write(
     and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = directory / "summary.json", directory / "loss.png"
+    # the names RunLayout.summary / .loss_plot give: one place knows a run's files
+    json_path, png_path = directory / savelayout.SUMMARY, directory / savelayout.LOSS_PLOT
     jobs, run_losses = history(read_previous(json_path), s, losses)
     tmp = json_path.with_suffix(".json.tmp")
     tmp.write_text(
