@@ -143,7 +143,7 @@ def main():
     )
     if not a.models and "octo" not in models:
         print("(octo not importable: no tiny Octo row)")
-    default = engine.resolve_step_fn("auto", "cpu")
+    default = engine.resolve_step_fn("auto", "cpu", 2)  # both layouts run 2 devices
     loopback = max(loopback_bandwidth() for _ in range(2))
     print(
         f"loopback TCP, 127.0.0.1, one local process to another: {loopback / 1e9:.2f} GB/s "

@@ -289,15 +289,23 @@ def test_the_switch_is_decided_once_and_refused_with_the_other_problems(tmp_path
 
     monkeypatch.chdir(tmp_path)
     reachable = lambda repo: None  # noqa: E731
-    assert fc.parse(smoke_config(tmp_path), reachable).config.augment_on == "device"
-    # a config file without the field (the fork's own): the step augments, and the pipeline reads the same value
+    assert fc.parse(smoke_config(tmp_path), reachable).config.augment_on == "auto"
+    # a config file without the field (the fork's own): "auto", resolved on the rank for its platform, where the
+    # pipeline and the step then read the same value
     without = smoke_config(tmp_path / "a")
     del without["augment_on"]
     job = fc.parse(without, reachable)
-    assert job.config.augment_on == "device" and job.plain_config()["augment_on"] == "device"
-    assert step_augmenter(job.config) is not None
+    assert job.config.augment_on == "auto"
+    on_gpu, on_cpu = fc.for_platform(job, "gpu"), fc.for_platform(job, "cpu")
+    assert on_gpu.config.augment_on == "device" and on_gpu.plain_config()["augment_on"] == "device"
+    assert step_augmenter(on_gpu.config) is not None
+    assert on_cpu.config.augment_on == "host" and step_augmenter(on_cpu.config) is None
+    assert on_cpu.name == job.name and on_cpu.layout == job.layout  # only the placement changed
+    # an explicit choice is kept on either platform
     host = fc.parse(smoke_config(tmp_path / "b", augment_on="host"), reachable)
-    assert step_augmenter(host.config) is None
+    assert step_augmenter(fc.for_platform(host, "gpu").config) is None
+    device = fc.parse(smoke_config(tmp_path / "f", augment_on="device"), reachable)
+    assert step_augmenter(fc.for_platform(device, "cpu").config) is not None
 
     rot90 = {"augment_order": ["random_rot90"]}
     bad = smoke_config(tmp_path / "c", frame_transform_kwargs={"image_augment_kwargs": rot90})
@@ -307,7 +315,7 @@ def test_the_switch_is_decided_once_and_refused_with_the_other_problems(tmp_path
     lines = str(refused.value).splitlines()
     assert any("random_rot90" in line and "--config.augment_on=host" in line for line in lines)
     assert any("batch_size" in line for line in lines)  # every problem at once
-    with pytest.raises(fc.ConfigError, match="augment_on 'gpu'; expected one of device, host"):
+    with pytest.raises(fc.ConfigError, match="augment_on 'gpu'; expected one of auto, device, host"):
         fc.parse(smoke_config(tmp_path / "d", augment_on="gpu"), reachable)
     # the fork's tf.data path takes any op dlimp has
     fc.parse(

@@ -291,7 +291,10 @@ def test_the_dataset_is_built_once_and_its_first_batch_is_both_the_example_and_t
 ):
     tf = pytest.importorskip("tensorflow")
     monkeypatch.chdir(tmp_path)
-    job = fc.parse(smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic")), REACHABLE)
+    # augment_on "auto" resolved as a rank resolves it on the CPU
+    job = fc.for_platform(
+        fc.parse(smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic")), REACHABLE), "cpu"
+    )
 
     def source(start=0, rank=0):
         return pipeline.OctoData(
@@ -748,7 +751,7 @@ def test_make_single_dataset_reads_the_synthetic_data_in_the_smoke_configs_shape
     pytest.importorskip("octo")
     from octo_dist.policies import octo
 
-    cfg = fc.parse(smoke_cfg(synthetic, seed=0), REACHABLE)
+    cfg = fc.for_platform(fc.parse(smoke_cfg(synthetic, seed=0), REACHABLE), "cpu")
     source = pipeline.OctoData(cfg, None, local_batch_size=3, process_index=0, process_count=1)
     batch = next(source.batches(0))
     spec = octo.SMOKE_SPEC
@@ -874,6 +877,12 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
     ].shape == (7,)
     # What the fork's finetune.py reads from a pretrained model in full mode (a KeyError without it).
     assert model.config["optimizer"]["frozen_keys"] == []
+    # The fine-tune reads the same arrays without load_pretrained's trace of the model's init.
+    from octo_dist.apps.finetune import weights
+
+    raw = weights.pretrained_params(str(run_dir))
+    assert jax.tree_util.tree_structure(raw) == jax.tree_util.tree_structure(model.params)
+    assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.array_equal, raw, model.params)))
 
     # ...and a new fine-tune starts from it (one process): head_only leaves the transformer as it was loaded.
     # Relative paths on purpose: orbax refuses them ("Checkpoint path should be absolute") unless made absolute.

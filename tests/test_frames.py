@@ -312,16 +312,32 @@ def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
     )
 
 
-@pytest.mark.parametrize("said, host_augments", [({}, False), ({"augment_on": "host"}, True)])
-def test_the_pipeline_decides_who_augments_as_the_step_does(said, host_augments):
-    """A config that does not name augment_on (a fork's own config file) is augmented by the train step
-    (config.augment_on's default, "device"): the host must then not augment it too."""
+@pytest.mark.parametrize(
+    "said, platform, host_augments",
+    [({}, "gpu", False), ({}, "cpu", True), ({"augment_on": "host"}, "gpu", True)],
+)
+def test_the_pipeline_decides_who_augments_as_the_step_does(said, platform, host_augments):
+    """A config that does not name augment_on (a fork's own config file) says "auto": on a GPU the device augments
+    (the host must then not augment too), on the CPU the host does; the pipeline reads the resolved value."""
+    from ml_collections import FrozenConfigDict
+
     from octo_dist.apps.finetune import config as fc
     from octo_dist.apps.finetune import pipeline
+    from octo_dist.apps.finetune.app import step_augmenter
 
-    transform = pipeline.frame_transform({**CONFIG, **said})
-    assert fc.augment_on({**CONFIG, **said}) == ("host" if host_augments else "device")
+    job = fc.for_platform(fc.FinetuneJob(FrozenConfigDict({**CONFIG, **said}), "frames"), platform)
+    transform = pipeline.frame_transform(job.plain_config())
+    assert job.config.augment_on == ("host" if host_augments else "device")
     assert transform.augment is host_augments
+    assert (step_augmenter(job.config) is None) is host_augments
+
+
+def test_an_unresolved_auto_is_refused_by_the_pipeline():
+    """"auto" means nothing to the pipeline until the rank's platform resolved it: refused, not guessed."""
+    from octo_dist.apps.finetune import pipeline
+
+    with pytest.raises(ValueError, match="augment_on 'auto' reached the data pipeline"):
+        pipeline.frame_transform({**CONFIG, "augment_on": "auto"})
 
 
 def test_an_unknown_resize_method_is_refused_with_the_config_problems():

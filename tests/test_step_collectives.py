@@ -49,15 +49,18 @@ def test_jit_step_all_reduces_per_leaf_on_the_cpu(observed):
 
 
 def test_auto_resolves_by_platform_and_names_are_checked():
-    assert engine.resolve_step_fn("auto", "cpu") == "shard_map"
-    assert engine.resolve_step_fn("auto", "gpu") == "jit"
-    assert engine.resolve_step_fn("auto", "tpu") == "jit"
-    assert engine.resolve_step_fn("jit", "cpu") == "jit"
-    assert engine.resolve_step_fn("shard_map", "gpu") == "shard_map"
+    assert engine.resolve_step_fn("auto", "cpu", 2) == "shard_map"
+    assert engine.resolve_step_fn("auto", "gpu", 16) == "jit"
+    assert engine.resolve_step_fn("auto", "tpu", 8) == "jit"
+    assert engine.resolve_step_fn("jit", "cpu", 2) == "jit"
+    assert engine.resolve_step_fn("shard_map", "gpu", 8) == "shard_map"
+    # one device in the whole mesh: nothing to all-reduce, so no flat gradient vector to pack ("auto" is jit)
+    assert engine.resolve_step_fn("auto", "cpu", 1) == "jit"
+    assert engine.resolve_step_fn("shard_map", "cpu", 1) == "shard_map"  # asked for by name: kept
     with pytest.raises(
         ValueError, match="'pmap'; expected one of \\('auto', 'jit', 'shard_map'\\)"
     ):
-        engine.resolve_step_fn("pmap", "cpu")
+        engine.resolve_step_fn("pmap", "cpu", 2)
 
 
 def test_all_reduces_are_counted_and_sized_from_hlo_text():

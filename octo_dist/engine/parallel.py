@@ -135,9 +135,8 @@ class Engine:
         self.augment = augment  # None: the batch reaches the loss as it came (augmented on the host, or not at all)
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        self.step_fn = resolve_step_fn(
-            step_fn, mesh.devices.flat[0].platform
-        )  # the one that runs: never "auto"
+        # the one that runs: never "auto"
+        self.step_fn = resolve_step_fn(step_fn, mesh.devices.flat[0].platform, mesh.devices.size)
         self.check_rep = default_check_rep(jax.__version__) if check_rep is None else check_rep
         self.replicated = NamedSharding(mesh, P())
         self.sharded = NamedSharding(mesh, P(BATCH_AXIS))

@@ -13,7 +13,7 @@ STEP_FNS = ("auto", "jit", "shard_map")
 AUTO_STEP_FNS = {"cpu": "shard_map"}
 
 
-def resolve_step_fn(step_fn: str, platform: str) -> str:
+def resolve_step_fn(step_fn: str, platform: str, devices: int) -> str:
     """The train step to build: ``step_fn`` itself, or for ``"auto"`` the one that runs best on ``platform``.
 
     ``"auto"`` on ``"cpu"`` -> ``"shard_map"``: the ranks of a CPU job talk through gloo, where every all-reduce is
@@ -23,20 +23,47 @@ def resolve_step_fn(step_fn: str, platform: str) -> str:
     into buckets for NCCL (``--xla_gpu_all_reduce_combine_threshold_bytes``), and the loss stays a mean over the
     global batch.
 
-    >>> resolve_step_fn("auto", "cpu"), resolve_step_fn("auto", "gpu"), resolve_step_fn("jit", "cpu")
+    ``devices``: the mesh's device count over every process. With one there is nothing to all-reduce, and
+    ``"auto"`` is ``"jit"`` everywhere: the ``shard_map`` step still packs every gradient into its flat vector and
+    back, which cost a fine-tune of a tiny Octo on one CPU device 14-20 ms of a 136-143 ms step (122-124 ms
+    with ``jit``, alternating runs of the fork bench's config).
+
+    >>> resolve_step_fn("auto", "cpu", 2), resolve_step_fn("auto", "gpu", 8), resolve_step_fn("jit", "cpu", 2)
     ('shard_map', 'jit', 'jit')
+    >>> resolve_step_fn("auto", "cpu", 1), resolve_step_fn("shard_map", "cpu", 1)
+    ('jit', 'shard_map')
     """
     if step_fn not in STEP_FNS:
         raise ValueError(f"step_fn {step_fn!r}; expected one of {STEP_FNS}")
+    if step_fn == "auto" and devices == 1:
+        return "jit"
     return AUTO_STEP_FNS.get(platform, "jit") if step_fn == "auto" else step_fn
 
 
 # --- where the images of a batch are augmented ----------------------------------------------------------------------
 
-# config.augment_on: "device" augments the batch's images inside the jitted train step (octo_dist/engine/augment.py);
-# "host" leaves them to the fork's tf.data pipeline (dlimp's augment_image, per frame on the CPU).
-AUGMENT_ON = ("device", "host")
-DEFAULT_AUGMENT_ON = "device"
+# config.augment_on: "device" augments the batch's images on the accelerator, ahead of the train step
+# (octo_dist/engine/augment.py); "host" leaves them to the fork's tf.data pipeline (dlimp's augment_image, per frame
+# on the CPU); "auto" (the default) is "device" on GPUs and TPUs and "host" where JAX's device is the CPU.
+AUGMENT_ON = ("auto", "device", "host")
+DEFAULT_AUGMENT_ON = "auto"
+PLACED = ("device", "host")  # where augmentation runs, once "auto" is resolved for a platform
+
+
+def resolve_augment_on(augment_on: str, platform: str) -> str:
+    """Where the images are augmented on ``platform`` (``jax.devices()[0].platform``): ``"auto"`` -> ``"device"``
+    on an accelerator. On the CPU the device is the host's own cores, so augmenting there frees nothing for the
+    step and runs JAX's ops, which on a CPU are no faster than TensorFlow's (bench/augment.py: 0.6-1.6x by batch
+    size), on the same cores as the step: ``"host"``, the fork's placement. An explicit choice is kept.
+
+    >>> resolve_augment_on("auto", "gpu"), resolve_augment_on("auto", "cpu"), resolve_augment_on("device", "cpu")
+    ('device', 'host', 'device')
+    """
+    if augment_on not in AUGMENT_ON:
+        raise ValueError(f"augment_on {augment_on!r}; expected one of {AUGMENT_ON}")
+    if augment_on != "auto":
+        return augment_on
+    return "host" if platform == "cpu" else "device"
 # The ops of dlimp's augment_image the step implements, with the arguments each takes, positionally or by name:
 # {"random_brightness": [0.1]} or {"random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]}}.
 DEVICE_OPS = {

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     steps: int
     seed: int = 0
-    step_fn: str = "auto"  # shard_map on the CPU, jit on GPUs (parallel.resolve_step_fn)
+    step_fn: str = "auto"  # shard_map over CPU devices, else jit (parallel.resolve_step_fn)
     save_dir: Optional[str] = None
     save_every: int = 0  # steps between checkpoints; 0 = only at the end and on a stop signal
     # Where the run starts: checkpoint.decide(save_dir, --resume), made once before start-up; None: a new run

@@ -53,6 +53,7 @@ from octo_dist.apps.finetune import (
     modelconfig,
     pipeline,
     tfquiet,
+    weights,
 )
 from octo_dist.problems import Problem
 from octo_dist.runtime import tracking
@@ -241,6 +242,8 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     _import_the_stack(environ)
     startclock.done("imports")  # TensorFlow, Octo and the engine
 
+    # augment_on "auto" decided for this platform, once: the pipeline and the step read the same answer.
+    cfg = config.for_platform(cfg, job.runtime.platform)
     # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
     rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
     local_batch = data.local_batch_size(c.batch_size, rt.process_count, rt.device_count)
@@ -303,7 +306,8 @@ def _log_plan(rt, c, local_batch: int) -> None:
     """One log line with what this run does: processes, weights, dataset, mode, batch and steps."""
     pretrained_path = c.get("pretrained_path") or None
     log.info(
-        "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s\n"
+        "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s, images augmented on "
+        "the %s\n"
         "  global batch %d = %d per process x %d processes (%d devices), %d steps",
         rt.describe(),
         pretrained_path or "none (model_config)",
@@ -311,6 +315,7 @@ def _log_plan(rt, c, local_batch: int) -> None:
         c.dataset_kwargs.data_dir,
         c.get("finetuning_mode", "full"),
         c.get("modality"),
+        c.augment_on,
         c.batch_size,
         local_batch,
         rt.process_count,
@@ -360,7 +365,6 @@ def _make_model(
     carry the pretrained ones over."""
     import jax
     import numpy as np
-    from octo.model.octo_model import OctoModel
 
     from octo_dist.engine import parallel
     from octo_dist.policies import gather
@@ -371,7 +375,7 @@ def _make_model(
     # --- meanwhile: the pretrained weights read, the parameters' init and the train step compiled from shapes -------
     pretrained = None
     if pretrained_dir:
-        pretrained = OctoModel.load_pretrained(pretrained_dir, step=c.get("pretrained_step"))
+        pretrained = weights.pretrained_params(pretrained_dir, c.get("pretrained_step"))
         startclock.done("model_load")
     policy = octo.OctoPolicy(model_config, text_processor, source.dataset_statistics)
     mesh = parallel.make_mesh()
@@ -404,7 +408,7 @@ def _make_model(
     global_example = gather.for_from_config(example, mesh)
     params = ahead.init(init_rng, global_example)
     if pretrained is not None:
-        params = octo.with_pretrained(params, pretrained.params)
+        params = octo.with_pretrained(params, pretrained)
     del pretrained
     startclock.done("parameters")
     # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.

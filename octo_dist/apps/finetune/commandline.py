@@ -48,7 +48,7 @@ FLAGS = (
         "enum",
         "auto",
         "|".join(STEP_FNS),
-        "auto: shard_map on the CPU, jit on GPUs; or either by name",
+        "auto: shard_map over 2+ CPU devices, else jit; or either by name",
     ),
     (
         "compile_cache",

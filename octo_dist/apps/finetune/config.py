@@ -3,7 +3,8 @@
     job = config.parse(flags.config, probe, name="ft_{batch_size}", resume=True)
     job.config.batch_size, job.config.dataset_kwargs.name   # the config, read directly (a FrozenConfigDict)
     job.run_dir, job.resume.start                            # what the command line adds
-    job.config.augment_on                                    # "device" or "host": always set, decided here
+    job.config.augment_on                                    # "auto", "device" or "host": always set here
+    job = config.for_platform(job, "gpu")                    # on the rank: "auto" resolved ("device" on GPUs)
 
 :func:`parse` checks the config (:mod:`.checks`: every problem at once), names the run directory, and decides once
 whether to resume (``checkpoint.decide`` over ``<run dir>/train_state``). The other concerns have their own
@@ -45,16 +46,30 @@ def format_name(name: str, config: Mapping) -> str:
 
 
 def augment_on(config: Mapping) -> str:
-    """Where the batch's images are augmented: ``config.augment_on``, ``"device"`` (inside the train step) when a
-    config file does not say (the fork's own configs)."""
+    """Where the batch's images are augmented: ``config.augment_on``, ``"auto"`` when a config file does not say
+    (the fork's own configs); :func:`for_platform` resolves ``"auto"`` on the rank, once JAX's platform is known."""
     return str(config.get("augment_on") or stepfns.DEFAULT_AUGMENT_ON)
 
 
+def for_platform(job: "FinetuneJob", platform: str) -> "FinetuneJob":
+    """``job`` with ``config.augment_on`` resolved for JAX's ``platform`` (``"gpu"``, ``"cpu"``): ``"auto"`` ->
+    ``"device"`` on accelerators, ``"host"`` on the CPU (``stepfns.resolve_augment_on``). Called once on each rank
+    after the runtime started: the data pipeline and the train step then read the same ``"device"`` or ``"host"``."""
+    from ml_collections import FrozenConfigDict
+
+    where = stepfns.resolve_augment_on(augment_on(job.config), platform)
+    if where == job.config.get("augment_on"):
+        return job
+    config = job.config.as_configdict()
+    config.augment_on = where
+    return dataclasses.replace(job, config=FrozenConfigDict(config))
+
+
 def augment_config_problems(config: Mapping) -> list:
-    """What is wrong with ``augment_on`` and, for ``"device"``, the augmentation the train step is asked for.
+    """What is wrong with ``augment_on`` and, for ``"device"`` or ``"auto"``, the augmentation the device is asked for.
 
     >>> augment_config_problems({"augment_on": "gpu"})
-    ["augment_on 'gpu'; expected one of device, host. Fix: --config.augment_on=device"]
+    ["augment_on 'gpu'; expected one of auto, device, host. Fix: --config.augment_on=auto"]
     """
     method = config.get("resize_method") or "lanczos3"
     if method not in RESIZE_METHODS:
@@ -68,8 +83,9 @@ def augment_config_problems(config: Mapping) -> list:
             f"augment_on {where!r}; expected one of {', '.join(stepfns.AUGMENT_ON)}. "
             f"Fix: --config.augment_on={stepfns.DEFAULT_AUGMENT_ON}"
         ]
-    if where != "device":
+    if where == "host":
         return []
+    # "auto" too: it is "device" on the GPUs the job will run on
     kwargs = (config.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
     return [
         f"frame_transform_kwargs.image_augment_kwargs: {p}. Fix: --config.augment_on=host augments on the host "

@@ -32,9 +32,8 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.engine import stepfns
 
-AUGMENT_ON = (
-    stepfns.AUGMENT_ON
-)  # the config's "augment_on": who augments the images ("device", "host")
+# the config's "augment_on" once resolved for the platform (config.for_platform): who augments the images
+AUGMENT_ON = stepfns.PLACED
 RESIZE_METHODS = (
     "lanczos3",
     "bilinear",

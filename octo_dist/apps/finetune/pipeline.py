@@ -55,9 +55,14 @@ def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = Non
     no augmentation with ``augment_on = "device"``) wherever they do what the config asks; else the fork's
     ``apply_frame_transforms`` (depth images, image dropout), without its augmentation when the step augments.
     """
-    # Decided once, as the train step decides it (config.augment_on: "device" where a config does not say): the
-    # host must not augment what the step augments again, nor leave unaugmented what it does not.
+    # Decided once, as the train step decides it (config.for_platform resolved "auto" on this rank): the host must
+    # not augment what the step augments again, nor leave unaugmented what it does not.
     where = config.augment_on(plain_config)
+    if where not in frames.AUGMENT_ON:
+        raise ValueError(
+            f"augment_on {where!r} reached the data pipeline; expected one of {frames.AUGMENT_ON} "
+            "(config.for_platform resolves it on the rank)"
+        )
     plain_config = {**plain_config, "augment_on": where}
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
     missing = frames.unsupported(kwargs, element_spec)

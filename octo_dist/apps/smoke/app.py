@@ -88,8 +88,8 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
         "--step-fn",
         choices=stepfns.STEP_FNS,
         default="auto",
-        help="auto: shard_map (one flat all-reduce) on the CPU, jit (XLA combines the all-reduces) on "
-        "GPUs; or either by name (default: %(default)s)",
+        help="auto: shard_map (one flat all-reduce) over 2+ CPU devices, jit (XLA combines the all-reduces) "
+        "on GPUs and on one device; or either by name (default: %(default)s)",
     )
 
 

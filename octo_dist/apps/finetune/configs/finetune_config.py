@@ -7,7 +7,8 @@ Every field can be overridden on the command line (--config.batch_size=128). Dif
 ``batch_size`` is the GLOBAL batch over all processes (each process reads batch_size / processes examples);
 ``dataset_kwargs.data_dir`` defaults to ``data`` (the job scripts' --data-dir); ``model_config`` (unused here)
 lets a config build a model from scratch instead of ``pretrained_path`` (see finetune_smoke_config.py);
-``augment_on`` (``"device"``, or ``"host"`` as the fork) says where ``image_augment_kwargs`` are applied.
+``augment_on`` (``"auto"``: ``"device"`` on GPUs, ``"host"`` as the fork on the CPU) says where
+``image_augment_kwargs`` are applied.
 Config files load without Octo: module specs are written as the plain dicts ModuleSpec.create returns.
 """
 
@@ -63,9 +64,10 @@ def get_config(config_string="full,multimodal"):
         ),
     )
 
-    # Where these run: "device" inside the jitted train step, on each device's share of the batch (the host only
-    # decodes and batches); "host" in the fork's tf.data pipeline (TensorFlow on the CPU, per frame).
-    config["augment_on"] = "device"
+    # Where these run: "device" on the accelerator, ahead of each train step, on each device's share of the batch
+    # (the host only decodes and batches); "host" in the fork's tf.data pipeline (TensorFlow on the CPU, per frame);
+    # "auto": "device" on GPUs and TPUs, "host" where JAX runs on the CPU (whose device is the host's cores).
+    config["augment_on"] = "auto"
     # Where a resize remains (an image stored at another size than resize_size): "lanczos3" as the fork, or
     # "bilinear", about 3x cheaper per image and slightly softer. A resize to the size an image has is skipped.
     config["resize_method"] = "lanczos3"

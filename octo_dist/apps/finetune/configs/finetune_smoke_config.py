@@ -75,7 +75,8 @@ def get_config(config_string="full"):
             task_augment_kwargs=dict(keep_image_prob=1.0),
             num_parallel_calls=1,
         ),
-        augment_on="device",  # image_augment_kwargs applied in the train step ("host": in tf.data, as the fork)
+        # image_augment_kwargs applied on the device ("host": in tf.data, as the fork; "auto": device on GPUs)
+        augment_on="auto",
         resize_method="lanczos3",  # where a resize remains ("bilinear": cheaper, softer)
         frame_transform_kwargs=dict(
             resize_size={"primary": (64, 64)},
