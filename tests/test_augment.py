@@ -315,7 +315,9 @@ def test_the_switch_is_decided_once_and_refused_with_the_other_problems(tmp_path
     lines = str(refused.value).splitlines()
     assert any("random_rot90" in line and "--config.augment_on=host" in line for line in lines)
     assert any("batch_size" in line for line in lines)  # every problem at once
-    with pytest.raises(fc.ConfigError, match="augment_on 'gpu'; expected one of auto, device, host"):
+    with pytest.raises(
+        fc.ConfigError, match="augment_on 'gpu'; expected one of auto, device, host"
+    ):
         fc.parse(smoke_config(tmp_path / "d", augment_on="gpu"), reachable)
     # the fork's tf.data path takes any op dlimp has
     fc.parse(

@@ -333,7 +333,7 @@ def test_the_pipeline_decides_who_augments_as_the_step_does(said, platform, host
 
 
 def test_an_unresolved_auto_is_refused_by_the_pipeline():
-    """"auto" means nothing to the pipeline until the rank's platform resolved it: refused, not guessed."""
+    """ "auto" means nothing to the pipeline until the rank's platform resolved it: refused, not guessed."""
     from octo_dist.apps.finetune import pipeline
 
     with pytest.raises(ValueError, match="augment_on 'auto' reached the data pipeline"):

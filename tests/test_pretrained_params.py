@@ -58,7 +58,9 @@ def test_the_newest_step_is_read_as_saved(tmp_path):
     trees = _save(tmp_path / "model", [1, 3])
     got = weights.pretrained_params(str(tmp_path / "model"))
     assert sorted(got) == ["heads_action", "octo_transformer"]
-    np.testing.assert_array_equal(got["octo_transformer"]["kernel"], trees[3]["octo_transformer"]["kernel"])
+    np.testing.assert_array_equal(
+        got["octo_transformer"]["kernel"], trees[3]["octo_transformer"]["kernel"]
+    )
     np.testing.assert_array_equal(got["heads_action"]["bias"], trees[3]["heads_action"]["bias"])
     assert got["heads_action"]["bias"].dtype == np.float32
 

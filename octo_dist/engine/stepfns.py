@@ -64,6 +64,8 @@ def resolve_augment_on(augment_on: str, platform: str) -> str:
     if augment_on != "auto":
         return augment_on
     return "host" if platform == "cpu" else "device"
+
+
 # The ops of dlimp's augment_image the step implements, with the arguments each takes, positionally or by name:
 # {"random_brightness": [0.1]} or {"random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]}}.
 DEVICE_OPS = {
