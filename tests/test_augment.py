@@ -100,6 +100,26 @@ def test_crop_and_resize_matches_tf_on_the_same_box(box):
     np.testing.assert_allclose(got, want, rtol=0, atol=EXACT)
 
 
+@pytest.mark.parametrize("box", BOXES)
+def test_the_tpus_matrix_resampling_matches_tf_to_float_rounding(box):
+    """The same interpolation as two matrix products (TPUs): a weighted sum instead of TensorFlow's
+    ``a + (b - a) * d``, so equal to float32 rounding, not bit for bit; rows past the edge still 0."""
+    frames = np.stack([image(1), image(2)])
+    got = np.asarray(
+        augment.crop_and_resize_matmul(jnp.asarray(frames), jnp.asarray(box, jnp.float32))
+    )
+    for t in range(2):
+        want = tf.image.crop_and_resize(frames[t][None], [box], [0], frames.shape[1:3])
+        np.testing.assert_allclose(got[t], want.numpy()[0], rtol=0, atol=FLOAT_ROUNDING)
+
+
+def test_each_platform_gets_its_resampling_and_an_unknown_one_is_refused():
+    assert augment.resampling_for("tpu") == "matmul"
+    assert augment.resampling_for("gpu") == augment.resampling_for("cpu") == "gather"
+    with pytest.raises(ValueError, match="resample 'bicubic'; expected one of"):
+        augment.batch_augmenter({"augment_order": []}, resample="bicubic")
+
+
 def test_crop_and_resize_crops_every_frame_of_a_window_alike():
     frames = np.stack([image(1), image(2)])
     box = jnp.asarray(BOXES[2], jnp.float32)
@@ -198,15 +218,16 @@ def dlimp_chain(img_u8: np.ndarray, seed, kwargs) -> np.ndarray:
     return tf.image.convert_image_dtype(x, tf.uint8, saturate=True).numpy()
 
 
+@pytest.mark.parametrize("resample", ["gather", "matmul"])
 @pytest.mark.parametrize("seed", SEEDS, ids=str)
 @pytest.mark.parametrize("kwargs", [PRIMARY, WRIST], ids=["primary", "wrist"])
-def test_the_whole_chain_matches_dlimps_on_uint8(seed, kwargs):
+def test_the_whole_chain_matches_dlimps_on_uint8(seed, kwargs, resample):
     img = (image(4, (64, 64, 3)) * 255).round().astype(np.uint8)
     want = dlimp_chain(img, seed, kwargs)
     params = augment.params_from_uniform(jnp.float32(tf_uniform(seed)), kwargs)
     got = np.asarray(
-        jax.jit(augment.apply, static_argnums=2)(
-            jnp.asarray(img), params, tuple(kwargs["augment_order"])
+        jax.jit(augment.apply, static_argnums=(2, 3))(
+            jnp.asarray(img), params, tuple(kwargs["augment_order"]), resample
         )
     )
     assert got.dtype == np.uint8

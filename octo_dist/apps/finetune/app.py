@@ -157,16 +157,19 @@ def shape_differences(spec, batch) -> str:
     return "; ".join(found)
 
 
-def step_augmenter(c: Mapping):
+def step_augmenter(c: Mapping, platform: str = "gpu"):
     """The train step's image augmentation for config ``c``: ``(batch, key) -> batch`` applying
     ``frame_transform_kwargs.image_augment_kwargs`` per camera when ``c.augment_on`` is ``"device"``; None when it
-    is ``"host"`` (the data pipeline augmented the images: the step leaves them as they come)."""
+    is ``"host"`` (the data pipeline augmented the images: the step leaves them as they come). ``platform``: the
+    devices' (``"tpu"`` resamples the crop with matrix products, ``augment.resampling_for``)."""
     if config.augment_on(c) != "device":
         return None
     from octo_dist.engine import augment
 
     kwargs = (c.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
-    return augment.batch_augmenter(augmented_cameras(c, kwargs))
+    return augment.batch_augmenter(
+        augmented_cameras(c, kwargs), resample=augment.resampling_for(platform)
+    )
 
 
 def augmented_cameras(c: Mapping, kwargs: Mapping) -> dict:
@@ -386,7 +389,7 @@ def _make_model(
     batch_spec = source.batch_spec()
     startclock.done("dataset")
     # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera).
-    augment = step_augmenter(c)
+    augment = step_augmenter(c, mesh.devices.flat[0].platform)
     ahead = compile_ahead(
         policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
     )
