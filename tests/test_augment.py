@@ -327,6 +327,9 @@ def test_the_switch_is_decided_once_and_refused_with_the_other_problems(tmp_path
     assert step_augmenter(fc.for_platform(host, "gpu").config) is None
     device = fc.parse(smoke_config(tmp_path / "f", augment_on="device"), reachable)
     assert step_augmenter(fc.for_platform(device, "cpu").config) is not None
+    # an unresolved "auto" is refused, not read as "no augmentation"
+    with pytest.raises(ValueError, match="augment_on 'auto'"):
+        step_augmenter(job.config)
 
     rot90 = {"augment_order": ["random_rot90"]}
     bad = smoke_config(tmp_path / "c", frame_transform_kwargs={"image_augment_kwargs": rot90})

@@ -115,6 +115,12 @@ def test_sizes_come_from_the_configs_cameras():
         "image_0": (256, 256),
         "wrist_image": (128, 128),
     }
+    # the packaged configs' augment_on ("auto", resolved only on a training rank) does not change the sizes
+    for where in ("auto", "device", "host"):
+        assert convertframes.sizes_from_config({**config, "augment_on": where}) == {
+            "image_0": (256, 256),
+            "wrist_image": (128, 128),
+        }
     assert convertframes.parse_size("image_0=256x192") == ("image_0", (256, 192))
     with pytest.raises(convertframes.ConvertError, match="expected FEATURE=HEIGHTxWIDTH"):
         convertframes.parse_size("image_0=big")

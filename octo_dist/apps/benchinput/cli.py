@@ -74,7 +74,7 @@ def image_sizes(config: Mapping) -> dict:
     from octo_dist.apps.benchinput import reader
     from octo_dist.apps.finetune import frames
 
-    transforms = frames.FrameTransforms.from_config(config)
+    transforms = frames.FrameTransforms.for_sizes(config)
     return {
         camera: transforms.size_of(camera)
         for camera, feature in reader.image_features(config).items()

@@ -18,10 +18,10 @@ what several processes need:
 * rank 0 builds the dataset first: the statistics file Octo caches beside the data is written once, not raced;
 * the train step, checkpoints (``<run dir>/train_state``, resumable with ``--resume``), stop signals and rank-0
   logging are the engine's and the job harness's (``octo_dist.apps.harness``);
-* the images are augmented on the device by a program of their own, run on a worker thread ahead of each step
-  (``augment_on="device"``, the default: the fork's ``image_augment_kwargs`` ops in JAX, ``octo_dist.engine.augment``,
-  ``Engine.prepare``); a camera the dataset never fills is skipped; ``augment_on="host"`` keeps the fork's tf.data
-  augmentation;
+* on GPUs and TPUs the images are augmented on the device by a program of their own, run on a worker thread ahead
+  of each step (``augment_on="auto"``, the default, or ``"device"``: the fork's ``image_augment_kwargs`` ops in JAX,
+  ``octo_dist.engine.augment``, ``Engine.prepare``); a camera the dataset never fills is skipped; ``"host"`` (what
+  ``"auto"`` means on the CPU) keeps the fork's tf.data augmentation;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -56,6 +56,7 @@ from octo_dist.apps.finetune import (
     weights,
 )
 from octo_dist.problems import Problem
+from octo_dist.engine import stepfns
 from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,10 @@ def step_augmenter(c: Mapping, platform: str = "gpu"):
     ``frame_transform_kwargs.image_augment_kwargs`` per camera when ``c.augment_on`` is ``"device"``; None when it
     is ``"host"`` (the data pipeline augmented the images: the step leaves them as they come). ``platform``: the
     devices' (``"tpu"`` resamples the crop with matrix products, ``augment.resampling_for``)."""
-    if config.augment_on(c) != "device":
+    where = config.augment_on(c)
+    if where not in stepfns.PLACED:  # "auto" is resolved on the rank first (config.for_platform)
+        raise ValueError(f"augment_on {where!r}; expected one of {stepfns.PLACED}")
+    if where != "device":
         return None
     from octo_dist.engine import augment
 

@@ -53,7 +53,7 @@ def sizes_from_config(config: Mapping) -> dict:
     """Feature name -> (height, width) from a fine-tune config: ``image_obs_keys`` maps cameras to features,
     ``frame_transform_kwargs.resize_size`` cameras to sizes. ``{"image_0": (256, 256), "wrist_image": (128, 128)}``."""
     keys = (config.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
-    transforms = frames.FrameTransforms.from_config(config)
+    transforms = frames.FrameTransforms.for_sizes(config)
     out = {}
     for camera, feature in keys.items():
         size = transforms.size_of(camera)

@@ -204,6 +204,12 @@ class FrameTransforms:
         settings.update(overrides)
         return cls(**settings)
 
+    @classmethod
+    def for_sizes(cls, config: Mapping) -> "FrameTransforms":
+        """``config``'s transforms for reading target sizes (:meth:`size_of`) before a rank has resolved where
+        images are augmented (the packaged configs' ``augment_on = "auto"``): the placement does not change them."""
+        return cls.from_config({**config, "augment_on": "host"})
+
     def size_of(self, name: str) -> Optional[Tuple[int, int]]:
         """The target size of camera ``name`` (``"primary"``), or None (kept as decoded)."""
         size = self.resize_size.get(name, self.resize_size.get("*"))
