@@ -89,4 +89,5 @@ def test_a_directory_without_steps_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(weights.WeightsError) as e:
         weights.pretrained_params(str(tmp_path / "empty"))
-    assert "(steps found: none)" in str(e.value) and "--config.pretrained_path" in str(e.value)
+    assert "no checkpoint step (steps found: none)" in str(e.value)
+    assert "Fix: another --config.pretrained_path" in str(e.value)

@@ -54,14 +54,15 @@ def pretrained_params(directory: str, step: Optional[int] = None) -> dict:
     steps = manager.all_steps()
     chosen = manager.latest_step() if step is None else step
     if chosen is None or chosen not in steps:
-        found = ", ".join(map(str, sorted(steps))) or "none"
+        asked = f"step {step}" if step is not None else "step"
+        fix = (
+            f"--config.pretrained_step={max(steps)}"
+            if steps
+            else "another --config.pretrained_path"
+        )
         raise WeightsError(
-            f"{directory}: no checkpoint step {chosen if step is not None else ''}".rstrip()
-            + f" (steps found: {found}); expected a save_pretrained directory with "
-            + ("that step" if step is not None else "a <step>/ directory")
-            + ". Fix: --config.pretrained_step="
-            + (str(max(steps)) if steps else "<a saved step>")
-            + " or another --config.pretrained_path"
+            f"{directory}: no checkpoint {asked} (steps found: {', '.join(map(str, sorted(steps))) or 'none'}); "
+            f"expected a save_pretrained directory holding it. Fix: {fix}"
         )
     return manager.restore(chosen)
 
