@@ -11,6 +11,7 @@ from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.flagchecks import JobSpecError, positive, shown_number
 from octo_dist.jobs.options import LaunchOptions
+from octo_dist.jobs.walltime import format_walltime, parse_walltime
 
 
 class Placement(NamedTuple):
@@ -95,11 +96,40 @@ def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
     return gpus_per_node, resource_type, rt
 
 
+def site_limits(o: LaunchOptions, resource_type: str, rt: schedulers.base.ResourceType) -> None:
+    """The site's own limits for one job of ``rt`` (its nodes and its wall time), refused here as qsub would refuse
+    them after the render: ``--nodes 200`` on rt_HF (1 to 128), ``--nodes 2`` on rt_HG (one node),
+    ``--walltime 169:00:00`` (168:00:00 at most)."""
+    if rt.max_nodes and o.nodes > rt.max_nodes:
+        if rt.max_nodes == 1:
+            expected = f"1 node: {resource_type} is {rt.about}, and a job of it has one node ({rt.limits_source})"
+            fix = (
+                f"--nodes 1, or {rt.multi_node_fix} for several nodes"
+                if rt.multi_node_fix
+                else "--nodes 1"
+            )
+        else:
+            expected = f"1 to {rt.max_nodes} nodes for {resource_type} ({rt.limits_source})"
+            fix = f"--nodes {rt.max_nodes} (the most one {resource_type} job may have)"
+        raise JobSpecError(f"--nodes {shown_number(o.nodes)} on {resource_type}", expected, fix)
+    if rt.max_walltime_s:
+        walltime_s = parse_walltime(o.walltime)
+        if walltime_s > rt.max_walltime_s:
+            most = format_walltime(rt.max_walltime_s)
+            raise JobSpecError(
+                f"--walltime {o.walltime} ({walltime_s} s) on {resource_type}",
+                f"at most {most} ({rt.max_walltime_s // 3600} hours: {rt.limits_source})",
+                f"--walltime {most} and --submit --chain N: each job resumes from the last checkpoint",
+            )
+
+
 def placement(o: LaunchOptions, sched) -> Placement:
     if o.nodes is None:
         raise JobSpecError(f"{o.scheduler} without --nodes", "the number of nodes", "--nodes 2")
     job_settings.check_field(job_settings.Allocation, "nodes", o.nodes)
     gpus_per_node, resource_type, rt = _gpus_per_node(o, sched)
+    if rt:
+        site_limits(o, resource_type, rt)
     positive(
         "--gpus-per-node",
         gpus_per_node,

@@ -43,11 +43,28 @@ def walltime_fix(text: str) -> str:
             return f"{days}-00:00:00"
         if 0 < days * 86400 + total <= job_settings.MAX_WALLTIME_S:
             return format_walltime(days * 86400 + total)
-    if text.isdigit() and 0 < int(text) <= 168:
-        return (
-            f"{int(text)}:00:00 (a bare number is seconds to PBS and Grid Engine, minutes to SLURM)"
-        )
+    if text.isdigit() and len(text) <= 9 and int(text) > 0:
+        return bare_number_readings(int(text))
     return "1:30:00"
+
+
+def bare_number_readings(n: int) -> str:
+    """Each reading of a bare number as a wall time, named, in H:MM:SS: ``90`` -> ``"90:00:00 (90 hours), 1:30:00
+    (90 minutes, as SLURM reads a bare number) or 0:01:30 (90 seconds, as PBS and Grid Engine read it)"``. The
+    schedulers disagree (PBS and Grid Engine read seconds, SLURM minutes) and people mean hours as often: the fix
+    names every reading rather than picking one for the reader."""
+    readings = []
+    if n * 3600 <= job_settings.MAX_WALLTIME_S:
+        readings.append(f"{_short(n * 3600)} ({n} hours)")
+    if n * 60 <= job_settings.MAX_WALLTIME_S:
+        readings.append(f"{_short(n * 60)} ({n} minutes, as SLURM reads a bare number)")
+    readings.append(f"{_short(n)} ({n} seconds, as PBS and Grid Engine read it)")
+    return ", ".join(readings[:-1]) + " or " + readings[-1] if len(readings) > 1 else readings[0]
+
+
+def _short(seconds: int) -> str:
+    """``5400`` -> ``"1:30:00"``: H:MM:SS without a leading zero, as people type it."""
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def parse_walltime(text: str, label: str = "--walltime") -> int:

@@ -36,6 +36,13 @@ class ResourceType:
     environment: Tuple[
         Tuple[str, str, str], ...
     ] = ()  # (name, value, why) exported, user's value wins
+    # The site's own limits for one job of this type, refused at render in the site's words (0: none known).
+    max_nodes: int = 0  # ABCI 3.0's rt_HF: 128 nodes a job; rt_HG: 1
+    max_walltime_s: int = 0  # ABCI 3.0's Spot service: 168:00:00
+    limits_source: str = (
+        ""  # where the limits are written: "ABCI 3.0's job-execution page (Spot service)"
+    )
+    multi_node_fix: str = ""  # what to ask for instead above max_nodes: "--resource-type rt_HF"
 
 
 @dataclasses.dataclass(frozen=True)

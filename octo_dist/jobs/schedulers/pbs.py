@@ -21,11 +21,33 @@ ABCI3_NCCL = (
         "NCCL's all-reduce over the 8 compute HCAs, not the storage one",
     ),
 )
-# ABCI 3.0's resource types: a job asks for N nodes of one of these (#PBS -q rt_HF).
+# ABCI 3.0's resource types, with the limits its user guide gives for one Spot (batch) job of each
+# (docs.abci.ai/v3/en/job-execution, "Job Execution Resource"): rt_HF 1 to 128 nodes, rt_HG one node (a share of
+# a node: multi-node jobs need rt_HF), elapsed time at most 168:00:00. One table: a job asks for N nodes of one of
+# these (#PBS -q rt_HF), and launch refuses what qsub would.
+ABCI3_LIMITS = "ABCI 3.0's limits for a Spot (batch) job (docs.abci.ai/v3/en/job-execution)"
+ABCI3_MAX_WALLTIME_S = 168 * 3600
 RESOURCE_TYPES = {
-    "rt_HF": ResourceType(8, 2, 96, "ABCI 3.0 full node, 8x H200, 96 cores", ABCI3_NCCL),
+    "rt_HF": ResourceType(
+        8,
+        2,
+        96,
+        "ABCI 3.0 full node, 8x H200, 96 cores",
+        ABCI3_NCCL,
+        max_nodes=128,
+        max_walltime_s=ABCI3_MAX_WALLTIME_S,
+        limits_source=ABCI3_LIMITS,
+    ),
     "rt_HG": ResourceType(
-        1, 1, 8, "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test", ABCI3_NCCL
+        1,
+        1,
+        8,
+        "ABCI 3.0 one H200 and 8 cores of a shared node, for a cheap test",
+        ABCI3_NCCL,
+        max_nodes=1,
+        max_walltime_s=ABCI3_MAX_WALLTIME_S,
+        limits_source=ABCI3_LIMITS,
+        multi_node_fix="--resource-type rt_HF (whole nodes, 8 H200 each)",
     ),
 }
 # A qdel sends SIGTERM to every process of the job, then SIGKILL the queue's kill_delay later (PBS's default, when the
