@@ -112,7 +112,8 @@ def site_limits(o: LaunchOptions, resource_type: str, rt: schedulers.base.Resour
             expected = f"1 to {rt.max_nodes} nodes for {resource_type} ({rt.limits_source})"
             fix = f"--nodes {rt.max_nodes} (the most one {resource_type} job may have)"
         raise JobSpecError(f"--nodes {shown_number(o.nodes)} on {resource_type}", expected, fix)
-    if rt.max_walltime_s:
+    # A reservation runs as long as it was booked for: the elapsed-time limit is the Spot service's
+    if rt.max_walltime_s and not dict(o.site).get("reservation"):
         walltime_s = parse_walltime(o.walltime)
         if walltime_s > rt.max_walltime_s:
             most = format_walltime(rt.max_walltime_s)

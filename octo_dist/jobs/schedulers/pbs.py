@@ -56,6 +56,11 @@ DEFAULT_KILL_DELAY_S = 10
 # Open MPI 4's mpirun, sent SIGTERM, kills its ranks this many seconds later (its default: 1): told the kill delay,
 # the ranks keep the whole of it for their checkpoint. Open MPI 5 has no such setting (and ignores this one).
 SIGKILL_TIMEOUT_MCA = "OMPI_MCA_odls_base_sigkill_timeout"
+# An ABCI reservation's queue, as qrstat and the user portal list it: "R1234567" (PBS names a reservation's queue
+# after its ID, without the server: "R1234567.pbs1" -> queue "R1234567").
+RESERVATION = re.compile(r"R[0-9]{1,12}")
+# ABCI: a job in a reservation queue names its resource type with -v RTYPE=rt_HF ("mandatory").
+RTYPE_VAR = "RTYPE"
 # "mem=400gb", "ngpus=8": one PBS resource, KEY=VALUE.
 RESOURCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.,:/+@%-]+)")
 
@@ -81,6 +86,14 @@ class Pbs(MpirunScheduler):
             pattern=RESOURCE,
             pattern_says="KEY=VALUE, one PBS resource (e.g. mem=400gb)",
         ),
+        Option(
+            "reservation",
+            "an ABCI reservation (Reserved service): the job goes to its queue, #PBS -q ID, with "
+            "#PBS -v RTYPE=<resource type>; the 168-hour limit of a Spot job does not apply (default: none)",
+            metavar="ID",
+            pattern=RESERVATION,
+            pattern_says="the reservation's ID as ABCI lists it, R and digits (e.g. R1234567)",
+        ),
     )
     resource_types = RESOURCE_TYPES
     default_resource_type = "rt_HF"
@@ -92,7 +105,7 @@ class Pbs(MpirunScheduler):
         "-l select": "--nodes/--ranks-per-node",
         "-l place": "--nodes (one chunk per node: place=scatter)",
         "-l walltime": "--walltime",
-        "-q": "--resource-type",
+        "-q": "--resource-type, or --reservation",
         "-P": "--group",
         "-N": "--name",
         "-j": "nothing (octo-dist keeps one log)",
@@ -108,7 +121,7 @@ class Pbs(MpirunScheduler):
     header = """\
 #!/bin/bash
 #PBS -P @{group}
-#PBS -q @{resource_type}
+#PBS -q @{queue}
 #PBS -l select=@{nodes}:mpiprocs=@{ranks_per_node}
 #PBS -l place=scatter
 #PBS -l walltime=@{walltime}
@@ -135,7 +148,27 @@ class Pbs(MpirunScheduler):
         # ABCI's group area, where shared weights, datasets and caches live: "/groups/gxx00000"
         return (f"/groups/{group}",) if group else ()
 
+    def directive_keys(self, directive):
+        # qsub reads a directive's words as its command line, with getopt: "-VJ 1-4" is -V then -J 1-4,
+        # "-Vlselect=4" is -V then -l select=4. PBS resource names ignore case ("Walltime" is walltime).
+        keys = []
+        for letter, value in qsub_options(directive.split()[1:]):
+            if letter == "l" and value is not None:
+                keys += _resource_keys(["-l", value], lower=True)
+            else:
+                keys.append("-" + letter)
+        return keys
+
     def site_refusal(self, values):
+        reservation = values.get("reservation")
+        if reservation is not None and not RESERVATION.fullmatch(reservation):
+            # "1234567" or "R1234567.pbs1": the queue is R and the digits
+            digits = re.sub(r"[^0-9]", "", reservation.split(".")[0])[:12] or "1234567"
+            return (
+                f"--reservation {reservation!r}",
+                "the reservation's ID as ABCI lists it (qrstat): R and digits, the name of its queue",
+                f"--reservation R{digits}",
+            )
         found = super().site_refusal(values)
         if found:
             return found
@@ -150,21 +183,20 @@ class Pbs(MpirunScheduler):
                 )
         return None
 
-    def directive_keys(self, directive):
-        # qsub reads a directive's words as its command line, with getopt: "-VJ 1-4" is -V then -J 1-4,
-        # "-Vlselect=4" is -V then -l select=4. PBS resource names ignore case ("Walltime" is walltime).
-        keys = []
-        for letter, value in qsub_options(directive.split()[1:]):
-            if letter == "l" and value is not None:
-                keys += _resource_keys(["-l", value], lower=True)
-            else:
-                keys.append("-" + letter)
-        return keys
+    def header_values(self, header, settings):
+        # A reservation's jobs go to its queue; the resource type travels as RTYPE (site_lines)
+        return {"queue": header.site.get("reservation") or header.resource_type or ""}
 
     def site_lines(self, header, settings):
-        # --resource mem=400gb: "#PBS -l mem=400gb"
+        # --reservation R1234567: "#PBS -v RTYPE=rt_HF" (read by qsub, and kept by --submit's -v); --resource
+        # mem=400gb: "#PBS -l mem=400gb"
+        rtype = (
+            [f"#PBS -v {RTYPE_VAR}={header.resource_type}"]
+            if header.site.get("reservation")
+            else []
+        )
         resources = [f"#PBS -l {r}" for r in header.site.get("resources") or ()]
-        return resources + list(header.directives)
+        return rtype + resources + list(header.directives)
 
     def submit_command(self, script, after, environ=None):
         # PBS passes nothing of the submitting shell unless told (no -V: a login node's PATH and libraries would
