@@ -21,7 +21,7 @@ from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import imagefit, schedulers
 from octo_dist.jobs import commands
 from octo_dist.jobs import options as options_mod
-from octo_dist.jobs import jobwarnings, walltime
+from octo_dist.jobs import jobwarnings, runfrom, walltime
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -348,6 +348,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status
     options, sources = options_from_args(args, files)
+    if not options.show_defaults and options.scheduler in schedulers.SCHEDULERS:
+        options, image_note = runfrom.with_default_image(options)
+        if image_note:
+            print(f"octo-dist launch: note: {image_note}", file=sys.stderr)
     if options.show_defaults:
         sys.stdout.write(show_defaults(options, sources))
         return 0
@@ -358,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
         checkers = {name: no_exit(c) for name, c in args.checkers.items()}
         job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
         refusal, warning = imagefit.check(job.settings.software.image, job.header.resource_type)
+        if not job.settings.software.image:
+            refusal = refusal or runfrom.venv_refusal(job.settings.software.venv)
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
         _check_submit(options)

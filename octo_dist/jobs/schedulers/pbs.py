@@ -97,6 +97,10 @@ class Pbs(MpirunScheduler):
     )
     resource_types = RESOURCE_TYPES
     default_resource_type = "rt_HF"
+    # Why a job here runs from the image (runfrom.default_image): no Python on ABCI builds the stack's venv
+    runs_from_image = (
+        "ABCI 3.0 has Python 3.9 (system), 3.12 and 3.13 (modules), none the stack's 3.10 or 3.11"
+    )
     default_modules = ("hpcx/2.20",)  # the mpirun built for ABCI's InfiniBand
     group_help = "ABCI group, qsub -P (required)"
     group_required = "your ABCI group (qsub -P): ABCI 3.0 refuses a job without one"
