@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Callable, List, Optional
+from typing import Callable, List, Mapping, Optional
 
 
 def listed(smi_output: Optional[str]) -> Optional[List[str]]:
@@ -59,3 +59,31 @@ def compute_capability(
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
+
+
+# A scheduler job's own variable: "12345.pbs1" (PBS), "678" (SLURM), "910" (Grid Engine's JOB_ID).
+JOB_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")
+# Resource types (PBS queues, or RTYPE in a reservation's queue) whose jobs share a node with other jobs: ABCI 3.0's
+# rt_HG, one H200 of a node's 8.
+SHARED_RESOURCE_TYPES = ("rt_HG",)
+# What a scheduler sets where it gave the job a subset of a node's GPUs: "1" (SLURM_JOB_GPUS), "0,1".
+SUBSET_VARS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SGE_HGR_gpu")
+
+
+def shared_node(environ: Mapping[str, str]) -> Optional[str]:
+    """Why the GPUs ``CUDA_VISIBLE_DEVICES`` hides here may be other jobs' (so the advice is never to unset it), or
+    None outside a scheduler's job. ``{"PBS_JOBID": "1.pbs1", "PBS_QUEUE": "rt_HG"}`` -> ``"PBS job 1.pbs1 on
+    rt_HG, a share of a node (other jobs use its other GPUs)"``; a job without such a sign -> ``"... may share the
+    node"``."""
+    job = next(((v, environ[v]) for v in JOB_VARS if environ.get(v)), None)
+    if job is None:
+        return None
+    kind = {"PBS_JOBID": "PBS", "SLURM_JOB_ID": "SLURM", "JOB_ID": "Grid Engine"}[job[0]]
+    where = f"{kind} job {job[1]}"
+    rtype = environ.get("RTYPE") or environ.get("PBS_QUEUE", "")
+    if rtype in SHARED_RESOURCE_TYPES:
+        return f"{where} on {rtype}, a share of a node (other jobs use its other GPUs)"
+    subset = next((f"{v}={environ[v]}" for v in SUBSET_VARS if environ.get(v)), None)
+    if subset:
+        return f"{where} given a subset of the node's GPUs ({subset}; other jobs may use the rest)"
+    return f"{where}: the scheduler may have set it to the job's own GPUs, and other jobs may use the rest"

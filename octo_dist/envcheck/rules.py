@@ -300,14 +300,26 @@ def check_gpus(
         hidden = len(gpus) - len(visible)
         # "", "-1" or "NoDevFiles" hide every GPU: nvidia-smi still lists them, JAX sees none -> CPU.
         none_left = not visible or visible[0] in ("-1", "NoDevFiles")
+        # In a job on a shared node (ABCI's rt_HG) the hidden GPUs are other jobs': never advise unsetting it.
+        shared = gpu_list.shared_node(environ)
         status = FAIL if none_left else (OK if hidden <= 0 else WARN)
+        found = f"CUDA_VISIBLE_DEVICES={cvd!r} with {len(gpus)} GPUs"
+        fix = "" if status == OK else "unset CUDA_VISIBLE_DEVICES"
+        if shared and status != OK:
+            found += f" listed by nvidia-smi, in {shared}"
+            fix = (
+                "leave CUDA_VISIBLE_DEVICES as the scheduler set it (unsetting it would use GPUs of other jobs); "
+                "for more GPUs ask the scheduler for them (ABCI: --resource-type rt_HF, a whole node)"
+            )
+            if not none_left and "a share of a node" in shared:
+                status, fix = OK, ""  # the job's own share of a shared node: what it asked for
         checks.append(
             Check(
                 "gpu.cuda-visible-devices",
                 status,
-                f"CUDA_VISIBLE_DEVICES={cvd!r} with {len(gpus)} GPUs",
-                "no GPU hidden (octo-dist binds one GPU per rank itself)",
-                "" if status == OK else "unset CUDA_VISIBLE_DEVICES",
+                found,
+                "no GPU hidden (octo-dist binds one GPU per rank itself), or the job's share of a shared node",
+                fix,
             )
         )
     return checks
