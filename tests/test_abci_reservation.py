@@ -85,3 +85,10 @@ def test_submit_and_chain_keep_rtype_in_qsubs_v(tmp_path, monkeypatch, capsys):
         ["-v", "RTYPE=rt_HF", "job.sh"],
         ["-W", "depend=afterany:100.pbs1", "-v", "RTYPE=rt_HF,OCTO_DIST_AFTER=100.pbs1", "job.sh"],
     ], calls
+
+
+def test_the_rendered_pbs_job_binds_dev_infiniband_where_the_node_has_it(capsys):
+    """NCCL opens the HCAs through /dev/infiniband/uverbs*: the job binds the host's /dev/infiniband into the image
+    (the job runtime binds a directory only where the node has it), beside the group area."""
+    assert cli.main([*HEAD, "--dry-run"]) == 0
+    assert '"binds": ["/groups/gxx00000", "/dev/infiniband"]' in capsys.readouterr().out

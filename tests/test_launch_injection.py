@@ -762,7 +762,7 @@ def test_abci3_jobs_carry_its_settings():
     hcas = ",".join(f"mlx5_ibn{i}" for i in range(1, 9))  # the 8 compute HCAs, not the storage one
     environment = settings.forwarding.environment
     assert ("NCCL_IB_HCA", hcas) in environment, environment
-    assert settings.software.binds == ("/groups/gxx00000",)
+    assert settings.software.binds == ("/groups/gxx00000", "/dev/infiniband")
     assert settings.allocation.cpus_per_rank == 12 and settings.allocation.sockets == 2
     assert settings.storage.compile_cache == ".octo-dist/compile-cache"
     for forbidden in (

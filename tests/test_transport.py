@@ -23,13 +23,19 @@ HCAS = (
 )
 
 
-def fake_sys(root: Path, devices=HCAS, state="4: ACTIVE") -> Path:
-    """An ABCI 3.0 H node's /sys/class/infiniband: mlx5_ibn1..8, port 1 of each in ``state``."""
-    for name in devices:
+def fake_sys(root: Path, devices=HCAS, state="4: ACTIVE", dev=True) -> Path:
+    """An ABCI 3.0 H node's /sys/class/infiniband: mlx5_ibn1..8, port 1 of each in ``state``; with ``dev``, its
+    /dev/infiniband (uverbs0.. one per HCA, rdma_cm), as a container with --bind /dev/infiniband sees it."""
+    for i, name in enumerate(devices):
         port = root / "sys/class/infiniband" / name / "ports" / "1"
         port.mkdir(parents=True)
         (port / "state").write_text(state + "\n")
         (port / "link_layer").write_text("InfiniBand\n")
+        if dev:
+            (root / "dev/infiniband").mkdir(parents=True, exist_ok=True)
+            (root / "dev/infiniband" / f"uverbs{i}").write_text("")
+    if dev:
+        (root / "dev/infiniband/rdma_cm").write_text("")
     return root
 
 
@@ -180,7 +186,12 @@ def test_one_host_or_no_infiniband_is_never_judged(tmp_path):
         ["h1", "h2"],
         lambda r: transport.facts(tmp_path / "plain", {"NCCL_NET": "Socket"}, missing),
     )
-    assert no_ib[0]["transport"] == {"ib_devices": [], "verbs_error": None, "socket_settings": []}
+    assert no_ib[0]["transport"] == {
+        "ib_devices": [],
+        "uverbs": [],
+        "verbs_error": None,
+        "socket_settings": [],
+    }
     assert preflight.problems(no_ib, gpu_profile=True) == []
 
 
@@ -196,7 +207,8 @@ def test_the_preflight_table_shows_the_hcas(tmp_path):
         tmp_path, ["h1", "h2"], lambda r: transport.facts(root, {"NCCL_IB_DISABLE": "1"}, [])
     )
     text = preflight.render(recs, None, preflight.problems(recs, True))
-    assert "infiniband: 8 HCA(s), NCCL would use sockets" in text and "FAIL  rank 0 on h1" in text
+    assert "infiniband: 8 HCA(s), 8 uverbs file(s), NCCL would use sockets" in text
+    assert "FAIL  rank 0 on h1" in text
 
 
 @pytest.mark.mpi
@@ -220,3 +232,27 @@ def test_check_env_launch_json_prints_the_per_rank_records_on_rank_0(mpirun):
     assert report["ok"] and report["problems"] == [] and report["coordinator"]["address"]
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert all(r["jax"]["platform"] == "cpu" and r["world_size"] == 2 for r in report["ranks"])
+
+
+def test_the_uverbs_device_files_are_reported(tmp_path):
+    root = fake_sys(tmp_path / "node")
+    assert transport.uverbs_files(root) == [f"uverbs{i}" for i in range(8)]
+    assert transport.facts(root, {}, [str(build_verbs(tmp_path / "lib"))])["uverbs"] == [
+        f"uverbs{i}" for i in range(8)
+    ]
+
+
+def test_a_multi_host_job_without_dev_infiniband_in_the_image_fails_with_the_bind_fix(tmp_path):
+    """The HCAs show under /sys whatever is bound; without /dev/infiniband NCCL cannot open them and falls back to
+    TCP sockets in silence: check-env --launch fails the job and names --bind /dev/infiniband."""
+    root = fake_sys(tmp_path / "node", dev=False)
+    good = [str(build_verbs(tmp_path / "lib"))]
+    recs = records(tmp_path, ["h1", "h2"], lambda r: transport.facts(root, {}, good))
+    found = preflight.problems(recs, gpu_profile=True)
+    assert len(found) == 2 and all(
+        "no verbs device files (/dev/infiniband/uverbs*)" in p for p in found
+    )
+    assert "--bind /dev/infiniband" in found[0], found[0]
+    assert "0 uverbs file(s), NCCL would use sockets" in preflight.render(recs, None, found)
+    one_host = records(tmp_path, ["h1", "h1"], lambda r: transport.facts(root, {}, good))
+    assert preflight.problems(one_host, gpu_profile=True) == []

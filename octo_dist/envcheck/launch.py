@@ -159,8 +159,10 @@ def as_json(
 def _ib_part(facts: Optional[Mapping]) -> str:
     if not facts or not facts.get("ib_devices"):
         return ""
-    ok = not facts.get("verbs_error") and not facts.get("socket_settings")
-    return f"  infiniband: {len(facts['ib_devices'])} HCA(s), {'verbs ok' if ok else 'NCCL would use sockets'}"
+    files = facts.get("uverbs")
+    ok = not facts.get("verbs_error") and not facts.get("socket_settings") and files != []
+    shown = f", {len(files)} uverbs file(s)" if files is not None else ""
+    return f"  infiniband: {len(facts['ib_devices'])} HCA(s){shown}, {'verbs ok' if ok else 'NCCL would use sockets'}"
 
 
 def run(

@@ -23,6 +23,15 @@ from typing import Callable, List, Mapping, Optional, Sequence
 IB_CLASS_DIR = (
     "sys/class/infiniband"  # under the sys root: /sys/class/infiniband/mlx5_ibn1/ports/1/state
 )
+# The device files verbs open, one per HCA: /dev/infiniband/uverbs0 ... (rdma_cm beside them). The HCAs under /sys
+# are visible in a container whatever is bound; these are there only when /dev/infiniband is (singularity
+# --bind /dev/infiniband, or a site whose singularity.conf mounts the host's whole /dev).
+UVERBS_DIR = "dev/infiniband"  # under the root
+UVERBS_PREFIX = "uverbs"
+BIND_FIX = (
+    "bind the host's /dev/infiniband into the image (singularity exec --bind /dev/infiniband; octo-dist launch "
+    "pbs binds it by default, unless --bind replaces the defaults: add --bind /dev/infiniband)"
+)
 VERBS_LIBRARY = "libibverbs.so.1"  # what NCCL dlopens (after plain libibverbs.so, which only -dev packages ship)
 VERBS_SYMBOL = "ibv_get_device_list"  # the first verbs call NCCL makes
 IMAGE_FIX = (
@@ -40,6 +49,17 @@ def ib_devices(sys_root: os.PathLike = "/") -> List[str]:
     try:
         return sorted(p.name for p in root.iterdir())
     except OSError:  # no such directory: no InfiniBand on this host
+        return []
+
+
+def uverbs_files(root: os.PathLike = "/") -> List[str]:
+    """The verbs device files under ``<root>/dev/infiniband`` (``["uverbs0", ..., "uverbs8"]``); [] when the
+    directory or the files are missing (a container without ``--bind /dev/infiniband``)."""
+    try:
+        return sorted(
+            p.name for p in (Path(root) / UVERBS_DIR).iterdir() if p.name.startswith(UVERBS_PREFIX)
+        )
+    except OSError:
         return []
 
 
@@ -133,13 +153,16 @@ def facts(
     verbs_candidates: Sequence[str] = (VERBS_LIBRARY,),
     loader: Loader = ctypes.CDLL,
 ) -> dict:
-    """What one rank reports: its HCAs, whether verbs load (only asked when there are HCAs), socket settings.
+    """What one rank reports: its HCAs, the verbs device files, whether verbs load (only asked when there are
+    HCAs), socket settings. ``sys_root`` is the root both ``sys/class/infiniband`` and ``dev/infiniband`` are read
+    under ("/" on a node; a fabricated tree in tests).
 
-    ``{"ib_devices": ["mlx5_ibn1"], "verbs_error": None, "socket_settings": []}``
+    ``{"ib_devices": ["mlx5_ibn1"], "uverbs": ["uverbs0"], "verbs_error": None, "socket_settings": []}``
     """
     devices = ib_devices(sys_root)
     return {
         "ib_devices": devices,
+        "uverbs": uverbs_files(sys_root) if devices else [],
         "verbs_error": load_verbs(verbs_candidates, loader) if devices else None,
         "socket_settings": socket_settings(environ, devices) if devices else [],
     }
@@ -168,6 +191,13 @@ def problems(records: Sequence[Mapping]) -> List[str]:
                 f"{where}: {VERBS_LIBRARY} cannot be loaded ({t['verbs_error']}), so NCCL would all-reduce "
                 f"over TCP sockets between the {len(hosts)} hosts; expected the InfiniBand userland. "
                 f"Fix: {IMAGE_FIX}"
+            )
+        # Records without the key come from an older octo-dist: nothing said about the files there.
+        if "uverbs" in t and not t["uverbs"]:
+            out.append(
+                f"{where}: no verbs device files (/dev/infiniband/uverbs*) where the rank runs, so NCCL cannot "
+                f"open the HCAs and would all-reduce over TCP sockets between the {len(hosts)} hosts; expected "
+                f"the host's /dev/infiniband inside the image. Fix: {BIND_FIX}"
             )
         for setting in t.get("socket_settings") or []:
             out.append(

@@ -29,7 +29,7 @@ python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' 
 exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "abci3-pbs-smoke-1gpu.sh",
  "allocation": {"scheduler": "pbs", "nodes": 1, "ranks_per_node": 1, "cpus_per_rank": 0, "sockets": 1},
  "timing": {"walltime_s": 1200, "stop_margin_s": 300},
- "software": {"modules": ["hpcx/2.20"], "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000"]},
+ "software": {"modules": ["hpcx/2.20"], "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000", "/dev/infiniband"]},
  "storage": {"save_dir": "runs/smoke-1gpu", "data_dir": "", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "disabled"},
  "forwarding": {"environment": [["NCCL_IB_HCA", "mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
  "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "smoke", "--steps=50", "--wandb-mode=disabled", "--save-dir=@{save_dir}", "--compile-cache=@{compile_cache}", "--model", "auto", "--resume"]}}'

@@ -61,6 +61,8 @@ SIGKILL_TIMEOUT_MCA = "OMPI_MCA_odls_base_sigkill_timeout"
 RESERVATION = re.compile(r"R[0-9]{1,12}")
 # ABCI: a job in a reservation queue names its resource type with -v RTYPE=rt_HF ("mandatory").
 RTYPE_VAR = "RTYPE"
+# The host's verbs device files (/dev/infiniband/uverbs0 ...), bound into the image for NCCL's InfiniBand.
+IB_DEVICES = "/dev/infiniband"
 # "mem=400gb", "ngpus=8": one PBS resource, KEY=VALUE.
 RESOURCE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_.,:/+@%-]+)")
 
@@ -149,8 +151,9 @@ class Pbs(MpirunScheduler):
     job_id_example = "12345.pbs1"
 
     def default_binds(self, group):
-        # ABCI's group area, where shared weights, datasets and caches live: "/groups/gxx00000"
-        return (f"/groups/{group}",) if group else ()
+        # ABCI's group area, where shared weights, datasets and caches live: "/groups/gxx00000"; and the verbs
+        # device files NCCL opens the HCAs through (bound where the node has them: without them NCCL uses TCP)
+        return ((f"/groups/{group}",) if group else ()) + (IB_DEVICES,)
 
     def directive_keys(self, directive):
         # qsub reads a directive's words as its command line, with getopt: "-VJ 1-4" is -V then -J 1-4,
