@@ -21,7 +21,7 @@ from octo_dist.jobs import defaults as defaults_mod
 from octo_dist.jobs import imagefit, schedulers
 from octo_dist.jobs import commands
 from octo_dist.jobs import options as options_mod
-from octo_dist.jobs import jobwarnings, runfrom, walltime
+from octo_dist.jobs import jobwarnings, runfrom, submitchecks, walltime
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
@@ -340,6 +340,17 @@ def wrote_line(out: str, job: spec_mod.Job) -> str:
     )
 
 
+def refusal_and_warning(options: options_mod.LaunchOptions, job: spec_mod.Job) -> tuple:
+    """(refusal, warning) of a built job before it is written: an image that does not suit the GPUs, a venv that
+    cannot run, and under --submit/--chain anything that would fail the job after its queue wait."""
+    refusal, warning = imagefit.check(job.settings.software.image, job.header.resource_type)
+    if not job.settings.software.image:
+        refusal = refusal or runfrom.venv_refusal(job.settings.software.venv)
+    if options.submit or options.chain:
+        refusal = refusal or submitchecks.refusal(job, os.environ)
+    return refusal, warning
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
@@ -348,22 +359,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status
     options, sources = options_from_args(args, files)
-    if not options.show_defaults and options.scheduler in schedulers.SCHEDULERS:
-        options, image_note = runfrom.with_default_image(options)
-        if image_note:
-            print(f"octo-dist launch: note: {image_note}", file=sys.stderr)
     if options.show_defaults:
         sys.stdout.write(show_defaults(options, sources))
         return 0
+    options, image_note = runfrom.with_default_image(options)
+    if image_note:
+        print(f"octo-dist launch: note: {image_note}", file=sys.stderr)
     try:
         refusal = commands.job_decides(options.train[1:])
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
         checkers = {name: no_exit(c) for name, c in args.checkers.items()}
         job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
-        refusal, warning = imagefit.check(job.settings.software.image, job.header.resource_type)
-        if not job.settings.software.image:
-            refusal = refusal or runfrom.venv_refusal(job.settings.software.venv)
+        refusal, warning = refusal_and_warning(options, job)
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
         _check_submit(options)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping, Optional
 
+from octo_dist.jobs import footprint
 from octo_dist.jobs.flagchecks import flag_given
 
 
@@ -92,4 +93,23 @@ def missing_paths(job, is_dir: Callable[[str], bool]) -> list:
             "the job fails at its start unless it exists where the job runs. Fix: make env, or --venv PATH or "
             "--image FILE.sif"
         )
-    return out + finetune_warnings(job)
+    return out + finetune_warnings(job) + footprint_warnings(job)
+
+
+def footprint_warnings(job, free_of: Callable[[str], Optional[int]] = footprint.free_bytes) -> list:
+    """The save directory's file system without room for the fine-tune's checkpoints (and the image still to
+    build): a warning at render (``--submit`` refuses it: ``submitchecks``)."""
+    training = job.header.training
+    if training.command != "finetune":
+        return []
+    path = None
+    for arg in (*training.lead_args, *training.user_args):
+        if arg.startswith("--config.pretrained_path="):
+            path = arg.partition("=")[2]
+    fp = footprint.estimate(path, job.settings.software.image) if path else None
+    save_dir = job.settings.storage.save_dir
+    short = footprint.shortfall(save_dir, fp, free_of(save_dir)) if fp else None
+    if not short:
+        return []
+    found, expected, fix = short
+    return [f"{found}; expected {expected}: the job would stop at a checkpoint. Fix: {fix}"]

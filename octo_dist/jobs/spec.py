@@ -29,7 +29,7 @@ from octo_dist.jobs.options import (
     LaunchOptions,
     scheduler_names,
 )
-from octo_dist.jobs.training import Training, training
+from octo_dist.jobs.training import Training, pretrained_bind, training
 from octo_dist.jobs.walltime import parse_walltime
 
 __all__ = ["Job", "JobHeader", "JobSpecError", "build", "derived_defaults"]
@@ -156,6 +156,10 @@ def build(
     _check_header_values(o, sched, site)
     image, binds = _paths(o, sched, image_exists, alloc.resource_type)
     train = training(o, alloc, checkers or {})
+    if image:  # the pretrained checkpoint's directory, bound as --data-dir is
+        for b in pretrained_bind(train):
+            check_path("--config.pretrained_path", b, True)
+        binds += tuple(b for b in pretrained_bind(train) if b not in binds)
     s = job_settings
     settings = s.JobSettings(
         script_name="job.sh",  # the name it is written under: render's

@@ -198,3 +198,14 @@ def refuse_launch_flags(
                 "launch's flags before --, the training command's after it",
                 f"octo-dist launch {o.scheduler} ... {arg} -- {command_name} ...",
             )
+
+
+def pretrained_bind(train: Training) -> Tuple[str, ...]:
+    """The fine-tune's pretrained checkpoint directory, bound into the image as ``--data-dir`` is (it may lie outside
+    the submit directory, which singularity binds by itself): ``--config.pretrained_path=/groups/g/weights/octo-small``
+    -> ``("/groups/g/weights/octo-small",)``; () for a URL (``hf://...``) or none given."""
+    path = None
+    for arg in (*train.lead_args, *train.user_args):
+        if arg.startswith("--config.pretrained_path="):
+            path = arg.partition("=")[2]
+    return (path,) if path and "://" not in path else ()

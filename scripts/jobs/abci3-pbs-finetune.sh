@@ -29,7 +29,7 @@ python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' 
 exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "abci3-pbs-finetune.sh",
  "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
  "timing": {"walltime_s": 43200, "stop_margin_s": 300},
- "software": {"modules": ["hpcx/2.20"], "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000", "/dev/infiniband"]},
+ "software": {"modules": ["hpcx/2.20"], "image": "/groups/gxx00000/octo-dist/octo-dist-cuda12.sif", "venv": ".venv", "binds": ["/groups/gxx00000", "/dev/infiniband", "weights/octo-small"]},
  "storage": {"save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online"},
  "forwarding": {"environment": [["NCCL_IB_HCA", "mlx5_ibn1,mlx5_ibn2,mlx5_ibn3,mlx5_ibn4,mlx5_ibn5,mlx5_ibn6,mlx5_ibn7,mlx5_ibn8"], ["HF_HUB_OFFLINE", "1"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
  "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "finetune", "--config.batch_size=512", "--config.num_steps=25000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]}}'

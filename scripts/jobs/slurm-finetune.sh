@@ -27,7 +27,7 @@ python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' 
 exec python3 "$RUNTIME" supervise '{"schema": 2, "script_name": "slurm-finetune.sh",
  "allocation": {"scheduler": "slurm", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 0, "sockets": 0},
  "timing": {"walltime_s": 43200, "stop_margin_s": 300},
- "software": {"modules": [], "image": "octo-dist-cuda12.sif", "venv": ".venv", "binds": []},
+ "software": {"modules": [], "image": "octo-dist-cuda12.sif", "venv": ".venv", "binds": ["weights/octo-small"]},
  "storage": {"save_dir": "runs/octo-small-ft", "data_dir": "data", "compile_cache": ".octo-dist/compile-cache", "wandb_mode": "online"},
  "forwarding": {"environment": [["HF_HUB_OFFLINE", "1"]], "coordinator": "", "forward_prefixes": ["NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_"], "forward_names": ["COORDINATOR_ADDRESS", "PYTHONUNBUFFERED"]},
  "commands": {"preflight": ["octo-dist", "check-env", "--launch"], "train": ["octo-dist", "finetune", "--config.batch_size=512", "--config.num_steps=25000", "--config.save_dir=@{save_dir}", "--config.dataset_kwargs.data_dir=@{data_dir}", "--compile_cache=@{compile_cache}", "--config.pretrained_path=weights/octo-small", "--resume"]}}'
