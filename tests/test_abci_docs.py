@@ -50,3 +50,16 @@ def test_module_load_cuda_is_pinned():
 
 def test_the_cuda11_profile_is_not_labelled_production_on_abci():
     assert "production on ABCI" not in STACK
+
+
+def test_readme_b_walks_the_abci_path_in_abcis_order():
+    """Quota first (the group area starts at 0 TB), the image built in a compute-node job (ABCI terminates
+    high-load tasks on login nodes), and a reservation's submission."""
+    b = section_b()
+    quota, build, reservation = (
+        b.index("show_quota"),
+        b.index("qsub -I -P gxx00000 -q rt_HC"),
+        b.index("launch pbs --reservation R1234567"),
+    )
+    assert quota < build < b.index("make sif PROFILE=cuda12") < reservation
+    assert "make sif PROFILE=cuda12" not in b.split("qsub -I", 1)[0]
