@@ -275,7 +275,7 @@ docker-smoke: ## build the cpu image and run the 2-rank smoke job in it under th
 	$(DOCKER) run --rm $(IMAGE):cpu mpirun --oversubscribe -np 2 octo-dist smoke
 
 sif: images-check ## build $(SIF) from $(SIF_DEF) with --fakeroot on a compute node (default cuda12, for H200; PROFILE=cuda11: cuda11)
-	@PYTHONPATH=. $(PYTHON) -m octo_dist.jobs.buildsite $(SIF_PROFILE)
+	@PYTHONPATH=. $(PYTHON) -m octo_dist.jobs.buildsite $(SIF_PROFILE) '$(PROFILE)' '$(origin PROFILE)'
 	@tool=$$(command -v singularity || command -v apptainer) || { \
 	  echo "error: make sif needs singularity or apptainer on PATH; found neither." >&2; \
 	  echo "  fix: on ABCI 3.0, SingularityCE 4.x is on the nodes without a module (elsewhere: module load singularitypro, or install SingularityCE 4.x or Apptainer)" >&2; \

@@ -59,3 +59,33 @@ def test_make_sif_stops_before_building_on_a_login_node(tmp_path):
     )
     assert proc.returncode != 0 and "make sif: error: make sif on " in proc.stderr, proc.stderr
     assert "-q rt_HC" in proc.stderr and not called.exists()
+
+
+def test_make_sif_with_a_profile_that_has_no_image_is_refused(tmp_path):
+    """`make sif PROFILE=cpu` (or a typo) built the cuda12 image without a word; PROFILE=cuda11 and the default
+    still go on (here to the login-node check, which a fake qsub triggers, so nothing is built)."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "qsub").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "qsub").chmod(0o755)
+    env = clean_env(PATH=f"{tools}:{os.environ['PATH']}")
+    env.pop("PROFILE", None)
+
+    def make(*args):
+        return subprocess.run(
+            ["make", "--no-print-directory", "sif", *args, f"SIF={tmp_path / 'x.sif'}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stderr
+
+    for wrong in ("cpu", "cuda13"):
+        err = make(f"PROFILE={wrong}")
+        assert (
+            f"make sif: error: make sif PROFILE={wrong}; expected a profile make sif builds" in err
+        ), err
+        assert "Fix: make sif PROFILE=cuda12" in err
+    for fine in (("PROFILE=cuda11",), ()):
+        assert "a login node" in make(*fine)

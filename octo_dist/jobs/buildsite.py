@@ -59,10 +59,33 @@ def login_node_refusal(
     )
 
 
+# The profiles make sif builds (singularity.def: cuda11; singularity-cuda12.def: cuda12).
+SIF_PROFILES = ("cuda12", "cuda11")
+
+
+def profile_refusal(given: str, origin: str) -> Optional[Refusal]:
+    """``make sif PROFILE=cpu`` (or a typo, ``PROFILE=cuda13``) built the cuda12 image without a word: a PROFILE
+    given on the command line or in the environment (make's ``$(origin PROFILE)``) must be a sif profile. The
+    Makefile's own default (``cpu``, for the venv) means the default image, cuda12."""
+    if origin == "file" or origin == "undefined" or given in SIF_PROFILES:
+        return None
+    return Refusal(
+        f"make sif PROFILE={given}",
+        f"a profile make sif builds an image of: {', '.join(SIF_PROFILES)} (the cpu profile is the venv's and "
+        "Docker's, not a Singularity image's)",
+        "make sif PROFILE=cuda12 (H200, ABCI 3.0), or make sif PROFILE=cuda11",
+    )
+
+
 def main(argv=None) -> int:
-    """``python3 -m octo_dist.jobs.buildsite PROFILE``: exit 2 with one line on a login node, else 0."""
+    """``python3 -m octo_dist.jobs.buildsite SIF_PROFILE [PROFILE ORIGIN]``: exit 2 with one line for a PROFILE that
+    is no sif profile or on a login node, else 0."""
     argv = sys.argv[1:] if argv is None else argv
     profile = argv[0] if argv else "cuda12"
+    wrong = profile_refusal(argv[1], argv[2]) if len(argv) >= 3 else None
+    if wrong is not None:
+        print(f"make sif: error: {wrong}", file=sys.stderr)
+        return wrong.exit_status
     env = os.environ
     pbs_client = os.path.exists(PBS_CONF) or bool(shutil.which("qsub", path=env.get("PATH", "")))
     problem = login_node_refusal(env, pbs_client, socket.gethostname(), profile, os.getcwd())
