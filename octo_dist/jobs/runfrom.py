@@ -42,7 +42,7 @@ def default_image(
     ``--venv`` is given: ``make sif``'s file in the directory rendered from (``octo-dist-cuda12.sif`` for rt_HF),
     absolute; None when there is none, or another choice was made."""
     sched = schedulers.get(o.scheduler)
-    if o.image or o.venv != DEFAULT_VENV or not getattr(sched, "runs_from_image", ""):
+    if o.image or o.venv != DEFAULT_VENV or not sched.runs_from_image:
         return None
     name = (
         f"octo-dist-{imagefit.needed_profile(o.resource_type or sched.default_resource_type)}.sif"
@@ -56,9 +56,10 @@ def with_default_image(o: LaunchOptions, **kw) -> Tuple[LaunchOptions, str]:
     image = default_image(o, **kw)
     if image is None:
         return o, ""
+    why = schedulers.get(o.scheduler).runs_from_image
     note = (
-        f"--image {image}: the image make sif wrote here, taken by default ({schedulers.get(o.scheduler).title}: "
-        "jobs run from the image); --venv PATH runs from an environment instead"
+        f"--image {image}: the image make sif wrote here, taken by default ({why}: the jobs run from the "
+        "image); --venv PATH runs from an environment instead"
     )
     return dataclasses.replace(o, image=image), note
 

@@ -111,6 +111,9 @@ class Scheduler:
     resource_types: Mapping[str, ResourceType] = {}
     default_resource_type: Optional[str] = None
     default_modules: Tuple[str, ...] = ()  # loaded unless --module says otherwise (ABCI: hpcx/2.20)
+    # Why the site's jobs run from the image, not a venv ("" where a venv may be built): launch then takes the image
+    # make sif wrote where it renders when neither --image nor --venv is given (jobs/runfrom.py).
+    runs_from_image = ""
     image_modules: Tuple[str, ...] = ()  # and these with --image
     group_help = (
         "group to charge (default: the site's)"  # --group's help line in this scheduler's words
