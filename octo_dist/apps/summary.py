@@ -329,10 +329,11 @@ def _umask(status: str = "/proc/self/status") -> int:
 
 
 def write(
-    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float]
+    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float], with_plot: bool = True
 ) -> Tuple[Path, Path]:
     """``directory/summary.json`` and ``directory/loss.png``: this job's figures, the run's history across resumed
-    and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths.
+    and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths. ``with_plot``
+    False: summary.json only (a job stopped by a signal; the next job draws the whole curve).
 
     Each file is written beside its name and renamed over it (:func:`replace_file`): never through a link."""
     directory = Path(directory)
@@ -348,6 +349,8 @@ def write(
         indent=1,
     )
     json_path = replace_file(directory, savelayout.SUMMARY, lambda f: f.write(text.encode()))
+    if not with_plot:
+        return json_path, directory / savelayout.LOSS_PLOT
     png_path = replace_file(
         directory,
         savelayout.LOSS_PLOT,
