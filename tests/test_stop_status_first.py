@@ -58,3 +58,24 @@ def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_nex
     assert not (save / savelayout.LOSS_PLOT).exists()
     assert "stopped by SIGTERM (checkpoint saved)" in out
     assert "loss.png not redrawn (stopped by SIGTERM" in err, tail(err, 3000)
+
+
+def test_the_stop_note_replaces_a_link_or_fifo_planted_at_its_name(tmp_path):
+    """Before: the note was opened for writing at its name: through a link into the file it named, and into a
+    FIFO (no reader: the rank blocked there, after its checkpoint, until the kill)."""
+    from octo_dist.apps import harness
+
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    for planted in ("link", "fifo"):
+        job_dir = tmp_path / planted
+        job_dir.mkdir()
+        note = job_dir / os.path.basename(savelayout.stop_note(str(job_dir)))
+        if planted == "link":
+            note.symlink_to(victim)
+        else:
+            os.mkfifo(note)
+        harness.note_stop(12, {savelayout.JOB_DIR_ENV: str(job_dir)})
+        assert savelayout.stopped_step(str(job_dir)) == 12 and not note.is_symlink()
+        assert sorted(p.name for p in job_dir.iterdir()) == [note.name]
+    assert victim.read_text() == "someone else's file\n"

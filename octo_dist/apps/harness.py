@@ -207,12 +207,17 @@ def parameter_digests(result) -> list:
 def note_stop(step: int, environ: Mapping[str, str] = os.environ) -> None:
     """Tells the job runtime which step a stop signal's checkpoint saved (``<job dir>/stopped``: "1200\\n"), for its
     last line; nothing outside a job. Rank 0 only, after the checkpoint is written."""
+    from pathlib import Path
+
+    from octo_dist.apps import summary as summary_mod
+
     job_dir = environ.get(savelayout.JOB_DIR_ENV, "")
     if not job_dir:
         return
+    note = Path(savelayout.stop_note(job_dir))
     try:
-        with open(savelayout.stop_note(job_dir), "w") as f:
-            f.write(f"{step}\n")
+        # A new file renamed over the name: never written through a link or into a FIFO planted there.
+        summary_mod.replace_file(note.parent, note.name, lambda f: f.write(f"{step}\n".encode()))
     except OSError as e:  # a courtesy: the checkpoint and the exit status do not depend on it
         log.warning("could not note the stop in %s: %s", job_dir, e.strerror)
 
