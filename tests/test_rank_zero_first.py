@@ -43,6 +43,29 @@ def test_rank_1_outwaits_a_rank_0_slower_than_a_collectives_set_up_and_says_what
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
+def test_rank_0_waits_for_rank_1_to_build_before_its_next_collective(mpirun, tmp_path):
+    """Rank 1 builds after rank 0 (from the statistics rank 0 cached); before, rank 0 went straight on to its next
+    collective and gave up there after 30 s when rank 1's build took longer. Here it ends 40 s after rank 0's."""
+    proc = mpirun(2, PROGRAM, "slow1", str(tmp_path), env=clean_env())
+    (out0, err0), (out1, err1) = proc.ranks
+    assert proc.returncode == 0, tail(err0, 3000) + tail(err1, 3000)
+    assert rank_json(out0)["first_batches"] == rank_json(out1)["first_batches"]
+    waits = re.findall(r"rank 0: waiting for rank 1 to build the dataset.*: (\d+) s so far", err0)
+    assert waits and int(waits[-1]) >= 30, err0
+
+
+@pytest.mark.mpi
+def test_rank_1_failing_its_build_ends_rank_0_with_rank_1s_error(mpirun, tmp_path):
+    proc = mpirun(2, PROGRAM, "fails1", str(tmp_path), env=clean_env())
+    (_, err0), (_, err1) = proc.ranks
+    assert proc.returncode == 1, tail(err0, 3000) + tail(err1, 3000)
+    assert re.search(
+        r"rank 1 failed to build the dataset.*, so rank 0 stops: ValueError: fabricated read", err0
+    ), err0
+
+
+@pytest.mark.mpi
 def test_rank_0_failing_its_build_ends_rank_1_with_rank_0s_error(mpirun, tmp_path):
     """Before: rank 1 was in a collective when rank 0's error aborted the job: its log said nothing of why."""
     proc = mpirun(2, PROGRAM, "fails", str(tmp_path), env=clean_env())

@@ -1,5 +1,6 @@
 """Rank 0 does something first (builds a dataset, writing the statistics cache the others then read); the other
-ranks wait for it, as long as it takes, saying what they wait for, and stop with rank 0's error if it fails.
+ranks wait for it, as long as it takes, saying what they wait for, and stop with rank 0's error if it fails; then
+every rank waits until all have done it.
 
     dataset = rankwait.rank_zero_first(build, "the dataset", process_index, process_count)
 
@@ -8,7 +9,9 @@ collectives' communicators with a time limit of their own (gloo's on the CPU: ``
 29.99s``; NCCL's set-up on GPUs), so a rank 0 that spends minutes on a dataset's statistics pass ended every other
 rank. The wait is a key of JAX's coordination service (rank 0 hosts it; every rank is its client once
 ``jax.distributed.initialize`` ran): rank 0 sets it when it is done or failed, the others read it with a timeout of
-a few seconds at a time, so they can say how long they have waited, and give up after the overall limit.
+a few seconds at a time, so they can say how long they have waited, and give up after the overall limit. Then the
+ranks leave together, the same way (each rank's key read by rank 0, one key from rank 0 read by the others): rank 0,
+gone on to its next collective while rank 1 still built from the cache, would otherwise wait there as rank 1 did.
 
 The overall limit is ``OCTO_DIST_RANK0_WAIT_TIMEOUT`` seconds (default 7200, 2 hours): a statistics pass reads every
 trajectory once, minutes on a large dataset, so the limit is far beyond it, and far short of a wall time of many
@@ -22,6 +25,7 @@ exist, alike, in jax 0.4.20 and 0.4.22 (``jax._src.distributed.global_state.clie
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -86,12 +90,12 @@ class CoordinationStore:
             raise
 
 
-class RankZeroFailed(Problem):
-    """Rank 0 failed at what the other ranks waited for: they stop with its error (and its exit status)."""
+class RankFailed(Problem):
+    """Another rank failed at what this one waited for: this rank stops with its error (and its exit status)."""
 
 
 class WaitTimedOut(Problem):
-    """Rank 0 did not finish within the wait's overall limit: this rank ends the job (exit 1)."""
+    """A rank did not finish within the wait's overall limit: this rank ends the job (exit 1)."""
 
 
 class RankZeroLost(Problem):
@@ -127,7 +131,12 @@ def rank_zero_first(
     store: Optional[Store] = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
-    """``work()`` on rank 0, then on every other rank once rank 0's has returned; each rank returns its own result.
+    """``work()`` on rank 0, then on every other rank once rank 0's has returned; every rank returns its own result
+    once every rank's ``work`` has returned.
+
+    The ranks leave together: a rank that went on while another still worked would wait for it in the next
+    collective, whose set-up gives up after 30 s (gloo), as rank 1 did for rank 0. Rank 0 waits for each other
+    rank in turn and then tells them all (a key each rank reads: not N x N reads at a thousand ranks).
 
     Args:
       work: what every rank does; rank 0's first (it writes what the others then read).
@@ -136,9 +145,9 @@ def rank_zero_first(
       store: the coordination service (default JAX's; tests pass another).
 
     Raises:
-      RankZeroFailed: (ranks > 0) rank 0's ``work`` raised: its error, its exit status.
-      WaitTimedOut: (ranks > 0) rank 0 said nothing within the overall limit.
-      RankZeroLost: (ranks > 0) the coordination service stopped answering.
+      RankFailed: another rank's ``work`` raised: its error, its exit status.
+      WaitTimedOut: the rank waited for said nothing within the overall limit.
+      RankZeroLost: the coordination service stopped answering.
     """
     global _waits
     timeout_s = wait_timeout(
@@ -149,20 +158,38 @@ def rank_zero_first(
     store = store or CoordinationStore()
     _waits += 1
     key = f"{_KEY_PREFIX}/{_waits}"
+    wait = functools.partial(
+        _wait, store, what=what, rank=process_index, timeout_s=timeout_s, clock=clock
+    )
     if process_index != 0:
-        _wait(store, key, what, process_index, timeout_s, clock)
-        return work()
+        _stop_if_failed(wait(f"{key}/first", "rank 0"), what, process_index)
+        result = _published(store, f"{key}/built/{process_index}", work, process_index)
+        _stop_if_failed(wait(f"{key}/all", "every rank"), what, process_index)
+        return result
+    result = _published(store, f"{key}/first", work, 0)
+    for other in range(1, process_count):
+        outcome = wait(f"{key}/built/{other}", f"rank {other}")
+        if not outcome.get("ok"):
+            store.set(f"{key}/all", json.dumps(outcome))  # the others stop with the same error
+        _stop_if_failed(outcome, what, 0)
+    store.set(f"{key}/all", json.dumps({"ok": True}))
+    return result
+
+
+def _published(store: Store, key: str, work: Callable[[], T], rank: int) -> T:
+    """``work()``, its outcome set at ``key``: ok, or its failure for the ranks waiting on it."""
     try:
         result = work()
     except BaseException as e:
-        store.set(key, json.dumps(_failure(e)))
+        store.set(key, json.dumps({**_failure(e), "rank": rank}))
         raise
     store.set(key, json.dumps({"ok": True}))
     return result
 
 
 def _failure(e: BaseException) -> dict:
-    """What the waiting ranks need to stop as rank 0 does: its one line, exit status, and (a bug) its traceback."""
+    """What the waiting ranks need to stop as the failed rank does: its one line, exit status, and (a bug) its
+    traceback."""
     if isinstance(e, Problem):
         return {
             "ok": False,
@@ -180,26 +207,30 @@ def _failure(e: BaseException) -> dict:
     }
 
 
-def _wait(store: Store, key: str, what: str, rank: int, timeout_s: float, clock) -> None:
+def _wait(
+    store: Store, key: str, whom: str, *, what: str, rank: int, timeout_s: float, clock
+) -> dict:
+    """The outcome set at ``key`` (``{"ok": true}``, or a failure), read a few seconds at a time, saying now and
+    then how long this rank has waited for ``whom`` ("rank 0", "every rank")."""
     started = clock()
-    log.info("rank %d: waiting for rank 0 to build %s (at most %g s)", rank, what, timeout_s)
+    log.info("rank %d: waiting for %s to build %s (at most %g s)", rank, whom, what, timeout_s)
     said = 0
     while True:
         waited = clock() - started
         if waited >= timeout_s:
             raise WaitTimedOut(
-                f"rank {rank} waited {waited:.0f} s for rank 0 to build {what}; it has not finished",
-                f"rank 0 done within {TIMEOUT_ENV}={timeout_s:g} s",
-                f"see rank 0's log for where it stands; if it is only slow, export {TIMEOUT_ENV}="
+                f"rank {rank} waited {waited:.0f} s for {whom} to build {what}; it has not finished",
+                f"{whom} done within {TIMEOUT_ENV}={timeout_s:g} s",
+                f"see the ranks' logs for where they stand; if they are only slow, export {TIMEOUT_ENV}="
                 f"{timeout_s * 2:g}",
             )
         try:
             value = store.get(key, min(POLL_S, timeout_s - waited))
         except Exception as e:
             raise RankZeroLost(
-                f"rank {rank} lost rank 0's coordination service after waiting {clock() - started:.0f} s for rank 0 "
-                f"to build {what}: {e}",
-                "rank 0 alive until it has built it",
+                f"rank {rank} lost rank 0's coordination service after waiting {clock() - started:.0f} s for "
+                f"{whom} to build {what}: {e}",
+                "rank 0 alive until every rank has built it",
                 "see rank 0's log for why it ended",
             ) from None
         if value is not None:
@@ -210,8 +241,9 @@ def _wait(store: Store, key: str, what: str, rank: int, timeout_s: float, clock)
         if waited >= due:
             said += 1
             log.warning(
-                "rank %d: waiting for rank 0 to build %s: %.0f s so far (at most %g s, %s)",
+                "rank %d: waiting for %s to build %s: %.0f s so far (at most %g s, %s)",
                 rank,
+                whom,
                 what,
                 waited,
                 timeout_s,
@@ -219,17 +251,21 @@ def _wait(store: Store, key: str, what: str, rank: int, timeout_s: float, clock)
             )
     outcome = json.loads(value)
     if outcome.get("ok"):
-        log.info("rank %d: rank 0 built %s after %.0f s of waiting", rank, what, clock() - started)
+        log.info(
+            "rank %d: %s built %s after %.0f s of waiting", rank, whom, what, clock() - started
+        )
+    return outcome
+
+
+def _stop_if_failed(outcome: dict, what: str, rank: int) -> None:
+    """Raise the failed rank's error here: the same line and exit status; a refusal alike on every rank stays one."""
+    if outcome.get("ok"):
         return
-    _stop_with(outcome, what, rank)
-
-
-def _stop_with(outcome: dict, what: str, rank: int) -> None:
-    """Raise rank 0's failure here: the same line and exit status; a refusal alike on every rank stays one."""
+    failed = outcome.get("rank", 0)
     if outcome.get("traceback"):
-        log.error("rank 0 failed to build %s:\n%s", what, outcome["traceback"].rstrip())
-    error = RankZeroFailed(
-        f"rank 0 failed to build {what}, so rank {rank} stops: {outcome.get('error')}",
+        log.error("rank %s failed to build %s:\n%s", failed, what, outcome["traceback"].rstrip())
+    error = RankFailed(
+        f"rank {failed} failed to build {what}, so rank {rank} stops: {outcome.get('error')}",
         exit_status=int(outcome.get("exit_status") or EXIT_FAILED),
     )
     error.same_on_every_rank = bool(outcome.get("same_on_every_rank"))
