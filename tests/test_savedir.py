@@ -361,3 +361,94 @@ def test_first_problem_names_the_other_ranks():
     ]
     assert savedir.first_problem(reports) == "x (rank 2 too)"
     assert savedir.first_problem(reports + [{"rank": 3, "problem": "z"}]) == "x (ranks 2, 3 too)"
+
+
+# --- what may be planted at the lock's name ----------------------------------------------------------------------
+
+
+def plant(d: Path, kind: str) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / LOCK_NAME
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif (
+        kind == "link-to-a-lock"
+    ):  # even a link to a real lock file: the lock is a file of this directory
+        fabricate_lock(d / "elsewhere", "g0099", 1, age_s=0)
+        path.symlink_to(d / "elsewhere" / LOCK_NAME)
+    elif kind == "directory":
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, says",
+    [
+        ("fifo", "is a FIFO"),
+        ("dev-zero", "is a symbolic link to /dev/zero"),
+        ("link-to-a-lock", "is a symbolic link to"),
+        ("directory", "is a directory"),
+    ],
+)
+def test_something_at_the_locks_name_that_is_not_a_lock_file_is_refused_in_one_line(
+    tmp_path, kind, says
+):
+    """Before: a FIFO there blocked the start forever (the lock was opened to read who holds it), a link to
+    /dev/zero was read without end."""
+    d = tmp_path / "run"
+    path = plant(d, kind)
+    with pytest.raises(SaveDirError) as refused:
+        RunLock(d).acquire()
+    said = str(refused.value)
+    assert f"the run lock {path} {says}" in said and f"rm {path}" in said, said
+    assert "\n" not in said and refused.value.exit_status == 2
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(LOCK_NAME)) == [LOCK_NAME]
+
+
+def test_a_binary_lock_is_unreadable_not_a_traceback_and_stale_once_old(tmp_path):
+    """Before: ``UnicodeDecodeError`` from reading a lock of bytes that are not UTF-8 (a disk error, a file copied
+    over it)."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / LOCK_NAME).write_bytes(b"\x89\xff\xfe\x00 not a lock" * 100)
+    with pytest.raises(SaveDirError, match="in use by another run \\(host \\?, pid \\?"):
+        RunLock(d).acquire()
+    os.utime(d / LOCK_NAME, (0, 0))
+    lock = RunLock(d).acquire()
+    assert lock.taken_over == {}
+    lock.release()
+    assert not (d / LOCK_NAME).exists()
+
+
+def test_the_lock_is_written_through_no_link_planted_at_a_name_it_once_used(tmp_path):
+    """The lock's content was written first to ``.octo-dist.lock.<host>.<pid>.tmp``, a name anyone could plant a
+    link at."""
+    d = tmp_path / "run"
+    d.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    (d / f"{LOCK_NAME}.vm.{os.getpid()}.tmp").symlink_to(victim)
+    lock = RunLock(d, host="vm").acquire()
+    try:
+        assert victim.read_text() == "someone else's file\n"
+        assert json.loads((d / LOCK_NAME).read_text())["pid"] == os.getpid()
+        assert (d / LOCK_NAME).stat().st_mode & 0o777 == 0o644
+    finally:
+        lock.release()
+
+
+def test_smoke_with_a_fifo_at_the_lock_ends_in_one_line_and_exit_2(tmp_path):
+    """The whole start, as a user meets it: before, `octo-dist smoke --save-dir D` never started its first step."""
+    save = tmp_path / "run"
+    plant(save, "fifo")
+    proc = helpers.run_smoke("--save-dir", str(save), "--steps", "2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert errors == [
+        f"octo-dist smoke: error: the run lock {save / LOCK_NAME} is a FIFO, not a lock file a run wrote; "
+        f"expected no file there, or a regular file holding a run's JSON. Fix: remove it (rm {save / LOCK_NAME}) "
+        f"if no run uses {save}, or pass another --save-dir"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr

@@ -55,6 +55,8 @@ def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float 
     [
         (signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)),
         (signal.SIGTERM, (signal.SIGTERM, signal.SIGTERM)),
+        # Ctrl-C is a stop too (before: KeyboardInterrupt), and a second one does not end the save.
+        (signal.SIGINT, (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)),
     ],
 )
 def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, then):
@@ -81,7 +83,7 @@ def test_signals_after_the_first_are_ignored_through_shutdown(tmp_path, first, t
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, (proc.returncode, err[-3000:])
-    assert (tmp_path / "handlers").read_text() == "SIG_IGN SIG_IGN SIG_IGN"
+    assert (tmp_path / "handlers").read_text() == "SIG_IGN SIG_IGN SIG_IGN SIG_IGN"
 
 
 # A stop handler installed, closed (the inherited ignore comes back) and installed again, as a program that runs
@@ -142,9 +144,39 @@ def test_without_a_stop_signal_close_puts_the_previous_handlers_back():
 
     before = [signal.getsignal(s) for s in stopping.SIGNALS]
     stop = stopping.StopSignal()
-    assert all(signal.getsignal(s) == stop._handle for s in stopping.SIGNALS)
+    # SIGINT stays ignored where this pytest inherited it ignored (started with '&' from a script)
+    assert [signal.getsignal(s) == stop._handle for s in stopping.SIGNALS] == [
+        not (s in stopping.KEEP_IGNORED and b == signal.SIG_IGN)
+        for s, b in zip(stopping.SIGNALS, before)
+    ]
     stop.close()
     assert [signal.getsignal(s) for s in stopping.SIGNALS] == before
+
+
+def test_sigint_inherited_ignored_stays_ignored_without_a_word(tmp_path):
+    """A shell ignores SIGINT for what a script starts with '&': that asks for no Ctrl-C, not a lost stop signal,
+    so it is left as it is (the other stop signals are re-armed and named)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REARM, str(tmp_path)],
+        env=clean_env(),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=helpers.ignoring(signal.SIGINT),
+    )
+    try:
+        wait_for_file(tmp_path / "ready", proc, "the handler to be installed")
+        proc.send_signal(signal.SIGINT)  # ignored: the process goes on
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for_file(tmp_path / "stopping", proc, "the stop") == "SIGTERM"
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    assert (tmp_path / "rearmed").read_text() == ""
+    assert "ignored when this process started" not in err, err
 
 
 def signal_all(procs, *signals) -> None:
@@ -160,10 +192,19 @@ def signal_all(procs, *signals) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path):
-    """SIGUSR1 to every rank, then (once rank 0 says it is stopping) SIGTERM and SIGUSR1 again to every rank, and
-    again and again from its verdict until every rank has exited: the job still saves a verified checkpoint, prints
-    its verdict and exits 0."""
+@pytest.mark.parametrize(
+    "first, burst",
+    [
+        (signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1)),
+        # Before: SIGINT raised KeyboardInterrupt in both ranks, MPI_ABORT, exit 1 and no stop checkpoint.
+        (signal.SIGINT, (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)),
+    ],
+    ids=["USR1", "INT"],
+)
+def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path, first, burst):
+    """``first`` to every rank, then (once rank 0 says it is stopping) ``burst`` to every rank, and again and again
+    from its verdict until every rank has exited: the job still saves a verified checkpoint, prints its verdict and
+    exits 0."""
     psutil = pytest.importorskip("psutil")
     from octo_dist.engine import checkpoint as ck
 
@@ -219,14 +260,14 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
                 pass
         assert len(procs) == 2, procs
         for p in procs:
-            p.send_signal(signal.SIGUSR1)
+            p.send_signal(first)
         deadline = time.monotonic() + 300
         while "stopping after step" not in (ranks / "0.err").read_text():
             assert job.poll() is None and time.monotonic() < deadline, (
                 f"waited 300 s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
             )
             time.sleep(0.02)
-        signal_all(procs, signal.SIGTERM, signal.SIGUSR1)  # while it saves
+        signal_all(procs, *burst)  # while it saves
         while "octo-dist smoke:" not in (ranks / "0.out").read_text():
             assert job.poll() is None and time.monotonic() < deadline, (
                 f"waited 300 s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
@@ -235,7 +276,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         # Then through the whole shutdown (the runtime's, the interpreter's), until every rank has exited.
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
             assert time.monotonic() < deadline, "waited 300 s for the ranks to exit"
-            signal_all(procs, signal.SIGTERM, signal.SIGUSR1)
+            signal_all(procs, *burst)
             time.sleep(0.02)
         _, mpirun_err = job.communicate(timeout=300)
     finally:
@@ -247,6 +288,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     rank_err = "".join((ranks / f"{r}.err").read_text() for r in (0, 1))
     assert job.returncode == 0, (job.returncode, rank_err[-3000:], mpirun_err[-2000:])
     rec = json.loads((tmp_path / "rec.json").read_text())
-    assert rec["stopped_by"] == "SIGUSR1" and rec["end_step"] < 100000
+    assert rec["stopped_by"] == first.name and rec["end_step"] < 100000
     assert ck.verify(ckpt / str(rec["end_step"]), rec["end_step"]) is None
-    assert "stopped by SIGUSR1 (checkpoint saved)" in (ranks / "0.out").read_text()
+    assert f"stopped by {first.name} (checkpoint saved)" in (ranks / "0.out").read_text()
+    assert "KeyboardInterrupt" not in rank_err and "Traceback" not in rank_err, rank_err[-3000:]

@@ -290,3 +290,57 @@ def test_the_slowest_ranks_start_up_is_named():
     assert "start-up: imports 1.0 s, compile 5.0 s; beside: first batch 41.0 s, compile 14.2 s" in (
         summary.lines(beside)
     )
+
+
+def test_the_summary_and_plot_replace_links_planted_in_the_run_directory_and_never_write_through_them(
+    tmp_path,
+):
+    """Before: summary.json was written through a link at summary.json.tmp (a fixed name) and loss.png through a
+    link at loss.png, into whatever file they named."""
+    import os
+
+    save, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    save.mkdir()
+    elsewhere.mkdir()
+    victims = {name: elsewhere / name for name in ("summary", "tmp", "plot")}
+    for victim in victims.values():
+        victim.write_text("someone else's file\n")
+    (save / "summary.json").symlink_to(victims["summary"])
+    (save / "summary.json.tmp").symlink_to(victims["tmp"])
+    (save / "loss.png").symlink_to(victims["plot"])
+    json_path, png_path = summary.write(save, one_job(0, 3, {0: 1.0, 1: 0.9, 2: 0.8}), {0: 1.0})
+    assert {n: v.read_bytes() for n, v in victims.items()} == dict.fromkeys(
+        victims, b"someone else's file\n"
+    )
+    for path in (json_path, png_path):
+        assert not path.is_symlink() and path.is_file()
+    assert json.loads(json_path.read_text())["command"] == "smoke"
+    assert png_size(png_path) == summary.PLOT_SIZE_PX
+    # Nothing left beside them but the planted link at the old fixed name (not ours to remove).
+    assert sorted(os.listdir(save)) == ["loss.png", "summary.json", "summary.json.tmp"]
+    assert oct(json_path.stat().st_mode & 0o777) == oct(0o666 & ~summary._umask())
+
+
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero", "huge"])
+def test_a_previous_summary_that_is_a_fifo_or_endless_is_not_read_and_a_new_history_begins(
+    tmp_path, planted, monkeypatch
+):
+    """Before: a FIFO at summary.json blocked the summary's open forever, a link to /dev/zero was read without end."""
+    import os
+
+    save = tmp_path / "run"
+    save.mkdir()
+    previous = save / "summary.json"
+    if planted == "fifo":
+        os.mkfifo(previous)
+    elif planted == "dev-zero":
+        previous.symlink_to("/dev/zero")
+    else:
+        monkeypatch.setattr(summary, "SUMMARY_MAX_BYTES", 10)
+        previous.write_text(json.dumps({"command": "smoke", "jobs": [], "losses": {}}))
+    assert summary.read_previous(previous) is None
+    # A job that resumed at 4 still writes its own history, over whatever was planted.
+    json_path, _ = summary.write(save, one_job(4, 6, {4: 0.5, 5: 0.4}), {4: 0.5, 5: 0.4})
+    assert [
+        (j["start_step"], j["end_step"]) for j in json.loads(json_path.read_text())["jobs"]
+    ] == [(4, 6)]

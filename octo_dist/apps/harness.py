@@ -188,6 +188,10 @@ def fit(job: Job, policy, optimizer, data, config, *, tracker, on_step=None, **f
             on_step=timed,
             **fit_kwargs,
         )
+        if result.stopped_by and job.runtime.is_main:
+            # First, as soon as the stop's checkpoint is written: the scheduler's kill may follow within seconds
+            # (PBS's kill_delay after a qdel: 10 s), and the job runtime's last line says which step was saved.
+            note_stop(result.end_step)
     finally:
         tracker.finish()
     return result, timing
@@ -203,12 +207,17 @@ def parameter_digests(result) -> list:
 def note_stop(step: int, environ: Mapping[str, str] = os.environ) -> None:
     """Tells the job runtime which step a stop signal's checkpoint saved (``<job dir>/stopped``: "1200\\n"), for its
     last line; nothing outside a job. Rank 0 only, after the checkpoint is written."""
+    from pathlib import Path
+
+    from octo_dist.apps import summary as summary_mod
+
     job_dir = environ.get(savelayout.JOB_DIR_ENV, "")
     if not job_dir:
         return
+    note = Path(savelayout.stop_note(job_dir))
     try:
-        with open(savelayout.stop_note(job_dir), "w") as f:
-            f.write(f"{step}\n")
+        # A new file renamed over the name: never written through a link or into a FIFO planted there.
+        summary_mod.replace_file(note.parent, note.name, lambda f: f.write(f"{step}\n".encode()))
     except OSError as e:  # a courtesy: the checkpoint and the exit status do not depend on it
         log.warning("could not note the stop in %s: %s", job_dir, e.strerror)
 
@@ -256,10 +265,21 @@ def summary(
         startup_beside=startclock.besides(),
     )
     if rt.is_main:
-        if result.stopped_by:
-            note_stop(result.end_step)
         print(summary_mod.lines(s), flush=True)
         if directory:
-            json_path, png_path = summary_mod.write(directory, s, result.losses)
-            log.info("run summary in %s and %s", json_path, png_path)
+            # Stopped by a signal, the scheduler's kill may follow within seconds: summary.json (small, and it
+            # holds the whole run's losses) but not the plot (matplotlib's import and drawing take seconds on a
+            # network file system); the run's next job draws the whole curve again.
+            plot = not result.stopped_by
+            json_path, png_path = summary_mod.write(directory, s, result.losses, with_plot=plot)
+            if plot:
+                log.info("run summary in %s and %s", json_path, png_path)
+            else:
+                log.info(
+                    "run summary in %s; %s not redrawn (stopped by %s: the scheduler's kill may follow); the "
+                    "run's next job draws it",
+                    json_path,
+                    png_path,
+                    result.stopped_by,
+                )
     return s

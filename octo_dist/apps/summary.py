@@ -13,12 +13,15 @@ step), so it is tested with numbers; :func:`write` puts the JSON and the plot in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import stat
 import statistics
+import tempfile
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import IO, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 from octo_dist import savelayout
 
@@ -35,6 +38,8 @@ LOG_SCALE_SPAN = 100.0
 DATA_BOUND_SHARE = 0.8
 PLOT_SIZE_PX = (800, 480)  # loss.png, width x height
 PLOT_DPI = 100
+# summary.json read back at most this big: 100,000 steps' losses take about 3 MB.
+SUMMARY_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,43 +274,94 @@ def unrecorded(jobs: Sequence[Mapping], start_step: int) -> list:
 
 
 def read_previous(path: Path) -> Optional[dict]:
-    """The summary.json an earlier job wrote, or None when there is none or it cannot be read (a new history)."""
+    """The summary.json an earlier job wrote, or None when there is none or it cannot be read (a new history).
+
+    Only a regular file of at most SUMMARY_MAX_BYTES, not through a link: a FIFO planted at the name would block the
+    open (so O_NONBLOCK), a link to ``/dev/zero`` would be read without end."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, flags)
+    except OSError:  # none, a link (ELOOP), unreadable
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(SUMMARY_MAX_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= SUMMARY_MAX_BYTES else None
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
+def replace_file(directory: Path, name: str, write: Callable[[IO[bytes]], None]) -> Path:
+    """``directory/name`` made whole by ``write(f)`` on a new file beside it, then renamed over the name: a reader
+    never sees half a file, and whatever was planted at the name (a link to someone's file, a link to
+    ``/dev/zero``) is replaced, never written through. The new file is created with O_EXCL under a name no one
+    could know in advance (``mkstemp``), so a link planted at a fixed temporary name is not followed either."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600; the run's other files follow the umask
+        final = directory / name
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return final
+
+
+def _umask(status: str = "/proc/self/status") -> int:
+    """This process's umask, read where it does not change it ("Umask:\t0022"): ``os.umask`` sets it to read it,
+    and another thread creating a file meanwhile would get that one; 0o022 where the kernel does not say."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def write(
-    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float]
+    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float], with_plot: bool = True
 ) -> Tuple[Path, Path]:
     """``directory/summary.json`` and ``directory/loss.png``: this job's figures, the run's history across resumed
-    and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths."""
+    and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths. ``with_plot``
+    False: summary.json only (a job stopped by a signal; the next job draws the whole curve).
+
+    Each file is written beside its name and renamed over it (:func:`replace_file`): never through a link."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # the names RunLayout.summary / .loss_plot give: one place knows a run's files
-    json_path, png_path = directory / savelayout.SUMMARY, directory / savelayout.LOSS_PLOT
-    jobs, run_losses = history(read_previous(json_path), s, losses)
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                **s.as_json(),
-                "losses": {str(k): v for k, v in sorted(run_losses.items())},
-                "jobs": jobs,
-            },
-            indent=1,
-        )
+    jobs, run_losses = history(read_previous(directory / savelayout.SUMMARY), s, losses)
+    text = json.dumps(
+        {
+            **s.as_json(),
+            "losses": {str(k): v for k, v in sorted(run_losses.items())},
+            "jobs": jobs,
+        },
+        indent=1,
     )
-    tmp.replace(json_path)
-    plot(
-        run_losses,
-        png_path,
-        f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
-        f"global batch {s.global_batch}",
-        job_starts=[j["start_step"] for j in jobs[1:] if "unrecorded" not in j],
-        gaps=[(j["start_step"], j["end_step"]) for j in jobs if "unrecorded" in j],
+    json_path = replace_file(directory, savelayout.SUMMARY, lambda f: f.write(text.encode()))
+    if not with_plot:
+        return json_path, directory / savelayout.LOSS_PLOT
+    png_path = replace_file(
+        directory,
+        savelayout.LOSS_PLOT,
+        lambda f: plot(
+            run_losses,
+            f,
+            f"octo-dist {s.command}: {s.processes} process(es), {s.devices} device(s), "
+            f"global batch {s.global_batch}",
+            job_starts=[j["start_step"] for j in jobs[1:] if "unrecorded" not in j],
+            gaps=[(j["start_step"], j["end_step"]) for j in jobs if "unrecorded" in j],
+        ),
     )
     return json_path, png_path
 
@@ -320,7 +376,7 @@ def smoothed(values: Sequence[float], span: int) -> list:
 
 def plot(
     losses: Mapping[int, float],
-    path: Path,
+    path: Union[Path, IO[bytes]],
     title: str,
     job_starts: Sequence[int] = (),
     gaps: Sequence[Tuple[int, int]] = (),
@@ -366,4 +422,4 @@ def plot(
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
+    fig.savefig(path, dpi=PLOT_DPI, format="png")

@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import socket
+import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +48,10 @@ HEARTBEAT_S = 60
 STALE_AFTER_S = (
     15 * 60
 )  # 15 heartbeats missed: no live holder is that late, even on a loaded file server
+
+
+# A lock holds about 100 bytes of JSON; more is not a lock this code wrote, and is not read further.
+LOCK_MAX_BYTES = 64 * 1024
 
 
 class SaveDirError(CheckpointError):
@@ -133,6 +139,67 @@ def describe_holder(holder: Mapping[str, Any]) -> str:
     )
 
 
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_lock(path: Path, mode: int) -> SaveDirError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    if stat.S_ISLNK(mode):
+        try:
+            kind += f" to {os.readlink(path)}"
+        except OSError:
+            pass
+    return SaveDirError(
+        f"the run lock {path} is {kind}, not a lock file a run wrote",
+        "no file there, or a regular file holding a run's JSON",
+        f"remove it (rm {path}) if no run uses {path.parent}, or pass another --save-dir",
+    )
+
+
+def read_lock(path: Path) -> Optional[tuple]:
+    """``(content, age_s)`` of the lock at ``path`` (at most LOCK_MAX_BYTES + 1 bytes; seconds since it was
+    touched), None when there is none. Never follows a link and never blocks: a FIFO, a link (to ``/dev/zero``),
+    a directory or a device at the lock's name is ``SaveDirError`` (exit 2), not opened or not read."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise _not_a_lock(path, mode)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced between the look and the open
+            raise _not_a_lock(path, st.st_mode)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(LOCK_MAX_BYTES + 1), time.time() - st.st_mtime
+    finally:
+        os.close(fd)
+
+
+def parse_holder(raw: bytes) -> dict:
+    """The lock's JSON object (``{"host": "g0001", "pid": 41235, ...}``), or {} when it is not one: binary, not
+    UTF-8, cut short, too long."""
+    if len(raw) > LOCK_MAX_BYTES:
+        return {}
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
 class RunLock:
     """The exclusive lock of one run on one save directory (see the module docstring)."""
 
@@ -163,9 +230,16 @@ class RunLock:
         """Take the lock, or raise ``SaveDirError`` naming the run that holds it. Takes over a stale one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = json.dumps(self.holder, sort_keys=True)
-        tmp = self.path.with_name(f"{LOCK_NAME}.{self.holder['host']}.{os.getpid()}.tmp")
-        tmp.write_text(mine)
+        # The complete file first, under a name no one can plant a link at in advance (O_EXCL, random).
+        fd, tmp = tempfile.mkstemp(
+            dir=self.path.parent, prefix=f"{LOCK_NAME}.{self.holder['host']}.", suffix=".tmp"
+        )
         try:
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(
+                    f.fileno(), 0o644
+                )  # others may read who holds the directory (mkstemp's is 0600)
+                f.write(mine)
             for _ in range(5):
                 try:
                     os.link(
@@ -180,23 +254,17 @@ class RunLock:
                     f"expected one run per save directory. Fix: choose another --save-dir"
                 )
         finally:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._heartbeat, name="octo-dist-lock", daemon=True)
         self._thread.start()
         return self
 
     def _take_over_if_stale(self) -> None:
-        try:
-            raw = self.path.read_text()
-            age = time.time() - self.path.stat().st_mtime
-        except FileNotFoundError:
+        found = read_lock(self.path)
+        if found is None:
             return  # released meanwhile: try again
-        try:
-            holder = json.loads(raw)
-            if not isinstance(holder, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            holder = {}  # unreadable: only its age can make it stale
+        raw, age = found
+        holder = parse_holder(raw)  # {} when unreadable: only its age can make it stale
         reason = stale_reason(holder, age, self.holder["host"], pid_alive, self.stale_after_s)
         if reason is None:
             raise SaveDirError(
@@ -210,7 +278,11 @@ class RunLock:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return
-        if aside.read_text() != raw:
+        try:
+            still = read_lock(aside)
+        except SaveDirError:  # something else was renamed: not the lock judged stale
+            still = None
+        if still is None or still[0] != raw:
             try:
                 os.link(
                     aside, self.path
@@ -246,10 +318,11 @@ class RunLock:
             self._thread.join()
             self._thread = None
             try:
-                if json.loads(self.path.read_text()) == self.holder:
-                    self.path.unlink()
-            except (OSError, ValueError):
-                pass
+                found = read_lock(self.path)
+            except (OSError, SaveDirError):  # replaced by something that is not ours to remove
+                return
+            if found is not None and parse_holder(found[0]) == self.holder:
+                self.path.unlink()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

@@ -35,7 +35,13 @@ import logging
 import signal
 from typing import Iterable, Optional
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# SIGINT too: Ctrl-C at a terminal, ``kill -INT``, the job runtime's rank guard forwarding one; before, it raised
+# KeyboardInterrupt wherever the rank was, which aborted the whole job (MPI_ABORT, exit 1: a chain stops) and lost
+# the steps since the last checkpoint.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# Inherited ignored, these stay ignored: POSIX has a shell ignore SIGINT for every command it starts with ``&``
+# from a script, which asks that no Ctrl-C reaches it (not a stop signal lost: ``kill -INT`` is then the only way).
+KEEP_IGNORED = (signal.SIGINT,)
 log = logging.getLogger(__name__)
 # The signals already named as re-armed: once per process, however many handlers follow.
 _reported: set = set()
@@ -43,10 +49,19 @@ _ignored_here: set = set()  # the signals a handler below ignored after a stop: 
 
 
 class StopSignal:
-    """Records SIGTERM/SIGUSR1/SIGUSR2 instead of dying; ``pending`` goes into every train step."""
+    """Records SIGINT/SIGTERM/SIGUSR1/SIGUSR2 instead of dying; ``pending`` goes into every train step."""
 
     def __init__(self, signals: Iterable[int] = SIGNALS):
         self.received: Optional[int] = None
+        signals = [
+            s
+            for s in signals
+            if not (
+                s in KEEP_IGNORED
+                and signal.getsignal(s) == signal.SIG_IGN
+                and s not in _ignored_here
+            )
+        ]
         self._previous = {s: signal.signal(s, self._handle) for s in signals}
         # (SIGTERM,): the stop signals this process inherited ignored, handled from now on.
         self.rearmed = tuple(

@@ -137,16 +137,16 @@ class OctoData:
         # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
         # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
         self.start_step = start_step
-        if process_index == 0:
-            dataset = self._seeded_build(start_step)
-        if process_count > 1:
-            from jax.experimental import multihost_utils
+        # The others wait on the coordination service, not in a collective: a collective's set-up gives up after
+        # 30 s (gloo) while a statistics pass takes minutes; rank 0's failure ends them with its error.
+        from octo_dist.runtime import rankwait
 
-            multihost_utils.sync_global_devices(
-                "octo_dist.apps.finetune.pipeline: dataset statistics written"
-            )
-        if process_index != 0:
-            dataset = self._seeded_build(start_step)
+        dataset = rankwait.rank_zero_first(
+            lambda: self._seeded_build(start_step),
+            "the dataset (on a first run it computes and caches the dataset statistics)",
+            process_index,
+            process_count,
+        )
         self.dataset_statistics = dataset.dataset_statistics
         self._frames = self._flattened(dataset)  # examples in file order (batch_spec reads one)
         self._pipeline = self._pipeline_of(dataset, start_step)
