@@ -103,7 +103,7 @@ def test_a_pretrained_path_missing_or_not_octo_is_refused(site, capsys):
     err = refused(
         site, capsys, "--data-dir", "data", train=("--config.pretrained_path=weights/empty",)
     )
-    assert "not an Octo checkpoint (no config.json or step directory in it)" in err, err
+    assert "not an Octo checkpoint (no config.json and no <step>/ directory" in err, err
 
 
 @pytest.mark.parametrize(
@@ -223,3 +223,14 @@ def test_the_render_warns_of_a_shortfall_of_room(site):
         "--save-dir runs/octo-dist: 100.0 MiB free on its file system; expected at least "
     )
     assert jobwarnings.footprint_warnings(job, free_of=lambda d: 1 << 40) == []
+
+
+def test_a_checkpoint_whose_only_step_directory_is_not_ascii_digits_is_refused(tmp_path):
+    """ "٣".isdigit() is True: a directory so named read as a step, and the job died at its start."""
+    path = tmp_path / "weights"
+    (path / "٣").mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    found, _, _ = submitchecks.pretrained_problem(str(path))
+    assert found.endswith(
+        "not an Octo checkpoint (no <step>/ directory (ASCII digits: 300000/) in it)"
+    ), found

@@ -336,3 +336,20 @@ def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_the_uninterrup
     assert (damaged / "10.damaged").is_dir()
     assert sorted(ck.step_dirs(damaged)) == [5, 10, 15]
     assert all(ck.verify(damaged / str(s), s) is None for s in (5, 10, 15))
+
+
+def test_only_ascii_digit_directories_are_steps(tmp_path):
+    """ "²".isdigit() is True (int() of it raised ValueError and ended the listing) and int("٣") is 3 (a directory
+    someone named so was restored as step 3)."""
+    for name in ("5", "²", "٣", "10.orbax-checkpoint-tmp-1"):
+        (tmp_path / name).mkdir()
+    assert sorted(ck.step_dirs(tmp_path)) == [5]
+
+
+def test_a_pretrained_checkpoint_with_only_non_ascii_digit_directories_has_no_step(tmp_path):
+    from octo_dist.apps.finetune import checks
+
+    for f in checks.CHECKPOINT_FILES:
+        (tmp_path / f).write_text("{}")
+    (tmp_path / "٣").mkdir()
+    assert any("step" in p for p in checks.checkpoint_problems(tmp_path))

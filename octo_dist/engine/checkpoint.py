@@ -211,7 +211,12 @@ def step_dirs(directory: Path) -> Dict[int, Path]:
     ``10.damaged`` are not steps)."""
     if not directory.is_dir():
         return {}
-    return {int(p.name): p for p in directory.iterdir() if p.name.isdigit() and p.is_dir()}
+    # ASCII digits only: "²".isdigit() is True (int() then raises) and int("٣") is 3.
+    return {
+        int(p.name): p
+        for p in directory.iterdir()
+        if p.name.isascii() and p.name.isdigit() and p.is_dir()
+    }
 
 
 def set_aside(step_dir: Path) -> Path:

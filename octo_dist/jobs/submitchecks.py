@@ -117,11 +117,14 @@ def pretrained_problem(
             "an Octo checkpoint directory",
             fix,
         )
-    steps = [s for s in listdir(path) if s.isdigit() and is_dir(os.path.join(path, s))]
-    if not is_file(os.path.join(path, OCTO_CONFIG)) or not steps:
+    steps = [
+        s for s in listdir(path) if s.isascii() and s.isdigit() and is_dir(os.path.join(path, s))
+    ]
+    lacks = [OCTO_CONFIG] if not is_file(os.path.join(path, OCTO_CONFIG)) else []
+    lacks += [] if steps else ["<step>/ directory (ASCII digits: 300000/)"]
+    if lacks:
         return (
-            f"--config.pretrained_path={path}: not an Octo checkpoint (no {OCTO_CONFIG}"
-            f"{'' if steps else ' or step directory'} in it)",
+            f"--config.pretrained_path={path}: not an Octo checkpoint (no {' and no '.join(lacks)} in it)",
             f"Octo's files: {OCTO_CONFIG}, dataset_statistics.json and a <step>/ directory",
             "point it at the directory octo-dist weights wrote (" + fix.split(" after")[0] + ")",
         )

@@ -43,7 +43,7 @@ def walltime_fix(text: str) -> str:
             return f"{days}-00:00:00"
         if 0 < days * 86400 + total <= job_settings.MAX_WALLTIME_S:
             return format_walltime(days * 86400 + total)
-    if text.isdigit() and len(text) <= 9 and int(text) > 0:
+    if text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0:
         return bare_number_readings(int(text))
     return "1:30:00"
 
