@@ -264,3 +264,34 @@ def test_probe_renders_a_10_minute_job_and_refuses_what_it_cannot_submit(
         and "octo-dist validate" in two
     )
     assert cli.main(["probe", "-P", "gxx00000", "--connect", "huggingface.co", "--dry-run"]) == 2
+
+
+def test_outbound_is_reported_not_failed():
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        assert write.connect(f"127.0.0.1:{port}") is None
+    refused = write.connect(f"127.0.0.1:{port}")  # closed now: refused at once
+    assert refused and "ConnectionRefusedError" in refused
+    assert F.outbound("h:443", refused) == {"target": "h:443", "reached": False, "error": refused}
+
+
+def test_the_login_nodes_singularity_is_recorded_at_submit(tmp_path, monkeypatch):
+    """A fake singularity on PATH printing what SingularityCE 4.1.5 prints; none at all: absent."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "singularity"
+    fake.write_text("#!/bin/sh\necho 'SingularityCE version 4.1.5-1.el9'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    probe.login_singularity(str(tmp_path / "raw"))
+    raw = write.read_raw(str(tmp_path / "raw"))
+    assert F.singularity(*raw["singularity-login.txt"])["version"] == "4.1.5-1.el9"
+    fake.unlink()
+    probe.login_singularity(str(tmp_path / "raw"))
+    assert "absent" in F.singularity(
+        *write.read_raw(str(tmp_path / "raw"))["singularity-login.txt"]
+    )

@@ -79,8 +79,8 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
                 "kill_delay",
                 f"{delay['seconds']} s ({delay.get('source', '')})",
                 f"at least {MIN_KILL_DELAY_S} s for a stop's checkpoint after a qdel or the wall time",
-                "save more often (-- finetune --config.save_interval=N) so a cut-off last save loses "
-                "little; the stop's own checkpoint may not finish",
+                "--stop-margin (the job stops itself before its wall time, not at PBS's SIGTERM), and "
+                "save more often (-- finetune --config.save_interval=N): a qdel's checkpoint may not finish",
             )
         )
     place = facts.get("placement", {})
@@ -135,6 +135,18 @@ def _software_differences(facts: Mapping[str, Mapping]) -> List[dict]:
                 f"inside the image: {failed}",
                 "nothing failing",
                 "the fix check-env names, then octo-dist probe again",
+            )
+        )
+    validate = facts.get("validate", {})
+    if validate.get("exit"):
+        last = (str(validate.get("tail", "")).strip().splitlines() or ["no output"])[-1]
+        out.append(
+            _diff(
+                "validate",
+                f"octo-dist validate across the nodes failed (exit {validate['exit']}): {last}",
+                "every step ok or skipped",
+                "the failing step's fix, in probe.txt's validate output",
+                MULTI_NODE,
             )
         )
     net = facts.get("outbound", {})

@@ -28,8 +28,12 @@ RSH_AGENT = re.compile(r"^mca:plm:rsh:param:plm_rsh_agent:value:(.*)$", re.M)
 VNODE = re.compile(r"\(([^:)]+)")
 
 
+# bash's prefix on a missing command: "/var/spool/pbs/mom_priv/jobs/12.pbs1.SC: line 14: nvidia-smi: not found"
+BASH_PREFIX = re.compile(r"^\S+: line [0-9]+: ", re.M)
+
+
 def absent(why: str) -> dict:
-    return {"absent": " ".join(why.split())[:300] or "no output"}
+    return {"absent": " ".join(BASH_PREFIX.sub("", why).split())[:300] or "no output"}
 
 
 def gpus(smi_csv: str, smi_rc: int, banner: str) -> dict:
