@@ -248,9 +248,8 @@ def test_probe_renders_a_10_minute_job_and_refuses_what_it_cannot_submit(
     from octo_dist import cli
 
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["probe", "-P", "gxx00000", "--dry-run"]) == 2
-    assert "no image " in capsys.readouterr().err
-    (tmp_path / probe.DEFAULT_IMAGE).write_text("")
+    assert cli.main(["probe", "-P", "gxx00000"]) == 2  # refused before anything is written or submitted
+    assert "no image " in capsys.readouterr().err and os.listdir(tmp_path) == []
     assert cli.main(["probe", "-P", "gxx00000", "--dry-run"]) == 0
     one = capsys.readouterr().out
     assert "#PBS -q rt_HG\n#PBS -l select=1:mpiprocs=1\n#PBS -l walltime=00:10:00\n" in one

@@ -158,7 +158,7 @@ def settings(args: argparse.Namespace, cwd: str) -> ProbeSettings:
     if not host or not port.isdigit():
         raise ProbeError(f"--connect {args.connect!r}", "HOST:PORT", "--connect huggingface.co:443")
     image = None if args.venv else os.path.join(cwd, args.image or DEFAULT_IMAGE)
-    if image and not os.path.isfile(image):
+    if image and not os.path.isfile(image) and not args.dry_run:  # --dry-run only shows the script
         raise ProbeError(
             f"no image {image}",
             "the image the jobs will run from",
