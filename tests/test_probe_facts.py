@@ -248,7 +248,9 @@ def test_probe_renders_a_10_minute_job_and_refuses_what_it_cannot_submit(
     from octo_dist import cli
 
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["probe", "-P", "gxx00000"]) == 2  # refused before anything is written or submitted
+    assert (
+        cli.main(["probe", "-P", "gxx00000"]) == 2
+    )  # refused before anything is written or submitted
     assert "no image " in capsys.readouterr().err and os.listdir(tmp_path) == []
     assert cli.main(["probe", "-P", "gxx00000", "--dry-run"]) == 0
     one = capsys.readouterr().out
@@ -279,18 +281,23 @@ def test_outbound_is_reported_not_failed():
 
 
 def test_the_login_nodes_singularity_is_recorded_at_submit(tmp_path, monkeypatch):
-    """A fake singularity on PATH printing what SingularityCE 4.1.5 prints; none at all: absent."""
+    """A fake singularity on PATH printing what SingularityCE 4.1.5 prints: its line is written into the script,
+    and the job's bash puts it where the report reads it; none at all: absent."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "singularity"
     fake.write_text("#!/bin/sh\necho 'SingularityCE version 4.1.5-1.el9'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    probe.login_singularity(str(tmp_path / "raw"))
-    raw = write.read_raw(str(tmp_path / "raw"))
-    assert F.singularity(*raw["singularity-login.txt"])["version"] == "4.1.5-1.el9"
-    fake.unlink()
-    probe.login_singularity(str(tmp_path / "raw"))
-    assert "absent" in F.singularity(
-        *write.read_raw(str(tmp_path / "raw"))["singularity-login.txt"]
+    settings = probe.ProbeSettings(
+        "gxx00000", 1, str(tmp_path / "save"), None, "/venv", (), "h:443"
     )
+    for expected in ("4.1.5-1.el9", None):
+        script = probe.render(settings, probe.login_singularity())
+        line = next(ln for ln in script.splitlines() if "singularity-login.txt" in ln)
+        raw = tmp_path / "raw"
+        raw.mkdir(exist_ok=True)
+        subprocess.run(["bash", "-c", line], cwd=raw, check=True)
+        fact = F.singularity(*write.read_raw(str(raw))["singularity-login.txt"])
+        assert fact.get("version") == expected, fact
+        fake.unlink(missing_ok=True)

@@ -2,9 +2,10 @@
 
 One ``rt_HG`` node (with ``--nodes 2``, an ``rt_HF`` pair that also runs ``octo-dist validate`` across the nodes)
 runs one command per fact of the first-job checklist, each writing its output and exit status under
-``SAVE_DIR/raw``; then, inside the image, ``python -m octo_dist.apps.probe.write`` turns them into
-``SAVE_DIR/probe.json`` and ``probe.txt``, naming each fact that contradicts what ``launch`` assumes with its fix.
-``launch`` reads that report later (``probesite``). Standard library only: this runs on the login node.
+``SAVE_DIR/raw.XXXXXX`` (a new one per job); then, inside the image, ``python -m octo_dist.apps.probe.write``
+turns them into ``SAVE_DIR/probe.json`` and ``probe.txt``, naming each fact that contradicts what ``launch``
+assumes with its fix. ``launch`` reads that report later (``probesite``). Standard library only: this runs on
+the login node.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import argparse
 import os
 import shlex
 import sys
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
+from octo_dist import EXIT_USAGE
 from octo_dist.jobs import probesite, status
+from octo_dist.jobs.cli import write_script
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.schedulers import pbs
 from octo_dist.launchers import outside
@@ -47,8 +50,9 @@ def _run_in(s: ProbeSettings) -> str:
     return f'env PATH={shlex.quote(os.path.join(s.venv or "", "bin"))}:"$PATH"'
 
 
-def render(s: ProbeSettings) -> str:
-    """The probe's job script: a PBS header, then one ``fact FILE COMMAND...`` line per fact."""
+def render(s: ProbeSettings, login: Tuple[str, int]) -> str:
+    """The probe's job script: a PBS header, then one ``fact FILE COMMAND...`` line per fact. ``login``: what
+    ``singularity --version`` said on this (login) node and its exit status, written into the script."""
     q = shlex.quote
     queue = QUEUES[s.nodes]
     run = _run_in(s)
@@ -70,11 +74,13 @@ def render(s: ProbeSettings) -> str:
 #PBS -k oe
 # octo-dist job for PBS: the site probe (octo-dist probe --nodes {s.nodes}); report: {s.save_dir}/{probesite.TEXT}
 set -u
-RAW={q(os.path.join(s.save_dir, "raw"))}
-mkdir -p "$RAW" && cd "$RAW" || exit 1
+mkdir -p {q(s.save_dir)} && RAW=$(mktemp -d {q(os.path.join(s.save_dir, "raw.XXXXXX"))}) && cd "$RAW" || exit 1
 # each fact: the command's output in FILE, its exit status in FILE.rc; a missing command is a fact too
 fact() {{ local file=$1; shift; "$@" > "$file" 2>&1; echo $? > "$file.rc"; }}
-[ -f /etc/profile.d/modules.sh ] && . /etc/profile.d/modules.sh
+# `module` is the site profile's shell function, as in launch's jobs
+if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then . /etc/profile.d/modules.sh; fi
+# singularity --version on the login node, at submit
+printf '%s\\n' {q(login[0].strip())} > singularity-login.txt; echo {int(login[1])} > singularity-login.txt.rc
 {modules}env | grep -E '^(CUDA_VISIBLE_DEVICES|PBS_[A-Z_]+|OMPI_MCA_[a-z_]+)=' > env.txt
 fact nvidia-smi.csv nvidia-smi --query-gpu=index,name,driver_version,uuid --format=csv,noheader
 fact nvidia-smi.txt nvidia-smi
@@ -92,7 +98,8 @@ BIND=(--bind {q(s.save_dir)})  # the report's directory, wherever it is (/groups
 [ -d {pbs.IB_DEVICES} ] && BIND+=(--bind {pbs.IB_DEVICES})  # as launch's jobs bind it
 fact image-infiniband.txt {run} ls -l /dev/infiniband
 fact check-env.json {run} octo-dist check-env --deep --json
-{validate}{run} python -m octo_dist.apps.probe.write {q(s.save_dir)} --nodes {s.nodes} --connect {q(s.connect)}
+{validate}{run} python -m octo_dist.apps.probe.write {q(s.save_dir)} --raw "$RAW" --nodes {s.nodes} \\
+    --connect {q(s.connect)}
 """
 
 
@@ -178,8 +185,8 @@ def settings(args: argparse.Namespace, cwd: str) -> ProbeSettings:
     )
 
 
-def login_singularity(raw_dir: str, run=outside.run_command) -> None:
-    """``singularity --version`` on this (login) node, written as the job's facts are, for the report."""
+def login_singularity(run=outside.run_command) -> Tuple[str, int]:
+    """What ``singularity --version`` says on this (login) node, and its exit status."""
     try:
         done = run(["singularity", "--version"], VERSION_TIMEOUT_S)
         text, rc = done.stdout + done.stderr, done.returncode
@@ -187,11 +194,7 @@ def login_singularity(raw_dir: str, run=outside.run_command) -> None:
         text, rc = "singularity: command not found", 127
     except outside.CommandTimeout:
         text, rc = f"no answer in {VERSION_TIMEOUT_S} s", 124
-    os.makedirs(raw_dir, exist_ok=True)
-    with open(os.path.join(raw_dir, "singularity-login.txt"), "w") as f:
-        f.write(text)
-    with open(os.path.join(raw_dir, "singularity-login.txt.rc"), "w") as f:
-        f.write(f"{rc}\n")
+    return text, rc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,14 +204,21 @@ def run(args: argparse.Namespace) -> int:
     except ProbeError as e:
         print(f"octo-dist probe: error: {e}", file=sys.stderr)
         return e.exit_status
-    text = render(s)
+    text = render(s, login_singularity())
     if args.dry_run:
         sys.stdout.write(text)
         return 0
-    with open(args.output, "w") as f:
-        f.write(text)
-    os.chmod(args.output, 0o755)
-    login_singularity(os.path.join(s.save_dir, "raw"))
+    try:
+        write_script(
+            args.output, text
+        )  # a new file takes the name: a link there is never written through
+    except OSError as e:
+        print(
+            f"octo-dist probe: error: cannot write {args.output!r} ({e.strerror}); expected a file you can write. "
+            "Fix: -o a path in a directory you own",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         jobs = submit_mod.submit("pbs", args.output, name=NAME, group=s.group)
     except submit_mod.SubmitError as e:

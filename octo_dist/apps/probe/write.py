@@ -1,5 +1,5 @@
-"""The probe job's report: ``python -m octo_dist.apps.probe.write DIR`` reads what the job's commands wrote in
-``DIR/raw`` (one file per command, its exit status in ``NAME.rc``), tries the outbound connection, and writes
+"""The probe job's report: ``python -m octo_dist.apps.probe.write DIR --raw RAW`` reads what the job's commands
+wrote in RAW (one file per command, its exit status in ``NAME.rc``), tries the outbound connection, and writes
 ``DIR/probe.json`` and ``DIR/probe.txt``. It runs inside the image, after the commands (octo-dist probe renders them).
 """
 
@@ -156,9 +156,10 @@ def main(
     p.add_argument(
         "--connect", default="huggingface.co:443", help="HOST:PORT to open a TCP connection to"
     )
+    p.add_argument("--raw", help="the commands' outputs (default: DIRECTORY/raw)")
     p.add_argument("--nodes", type=int, default=1)
     args = p.parse_args(argv)
-    raw = read_raw(os.path.join(args.directory, "raw"))
+    raw = read_raw(args.raw or os.path.join(args.directory, "raw"))
     net = F.outbound(args.connect, try_connect(args.connect))
     facts = gather(raw, net)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
