@@ -146,6 +146,15 @@ def test_a_site_as_launch_assumes_has_no_differences():
     assert probesite.differences(site(), 2) == []
 
 
+def test_hidden_gpus_are_asked_of_a_shared_node_only():
+    """An rt_HG probe (1 node) seeing 8 GPUs without CUDA_VISIBLE_DEVICES: other jobs' GPUs are in reach; an rt_HF
+    pair owns its nodes' 8 GPUs."""
+    eight = F.gpus(SMI_CSV * 8, 0, SMI_BANNER)
+    facts = site(gpus=eight, isolation=F.isolation({}, "", eight))
+    assert [d["fact"] for d in probesite.differences(facts, 1)] == ["gpu isolation"]
+    assert probesite.differences(facts, 2) == []
+
+
 def test_each_contradiction_is_named_with_its_fix():
     diffs = probesite.differences(
         site(

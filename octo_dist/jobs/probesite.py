@@ -52,7 +52,9 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
             )
         )
     iso = facts.get("isolation", {})
-    if "absent" not in iso and str(iso.get("how", "")).startswith("none"):
+    # a 1-node probe is an rt_HG job, a share of a node: other jobs' GPUs must stay hidden (an rt_HF pair owns
+    # its nodes' 8 GPUs, all listed)
+    if nodes == 1 and "absent" not in iso and str(iso.get("how", "")).startswith("none"):
         out.append(
             _diff(
                 "gpu isolation",
@@ -78,9 +80,10 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
             _diff(
                 "kill_delay",
                 f"{delay['seconds']} s ({delay.get('source', '')})",
-                f"at least {MIN_KILL_DELAY_S} s for a stop's checkpoint after a qdel or the wall time",
-                "--stop-margin (the job stops itself before its wall time, not at PBS's SIGTERM), and "
-                "save more often (-- finetune --config.save_interval=N): a qdel's checkpoint may not finish",
+                f"at least {MIN_KILL_DELAY_S} s for the checkpoint of a job stopped by qdel (the wall time is "
+                "not concerned: the job stops itself --stop-margin before it)",
+                "save more often (-- finetune --config.save_interval=N): a qdel'd job's last checkpoint may not "
+                "finish, and the one before it is where the next job resumes",
             )
         )
     place = facts.get("placement", {})
