@@ -57,6 +57,21 @@ def test_kill_delay_is_the_queues_or_pbs_default_and_absent_without_qstat():
     assert "absent" in F.kill_delay("bash: qstat: command not found", 127, "rt_HG")
 
 
+# The same, as qstat prints them without -F json (a long value wraps onto a line that starts with a tab).
+QUEUE_TEXT = "Queue: rt_HG\n    queue_type = Execution\n    kill_delay = 5\n    enabled = True\n\n"
+JOB_TEXT = (
+    "Job Id: 12.pbs1\n    Job_Name = octo-dist-probe\n    Resource_List.place = scatter\n"
+    "    Resource_List.select = 2:mpiprocs=1\n    exec_vnode = (hnode001:ncpus=1)+(hnod\n\te002:ncpus=1)\n\n"
+)
+
+
+def test_qstats_text_reads_as_its_json():
+    assert F.kill_delay(QUEUE_TEXT, 0, "rt_HG")["seconds"] == 5
+    got = F.placement(JOB_TEXT, 0, "12.pbs1")
+    assert (got["place"], got["hosts"]) == ("scatter", ["hnode001", "hnode002"])
+    assert "absent" in F.kill_delay(QUEUE_TEXT, 0, "rt_HF")
+
+
 def test_placement_reads_place_and_the_hosts_of_exec_vnode():
     got = F.placement(JOB_JSON, 0, "12.pbs1")
     assert got["place"] == "scatter" and got["hosts"] == ["hnode001", "hnode001"]

@@ -89,8 +89,9 @@ fact host-infiniband.txt ls -l /dev/infiniband
 # PBS's own qstat (pbs.conf's PBS_EXEC), else the first on PATH
 QSTAT=$( (. "${{PBS_CONF_FILE:-/etc/pbs.conf}}" 2>/dev/null; [ -x "${{PBS_EXEC:-}}/bin/qstat" ] &&
   echo "$PBS_EXEC/bin/qstat") || command -v qstat || echo qstat)
-fact qstat-queue.json "$QSTAT" -Qf -F json "$PBS_QUEUE"
-fact qstat-job.json "$QSTAT" -f -F json "$PBS_JOBID"
+# -F json where this PBS has it, else its text (the report reads both)
+fact qstat-queue.json sh -c '"$0" -Qf -F json "$1" || "$0" -Qf "$1"' "$QSTAT" "$PBS_QUEUE"
+fact qstat-job.json sh -c '"$0" -f -F json "$1" || "$0" -f "$1"' "$QSTAT" "$PBS_JOBID"
 fact ompi-info.txt ompi_info --parsable --all
 fact singularity-compute.txt singularity --version
 fact quota.txt show_quota

@@ -82,23 +82,62 @@ def devices(listing: str, rc: int) -> dict:
     return {"files": files, "uverbs": [f for f in files if f.startswith("uverbs")]}
 
 
-def kill_delay(qstat_json: str, rc: int, queue: str) -> dict:
-    """``qstat -Qf -F json QUEUE`` -> ``{"seconds": 10, "source": "PBS's default: queue rt_HG sets no kill_delay"}``
-    (PBS lists kill_delay only where the queue sets it)."""
-    if rc != 0 or not qstat_json.lstrip().startswith("{"):
-        return absent(f"qstat -Qf {queue} failed (exit {rc}): {qstat_json}")
-    seconds, source = pbs.kill_delay(qstat_json, queue)
+# qstat -f's text: "Job Id: 12.pbs1" / "Queue: rt_HG", then "    NAME = VALUE" lines; a long value goes on in lines
+# that start with a tab ("    exec_vnode = (hnode001:ncpus=8:ngpus=1)+(hnode002:nc\n\tpus=8:ngpus=1)").
+HEADING = re.compile(r"^(Job Id|Queue): (\S+)$")
+ATTRIBUTE = re.compile(r"^    ([A-Za-z_][A-Za-z0-9_.]*) = (.*)$")
+
+
+def qstat_text(text: str) -> dict:
+    """``qstat -f`` or ``qstat -Qf`` without ``-F json``, as ``-F json`` would say it: ``{"Jobs": {"12.pbs1":
+    {"Resource_List": {"place": "scatter"}, "exec_vnode": "..."}}}`` or ``{"Queue": {"rt_HG": {...}}}``."""
+    out: dict = {}
+    attrs, last = None, None
+    for line in text.splitlines():
+        heading, attribute = HEADING.match(line), ATTRIBUTE.match(line)
+        if heading:
+            attrs = out.setdefault("Jobs" if heading.group(1) == "Job Id" else "Queue", {})
+            attrs = attrs.setdefault(heading.group(2), {})
+        elif attribute and attrs is not None:
+            name, _, sub = attribute.group(1).partition(".")
+            where = attrs.setdefault(name, {}) if sub else attrs
+            if not isinstance(where, dict):
+                continue
+            last = (where, sub or name)
+            where[last[1]] = attribute.group(2)
+        elif line.startswith("\t") and last is not None:
+            last[0][last[1]] += line[1:]
+    return out
+
+
+def _qstat(text: str) -> dict:
+    """``qstat -F json``'s output or its text, parsed; {} when it is neither."""
+    try:
+        return json.loads(text) if text.lstrip().startswith("{") else qstat_text(text)
+    except ValueError:
+        return {}
+
+
+def kill_delay(qstat_out: str, rc: int, queue: str) -> dict:
+    """``qstat -Qf -F json QUEUE`` (or its text) -> ``{"seconds": 10, "source": "PBS's default: queue rt_HG sets no
+    kill_delay"}`` (PBS lists kill_delay only where the queue sets it)."""
+    parsed = _qstat(qstat_out)
+    if rc != 0 or queue not in parsed.get("Queue", {}):
+        return absent(f"qstat -Qf {queue} failed (exit {rc}): {qstat_out}")
+    seconds, source = pbs.kill_delay(json.dumps(parsed), queue)
     return {"seconds": seconds, "source": source}
 
 
-def placement(qstat_json: str, rc: int, job_id: str) -> dict:
-    """``qstat -f -F json JOBID`` -> ``{"place": "scatter", "exec_vnode": "(node001:ncpus=1)", "hosts": [...]}``."""
+def placement(qstat_out: str, rc: int, job_id: str) -> dict:
+    """``qstat -f -F json JOBID`` (or its text) -> ``{"place": "scatter", "exec_vnode": "(node001:ncpus=1)",
+    "hosts": ["node001"]}``."""
     try:
-        record = json.loads(qstat_json)["Jobs"]
+        record = _qstat(qstat_out)["Jobs"]
         record = record.get(job_id) or next(iter(record.values()))
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration):
-        return absent(f"qstat -f {job_id} failed (exit {rc}): {qstat_json}")
-    resources = record.get("Resource_List") or {}
+        return absent(f"qstat -f {job_id} failed (exit {rc}): {qstat_out}")
+    resources = record.get("Resource_List")
+    resources = resources if isinstance(resources, dict) else {}
     vnode = str(record.get("exec_vnode", ""))
     return {
         "place": str(resources.get("place", "")),
