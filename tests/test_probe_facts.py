@@ -325,3 +325,35 @@ def test_the_login_nodes_singularity_is_recorded_at_submit(tmp_path, monkeypatch
         fact = F.singularity(*write.read_raw(str(raw))["singularity-login.txt"])
         assert fact.get("version") == expected, fact
         fake.unlink(missing_ok=True)
+
+
+HOST_PYTHON = (
+    "/root/.pyenv/versions/3.9.18/bin/python"  # ABCI 3.0's login and compute nodes: Python 3.9
+)
+
+
+def test_the_report_is_written_by_a_bare_python_3_9_where_the_image_does_not_start(tmp_path):
+    """The job's last line falls back to the node's Python with the checkout on PYTHONPATH: the writer needs only
+    the standard library on 3.9 (-S: no site-packages)."""
+    import pytest
+
+    if not os.access(HOST_PYTHON, os.X_OK):
+        pytest.skip(f"no {HOST_PYTHON}")
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "qstat-queue.json").write_text(QUEUE_TEXT)
+    (tmp_path / "raw" / "env.txt").write_text("PBS_QUEUE=rt_HG\n")
+    env = {"PYTHONPATH": probe.CHECKOUT, "PATH": "/usr/bin:/bin"}
+    argv = [
+        HOST_PYTHON,
+        "-S",
+        "-m",
+        "octo_dist.apps.probe.write",
+        str(tmp_path),
+        "--connect",
+        "127.0.0.1:9",
+    ]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (
+        json.loads((tmp_path / probesite.REPORT).read_text())["facts"]["kill_delay"]["seconds"] == 5
+    )

@@ -30,6 +30,9 @@ SCRIPT = "probe.sh"
 DEFAULT_IMAGE = "octo-dist-cuda12.sif"  # make sif's file for the H200 nodes
 QUEUES = {1: "rt_HG", 2: "rt_HF"}  # one shared node is the cheapest; a pair needs whole nodes
 VERSION_TIMEOUT_S = 30  # singularity --version answers at once
+# The directory holding this octo_dist package (the checkout on ABCI, PYTHONPATH=$PWD): the report's writer needs
+# only the standard library, so the node's Python runs it from here where the image cannot.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ProbeSettings(NamedTuple):
@@ -99,8 +102,9 @@ BIND=(--bind {q(s.save_dir)})  # the report's directory, wherever it is (/groups
 [ -d {pbs.IB_DEVICES} ] && BIND+=(--bind {pbs.IB_DEVICES})  # as launch's jobs bind it
 fact image-infiniband.txt {run} ls -l /dev/infiniband
 fact check-env.json {run} octo-dist check-env --deep --json
-{validate}{run} python -m octo_dist.apps.probe.write {q(s.save_dir)} --raw "$RAW" --nodes {s.nodes} \\
-    --connect {q(s.connect)}
+WRITE=(-m octo_dist.apps.probe.write {q(s.save_dir)} --raw "$RAW" --nodes {s.nodes} --connect {q(s.connect)})
+# the report, from the image; where it does not start, from this checkout on the node's own Python (3.9 will do)
+{validate}{run} python "${{WRITE[@]}}" || PYTHONPATH={q(CHECKOUT)} python3 "${{WRITE[@]}}"
 """
 
 
