@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "bench-input": "octo_dist.apps.benchinput.cli",
     "detect": "octo_dist.launchers.cli",
     "validate": "octo_dist.apps.validate.app",
+    "probe": "octo_dist.jobs.probe",
 }
 RAW_ARGV = "finetune"  # the subcommand whose arguments are handed over unparsed
 TRAINING_COMMANDS = ("smoke", "finetune")  # what `launch ... --` runs

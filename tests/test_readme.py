@@ -309,7 +309,7 @@ def abci_blocks() -> tuple:
 
 
 def test_the_abci_script_shown_is_what_the_submit_command_writes(tmp_path):
-    """README (b) step 4's command, rendered without `--submit --chain N` from the checkout of step 1 (`$PWD`
+    """README (b) step 5's command, rendered without `--submit --chain N` from the checkout of step 1 (`$PWD`
     written out, the image skipped as it is not here), writes the script the README shows, which is the ready-made
     scripts/jobs/abci3-pbs-finetune.sh under the name -o gives it."""
     checkout, submit, _, shown = abci_blocks()

@@ -351,6 +351,14 @@ def refusal_and_warning(options: options_mod.LaunchOptions, job: spec_mod.Job) -
     return refusal, warning
 
 
+def warnings(job: spec_mod.Job, warning: Optional[str]) -> list:
+    """Everything launch warns of before it writes: the image's fit, paths this host lacks, the fine-tune's
+    missing pieces, and where a probe job found the site other than launch assumes."""
+    out = [warning] if warning else []
+    out += jobwarnings.missing_paths(job, os.path.isdir)
+    return out + jobwarnings.probe_warnings(job, os.environ, os.getcwd())
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
@@ -380,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status
     scheduler = job.settings.allocation.scheduler
-    for warning in ([warning] if warning else []) + jobwarnings.missing_paths(job, os.path.isdir):
+    for warning in warnings(job, warning):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     # --dry-run with -o shows the script as -o would name it ("sbatch job.sh"), not the default name
     text = render(job, os.path.basename(out or options.output or f"octo-dist-{scheduler}.sh"))

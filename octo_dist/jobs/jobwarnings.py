@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping, Optional
 
-from octo_dist.jobs import footprint
+from octo_dist.jobs import footprint, probesite
 from octo_dist.jobs.flagchecks import flag_given
 
 
@@ -113,3 +113,19 @@ def footprint_warnings(job, free_of: Callable[[str], Optional[int]] = footprint.
         return []
     found, expected, fix = short
     return [f"{found}; expected {expected}: the job would stop at a checkpoint. Fix: {fix}"]
+
+
+def probe_warnings(job, environ: Mapping[str, str], cwd: str) -> list:
+    """Where a probe job (``octo-dist probe``) found the PBS site other than launch assumes: its report in the save
+    directory, ``runs/probe/`` or ``$OCTO_DIST_PROBE_REPORT``; one warning per difference that concerns this job
+    (the multi-node ones only for a job of several nodes); [] without a report or for another scheduler."""
+    if job.settings.allocation.scheduler != "pbs":
+        return []
+    path = probesite.find_report(job.settings.storage.save_dir, environ, cwd)
+    report = probesite.read_report(path) if path else None
+    if path and report is None:
+        return [
+            f"{path}: not a probe report octo-dist wrote (unreadable, or not its JSON). Fix: octo-dist probe "
+            f"again, or unset {probesite.REPORT_ENV}"
+        ]
+    return probesite.launch_warnings(report, path, job.settings.allocation.nodes) if report else []

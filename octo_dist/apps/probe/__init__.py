@@ -1,0 +1,1 @@
+"""The probe job's on-node side: what the node and the image are (``facts``), written as a report (``write``)."""
