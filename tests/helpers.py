@@ -134,6 +134,10 @@ RANK_OUTPUT = (
 # mpirun start-up on a loaded 2-core machine (another job's 2 CPU hogs beside it) takes a few seconds per rank
 # before JAX even imports: tests give it minutes, not the seconds it takes on a quiet machine.
 MPI_TIMEOUT = 300
+# How long a test waits for a single-process program before calling it hung: a guard that ends a deadlock, never a
+# budget the program is meant to meet. The programs take seconds to a minute on a quiet 2-core machine and up to ten
+# times that at a load of 15 (fit_ahead.py took 358 s there when it compiled twice as much as it does now).
+HANG_S = 900
 
 
 def tail(text: str, n: int = 2000) -> str:
