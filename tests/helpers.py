@@ -295,3 +295,47 @@ def with_growing_budget(run, got_there, budgets: Sequence[float] = GROWING_BUDGE
         if got_there(result):
             break
     return budget, result
+
+
+# --- a job's settings, as `octo-dist launch` writes them beside the job script ----------------------------------
+
+
+def settings_mapping(scheduler: str, **fields) -> dict:
+    """A job's settings mapping (the schema ``octo_dist.jobs.settings`` reads): 1 node x 1 rank, an hour, the smoke
+    job saving to ``save``, a venv at ``/v``. ``fields`` replace any field by its name, whatever its section
+    (``nodes=2``, ``venv=str(tmp_path / "venv")``, ``forward_prefixes=["NCCL_"]``)."""
+    from octo_dist.jobs import settings
+
+    sections = {
+        "allocation": {
+            "scheduler": scheduler,
+            "nodes": 1,
+            "ranks_per_node": 1,
+            "cpus_per_rank": 0,
+            "sockets": 0,
+        },
+        "timing": {"walltime_s": 3600, "stop_margin_s": 300},
+        "software": {"modules": [], "image": "", "venv": "/v", "binds": []},
+        "storage": {
+            "save_dir": "save",
+            "data_dir": "",
+            "compile_cache": "",
+            "wandb_mode": "disabled",
+        },
+        "forwarding": {
+            "environment": [],
+            "coordinator": "",
+            "forward_prefixes": [],
+            "forward_names": [],
+        },
+        "commands": {
+            "preflight": ["octo-dist", "check-env", "--launch"],
+            "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
+        },
+    }
+    unknown = sorted(set(fields) - {name for s in sections.values() for name in s})
+    if unknown:
+        raise TypeError(f"settings_mapping: no field {unknown}; the fields are {sections}")
+    for section in sections.values():
+        section.update((name, fields[name]) for name in section if name in fields)
+    return {"schema": settings.SCHEMA, "script_name": "job.sh", **sections}

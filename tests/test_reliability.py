@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, settings_mapping
 from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
@@ -33,35 +33,7 @@ def program(path: Path, text: str) -> None:
 
 def settings_json(scheduler: str, tmp_path: Path, save_dir: Path) -> str:
     return json.dumps(
-        {
-            "schema": job_settings.SCHEMA,
-            "script_name": "job.sh",
-            "allocation": {
-                "scheduler": scheduler,
-                "nodes": 1,
-                "ranks_per_node": 1,
-                "cpus_per_rank": 0,
-                "sockets": 0,
-            },
-            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
-            "software": {"modules": [], "image": "", "venv": str(tmp_path / "venv"), "binds": []},
-            "storage": {
-                "save_dir": str(save_dir),
-                "data_dir": "",
-                "compile_cache": "",
-                "wandb_mode": "disabled",
-            },
-            "forwarding": {
-                "environment": [],
-                "coordinator": "",
-                "forward_prefixes": [],
-                "forward_names": [],
-            },
-            "commands": {
-                "preflight": ["octo-dist", "check-env", "--launch"],
-                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
-            },
-        }
+        settings_mapping(scheduler, venv=str(tmp_path / "venv"), save_dir=str(save_dir))
     )
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import settings_mapping
+
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 
@@ -140,40 +142,9 @@ def job(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(ranks, "POLL_S", 0.05)
     saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
     settings = job_settings.from_mapping(
-        {
-            "schema": job_settings.SCHEMA,
-            "script_name": "job.sh",
-            "allocation": {
-                "scheduler": "sge",
-                "nodes": 1,
-                "ranks_per_node": 2,
-                "cpus_per_rank": 0,
-                "sockets": 0,
-            },
-            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
-            "software": {
-                "modules": [],
-                "image": "",
-                "venv": str(tmp_path / "venv"),
-                "binds": [],
-            },
-            "storage": {
-                "save_dir": "save",
-                "data_dir": "",
-                "compile_cache": "",
-                "wandb_mode": "disabled",
-            },
-            "forwarding": {
-                "environment": [],
-                "coordinator": "",
-                "forward_prefixes": ["FAKE_"],
-                "forward_names": [],
-            },
-            "commands": {
-                "preflight": ["octo-dist", "check-env", "--launch"],
-                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
-            },
-        }
+        settings_mapping(
+            "sge", ranks_per_node=2, venv=str(tmp_path / "venv"), forward_prefixes=["FAKE_"]
+        )
     )
 
     def make(**env):
