@@ -120,6 +120,16 @@ def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
     )
 
 
+def stdout_of(argv: Sequence[str]) -> str:
+    """What ``argv`` prints, run from the checkout with a clean environment; a failure fails the test with its
+    stderr."""
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=HANG_S
+    )
+    assert proc.returncode == 0, f"{argv} exited {proc.returncode}: {proc.stderr[-3000:]}"
+    return proc.stdout
+
+
 def json_lines(text: str) -> list:
     return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
 
@@ -339,3 +349,22 @@ def settings_mapping(scheduler: str, **fields) -> dict:
     for section in sections.values():
         section.update((name, fields[name]) for name in section if name in fields)
     return {"schema": settings.SCHEMA, "script_name": "job.sh", **sections}
+
+
+# One ABCI-shaped PBS job of the tiny smoke model: ranks per node and GPUs as ABCI's nodes have them, a group.
+PBS_JOB = ("--ranks-per-node", "2", "--gpus-per-node", "2", "--group", "gxx00000")
+
+
+def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = ()) -> Path:
+    """``octo-dist launch SCHEDULER FLAGS -o job.sh -- smoke --model tiny SMOKE`` in ``work``: the job script it
+    rendered there (a refusal fails the test with octo-dist's message)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "launch", scheduler, *flags, "-o", "job.sh", "--"]
+        + ["smoke", "--model", "tiny", *smoke],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return work / "job.sh"

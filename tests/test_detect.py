@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, stdout_of
 from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
 
@@ -210,17 +210,7 @@ print(json.dumps(out, sort_keys=True))
 @pytest.mark.skipif(not PYTHON39.exists(), reason="no CPython 3.9 at " + str(PYTHON39))
 def test_python_3_9_answers_every_environment_as_this_python_does():
     answers = [
-        json.loads(
-            subprocess.run(
-                [python, "-c", EVERY_ENV, str(ENVS)],
-                capture_output=True,
-                text=True,
-                env=clean_env(),
-                cwd=REPO,
-                timeout=120,
-                check=True,
-            ).stdout
-        )
+        json.loads(stdout_of([python, "-c", EVERY_ENV, str(ENVS)]))
         for python in (str(PYTHON39), sys.executable)
     ]
     assert answers[0] == answers[1] and len(answers[0]) == len(DETECTED) + len(REFUSED)

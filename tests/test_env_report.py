@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, stdout_of
 from octo_dist.envcheck import envreport
 
 
@@ -130,15 +130,7 @@ def test_a_broken_manifest_is_one_line_and_exit_2(tmp_path):
 
 
 def complete(*words):
-    script = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "completion", "bash"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    ).stdout
+    script = stdout_of([sys.executable, "-m", "octo_dist", "completion", "bash"])
     probe = (
         script
         + '\nCOMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _octo_dist; echo "${COMPREPLY[*]}"\n'
@@ -187,15 +179,7 @@ def test_bash_completion_offers_values_paths_and_the_training_commands_flags(tmp
 
 
 def test_zsh_completion_wraps_the_bash_one():
-    out = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "completion", "zsh"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = stdout_of([sys.executable, "-m", "octo_dist", "completion", "zsh"])
     assert (
         "autoload -U +X bashcompinit && bashcompinit" in out
         and "complete -o default -F _octo_dist octo-dist" in out
