@@ -418,19 +418,23 @@ def refused(proc: subprocess.CompletedProcess, says: str) -> None:
     assert "Fix: " in lines[0]
 
 
-def test_install_sh_checks_the_profile_before_writing_anything(tmp_path):
+def users_directory(tmp_path: Path) -> Path:
+    """A directory of the user's, not a venv: ``work/notes.txt``."""
     prefix = tmp_path / "work"
     prefix.mkdir()
     (prefix / "notes.txt").write_text("mine")
+    return prefix
+
+
+def test_install_sh_checks_the_profile_before_writing_anything(tmp_path):
+    prefix = users_directory(tmp_path)
     refused(install_sh("bogus", str(prefix)), "no profile 'bogus'")
     refused(install_sh("bogus", str(tmp_path / "new")), "expected one of: cpu ")
     assert os.listdir(prefix) == ["notes.txt"] and not (tmp_path / "new").exists()
 
 
 def test_install_sh_never_writes_into_a_directory_that_is_not_empty_and_not_a_venv(tmp_path):
-    prefix = tmp_path / "work"
-    prefix.mkdir()
-    (prefix / "notes.txt").write_text("mine")
+    prefix = users_directory(tmp_path)
     refused(install_sh("cpu", str(prefix)), "not empty and not a venv")
     refused(install_sh("cpu", str(prefix / "notes.txt")), "is not a directory")
     assert os.listdir(prefix) == ["notes.txt"]
