@@ -4,8 +4,9 @@ engine with every batch augmented inside ``Engine.step``, and against the batche
 object of losses by step.
 
 The least work that shows it: two steps (the second batch is the first one made ahead, while step 0 runs), jit
-only (the augmentation is a program of its own, run before either step function), and one engine, so the step and
-the augmentation compile once; the unaugmented losses come from that same step given the raw batch as prepared.
+only (the augmentation is a program of its own, run before either step function), one engine, so the step and the
+augmentation compile once (the unaugmented losses come from that same step given the raw batch as prepared), and
+the policy initialised once: every run starts from those parameters.
 
 usage: python fit_ahead.py   (XLA_FLAGS=--xla_force_host_platform_device_count=2)
 """
