@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -368,3 +369,18 @@ def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = (
     )
     assert proc.returncode == 0, proc.stderr
     return work / "job.sh"
+
+
+def chain_running(status, first: str, checkpoint: Path, wait_s: float, tail) -> tuple:
+    """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
+    ``first``, runs and has written ``checkpoint``: the two rows under its heading. ``wait_s`` only ends a chain
+    that never gets there, the test failing with ``tail()`` (its job's log)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        res = status()
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
+        if rows.get(first) == "running" and checkpoint.is_dir():
+            return res.stdout, rows
+        assert time.monotonic() < deadline, res.stdout + tail()
+        time.sleep(2)
