@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -384,3 +385,30 @@ def chain_running(status, first: str, checkpoint: Path, wait_s: float, tail) -> 
             return res.stdout, rows
         assert time.monotonic() < deadline, res.stdout + tail()
         time.sleep(2)
+
+
+class SubmittedJobs:
+    """What ``octo-dist launch ... --submit`` printed: the job ids and their logs, in order, and the submit
+    directory. A scheduler's tests add how to wait for a job and what to show when one fails."""
+
+    def __init__(self, work: Path, stdout: str):
+        self.work = work
+        # "submitted job 3.node001, after 2.node001: log /var/spool/octosim-pbs/home/octo-dist.o3" (PBS),
+        # "submitted job 12, after 11: log /path/octo-dist-12.out" (Slurm)
+        found = re.findall(r"^submitted job (\S+?)(?:, after \S+)?: log (\S+)$", stdout, re.M)
+        assert found, stdout
+        self.ids = [j for j, _ in found]
+        self.logs = [Path(log) for _, log in found]
+
+    @property
+    def id(self) -> str:
+        return self.ids[0]
+
+    def log(self, i: int = 0) -> str:
+        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else "(no log yet)"
+
+    def record(self) -> dict:
+        """Rank 0's ``--record`` in the submit directory (``record.json``)."""
+        path = self.work / "record.json"
+        assert path.exists(), f"rank 0 wrote no {path}"
+        return json.loads(path.read_text())
