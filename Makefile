@@ -74,75 +74,15 @@ lock: $(DEV_STAMP) ## regenerate env/locks/ from env/stack.toml (needs PyPI)
 check-env: $(ENV_STAMP) ## check the environment against env/stack.toml (fast, no jax import)
 	$(OCTO_DIST) check-env --profile $(PROFILE)
 
-# As root with no PYTEST_ARGS (CI), four pytests run side by side, each cluster stream on a namespace cluster of its
-# own (OCTOSIM_INSTANCE): the rest in the foreground; the cluster tests on cluster 0 ($(CLUSTER_LOG)), then
-# BESIDE_CLUSTER (the job-script tests, which wait on their fake launchers, and the checkpoint damage and full-disk
-# runs, moved there so the streams end together); the real Slurm tests on cluster 1, then BESIDE_SLURM (the
-# runtime, collective and scaling tests) ($(SLURM_LOG)); the real Grid Engine tests on cluster 2, then
-# BESIDE_DAEMONS (the engine and signal tests) ($(GRIDENGINE_LOG)). Measured: the Slurm stream ended at 836 s, the
-# Grid Engine one at 974 s, the cluster one at 1121 s and the rest at 1280 s, so the rest gave files away. Both real
-# schedulers run every scenario, the long ones included (OCTO_DIST_CLUSTER_LONG=1): time-limit stops and chains,
-# cancels, lost nodes. Those mostly wait (paced ranks, a cut link's timeouts), so they get streams of their own
-# rather than queueing behind each other. Each lists its slowest tests (--durations): a CI log shows where time went.
-# The PBS tests (the rendered jobs under an imitation of PBS as a real one was measured to behave,
-# tests/cluster/pbs.py) run on cluster 3 in a fifth stream ($(PBS_LOG)), about 6 minutes with the long scenarios
-# (lost nodes, qdel, chains), then BESIDE_PBS (the qdel and kill -9 stops under two MPI families, the chain's exit
-# files, the input benchmark and the device augmentation), which would otherwise lengthen the rest.
-# TEST_SPLIT=0 runs one pytest.
+# As root with no PYTEST_ARGS (CI), tests/streams.py runs five pytests side by side, each cluster stream on a
+# namespace cluster of its own (OCTOSIM_INSTANCE): the rest in the foreground, the cluster tests and the real
+# Slurm, Grid Engine and PBS-imitation tests (their long scenarios too), each followed by some of the other tests
+# so that the streams end together; their logs (.cluster/*.log) printed after; one exit status. A new test file
+# lands in the rest. `python tests/streams.py --list` prints the commands. TEST_SPLIT=0 runs one pytest.
 TEST_SPLIT ?= $(if $(and $(filter 0,$(shell id -u)),$(if $(PYTEST_ARGS),,1)),1,0)
-CLUSTER_LOG ?= .cluster/suite.log
-SLURM_LOG ?= .cluster/slurm.log
-GRIDENGINE_LOG ?= .cluster/gridengine.log
-PBS_LOG ?= .cluster/pbs.log
-BESIDE_CLUSTER ?= tests/test_launch.py tests/test_launch_injection.py tests/test_checkpoint_integrity.py tests/test_disk_full.py
-REAL_SLURM ?= tests/test_cluster_slurm.py tests/test_cluster_slurm_jobs.py
-REAL_GRIDENGINE ?= tests/test_cluster_gridengine.py tests/test_cluster_gridengine_jobs.py
-PBS_IMITATION ?= tests/test_cluster_pbs.py tests/test_cluster_pbs_jobs.py
-BESIDE_SLURM ?= tests/test_runtime.py tests/test_validate.py tests/test_step_collectives.py tests/test_gather.py
-BESIDE_DAEMONS ?= tests/test_engine.py tests/test_inherited_signals.py tests/test_stop_signals.py
-BESIDE_PBS ?= tests/test_qdel_stops.py tests/test_chain_exit_file.py tests/test_rank_guard_orphans.py \
-  tests/test_stop_signal_burst.py tests/test_bench_input.py tests/test_augment.py
-STREAM_PYTEST = $(VENV)/bin/python -m pytest -p no:cacheprovider
 test: $(DEV_STAMP) $(JAX020_STAMP) ## run the test suite (what CI runs; as root the cluster tests run beside the rest)
 ifeq ($(TEST_SPLIT),1)
-	@mkdir -p $(dir $(CLUSTER_LOG)) $(dir $(SLURM_LOG)) $(dir $(GRIDENGINE_LOG)) $(dir $(PBS_LOG))
-	@{ status=0; \
-	   OCTOSIM_INSTANCE=1 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(REAL_SLURM) \
-	     || status=$$?; \
-	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_SLURM) || status=$$?; \
-	   exit $$status; } > $(SLURM_LOG) 2>&1 & slurm=$$!; \
-	  { status=0; \
-	   OCTOSIM_INSTANCE=2 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(REAL_GRIDENGINE) \
-	     || status=$$?; \
-	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_DAEMONS) || status=$$?; \
-	   exit $$status; } > $(GRIDENGINE_LOG) 2>&1 & gridengine=$$!; \
-	  { status=0; \
-	   OCTOSIM_INSTANCE=3 OCTO_DIST_CLUSTER_LONG=1 $(STREAM_PYTEST) -m cluster --durations=15 $(PBS_IMITATION) \
-	     || status=$$?; \
-	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_PBS) || status=$$?; \
-	   exit $$status; } > $(PBS_LOG) 2>&1 & pbs=$$!; \
-	  { status=0; \
-	   $(STREAM_PYTEST) -m cluster --durations=15 \
-	     $(foreach f,$(REAL_SLURM) $(REAL_GRIDENGINE) $(PBS_IMITATION),--ignore=$(f)) || status=$$?; \
-	   $(STREAM_PYTEST) -m "not cluster" --durations=10 $(BESIDE_CLUSTER) || status=$$?; \
-	   exit $$status; } > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
-	  trap 'kill $$cluster $$slurm $$gridengine $$pbs 2>/dev/null' INT TERM; \
-	  rest=0; $(VENV)/bin/python -m pytest -m "not cluster" --durations=30 \
-	    $(foreach f,$(BESIDE_CLUSTER) $(BESIDE_SLURM) $(BESIDE_DAEMONS) $(BESIDE_PBS),--ignore=$(f)) || rest=$$?; \
-	  clustered=0; wait $$cluster || clustered=$$?; \
-	  slurmed=0; wait $$slurm || slurmed=$$?; \
-	  gridded=0; wait $$gridengine || gridded=$$?; \
-	  pbsed=0; wait $$pbs || pbsed=$$?; \
-	  echo "---- the cluster tests, then $(BESIDE_CLUSTER) (beside the rest; $(CLUSTER_LOG)) ----"; \
-	  cat $(CLUSTER_LOG); \
-	  echo "---- the real Slurm tests, then $(BESIDE_SLURM) (beside the rest; $(SLURM_LOG)) ----"; \
-	  cat $(SLURM_LOG); \
-	  echo "---- the real Grid Engine tests, then $(BESIDE_DAEMONS) (beside the rest; $(GRIDENGINE_LOG)) ----"; \
-	  cat $(GRIDENGINE_LOG); \
-	  echo "---- the PBS tests, against its imitation, then $(BESIDE_PBS) (beside the rest; $(PBS_LOG)) ----"; \
-	  cat $(PBS_LOG); \
-	  echo "---- exit status: the rest $$rest, the cluster tests and $(BESIDE_CLUSTER) $$clustered, real Slurm and $(BESIDE_SLURM) $$slurmed, real Grid Engine and $(BESIDE_DAEMONS) $$gridded, PBS (imitation) and $(BESIDE_PBS) $$pbsed ----"; \
-	  [ $$rest = 0 ] && [ $$clustered = 0 ] && [ $$slurmed = 0 ] && [ $$gridded = 0 ] && [ $$pbsed = 0 ]
+	$(VENV)/bin/python tests/streams.py
 else
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 endif

@@ -2,9 +2,11 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -120,6 +122,16 @@ def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
     )
 
 
+def stdout_of(argv: Sequence[str]) -> str:
+    """What ``argv`` prints, run from the checkout with a clean environment; a failure fails the test with its
+    stderr."""
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=HANG_S
+    )
+    assert proc.returncode == 0, f"{argv} exited {proc.returncode}: {proc.stderr[-3000:]}"
+    return proc.stdout
+
+
 def json_lines(text: str) -> list:
     return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
 
@@ -134,6 +146,10 @@ RANK_OUTPUT = (
 # mpirun start-up on a loaded 2-core machine (another job's 2 CPU hogs beside it) takes a few seconds per rank
 # before JAX even imports: tests give it minutes, not the seconds it takes on a quiet machine.
 MPI_TIMEOUT = 300
+# How long a test waits for a single-process program before calling it hung: a guard that ends a deadlock, never a
+# budget the program is meant to meet. The programs take seconds to a minute on a quiet 2-core machine and up to ten
+# times that at a load of 15 (fit_ahead.py took 358 s there when it compiled twice as much as it does now).
+HANG_S = 900
 
 
 def tail(text: str, n: int = 2000) -> str:
@@ -291,3 +307,108 @@ def with_growing_budget(run, got_there, budgets: Sequence[float] = GROWING_BUDGE
         if got_there(result):
             break
     return budget, result
+
+
+# --- a job's settings, as `octo-dist launch` writes them beside the job script ----------------------------------
+
+
+def settings_mapping(scheduler: str, **fields) -> dict:
+    """A job's settings mapping (the schema ``octo_dist.jobs.settings`` reads): 1 node x 1 rank, an hour, the smoke
+    job saving to ``save``, a venv at ``/v``. ``fields`` replace any field by its name, whatever its section
+    (``nodes=2``, ``venv=str(tmp_path / "venv")``, ``forward_prefixes=["NCCL_"]``)."""
+    from octo_dist.jobs import settings
+
+    sections = {
+        "allocation": {
+            "scheduler": scheduler,
+            "nodes": 1,
+            "ranks_per_node": 1,
+            "cpus_per_rank": 0,
+            "sockets": 0,
+        },
+        "timing": {"walltime_s": 3600, "stop_margin_s": 300},
+        "software": {"modules": [], "image": "", "venv": "/v", "binds": []},
+        "storage": {
+            "save_dir": "save",
+            "data_dir": "",
+            "compile_cache": "",
+            "wandb_mode": "disabled",
+        },
+        "forwarding": {
+            "environment": [],
+            "coordinator": "",
+            "forward_prefixes": [],
+            "forward_names": [],
+        },
+        "commands": {
+            "preflight": ["octo-dist", "check-env", "--launch"],
+            "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
+        },
+    }
+    unknown = sorted(set(fields) - {name for s in sections.values() for name in s})
+    if unknown:
+        raise TypeError(f"settings_mapping: no field {unknown}; the fields are {sections}")
+    for section in sections.values():
+        section.update((name, fields[name]) for name in section if name in fields)
+    return {"schema": settings.SCHEMA, "script_name": "job.sh", **sections}
+
+
+# One ABCI-shaped PBS job of the tiny smoke model: ranks per node and GPUs as ABCI's nodes have them, a group.
+PBS_JOB = ("--ranks-per-node", "2", "--gpus-per-node", "2", "--group", "gxx00000")
+
+
+def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = ()) -> Path:
+    """``octo-dist launch SCHEDULER FLAGS -o job.sh -- smoke --model tiny SMOKE`` in ``work``: the job script it
+    rendered there (a refusal fails the test with octo-dist's message)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "octo_dist", "launch", scheduler, *flags, "-o", "job.sh", "--"]
+        + ["smoke", "--model", "tiny", *smoke],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return work / "job.sh"
+
+
+def chain_running(status, first: str, checkpoint: Path, wait_s: float, tail) -> tuple:
+    """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
+    ``first``, runs and has written ``checkpoint``: the two rows under its heading. ``wait_s`` only ends a chain
+    that never gets there, the test failing with ``tail()`` (its job's log)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        res = status()
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
+        if rows.get(first) == "running" and checkpoint.is_dir():
+            return res.stdout, rows
+        assert time.monotonic() < deadline, res.stdout + tail()
+        time.sleep(2)
+
+
+class SubmittedJobs:
+    """What ``octo-dist launch ... --submit`` printed: the job ids and their logs, in order, and the submit
+    directory. A scheduler's tests add how to wait for a job and what to show when one fails."""
+
+    def __init__(self, work: Path, stdout: str):
+        self.work = work
+        # "submitted job 3.node001, after 2.node001: log /var/spool/octosim-pbs/home/octo-dist.o3" (PBS),
+        # "submitted job 12, after 11: log /path/octo-dist-12.out" (Slurm)
+        found = re.findall(r"^submitted job (\S+?)(?:, after \S+)?: log (\S+)$", stdout, re.M)
+        assert found, stdout
+        self.ids = [j for j, _ in found]
+        self.logs = [Path(log) for _, log in found]
+
+    @property
+    def id(self) -> str:
+        return self.ids[0]
+
+    def log(self, i: int = 0) -> str:
+        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else "(no log yet)"
+
+    def record(self) -> dict:
+        """Rank 0's ``--record`` in the submit directory (``record.json``)."""
+        path = self.work / "record.json"
+        assert path.exists(), f"rank 0 wrote no {path}"
+        return json.loads(path.read_text())

@@ -187,15 +187,7 @@ def test_kernel_libraries_of_the_cuda12_plugin_and_the_nvidia_wheels(tmp_path):
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_bytes(b"")
     found = [os.path.relpath(p, site) for p in archs.kernel_libraries([str(site)])]
-    assert found == [
-        "jaxlib/xla_extension.so",
-        "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
-        "jax_cuda12_plugin/_prng.so",
-        "jax_cuda12_plugin/cuda_plugin_extension.so",
-        "nvidia/cublas/lib/libcublasLt.so.12",
-        "nvidia/cudnn/lib/libcudnn_cnn_infer.so.8",
-        "nvidia/nccl/lib/libnccl.so.2",
-    ]
+    assert found == list(names)  # every library, in that order; no header, no Python file
 
 
 def test_cuobjdump_is_found_on_path_or_under_cuda_home(tmp_path):

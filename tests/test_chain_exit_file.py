@@ -20,42 +20,21 @@ SHORT_S = 120  # a job refused before its ranks start: seconds, given minutes on
 
 
 def render(work: Path, save_dir: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "launch",
-            "pbs",
-            "--nodes",
-            "1",
-            "--ranks-per-node",
-            "2",
-            "--gpus-per-node",
-            "2",
-            "--group",
-            "gxx00000",
-            "--venv",
-            str(VENV.parent),
-            "--save-dir",
-            str(save_dir),
-            "--compile-cache",
-            "",
-            "--wandb-mode",
-            "disabled",
-            "-o",
-            "job.sh",
-            "--",
-            "smoke",
-            "--model",
-            "tiny",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=work,
-        env=clean_env(),
+    helpers.launch_job(
+        work,
+        "pbs",
+        "--nodes",
+        "1",
+        *helpers.PBS_JOB,
+        "--venv",
+        str(VENV.parent),
+        "--save-dir",
+        str(save_dir),
+        "--compile-cache",
+        "",
+        "--wandb-mode",
+        "disabled",
     )
-    assert proc.returncode == 0, proc.stderr
 
 
 def run_job(work: Path, job_id: str, after: str = "") -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from helpers import chain_running
 from test_cluster_gridengine import (  # noqa: F401  (pytest fixtures, used by name)
     JOB_TIMEOUT_S,
     LONG_STEP_TIME,
@@ -33,17 +34,15 @@ def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, 
     first, second = launch(
         ge, work, steps=LONG_STEPS, chain=2, step_time=LONG_STEP_TIME, ranks_per_node=1
     )
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while True:
-        res = jobs(ge, work)
-        assert res.returncode == 0, res.stdout + res.stderr
-        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
-        if rows.get(first) == "running" and (work / "runs" / "smoke" / "2").is_dir():
-            break
-        assert time.monotonic() < deadline, res.stdout + log(work, first)[-4000:]
-        time.sleep(2)
-    assert res.stdout.startswith("chain of 2 (sge, submitted "), res.stdout
-    assert rows[second] == "held" and "waits for the job before it" in res.stdout
+    out, rows = chain_running(
+        lambda: jobs(ge, work),
+        first,
+        work / "runs" / "smoke" / "2",
+        JOB_TIMEOUT_S,
+        lambda: log(work, first)[-4000:],
+    )
+    assert out.startswith("chain of 2 (sge, submitted "), out
+    assert rows[second] == "held" and "waits for the job before it" in out
     tail = jobs(ge, work, "log")
     assert tail.returncode == 0 and tail.stdout.startswith(
         f"job {first} (running), {work / f'octo-dist.o{first}'}:"

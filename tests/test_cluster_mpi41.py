@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cluster import image as sim_image
 from cluster import sim
-from helpers import clean_env
+from helpers import PBS_JOB, launch_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -98,50 +97,28 @@ def test_pbs_job_in_the_image_under_open_mpi_4_1_binds_forwards_and_trains(clust
     groups = tmp_path / "groups"
     groups.mkdir()
     sif = sim_image.write_sif(groups / "octo-dist.sif", sim_image.build())
-    rendered = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "launch",
-            "pbs",
-            "--nodes",
-            "2",
-            "--ranks-per-node",
-            "2",
-            "--gpus-per-node",
-            "2",
-            "--cpus-per-rank",
-            "1",
-            "--group",
-            "gxx00000",
-            "--walltime",
-            "0:30:00",
-            "--image",
-            str(sif),
-            "--global-batch",
-            str(GLOBAL_BATCH),
-            "--steps",
-            str(STEPS),
-            "--save-dir",
-            "runs/smoke",
-            "--wandb-mode",
-            "disabled",
-            "-o",
-            "job.sh",
-            "--",
-            "smoke",
-            "--model",
-            "tiny",
-            f"--record={work / 'record.json'}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=work,
-        env=clean_env(),
+    script = launch_job(
+        work,
+        "pbs",
+        "--nodes",
+        "2",
+        *PBS_JOB,
+        "--cpus-per-rank",
+        "1",
+        "--walltime",
+        "0:30:00",
+        "--image",
+        str(sif),
+        "--global-batch",
+        str(GLOBAL_BATCH),
+        "--steps",
+        str(STEPS),
+        "--save-dir",
+        "runs/smoke",
+        "--wandb-mode",
+        "disabled",
+        smoke=(f"--record={work / 'record.json'}",),
     )
-    assert rendered.returncode == 0, rendered.stderr
-    script = work / "job.sh"
     text = script.read_text()
     assert (
         '"cpus_per_rank": 1' in text

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -33,6 +32,7 @@ import pytest
 
 from cluster import pbs as sim_pbs
 from cluster import sim
+from helpers import SubmittedJobs
 
 pytestmark = [pytest.mark.cluster]
 
@@ -265,27 +265,16 @@ wait
 # ---- the rendered job ----------------------------------------------------------------------------------------------
 
 
-class Submitted:
-    """What ``octo-dist launch pbs ... --submit`` said: the job ids and their logs; the submit directory."""
+class Submitted(SubmittedJobs):
+    """What ``octo-dist launch pbs ... --submit`` said (helpers.SubmittedJobs), waited for under PBS."""
 
     def __init__(self, p: sim_pbs.Pbs, work: Path, stdout: str):
-        self.pbs, self.work = p, work
-        # "submitted job 3.node001, after 2.node001: log /var/spool/octosim-pbs/home/octo-dist.o3"
-        found = re.findall(r"^submitted job (\S+?)(?:, after \S+)?: log (\S+)$", stdout, re.M)
-        assert found, stdout
-        self.ids = [j for j, _ in found]
-        self.logs = [Path(log) for _, log in found]
-
-    @property
-    def id(self) -> str:
-        return self.ids[0]
+        super().__init__(work, stdout)
+        self.pbs = p
 
     @property
     def save_dir(self) -> Path:
         return self.work / "runs" / "smoke"
-
-    def log(self, i: int = 0) -> str:
-        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else "(no log yet)"
 
     def tail(self, i: int = 0, n: int = 4000) -> str:
         return (
@@ -346,12 +335,6 @@ def launch(
     proc = p.run(argv, user=True, cwd=work, env=SUBMIT_VARS, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Submitted(p, work, proc.stdout)
-
-
-def record(work: Path) -> dict:
-    path = work / "record.json"
-    assert path.exists(), f"rank 0 wrote no {path}"
-    return json.loads(path.read_text())
 
 
 def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
@@ -489,7 +472,7 @@ def test_a_1_node_job_of_2_ranks_trains_and_exits_0(pbs, compile_cache):
     final = job.wait()
     assert final["job_state"] == "F" and final.get("Exit_status") == 0, job.tail()
     assert hosts_of(final["exec_host"]) == ["node001"], brief(final)
-    rec = record(job.work)
+    rec = job.record()
     assert rec["hosts"] == ["node001", "node001"] and len(set(rec["digests"])) == 1, rec
     assert rec["end_step"] == STEPS and STEPS in verified_steps(job.save_dir), rec
     assert sim_pbs.escapes(final) == [] and pbs.carrying(job.id) == [], job.tail()

@@ -5,10 +5,10 @@ from the record ``launch --submit`` left in the save directory."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
+from helpers import chain_running
 from test_cluster_pbs import (  # noqa: F401  (pytest fixtures, used by name)
     LONG,
     LONG_STEP_TIME,
@@ -33,17 +33,11 @@ def test_a_chains_status_log_and_cancel_under_pbs(pbs, compile_cache):  # noqa: 
     work = workdir(pbs, "jobs-chain")
     job = launch(pbs, compile_cache, work, chain=2, steps=LONG, step_time=LONG_STEP_TIME)
     first, second = job.ids
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        res = jobs(pbs, work)
-        assert res.returncode == 0, res.stdout + res.stderr
-        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
-        if rows.get(first) == "running" and (work / "runs" / "smoke" / "2").is_dir():
-            break
-        assert time.monotonic() < deadline, res.stdout + job.tail()
-        time.sleep(2)
-    assert res.stdout.startswith("chain of 2 (pbs, submitted "), res.stdout
-    assert rows[second] == "held" and f"{second}  held" in res.stdout, res.stdout
+    out, rows = chain_running(
+        lambda: jobs(pbs, work), first, work / "runs" / "smoke" / "2", WAIT_S, job.tail
+    )
+    assert out.startswith("chain of 2 (pbs, submitted "), out
+    assert rows[second] == "held" and f"{second}  held" in out, out
     log = jobs(pbs, work, "log", "--lines", "200")
     assert log.returncode == 0 and log.stdout.startswith(f"job {first} (running), "), log.stderr
     cancel = jobs(pbs, work, "cancel")

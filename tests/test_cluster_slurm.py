@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import REPO, clean_env
+from helpers import REPO, SubmittedJobs, clean_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -81,23 +80,12 @@ def compile_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("compile-cache")
 
 
-class Submitted:
-    """What ``octo-dist launch ... --submit`` said: the job ids and their logs; the submit directory."""
+class Submitted(SubmittedJobs):
+    """What ``octo-dist launch slurm ... --submit`` said (helpers.SubmittedJobs), waited for under Slurm."""
 
     def __init__(self, slurm: sim_slurm.Slurm, work: Path, stdout: str):
-        self.slurm, self.work = slurm, work
-        # "submitted job 12, after 11: log /path/octo-dist-12.out"
-        found = re.findall(r"^submitted job (\d+)(?:, after \d+)?: log (\S+)$", stdout, re.M)
-        assert found, stdout
-        self.ids = [j for j, _ in found]
-        self.logs = [Path(log) for _, log in found]
-
-    @property
-    def id(self) -> str:
-        return self.ids[0]
-
-    def log(self, i: int = 0) -> str:
-        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else "(no log yet)"
+        super().__init__(work, stdout)
+        self.slurm = slurm
 
     def tail(self, i: int = 0, n: int = 4000) -> str:
         return f"--- job {self.ids[i]} log ---\n{self.log(i)[-n:]}\n--- daemons ---\n{self.slurm.logs(1500)}"
@@ -183,12 +171,6 @@ def launch(
     return Submitted(slurm, work, res.stdout)
 
 
-def record(work: Path) -> dict:
-    path = work / "record.json"
-    assert path.exists(), f"rank 0 wrote no {path}"
-    return json.loads(path.read_text())
-
-
 def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -218,7 +200,7 @@ def uninterrupted(slurm_ready, tmp_path_factory, compile_cache) -> dict:
         final = job.wait()
         return {
             "final": final,
-            "record": record(job.work) if final["JobState"] == "COMPLETED" else None,
+            "record": job.record() if final["JobState"] == "COMPLETED" else None,
             "tail": job.tail(),
             "log": job.log(),
         }
@@ -261,7 +243,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
     slurm.client("node001", ["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"])
     final = job.wait(0)
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
-    stopped = record(job.work)
+    stopped = job.record()
     assert stopped["stopped_by"] and 0 < stopped["end_step"] < STEPS, (stopped, job.tail(0))
     hosts(stopped)
     assert "SIGUSR1" in job.log(0), job.tail(
@@ -270,7 +252,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
 
     resumed_final = job.wait(1)
     assert resumed_final["JobState"] == "COMPLETED", (resumed_final, job.tail(1))
-    resumed = record(job.work)
+    resumed = job.record()
     assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
     hosts(resumed)
     assert uninterrupted["record"], uninterrupted["tail"]

@@ -5,12 +5,11 @@ log, and cancelling the rest of the chain; from the record launch --submit left 
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 
 from cluster import sim
-from helpers import clean_env
+from helpers import chain_running, clean_env
 from test_cluster_slurm import (  # noqa: F401  (pytest fixtures, used by name)
     LONG,
     LONG_STEP_TIME,
@@ -41,22 +40,15 @@ def test_a_chains_status_log_and_cancel_under_real_slurm(slurm, tmp_path, compil
         slurm, tmp_path, compile_cache, "--chain", "2", steps=LONG, step_time=LONG_STEP_TIME
     )
     first, second = job.ids
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        res = jobs(slurm, tmp_path)
-        assert res.returncode == 0, res.stdout + res.stderr
-        rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
-        if (
-            rows.get(first) == "running"
-            and (tmp_path / "submit" / "runs" / "smoke" / "50").is_dir()
-        ):
-            break
-        assert time.monotonic() < deadline, res.stdout + job.tail()
-        time.sleep(2)
-    assert res.stdout.startswith("chain of 2 (slurm, submitted "), res.stdout
-    assert (
-        rows[second] == "held" and f"{second}  held     waits for the job before it" in res.stdout
+    out, rows = chain_running(
+        lambda: jobs(slurm, tmp_path),
+        first,
+        tmp_path / "submit" / "runs" / "smoke" / "50",
+        WAIT_S,
+        job.tail,
     )
+    assert out.startswith("chain of 2 (slurm, submitted "), out
+    assert rows[second] == "held" and f"{second}  held     waits for the job before it" in out
     log = jobs(slurm, tmp_path, "log", "--lines", "200")
     assert log.returncode == 0 and log.stdout.startswith(
         f"job {first} (running), {job.logs[0]}:"

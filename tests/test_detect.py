@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, stdout_of
 from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
 
@@ -80,19 +80,18 @@ def run_detect(capsys, *argv):
     return code, out.out, out.err
 
 
+def detected(record: dict) -> tuple:
+    """What a detection record says of the launch, in DETECTED's order."""
+    return tuple(record[k] for k in ("launcher", "world_size", "rank", "local_rank", "local_size"))
+
+
 @pytest.mark.parametrize("name", sorted(DETECTED))
 def test_detect_json_for_every_recorded_environment(capsys, name):
     code, out, err = run_detect(capsys, "--json", "--env-file", str(ENVS / f"{name}.env"))
     assert code == 0, err
     record = json.loads(out)
     assert set(record) == FIELDS and record["schema"] == 1 and record["ok"] is True
-    assert (
-        record["launcher"],
-        record["world_size"],
-        record["rank"],
-        record["local_rank"],
-        record["local_size"],
-    ) == DETECTED[name]
+    assert detected(record) == DETECTED[name]
     if name in COORDINATORS:
         address, source = COORDINATORS[name]
         assert record["coordinator"] == address and source in record["coordinator_source"]
@@ -182,13 +181,7 @@ def test_detect_runs_on_python_3_9(name, code):
     record = json.loads(proc.stdout)
     assert record["python"].startswith("3.9.")
     if code == 0:
-        assert (
-            record["launcher"],
-            record["world_size"],
-            record["rank"],
-            record["local_rank"],
-            record["local_size"],
-        ) == DETECTED[name]
+        assert detected(record) == DETECTED[name]
 
 
 EVERY_ENV = """
@@ -210,17 +203,7 @@ print(json.dumps(out, sort_keys=True))
 @pytest.mark.skipif(not PYTHON39.exists(), reason="no CPython 3.9 at " + str(PYTHON39))
 def test_python_3_9_answers_every_environment_as_this_python_does():
     answers = [
-        json.loads(
-            subprocess.run(
-                [python, "-c", EVERY_ENV, str(ENVS)],
-                capture_output=True,
-                text=True,
-                env=clean_env(),
-                cwd=REPO,
-                timeout=120,
-                check=True,
-            ).stdout
-        )
+        json.loads(stdout_of([python, "-c", EVERY_ENV, str(ENVS)]))
         for python in (str(PYTHON39), sys.executable)
     ]
     assert answers[0] == answers[1] and len(answers[0]) == len(DETECTED) + len(REFUSED)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
+from helpers import HANG_S, JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 from octo_dist.runtime import compile_cache
@@ -153,7 +153,7 @@ def test_persistent_compilation_cache_is_written_once_and_hit_by_the_next_proces
             capture_output=True,
             text=True,
             env=env,
-            timeout=120,
+            timeout=HANG_S,
             cwd=REPO,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -215,7 +215,7 @@ def test_the_next_batch_is_made_before_the_previous_steps_metrics_are_read(tmp_p
         capture_output=True,
         text=True,
         env=clean_env(),
-        timeout=300,
+        timeout=HANG_S,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

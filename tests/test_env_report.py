@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env, stdout_of
 from octo_dist.envcheck import envreport
 
 
@@ -62,14 +62,18 @@ def test_the_report_as_json_and_text(tmp_path):
         SLURM_JOB_ID="4242",
         NCCL_DEBUG="INFO",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "env", "--json", "--profile", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+
+    def octo_dist_env(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "octo_dist", "env", *flags, "--profile", "cpu"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=HANG_S,
+        )
+
+    proc = octo_dist_env("--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "sk-must-not-leak" not in proc.stdout + proc.stderr
     r = json.loads(proc.stdout)
@@ -96,14 +100,7 @@ def test_the_report_as_json_and_text(tmp_path):
     assert r["gpus"]["ok"] and "NVIDIA H200, 550.54.15" in r["gpus"]["output"]
     assert "Open MPI" in r["mpirun"]["output"]
     assert r["variables"]["WANDB_API_KEY"] == "****" and r["variables"]["SLURM_JOB_ID"] == "4242"
-    text = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "env", "--no-jax", "--profile", "cpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    ).stdout
+    text = octo_dist_env("--no-jax").stdout
     assert text.startswith("octo-dist 0.1.0 on ") and "stack (pinned -> installed):" in text
     assert "\ncontainer: " in text
     assert (
@@ -130,15 +127,7 @@ def test_a_broken_manifest_is_one_line_and_exit_2(tmp_path):
 
 
 def complete(*words):
-    script = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "completion", "bash"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    ).stdout
+    script = stdout_of([sys.executable, "-m", "octo_dist", "completion", "bash"])
     probe = (
         script
         + '\nCOMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _octo_dist; echo "${COMPREPLY[*]}"\n'
@@ -187,15 +176,7 @@ def test_bash_completion_offers_values_paths_and_the_training_commands_flags(tmp
 
 
 def test_zsh_completion_wraps_the_bash_one():
-    out = subprocess.run(
-        [sys.executable, "-m", "octo_dist", "completion", "zsh"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = stdout_of([sys.executable, "-m", "octo_dist", "completion", "zsh"])
     assert (
         "autoload -U +X bashcompinit && bashcompinit" in out
         and "complete -o default -F _octo_dist octo-dist" in out

@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from helpers import PROGRAMS, REPO, clean_env, json_lines
+from helpers import HANG_S, PROGRAMS, REPO, clean_env, json_lines
 from octo_dist.policies import gather
 
 GATHER = str(PROGRAMS / "gather.py")
@@ -45,17 +45,20 @@ def test_disagreeing_batch_sizes_and_scalars_are_refused():
 # --- jax 0.4.20, one process, 4 forced CPU devices -------------------------------------------------------
 
 
-@pytest.mark.skipif(not JAX020_PYTHON.exists(), reason="needs .venv-jax020 (make jax020-env)")
-def test_one_process_on_jax_0_4_20_gives_the_batch_unchanged_both_ways():
-    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    proc = subprocess.run(
-        [str(JAX020_PYTHON), GATHER, "--global-batch", "8"],
+def gather_on_jax020(global_batch: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(JAX020_PYTHON), GATHER, "--global-batch", str(global_batch)],
         capture_output=True,
         text=True,
-        timeout=120,
-        env=env,
+        timeout=HANG_S,
+        env=clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
         cwd=REPO,
     )
+
+
+@pytest.mark.skipif(not JAX020_PYTHON.exists(), reason="needs .venv-jax020 (make jax020-env)")
+def test_one_process_on_jax_0_4_20_gives_the_batch_unchanged_both_ways():
+    proc = gather_on_jax020(8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out,) = json_lines(proc.stdout)
     assert out["jax"] == "0.4.20" and out["devices"] == 4 and out["world"] == 1
@@ -67,15 +70,7 @@ def test_one_process_on_jax_0_4_20_gives_the_batch_unchanged_both_ways():
 
 @pytest.mark.skipif(not JAX020_PYTHON.exists(), reason="needs .venv-jax020 (make jax020-env)")
 def test_a_batch_that_does_not_divide_by_the_local_devices_is_refused_on_jax_0_4_20():
-    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    proc = subprocess.run(
-        [str(JAX020_PYTHON), GATHER, "--global-batch", "6"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    proc = gather_on_jax020(6)
     assert proc.returncode != 0
     assert "local example batch of 6 does not divide by this process's 4 device(s)" in proc.stderr
 

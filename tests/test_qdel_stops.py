@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import clean_env
+from helpers import PBS_JOB, clean_env, launch_job
 
 from octo_dist.engine import checkpoint as ck
 from octo_dist.jobs.supervisor import prepare
@@ -73,51 +73,26 @@ def compile_cache(tmp_path_factory) -> Path:
 
 
 def render(work: Path, cache: Path, save_every: int = SAVE_EVERY, step_time: int = 1) -> Path:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "launch",
-            "pbs",
-            "--nodes",
-            "1",
-            "--ranks-per-node",
-            "2",
-            "--gpus-per-node",
-            "2",
-            "--group",
-            "gxx00000",
-            "--walltime",
-            "1:00:00",
-            "--venv",
-            str(VENV.parent),
-            "--steps",
-            "100000",
-            "--save-dir",
-            "runs/q",
-            "--compile-cache",
-            str(cache),
-            "--wandb-mode",
-            "disabled",
-            "-o",
-            "job.sh",
-            "--",
-            "smoke",
-            "--model",
-            "tiny",
-            "--save-every",
-            str(save_every),
-            "--step-time",
-            str(step_time),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=work,
-        env=clean_env(),
+    return launch_job(
+        work,
+        "pbs",
+        "--nodes",
+        "1",
+        *PBS_JOB,
+        "--walltime",
+        "1:00:00",
+        "--venv",
+        str(VENV.parent),
+        "--steps",
+        "100000",
+        "--save-dir",
+        "runs/q",
+        "--compile-cache",
+        str(cache),
+        "--wandb-mode",
+        "disabled",
+        smoke=("--save-every", str(save_every), "--step-time", str(step_time)),
     )
-    assert proc.returncode == 0, proc.stderr
-    return work / "job.sh"
 
 
 def pbs_env(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import REPO, clean_env, settings_mapping
 from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
@@ -33,35 +33,7 @@ def program(path: Path, text: str) -> None:
 
 def settings_json(scheduler: str, tmp_path: Path, save_dir: Path) -> str:
     return json.dumps(
-        {
-            "schema": job_settings.SCHEMA,
-            "script_name": "job.sh",
-            "allocation": {
-                "scheduler": scheduler,
-                "nodes": 1,
-                "ranks_per_node": 1,
-                "cpus_per_rank": 0,
-                "sockets": 0,
-            },
-            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
-            "software": {"modules": [], "image": "", "venv": str(tmp_path / "venv"), "binds": []},
-            "storage": {
-                "save_dir": str(save_dir),
-                "data_dir": "",
-                "compile_cache": "",
-                "wandb_mode": "disabled",
-            },
-            "forwarding": {
-                "environment": [],
-                "coordinator": "",
-                "forward_prefixes": [],
-                "forward_names": [],
-            },
-            "commands": {
-                "preflight": ["octo-dist", "check-env", "--launch"],
-                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
-            },
-        }
+        settings_mapping(scheduler, venv=str(tmp_path / "venv"), save_dir=str(save_dir))
     )
 
 
@@ -446,19 +418,23 @@ def refused(proc: subprocess.CompletedProcess, says: str) -> None:
     assert "Fix: " in lines[0]
 
 
-def test_install_sh_checks_the_profile_before_writing_anything(tmp_path):
+def users_directory(tmp_path: Path) -> Path:
+    """A directory of the user's, not a venv: ``work/notes.txt``."""
     prefix = tmp_path / "work"
     prefix.mkdir()
     (prefix / "notes.txt").write_text("mine")
+    return prefix
+
+
+def test_install_sh_checks_the_profile_before_writing_anything(tmp_path):
+    prefix = users_directory(tmp_path)
     refused(install_sh("bogus", str(prefix)), "no profile 'bogus'")
     refused(install_sh("bogus", str(tmp_path / "new")), "expected one of: cpu ")
     assert os.listdir(prefix) == ["notes.txt"] and not (tmp_path / "new").exists()
 
 
 def test_install_sh_never_writes_into_a_directory_that_is_not_empty_and_not_a_venv(tmp_path):
-    prefix = tmp_path / "work"
-    prefix.mkdir()
-    (prefix / "notes.txt").write_text("mine")
+    prefix = users_directory(tmp_path)
     refused(install_sh("cpu", str(prefix)), "not empty and not a venv")
     refused(install_sh("cpu", str(prefix / "notes.txt")), "is not a directory")
     assert os.listdir(prefix) == ["notes.txt"]

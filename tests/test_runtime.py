@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import PROGRAMS, REPO, clean_env, json_lines, with_growing_budget
+from helpers import HANG_S, PROGRAMS, REPO, clean_env, json_lines, with_growing_budget
 from octo_dist.launchers import coordinator as coord
 from octo_dist.envcheck import launch as preflight
 from octo_dist.runtime import runtime
@@ -193,7 +193,7 @@ def test_preflight_finds_each_kind_of_mismatch():
 # --- real processes -------------------------------------------------------------------------------------
 
 
-def run_python(code_or_args, env, python=sys.executable, timeout=120):
+def run_python(code_or_args, env, python=sys.executable, timeout=HANG_S):
     argv = [str(python), *(["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
@@ -231,22 +231,29 @@ def test_cpu_jax_0_4_20_with_several_processes_is_refused_by_name():
     assert "jax 0.4.20 on the CPU cannot run one computation across processes" in proc.stderr
 
 
-@pytest.mark.mpi
-def test_unreachable_coordinator_ends_with_the_address_and_timeout(tmp_path):
-    # Rank 1 of 2, alone: nothing ever listens on the coordinator port.
+def alone(rank: int, got_there: str):
+    """``(env, budget, proc)``: rank ``rank`` of 2 started alone on a free coordinator port, its start-up timeout
+    grown until its error says ``got_there``. The timeout counts from start-up's beginning, `import jax` included
+    (seconds on a loaded machine): a budget spent before the process got there names the import instead, so it
+    grows (helpers.GROWING_BUDGETS). HANG_S only ends a hang."""
     env = clean_env(
         OMPI_COMM_WORLD_SIZE="2",
-        OMPI_COMM_WORLD_RANK="1",
-        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_RANK=str(rank),
+        OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
         OMPI_COMM_WORLD_LOCAL_SIZE="2",
         COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}",
     )
-    # Rank 1's `import jax` shares the budget: a 3 s one spent on the import names the import, so it grows until
-    # the process got to the coordinator (on a loaded machine).
     budget, proc = with_growing_budget(
-        lambda s: run_python([ALLREDUCE, "--init-timeout", str(s)], env, timeout=s + 120),
-        lambda p: "did not accept connections" in p.stderr,
+        lambda s: run_python([ALLREDUCE, "--init-timeout", str(s)], env, timeout=s + HANG_S),
+        lambda p: got_there in p.stderr,
     )
+    return env, budget, proc
+
+
+@pytest.mark.mpi
+def test_unreachable_coordinator_ends_with_the_address_and_timeout():
+    # Rank 1 of 2, alone: nothing ever listens on the coordinator port.
+    env, budget, proc = alone(1, "did not accept connections")
     assert proc.returncode != 0
     assert (
         f"coordinator {env['COORDINATOR_ADDRESS']} (COORDINATOR_ADDRESS) did not accept connections within "
@@ -277,16 +284,11 @@ def test_the_coordinator_wait_ends_inside_start_ups_budget_and_names_the_whole_t
 @pytest.mark.mpi
 def test_a_missing_rank_ends_rank_0_with_a_clear_timeout():
     # Rank 0 of 2 starts the service, but rank 1 never comes: jax would abort blaming "missing heartbeats".
-    env = clean_env(
-        OMPI_COMM_WORLD_SIZE="2",
-        OMPI_COMM_WORLD_RANK="0",
-        OMPI_COMM_WORLD_LOCAL_RANK="0",
-        OMPI_COMM_WORLD_LOCAL_SIZE="2",
-        COORDINATOR_ADDRESS=f"127.0.0.1:{coord.free_port()}",
+    _, budget, proc = alone(0, "jax.distributed.initialize did not complete")
+    assert proc.returncode == runtime.EXIT_STARTUP, proc.stderr[-2000:]
+    assert f"jax.distributed.initialize did not complete within {budget} s" in proc.stderr, (
+        proc.stderr[-2000:]
     )
-    proc = run_python([ALLREDUCE, "--init-timeout", "3"], env, timeout=60)
-    assert proc.returncode == runtime.EXIT_STARTUP
-    assert "jax.distributed.initialize did not complete within 3 s" in proc.stderr
 
 
 @pytest.mark.mpi

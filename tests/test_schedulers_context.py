@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from helpers import settings_mapping
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.schedulers.base import JobContext
@@ -16,32 +17,18 @@ from octo_dist.jobs.supervisor import supervise
 
 def settings(scheduler: str, cpus_per_rank: int = 12) -> job_settings.JobSettings:
     return job_settings.from_mapping(
-        {
-            "schema": job_settings.SCHEMA,
-            "script_name": "job.sh",
-            "allocation": {
-                "scheduler": scheduler,
-                "nodes": 2,
-                "ranks_per_node": 4,
-                "cpus_per_rank": cpus_per_rank,
-                "sockets": 0,
-            },
-            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
-            "software": {"modules": [], "image": "", "venv": "/v", "binds": []},
-            "storage": {
-                "save_dir": "s",
-                "data_dir": "",
-                "compile_cache": "",
-                "wandb_mode": "disabled",
-            },
-            "forwarding": {
-                "environment": [],
-                "coordinator": "",
-                "forward_prefixes": ["NCCL_"],
-                "forward_names": ["PYTHONUNBUFFERED"],
-            },
-            "commands": {"preflight": ["octo-dist", "check-env"], "train": ["octo-dist", "smoke"]},
-        }
+        settings_mapping(
+            scheduler,
+            nodes=2,
+            ranks_per_node=4,
+            cpus_per_rank=cpus_per_rank,
+            venv="/v",
+            save_dir="s",
+            forward_prefixes=["NCCL_"],
+            forward_names=["PYTHONUNBUFFERED"],
+            preflight=["octo-dist", "check-env"],
+            train=["octo-dist", "smoke"],
+        )
     )
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import settings_mapping
+
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 
@@ -140,40 +142,9 @@ def job(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(ranks, "POLL_S", 0.05)
     saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
     settings = job_settings.from_mapping(
-        {
-            "schema": job_settings.SCHEMA,
-            "script_name": "job.sh",
-            "allocation": {
-                "scheduler": "sge",
-                "nodes": 1,
-                "ranks_per_node": 2,
-                "cpus_per_rank": 0,
-                "sockets": 0,
-            },
-            "timing": {"walltime_s": 3600, "stop_margin_s": 300},
-            "software": {
-                "modules": [],
-                "image": "",
-                "venv": str(tmp_path / "venv"),
-                "binds": [],
-            },
-            "storage": {
-                "save_dir": "save",
-                "data_dir": "",
-                "compile_cache": "",
-                "wandb_mode": "disabled",
-            },
-            "forwarding": {
-                "environment": [],
-                "coordinator": "",
-                "forward_prefixes": ["FAKE_"],
-                "forward_names": [],
-            },
-            "commands": {
-                "preflight": ["octo-dist", "check-env", "--launch"],
-                "train": ["octo-dist", "smoke", "--save-dir=@{save_dir}"],
-            },
-        }
+        settings_mapping(
+            "sge", ranks_per_node=2, venv=str(tmp_path / "venv"), forward_prefixes=["FAKE_"]
+        )
     )
 
     def make(**env):
@@ -222,25 +193,27 @@ def exit_file(tmp_path: Path) -> str:
     return (tmp_path / "save" / ".octo-dist-exit-42").read_text().strip()
 
 
-def test_a_job_without_a_stop_runs_preflight_then_training(job, tmp_path, capfd):
+def stopped_in_training(job, capfd):
+    """``(supervisor, its stderr, the ranks' log)``: the job run through its preflight into training, then stopped
+    by SIGUSR1 once the ranks trained; the supervisor ended 0."""
     make, log = job
     sup = make(FAKE_PREFLIGHT_WAITS="")
     when_logged(log, "train-started", signal_me(signal.SIGUSR1))
     assert sup.main() == 0
-    err = capfd.readouterr().err
+    return sup, capfd.readouterr().err, log.read_text()
+
+
+def test_a_job_without_a_stop_runs_preflight_then_training(job, tmp_path, capfd):
+    _, err, text = stopped_in_training(job, capfd)
     assert "1 node(s) x 2 rank(s); preflight: " in err and "stop requested by SIGUSR1" in err, err
-    assert "train-stopping USR1 0" in log.read_text() and "train-stopping USR1 1" in log.read_text()
+    assert "train-stopping USR1 0" in text and "train-stopping USR1 1" in text
     assert exit_file(tmp_path) == "0" and not (tmp_path / "save" / ".octo-dist-job-42").exists()
 
 
 def test_the_ranks_get_the_job_id_the_runtime_read_and_checked(job, tmp_path, capfd):
     """Grid Engine's JOB_ID=42, read by its scheduler module once: every rank reads OCTO_DIST_JOB_ID, which mpirun
     passes to the other nodes' ranks too (-x)."""
-    make, log = job
-    sup = make(FAKE_PREFLIGHT_WAITS="")
-    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
-    assert sup.main() == 0
-    text = log.read_text()
+    sup, _, text = stopped_in_training(job, capfd)
     assert "job-id-42 0" in text and "job-id-42 1" in text, text
     pairs = list(zip(sup.launcher, sup.launcher[1:]))
     assert ("-x", "OCTO_DIST_JOB_ID") in pairs, sup.launcher

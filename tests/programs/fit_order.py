@@ -1,6 +1,9 @@
 """Run by tests/test_engine.py in one process: ``train.fit`` on the tiny policy, recording in order when each batch
 is made and when each step's metrics are read, then the same run stopped by a signal. Prints one JSON object.
 
+Both runs share one engine (the step compiles once) and start from the same parameters, initialised once: the
+order of making and reading does not depend on either, and compiling and initialising were most of the time.
+
 usage: python fit_order.py SAVE_DIR
 """
 
@@ -9,11 +12,11 @@ import signal
 import sys
 import time
 
+import jax
 import optax
 
 from octo_dist.runtime import stopping, tracking
-from octo_dist.engine import data
-from octo_dist.engine import train
+from octo_dist.engine import data, parallel, train
 from octo_dist.policies.tiny import TinyPolicy
 
 STEPS = 6
@@ -38,8 +41,19 @@ class Recording(tracking.Tracker):
         logged[step] = dict(metrics)
 
 
+def make_source(cls=data.SyntheticData):
+    return cls(data.Spec(), 4, 0, 1, 1)
+
+
+ENGINE = parallel.Engine(parallel.make_mesh(), TinyPolicy().loss, optax.adam(1e-3))
+# On the host: each run starts from these (the step donates the state it is given).
+PARAMS = jax.device_get(
+    ENGINE.init_state(TinyPolicy(), ENGINE.global_batch(make_source().batch(0)), seed=0).params
+)
+
+
 def run(save_dir, stop_at=None):
-    source = Logged(data.Spec(), 4, 0, 1, 1)
+    source = make_source(Logged)
     stop = stopping.StopSignal()
 
     def on_step(step, values):
@@ -58,6 +72,8 @@ def run(save_dir, stop_at=None):
             tracker=Recording("fit-order"),
             on_step=on_step,
             stop=stop,
+            params=PARAMS,
+            engine=ENGINE,
         )
     finally:
         stop.close()

@@ -1,0 +1,218 @@
+"""The suite as `make test` runs it as root (CI): five pytests side by side, each cluster stream on a namespace
+cluster of its own (OCTOSIM_INSTANCE), its log printed after the rest; one exit status.
+
+    python tests/streams.py              # every stream: the rest in the foreground, the others logged
+    python tests/streams.py --list       # each stream's pytest commands, nothing run
+    python tests/streams.py --only pbs   # one stream, in the foreground
+
+A cluster stream runs its cluster tests (``-m cluster``) first, then the files it takes ``beside`` them (tests that
+mostly wait: paced ranks, fake launchers, a full disk), chosen so that the streams end together. Every other file
+is the rest's, a new test file included: no list to edit. The real schedulers' streams run the long scenarios too
+(OCTO_DIST_CLUSTER_LONG=1: cancels, lost nodes, minutes each and mostly waiting). Measured (2 cores, quiet): the
+Slurm stream ended at 836 s, the Grid Engine one at 974 s, the cluster one at 1121 s, the rest at 1280 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    name: str
+    title: str  # what its cluster tests are, for the log's heading
+    instance: str | None  # OCTOSIM_INSTANCE; None: the caller's (cluster 0 by default)
+    cluster: tuple[
+        str, ...
+    ]  # globs under tests/ for its -m cluster run; () : every cluster file no other claims
+    beside: tuple[str, ...]  # files under tests/ run after them (-m "not cluster")
+    log: str
+
+    @property
+    def long(
+        self,
+    ) -> bool:  # the real schedulers' (and the PBS imitation's) cancel and lost-node scenarios
+        return self.instance is not None
+
+
+STREAMS = (
+    Stream(
+        "cluster",
+        "the cluster tests",
+        None,
+        (),
+        (
+            "test_launch.py",
+            "test_launch_injection.py",
+            "test_checkpoint_integrity.py",
+            "test_disk_full.py",
+        ),
+        ".cluster/suite.log",
+    ),
+    Stream(
+        "slurm",
+        "the real Slurm tests",
+        "1",
+        ("test_cluster_slurm*.py",),
+        ("test_runtime.py", "test_validate.py", "test_step_collectives.py", "test_gather.py"),
+        ".cluster/slurm.log",
+    ),
+    Stream(
+        "gridengine",
+        "the real Grid Engine tests",
+        "2",
+        ("test_cluster_gridengine*.py",),
+        ("test_engine.py", "test_inherited_signals.py", "test_stop_signals.py"),
+        ".cluster/gridengine.log",
+    ),
+    Stream(
+        "pbs",
+        "the PBS tests, against its imitation",
+        "3",
+        ("test_cluster_pbs*.py",),
+        (
+            "test_qdel_stops.py",
+            "test_chain_exit_file.py",
+            "test_rank_guard_orphans.py",
+            "test_stop_signal_burst.py",
+            "test_bench_input.py",
+            "test_augment.py",
+        ),
+        ".cluster/pbs.log",
+    ),
+)
+PYTEST = [sys.executable, "-m", "pytest"]
+# The streams share the checkout: no cache writes racing each other.
+STREAM_PYTEST = [*PYTEST, "-p", "no:cacheprovider"]
+STOPPING = threading.Event()  # set on SIGINT/SIGTERM: no stream starts its next command
+
+
+def claimed(pattern: str) -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for p in TESTS.glob(pattern))
+
+
+def commands(stream: Stream | None) -> list[tuple[dict, list[str]]]:
+    """``(environment additions, argv)`` in order: a cluster stream's, or the rest's (``None``)."""
+    if stream is None:
+        beside = [f"tests/{f}" for s in STREAMS for f in s.beside]
+        return [({}, [*PYTEST, "-m", "not cluster", "--durations=30", *ignoring(beside)])]
+    env = (
+        {"OCTOSIM_INSTANCE": stream.instance, "OCTO_DIST_CLUSTER_LONG": "1"} if stream.long else {}
+    )
+    if stream.cluster:
+        cluster = [f for g in stream.cluster for f in claimed(g)]
+    else:  # every cluster test the real schedulers' streams do not run
+        cluster = ignoring([f for s in STREAMS for g in s.cluster for f in claimed(g)])
+    return [
+        (env, [*STREAM_PYTEST, "-m", "cluster", "--durations=15", *cluster]),
+        (
+            {},
+            [*STREAM_PYTEST, "-m", "not cluster", "--durations=10"]
+            + [f"tests/{f}" for f in stream.beside],
+        ),
+    ]
+
+
+def ignoring(files: list[str]) -> list[str]:
+    return [f"--ignore={f}" for f in files]
+
+
+def shell_line(env: dict, argv: list[str]) -> str:
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), *map(shlex.quote, argv)])
+
+
+def run(stream: Stream | None, out, procs: list) -> int:
+    """Run a stream's commands one after the other (each in a session of its own, so an interrupt ends exactly
+    them); its status: 0, or the last non-zero one."""
+    status = 0
+    for env, argv in commands(stream):
+        if STOPPING.is_set():
+            return 1
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        procs.append(proc)
+        status = proc.wait() or status
+    return status
+
+
+def run_all(procs: list) -> int:
+    # 1 until a stream's commands have all run: a stream whose thread failed is not counted as passed
+    statuses = {"rest": 1, **{s.name: 1 for s in STREAMS}}
+
+    def logged(stream: Stream) -> None:
+        log = REPO / stream.log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as out:
+            statuses[stream.name] = run(stream, out, procs)
+
+    threads = [threading.Thread(target=logged, args=(s,), daemon=True) for s in STREAMS]
+    for t in threads:
+        t.start()
+    statuses["rest"] = run(None, None, procs)
+    for t in threads:
+        t.join()
+    for s in STREAMS:
+        print(
+            f"---- {s.title}, then {' '.join(s.beside)} (beside the rest; {s.log}) ----", flush=True
+        )
+        log = REPO / s.log
+        sys.stdout.write(log.read_text(errors="replace") if log.exists() else "(no log)\n")
+    print(
+        f"---- exit status: {', '.join(f'{k} {v}' for k, v in statuses.items())} ----", flush=True
+    )
+    return 0 if not any(statuses.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = ["rest", *(s.name for s in STREAMS)]
+    parser.add_argument(
+        "--list", action="store_true", help="print each stream's pytest commands; run nothing"
+    )
+    parser.add_argument("--only", choices=names, help="run this stream alone, in the foreground")
+    args = parser.parse_args(argv)
+    by_name = {s.name: s for s in STREAMS}
+    if args.list:
+        for name in names:
+            for env, cmd in commands(by_name.get(name)):
+                print(f"{name}: {shell_line(env, cmd)}")
+        return 0
+    procs: list = []
+
+    def stop(signum, frame):
+        STOPPING.set()
+        for p in procs:
+            if p.returncode is not None:  # reaped: its pid may be another process's by now
+                continue
+            try:
+                os.killpg(p.pid, signal.SIGTERM)  # its own session: the pytest and what it started
+            except ProcessLookupError:  # that command had ended
+                pass
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if args.only:
+        return run(by_name.get(args.only), None, procs)
+    return run_all(procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
