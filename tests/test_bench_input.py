@@ -157,6 +157,18 @@ def vd_labels():
         (["--set", "no_such.field=1"], "the config has no field no_such.field"),
         (["--cores", "0"], "--cores 0; expected 1 to"),
         (["--batch-size", "0"], "--batch-size 0; expected a positive number"),
+        (["--utilisation", "nan"], "--utilisation nan; expected a share of the GPU's peak"),
+        (["--utilisation", "1.5"], "--utilisation 1.5; expected a share of the GPU's peak"),
+        (["--gpus-per-node", "0"], "--gpus-per-node 0; expected a positive number"),
+        (["--cores-per-node", "-1"], "--cores-per-node -1; expected a positive number"),
+        (["--warmup", "-3"], "--warmup -3; expected a number >= 0"),
+        (["--shuffle-buffer", "-1"], "--shuffle-buffer -1; expected a positive number"),
+        (["--step-rate", "nan"], "--step-rate nan; expected a positive number"),
+        (["--set", "augment_on=gpu"], "augment_on 'gpu'; expected one of auto, device, host"),
+        (["--set", "resize_method=bicubic"], "resize_method 'bicubic'; expected one of"),
+        # the directory exists but holds no dataset: what it holds, where the dataset was looked for
+        ([], "no RLDS dataset 'bridge_dataset' in"),
+        (["--set", "dataset_kwargs.name=../other"], "dataset name '../other'; expected a"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, expected):
@@ -170,3 +182,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, expected):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name, text", [("config.yaml", "batch_size: 8\n"), ("noget.py", "x = 1\n")]
+)
+def test_a_config_that_is_not_a_python_config_file_is_one_line_and_exit_2(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    proc = subprocess.run(
+        [*OCTO_DIST, "bench-input", str(tmp_path), f"--config={tmp_path / name}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--config={tmp_path / name}" in lines[0] and "Fix:" in lines[0]
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    from octo_dist.apps.benchinput import cli
+
+    parser = cli.argparse.ArgumentParser()
+    cli._arguments(parser)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.option_strings
+            if action.default not in (None, []):
+                assert "%(default)s" in action.help, action.option_strings

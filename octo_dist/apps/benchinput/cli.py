@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
 import sys
 from typing import Mapping, Optional, Sequence
@@ -167,7 +168,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shuffle-buffer", type=int, default=256, help="frames (default: %(default)s)")
     p.add_argument("--cores", type=int, default=1, help="cores to pin to (default: %(default)s)")
-    p.add_argument("--model", default="octo-small", choices=sorted(vd.MODELS))
+    p.add_argument(
+        "--model",
+        default="octo-small",
+        choices=sorted(vd.MODELS),
+        help="the model whose step the GPUs run, for their consumption (default: %(default)s)",
+    )
     p.add_argument(
         "--utilisation",
         type=float,
@@ -179,8 +185,18 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="measured samples/s per GPU of the train step (instead of the FLOP estimate)",
     )
-    p.add_argument("--cores-per-node", type=int, default=vd.DEFAULT_CORES_PER_NODE)
-    p.add_argument("--gpus-per-node", type=int, default=vd.DEFAULT_GPUS_PER_NODE)
+    p.add_argument(
+        "--cores-per-node",
+        type=int,
+        default=vd.DEFAULT_CORES_PER_NODE,
+        help="CPU cores of a node for the verdict (default: %(default)s, ABCI 3.0's rt_HF)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=vd.DEFAULT_GPUS_PER_NODE,
+        help="GPUs of a node for the verdict (default: %(default)s)",
+    )
     p.set_defaults(func=main)
 
 
@@ -195,16 +211,60 @@ def _pin(cores: int) -> list:
     return chosen
 
 
+def check_numbers(args) -> None:
+    """Every number flag within its bounds (``--utilisation nan`` and ``--gpus-per-node 0`` included), else a
+    BenchError naming the flag, its bounds and a value that works."""
+    counts = [
+        ("--batch-size", args.batch_size, 1, 64),
+        ("--batches", args.batches, 1, 5),
+        ("--rounds", args.rounds, 1, 3),
+        ("--warmup", args.warmup, 0, 2),
+        ("--shuffle-buffer", args.shuffle_buffer, 1, 256),
+        ("--cores-per-node", args.cores_per_node, 1, vd.DEFAULT_CORES_PER_NODE),
+        ("--gpus-per-node", args.gpus_per_node, 1, vd.DEFAULT_GPUS_PER_NODE),
+    ]
+    for flag, value, low, good in counts:
+        if value < low:
+            expected = "a positive number" if low == 1 else f"a number >= {low}"
+            raise BenchError(f"{flag} {value}", expected, f"{flag} {good}")
+    # NaN fails every comparison: the bounds are written so that it fails them
+    if not 0 < args.utilisation <= 1:
+        raise BenchError(
+            f"--utilisation {args.utilisation}",
+            "a share of the GPU's peak above 0 and at most 1",
+            f"--utilisation {vd.DEFAULT_UTILISATION}",
+        )
+    if args.step_rate is not None and not 0 < args.step_rate < math.inf:
+        raise BenchError(
+            f"--step-rate {args.step_rate}", "a positive number of samples/s", "--step-rate 1600"
+        )
+
+
 def _config(args) -> dict:
+    from octo_dist.apps.finetune import config as finetune_config
     from octo_dist.apps.finetune.configfile import load_config
 
+    check_numbers(args)
     config = apply_settings(load_config(args.config), args.set).to_dict()
-    for name, value in [("--batch-size", args.batch_size), ("--batches", args.batches)]:
-        if value < 1:
-            raise BenchError(f"{name} {value}", "a positive number", f"{name} 8")
-    if args.rounds < 1 or args.step_rate is not None and args.step_rate <= 0:
-        raise BenchError("--rounds or --step-rate below 1", "positive numbers", "--rounds 3")
+    problems = finetune_config.augment_config_problems(config)
+    if problems:
+        # the fine-tune's wording, with bench-input's flag: "Fix: --set augment_on=auto"
+        raise BenchError("; ".join(problems).replace("Fix: --config.", "Fix: --set "))
     return config
+
+
+def check_data(data_dir: str, config: Mapping) -> None:
+    """The config's dataset is in ``data_dir`` (``<data_dir>/<name>/<version>/dataset_info.json``), else a
+    BenchError saying what the directory holds."""
+    from octo_dist.apps.finetune import convertframes
+
+    convertframes.dataset_version_dir(
+        data_dir,
+        (config.get("dataset_kwargs") or {}).get("name") or "",
+        "the data_dir the fine-tune reads (--config.dataset_kwargs.data_dir), and --set "
+        "dataset_kwargs.name=NAME where the config names another dataset",
+        error=BenchError,
+    )
 
 
 def main(args) -> int:
@@ -217,6 +277,7 @@ def main(args) -> int:
     try:
         config = _config(args)
         chosen = _pin(args.cores)
+        check_data(args.data_dir, config)
         sizes = image_sizes(config)
         from octo_dist.apps.benchinput import reader
 
