@@ -65,6 +65,14 @@ def test_the_gpus_consumption_follows_the_models_shape():
         vd.model_shape("octo-huge")
 
 
+def test_what_converting_the_frames_would_change_follows_the_pixels_decoded():
+    # 512x512 primary for a 256x256 model: decoding a quarter of the pixels
+    rate = vd.converted_rate(0.001, 0.005, {"primary": (512, 512)}, {"primary": (256, 256)})
+    assert rate == pytest.approx(0.001 + 0.004 / 4)
+    # stored at the model's sizes: a copy would be the same data
+    assert vd.converted_rate(0.001, 0.005, {"primary": (256, 256)}, {"primary": (256, 256)}) is None
+
+
 @pytest.fixture(scope="module")
 def realistic(tmp_path_factory):
     pytest.importorskip("tensorflow_datasets")
@@ -107,7 +115,7 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
 
         assert "skipped" not in fork
     except ImportError:
-        assert "not importable, skipped" in fork
+        assert "skipped: octo not importable" in fork
         assert any("minimal RLDS reader" in line for line in out)
 
     # ms/sample, samples/s/core, per node: one from the other
@@ -127,6 +135,10 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
     # each part printed to 0.01 ms: their sum is the total within 4 x 0.005
     assert sum(float(v) for v in parts.values()) == pytest.approx(total, abs=0.021)
     assert total == pytest.approx(ours["ours, augmentation on the host"][0], abs=0.011)
+
+    # the frames are stored at the model's sizes: the device-resize row ships them so, converting changes nothing
+    assert "frames as stored: primary 256x256, wrist 128x128" in "\n".join(out)
+    assert "convert-frames: the frames are stored at the model's sizes; a copy would change nothing" in out
 
     gpu_line = next(line for line in out if line.startswith("GPU consumption:"))
     need = float(re.search(r"([\d,]+) samples/s per GPU", gpu_line).group(1).replace(",", ""))

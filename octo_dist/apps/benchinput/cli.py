@@ -18,7 +18,7 @@ import ast
 import math
 import os
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 from octo_dist.apps.benchinput import verdict as vd
 from octo_dist.problems import Refusal
@@ -32,6 +32,7 @@ DESCRIPTION = (
 )
 
 LABELS = {
+    "device-resize": "ours, resize + augmentation on the device (host: decode)",
     "resize": "ours, augmentation on the device (host: decode + batch)",
     "augment": "ours, augmentation on the host",
     "every-resize": "ours, host augmentation, every resize run (the fork's way)",
@@ -94,17 +95,25 @@ def report(
     gpus_per_node: int,
     why_no_fork: str = "",
     spread: Optional[Mapping[str, Sequence[float]]] = None,
+    stored: Optional[Mapping[str, Tuple[int, int]]] = None,
+    sizes: Optional[Mapping[str, Tuple[int, int]]] = None,
 ) -> list:
     """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
-    min-max column): the table, the split, the verdicts."""
+    min-max column): the table, the split, the verdicts, and what converting the data would change (``stored``:
+    camera -> the size its frames are stored at; ``sizes``: the model's)."""
     lines = [
         f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}"
         f"  rounds (ms/sample)",
     ]
     fork = medians.get("fork")
-    for name in ("resize", "augment", "every-resize", "fork"):
+    for name in ("device-resize", "resize", "augment", "every-resize", "fork"):
         if name not in medians:
-            lines.append(f"{LABELS[name]:<60} not importable, skipped: {why_no_fork}")
+            why = (
+                why_no_fork
+                if name == "fork"
+                else "the frames' stored sizes are not in features.json"
+            )
+            lines.append(f"{LABELS[name]:<60} skipped: {why}")
             continue
         rate = 1.0 / medians[name]
         ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
@@ -118,17 +127,32 @@ def report(
     lines.append(
         f"split of ours with host augmentation (ms/sample): {parts} = {total * 1e3:.2f} (the total above)"
     )
-    for name in ("resize", "augment", "fork"):
+
+    def fed(seconds):
+        return vd.verdict(
+            1.0 / seconds,
+            cores=cores_per_node,
+            gpu_rate=gpu_rate,
+            gpus=gpus_per_node,
+            model=model,
+            basis=basis,
+        )
+
+    for name in ("device-resize", "resize", "augment", "fork"):
         if name in medians:
-            line = vd.verdict(
-                1.0 / medians[name],
-                cores=cores_per_node,
-                gpu_rate=gpu_rate,
-                gpus=gpus_per_node,
-                model=model,
-                basis=basis,
-            )
-            lines.append(f"verdict, {LABELS[name]}: {line}")
+            lines.append(f"verdict, {LABELS[name]}: {fed(medians[name])}")
+    converted = vd.converted_rate(
+        medians.get("rest", 0.0), medians.get("decode", 0.0), stored or {}, sizes or {}
+    )
+    if converted is None:
+        lines.append(
+            "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
+        )
+    else:
+        lines.append(
+            f"convert-frames (frames stored at the model's sizes) would take the device rows to: "
+            f"{fed(converted)} (estimated: {converted * 1e3:.2f} ms/sample, decoding scaled by the pixels stored)"
+        )
     return lines
 
 
@@ -253,6 +277,23 @@ def _config(args) -> dict:
     return config
 
 
+def stored_sizes(data_dir: str, config: Mapping, sizes: Mapping) -> dict:
+    """Camera -> (height, width) its frames are stored at (the dataset's features.json), for the cameras the
+    model resizes (``sizes``); a camera whose size features.json does not fix is left out."""
+    from octo_dist.apps.benchinput import reader
+    from octo_dist.apps.finetune import convertframes
+
+    name = (config.get("dataset_kwargs") or {}).get("name") or ""
+    version_dir = convertframes.dataset_version_dir(data_dir, name, "", error=BenchError)
+    by_feature = convertframes.stored_image_sizes(version_dir)
+    features = reader.image_features(config)
+    return {
+        camera: by_feature[features[camera]]
+        for camera in sizes
+        if features.get(camera) in by_feature
+    }
+
+
 def check_data(data_dir: str, config: Mapping) -> None:
     """The config's dataset is in ``data_dir`` (``<data_dir>/<name>/<version>/dataset_info.json``), else a
     BenchError saying what the directory holds."""
@@ -295,6 +336,7 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
     from octo_dist.apps.benchinput import measure, reader
 
     src = measure.source(args.data_dir, config)
+    stored = stored_sizes(args.data_dir, config, sizes)
     out(
         f"bench-input: {args.data_dir}, dataset {config['dataset_kwargs']['name']}, window "
         f"{reader.window_of(config)}, cameras "
@@ -307,7 +349,17 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         if src.octo
         else "frames: the minimal RLDS reader (octo not importable: its trajectory transforms not run)"
     )
-    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer)
+    if stored:
+        window = reader.window_of(config)
+        shipped = sum(h * w * 3 for h, w in stored.values()) * window
+        needed = sum(sizes[c][0] * sizes[c][1] * 3 for c in stored) * window
+        out(
+            "frames as stored: "
+            + ", ".join(f"{c} {h}x{w}" for c, (h, w) in stored.items())
+            + f" (the device-resize row sends them so, {shipped / 1e3:,.0f} kB of uint8 images a sample per "
+            f"window to the device where the model's sizes are {needed / 1e3:,.0f} kB; the step resizes them)"
+        )
+    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer, stored=stored)
     times = measure.rounds(
         datasets,
         batch_size=args.batch_size,
@@ -328,6 +380,8 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         gpus_per_node=args.gpus_per_node,
         why_no_fork=src.why_no_fork,
         spread=times,
+        stored=stored,
+        sizes=sizes,
     ):
         out(line)
     return 0

@@ -140,6 +140,27 @@ def _set_shapes(features: dict, sizes: Mapping[str, Tuple[int, int]]) -> None:
             _set_shapes(value, sizes)
 
 
+def stored_image_sizes(version_dir: Path) -> dict:
+    """Image feature -> (height, width) its frames are stored at, from ``features.json`` (``{"image_0": (256,
+    256)}``); a feature of unknown or varying size (``"dimensions": ["-1", "-1", "3"]``) is left out."""
+    out = {}
+
+    def walk(tree):
+        for key, value in tree.items():
+            if not isinstance(value, dict):
+                continue
+            image = value.get("image")
+            if isinstance(image, dict):
+                dims = (image.get("shape") or {}).get("dimensions") or []
+                if len(dims) >= 2 and all(str(d).isdigit() and int(d) > 0 for d in dims[:2]):
+                    out[key] = (int(dims[0]), int(dims[1]))
+            else:
+                walk(value)
+
+    walk(json.loads((Path(version_dir) / "features.json").read_text()))
+    return out
+
+
 def _image_formats(features: dict, out: dict) -> dict:
     for key, value in features.items():
         if isinstance(value, dict):
