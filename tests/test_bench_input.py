@@ -73,6 +73,49 @@ def test_what_converting_the_frames_would_change_follows_the_pixels_decoded():
     assert vd.converted_rate(0.001, 0.005, {"primary": (256, 256)}, {"primary": (256, 256)}) is None
 
 
+@pytest.mark.parametrize(
+    "stored, says",
+    [
+        ({"primary": (256, 256), "wrist": (128, 128)}, "a copy would change nothing"),
+        (
+            {"primary": (64, 64), "wrist": (64, 64)},
+            "primary, wrist stored smaller than the model's sizes",
+        ),
+        (
+            {"primary": (512, 512), "wrist": (256, 256)},
+            "would take the device rows to: feeds 8 of 8",
+        ),
+    ],
+)
+def test_the_report_says_what_convert_frames_would_change(stored, says):
+    from octo_dist.apps.benchinput import cli
+
+    medians = {
+        "rest": 1e-4,
+        "decode": 1.6e-3,
+        "resize": 5e-3,
+        "augment": 9e-3,
+        "device-resize": 1.7e-3,
+    }
+    lines = cli.report(
+        medians,
+        {"rest": 1e-4},
+        gpu_rate=3671,
+        basis="at 40% utilisation",
+        model="Octo-Small",
+        cores_per_node=96,
+        gpus_per_node=8,
+        stored=stored,
+        sizes={"primary": (256, 256), "wrist": (128, 128)},
+    )
+    assert says in lines[-1]
+    # the data as stored, its resize on the device: its own verdict, first
+    assert lines[1].startswith("ours, resize + augmentation on the device (host: decode)")
+    assert any(
+        line.startswith("verdict, ours, resize + augmentation on the device") for line in lines
+    )
+
+
 @pytest.fixture(scope="module")
 def realistic(tmp_path_factory):
     pytest.importorskip("tensorflow_datasets")
@@ -138,7 +181,10 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
 
     # the frames are stored at the model's sizes: the device-resize row ships them so, converting changes nothing
     assert "frames as stored: primary 256x256, wrist 128x128" in "\n".join(out)
-    assert "convert-frames: the frames are stored at the model's sizes; a copy would change nothing" in out
+    assert (
+        "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
+        in out
+    )
 
     gpu_line = next(line for line in out if line.startswith("GPU consumption:"))
     need = float(re.search(r"([\d,]+) samples/s per GPU", gpu_line).group(1).replace(",", ""))

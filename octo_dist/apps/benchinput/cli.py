@@ -144,9 +144,15 @@ def report(
     converted = vd.converted_rate(
         medians.get("rest", 0.0), medians.get("decode", 0.0), stored or {}, sizes or {}
     )
+    smaller = [c for c in (stored or {}) if stored[c][0] * stored[c][1] < sizes[c][0] * sizes[c][1]]
     if converted is None:
         lines.append(
             "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
+        )
+    elif smaller:
+        lines.append(
+            f"convert-frames: {', '.join(smaller)} stored smaller than the model's sizes; a copy at those sizes "
+            "would decode more pixels, not fewer: leave the data as it is and the resize to the device"
         )
     else:
         lines.append(
