@@ -144,7 +144,12 @@ def report(
     converted = vd.converted_rate(
         medians.get("rest", 0.0), medians.get("decode", 0.0), stored or {}, sizes or {}
     )
-    smaller = [c for c in (stored or {}) if stored[c][0] * stored[c][1] < sizes[c][0] * sizes[c][1]]
+    model_sizes = sizes or {}
+    smaller = [
+        c
+        for c in (stored or {})
+        if c in model_sizes and stored[c][0] * stored[c][1] < model_sizes[c][0] * model_sizes[c][1]
+    ]
     if converted is None:
         lines.append(
             "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
