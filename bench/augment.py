@@ -44,13 +44,16 @@ SIZES = {"primary": 256, "wrist": 128}
 WINDOW = 2
 
 
-def fake_batch(size: int, seed: int = 0) -> dict:
-    """Octo's layout: window-2 uint8 frames per camera, a goal image per camera, every image present."""
+def fake_batch(size: int, seed: int = 0, stored=None) -> dict:
+    """Octo's layout: window-2 uint8 frames per camera, a goal image per camera, every image present; at the
+    model's sizes, or every camera at ``stored`` (a side: the frames as a dataset stores them, for the step to
+    resize)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     obs, task = {"pad_mask_dict": {}}, {"pad_mask_dict": {}}
     for cam, side in SIZES.items():
+        side = stored or side
         frames = rng.integers(0, 256, (size, WINDOW, side, side, 3), dtype=np.uint8)
         obs[f"image_{cam}"], task[f"image_{cam}"] = frames, frames[:, -1].copy()
         obs["pad_mask_dict"][f"image_{cam}"] = np.ones((size, WINDOW), bool)
@@ -58,15 +61,19 @@ def fake_batch(size: int, seed: int = 0) -> dict:
     return {"observation": obs, "task": task}
 
 
-def time_device(batch: dict, rounds: int) -> list:
-    """Seconds per batch of the step's augmentation (compiled once, then ``rounds`` batches, each a new key)."""
+def time_device(batch: dict, rounds: int, resize: bool = False) -> list:
+    """Seconds per batch of the step's augmentation (compiled once, then ``rounds`` batches, each a new key);
+    ``resize``: the step first resizes the batch's images to the model's sizes (lanczos3, antialiased)."""
     import jax
 
     from octo_dist.engine import augment
 
     # as the fine-tune builds it for these devices (a TPU resamples the crop with matrix products)
     platform = jax.devices()[0].platform
-    fn = jax.jit(augment.batch_augmenter(KWARGS, resample=augment.resampling_for(platform)))
+    sizes = {cam: (side, side) for cam, side in SIZES.items()} if resize else None
+    fn = jax.jit(
+        augment.batch_augmenter(KWARGS, resample=augment.resampling_for(platform), sizes=sizes)
+    )
     on_device = jax.device_put(batch)
     jax.block_until_ready(fn(on_device, jax.random.PRNGKey(0)))  # compile
     times = []
@@ -143,6 +150,11 @@ def main(argv=None) -> int:
     p.add_argument("--cores", type=int, default=1, help="CPU cores to pin to (per-core figures)")
     p.add_argument("--platform", default="cpu", help="where the JAX side runs: cpu, tpu or gpu")
     p.add_argument("--host-samples", type=int, default=64, help="samples TensorFlow maps per round")
+    p.add_argument(
+        "--stored",
+        type=int,
+        help="every camera's frames stored at this side: the step resizes them first (device only)",
+    )
     args = p.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))[: args.cores]
     if args.platform == "cpu":
@@ -152,16 +164,23 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import jax
 
-    batch = fake_batch(args.batch)
-    device = time_device(batch, args.rounds)
+    batch = fake_batch(args.batch, stored=args.stored)
+    device = time_device(batch, args.rounds, resize=args.stored is not None)
     per_batch = statistics.median(device)
     where = f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind})"
+    images = sum(v.nbytes for g in batch.values() for k, v in g.items() if k != "pad_mask_dict")
     print(
         f"augmentation of window {WINDOW}, primary {SIZES['primary']}x{SIZES['primary']} (crop + colour) + wrist "
         f"{SIZES['wrist']}x{SIZES['wrist']} (colour), goal images; batch {args.batch}; jax {jax.__version__}"
+        + (
+            f"; frames stored at {args.stored}x{args.stored}, resized in the step"
+            if args.stored
+            else ""
+        )
+        + f"; {images / args.batch / 1e3:,.0f} kB of images a sample to the device"
     )
     rows = [("device (jax, " + where + ")", args.batch / per_batch, device)]
-    if args.platform == "cpu":
+    if args.platform == "cpu" and args.stored is None:
         host = time_host(batch, min(args.host_samples, args.batch), args.rounds)
         rows.append(("host (tensorflow tf.data, 1 thread)", 1 / statistics.median(host), host))
     print(f"{'path':<44} {'samples/s':>10} {'per core':>10}   rounds (s per batch or sample)")

@@ -65,6 +65,57 @@ def test_the_gpus_consumption_follows_the_models_shape():
         vd.model_shape("octo-huge")
 
 
+def test_what_converting_the_frames_would_change_follows_the_pixels_decoded():
+    # 512x512 primary for a 256x256 model: decoding a quarter of the pixels
+    rate = vd.converted_rate(0.001, 0.005, {"primary": (512, 512)}, {"primary": (256, 256)})
+    assert rate == pytest.approx(0.001 + 0.004 / 4)
+    # stored at the model's sizes: a copy would be the same data
+    assert vd.converted_rate(0.001, 0.005, {"primary": (256, 256)}, {"primary": (256, 256)}) is None
+
+
+@pytest.mark.parametrize(
+    "stored, says",
+    [
+        ({"primary": (256, 256), "wrist": (128, 128)}, "a copy would change nothing"),
+        (
+            {"primary": (64, 64), "wrist": (64, 64)},
+            "primary, wrist stored smaller than the model's sizes",
+        ),
+        (
+            {"primary": (512, 512), "wrist": (256, 256)},
+            "would take the device rows to: feeds 8 of 8",
+        ),
+    ],
+)
+def test_the_report_says_what_convert_frames_would_change(stored, says):
+    from octo_dist.apps.benchinput import cli
+
+    medians = {
+        "rest": 1e-4,
+        "decode": 1.6e-3,
+        "resize": 5e-3,
+        "augment": 9e-3,
+        "device-resize": 1.7e-3,
+    }
+    lines = cli.report(
+        medians,
+        {"rest": 1e-4},
+        gpu_rate=3671,
+        basis="at 40% utilisation",
+        model="Octo-Small",
+        cores_per_node=96,
+        gpus_per_node=8,
+        stored=stored,
+        sizes={"primary": (256, 256), "wrist": (128, 128)},
+    )
+    assert says in lines[-1]
+    # the data as stored, its resize on the device: its own verdict, first
+    assert lines[1].startswith("ours, resize + augmentation on the device (host: decode)")
+    assert any(
+        line.startswith("verdict, ours, resize + augmentation on the device") for line in lines
+    )
+
+
 @pytest.fixture(scope="module")
 def realistic(tmp_path_factory):
     pytest.importorskip("tensorflow_datasets")
@@ -107,7 +158,7 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
 
         assert "skipped" not in fork
     except ImportError:
-        assert "not importable, skipped" in fork
+        assert "skipped: octo not importable" in fork
         assert any("minimal RLDS reader" in line for line in out)
 
     # ms/sample, samples/s/core, per node: one from the other
@@ -127,6 +178,13 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
     # each part printed to 0.01 ms: their sum is the total within 4 x 0.005
     assert sum(float(v) for v in parts.values()) == pytest.approx(total, abs=0.021)
     assert total == pytest.approx(ours["ours, augmentation on the host"][0], abs=0.011)
+
+    # the frames are stored at the model's sizes: the device-resize row ships them so, converting changes nothing
+    assert "frames as stored: primary 256x256, wrist 128x128" in "\n".join(out)
+    assert (
+        "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
+        in out
+    )
 
     gpu_line = next(line for line in out if line.startswith("GPU consumption:"))
     need = float(re.search(r"([\d,]+) samples/s per GPU", gpu_line).group(1).replace(",", ""))
@@ -157,6 +215,18 @@ def vd_labels():
         (["--set", "no_such.field=1"], "the config has no field no_such.field"),
         (["--cores", "0"], "--cores 0; expected 1 to"),
         (["--batch-size", "0"], "--batch-size 0; expected a positive number"),
+        (["--utilisation", "nan"], "--utilisation nan; expected a share of the GPU's peak"),
+        (["--utilisation", "1.5"], "--utilisation 1.5; expected a share of the GPU's peak"),
+        (["--gpus-per-node", "0"], "--gpus-per-node 0; expected a positive number"),
+        (["--cores-per-node", "-1"], "--cores-per-node -1; expected a positive number"),
+        (["--warmup", "-3"], "--warmup -3; expected a number >= 0"),
+        (["--shuffle-buffer", "-1"], "--shuffle-buffer -1; expected a positive number"),
+        (["--step-rate", "nan"], "--step-rate nan; expected a positive number"),
+        (["--set", "augment_on=gpu"], "augment_on 'gpu'; expected one of auto, device, host"),
+        (["--set", "resize_method=bicubic"], "resize_method 'bicubic'; expected one of"),
+        # the directory exists but holds no dataset: what it holds, where the dataset was looked for
+        ([], "no RLDS dataset 'bridge_dataset' in"),
+        (["--set", "dataset_kwargs.name=../other"], "dataset name '../other'; expected a"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, expected):
@@ -170,3 +240,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, expected):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name, text", [("config.yaml", "batch_size: 8\n"), ("noget.py", "x = 1\n")]
+)
+def test_a_config_that_is_not_a_python_config_file_is_one_line_and_exit_2(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    proc = subprocess.run(
+        [*OCTO_DIST, "bench-input", str(tmp_path), f"--config={tmp_path / name}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--config={tmp_path / name}" in lines[0] and "Fix:" in lines[0]
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    from octo_dist.apps.benchinput import cli
+
+    parser = cli.argparse.ArgumentParser()
+    cli._arguments(parser)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.option_strings
+            if action.default not in (None, []):
+                assert "%(default)s" in action.help, action.option_strings

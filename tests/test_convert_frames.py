@@ -7,8 +7,11 @@ copy is read back with tensorflow_datasets, as the fine-tune reads it.
 from __future__ import annotations
 
 import hashlib
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -161,6 +164,10 @@ def test_a_destination_that_would_write_in_place_or_over_something_is_refused(
         (["--name", NAME, "--size", "image_9=256"], "camera features ['image_9'] to resize"),
         (["--name", NAME, "--size", "image_0=0"], "--size image_0=0; expected FEATURE="),
         (["--size", "image_0=256"], "no dataset name"),
+        # a name is a dataset's, never a path out of the data dir
+        (["--name", f"../{NAME}", "--size", "image_0=256"], f"dataset name '../{NAME}'; expected"),
+        (["--name", "..", "--size", "image_0=256"], "dataset name '..'; expected"),
+        (["--name", NAME, "--size", "image_0=100000x100000"], "each side 1 to 4096 pixels"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(source, tmp_path, flags, expected):
@@ -169,4 +176,80 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(source, tmp_path,
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not dst.exists()
+
+
+def test_a_config_that_is_not_a_python_file_is_one_line_and_exit_2(source, tmp_path):
+    (tmp_path / "config.yaml").write_text("batch_size: 8\n")
+    proc = convert(source, tmp_path / "out", f"--config={tmp_path / 'config.yaml'}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a Python file" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_says_first_what_the_command_does():
+    proc = subprocess.run(
+        [*OCTO_DIST, "convert-frames", "--help"], capture_output=True, text=True, env=clean_env()
+    )
+    description = proc.stdout.split("\n\n")[1]
+    assert description.startswith(
+        "Copy an RLDS dataset with its camera frames stored at the model's"
+    )
+
+
+def _copy_of(source, tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(source, copy)
+    return copy, copy / NAME / synthetic_rlds.DATASET_VERSION
+
+
+@pytest.mark.parametrize("damage", ["flipped bytes", "not an episode"])
+def test_a_corrupt_shard_is_one_line_and_leaves_no_copy(source, tmp_path, damage):
+    src, version = _copy_of(source, tmp_path)
+    shard = next(version.glob(f"{NAME}-train.tfrecord*"))
+    if damage == "flipped bytes":
+        data = bytearray(shard.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+        shard.write_bytes(bytes(data))
+    else:  # framed as a TFRecord, but its record is no tf.train.Example
+        shard.unlink()
+        with tf.io.TFRecordWriter(str(shard)) as writer:
+            writer.write(b"\xff\xfe not a protocol buffer")
+    dst = tmp_path / "out"
+    proc = convert(src, dst, "--name", NAME, "--size", "image_0=32")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    # TensorFlow was imported: its start-up notes may come first (a CPU build's cuDNN lines), never a traceback
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last.startswith("octo-dist convert-frames: error: ") and shard.name in last
+    assert "not a readable TFRecord" in last
+    assert not dst.exists()
+
+
+def test_ctrl_c_ends_in_one_line_and_leaves_nothing_that_looks_like_a_copy(source, tmp_path):
+    src, version = _copy_of(source, tmp_path)
+    shard = next(version.glob(f"{NAME}-train.tfrecord*"))
+    # enough shards, each resized up to 1024x1024, that the copy is still being written when Ctrl-C comes
+    for i in range(40):
+        shutil.copy(shard, version / f"{NAME}-train.tfrecord-extra{i:03d}")
+    dst = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*OCTO_DIST, "convert-frames", str(src), str(dst), "--name", NAME]
+        + ["--size", "image_0=1024", "--size", "wrist_image=1024"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    partial = dst / NAME / f"{synthetic_rlds.DATASET_VERSION}.incomplete"
+    while proc.poll() is None and not any(partial.glob("*.tfrecord*")):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the copy ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("octo-dist convert-frames: interrupted"), err
     assert not dst.exists()

@@ -348,3 +348,61 @@ def test_an_unknown_resize_method_is_refused_with_the_config_problems():
         "resize_method 'bicubic'; expected one of lanczos3, bilinear. Fix: --config.resize_method=lanczos3"
     ]
     assert fc.augment_config_problems({"resize_method": "bilinear", "augment_on": "host"}) == []
+
+
+# --- the host decodes, the device resizes ---------------------------------------------------------------------------
+
+
+def test_cameras_with_a_stored_size_leave_the_host_decoded_at_that_size_never_resized():
+    counting = Counting()
+    primary, wrist = jpeg(photo(64, 80, 7)), jpeg(photo(160, 160, 8))
+    stored = {"primary": (64, 80), "wrist": (160, 160)}
+    out = transformed(
+        host(augment=False, resize=counting, stored_size=stored),
+        frame([primary, primary], [wrist, b""], b""),
+    )
+    np.testing.assert_array_equal(out["observation"]["image_primary"][0], decoded(primary))
+    np.testing.assert_array_equal(out["observation"]["image_wrist"][0], decoded(wrist))
+    # padding at the stored size, so the batch has one shape per camera
+    assert out["observation"]["image_wrist"].shape == (2, 160, 160, 3)
+    assert not out["observation"]["image_wrist"][1].any()
+    assert out["task"]["image_primary"].shape == (64, 80, 3)
+    assert int(counting.calls.numpy()) == 0
+
+
+def test_decoded_on_the_host_then_resized_on_the_device_is_the_hosts_resize_to_one_level():
+    jax = pytest.importorskip("jax")
+    from octo_dist.engine import augment
+
+    primary, wrist = jpeg(photo(96, 128, 9)), jpeg(photo(256, 256, 10))
+    one = frame([primary, primary], [wrist, wrist], primary)
+    whole = transformed(host(augment=False), one)
+    shipped = transformed(
+        host(augment=False, stored_size={"primary": (96, 128), "wrist": (256, 256)}), one
+    )
+    resized = jax.jit(lambda b: augment.resize_batch(b, {"primary": PRIMARY, "wrist": WRIST}))(
+        {k: shipped[k] for k in ("observation", "task")}
+    )
+    for part, key in [
+        ("observation", "image_primary"),
+        ("observation", "image_wrist"),
+        ("task", "image_primary"),
+    ]:
+        diff = np.abs(np.asarray(resized[part][key]).astype(int) - whole[part][key].astype(int))
+        assert diff.max() <= 1 and (diff > 0).mean() <= 0.002, (part, key)
+
+
+def test_a_reduced_scale_decode_is_chosen_only_where_the_stored_frame_is_that_many_times_larger():
+    assert frames.decode_ratio_for((480, 640), (128, 128)) == 2
+    assert frames.decode_ratio_for((512, 512), (128, 128)) == 4
+    assert frames.decode_ratio_for((1024, 1024), (128, 128)) == 8
+    assert frames.decode_ratio_for((256, 256), (256, 256)) == 1
+    assert frames.decode_ratio_for((64, 64), (256, 256)) == 1
+    image = jpeg(photo(512, 512, 11))
+    transforms = host(
+        augment=False, stored_size={"primary": (512, 512)}, decode_ratio={"primary": 2}
+    )
+    assert transforms.shipped_size("primary") == (256, 256)
+    out = transformed(transforms, frame([image, image], [jpeg(photo(*WRIST, 12))] * 2, b""))
+    assert out["observation"]["image_primary"].shape == (2, 256, 256, 3)
+    assert out["task"]["image_primary"].shape == (256, 256, 3)

@@ -31,7 +31,7 @@ Every op works on ``[..., H, W, C]`` float images; leading axes (a window) share
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -260,6 +260,47 @@ def apply(image: jax.Array, params: Params, order, resample: str = "gather") -> 
     return from_unit(x, image.dtype)
 
 
+# --- the resize to the model's size: the host decodes, the step resizes ------------------------------------------
+
+RESIZE_METHODS = (
+    "lanczos3",
+    "bilinear",
+)  # the config's resize_method: lanczos3 (the fork's), bilinear (opt-in)
+
+
+def resize(images: jax.Array, size, method: str = "lanczos3") -> jax.Array:
+    """uint8 ``[..., H, W, C]`` -> uint8 ``[..., h, w, C]``: dlimp's ``resize_image`` (``tf.image.resize(...,
+    method, antialias=True)``, rounded, clipped) on the device; leading axes (a window) are not resampled.
+
+    ``jax.image.resize`` with ``antialias=True`` is TensorFlow's ``scale_and_translate`` kernel (the same
+    lanczos3 weights, the kernel widened by the scale when shrinking), computed as products with weight matrices
+    at full float32 precision (TPUs otherwise multiply in bfloat16): the same pixels as TensorFlow's resize to one
+    uint8 level (``tests/test_augment.py`` bounds it). An image already at ``size`` is returned as it is."""
+    size = (int(size[0]), int(size[1]))
+    if tuple(images.shape[-3:-1]) == size:
+        return images
+    shape = (*images.shape[:-3], *size, images.shape[-1])
+    out = jax.image.resize(images.astype(jnp.float32), shape, method=method, antialias=True)
+    return jnp.clip(jnp.round(out), 0.0, 255.0).astype(jnp.uint8)
+
+
+def resize_batch(batch: Mapping, sizes: Mapping[str, Any], method: str = "lanczos3") -> dict:
+    """``batch`` with each ``image_<camera>`` of ``observation`` and ``task`` resized to ``sizes[camera]``
+    (``{"primary": (256, 256), "wrist": (128, 128)}``) where its size differs; cameras not named, and every other
+    leaf, pass through. Padding images (zeros) stay zeros."""
+    out = dict(batch)
+    for g in ("observation", "task"):
+        if not isinstance(batch.get(g), Mapping):
+            continue
+        group = dict(batch[g])
+        for key, images in batch[g].items():
+            name = key[len(IMAGE_PREFIX) :] if key.startswith(IMAGE_PREFIX) else None
+            if name in sizes and sizes[name] is not None:
+                group[key] = resize(images, sizes[name], method)
+        out[g] = group
+    return out
+
+
 # --- a batch: per-sample, per-camera keys; padding images left alone -----------------------------------------------
 
 
@@ -335,17 +376,30 @@ def augment_batch(
 
 
 def batch_augmenter(
-    image_augment_kwargs: Mapping, resample: str = "gather"
+    image_augment_kwargs: Mapping,
+    resample: str = "gather",
+    sizes: Optional[Mapping[str, Any]] = None,
+    resize_method: str = "lanczos3",
 ) -> Callable[[Mapping, jax.Array], dict]:
-    """``(batch, key) -> batch`` for the train step: :func:`augment_batch` with the config's kwargs, checked now
-    (a ValueError naming every problem: an op the step does not implement, a range TensorFlow would refuse)."""
+    """``(batch, key) -> batch`` for the train step: the images resized to ``sizes`` (:func:`resize_batch`: the
+    host left them at their stored size) then :func:`augment_batch` with the config's kwargs, checked now (a
+    ValueError naming every problem: an op the step does not implement, a range TensorFlow would refuse)."""
     plain = _plain(image_augment_kwargs or {})
     problems = augment_problems(plain)
     if problems:
         raise ValueError("image_augment_kwargs: " + "; ".join(problems))
     if resample not in RESAMPLERS:
         raise ValueError(f"resample {resample!r}; expected one of {sorted(RESAMPLERS)}")
-    return lambda batch, key: augment_batch(batch, key, plain, resample)
+    if resize_method not in RESIZE_METHODS:
+        raise ValueError(f"resize_method {resize_method!r}; expected one of {RESIZE_METHODS}")
+    targets = {name: tuple(size) for name, size in (sizes or {}).items() if size is not None}
+
+    def augmenter(batch, key):
+        if targets:
+            batch = resize_batch(batch, targets, resize_method)
+        return augment_batch(batch, key, plain, resample)
+
+    return augmenter
 
 
 def _plain(value):

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 from octo_dist.apps.benchinput import verdict as vd
 from octo_dist.problems import Refusal
@@ -31,6 +32,7 @@ DESCRIPTION = (
 )
 
 LABELS = {
+    "device-resize": "ours, resize + augmentation on the device (host: decode)",
     "resize": "ours, augmentation on the device (host: decode + batch)",
     "augment": "ours, augmentation on the host",
     "every-resize": "ours, host augmentation, every resize run (the fork's way)",
@@ -93,17 +95,25 @@ def report(
     gpus_per_node: int,
     why_no_fork: str = "",
     spread: Optional[Mapping[str, Sequence[float]]] = None,
+    stored: Optional[Mapping[str, Tuple[int, int]]] = None,
+    sizes: Optional[Mapping[str, Tuple[int, int]]] = None,
 ) -> list:
     """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
-    min-max column): the table, the split, the verdicts."""
+    min-max column): the table, the split, the verdicts, and what converting the data would change (``stored``:
+    camera -> the size its frames are stored at; ``sizes``: the model's)."""
     lines = [
         f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}"
         f"  rounds (ms/sample)",
     ]
     fork = medians.get("fork")
-    for name in ("resize", "augment", "every-resize", "fork"):
+    for name in ("device-resize", "resize", "augment", "every-resize", "fork"):
         if name not in medians:
-            lines.append(f"{LABELS[name]:<60} not importable, skipped: {why_no_fork}")
+            why = (
+                why_no_fork
+                if name == "fork"
+                else "the frames' stored sizes are not in features.json"
+            )
+            lines.append(f"{LABELS[name]:<60} skipped: {why}")
             continue
         rate = 1.0 / medians[name]
         ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
@@ -117,17 +127,43 @@ def report(
     lines.append(
         f"split of ours with host augmentation (ms/sample): {parts} = {total * 1e3:.2f} (the total above)"
     )
-    for name in ("resize", "augment", "fork"):
+
+    def fed(seconds):
+        return vd.verdict(
+            1.0 / seconds,
+            cores=cores_per_node,
+            gpu_rate=gpu_rate,
+            gpus=gpus_per_node,
+            model=model,
+            basis=basis,
+        )
+
+    for name in ("device-resize", "resize", "augment", "fork"):
         if name in medians:
-            line = vd.verdict(
-                1.0 / medians[name],
-                cores=cores_per_node,
-                gpu_rate=gpu_rate,
-                gpus=gpus_per_node,
-                model=model,
-                basis=basis,
-            )
-            lines.append(f"verdict, {LABELS[name]}: {line}")
+            lines.append(f"verdict, {LABELS[name]}: {fed(medians[name])}")
+    converted = vd.converted_rate(
+        medians.get("rest", 0.0), medians.get("decode", 0.0), stored or {}, sizes or {}
+    )
+    model_sizes = sizes or {}
+    smaller = [
+        c
+        for c in (stored or {})
+        if c in model_sizes and stored[c][0] * stored[c][1] < model_sizes[c][0] * model_sizes[c][1]
+    ]
+    if converted is None:
+        lines.append(
+            "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
+        )
+    elif smaller:
+        lines.append(
+            f"convert-frames: {', '.join(smaller)} stored smaller than the model's sizes; a copy at those sizes "
+            "would decode more pixels, not fewer: leave the data as it is and the resize to the device"
+        )
+    else:
+        lines.append(
+            f"convert-frames (frames stored at the model's sizes) would take the device rows to: "
+            f"{fed(converted)} (estimated: {converted * 1e3:.2f} ms/sample, decoding scaled by the pixels stored)"
+        )
     return lines
 
 
@@ -167,7 +203,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shuffle-buffer", type=int, default=256, help="frames (default: %(default)s)")
     p.add_argument("--cores", type=int, default=1, help="cores to pin to (default: %(default)s)")
-    p.add_argument("--model", default="octo-small", choices=sorted(vd.MODELS))
+    p.add_argument(
+        "--model",
+        default="octo-small",
+        choices=sorted(vd.MODELS),
+        help="the model whose step the GPUs run, for their consumption (default: %(default)s)",
+    )
     p.add_argument(
         "--utilisation",
         type=float,
@@ -179,8 +220,18 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="measured samples/s per GPU of the train step (instead of the FLOP estimate)",
     )
-    p.add_argument("--cores-per-node", type=int, default=vd.DEFAULT_CORES_PER_NODE)
-    p.add_argument("--gpus-per-node", type=int, default=vd.DEFAULT_GPUS_PER_NODE)
+    p.add_argument(
+        "--cores-per-node",
+        type=int,
+        default=vd.DEFAULT_CORES_PER_NODE,
+        help="CPU cores of a node for the verdict (default: %(default)s, ABCI 3.0's rt_HF)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=vd.DEFAULT_GPUS_PER_NODE,
+        help="GPUs of a node for the verdict (default: %(default)s)",
+    )
     p.set_defaults(func=main)
 
 
@@ -195,16 +246,77 @@ def _pin(cores: int) -> list:
     return chosen
 
 
+def check_numbers(args) -> None:
+    """Every number flag within its bounds (``--utilisation nan`` and ``--gpus-per-node 0`` included), else a
+    BenchError naming the flag, its bounds and a value that works."""
+    counts = [
+        ("--batch-size", args.batch_size, 1, 64),
+        ("--batches", args.batches, 1, 5),
+        ("--rounds", args.rounds, 1, 3),
+        ("--warmup", args.warmup, 0, 2),
+        ("--shuffle-buffer", args.shuffle_buffer, 1, 256),
+        ("--cores-per-node", args.cores_per_node, 1, vd.DEFAULT_CORES_PER_NODE),
+        ("--gpus-per-node", args.gpus_per_node, 1, vd.DEFAULT_GPUS_PER_NODE),
+    ]
+    for flag, value, low, good in counts:
+        if value < low:
+            expected = "a positive number" if low == 1 else f"a number >= {low}"
+            raise BenchError(f"{flag} {value}", expected, f"{flag} {good}")
+    # NaN fails every comparison: the bounds are written so that it fails them
+    if not 0 < args.utilisation <= 1:
+        raise BenchError(
+            f"--utilisation {args.utilisation}",
+            "a share of the GPU's peak above 0 and at most 1",
+            f"--utilisation {vd.DEFAULT_UTILISATION}",
+        )
+    if args.step_rate is not None and not 0 < args.step_rate < math.inf:
+        raise BenchError(
+            f"--step-rate {args.step_rate}", "a positive number of samples/s", "--step-rate 1600"
+        )
+
+
 def _config(args) -> dict:
+    from octo_dist.apps.finetune import config as finetune_config
     from octo_dist.apps.finetune.configfile import load_config
 
+    check_numbers(args)
     config = apply_settings(load_config(args.config), args.set).to_dict()
-    for name, value in [("--batch-size", args.batch_size), ("--batches", args.batches)]:
-        if value < 1:
-            raise BenchError(f"{name} {value}", "a positive number", f"{name} 8")
-    if args.rounds < 1 or args.step_rate is not None and args.step_rate <= 0:
-        raise BenchError("--rounds or --step-rate below 1", "positive numbers", "--rounds 3")
+    problems = finetune_config.augment_config_problems(config)
+    if problems:
+        # the fine-tune's wording, with bench-input's flag: "Fix: --set augment_on=auto"
+        raise BenchError("; ".join(problems).replace("Fix: --config.", "Fix: --set "))
     return config
+
+
+def stored_sizes(data_dir: str, config: Mapping, sizes: Mapping) -> dict:
+    """Camera -> (height, width) its frames are stored at (the dataset's features.json), for the cameras the
+    model resizes (``sizes``); a camera whose size features.json does not fix is left out."""
+    from octo_dist.apps.benchinput import reader
+    from octo_dist.apps.finetune import convertframes
+
+    name = (config.get("dataset_kwargs") or {}).get("name") or ""
+    version_dir = convertframes.dataset_version_dir(data_dir, name, "", error=BenchError)
+    by_feature = convertframes.stored_image_sizes(version_dir)
+    features = reader.image_features(config)
+    return {
+        camera: by_feature[features[camera]]
+        for camera in sizes
+        if features.get(camera) in by_feature
+    }
+
+
+def check_data(data_dir: str, config: Mapping) -> None:
+    """The config's dataset is in ``data_dir`` (``<data_dir>/<name>/<version>/dataset_info.json``), else a
+    BenchError saying what the directory holds."""
+    from octo_dist.apps.finetune import convertframes
+
+    convertframes.dataset_version_dir(
+        data_dir,
+        (config.get("dataset_kwargs") or {}).get("name") or "",
+        "the data_dir the fine-tune reads (--config.dataset_kwargs.data_dir), and --set "
+        "dataset_kwargs.name=NAME where the config names another dataset",
+        error=BenchError,
+    )
 
 
 def main(args) -> int:
@@ -217,6 +329,7 @@ def main(args) -> int:
     try:
         config = _config(args)
         chosen = _pin(args.cores)
+        check_data(args.data_dir, config)
         sizes = image_sizes(config)
         from octo_dist.apps.benchinput import reader
 
@@ -234,6 +347,7 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
     from octo_dist.apps.benchinput import measure, reader
 
     src = measure.source(args.data_dir, config)
+    stored = stored_sizes(args.data_dir, config, sizes)
     out(
         f"bench-input: {args.data_dir}, dataset {config['dataset_kwargs']['name']}, window "
         f"{reader.window_of(config)}, cameras "
@@ -246,7 +360,17 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         if src.octo
         else "frames: the minimal RLDS reader (octo not importable: its trajectory transforms not run)"
     )
-    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer)
+    if stored:
+        window = reader.window_of(config)
+        shipped = sum(h * w * 3 for h, w in stored.values()) * window
+        needed = sum(sizes[c][0] * sizes[c][1] * 3 for c in stored) * window
+        out(
+            "frames as stored: "
+            + ", ".join(f"{c} {h}x{w}" for c, (h, w) in stored.items())
+            + f" (the device-resize row sends them so, {shipped / 1e3:,.0f} kB of uint8 images a sample per "
+            f"window to the device where the model's sizes are {needed / 1e3:,.0f} kB; the step resizes them)"
+        )
+    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer, stored=stored)
     times = measure.rounds(
         datasets,
         batch_size=args.batch_size,
@@ -267,6 +391,8 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         gpus_per_node=args.gpus_per_node,
         why_no_fork=src.why_no_fork,
         spread=times,
+        stored=stored,
+        sizes=sizes,
     ):
         out(line)
     return 0

@@ -12,6 +12,8 @@ The pipelines (:func:`pipelines`), each a shuffle of frames then the frame trans
 - ``rest``, ``decode``, ``resize``, ``augment``: octo-dist's frame transforms with the stages switched on one after
   another (``frames.stage_variants``), augmentation on the host; ``resize`` is "augmentation on the device" (the
   host decodes and batches), ``augment`` is "augmentation on the host". Their differences are the split.
+- ``device-resize``: the host decodes at the stored size and batches; the step resizes and augments (what the
+  train step does with ``frames.FrameTransforms.stored_size``).
 - ``every-resize``: the same with every resize run, the no-op ones and the padding images' too (as the fork does).
 - ``fork``: Octo's ``apply_frame_transforms``, where Octo is importable.
 The frames come from Octo's ``make_dataset_from_rlds`` and ``apply_trajectory_transforms`` where Octo is importable,
@@ -71,13 +73,25 @@ def source(data_dir: str, config: Mapping) -> Source:
     return Source(make=make, octo=True, fork_transforms=fork)
 
 
-def pipelines(src: Source, config: Mapping, batch_size: int, shuffle: int, seed: int = 0) -> dict:
-    """Name -> a dataset of batches, for every pipeline the benchmark compares (see the module's docstring)."""
+def pipelines(
+    src: Source,
+    config: Mapping,
+    batch_size: int,
+    shuffle: int,
+    seed: int = 0,
+    stored: Optional[Mapping[str, tuple]] = None,
+) -> dict:
+    """Name -> a dataset of batches, for every pipeline the benchmark compares (see the module's docstring);
+    ``stored``: camera -> the size its frames are stored at, for ``device-resize`` (the host decodes only)."""
     import tensorflow as tf
 
     host = frames.FrameTransforms.from_config({**config, "augment_on": "host"})
     variants = dict(frames.stage_variants(host))
     variants["every-resize"] = dataclasses.replace(host, skip_same_size=False)
+    if stored:
+        variants["device-resize"] = dataclasses.replace(
+            host, stored_size=dict(stored), augment=False
+        )
     if src.fork_transforms is not None:
         variants["fork"] = src.fork_transforms
     out = {}

@@ -135,3 +135,21 @@ def consumption(
         f"{utilisation:.0%}: {rate:,.0f} samples/s per GPU"
     )
     return rate, f"at {utilisation:.0%} utilisation", how
+
+
+def converted_rate(
+    rest: float,
+    decode: float,
+    stored: Mapping[str, Tuple[int, int]],
+    sizes: Mapping[str, Tuple[int, int]],
+) -> Optional[float]:
+    """CPU seconds per sample of the device-augmentation pipeline on a copy made by ``convert-frames``, estimated
+    from this data's: reading and batching (``rest``) unchanged, decoding (``decode - rest``) scaled by the pixels
+    decoded (a JPEG decode's cost follows its pixels). None where no camera is stored at another size than the
+    model's (the copy would be this data). ``{"primary": (512, 512)}`` at ``(256, 256)``: decoding x 0.25."""
+    cameras = [c for c in sizes if c in stored]
+    if all(tuple(stored[c]) == tuple(sizes[c]) for c in cameras):
+        return None
+    before = sum(stored[c][0] * stored[c][1] for c in cameras)
+    after = sum(sizes[c][0] * sizes[c][1] for c in cameras)
+    return rest + max(decode - rest, 0.0) * after / before

@@ -49,6 +49,20 @@ def load_config(value: str):
     """``"finetune_config.py:head_only,multimodal"`` -> that file's ``get_config("head_only,multimodal")``."""
     path, _, arg = resolve_config_file(value).partition(":")
     spec = importlib.util.spec_from_file_location("octo_dist_finetune_config", path)
+    if spec is None or not path.endswith(
+        ".py"
+    ):  # "config.yaml": Python cannot import it as a module
+        raise ConfigError(
+            f"--config={value}: {path!r} is not a Python file",
+            "an ml_collections config file (*.py) with get_config()",
+            "--config=finetune_config.py:full,multimodal, or your own *.py config",
+        )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(
+            f"--config={value}: {path} has no get_config()",
+            "an ml_collections config file defining get_config(config_string)",
+            "--config=finetune_config.py:full,multimodal, or add get_config to your file",
+        )
     return module.get_config(arg) if arg else module.get_config()

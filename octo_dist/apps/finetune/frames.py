@@ -171,6 +171,12 @@ class FrameTransforms:
         image is cropped or padded to its target size (a copy, so batches keep their shapes) instead of resized.
       num_parallel_calls: the map's parallelism (tf.data.AUTOTUNE when None).
       resize: the resize function (``resize_image``).
+      stored_size: camera name -> (height, width) its frames are stored at (the dataset's features.json). A camera
+        named here is left at that size for the device to resize (``octo_dist.engine.augment.resize_batch``): the
+        host only decodes, and makes its padding images at that size, so a batch has one shape per camera.
+      decode_ratio: camera name -> 2, 4 or 8: its JPEGs decoded at that fraction of their stored size by libjpeg
+        (``tf.io.decode_jpeg(ratio=...)``), for cameras of ``stored_size`` at least that many times the model's
+        size (:func:`decode_ratio_for`); an opt-in: its pixels are not the full decode's (docs/measurements.md).
     """
 
     resize_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
@@ -181,6 +187,8 @@ class FrameTransforms:
     stages: frozenset = frozenset(STAGES)
     num_parallel_calls: Optional[int] = None
     resize: Callable = resize_image
+    stored_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    decode_ratio: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: Mapping, **overrides) -> "FrameTransforms":
@@ -226,6 +234,10 @@ class FrameTransforms:
         import tensorflow as tf
 
         size = self.size_of(name)
+        if encoded.dtype == tf.string and name in self.stored_size and size is not None:
+            return (
+                encoded if "decode" not in self.stages else self._decoded_as_stored(encoded, name)
+            )
         if encoded.dtype == tf.string:
             if "decode" not in self.stages:
                 return encoded
@@ -257,6 +269,30 @@ class FrameTransforms:
                 f"image_{name} has dtype {encoded.dtype.name}; expected encoded images (string) or uint8"
             )
         return image if size is None else self._resized(image, size)
+
+    def shipped_size(self, name: str) -> Optional[Tuple[int, int]]:
+        """The size camera ``name``'s images leave the host at: its stored size (divided by its decode ratio,
+        rounded up as libjpeg rounds) when the device resizes it, else its target size."""
+        if name not in self.stored_size or self.size_of(name) is None:
+            return self.size_of(name)
+        ratio = self.decode_ratio.get(name, 1)
+        return tuple(-(-int(v) // ratio) for v in self.stored_size[name])
+
+    def _decoded_as_stored(self, encoded, name: str):
+        """Decoded (at its decode ratio), at the size it was stored at; padding made at that size. A frame stored
+        at another size than the camera's others is resized to theirs here (rare: a batch needs one shape)."""
+        import tensorflow as tf
+
+        size, ratio = self.shipped_size(name), self.decode_ratio.get(name, 1)
+
+        def decode():
+            if ratio > 1:
+                image = tf.io.decode_jpeg(encoded, channels=3, ratio=ratio)
+            else:
+                image = tf.io.decode_image(encoded, expand_animations=False, dtype=tf.uint8)
+            return resize_unless_same(image, size, self.resize_method, self.resize)
+
+        return tf.cond(tf.strings.length(encoded) == 0, lambda: padding_image(size), decode)
 
     def _resized(self, image, size: Tuple[int, int]):
         import tensorflow as tf
@@ -337,6 +373,15 @@ class FrameTransforms:
         return dataset.map(
             self.frame, num_parallel_calls=tf.data.AUTOTUNE if calls is None else calls
         )
+
+
+def decode_ratio_for(stored: Tuple[int, int], size: Tuple[int, int]) -> int:
+    """The largest of 8, 4, 2 by which a JPEG stored at ``stored`` can be decoded and still be at least ``size``
+    on both sides, else 1: ``(480, 640), (128, 128)`` -> 2; ``(512, 512), (128, 128)`` -> 4."""
+    for ratio in (8, 4, 2):
+        if stored[0] >= ratio * size[0] and stored[1] >= ratio * size[1]:
+            return ratio
+    return 1
 
 
 def stage_variants(transforms: FrameTransforms) -> Sequence[Tuple[str, FrameTransforms]]:
