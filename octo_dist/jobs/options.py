@@ -297,6 +297,16 @@ class LaunchOptions:
         return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
 
 
+def wandb_note(mode: str) -> str:
+    """What ``launch``'s closing line says of wandb: ``"wandb: disabled (--wandb-mode offline|online to log)"``.
+
+    The job's default is disabled (a job needs no account), while the fork's fine-tune logs to wandb: a run that
+    logs nothing must not look like one that logs. ``"wandb: offline"``, ``"wandb: online"`` otherwise."""
+    if mode == "disabled":
+        return "wandb: disabled (--wandb-mode offline|online to log)"
+    return f"wandb: {mode}"
+
+
 def option_fields() -> list:
     """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
     return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
