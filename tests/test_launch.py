@@ -485,24 +485,17 @@ def fake_job(tmp_path):
     def make(*extra, scheduler="sge"):
         head = {"sge": ["sge"], "pbs": ["pbs", "--group", "g1"], "slurm": ["slurm"]}[scheduler]
         script = tmp_path / "job.sh"
-        script.write_text(
-            rendered(
-                *head,
-                "--nodes",
-                "1",
-                "--gpus-per-node",
-                "2",
-                "--venv",
-                str(tmp_path / "venv"),
-                "--save-dir",
-                "save",
-                "--wandb-mode",
-                "disabled",
-                "--cpus-per-rank",
-                "0",
-                *extra,
-            )
-        )
+        defaults = {
+            "--nodes": "1",
+            "--gpus-per-node": "2",
+            "--venv": str(tmp_path / "venv"),
+            "--save-dir": "save",
+            "--wandb-mode": "disabled",
+            "--cpus-per-rank": "0",
+        }
+        # a flag in extra replaces its default (launch refuses one flag given twice with two values)
+        given = [(flag, value) for flag, value in defaults.items() if flag not in extra]
+        script.write_text(rendered(*head, *[w for pair in given for w in pair], *extra))
         return script
 
     return make, env, log

@@ -36,6 +36,10 @@ LOG_SCALE_SPAN = 100.0
 # Making the next batch takes this share of a step or more: the host barely keeps up (it also dispatches the
 # step and reads metrics), so the devices wait for input.
 DATA_BOUND_SHARE = 0.8
+# Below this share the input could grow more than threefold (heavier augmentation, a slower file system, fewer
+# cores) before it reaches DATA_BOUND_SHARE: the devices set the pace, "compute-bound". Between the two, input is
+# a large part of each step (a 1-process CPU smoke run: 43%) and neither word is honest: "input-heavy".
+COMPUTE_BOUND_SHARE = 0.25
 PLOT_SIZE_PX = (800, 480)  # loss.png, width x height
 PLOT_DPI = 100
 # summary.json read back at most this big: 100,000 steps' losses take about 3 MB.
@@ -66,7 +70,8 @@ class RunSummary:
     # every rank's parameter digest, in rank order (identical when sound)
     params_digests: Optional[list] = None
     # the host's time making the next batch while a step ran (median over the same steps as median_step_s),
-    # and its share of the step: at DATA_BOUND_SHARE or more the devices wait for input
+    # and its share of the step: at DATA_BOUND_SHARE or more the devices wait for input, below
+    # COMPUTE_BOUND_SHARE they set the pace
     median_input_s: Optional[float] = None
     input_share: Optional[float] = None
     # where the time to the first step went, in seconds by phase (STARTUP_PHASES, in order), this rank's; and the
@@ -82,10 +87,12 @@ class RunSummary:
 
     @property
     def bound(self) -> Optional[str]:
-        """ "data-bound" or "compute-bound" (None: too few steps to tell)."""
+        """ "data-bound", "input-heavy" or "compute-bound" (None: too few steps to tell)."""
         if self.input_share is None:
             return None
-        return "data-bound" if self.input_share >= DATA_BOUND_SHARE else "compute-bound"
+        if self.input_share >= DATA_BOUND_SHARE:
+            return "data-bound"
+        return "input-heavy" if self.input_share >= COMPUTE_BOUND_SHARE else "compute-bound"
 
     def as_json(self) -> dict:
         return {"schema": SCHEMA, **dataclasses.asdict(self), "bound": self.bound}
@@ -232,6 +239,12 @@ def lines(s: RunSummary) -> str:
             text += (
                 ": the host makes batches about as slowly as the devices use them; "
                 "give each rank more CPU cores (octo-dist launch --cpus-per-rank)"
+            )
+        elif s.bound == "input-heavy":
+            text += (
+                f": the devices still set the pace, but making the next batch takes {s.input_share:.0%} of "
+                f"each step; at {DATA_BOUND_SHARE:.0%} they would wait for it (more CPU cores per rank: "
+                "octo-dist launch --cpus-per-rank)"
             )
     return text
 

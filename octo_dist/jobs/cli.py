@@ -109,7 +109,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
             opt.option,
             dest=SITE_DEST + opt.name,
             default=None if opt.repeat else NOT_GIVEN,  # append needs a list or None to start from
-            action="append" if opt.repeat else "store",
+            action="append" if opt.repeat else options_mod.GivenOnce,
             metavar=opt.metavar or opt.name.upper(),
             help=opt.help.format(default=default, **values),
         )

@@ -10,8 +10,10 @@ import dataclasses
 import sys
 from typing import Mapping, Optional, Tuple
 
+from octo_dist import problems
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.launchers import outside
 
 WANDB_MODES = job_settings.WANDB_MODES
 DEFAULT_STOP_MARGIN_S = job_settings.DEFAULT_STOP_MARGIN_S
@@ -26,21 +28,36 @@ def scheduler_names() -> Tuple[str, ...]:
 
 
 class GivenOnce(argparse.Action):
-    """Stores the value of an option that has several spellings (``--group`` and SLURM's ``--account``): the same
-    setting given twice with different values is refused in one line (exit 2), where argparse would keep the last
-    without a word (``--account a --group b`` ran under b)."""
+    """Stores the value of an option that takes one value: the same setting given twice with different values is
+    refused in one line (exit 2), where argparse would keep the last without a word (``--nodes 2 ... --nodes 4``
+    ran on 4 nodes; ``--account a --group b``, two spellings of one setting, ran under b). The same value twice is
+    one value. Options meant to repeat (``--directive``, ``--module``, ``--bind``) append instead."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, "given." + self.dest, None)
         if given is not None and given[1] != values:
-            first = f"{given[0]} {given[1]}"
+            first = f"{given[0]} {_shown(given[1])}"
+            second = f"{option_string} {_shown(values)}"
             parser.exit(
                 2,
-                f"octo-dist launch: error: {first} and {option_string} {values} set the same setting twice; "
-                f"expected one value. Fix: keep one of them ({first}, or {option_string} {values})\n",
+                "octo-dist launch: error: "
+                + problems.line(
+                    f"{first} and {second} set the same setting twice",
+                    "one value",
+                    f"keep one of them ({first}, or {second})",
+                )
+                + "\n",
             )
         setattr(namespace, "given." + self.dest, (option_string, values))
         setattr(namespace, self.dest, values)
+
+
+def _shown(value) -> str:
+    """A value as a refusal shows it: escaped and cut (``--save-dir`` of 5,000 characters is not echoed whole)."""
+    return outside.shown(str(value), SHOWN_VALUE_CHARS)
+
+
+SHOWN_VALUE_CHARS = 80
 
 
 def _opt(
@@ -60,6 +77,10 @@ def _opt(
     scheduler's ``launch`` help is filled in with its own values (``launch_help``). ``needs``: a scheduler
     attribute the option only makes sense with (``"resource_types"``): offered where it is not empty.
     """
+    if "action" not in argparse_kwargs and not old_flags:
+        # One value per setting: a second, different value is refused rather than silently taking its place
+        # (an option with old flags gets Renamed, a GivenOnce, from the parser).
+        argparse_kwargs["action"] = GivenOnce
     return dataclasses.field(
         default=default,
         metadata={
@@ -81,10 +102,10 @@ def _setting(section, name: str, default, group: str, **argparse_kwargs):
     return _opt(default, meta["help"], group, flag=meta["flag"], **argparse_kwargs)
 
 
-class Renamed(argparse.Action):
-    """Stores the value; an option given by an earlier name (any option string but the first) gets a note naming
-    the current one, on stderr: ``octo-dist launch pbs: note: --devices-per-rank is now --devices-per-process; the
-    old name still works``. One name per setting across octo-dist's commands."""
+class Renamed(GivenOnce):
+    """Stores the value, once (:class:`GivenOnce`); an option given by an earlier name (any option string but the
+    first) gets a note naming the current one, on stderr: ``octo-dist launch pbs: note: --devices-per-rank is now
+    --devices-per-process; the old name still works``. One name per setting across octo-dist's commands."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string != self.option_strings[0]:
@@ -92,7 +113,7 @@ class Renamed(argparse.Action):
                 f"{parser.prog}: note: {option_string} is now {self.option_strings[0]}; the old name still works",
                 file=sys.stderr,
             )
-        setattr(namespace, self.dest, values)
+        super().__call__(parser, namespace, values, option_string)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +295,16 @@ class LaunchOptions:
         given = dict(self.site)
         own = schedulers.get(self.scheduler).options
         return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
+
+
+def wandb_note(mode: str) -> str:
+    """What ``launch``'s closing line says of wandb: ``"wandb: disabled (--wandb-mode offline|online to log)"``.
+
+    The job's default is disabled (a job needs no account), while the fork's fine-tune logs to wandb: a run that
+    logs nothing must not look like one that logs. ``"wandb: offline"``, ``"wandb: online"`` otherwise."""
+    if mode == "disabled":
+        return "wandb: disabled (--wandb-mode offline|online to log)"
+    return f"wandb: {mode}"
 
 
 def option_fields() -> list:

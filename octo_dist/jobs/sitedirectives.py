@@ -14,6 +14,7 @@ it as a ``JobSpecError``); :func:`insert` puts a scheduler's ``site_lines`` into
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.jobs import schedulers
@@ -86,6 +87,9 @@ def _directive_refusal(
             f"one {scheduler.name} directive, {prefix} then its options, without quotes",
             f"--directive '{prefix} ...' in {scheduler.name}'s own syntax",
         )
+    found = _dependency_refusal(scheduler, directive)
+    if found:
+        return found
     for key in scheduler.directive_keys(directive):
         if key in scheduler.refused_keys:
             return (
@@ -107,6 +111,40 @@ def _directive_refusal(
             else "drop the directive: octo-dist sets it for the job's own needs",
         )
     return None
+
+
+def dependency_keys(scheduler: Scheduler) -> Tuple[set, str]:
+    """What a directive that makes the job wait for another sets, read from the scheduler's own dependency
+    command (``depend_help``, what ``--chain`` submits with): ``qsub -W depend=afterany:ID`` -> ``({"-W"},
+    "depend")``, ``sbatch --dependency=afterany:ID`` -> ``({"--dependency"}, "")``, ``qsub -hold_jid ID`` ->
+    ``({"-hold_jid"}, "")``. The second part is the attribute where the option holds several (PBS's ``-W
+    attr=value``: ``-W group_list=...`` is no dependency)."""
+    words = scheduler.depend_help.split()[1:]  # ["-W", "depend=afterany:ID"]
+    if not words:
+        return set(), ""
+    keys = set(scheduler.directive_keys(" ".join([scheduler.directive_prefix, *words])))
+    attribute = re.match(r"([a-z_]+)=", words[-1])
+    return keys, attribute.group(1) if attribute else ""
+
+
+def _dependency_refusal(scheduler: Scheduler, directive: str) -> Optional[Tuple[str, str, str]]:
+    """A directive that holds the job until another has ended: the dependencies of a chain's jobs are octo-dist's
+    to write (``--chain N --submit`` submits each job after the one before, ``qsub -W depend=afterany:ID``); one
+    in the script as well is read beside them (PBS takes the command line's, so the chain's first job alone waits
+    for it), or instead of them."""
+    keys, attribute = dependency_keys(scheduler)
+    sets = keys & set(scheduler.directive_keys(directive))
+    if not sets or (attribute and not re.search(rf"{attribute}\s*=", directive, re.IGNORECASE)):
+        return None
+    wait = scheduler.depend_help.replace("ID", "JOB_ID")
+    program, _, options = wait.partition(" ")
+    return (
+        f"--directive {directive!r} makes the job wait for another job",
+        "no dependency among the directives: octo-dist writes the chain's own (--chain N --submit holds each "
+        f"job until the one before has ended: {scheduler.depend_help})",
+        "drop the directive; to hold the job until another has ended, submit the written script yourself: "
+        f"{program} {options} SCRIPT",
+    )
 
 
 def insert(header: str, lines: Iterable[str], prefix: str) -> str:

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from octo_dist.apps.smoke import compilebanner
 
+# After a run has exited, how long its last stderr lines may take to come through (they are already written).
+STDERR_DRAIN_S = 30.0
 # Flags of the smoke job passed through to both runs unchanged.
 PASSED = ("model", "steps", "global_batch", "seed", "learning_rate", "step_fn", "step_time")
 
@@ -113,9 +116,22 @@ def environments(np_: int, base: Mapping[str, str] = os.environ) -> tuple[dict, 
     return ref, env
 
 
-def _run(argv: Sequence[str], env: Mapping[str, str], what: str) -> int:
+def _run(
+    argv: Sequence[str], env: Mapping[str, str], what: str, banner: compilebanner.CompileBanner
+) -> int:
+    """Run one side of the check; its stderr passes through ``banner`` (XLA's slow-compile banner once in all)."""
     print(f"octo-dist: {what}: {' '.join(argv)}", flush=True)
-    return subprocess.call(list(argv), env=dict(env))
+    proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
+    copier = compilebanner.forward(proc.stderr, sys.stderr.buffer, banner)
+    try:
+        code = proc.wait()
+    except BaseException:  # Ctrl-C: the child has it too (same process group); wait for it to end
+        proc.wait()
+        raise
+    finally:
+        # The child's stderr closes when it exits; a process it left behind holding the pipe must not hold the check.
+        copier.join(STDERR_DRAIN_S)
+    return code
 
 
 def main(args) -> int:
@@ -139,11 +155,12 @@ def main(args) -> int:
             print(f"octo-dist smoke: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         ref_env, dist_env = environments(args.np)
+        banner = compilebanner.CompileBanner()  # one for both runs: the banner once per check
         for argv, env, what in (
             (ref_argv, ref_env, f"reference, 1 process x {args.np} devices"),
             (dist_argv, dist_env, f"{args.np} processes x 1 device"),
         ):
-            code = _run(argv, env, what)
+            code = _run(argv, env, what, banner)
             if code != 0:
                 print(f"octo-dist smoke: equivalence: FAIL ({what} exited {code})", flush=True)
                 return code

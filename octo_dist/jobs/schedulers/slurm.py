@@ -43,6 +43,7 @@ SHORT = {  # sbatch's one-letter spellings of the long options octo-dist checks
     "-q": "--qos",
     "-C": "--constraint",
     "-a": "--array",
+    "-d": "--dependency",
 }
 
 
