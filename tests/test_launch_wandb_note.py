@@ -25,3 +25,17 @@ def test_the_default_says_disabled_and_how_to_log():
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_logging_mode_is_named(mode):
     assert options.wandb_note(mode_of("--wandb-mode", mode)) == f"wandb: {mode}"
+
+
+def test_the_wrote_line_names_wandbs_mode(tmp_path, monkeypatch, capsys):
+    """The line a user reads after launch: a default job says it logs nothing to wandb."""
+    from octo_dist import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert (
+        cli.main(["launch", *PBS, "--skip-image-check", "--image", "/x.sif", "-o", "job.sh"]) == 0
+    )
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert (
+        wrote and ", wandb: disabled (--wandb-mode offline|online to log), wall time " in wrote[0]
+    ), wrote

@@ -336,6 +336,8 @@ def wrote_line(out: str, job: spec_mod.Job) -> str:
         f"wrote {out}: {allocation.nodes} node(s) x {allocation.ranks_per_node} rank(s), {training.command}"
         + (f", global batch {training.global_batch}" if training.global_batch else "")
         + (f", {training.steps} steps" if training.steps else "")
+        # The fork logs to wandb; octo-dist's default does not: say so where the job is summed up.
+        + f", {options_mod.wandb_note(job.settings.storage.wandb_mode)}"
         + f", {walltime.time_summary(job)}"
     )
 
