@@ -80,7 +80,19 @@ def _table(submission: dict, jobs: list) -> str:
         f"  {j.job_id:<{width}}  {j.state:<8} {j.detail:<{detail}}  log {j.log}".rstrip()
         for j in jobs
     ]
-    return outside.escape("\n".join([head, *rows])).replace("\\n", "\n")
+    return "\n".join(outside.escape(line) for line in [head, *rows])
+
+
+def _unknown(jobs: list) -> int:
+    """One line for jobs whose state the scheduler could not give (its query failed): they may still run, so
+    nothing is resubmitted or cancelled on a guess; exit 1."""
+    print(
+        f"octo-dist jobs: error: the state of {', '.join(j.job_id for j in jobs)} is unknown ({jobs[0].detail}); "
+        "expected the scheduler to answer. Fix: retry where the scheduler answers (the cluster's login node); "
+        "do not resubmit until it says the jobs ended",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except Problem as e:
         print(f"octo-dist jobs: error: {e}", file=sys.stderr)
         return e.exit_status
+    unknown = [j for j in jobs if j.unknown]
     if args.action == "status":
         print(_table(submission, jobs))
         found = st.newest_checkpoint(os.path.join(submission["submit_dir"], submission["save_dir"]))
@@ -98,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
             if found
             else "newest checkpoint: none yet"
         )
-        return 0
+        return _unknown(unknown) if unknown else 0
+    if unknown and args.action == "cancel":
+        return _unknown(unknown)
     if args.action == "log":
         running = [j for j in jobs if j.state in ("running", "exiting")]
         started = running or [

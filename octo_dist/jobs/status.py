@@ -54,13 +54,18 @@ class QueryError(Problem, RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class JobState:
     job_id: str
-    state: (
-        str  # "queued", "held", "running", "done", "failed", "ended", or the scheduler's own word
-    )
+    # "queued", "held", "running", "done", "failed", "ended", "unknown" (the scheduler's query failed), or the
+    # scheduler's own word
+    state: str
     detail: str = (
         ""  # "exit 1", "waits for 100", "no exit status left (cancelled before it started?)"
     )
     log: str = ""
+
+    @property
+    def unknown(self) -> bool:
+        """The scheduler could not be asked (its command failed): the job may be queued, running or ended."""
+        return self.state == "unknown"
 
     @property
     def active(self) -> bool:
@@ -199,12 +204,36 @@ def _query(run: Runner, argv: List[str]) -> outside.Finished:
         ) from None
 
 
+def _failed(argv: Sequence[str], proc: outside.Finished) -> Tuple[str, str]:
+    """What a scheduler's failed query says, as a job's state: ``("unknown", "qstat failed (exit 1): cannot
+    connect to server")``. The jobs may run all the same: never read as "ended"."""
+    return (
+        "unknown",
+        f"{argv[0]} failed (exit {proc.returncode}): {one_line(proc.stderr or proc.stdout)}",
+    )
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """A command's message on one line, its lines joined: ``"Connection refused\\nqstat: cannot connect"`` ->
+    ``"Connection refused; qstat: cannot connect"`` (escaped, cut to ``limit``); ``"no message"`` for none."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return outside.shown("; ".join(lines), limit) or "no message"
+
+
+# What the schedulers say of a job they no longer know (purged from their history): its exit file tells.
+# PBS: "qstat: Unknown Job Id 555.pbs1"; SLURM: "slurm_load_jobs error: Invalid job id specified".
+GONE = re.compile(r"(?i)unknown job id|invalid job id")
+
+
 def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
     out = {}
     for job_id in ids:
-        proc = _query(run, ["qstat", "-x", "-f", "-F", "json", job_id])
+        argv = ["qstat", "-x", "-f", "-F", "json", job_id]
+        proc = _query(run, argv)
         if proc.returncode != 0:
-            continue  # "Unknown Job Id": purged from the history; the exit file tells
+            if not GONE.search(proc.stderr + proc.stdout):
+                out[job_id] = _failed(argv, proc)
+            continue
         try:
             job = json.loads(proc.stdout)["Jobs"][job_id]
         except (ValueError, KeyError, TypeError):
@@ -220,7 +249,14 @@ def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
 
 
 def _slurm(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
-    proc = _query(run, ["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(ids)])
+    argv = ["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(ids)]
+    proc = _query(run, argv)
+    if proc.returncode != 0:
+        return (
+            {}
+            if GONE.search(proc.stderr + proc.stdout)
+            else dict.fromkeys(ids, _failed(argv, proc))
+        )
     out = {}
     for line in proc.stdout.splitlines():
         parts = line.strip().split("|")
@@ -235,6 +271,8 @@ def _slurm(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
 
 def _sge(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
     proc = _query(run, ["qstat"])
+    if proc.returncode != 0:
+        return dict.fromkeys(ids, _failed(["qstat"], proc))
     out = {}
     for line in proc.stdout.splitlines():
         parts = line.split()
@@ -270,7 +308,7 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
     for job in submission["jobs"]:
         job_id, log = str(job["id"]), str(job.get("log", ""))
         state, detail = known.get(job_id, ("", ""))
-        if state and state != "finished":
+        if state and state != "finished":  # "unknown" included: the scheduler could not say
             out.append(JobState(job_id, state, detail, log))
             continue
         status = exit_status(save_dir, job_id)

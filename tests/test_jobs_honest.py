@@ -1,0 +1,109 @@
+"""``octo-dist jobs`` never wrong about a job: a scheduler that cannot be asked, the exit lines the job runtime
+writes, and what the user's record says, each read from fabricated inputs (fake ``qstat``/``squeue`` on PATH
+printing what the real ones print, exit files and records written by hand)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from octo_dist import cli
+from octo_dist.jobs import status
+
+
+def fake_command(tools, name: str, stdout: str = "", stderr: str = "", code: int = 0) -> None:
+    """A ``name`` on PATH that prints what it is given and exits ``code``; its argv is appended to calls.log."""
+    log = tools / "calls.log"
+    (tools / name).write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        f"open({str(log)!r}, 'a').write(repr(sys.argv[1:]) + '\\n')\n"
+        f"sys.stdout.write({stdout!r}); sys.stderr.write({stderr!r}); sys.exit({code})\n"
+    )
+    (tools / name).chmod(0o755)
+
+
+def calls(tools) -> list:
+    log = tools / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.fixture
+def tools(tmp_path, monkeypatch):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tools
+
+
+def write_record(tmp_path, scheduler: str, ids, **extra) -> None:
+    save = tmp_path / "runs" / "ft"
+    save.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "scheduler": scheduler,
+        "script": str(tmp_path / "job.sh"),
+        "submit_dir": str(tmp_path),
+        "save_dir": "runs/ft",
+        "submitted": "2026-12-06T04:20:00Z",
+        "jobs": [{"id": i, "log": str(tmp_path / f"octo-dist-{i}.out")} for i in ids],
+        **extra,
+    }
+    (save / status.RECORD).write_text(json.dumps([entry]))
+
+
+def jobs(capsys, *argv) -> tuple:
+    code = cli.main(["jobs", "--save-dir", "runs/ft", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+CANNOT_CONNECT = "Connection refused\nqstat: cannot connect to server pbs1 (errno=15010)\n"
+
+
+@pytest.mark.parametrize(
+    "scheduler, command, ids, said",
+    [
+        ("pbs", "qstat", ["555.pbs1", "556.pbs1"], CANNOT_CONNECT),
+        (
+            "slurm",
+            "squeue",
+            ["100", "101"],
+            "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+        ),
+        (
+            "sge",
+            "qstat",
+            ["77", "78"],
+            "error: commlib error: got select error (Connection refused)\n",
+        ),
+    ],
+)
+def test_a_scheduler_that_cannot_be_asked_leaves_the_jobs_unknown_not_ended(
+    tools, tmp_path, capsys, scheduler, command, ids, said
+):
+    write_record(tmp_path, scheduler, ids)
+    fake_command(tools, command, stderr=said, code=1)
+    code, out, err = jobs(capsys)
+    assert code == 1, (out, err)
+    rows = out.splitlines()[1:3]
+    assert [r.split()[:2] for r in rows] == [[i, "unknown"] for i in ids], out
+    assert "ended" not in out and "no exit status" not in out
+    first_line = said.strip().splitlines()[0]
+    assert first_line in out and first_line in err and err.count("\n") == 1, err
+    # cancel does not act on a guess either
+    fake_command(tools, "qdel")
+    fake_command(tools, "scancel")
+    assert jobs(capsys, "cancel")[0] == 1
+    assert not [c for c in calls(tools) if "qdel" in c or "scancel" in c]
+
+
+def test_a_job_the_scheduler_no_longer_knows_is_read_from_its_exit_file(tools, tmp_path, capsys):
+    write_record(tmp_path, "pbs", ["555.pbs1"])
+    fake_command(tools, "qstat", stderr="qstat: Unknown Job Id 555.pbs1\n", code=153)
+    (tmp_path / "runs" / "ft" / ".octo-dist-exit-555.pbs1").write_text("0\n")
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    assert out.splitlines()[1].split()[:2] == ["555.pbs1", "done"]
