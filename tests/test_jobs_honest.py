@@ -5,6 +5,7 @@ printing what the real ones print, exit files and records written by hand)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -107,3 +108,66 @@ def test_a_job_the_scheduler_no_longer_knows_is_read_from_its_exit_file(tools, t
     code, out, err = jobs(capsys)
     assert code == 0, err
     assert out.splitlines()[1].split()[:2] == ["555.pbs1", "done"]
+
+
+def _runtime_lines():
+    """Every line the job runtime writes to an exit file (``Supervisor.exit_text``, ``request_stop``), with how
+    ``octo-dist jobs`` must show it and whether the next job of a chain trains after it."""
+    from octo_dist.jobs.supervisor import exitfile
+
+    stopped = "stopped by SIGTERM, but the training exited with 143 before every rank said it saved"
+    return [
+        ("0", "done", "exit 0", True),
+        (exitfile.stopping("TERM", 21), "stopped", "ended during a stop", True),
+        (exitfile.stopping("USR1", 0), "stopped", "ended during a stop", True),
+        (exitfile.resumable(143, stopped), "stopped", "exit 143, resumable", True),
+        (
+            exitfile.resumable(137, "the launcher was killed by SIGKILL after 40s"),
+            "stopped",
+            "exit 137, resumable",
+            True,
+        ),
+        ("2", "failed", "exit 2", False),
+        ("1", "failed", "exit 1", False),
+        ("134", "failed", "exit 134", False),
+        ("", "failed", "empty exit status", None),
+    ]
+
+
+@pytest.mark.parametrize("line, state, detail, trains", _runtime_lines())
+def test_every_exit_line_the_runtime_writes_reads_the_same_for_jobs_and_the_chain(
+    tools, tmp_path, capsys, line, state, detail, trains
+):
+    from octo_dist.jobs.supervisor import exitfile
+
+    write_record(tmp_path, "slurm", ["100"])
+    fake_command(tools, "squeue")  # the job has left the queue
+    exit_path = tmp_path / "runs" / "ft" / ".octo-dist-exit-100"
+    # Written as the runtime writes it (exitfile.write: the line and a newline; an empty file on a full disk).
+    if line:
+        assert exitfile.write(str(exit_path), line) is None
+    else:
+        exit_path.write_text("")
+    assert exitfile.read(str(exit_path))[0] is trains
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    row = out.splitlines()[1]
+    assert row.split()[:2] == ["100", state] and detail in row, row
+    (tmp_path / "octo-dist-100.out").write_text("the job's last words\n")
+    code, out, err = jobs(capsys, "log")
+    assert code == 0 and "the job's last words" in out, err
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_previous_exit_file_that_is_no_file_is_named_not_read_as_missing(tmp_path, kind):
+    """Before: a directory or a FIFO at the previous job's exit file read as "left no exit status" and the chain
+    resumed; now it is named (without opening the FIFO for a writer that never comes) and the job does not train."""
+    from octo_dist.jobs.supervisor import prepare
+
+    path = tmp_path / ".octo-dist-exit-9.pbs1"
+    os.mkdir(path) if kind == "directory" else os.mkfifo(path)
+    notes = []
+    with pytest.raises(prepare.JobFailed) as e:
+        prepare.previous_job(str(tmp_path), "9.pbs1", notes.append)
+    said = "a directory, not a file" if kind == "directory" else "a FIFO, not a file"
+    assert said in str(e.value) and not notes, (str(e.value), notes)

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "log":
         running = [j for j in jobs if j.state in ("running", "exiting")]
         started = running or [
-            j for j in jobs if j.state in ("done", "failed") and os.path.isfile(j.log)
+            j for j in jobs if j.state in ("done", "failed", "stopped") and os.path.isfile(j.log)
         ]
         if not started:
             print(

@@ -10,9 +10,10 @@ in order, each with its log)::
 
 A job's state comes from the scheduler while it knows the job (PBS ``qstat -x -f -F json``, SLURM ``squeue``,
 Grid Engine ``qstat``), then from the exit status the job runtime left in the save directory
-(``.octo-dist-exit-<id>``, ``savelayout.exit_file``): 0 is done (a stop for the wall time included), anything else
-failed. The step reached is the newest checkpoint with its checksums record (``<step>/checksums.json``, written
-last when a step is saved and verified in full when a job resumes from it).
+(``.octo-dist-exit-<id>``, ``savelayout.exit_file``), parsed as the next job of a chain parses it
+(``supervisor/exitfile.py``): 0 is done (a stop for the wall time included), a stop cut short is stopped (the
+chain resumes), a status is failed. The step reached is the newest checkpoint with its checksums record
+(``<step>/checksums.json``, written last when a step is saved and verified in full when a job resumes from it).
 
 Standard library only (a login node's bare Python); the scheduler's commands run through ``run``
 (``outside.run_command``), so tests give it fake or real schedulers on PATH.
@@ -29,6 +30,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
+from octo_dist.jobs.supervisor import exitfile
 from octo_dist.launchers import outside
 from octo_dist.problems import Problem, Refusal
 
@@ -288,14 +290,33 @@ QUERIES = {"pbs": _pbs, "slurm": _slurm, "sge": _sge}
 CANCEL = {"pbs": ["qdel"], "slurm": ["scancel"], "sge": ["qdel"]}
 
 
-def exit_status(save_dir: str, job_id: str) -> Optional[int]:
-    """The exit status job ``job_id`` left in ``save_dir`` ("0\\n" -> 0); None when it left none."""
+def exit_line(save_dir: str, job_id: str) -> Optional[exitfile.ExitLine]:
+    """What job ``job_id`` left in ``save_dir``'s exit file, parsed as the next job of its chain parses it
+    (``exitfile.load``); None when it left none."""
     try:
-        with open(savelayout.exit_file(save_dir, job_id), "rb") as f:
-            text = f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if re.fullmatch(r"-?\d{1,9}", text) else None
+        return exitfile.load(savelayout.exit_file(save_dir, job_id))
+    except OSError as e:
+        return exitfile.ExitLine(exitfile.FOREIGN, None, f"unreadable ({e.strerror or e})")
+
+
+def ended(job_id: str, log: str, found: Optional[exitfile.ExitLine], detail: str) -> JobState:
+    """A job the scheduler no longer lists, from its exit file: ``"143 resumable: ..."`` -> stopped, exit 143,
+    resumable; ``"2"`` -> failed, exit 2; none -> ended (``detail``: what the scheduler said of it, if anything)."""
+    if found is None:
+        why = detail or "no exit status left: cancelled or ended before its first step"
+        return JobState(job_id, "ended", why, log)
+    if found.kind == exitfile.DONE:
+        return JobState(job_id, "done", "exit 0", log)
+    if found.kind == exitfile.STOPPING:
+        why = "ended during a stop, before it said how the stop went; the next job resumes"
+        return JobState(job_id, "stopped", why, log)
+    if found.kind == exitfile.RESUMABLE:
+        return JobState(job_id, "stopped", f"exit {found.status}, resumable", log)
+    if found.kind == exitfile.FAILED:
+        return JobState(job_id, "failed", f"exit {found.status}", log)
+    if found.kind == exitfile.EMPTY:
+        return JobState(job_id, "failed", "empty exit status (its file system was full?)", log)
+    return JobState(job_id, "ended", f"exit file {found.said}", log)
 
 
 def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobState]:
@@ -311,14 +332,7 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
         if state and state != "finished":  # "unknown" included: the scheduler could not say
             out.append(JobState(job_id, state, detail, log))
             continue
-        status = exit_status(save_dir, job_id)
-        if status == 0:
-            out.append(JobState(job_id, "done", "exit 0", log))
-        elif status is not None:
-            out.append(JobState(job_id, "failed", f"exit {status}", log))
-        else:
-            why = detail or "no exit status left: cancelled or ended before its first step"
-            out.append(JobState(job_id, "ended", why, log))
+        out.append(ended(job_id, log, exit_line(save_dir, job_id), detail))
     return out
 
 
