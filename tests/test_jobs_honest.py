@@ -25,6 +25,19 @@ def fake_command(tools, name: str, stdout: str = "", stderr: str = "", code: int
     (tools / name).chmod(0o755)
 
 
+def fake_by_id(tools, name: str, answers: dict) -> None:
+    """A ``name`` on PATH answering for the job id that is its last argument: ``{"555.pbs1": (stdout, code)}``;
+    its argv is appended to calls.log."""
+    log = tools / "calls.log"
+    (tools / name).write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        f"open({str(log)!r}, 'a').write(repr(sys.argv[1:]) + '\\n')\n"
+        f"out, code = {answers!r}.get(sys.argv[-1], ('', 0))\n"
+        "sys.stdout.write(out); sys.exit(code)\n"
+    )
+    (tools / name).chmod(0o755)
+
+
 def calls(tools) -> list:
     log = tools / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -171,3 +184,46 @@ def test_a_previous_exit_file_that_is_no_file_is_named_not_read_as_missing(tmp_p
         prepare.previous_job(str(tmp_path), "9.pbs1", notes.append)
     said = "a directory, not a file" if kind == "directory" else "a FIFO, not a file"
     assert said in str(e.value) and not notes, (str(e.value), notes)
+
+
+def _qstat_json(job_id: str, owner: str, name: str, state: str = "R") -> str:
+    """What PBS's ``qstat -x -f -F json ID`` prints of a job (the fields read; the real one has ~60)."""
+    job = {"Job_Name": name, "Job_Owner": f"{owner}@login1", "job_state": state, "queue": "rt_HF"}
+    return json.dumps({"timestamp": 1765000000, "pbs_version": "2022.1.1", "Jobs": {job_id: job}})
+
+
+def test_cancel_ends_only_the_callers_jobs_of_the_recorded_name(tools, tmp_path, capsys):
+    """Before: qdel ran on every id the record named, never comparing whose job it was: a record naming 555.pbs1
+    deleted another user's job that was not octo-dist's."""
+    me = status.caller()
+    write_record(tmp_path, "pbs", ["555.pbs1", "556.pbs1", "557.pbs1"], name="ft-run")
+    answers = {
+        "555.pbs1": (_qstat_json("555.pbs1", "mallory", "build"), 0),  # another user's job
+        "556.pbs1": (_qstat_json("556.pbs1", me, "ft-run"), 0),  # this chain's
+        "557.pbs1": (
+            _qstat_json("557.pbs1", me, "eval", "Q"),
+            0,
+        ),  # the caller's, another job's name
+    }
+    fake_by_id(tools, "qstat", answers)
+    fake_command(tools, "qdel")
+    code, out, err = jobs(capsys, "cancel")
+    deletes = [c for c in calls(tools) if "-x" not in c]
+    assert deletes == ["['556.pbs1']"], calls(tools)
+    assert out == "cancelled 556.pbs1 (qdel 556.pbs1)\n"
+    assert code == 1, "a job left alone is said, and the exit is not 0"
+    said = err.splitlines()
+    assert len(said) == 2, err
+    assert "not cancelling 555.pbs1: it is mallory's job, not yours" in said[0]
+    assert "not cancelling 557.pbs1: its name is 'eval', not the recorded 'ft-run'" in said[1]
+
+
+@pytest.mark.parametrize("job_id", ["-u", "--all", "1 2", "../x", "555.pbs1;rm", ""])
+def test_a_recorded_id_that_is_no_job_id_never_becomes_an_argument(tools, tmp_path, capsys, job_id):
+    write_record(tmp_path, "slurm", ["100", job_id], name="octo-dist")
+    fake_command(tools, "squeue", stdout="")
+    fake_command(tools, "scancel")
+    for action in ("status", "cancel"):
+        code, out, err = jobs(capsys, action)
+        assert code == 2 and err.count("\n") == 1 and "is not a job id" in err, (out, err)
+    assert calls(tools) == []

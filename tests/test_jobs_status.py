@@ -16,7 +16,8 @@ from octo_dist.jobs import status
 # Submits like sbatch --parsable / PBS qsub; squeue and qstat answer from FAKE_QUEUE ({"101": "RUNNING", ...});
 # scancel/qdel record what they were asked to end.
 FAKE = f"""#!{sys.executable}
-import json, os, sys
+import json, os, pwd, sys
+user = pwd.getpwuid(os.getuid()).pw_name
 prog = os.path.basename(sys.argv[0])
 state = os.environ["FAKE_STATE"]
 data = json.load(open(state)) if os.path.exists(state) else {{"n": 100, "queue": {{}}, "calls": []}}
@@ -32,13 +33,13 @@ elif prog == "squeue":
     for job in ids:
         if job in queue:
             reason = "Dependency" if queue[job] == "PENDING" and job != min(queue) else "None"
-            print(f"{{job}}|{{queue[job]}}|{{reason}}")
+            print(f"{{job}}|{{queue[job]}}|{{reason}}|{{user}}|octo-dist")
 elif prog == "qstat":
     job = sys.argv[-1]
     if job not in queue:
         print(f"qstat: Unknown Job Id {{job}}", file=sys.stderr)
         sys.exit(153)
-    record = {{"job_state": queue[job]}}
+    record = {{"job_state": queue[job], "Job_Owner": user + "@login1", "Job_Name": "octo-dist"}}
     if queue[job] == "F":
         record["Exit_status"] = 0
     print(json.dumps({{"Jobs": {{job: record}}}}))

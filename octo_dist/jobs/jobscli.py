@@ -1,6 +1,7 @@
 """``octo-dist jobs [status|log|cancel]``: what ``launch --submit`` / ``--chain`` started, read from the save
 directory's record (``status.RECORD``): each job's state, the step reached and the newest saved checkpoint, the log
-of the running job, and cancelling what is still queued or running.
+of the running job, and cancelling what is still queued or running: only jobs the scheduler says are the caller's
+and carry the recorded job name (the record is a file in a shared directory; the scheduler's word decides).
 
     $ octo-dist jobs --save-dir runs/ft
     chain of 3 (slurm, submitted 2026-12-06T04:20:00Z, job.sh):
@@ -31,7 +32,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="The jobs octo-dist launch --submit or --chain N submitted for a save directory (recorded "
         "there at submission): status (default) lists each job's state, the step reached and the newest saved "
         "checkpoint; log shows the end of the running job's log; cancel ends every job of the chain still "
-        "queued or running.",
+        "queued or running that the scheduler says is yours and carries the recorded job name.",
     )
     p.add_argument(
         "action",
@@ -138,10 +139,27 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"job {job.job_id} ({job.state}), {job.log}:\n{text}")
         return 0
-    argv = st.cancel_command(submission["scheduler"], jobs)
+    return _cancel(submission, jobs)
+
+
+def _cancel(submission: dict, jobs: list) -> int:
+    """Ends the chain's jobs still queued or running that the scheduler says are the caller's and carry the
+    recorded job name; names each one left alone and why (exit 1 then)."""
+    user = st.caller()
+    argv, skipped = st.cancel_command(
+        submission["scheduler"], jobs, user, str(submission.get("name") or "")
+    )
+    for job_id, why in skipped:
+        print(
+            f"octo-dist jobs: not cancelling {outside.shown(job_id, 80)}: {why}; expected a job you submitted "
+            f"as {submission.get('name') or 'the recorded name'}. Fix: check it with "
+            f"{'squeue' if submission['scheduler'] == 'slurm' else 'qstat'}; cancel it by hand if it is yours",
+            file=sys.stderr,
+        )
     if argv is None:
-        print("nothing to cancel: no job of the chain is queued or running")
-        return 0
+        if not skipped:
+            print("nothing to cancel: no job of the chain is queued or running")
+        return 1 if skipped else 0
     try:
         proc = outside.run_command(argv, st.QUERY_TIMEOUT_S)
     except (OSError, outside.CommandTimeout) as e:
@@ -158,4 +176,4 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     print(f"cancelled {', '.join(argv[1:])} ({' '.join(argv)})")
-    return 0
+    return 1 if skipped else 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
 import re
 import shlex
 import time
@@ -63,6 +64,8 @@ class JobState:
         ""  # "exit 1", "waits for 100", "no exit status left (cancelled before it started?)"
     )
     log: str = ""
+    owner: str = ""  # whose job the scheduler says it is: "alice" (PBS's Job_Owner "alice@login1", cut at "@")
+    name: str = ""  # the job's name as the scheduler shows it: "octo-dist" (Grid Engine's qstat: 10 characters)
 
     @property
     def unknown(self) -> bool:
@@ -113,24 +116,71 @@ def read_records(path: str) -> List[dict]:
         raise JobsError(str(e)) from None
     try:
         records = json.loads(text)
-    except ValueError as e:
+    except (
+        ValueError,
+        RecursionError,
+    ) as e:  # RecursionError: "[[[[...": nesting deeper than Python's stack
+        why = str(e) if isinstance(e, ValueError) else "nested too deep"
         raise JobsError(
-            f"{path} is not JSON ({e})", "the record octo-dist launch --submit writes", fix
+            f"{path} is not JSON ({outside.shown(why, 120)})",
+            "the record octo-dist launch --submit writes",
+            fix,
         ) from None
-    if not isinstance(records, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("jobs"), list) and r.get("scheduler")
-        for r in records
-    ):
+    problem = damage(records)
+    if problem:
         raise JobsError(
-            f"{path} is not a list of submissions",
+            f"{path} is not a list of submissions: {problem}",
             "the record octo-dist launch --submit writes",
             fix,
         )
     return records
 
 
+# A submission's fields and their types, as ``record`` writes them.
+FIELDS = {"scheduler": str, "script": str, "submit_dir": str, "save_dir": str, "jobs": list}
+
+
+def damage(records: object) -> str:
+    """What makes ``records`` (parsed JSON) other than what ``record`` writes, in a few words (``"submission 1:
+    job id '-x' is not a job id"``); "" when nothing does. Every value a reader uses is checked here, once: the
+    ids become arguments of qstat/qdel and parts of file names, the paths are opened."""
+    if not isinstance(records, list):
+        return f"a JSON {type(records).__name__}, not a list"
+    for n, r in enumerate(records, 1):
+        if not isinstance(r, dict):
+            return f"submission {n} is a JSON {type(r).__name__}"
+        for field, kind in FIELDS.items():
+            if not isinstance(r.get(field), kind):
+                return f"submission {n} has no {field} ({kind.__name__})"
+            if kind is str and "\0" in r[field]:
+                return f"submission {n}'s {field} holds a NUL"
+        if r["scheduler"] not in QUERIES:
+            return f"submission {n}'s scheduler {outside.shown(r['scheduler'], 40)!r} is none of {sorted(QUERIES)}"
+        if not r["jobs"]:
+            return f"submission {n} lists no jobs"
+        if not isinstance(r.get("name", ""), str):
+            return f"submission {n}'s name is not text"
+        for job in r["jobs"]:
+            if not isinstance(job, dict) or not isinstance(job.get("id"), str):
+                return f"submission {n} has a job without an id (text)"
+            if not isinstance(job.get("log", ""), str) or "\0" in job.get("log", ""):
+                return (
+                    f"submission {n}'s job {outside.shown(job['id'], 40)} has a log that is no path"
+                )
+            try:
+                savelayout.checked_job_id("id", job["id"])
+            except savelayout.JobIdError:
+                return f"submission {n}: {outside.shown(job['id'], 40)!r} is not a job id"
+    return ""
+
+
 def record(
-    scheduler: str, script: str, save_dir: str, submit_dir: str, jobs: Sequence[Tuple[str, str]]
+    scheduler: str,
+    script: str,
+    save_dir: str,
+    submit_dir: str,
+    jobs: Sequence[Tuple[str, str]],
+    name: str = "",
 ) -> str:
     """Add one submission (``jobs``: (id, log) in chain order) to the save directory's record, creating the
     directory; written to a temporary file and renamed, so a reader never sees half of it. Returns its path."""
@@ -144,6 +194,7 @@ def record(
         {
             "scheduler": scheduler,
             "script": os.path.abspath(script),
+            "name": name,
             "submit_dir": submit_dir,
             "save_dir": save_dir,
             "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -206,13 +257,15 @@ def _query(run: Runner, argv: List[str]) -> outside.Finished:
         ) from None
 
 
-def _failed(argv: Sequence[str], proc: outside.Finished) -> Tuple[str, str]:
+# What a scheduler says of one job: (state, detail, owner, name): ("running", "", "alice", "octo-dist").
+Seen = Tuple[str, str, str, str]
+
+
+def _failed(argv: Sequence[str], proc: outside.Finished) -> Seen:
     """What a scheduler's failed query says, as a job's state: ``("unknown", "qstat failed (exit 1): cannot
     connect to server")``. The jobs may run all the same: never read as "ended"."""
-    return (
-        "unknown",
-        f"{argv[0]} failed (exit {proc.returncode}): {one_line(proc.stderr or proc.stdout)}",
-    )
+    said = one_line(proc.stderr or proc.stdout)
+    return ("unknown", f"{argv[0]} failed (exit {proc.returncode}): {said}", "", "")
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -227,7 +280,7 @@ def one_line(text: str, limit: int = 200) -> str:
 GONE = re.compile(r"(?i)unknown job id|invalid job id")
 
 
-def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
+def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
     out = {}
     for job_id in ids:
         argv = ["qstat", "-x", "-f", "-F", "json", job_id]
@@ -241,17 +294,20 @@ def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
         except (ValueError, KeyError, TypeError):
             continue
         state = job.get("job_state", "")
+        # {"Job_Owner": "alice@login1", "Job_Name": "octo-dist", "job_state": "R", ...}
+        owner, name = str(job.get("Job_Owner", "")).split("@")[0], str(job.get("Job_Name", ""))
         if state == "F":
             status = job.get("Exit_status")
-            out[job_id] = ("finished", f"Exit_status {status}" if status is not None else "")
+            said = f"Exit_status {status}" if status is not None else ""
+            out[job_id] = ("finished", said, owner, name)
         else:
             held = "waits for the job before it" if state == "H" else ""
-            out[job_id] = (PBS_STATES.get(state, state), held)
+            out[job_id] = (PBS_STATES.get(state, state), held, owner, name)
     return out
 
 
-def _slurm(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
-    argv = ["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(ids)]
+def _slurm(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
+    argv = ["squeue", "-h", "-o", "%i|%T|%r|%u|%j", "-j", ",".join(ids)]
     proc = _query(run, argv)
     if proc.returncode != 0:
         return (
@@ -261,17 +317,18 @@ def _slurm(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
         )
     out = {}
     for line in proc.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0] in ids:
-            job_id, state, reason = parts
+        # "101|PENDING|Dependency|alice|octo-dist": the name last, as it may hold "|"
+        parts = line.strip().split("|", 4)
+        if len(parts) == 5 and parts[0] in ids:
+            job_id, state, reason, owner, name = parts
             if state == "PENDING" and reason == "Dependency":
-                out[job_id] = ("held", "waits for the job before it")
+                out[job_id] = ("held", "waits for the job before it", owner, name)
             else:
-                out[job_id] = (SLURM_STATES.get(state, state.lower()), "")
+                out[job_id] = (SLURM_STATES.get(state, state.lower()), "", owner, name)
     return out
 
 
-def _sge(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
+def _sge(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
     proc = _query(run, ["qstat"])
     if proc.returncode != 0:
         return dict.fromkeys(ids, _failed(["qstat"], proc))
@@ -279,10 +336,11 @@ def _sge(ids: Sequence[str], run: Runner) -> Dict[str, Tuple[str, str]]:
     for line in proc.stdout.splitlines():
         parts = line.split()
         # job-ID prior name user state submit/start-date time [queue] slots [ja-task-ID]
+        # "77 0.50000 octo-dist alice r 12/06/2026 04:20:00 gpu@g0001 2"
         if len(parts) >= 5 and parts[0] in ids:
             state = parts[4]
             held = "waits for the job before it" if state.startswith("h") else ""
-            out[parts[0]] = (SGE_STATES.get(state, state), held)
+            out[parts[0]] = (SGE_STATES.get(state, state), held, parts[3], parts[2])
     return out
 
 
@@ -328,9 +386,9 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
     out = []
     for job in submission["jobs"]:
         job_id, log = str(job["id"]), str(job.get("log", ""))
-        state, detail = known.get(job_id, ("", ""))
+        state, detail, owner, name = known.get(job_id, ("", "", "", ""))
         if state and state != "finished":  # "unknown" included: the scheduler could not say
-            out.append(JobState(job_id, state, detail, log))
+            out.append(JobState(job_id, state, detail, log, owner, name))
             continue
         out.append(ended(job_id, log, exit_line(save_dir, job_id), detail))
     return out
@@ -358,10 +416,57 @@ def newest_checkpoint(save_dir: str, depth: int = 3) -> Optional[Tuple[int, str]
     return best
 
 
-def cancel_command(scheduler: str, jobs: Sequence[JobState]) -> Optional[List[str]]:
-    """The command that ends every job still queued or running (``["scancel", "101", "102"]``); None if none is."""
-    active = [j.job_id for j in jobs if j.active]
-    return [*CANCEL[scheduler], *active] if active and scheduler in CANCEL else None
+# Grid Engine's plain qstat shows a job's name cut to this many characters ("octo-dist-finetune" as "octo-dist-").
+SHOWN_NAME = 10
+
+
+def same_name(shown: str, recorded: str) -> bool:
+    """Whether the scheduler's ``shown`` name is the ``recorded`` one, or Grid Engine's cut of it."""
+    return shown == recorded or (len(shown) >= SHOWN_NAME and recorded.startswith(shown))
+
+
+def why_not_cancel(job: JobState, user: str, name: str) -> str:
+    """Why ``job``, still queued or running, is not to be cancelled by ``user`` for a submission recorded with job
+    name ``name``; "" when it is the caller's job of that name. The record is only a file in a shared directory:
+    the scheduler's word on whose job an id is decides."""
+    try:
+        savelayout.checked_job_id("the recorded job id", job.job_id)
+    except savelayout.JobIdError:
+        return "its recorded id is not a job id"
+    if not job.owner:
+        return "the scheduler did not say whose job it is"
+    if job.owner != user:
+        return f"it is {outside.shown(job.owner, 40)}'s job, not yours ({user})"
+    if not name:
+        return "the record names no job name to compare (written by an older octo-dist)"
+    if not same_name(job.name, name):
+        return f"its name is {outside.shown(job.name, 40)!r}, not the recorded {outside.shown(name, 40)!r}"
+    return ""
+
+
+def cancel_command(
+    scheduler: str, jobs: Sequence[JobState], user: str, name: str
+) -> Tuple[Optional[List[str]], List[Tuple[str, str]]]:
+    """(the command that ends every job still queued or running that is ``user``'s and named ``name``, or None
+    when there is none: ``["scancel", "101", "102"]``; the active jobs left alone, and why: ``[("555.pbs1", "it is
+    bob's job, not yours (alice)")]``)."""
+    ours, skipped = [], []
+    for job in (j for j in jobs if j.active):
+        why = why_not_cancel(job, user, name)
+        if why:
+            skipped.append((job.job_id, why))
+        else:
+            ours.append(job.job_id)
+    argv = [*CANCEL[scheduler], *ours] if ours and scheduler in CANCEL else None
+    return argv, skipped
+
+
+def caller() -> str:
+    """The user running ``octo-dist jobs`` ("alice"): whose jobs it may cancel."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def log_tail(path: str, lines: int) -> str:

@@ -149,7 +149,7 @@ def submit(
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
-        _record(scheduler, script, submit_dir, out)
+        _record(scheduler, script, submit_dir, out, name)
         return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
@@ -179,11 +179,13 @@ def submit(
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )
-    _record(scheduler, script, submit_dir, out)
+    _record(scheduler, script, submit_dir, out, name)
     return out
 
 
-def _record(scheduler: str, script: str, submit_dir: str, jobs: List[Submitted]) -> Optional[str]:
+def _record(
+    scheduler: str, script: str, submit_dir: str, jobs: List[Submitted], name: str
+) -> Optional[str]:
     """The jobs submitted, added to the record in the script's save directory (``status.RECORD``) that ``octo-dist
     jobs`` reads; None when nothing was submitted, or the record cannot be written (the jobs are queued all the
     same, and launch has printed their ids)."""
@@ -195,7 +197,7 @@ def _record(scheduler: str, script: str, submit_dir: str, jobs: List[Submitted])
         if save_dir is None:
             return None
         return status.record(
-            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs]
+            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs], name
         )
     except OSError:
         return None
