@@ -31,7 +31,8 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
           .octo-dist.lock                   .lock: the run that uses it now (engine/savedir.py): host, pid, job id
           .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
           .octo-dist-probe.<host>.<pid>     for a moment at start: a rank's write probe (engine/savedir.py)
-          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py)
+          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py),
+            checksums.json                  CHECKSUMS, written last: .saved_steps() counts the step from then
           <step>.damaged/                   a checkpoint that failed verification, set aside
           <step>.orbax-checkpoint-tmp-*/    one being written (removed on restart when half-written)
 
@@ -49,6 +50,11 @@ from typing import Mapping, Optional
 from octo_dist.problems import Refusal
 
 LOCK = ".octo-dist.lock"
+# In a checkpoint's directory: written last, once the step is complete; a resuming job verifies the step against
+# it (engine/checkpoint.py's MANIFEST).
+CHECKSUMS = "checksums.json"
+# Entries read from one directory while looking for runs: a save directory holds a few runs, not millions.
+SCAN_LIMIT = 4096
 TRAIN_STATE = "train_state"  # finetune's <run>/train_state: the engine's checkpoints and the lock
 RUN_CONFIG = "finetune_config.json"
 RUN_ID = "wandb_run_id"
@@ -203,6 +209,22 @@ def stopped_step(job_dir_path: str) -> Optional[int]:
     )  # not "²", which isdigit() passes
 
 
+def _names(directory: str, dirs_only: bool = False) -> list:
+    """Names in ``directory`` (directories only, not links, when ``dirs_only``), at most ``SCAN_LIMIT``; [] when
+    it cannot be read."""
+    out = []
+    try:
+        with os.scandir(directory) as entries:
+            for n, e in enumerate(entries):
+                if n >= SCAN_LIMIT:
+                    break
+                if not dirs_only or e.is_dir(follow_symlinks=False):
+                    out.append(e.name)
+    except OSError:
+        pass
+    return out
+
+
 def lock_file(train_state: str) -> str:
     """``"/runs/ft/octo_finetune/ft_256/train_state"`` -> ``".../train_state/.octo-dist.lock"``: the run's lock,
     beside the checkpoints it guards (``RunLayout.lock``; the engine's ``savedir.RunLock`` takes it there)."""
@@ -262,6 +284,36 @@ class RunLayout:
     def checkpoint(self, step: int) -> str:
         """``5`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""
         return os.path.join(self.train_state, str(int(step)))
+
+    def saved_steps(self) -> list:
+        """The steps saved whole in ``train_state``, oldest first: directories named by ASCII digits ("1200", not
+        "²" or "٣", which isdigit() passes) holding ``CHECKSUMS``; at most ``SCAN_LIMIT`` entries are read."""
+        steps = []
+        for name in _names(self.train_state):
+            if re.fullmatch(r"[0-9]{1,18}", name) and os.path.isfile(
+                os.path.join(self.train_state, name, CHECKSUMS)
+            ):
+                steps.append(int(name))
+        return sorted(steps)
+
+    @classmethod
+    def found_in(cls, save_dir: str) -> list:
+        """The runs a training program left in ``save_dir``, as it laid them out: smoke's (the save directory
+        itself, when it holds a step) and each finetune run, ``<project>/[<group>/]<name>/train_state``
+        (``apps/finetune/config.layout``). Links are not followed; at most ``SCAN_LIMIT`` entries a directory."""
+        found = [cls(save_dir)] if cls(save_dir).saved_steps() else []
+        level = [""]
+        for depth in (1, 2, 3):
+            level = [
+                os.path.join(parent, name)
+                for parent in level
+                for name in _names(os.path.join(save_dir, parent), dirs_only=True)
+                if not name.startswith(".") and not name.isdigit()
+            ]
+            for run_path in level if depth >= 2 else ():
+                if os.path.isdir(os.path.join(save_dir, run_path, TRAIN_STATE)):
+                    found.append(cls(save_dir, run_path, TRAIN_STATE))
+        return found
 
     def job_dir(self, job: str) -> str:
         return job_dir(self.save_dir, job)

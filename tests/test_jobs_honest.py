@@ -227,3 +227,48 @@ def test_a_recorded_id_that_is_no_job_id_never_becomes_an_argument(tools, tmp_pa
         code, out, err = jobs(capsys, action)
         assert code == 2 and err.count("\n") == 1 and "is not a job id" in err, (out, err)
     assert calls(tools) == []
+
+
+def _save_checkpoint(layout, step: int, whole: bool = True) -> None:
+    """A checkpoint as the engine leaves it: the step's directory, its checksums record written last."""
+    os.makedirs(layout.checkpoint(step))
+    if whole:
+        with open(os.path.join(layout.checkpoint(step), "checksums.json"), "w") as f:
+            f.write("{}")
+
+
+@pytest.mark.parametrize("group", ["", "ablation"])
+def test_jobs_finds_a_finetunes_checkpoints_where_finetune_saves_them(
+    tools, tmp_path, capsys, group
+):
+    """Before: the search stopped one level above ``<project>/<name>/train_state/<step>`` (only the smoke's
+    layout was tested): "newest checkpoint: none yet" after hours of fine-tuning."""
+    from octo_dist.apps.finetune import config
+    from octo_dist.engine import checkpoint
+
+    assert checkpoint.MANIFEST == "checksums.json"
+    write_record(tmp_path, "slurm", ["100"])
+    fake_command(tools, "squeue")
+    wandb = {"project": "octo_finetune", "group": group}
+    layout = config.layout({"save_dir": str(tmp_path / "runs" / "ft"), "wandb": wandb}, "ft_run")
+    os.makedirs(
+        os.path.join(layout.run_dir, "800")
+    )  # Octo's save_pretrained beside train_state: not a checkpoint
+    _save_checkpoint(layout, 600)
+    _save_checkpoint(layout, 700)
+    _save_checkpoint(layout, 900, whole=False)  # being written
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"newest checkpoint: step 700 ({layout.checkpoint(700)})"
+
+
+def test_the_smokes_layout_still_reads(tools, tmp_path, capsys):
+    from octo_dist import savelayout
+
+    write_record(tmp_path, "slurm", ["100"])
+    fake_command(tools, "squeue")
+    layout = savelayout.RunLayout(str(tmp_path / "runs" / "ft"))
+    _save_checkpoint(layout, 5)
+    _save_checkpoint(layout, 10)
+    code, out, err = jobs(capsys)
+    assert out.splitlines()[-1] == f"newest checkpoint: step 10 ({layout.checkpoint(10)})"

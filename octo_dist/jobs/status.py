@@ -13,7 +13,8 @@ Grid Engine ``qstat``), then from the exit status the job runtime left in the sa
 (``.octo-dist-exit-<id>``, ``savelayout.exit_file``), parsed as the next job of a chain parses it
 (``supervisor/exitfile.py``): 0 is done (a stop for the wall time included), a stop cut short is stopped (the
 chain resumes), a status is failed. The step reached is the newest checkpoint with its checksums record
-(``<step>/checksums.json``, written last when a step is saved and verified in full when a job resumes from it).
+(``<step>/checksums.json``, written last when a step is saved and verified in full when a job resumes from it), in
+the run layout the training program writes (``savelayout.RunLayout``).
 
 Standard library only (a login node's bare Python); the scheduler's commands run through ``run``
 (``outside.run_command``), so tests give it fake or real schedulers on PATH.
@@ -38,9 +39,6 @@ from octo_dist.problems import Problem, Refusal
 RECORD = ".octo-dist-jobs.json"
 RECORD_LIMIT = 1 << 20  # bytes: a record of 50-job chains is a few kB per submission
 QUERY_TIMEOUT_S = 60  # qstat/squeue answer in seconds; a hung server must not hang `octo-dist jobs`
-CHECKSUMS = (
-    "checksums.json"  # engine/checkpoint.py's MANIFEST: written last, once a step is complete
-)
 LOG_TAIL_BYTES = 64 << 10
 
 Runner = Callable[..., outside.Finished]
@@ -394,25 +392,16 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
     return out
 
 
-def newest_checkpoint(save_dir: str, depth: int = 3) -> Optional[Tuple[int, str]]:
-    """The newest step saved whole under ``save_dir`` (smoke: ``<step>/``; finetune: ``<run>/<step>/``):
-    ``(1200, "runs/ft/octo/ft_run/1200")``, or None. A step counts once its ``checksums.json`` exists (written last)."""
+def newest_checkpoint(save_dir: str) -> Optional[Tuple[int, str]]:
+    """The newest step saved whole in ``save_dir``, found where the training program lays its runs out
+    (``savelayout.RunLayout.found_in``: smoke ``<step>/``, finetune ``<project>/[<group>/]<name>/train_state/
+    <step>/``): ``(1200, "runs/ft/octo_finetune/ft_256/train_state/1200")``, or None. A step counts once its
+    ``checksums.json`` exists (written last)."""
     best: Optional[Tuple[int, str]] = None
-    frontier = [(save_dir, 0)]
-    while frontier:
-        directory, level = frontier.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for e in entries:
-            if not e.is_dir(follow_symlinks=False) or e.name.startswith("."):
-                continue
-            if e.name.isdigit() and os.path.isfile(os.path.join(e.path, CHECKSUMS)):
-                if best is None or int(e.name) > best[0]:
-                    best = (int(e.name), e.path)
-            elif level + 1 < depth and not e.name.isdigit():
-                frontier.append((e.path, level + 1))
+    for layout in savelayout.RunLayout.found_in(save_dir):
+        steps = layout.saved_steps()
+        if steps and (best is None or steps[-1] > best[0]):
+            best = (steps[-1], layout.checkpoint(steps[-1]))
     return best
 
 
