@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -272,3 +273,124 @@ def test_the_smokes_layout_still_reads(tools, tmp_path, capsys):
     _save_checkpoint(layout, 10)
     code, out, err = jobs(capsys)
     assert out.splitlines()[-1] == f"newest checkpoint: step 10 ({layout.checkpoint(10)})"
+
+
+def _entry(**changes) -> dict:
+    entry = {
+        "scheduler": "slurm",
+        "script": "/w/job.sh",
+        "submit_dir": "/w",
+        "save_dir": "runs/ft",
+        "jobs": [{"id": "100", "log": "/w/octo-dist-100.out"}],
+    }
+    entry.update(changes)
+    return entry
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps([_entry(scheduler=5)]),
+        json.dumps([_entry(jobs=[])]),
+        json.dumps([_entry(jobs="100")]),
+        json.dumps([_entry(jobs=[["100", "log"]])]),
+        json.dumps([_entry(jobs=[{"id": 100}])]),
+        json.dumps([_entry(jobs=[{"id": "100\u0000"}])]),
+        json.dumps([_entry(jobs=[{"id": "100", "log": "/w/a\u0000b"}])]),
+        json.dumps([_entry(save_dir=["runs"])]),
+        json.dumps([_entry(submit_dir=None)]),
+        json.dumps([_entry(name={"x": 1})]),
+        json.dumps([_entry(scheduler="lsf")]),
+        json.dumps([_entry(), 7]),
+        "[" * 100_000 + "]" * 100_000,
+        json.dumps({"jobs": []}),
+    ],
+)
+def test_a_damaged_record_is_one_line_and_exit_2(tools, tmp_path, capsys, content):
+    (tmp_path / "runs" / "ft").mkdir(parents=True)
+    (tmp_path / "runs" / "ft" / status.RECORD).write_text(content)
+    fake_command(tools, "squeue")
+    for action in ("status", "log", "cancel"):
+        code, out, err = jobs(capsys, action)
+        assert code == 2 and err.count("\n") == 1 and "Fix: remove" in err, (action, err)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "[]",
+        '"555.pbs1"',
+        '{"Jobs": []}',
+        '{"Jobs": {"555.pbs1": []}}',
+        '{"Jobs": {"555.pbs1": "R"}}',
+        '{"Jobs": {"555.pbs1": {"job_state": ["R"]}}}',
+        '{"Jobs": {"555.pbs1": {"job_state": "R", "Job_Owner": 5, "Job_Name": null}}}',
+        "not json",
+    ],
+)
+def test_a_qstat_answer_of_another_shape_is_unknown_not_a_traceback(
+    tools, tmp_path, capsys, answer
+):
+    write_record(tmp_path, "pbs", ["555.pbs1"], name="octo-dist")
+    fake_command(tools, "qstat", stdout=answer)
+    fake_command(tools, "qdel")
+    code, out, err = jobs(capsys)
+    assert code in (0, 1) and err.count("\n") <= 1 and "Traceback" not in err, err
+    assert out.splitlines()[1].split()[1] in ("unknown", "running"), out
+    code, out, err = jobs(capsys, "cancel")
+    assert code == 1 and "Traceback" not in err and "qdel" not in "".join(calls(tools)), err
+
+
+def test_step_names_that_isdigit_passes_are_no_step(tools, tmp_path, capsys):
+    """``"²".isdigit()`` is True and ``int("²")`` a ValueError (a traceback); ``int("٣")`` is 3 (a step 3 that
+    no checkpoint of step 3 is)."""
+    write_record(tmp_path, "slurm", ["100"])
+    fake_command(tools, "squeue")
+    for name in ("²", "٣", "1²"):
+        (tmp_path / "runs" / "ft" / name).mkdir()
+        (tmp_path / "runs" / "ft" / name / "checksums.json").write_text("{}")
+    code, out, err = jobs(capsys)
+    assert code == 0 and out.splitlines()[-1] == "newest checkpoint: none yet", (out, err)
+
+
+MAIN = "import sys; from octo_dist import cli; sys.exit(cli.main(sys.argv[1:]))"
+
+
+def _jobs_in_a_process(tmp_path, *argv) -> "subprocess.CompletedProcess":
+    """``octo-dist jobs`` in a process of its own: a hang fails the test (after a limit no read of a small file
+    comes near) instead of hanging the suite."""
+
+    return subprocess.run(
+        [sys.executable, "-c", MAIN, "jobs", "--save-dir", "runs/ft", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
+
+
+def test_a_fifo_exit_file_and_log_are_named_not_waited_on(tools, tmp_path):
+    write_record(tmp_path, "slurm", ["100", "101"])
+    fake_command(tools, "squeue", stdout="101|RUNNING|None|nobody|octo-dist\n")
+    os.mkfifo(tmp_path / "runs" / "ft" / ".octo-dist-exit-100")
+    os.mkfifo(tmp_path / "octo-dist-101.out")
+    proc = _jobs_in_a_process(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "100  ended    exit file a FIFO, not a file" in proc.stdout, proc.stdout
+    proc = _jobs_in_a_process(tmp_path, "log")
+    assert (
+        proc.returncode == 2
+        and proc.stderr.count("\n") == 1
+        and "is a FIFO, not a file" in proc.stderr
+    )
+
+
+def test_a_log_that_is_dev_zero_is_not_read_without_end(tools, tmp_path):
+    write_record(tmp_path, "slurm", ["101"])
+    record = json.loads((tmp_path / "runs" / "ft" / status.RECORD).read_text())
+    record[0]["jobs"][0]["log"] = "/dev/zero"
+    (tmp_path / "runs" / "ft" / status.RECORD).write_text(json.dumps(record))
+    fake_command(tools, "squeue", stdout="101|RUNNING|None|nobody|octo-dist\n")
+    proc = _jobs_in_a_process(tmp_path, "log")
+    assert proc.returncode == 2 and "/dev/zero is a device, not a file" in proc.stderr, proc.stderr

@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         job = started[0] if running else started[-1]
         try:
             text = st.log_tail(job.log, max(args.lines, 1))
+        except st.JobsError as e:
+            print(f"octo-dist jobs: error: {e}", file=sys.stderr)
+            return e.exit_status
         except OSError as e:
             print(
                 f"octo-dist jobs: error: cannot read job {job.job_id}'s log {job.log} ({e.strerror}); expected "

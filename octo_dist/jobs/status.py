@@ -28,6 +28,7 @@ import os
 import pwd
 import re
 import shlex
+import stat
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -278,6 +279,16 @@ def one_line(text: str, limit: int = 200) -> str:
 GONE = re.compile(r"(?i)unknown job id|invalid job id")
 
 
+def _pbs_job(text: str, job_id: str) -> Optional[dict]:
+    """The job's attributes in ``qstat -x -f -F json ID``'s answer (``{"Jobs": {"555.pbs1": {"job_state": "R",
+    ...}}}``), or None when the answer has another shape."""
+    try:
+        job = json.loads(text)["Jobs"][job_id]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+    return job if isinstance(job, dict) else None
+
+
 def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
     out = {}
     for job_id in ids:
@@ -287,11 +298,15 @@ def _pbs(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
             if not GONE.search(proc.stderr + proc.stdout):
                 out[job_id] = _failed(argv, proc)
             continue
-        try:
-            job = json.loads(proc.stdout)["Jobs"][job_id]
-        except (ValueError, KeyError, TypeError):
+        job = _pbs_job(proc.stdout, job_id)
+        if job is None:
+            said = f"qstat's answer is not the JSON expected ({one_line(proc.stdout, 80)})"
+            out[job_id] = ("unknown", said, "", "")
             continue
         state = job.get("job_state", "")
+        if not isinstance(state, str):
+            out[job_id] = ("unknown", f"qstat's job_state is {one_line(repr(state), 40)}", "", "")
+            continue
         # {"Job_Owner": "alice@login1", "Job_Name": "octo-dist", "job_state": "R", ...}
         owner, name = str(job.get("Job_Owner", "")).split("@")[0], str(job.get("Job_Name", ""))
         if state == "F":
@@ -459,12 +474,40 @@ def caller() -> str:
 
 
 def log_tail(path: str, lines: int) -> str:
-    """The last ``lines`` lines of a job's log (read from its last ``LOG_TAIL_BYTES``), escaped for the terminal."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - LOG_TAIL_BYTES))
-        text = outside.decode(f.read())
+    """The last ``lines`` lines of a job's log (read from its last ``LOG_TAIL_BYTES``), escaped for the terminal.
+
+    Raises:
+      OSError: it cannot be opened (missing, permissions).
+      JobsError: it is not a regular file: a FIFO (whose open would wait for a writer) or a device (``/dev/zero``
+        reads without end) is named, never read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "a device"
+            )
+            raise JobsError(
+                f"the job's log {outside.shown(path, 200)} is {kind}, not a file",
+                "the file the scheduler writes the job's output to",
+                "look where your site puts job logs",
+            )
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - LOG_TAIL_BYTES), os.SEEK_SET)
+        data = b""
+        while len(data) < LOG_TAIL_BYTES:
+            chunk = os.read(fd, LOG_TAIL_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    text = outside.decode(data)
     # A progress bar redraws with carriage returns: its last drawing is what a terminal would show.
     shown = [ln.rsplit("\r", 1)[-1] for ln in text.splitlines()]
     return "\n".join(outside.escape(ln) for ln in shown[-lines:])
