@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from octo_dist import cli
-from octo_dist.jobs import status
+from octo_dist.jobs import jobrecord, status
 
 
 def fake_command(tools, name: str, stdout: str = "", stderr: str = "", code: int = 0) -> None:
@@ -66,7 +66,7 @@ def write_record(tmp_path, scheduler: str, ids, **extra) -> None:
         "jobs": [{"id": i, "log": str(tmp_path / f"octo-dist-{i}.out")} for i in ids],
         **extra,
     }
-    (save / status.RECORD).write_text(json.dumps([entry]))
+    (save / jobrecord.RECORD).write_text(json.dumps([entry]))
 
 
 def jobs(capsys, *argv) -> tuple:
@@ -308,7 +308,7 @@ def _entry(**changes) -> dict:
 )
 def test_a_damaged_record_is_one_line_and_exit_2(tools, tmp_path, capsys, content):
     (tmp_path / "runs" / "ft").mkdir(parents=True)
-    (tmp_path / "runs" / "ft" / status.RECORD).write_text(content)
+    (tmp_path / "runs" / "ft" / jobrecord.RECORD).write_text(content)
     fake_command(tools, "squeue")
     for action in ("status", "log", "cancel"):
         code, out, err = jobs(capsys, action)
@@ -388,9 +388,9 @@ def test_a_fifo_exit_file_and_log_are_named_not_waited_on(tools, tmp_path):
 
 def test_a_log_that_is_dev_zero_is_not_read_without_end(tools, tmp_path):
     write_record(tmp_path, "slurm", ["101"])
-    record = json.loads((tmp_path / "runs" / "ft" / status.RECORD).read_text())
+    record = json.loads((tmp_path / "runs" / "ft" / jobrecord.RECORD).read_text())
     record[0]["jobs"][0]["log"] = "/dev/zero"
-    (tmp_path / "runs" / "ft" / status.RECORD).write_text(json.dumps(record))
+    (tmp_path / "runs" / "ft" / jobrecord.RECORD).write_text(json.dumps(record))
     fake_command(tools, "squeue", stdout="101|RUNNING|None|nobody|octo-dist\n")
     proc = _jobs_in_a_process(tmp_path, "log")
     assert proc.returncode == 2 and "/dev/zero is a device, not a file" in proc.stderr, proc.stderr

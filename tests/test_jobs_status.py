@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from octo_dist import cli
-from octo_dist.jobs import status
+from octo_dist.jobs import jobrecord
 
 # Submits like sbatch --parsable / PBS qsub; squeue and qstat answer from FAKE_QUEUE ({"101": "RUNNING", ...});
 # scancel/qdel record what they were asked to end.
@@ -99,7 +99,7 @@ def jobs(capsys, *argv) -> tuple:
 def test_a_chain_is_recorded_in_the_save_dir_and_its_states_read_back(scheduler, capsys, tmp_path):
     assert cli.main([*SLURM, "--submit", "--chain", "3"]) == 0, capsys.readouterr().err
     capsys.readouterr()
-    (record,) = json.loads((tmp_path / "runs" / "ft" / status.RECORD).read_text())
+    (record,) = json.loads((tmp_path / "runs" / "ft" / jobrecord.RECORD).read_text())
     assert record["scheduler"] == "slurm" and record["save_dir"] == "runs/ft"
     assert [j["id"] for j in record["jobs"]] == ["100", "101", "102"]
     assert record["jobs"][0]["log"] == str(tmp_path / "octo-dist-100.out")
@@ -169,20 +169,21 @@ def test_pbs_states_come_from_qstat_and_a_failed_job_from_its_exit_file(
     assert jobs(capsys, "cancel")[1] == "cancelled 101.pbs1 (qdel 101.pbs1)\n"
 
 
-def test_no_record_is_one_line_with_the_fix(scheduler, capsys):
+def test_no_record_is_one_line_with_the_fix(scheduler, capsys, tmp_path):
     code, out, err = jobs(capsys)
     assert code == 2 and out == ""
+    index = tmp_path / "home" / ".octo-dist" / "jobs.json"
     assert err == (
-        "octo-dist jobs: error: no jobs recorded for --save-dir runs/ft (no runs/ft/.octo-dist-jobs.json); expected "
-        "the save directory of a launch --submit or --chain run. Fix: octo-dist jobs --save-dir DIR, with the "
-        "--save-dir you gave launch\n"
+        "octo-dist jobs: error: no jobs recorded for --save-dir runs/ft (no runs/ft/.octo-dist-jobs.json, and "
+        f"none in {index}); expected the save directory of a launch --submit or --chain run. Fix: octo-dist jobs "
+        "--save-dir DIR, with the --save-dir you gave launch\n"
     )
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe", b"[1, 2]", b"{"])
 def test_a_damaged_record_is_one_line(scheduler, capsys, tmp_path, content):
     (tmp_path / "runs" / "ft").mkdir(parents=True)
-    (tmp_path / "runs" / "ft" / status.RECORD).write_bytes(content)
+    (tmp_path / "runs" / "ft" / jobrecord.RECORD).write_bytes(content)
     code, _, err = jobs(capsys)
     assert code == 2 and err.count("\n") == 1 and "Fix: remove" in err, err
 
@@ -192,6 +193,68 @@ def test_the_save_dir_is_read_from_the_rendered_script(tmp_path):
     from octo_dist.jobs.cli import parse
 
     job = parse(["slurm", "--nodes", "1", "--gpus-per-node", "2", "--save-dir", "runs/it's here"])
-    assert status.save_dir_of_script(render.render(job, "job.sh")) == "runs/it's here"
-    assert status.save_dir_of_script("#!/bin/bash\necho not ours\n") is None
-    assert os.path.basename(status.record_path("runs/x", "/w")) == status.RECORD
+    assert jobrecord.save_dir_of_script(render.render(job, "job.sh")) == "runs/it's here"
+    assert jobrecord.save_dir_of_script("#!/bin/bash\necho not ours\n") is None
+    assert os.path.basename(jobrecord.record_path("runs/x", "/w")) == jobrecord.RECORD
+
+
+def test_a_second_chain_into_a_busy_save_dir_is_refused_unless_asked_for(
+    scheduler, capsys, tmp_path
+):
+    """Before: a second chain into the same save directory was submitted without a word, jobs showed only the
+    newest chain, and cancel left the older jobs holding nodes."""
+    assert cli.main([*SLURM, "--submit", "--chain", "2"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    scheduler.set(_100="RUNNING", _101="PENDING")
+    submitted = len(scheduler.read()["calls"])
+    assert cli.main([*SLURM, "--submit"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "jobs recorded for --save-dir runs/ft are still queued or running (100 running, 101 held)"
+        in err
+    )
+    assert "nothing submitted" in err and "--beside-running" in err
+    assert [c[0] for c in scheduler.read()["calls"][submitted:]] == [
+        "squeue"
+    ]  # asked, never sbatch
+    # Asked for in so many words: submitted, and both chains are listed and cancelled.
+    assert cli.main([*SLURM, "--submit", "--beside-running"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    heads = [ln for ln in out.splitlines() if not ln.startswith("  ")]
+    assert heads[0].startswith("chain of 2 (slurm") and heads[1].startswith("one job (slurm")
+    assert [ln.split()[:2] for ln in out.splitlines() if ln.startswith("  ")] == [
+        ["100", "running"],
+        ["101", "held"],
+        ["102", "held"],
+    ]
+    code, out, err = jobs(capsys, "cancel")
+    assert code == 0, err
+    assert scheduler.read()["calls"][-2:] == [["scancel", "100", "101"], ["scancel", "102"]]
+    # Once they have ended, a new chain goes in without the flag.
+    (tmp_path / "runs" / "ft" / ".octo-dist-exit-100").write_text("0\n")
+    assert cli.main([*SLURM, "--submit"]) == 0, capsys.readouterr().err
+
+
+def test_jobs_works_from_any_directory(scheduler, capsys, tmp_path, monkeypatch):
+    assert cli.main([*SLURM, "--submit"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    scheduler.set(_100="RUNNING")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for save_dir in ("runs/ft", str(tmp_path / "runs" / "ft")):
+        code = cli.main(["jobs", "--save-dir", save_dir])
+        out, err = capsys.readouterr()
+        assert code == 0 and out.splitlines()[1].split()[:2] == ["100", "running"], (out, err)
+    # A name that two save directories share is not guessed.
+    monkeypatch.chdir(elsewhere)
+    assert cli.main([*SLURM, "--submit"]) == 0, capsys.readouterr().err
+    monkeypatch.chdir(tmp_path / "home")
+    assert cli.main(["jobs", "--save-dir", "runs/ft"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "names 2 save directories you submitted jobs for" in err
+        and str(elsewhere / "runs" / "ft") in err
+    )

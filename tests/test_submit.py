@@ -150,7 +150,8 @@ def test_submit_once_and_a_refusal_is_reported(fake_scheduler, monkeypatch, caps
     assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 0
     assert "submitted job 100.pbs1: log " in capsys.readouterr().out and len(fake_scheduler()) == 1
     monkeypatch.setenv("FAKE_REFUSE_AT", "3")  # the second job of this chain: 1 call logged already
-    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "2"]) == 1
+    argv = ["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "2", "--beside-running"]
+    assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "failed (exit 1): qsub: Unknown queue; submitted before it: 101.pbs1" in err, err
 

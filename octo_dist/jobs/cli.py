@@ -407,7 +407,12 @@ def run(args: argparse.Namespace) -> int:
     print(submit_mod.chain_summary(job, options.chain or 1))
     try:
         jobs = submit_mod.submit(
-            scheduler, out, name=job.header.name, group=job.header.group, chain=options.chain or 1
+            scheduler,
+            out,
+            name=job.header.name,
+            group=job.header.group,
+            chain=options.chain or 1,
+            beside_running=options.beside_running,
         )
     except submit_mod.SubmitError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ import os
 import sys
 
 from octo_dist import EXIT_USAGE
+from octo_dist.jobs import jobrecord
 from octo_dist.jobs import status as st
 from octo_dist.launchers import outside
 from octo_dist.problems import Problem
@@ -44,8 +45,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--save-dir",
         default=DEFAULT_SAVE_DIR,
-        help="the save directory the jobs were submitted with, as launch was given it, from the directory launch "
-        "ran in (default: %(default)s)",
+        help="the save directory the jobs were submitted with, as launch was given it (from the directory launch "
+        "ran in, or from anywhere: your submissions are listed in ~/.octo-dist/jobs.json) or absolute "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--lines",
@@ -57,16 +59,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _latest(save_dir: str) -> dict:
-    path = os.path.join(save_dir, st.RECORD)
-    records = st.read_records(path)
+def _chains(save_dir: str) -> list:
+    """Every submission recorded for ``save_dir`` (``jobrecord.find``: here, else from the user's index), oldest
+    first, each with its jobs' states: ``[(submission, [JobState, ...]), ...]``."""
+    path = jobrecord.find(save_dir)
+    records = jobrecord.read_records(path)
     if not records:
-        raise st.JobsError(
-            f"no jobs recorded for --save-dir {save_dir} (no {path})",
+        raise jobrecord.JobsError(
+            f"no jobs recorded for --save-dir {save_dir} ({path} lists none)",
             "the save directory of a launch --submit or --chain run",
             "octo-dist jobs --save-dir DIR, with the --save-dir you gave launch",
         )
-    return records[-1]
+    return [(r, st.states(r)) for r in records]
 
 
 def _table(submission: dict, jobs: list) -> str:
@@ -98,14 +102,15 @@ def _unknown(jobs: list) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        submission = _latest(args.save_dir)
-        jobs = st.states(submission)
+        chains = _chains(args.save_dir)
     except Problem as e:
         print(f"octo-dist jobs: error: {e}", file=sys.stderr)
         return e.exit_status
-    unknown = [j for j in jobs if j.unknown]
+    unknown = [j for _, jobs in chains for j in jobs if j.unknown]
     if args.action == "status":
-        print(_table(submission, jobs))
+        for submission, jobs in chains:
+            print(_table(submission, jobs))
+        submission = chains[-1][0]
         found = st.newest_checkpoint(os.path.join(submission["submit_dir"], submission["save_dir"]))
         print(
             f"newest checkpoint: step {found[0]} ({found[1]})"
@@ -116,53 +121,66 @@ def run(args: argparse.Namespace) -> int:
     if unknown and args.action == "cancel":
         return _unknown(unknown)
     if args.action == "log":
-        running = [j for j in jobs if j.state in ("running", "exiting")]
-        started = running or [
-            j for j in jobs if j.state in ("done", "failed", "stopped") and os.path.isfile(j.log)
-        ]
-        if not started:
-            print(
-                "octo-dist jobs: error: no job of the chain has run yet; expected a running or ended job. "
-                "Fix: octo-dist jobs status, and wait for the first to start",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        job = started[0] if running else started[-1]
-        try:
-            text = st.log_tail(job.log, max(args.lines, 1))
-        except st.JobsError as e:
-            print(f"octo-dist jobs: error: {e}", file=sys.stderr)
-            return e.exit_status
-        except OSError as e:
-            print(
-                f"octo-dist jobs: error: cannot read job {job.job_id}'s log {job.log} ({e.strerror}); expected "
-                f"the scheduler to write it there. Fix: look where your site puts job logs",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"job {job.job_id} ({job.state}), {job.log}:\n{text}")
-        return 0
-    return _cancel(submission, jobs)
+        return _log([j for _, jobs in chains for j in jobs], args.lines)
+    return _cancel(chains)
 
 
-def _cancel(submission: dict, jobs: list) -> int:
-    """Ends the chain's jobs still queued or running that the scheduler says are the caller's and carry the
-    recorded job name; names each one left alone and why (exit 1 then)."""
-    user = st.caller()
-    argv, skipped = st.cancel_command(
-        submission["scheduler"], jobs, user, str(submission.get("name") or "")
-    )
-    for job_id, why in skipped:
+def _log(jobs: list, lines: int) -> int:
+    """The end of the running job's log (the first running, of every chain), else of the last that ran."""
+    running = [j for j in jobs if j.state in ("running", "exiting")]
+    started = running or [
+        j for j in jobs if j.state in ("done", "failed", "stopped") and os.path.isfile(j.log)
+    ]
+    if not started:
         print(
-            f"octo-dist jobs: not cancelling {outside.shown(job_id, 80)}: {why}; expected a job you submitted "
-            f"as {submission.get('name') or 'the recorded name'}. Fix: check it with "
-            f"{'squeue' if submission['scheduler'] == 'slurm' else 'qstat'}; cancel it by hand if it is yours",
+            "octo-dist jobs: error: no job of the chain has run yet; expected a running or ended job. "
+            "Fix: octo-dist jobs status, and wait for the first to start",
             file=sys.stderr,
         )
-    if argv is None:
-        if not skipped:
-            print("nothing to cancel: no job of the chain is queued or running")
-        return 1 if skipped else 0
+        return EXIT_USAGE
+    job = started[0] if running else started[-1]
+    try:
+        text = st.log_tail(job.log, max(lines, 1))
+    except jobrecord.JobsError as e:
+        print(f"octo-dist jobs: error: {e}", file=sys.stderr)
+        return e.exit_status
+    except OSError as e:
+        print(
+            f"octo-dist jobs: error: cannot read job {job.job_id}'s log {job.log} ({e.strerror}); expected "
+            f"the scheduler to write it there. Fix: look where your site puts job logs",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"job {job.job_id} ({job.state}), {job.log}:\n{text}")
+    return 0
+
+
+def _cancel(chains: list) -> int:
+    """Ends the jobs of every recorded chain still queued or running that the scheduler says are the caller's and
+    carry the chain's recorded job name; names each one left alone and why (exit 1 then)."""
+    user, status, cancelled = st.caller(), 0, False
+    for submission, jobs in chains:
+        argv, skipped = st.cancel_command(
+            submission["scheduler"], jobs, user, str(submission.get("name") or "")
+        )
+        for job_id, why in skipped:
+            status = 1
+            print(
+                f"octo-dist jobs: not cancelling {outside.shown(job_id, 80)}: {why}; expected a job you "
+                f"submitted as {submission.get('name') or 'the recorded name'}. Fix: check it with "
+                f"{'squeue' if submission['scheduler'] == 'slurm' else 'qstat'}; cancel it by hand if it is "
+                "yours",
+                file=sys.stderr,
+            )
+        if argv is not None:
+            cancelled = True
+            status = max(status, _run_cancel(argv))
+    if not cancelled and status == 0:
+        print("nothing to cancel: no job of the chain is queued or running")
+    return status
+
+
+def _run_cancel(argv: list) -> int:
     try:
         proc = outside.run_command(argv, st.QUERY_TIMEOUT_S)
     except (OSError, outside.CommandTimeout) as e:
@@ -179,4 +197,4 @@ def _cancel(submission: dict, jobs: list) -> int:
         )
         return 1
     print(f"cancelled {', '.join(argv[1:])} ({' '.join(argv)})")
-    return 1 if skipped else 0
+    return 0

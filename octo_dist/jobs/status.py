@@ -1,12 +1,6 @@
 """What ``octo-dist launch --submit`` / ``--chain N`` started, and where it stands: ``octo-dist jobs``.
 
-At submission the jobs are recorded in the save directory (``RECORD``), one entry per ``--submit`` (a chain's jobs
-in order, each with its log)::
-
-    runs/ft/.octo-dist-jobs.json
-      [{"scheduler": "slurm", "script": "/home/u/proj/job.sh", "submit_dir": "/home/u/proj",
-        "save_dir": "runs/ft", "submitted": "2026-12-06T04:20:00Z",
-        "jobs": [{"id": "100", "log": "/home/u/proj/octo-dist-100.out"}, {"id": "101", ...}]}]
+The jobs are those recorded at submission (``jobrecord``: in the save directory, and listed in the user's index).
 
 A job's state comes from the scheduler while it knows the job (PBS ``qstat -x -f -F json``, SLURM ``squeue``,
 Grid Engine ``qstat``), then from the exit status the job runtime left in the save directory
@@ -27,26 +21,19 @@ import json
 import os
 import pwd
 import re
-import shlex
 import stat
-import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
 from octo_dist.jobs.supervisor import exitfile
 from octo_dist.launchers import outside
-from octo_dist.problems import Problem, Refusal
+from octo_dist.jobs.jobrecord import JobsError
+from octo_dist.problems import Problem
 
-RECORD = ".octo-dist-jobs.json"
-RECORD_LIMIT = 1 << 20  # bytes: a record of 50-job chains is a few kB per submission
 QUERY_TIMEOUT_S = 60  # qstat/squeue answer in seconds; a hung server must not hang `octo-dist jobs`
 LOG_TAIL_BYTES = 64 << 10
 
 Runner = Callable[..., outside.Finished]
-
-
-class JobsError(Refusal, ValueError):
-    """Nothing to show: no record in the save directory, or one that cannot be read (exit 2)."""
 
 
 class QueryError(Problem, RuntimeError):
@@ -75,137 +62,6 @@ class JobState:
     def active(self) -> bool:
         """Still in the queue or running: what ``cancel`` ends."""
         return self.state in ("queued", "held", "running", "exiting", "suspended")
-
-
-# --- the record, written at submission ----------------------------------------------------------------------------
-
-
-def save_dir_of_script(text: str) -> Optional[str]:
-    """The save directory a rendered job script uses (its settings' ``storage.save_dir``, the single-quoted JSON
-    after ``supervise``): ``"runs/ft"``; None when the text holds no settings (not a script octo-dist wrote)."""
-    at = text.find(" supervise '")
-    if at < 0:
-        return None
-    words = shlex.shlex(text[at + len(" supervise ") :], posix=True)
-    words.whitespace_split = True
-    try:
-        settings = json.loads(next(words))
-        return str(settings["storage"]["save_dir"]) or None
-    except (ValueError, KeyError, TypeError, StopIteration):
-        return None
-
-
-def record_path(save_dir: str, submit_dir: str) -> str:
-    """``("runs/ft", "/home/u/proj")`` -> ``"/home/u/proj/runs/ft/.octo-dist-jobs.json"``."""
-    return os.path.join(submit_dir, save_dir, RECORD)
-
-
-def read_records(path: str) -> List[dict]:
-    """The submissions recorded in ``path``, oldest first; [] when there is none.
-
-    Raises:
-      JobsError: a record that is not one (binary, too long, not the JSON written here).
-    """
-    fix = f"remove {path} (it only lists submitted jobs), then use qstat/squeue"
-    try:
-        text = outside.read_text(path, RECORD_LIMIT, "", fix)
-    except FileNotFoundError:
-        return []
-    except outside.InputError as e:
-        raise JobsError(str(e)) from None
-    try:
-        records = json.loads(text)
-    except (
-        ValueError,
-        RecursionError,
-    ) as e:  # RecursionError: "[[[[...": nesting deeper than Python's stack
-        why = str(e) if isinstance(e, ValueError) else "nested too deep"
-        raise JobsError(
-            f"{path} is not JSON ({outside.shown(why, 120)})",
-            "the record octo-dist launch --submit writes",
-            fix,
-        ) from None
-    problem = damage(records)
-    if problem:
-        raise JobsError(
-            f"{path} is not a list of submissions: {problem}",
-            "the record octo-dist launch --submit writes",
-            fix,
-        )
-    return records
-
-
-# A submission's fields and their types, as ``record`` writes them.
-FIELDS = {"scheduler": str, "script": str, "submit_dir": str, "save_dir": str, "jobs": list}
-
-
-def damage(records: object) -> str:
-    """What makes ``records`` (parsed JSON) other than what ``record`` writes, in a few words (``"submission 1:
-    job id '-x' is not a job id"``); "" when nothing does. Every value a reader uses is checked here, once: the
-    ids become arguments of qstat/qdel and parts of file names, the paths are opened."""
-    if not isinstance(records, list):
-        return f"a JSON {type(records).__name__}, not a list"
-    for n, r in enumerate(records, 1):
-        if not isinstance(r, dict):
-            return f"submission {n} is a JSON {type(r).__name__}"
-        for field, kind in FIELDS.items():
-            if not isinstance(r.get(field), kind):
-                return f"submission {n} has no {field} ({kind.__name__})"
-            if kind is str and "\0" in r[field]:
-                return f"submission {n}'s {field} holds a NUL"
-        if r["scheduler"] not in QUERIES:
-            return f"submission {n}'s scheduler {outside.shown(r['scheduler'], 40)!r} is none of {sorted(QUERIES)}"
-        if not r["jobs"]:
-            return f"submission {n} lists no jobs"
-        if not isinstance(r.get("name", ""), str):
-            return f"submission {n}'s name is not text"
-        for job in r["jobs"]:
-            if not isinstance(job, dict) or not isinstance(job.get("id"), str):
-                return f"submission {n} has a job without an id (text)"
-            if not isinstance(job.get("log", ""), str) or "\0" in job.get("log", ""):
-                return (
-                    f"submission {n}'s job {outside.shown(job['id'], 40)} has a log that is no path"
-                )
-            try:
-                savelayout.checked_job_id("id", job["id"])
-            except savelayout.JobIdError:
-                return f"submission {n}: {outside.shown(job['id'], 40)!r} is not a job id"
-    return ""
-
-
-def record(
-    scheduler: str,
-    script: str,
-    save_dir: str,
-    submit_dir: str,
-    jobs: Sequence[Tuple[str, str]],
-    name: str = "",
-) -> str:
-    """Add one submission (``jobs``: (id, log) in chain order) to the save directory's record, creating the
-    directory; written to a temporary file and renamed, so a reader never sees half of it. Returns its path."""
-    path = record_path(save_dir, submit_dir)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        records = read_records(path)
-    except JobsError:
-        records = []  # a damaged record is replaced: the new jobs must not go unrecorded
-    records.append(
-        {
-            "scheduler": scheduler,
-            "script": os.path.abspath(script),
-            "name": name,
-            "submit_dir": submit_dir,
-            "save_dir": save_dir,
-            "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "jobs": [{"id": job_id, "log": log} for job_id, log in jobs],
-        }
-    )
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
 
 
 # --- the scheduler's view -----------------------------------------------------------------------------------------
