@@ -258,3 +258,32 @@ def test_jobs_works_from_any_directory(scheduler, capsys, tmp_path, monkeypatch)
         "names 2 save directories you submitted jobs for" in err
         and str(elsewhere / "runs" / "ft") in err
     )
+
+
+def test_the_record_is_never_written_through_a_planted_link(
+    scheduler, capsys, tmp_path, monkeypatch
+):
+    """Before: the record was written to ``.octo-dist-jobs.json.tmp-<pid>`` through whatever lay there: a link
+    planted at that name (the pid is easy to guess) wrote the record into the file it points at."""
+    save = tmp_path / "runs" / "ft"
+    save.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        os.symlink(victim, save / f"{jobrecord.RECORD}.tmp-{pid}")
+    assert cli.main([*SLURM, "--submit"]) == 0, capsys.readouterr().err
+    assert victim.read_text() == "precious\n"
+    (entry,) = json.loads((save / jobrecord.RECORD).read_text())
+    assert [j["id"] for j in entry["jobs"]] == ["100"]
+    assert not (save / jobrecord.RECORD).is_symlink()
+
+
+def test_a_save_dir_that_is_a_file_submits_nothing(scheduler, capsys, tmp_path):
+    """Before: the job was submitted (to fail at its start) and nothing recorded it."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "ft").write_text("not a directory\n")
+    assert cli.main([*SLURM, "--submit"]) == 2
+    err = capsys.readouterr().err
+    assert "--save-dir runs/ft cannot be made in" in err and "nothing submitted" in err, err
+    calls = scheduler.read()["calls"] if os.path.exists(os.environ["FAKE_STATE"]) else []
+    assert not [c for c in calls if c[0] == "sbatch"], calls

@@ -155,11 +155,7 @@ def record(
             "jobs": [{"id": job_id, "log": log} for job_id, log in jobs],
         }
     )
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json(path, records)
     remember(path, save_dir, submit_dir)
     return path
 

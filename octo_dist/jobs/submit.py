@@ -155,6 +155,7 @@ def submit(
     timeout_s = SUBMIT_TIMEOUT_S if timeout_s is None else timeout_s
     save_dir = _save_dir(script)
     if save_dir is not None:
+        _check_save_dir(save_dir, submit_dir)
         if not beside_running:
             _check_running(save_dir, submit_dir, run)
     out: List[Submitted] = []
