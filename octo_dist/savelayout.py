@@ -116,10 +116,22 @@ def checked_job_id(var: str, value: str) -> str:
     return value
 
 
+# Grid Engine's JOB_ID is a common name (a build script's JOB_ID='build 7'): it names a job only with Grid Engine's
+# own variables beside it (launchers/scheduler.py counts a Grid Engine job the same way).
+GRID_ENGINE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
+
+
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
     """The job's id, checked (``checked_job_id``): ``OCTO_DIST_JOB_ID`` (the job runtime's), else the first of the
-    schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``); None outside a job."""
-    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if environ.get(v)), None)
+    schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``; ``JOB_ID`` only beside one of
+    ``GRID_ENGINE_MARKERS``); None outside a job."""
+
+    def names_a_job(var: str) -> bool:
+        if not environ.get(var):
+            return False
+        return var != "JOB_ID" or any(m in environ for m in GRID_ENGINE_MARKERS)
+
+    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if names_a_job(v)), None)
     return checked_job_id(var, environ[var]) if var else None
 
 
