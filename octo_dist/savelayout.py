@@ -121,6 +121,14 @@ def checked_job_id(var: str, value: str) -> str:
 GRID_ENGINE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
 
 
+def hand_run_id(host: str, pid: int) -> str:
+    """The id of a job script run by hand, outside any scheduler's job: ``("g0001.abci.local", 4242)`` ->
+    ``"by-hand-g0001-4242"``. Its own for each run (a shared "0" let one hand-run job take and remove another's job
+    directory in the same save directory), and a job id by ``JOB_ID``'s rule."""
+    label = re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0])[:40] or "host"
+    return f"by-hand-{label}-{int(pid)}"
+
+
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
     """The job's id, checked (``checked_job_id``): ``OCTO_DIST_JOB_ID`` (the job runtime's), else the first of the
     schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``; ``JOB_ID`` only beside one of

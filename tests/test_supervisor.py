@@ -602,3 +602,19 @@ def test_rank_0_notes_the_step_a_stop_saved_only_inside_a_job(tmp_path, monkeypa
     )
     (tmp_path / "stopped").write_text("12\x00")
     assert savelayout.stopped_step(str(tmp_path)) is None
+
+
+def test_a_job_run_by_hand_never_takes_another_hand_run_jobs_directory(job, tmp_path, capfd):
+    """Before: every job run by hand (no scheduler's job id) was job "0": a second one in the same save directory
+    took the first's job directory (its mark said "0") and removed it at its end, under the running first."""
+    make, log = job
+    other = tmp_path / "save" / ".octo-dist-job-0"  # as a hand-run job running now made it
+    other.mkdir(parents=True)
+    (other / ".octo-dist-job").write_text("0\n")
+    (other / "nodes").write_text("g0001\n")
+    sup = make(JOB_ID="", FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0, capfd.readouterr().err
+    assert sup.job_id.startswith("by-hand-") and sup.job_id.endswith(f"-{os.getpid()}"), sup.job_id
+    assert (other / "nodes").read_text() == "g0001\n"
+    assert (tmp_path / "save" / f".octo-dist-exit-{sup.job_id}").read_text() == "0\n"

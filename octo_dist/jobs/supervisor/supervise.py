@@ -24,6 +24,7 @@ import errno
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import zipfile
@@ -178,7 +179,8 @@ class Supervisor:
             env["COORDINATOR_ADDRESS"] = s.forwarding.coordinator
         try:
             # It names the job's directory and exit file: a value that is not a job id ("1/../..") ends it here.
-            job = self.job_id = self.scheduler.job_id(env)
+            by_hand = savelayout.hand_run_id(socket.gethostname(), os.getpid())
+            job = self.job_id = self.scheduler.job_id(env, by_hand)
             # Read and checked once, here: the ranks and every other module read this one (savelayout.job_id).
             env[savelayout.JOB_ID_ENV] = job
             self.check_node()
