@@ -176,7 +176,7 @@ def submit(
                 f"written script there ({' '.join(argv)})"
             ) from None
         except outside.CommandTimeout as e:
-            said = f" (it said: {outside.shown(e.stderr)})" if e.stderr.strip() else ""
+            said = f" (it said: {status.one_line(e.stderr, 500)})" if e.stderr.strip() else ""
             raise failed(
                 f"{' '.join(argv)} did not answer within {timeout_s:g} s and was stopped{said}; expected a job "
                 f"id in seconds. Fix: check the scheduler (qstat/squeue), then submit the written script by hand"
@@ -184,7 +184,7 @@ def submit(
         if proc.returncode != 0:
             raise failed(
                 f"{' '.join(argv)} failed (exit {proc.returncode}): "
-                f"{outside.shown(proc.stderr) or outside.shown(proc.stdout)}"
+                f"{status.one_line(proc.stderr.strip() or proc.stdout, 500)}"
             )
         try:
             after = job_id(scheduler, proc.stdout)
