@@ -618,3 +618,15 @@ def test_a_job_run_by_hand_never_takes_another_hand_run_jobs_directory(job, tmp_
     assert sup.job_id.startswith("by-hand-") and sup.job_id.endswith(f"-{os.getpid()}"), sup.job_id
     assert (other / "nodes").read_text() == "g0001\n"
     assert (tmp_path / "save" / f".octo-dist-exit-{sup.job_id}").read_text() == "0\n"
+
+
+def test_an_executable_fifo_named_mpirun_is_refused_in_one_line(job, tmp_path, capfd):
+    make, log = job
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "mpirun")
+    os.chmod(fifo_dir / "mpirun", 0o755)
+    sup = make(PATH=f"{fifo_dir}:{os.environ['PATH']}")
+    assert sup.main() == 2
+    err = capfd.readouterr().err
+    assert f"the mpirun on PATH ({fifo_dir / 'mpirun'}) is not a file" in err, err

@@ -159,11 +159,19 @@ class Supervisor:
         if error:
             raise JobFailed(error)
         program = self.scheduler.launcher_program
-        if not shutil.which(program, path=env.get("PATH", "")):
+        found = shutil.which(program, path=env.get("PATH", ""))
+        if not found:
             loaded = " ".join(s.software.modules) or "no modules"
             raise JobFailed(
                 f"no {program} on PATH (after loading: {loaded}); expected the launcher of the job's MPI. "
                 "Fix: module load the site's MPI (ABCI: hpcx), or re-render with --module NAME"
+            )
+        if not os.path.isfile(
+            found
+        ):  # follows links; an executable FIFO or device is no program to run
+            raise JobFailed(
+                f"the {program} on PATH ({found}) is not a file; expected the launcher program of the job's MPI. "
+                f"Fix: remove it, or put the site's MPI first on PATH (module load hpcx)"
             )
         # absolute: every node, and the image, see the same path
         self.save_dir = make_directory("save", s.storage.save_dir, "--save-dir")
