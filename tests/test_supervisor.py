@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -630,3 +631,46 @@ def test_an_executable_fifo_named_mpirun_is_refused_in_one_line(job, tmp_path, c
     assert sup.main() == 2
     err = capfd.readouterr().err
     assert f"the mpirun on PATH ({fifo_dir / 'mpirun'}) is not a file" in err, err
+
+
+def _guard_of_rank(launcher_pid: int, rank: str) -> int:
+    """The rank guard the (fake) launcher started for ``rank``: its child whose environment names that rank."""
+    for pid, _, ppid in rankguard.process_tree(launcher_pid):
+        if ppid != launcher_pid:
+            continue
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no guard of rank {rank} below {launcher_pid}")
+
+
+def test_a_rank_killed_with_its_guard_is_named_and_leaves_the_chain_free_to_resume(
+    job, tmp_path, capfd
+):
+    """Before: ``kill -9`` of rank 0's guard (its rank dies with it) left no note; the rank the launcher ended after
+    it was blamed, and the launcher's status (Open MPI: 134) in the exit file stopped the chain."""
+    make, log = job
+    sup = make()
+
+    def kill_guard():
+        launcher = int(re.findall(r"launcher pid (\d+)", log.read_text())[-1])  # the training's
+        os.kill(_guard_of_rank(launcher, "0"), signal.SIGKILL)
+
+    when_logged(log, "train-started", kill_guard)
+    status = sup.main()
+    err = capfd.readouterr().err
+    assert status != 0, err
+    assert "rank(s) 0 ended without a note: killed from outside with their guard" in err, err
+    train, said = prepare.exitfile.read(str(tmp_path / "save" / ".octo-dist-exit-42"))
+    assert train is True and "resumable" in said, said
+
+
+def test_a_late_rank_note_never_makes_a_job_directory_again(tmp_path):
+    """Before: a guard that outlived its job (its launcher killed) noted its rank after the job had removed its
+    directory, making ``.octo-dist-job-<id>/failed/`` again, unmarked: no later job removed it."""
+    gone = tmp_path / ".octo-dist-job-42"
+    rankguard.write_note(str(gone), "1", 137, "g0001", "lost its launcher (pid 4242): ended")
+    assert not gone.exists()
+    gone.mkdir()
+    rankguard.write_note(str(gone), "1", 137, "g0001")
+    assert (gone / "failed" / "rank-1").read_text() == "rank 1 on g0001 exited with status 137\n"

@@ -235,6 +235,9 @@ class Supervisor:
         ended non-zero leaves the chain free to resume from the checkpoints written before."""
         if status == 0:
             return "0"
+        if self.training and self.launch.rank_killed:
+            # Killed from outside, not failed: the checkpoints written before are intact.
+            return exitfile.resumable(status, self.launch.rank_killed)
         killed = self.launch.launcher_killed if self.training else ""
         if killed:
             return exitfile.resumable(
