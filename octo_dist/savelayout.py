@@ -60,6 +60,7 @@ RUN_CONFIG = "finetune_config.json"
 RUN_ID = "wandb_run_id"
 SUMMARY = "summary.json"  # apps/summary.py writes it, and LOSS_PLOT, into the run's directory
 LOSS_PLOT = "loss.png"
+JOBS_RECORD = ".octo-dist-jobs.json"  # what launch --submit submitted (jobs/jobrecord.py), read by the jobs too
 JOB_DIR_PREFIX = ".octo-dist-job-"
 EXIT_FILE_PREFIX = ".octo-dist-exit-"
 NODE_LIST = "nodes"

@@ -100,6 +100,8 @@ if fail and fail.split(":")[0] == rank:
     sys.exit(int(fail.split(":")[1]))
 if stage == "preflight" and not os.environ.get("FAKE_PREFLIGHT_WAITS"):
     sys.exit(0)
+if stage == "train" and os.environ.get("FAKE_TRAIN_FINISHES"):  # every step trained, no stop asked
+    sys.exit(0)
 deadline = time.monotonic() + 60
 while not stops and time.monotonic() < deadline:
     time.sleep(0.01)
@@ -674,3 +676,45 @@ def test_a_late_rank_note_never_makes_a_job_directory_again(tmp_path):
     gone.mkdir()
     rankguard.write_note(str(gone), "1", 137, "g0001")
     assert (gone / "failed" / "rank-1").read_text() == "rank 1 on g0001 exited with status 137\n"
+
+
+FAKE_QDEL = """
+import os, sys
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write("qdel " + " ".join(sys.argv[1:]) + "\\n")
+"""
+
+
+def _record_chain(save: Path, *submissions) -> None:
+    save.mkdir(parents=True, exist_ok=True)
+    (save / ".octo-dist-jobs.json").write_text(json.dumps(list(submissions)))
+
+
+def test_a_job_that_finishes_training_cancels_the_rest_of_its_chain(job, tmp_path, capfd):
+    """Before: the jobs queued after the one that trained the last step each started their nodes for nothing."""
+    make, log = job
+    program(tmp_path / "bin" / "qdel", FAKE_QDEL)
+    other = {
+        "scheduler": "sge",
+        "jobs": [{"id": "7"}, {"id": "8"}],
+    }  # another chain in the same save dir
+    _record_chain(
+        tmp_path / "save",
+        {"scheduler": "sge", "jobs": [{"id": "41"}, {"id": "42"}, {"id": "43"}]},
+        other,
+        {"scheduler": "sge", "after": "43", "jobs": [{"id": "44"}, {"id": "1/../x"}]},  # extended
+    )
+    assert make(FAKE_TRAIN_FINISHES="1").main() == 0
+    err = capfd.readouterr().err
+    assert [ln for ln in log.read_text().splitlines() if ln.startswith("qdel")] == ["qdel 43 44"]
+    assert "training finished: cancelled the rest of the chain" in err, err
+
+
+def test_a_job_stopped_for_its_wall_time_leaves_its_chain_queued(job, tmp_path, capfd):
+    make, log = job
+    program(tmp_path / "bin" / "qdel", FAKE_QDEL)
+    _record_chain(tmp_path / "save", {"scheduler": "sge", "jobs": [{"id": "42"}, {"id": "43"}]})
+    sup = make(FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0
+    assert "qdel" not in log.read_text()

@@ -26,7 +26,7 @@ from octo_dist import savelayout
 from octo_dist.launchers import outside
 from octo_dist.problems import Refusal
 
-RECORD = ".octo-dist-jobs.json"
+RECORD = savelayout.JOBS_RECORD
 RECORD_LIMIT = 1 << 20  # bytes: a record of 50-job chains is a few kB per submission
 SCHEDULERS = ("pbs", "slurm", "sge")  # status.QUERIES' keys: the schedulers octo-dist jobs can ask
 

@@ -25,7 +25,7 @@ import stat
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
-from octo_dist.jobs.supervisor import exitfile
+from octo_dist.jobs.supervisor import chainend, exitfile
 from octo_dist.launchers import outside
 from octo_dist.jobs.jobrecord import JobsError
 from octo_dist.problems import Problem
@@ -214,7 +214,7 @@ def _sge(ids: Sequence[str], run: Runner) -> Dict[str, Seen]:
 
 
 QUERIES = {"pbs": _pbs, "slurm": _slurm, "sge": _sge}
-CANCEL = {"pbs": ["qdel"], "slurm": ["scancel"], "sge": ["qdel"]}
+CANCEL = chainend.CANCEL
 
 
 def exit_line(save_dir: str, job_id: str) -> Optional[exitfile.ExitLine]:

@@ -33,7 +33,7 @@ from typing import List, Optional
 from octo_dist import savelayout
 from octo_dist.jobs import schedulers
 from octo_dist.jobs.settings import JobSettings, SettingsError, from_json
-from octo_dist.jobs.supervisor import exitfile, prepare, ranks
+from octo_dist.jobs.supervisor import chainend, exitfile, prepare, ranks
 from octo_dist.jobs.supervisor.prepare import JobFailed, make_directory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -65,6 +65,7 @@ class Supervisor:
         # True once the exit file says how the job ended: a later stop signal leaves it alone.
         self.exit_final = False
         self.training = False  # the training's ranks were started (a launcher killed then leaves a resumable job)
+        self.finished = False  # the training exited 0 without a stop: every step trained
         self.job_id = "0"  # the scheduler's, once main() has read it: "12345.pbs1"
         self.deadline = None
         if self.scheduler.stop_timer:
@@ -228,6 +229,10 @@ class Supervisor:
             # wall time.
             self.exit_final = True
             self.write_exit(self.exit_text(status))
+            if self.finished:
+                chainend.end_chain(
+                    self.save_dir, job, self.s.allocation.scheduler, self.note, self.env
+                )
         return status
 
     def exit_text(self, status: int) -> str:
@@ -297,6 +302,8 @@ class Supervisor:
         )
         if self.stop and status == 0:
             self.note_stopped()
+        # Every step trained (no stop asked): the rest of the chain has nothing left to do.
+        self.finished = status == 0 and not self.stop
         return status
 
     def note_stopped(self) -> None:
