@@ -287,3 +287,59 @@ def test_a_save_dir_that_is_a_file_submits_nothing(scheduler, capsys, tmp_path):
     assert "--save-dir runs/ft cannot be made in" in err and "nothing submitted" in err, err
     calls = scheduler.read()["calls"] if os.path.exists(os.environ["FAKE_STATE"]) else []
     assert not [c for c in calls if c[0] == "sbatch"], calls
+
+
+def test_extend_adds_jobs_after_the_last_one_of_a_running_chain(scheduler, capsys, tmp_path):
+    assert cli.main([*SLURM, "--submit", "--chain", "2"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    scheduler.set(_100="RUNNING", _101="PENDING")
+    code, out, err = jobs(capsys, "extend", "--add", "2")
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"submitted job 102, after 101: log {tmp_path / 'octo-dist-102.out'}",
+        f"submitted job 103, after 102: log {tmp_path / 'octo-dist-103.out'}",
+    ]
+    sbatch = [c for c in scheduler.read()["calls"] if c[0] == "sbatch"]
+    assert any("afterany:101" in a for a in sbatch[2]) and any(
+        "afterany:102" in a for a in sbatch[3]
+    )
+    records = json.loads((tmp_path / "runs" / "ft" / jobrecord.RECORD).read_text())
+    assert records[1]["after"] == "101" and [j["id"] for j in records[1]["jobs"]] == ["102", "103"]
+    # A chain whose jobs have all ended is not extended: nothing would wait for it.
+    scheduler.set()
+    code, out, err = jobs(capsys, "extend")
+    assert code == 2 and "not queued or running" in err and "--chain N" in err, err
+
+
+def test_jobs_estimates_the_jobs_still_needed_from_the_measured_step_time(
+    scheduler, capsys, tmp_path
+):
+    argv = [
+        *SLURM,
+        "--walltime",
+        "1:00:00",
+        "--submit",
+        "--chain",
+        "2",
+        "--",
+        "smoke",
+        "--steps",
+        "10000",
+    ]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    scheduler.set(_100="RUNNING", _101="PENDING")
+    save = tmp_path / "runs" / "ft"
+    (save / "200").mkdir()
+    (save / "200" / "checksums.json").write_text("{}")
+    # As the first job's summary says it (apps/summary.py): 1 s a step, 100 s to its first step.
+    (save / "summary.json").write_text(
+        json.dumps({"median_step_s": 1.0, "time_to_first_step_s": 100.0})
+    )
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    # 3600 s wall time - 300 s stop margin - 100 s start-up = 3200 steps a job; 9800 left: 4 jobs, 2 queued
+    assert out.splitlines()[-1] == (
+        "estimate: step 200 of 10000; 1 s a step (measured), 0:53 of training a job: about 4 more jobs, 2 "
+        "queued or running; add 2: octo-dist jobs --save-dir runs/ft extend --add 2"
+    )

@@ -35,9 +35,10 @@ class JobsError(Refusal, ValueError):
     """Nothing to show: no record in the save directory, or one that cannot be read (exit 2)."""
 
 
-def save_dir_of_script(text: str) -> Optional[str]:
-    """The save directory a rendered job script uses (its settings' ``storage.save_dir``, the single-quoted JSON
-    after ``supervise``): ``"runs/ft"``; None when the text holds no settings (not a script octo-dist wrote)."""
+def settings_of_script(text: str) -> Optional[dict]:
+    """The job's settings a rendered job script passes its runtime (the single-quoted JSON after ``supervise``):
+    ``{"storage": {"save_dir": "runs/ft", ...}, "timing": {"walltime_s": 3600, ...}, ...}``; None when the text
+    holds none (not a script octo-dist wrote)."""
     at = text.find(" supervise '")
     if at < 0:
         return None
@@ -45,8 +46,17 @@ def save_dir_of_script(text: str) -> Optional[str]:
     words.whitespace_split = True
     try:
         settings = json.loads(next(words))
-        return str(settings["storage"]["save_dir"]) or None
-    except (ValueError, KeyError, TypeError, StopIteration):
+    except (ValueError, StopIteration, RecursionError):
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def save_dir_of_script(text: str) -> Optional[str]:
+    """The save directory a rendered job script uses (its settings' ``storage.save_dir``): ``"runs/ft"``; None when
+    the text holds no settings (not a script octo-dist wrote)."""
+    try:
+        return str((settings_of_script(text) or {})["storage"]["save_dir"]) or None
+    except (KeyError, TypeError):
         return None
 
 
@@ -112,8 +122,8 @@ def damage(records: object) -> str:
             return f"submission {n}'s scheduler {outside.shown(r['scheduler'], 40)!r} is none of {list(SCHEDULERS)}"
         if not r["jobs"]:
             return f"submission {n} lists no jobs"
-        if not isinstance(r.get("name", ""), str):
-            return f"submission {n}'s name is not text"
+        if not isinstance(r.get("name", ""), str) or not isinstance(r.get("after", ""), str):
+            return f"submission {n}'s name or after is not text"
         for job in r["jobs"]:
             if not isinstance(job, dict) or not isinstance(job.get("id"), str):
                 return f"submission {n} has a job without an id (text)"
@@ -135,6 +145,7 @@ def record(
     submit_dir: str,
     jobs: Sequence[Tuple[str, str]],
     name: str = "",
+    after: Optional[str] = None,
 ) -> str:
     """Add one submission (``jobs``: (id, log) in chain order) to the save directory's record, creating the
     directory; written to a temporary file and renamed, so a reader never sees half of it. Returns its path."""
@@ -153,6 +164,9 @@ def record(
             "save_dir": save_dir,
             "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "jobs": [{"id": job_id, "log": log} for job_id, log in jobs],
+            **(
+                {"after": after} if after else {}
+            ),  # extends a chain: its first job waits for this one
         }
     )
     write_json(path, records)

@@ -18,7 +18,9 @@ import os
 import sys
 
 from octo_dist import EXIT_USAGE
+from octo_dist.jobs import chains as chains_mod
 from octo_dist.jobs import jobrecord
+from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs import status as st
 from octo_dist.launchers import outside
 from octo_dist.problems import Problem
@@ -33,12 +35,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="The jobs octo-dist launch --submit or --chain N submitted for a save directory (recorded "
         "there at submission): status (default) lists each job's state, the step reached and the newest saved "
         "checkpoint; log shows the end of the running job's log; cancel ends every job of the chain still "
-        "queued or running that the scheduler says is yours and carries the recorded job name.",
+        "queued or running that the scheduler says is yours and carries the recorded job name; extend adds "
+        "--add N jobs after the chain's last one.",
     )
     p.add_argument(
         "action",
         nargs="?",
-        choices=("status", "log", "cancel"),
+        choices=("status", "log", "cancel", "extend"),
         default="status",
         help="what to do (default: %(default)s)",
     )
@@ -54,6 +57,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         type=int,
         default=40,
         help="log: lines from the end of the log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--add",
+        type=int,
+        default=1,
+        metavar="N",
+        help="extend: jobs to add after the last job of the chain, which must be queued or running "
+        "(default: %(default)s)",
     )
     p.set_defaults(func=run)
     return p
@@ -117,12 +128,38 @@ def run(args: argparse.Namespace) -> int:
             if found
             else "newest checkpoint: none yet"
         )
+        save_dir = os.path.join(submission["submit_dir"], submission["save_dir"])
+        estimate = chains_mod.estimate(chains, save_dir, found[0] if found else 0)
+        if estimate:
+            print(outside.escape(estimate))
         return _unknown(unknown) if unknown else 0
+    if args.action == "extend":
+        return _extend(chains, args.add)
     if unknown and args.action == "cancel":
         return _unknown(unknown)
     if args.action == "log":
         return _log([j for _, jobs in chains for j in jobs], args.lines)
     return _cancel(chains)
+
+
+def _extend(chains: list, add: int) -> int:
+    """Submits ``add`` jobs after the chain's last one (``chains.extend``), each line as launch --submit says it."""
+    if not 1 <= add <= submit_mod.MAX_CHAIN:
+        print(
+            f"octo-dist jobs: error: --add {add}; expected 1 to {submit_mod.MAX_CHAIN} jobs. Fix: --add 1",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        added = chains_mod.extend(chains, add)
+    except Problem as e:
+        print(f"octo-dist jobs: error: {e}", file=sys.stderr)
+        return e.exit_status
+    after = chains[-1][1][-1].job_id
+    for s in added:
+        print(f"submitted job {s.job_id}, after {after}: log {s.log}")
+        after = s.job_id
+    return 0
 
 
 def _log(jobs: list, lines: int) -> int:

@@ -134,9 +134,11 @@ def submit(
     home: Optional[str] = None,
     timeout_s: Optional[float] = None,
     beside_running: bool = False,
+    after: Optional[str] = None,
 ) -> List[Submitted]:
-    """Submit ``script`` ``chain`` times, each job after the previous one; stops at the first refusal. Each
-    submission may take ``timeout_s`` (default ``SUBMIT_TIMEOUT_S``).
+    """Submit ``script`` ``chain`` times, each job after the previous one (the first after ``after``, a job of a
+    running chain this extends); stops at the first refusal. Each submission may take ``timeout_s`` (default
+    ``SUBMIT_TIMEOUT_S``).
 
     Before the first, the script's save directory is checked: one that cannot hold the record (a file) is
     refused, and so is one with recorded jobs still queued or running unless ``beside_running``.
@@ -159,11 +161,11 @@ def submit(
         if not beside_running:
             _check_running(save_dir, submit_dir, run)
     out: List[Submitted] = []
-    after = None
+    extends = after
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
-        _record(scheduler, script, submit_dir, out, name)
+        _record(scheduler, script, submit_dir, out, (name, extends))
         return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
@@ -193,7 +195,7 @@ def submit(
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )
-    _record(scheduler, script, submit_dir, out, name)
+    _record(scheduler, script, submit_dir, out, (name, extends))
     return out
 
 
@@ -248,17 +250,18 @@ def _check_running(save_dir: str, submit_dir: str, run: Callable[..., outside.Fi
 
 
 def _record(
-    scheduler: str, script: str, submit_dir: str, jobs: List[Submitted], name: str
+    scheduler: str, script: str, submit_dir: str, jobs: List[Submitted], named: tuple
 ) -> Optional[str]:
     """The jobs submitted, added to the record in the script's save directory (``jobrecord.RECORD``) that
-    ``octo-dist jobs`` reads; None when nothing was submitted, or the record cannot be written (the jobs are queued
+    ``octo-dist jobs`` reads (``named``: their job name, and the job the first waits for, or None); None when
+    nothing was submitted, or the record cannot be written (the jobs are queued
     all the same, and launch has printed their ids)."""
     save_dir = _save_dir(script) if jobs else None
     if save_dir is None:
         return None
     try:
         return jobrecord.record(
-            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs], name
+            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs], *named
         )
     except OSError:
         return None
