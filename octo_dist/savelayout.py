@@ -31,7 +31,8 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
           .octo-dist.lock                   .lock: the run that uses it now (engine/savedir.py): host, pid, job id
           .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
           .octo-dist-probe.<host>.<pid>     for a moment at start: a rank's write probe (engine/savedir.py)
-          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py)
+          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py),
+            checksums.json                  CHECKSUMS, written last: .saved_steps() counts the step from then
           <step>.damaged/                   a checkpoint that failed verification, set aside
           <step>.orbax-checkpoint-tmp-*/    one being written (removed on restart when half-written)
 
@@ -49,11 +50,17 @@ from typing import Mapping, Optional
 from octo_dist.problems import Refusal
 
 LOCK = ".octo-dist.lock"
+# In a checkpoint's directory: written last, once the step is complete; a resuming job verifies the step against
+# it (engine/checkpoint.py's MANIFEST).
+CHECKSUMS = "checksums.json"
+# Entries read from one directory while looking for runs: a save directory holds a few runs, not millions.
+SCAN_LIMIT = 4096
 TRAIN_STATE = "train_state"  # finetune's <run>/train_state: the engine's checkpoints and the lock
 RUN_CONFIG = "finetune_config.json"
 RUN_ID = "wandb_run_id"
 SUMMARY = "summary.json"  # apps/summary.py writes it, and LOSS_PLOT, into the run's directory
 LOSS_PLOT = "loss.png"
+JOBS_RECORD = ".octo-dist-jobs.json"  # what launch --submit submitted (jobs/jobrecord.py), read by the jobs too
 JOB_DIR_PREFIX = ".octo-dist-job-"
 EXIT_FILE_PREFIX = ".octo-dist-exit-"
 NODE_LIST = "nodes"
@@ -110,10 +117,30 @@ def checked_job_id(var: str, value: str) -> str:
     return value
 
 
+# Grid Engine's JOB_ID is a common name (a build script's JOB_ID='build 7'): it names a job only with Grid Engine's
+# own variables beside it (launchers/scheduler.py counts a Grid Engine job the same way).
+GRID_ENGINE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
+
+
+def hand_run_id(host: str, pid: int) -> str:
+    """The id of a job script run by hand, outside any scheduler's job: ``("g0001.abci.local", 4242)`` ->
+    ``"by-hand-g0001-4242"``. Its own for each run (a shared "0" let one hand-run job take and remove another's job
+    directory in the same save directory), and a job id by ``JOB_ID``'s rule."""
+    label = re.sub(r"[^A-Za-z0-9_-]", "_", host.split(".")[0])[:40] or "host"
+    return f"by-hand-{label}-{int(pid)}"
+
+
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
     """The job's id, checked (``checked_job_id``): ``OCTO_DIST_JOB_ID`` (the job runtime's), else the first of the
-    schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``); None outside a job."""
-    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if environ.get(v)), None)
+    schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``; ``JOB_ID`` only beside one of
+    ``GRID_ENGINE_MARKERS``); None outside a job."""
+
+    def names_a_job(var: str) -> bool:
+        if not environ.get(var):
+            return False
+        return var != "JOB_ID" or any(m in environ for m in GRID_ENGINE_MARKERS)
+
+    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if names_a_job(v)), None)
     return checked_job_id(var, environ[var]) if var else None
 
 
@@ -203,6 +230,22 @@ def stopped_step(job_dir_path: str) -> Optional[int]:
     )  # not "²", which isdigit() passes
 
 
+def _names(directory: str, dirs_only: bool = False) -> list:
+    """Names in ``directory`` (directories only, not links, when ``dirs_only``), at most ``SCAN_LIMIT``; [] when
+    it cannot be read."""
+    out = []
+    try:
+        with os.scandir(directory) as entries:
+            for n, e in enumerate(entries):
+                if n >= SCAN_LIMIT:
+                    break
+                if not dirs_only or e.is_dir(follow_symlinks=False):
+                    out.append(e.name)
+    except OSError:
+        pass
+    return out
+
+
 def lock_file(train_state: str) -> str:
     """``"/runs/ft/octo_finetune/ft_256/train_state"`` -> ``".../train_state/.octo-dist.lock"``: the run's lock,
     beside the checkpoints it guards (``RunLayout.lock``; the engine's ``savedir.RunLock`` takes it there)."""
@@ -262,6 +305,36 @@ class RunLayout:
     def checkpoint(self, step: int) -> str:
         """``5`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""
         return os.path.join(self.train_state, str(int(step)))
+
+    def saved_steps(self) -> list:
+        """The steps saved whole in ``train_state``, oldest first: directories named by ASCII digits ("1200", not
+        "²" or "٣", which isdigit() passes) holding ``CHECKSUMS``; at most ``SCAN_LIMIT`` entries are read."""
+        steps = []
+        for name in _names(self.train_state):
+            if re.fullmatch(r"[0-9]{1,18}", name) and os.path.isfile(
+                os.path.join(self.train_state, name, CHECKSUMS)
+            ):
+                steps.append(int(name))
+        return sorted(steps)
+
+    @classmethod
+    def found_in(cls, save_dir: str) -> list:
+        """The runs a training program left in ``save_dir``, as it laid them out: smoke's (the save directory
+        itself, when it holds a step) and each finetune run, ``<project>/[<group>/]<name>/train_state``
+        (``apps/finetune/config.layout``). Links are not followed; at most ``SCAN_LIMIT`` entries a directory."""
+        found = [cls(save_dir)] if cls(save_dir).saved_steps() else []
+        level = [""]
+        for depth in (1, 2, 3):
+            level = [
+                os.path.join(parent, name)
+                for parent in level
+                for name in _names(os.path.join(save_dir, parent), dirs_only=True)
+                if not name.startswith(".") and not name.isdigit()
+            ]
+            for run_path in level if depth >= 2 else ():
+                if os.path.isdir(os.path.join(save_dir, run_path, TRAIN_STATE)):
+                    found.append(cls(save_dir, run_path, TRAIN_STATE))
+        return found
 
     def job_dir(self, job: str) -> str:
         return job_dir(self.save_dir, job)

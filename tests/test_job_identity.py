@@ -45,3 +45,21 @@ def test_every_scheduler_shipped_names_its_variable_for_the_layers_that_cannot_a
     assert {s.job_id_var for s in schedulers.SCHEDULERS.values()} <= set(
         savelayout.SCHEDULER_JOB_ID_VARS
     )
+
+
+@pytest.mark.parametrize("where", list(READERS))
+def test_an_unrelated_job_id_variable_is_no_grid_engine_job(where):
+    """Before: ``JOB_ID='build 7'`` left by a build script refused every bare ``smoke`` (its run lock reads the
+    job id). Grid Engine's JOB_ID names a job only beside Grid Engine's own variables; there, it is checked."""
+    read = READERS[where]
+    assert read({"JOB_ID": "build 7"}) is None
+    assert (
+        read({"JOB_ID": "77", "PE_HOSTFILE": "/var/spool/sge/g0001/active_jobs/77.1/pe_hostfile"})
+        == "77"
+    )
+    with pytest.raises(savelayout.JobIdError):
+        read({"JOB_ID": "build 7", "SGE_ROOT": "/opt/sge", "NSLOTS": "2"})
+
+
+def test_grid_engine_is_recognised_by_the_same_variables_everywhere():
+    assert set(savelayout.GRID_ENGINE_MARKERS) == set(launch_scheduler.SGE_MARKERS)

@@ -689,7 +689,7 @@ def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
 
 
 def test_the_environment_reaches_other_nodes_by_prefix(cluster):
-    """Open MPI 4 gives the ranks on other nodes only the -x names: every exported NCCL_*, XLA_*, JAX_*, TF_*,
+    """Open MPI 4 gives the ranks on other nodes only the -x names: every exported NCCL_*, XLA_*, JAX_*, TF_CPP_*,
     OCTO_DIST_*, HF_*, WANDB_*, UCX_* variable is named, by name only (no value on the command line)."""
     job_dir, env, _ = cluster
     fake_venv(job_dir / "venv")

@@ -4,6 +4,8 @@ Open MPI's options ("unrecognized argument x")."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,19 @@ def test_hydra_binds_each_rank_to_its_cores_when_the_node_has_them():
     assert mpirun.hydra_binding(2, 0, 96) == (["-bind-to", "none"], "")
     bind, note = mpirun.hydra_binding(2, 12, 2)
     assert bind == ["-bind-to", "none"] and "fewer than 2 rank(s) x 12" in note
+
+
+def test_an_executable_fifo_named_mpirun_is_not_waited_on(tmp_path):
+    """Before: the runtime opened the mpirun on PATH to read its first bytes, and an executable FIFO there waited
+    for a writer for ever (the job hung until its wall time)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.mkfifo(bin_dir / "mpirun")
+    os.chmod(bin_dir / "mpirun", 0o755)
+    code = (
+        "import sys; from octo_dist.jobs.schedulers import mpirun; "
+        f"print(mpirun.launcher_is_hydra({{'PATH': {str(bin_dir)!r}}}))"
+    )
+    # In a process of its own: a hang fails the test instead of hanging the suite.
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout == "False\n", proc.stderr

@@ -150,7 +150,8 @@ def test_submit_once_and_a_refusal_is_reported(fake_scheduler, monkeypatch, caps
     assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit"]) == 0
     assert "submitted job 100.pbs1: log " in capsys.readouterr().out and len(fake_scheduler()) == 1
     monkeypatch.setenv("FAKE_REFUSE_AT", "3")  # the second job of this chain: 1 call logged already
-    assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "2"]) == 1
+    argv = ["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "2", "--beside-running"]
+    assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "failed (exit 1): qsub: Unknown queue; submitted before it: 101.pbs1" in err, err
 
@@ -357,3 +358,24 @@ def test_pbs_submits_the_shells_forwarded_variables_and_keeps_the_scripts_list(t
         "qsub",
         str(tmp_path / "none.sh"),
     ]
+
+
+def test_a_refusal_over_several_lines_is_quoted_on_one_line_without_escapes(
+    tmp_path, monkeypatch, capsys
+):
+    """Before: Grid Engine's two-line refusal was quoted as 'Unable to run job: ...\\nExiting.' (a literal \\n)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "qsub").write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "sys.stderr.write('Unable to run job: error: no suitable queues.\\nExiting.\\n'); sys.exit(1)\n"
+    )
+    (tools / "qsub").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    assert cli.main(["launch", *HEADS["sge"], "-o", "job.sh", "--submit"]) == 1
+    err = capsys.readouterr().err
+    assert "failed (exit 1): Unable to run job: error: no suitable queues.; Exiting." in err, err
+    assert "\\n" not in err

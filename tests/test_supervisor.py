@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -100,6 +101,8 @@ fail = os.environ.get(f"FAKE_FAIL_{stage.upper()}", "")
 if fail and fail.split(":")[0] == rank:
     sys.exit(int(fail.split(":")[1]))
 if stage == "preflight" and not os.environ.get("FAKE_PREFLIGHT_WAITS"):
+    sys.exit(0)
+if stage == "train" and os.environ.get("FAKE_TRAIN_FINISHES"):  # every step trained, no stop asked
     sys.exit(0)
 deadline = time.monotonic() + 60
 while not stops and time.monotonic() < deadline:
@@ -575,3 +578,116 @@ def test_rank_0_notes_the_step_a_stop_saved_only_inside_a_job(tmp_path, monkeypa
     )
     (tmp_path / "stopped").write_text("12\x00")
     assert savelayout.stopped_step(str(tmp_path)) is None
+
+
+def test_a_job_run_by_hand_never_takes_another_hand_run_jobs_directory(job, tmp_path, capfd):
+    """Before: every job run by hand (no scheduler's job id) was job "0": a second one in the same save directory
+    took the first's job directory (its mark said "0") and removed it at its end, under the running first."""
+    make, log = job
+    other = tmp_path / "save" / ".octo-dist-job-0"  # as a hand-run job running now made it
+    other.mkdir(parents=True)
+    (other / ".octo-dist-job").write_text("0\n")
+    (other / "nodes").write_text("g0001\n")
+    sup = make(JOB_ID="", FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0, capfd.readouterr().err
+    assert sup.job_id.startswith("by-hand-") and sup.job_id.endswith(f"-{os.getpid()}"), sup.job_id
+    assert (other / "nodes").read_text() == "g0001\n"
+    assert (tmp_path / "save" / f".octo-dist-exit-{sup.job_id}").read_text() == "0\n"
+
+
+def test_an_executable_fifo_named_mpirun_is_refused_in_one_line(job, tmp_path, capfd):
+    make, log = job
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "mpirun")
+    os.chmod(fifo_dir / "mpirun", 0o755)
+    sup = make(PATH=f"{fifo_dir}:{os.environ['PATH']}")
+    assert sup.main() == 2
+    err = capfd.readouterr().err
+    assert f"the mpirun on PATH ({fifo_dir / 'mpirun'}) is not a file" in err, err
+
+
+def _guard_of_rank(launcher_pid: int, rank: str) -> int:
+    """The rank guard the (fake) launcher started for ``rank``: its child whose environment names that rank."""
+    for pid, _, ppid in rankguard.process_tree(launcher_pid):
+        if ppid != launcher_pid:
+            continue
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no guard of rank {rank} below {launcher_pid}")
+
+
+def test_a_rank_killed_with_its_guard_is_named_and_leaves_the_chain_free_to_resume(
+    job, tmp_path, capfd
+):
+    """Before: ``kill -9`` of rank 0's guard (its rank dies with it) left no note; the rank the launcher ended after
+    it was blamed, and the launcher's status (Open MPI: 134) in the exit file stopped the chain."""
+    make, log = job
+    sup = make()
+
+    def kill_guard():
+        launcher = int(re.findall(r"launcher pid (\d+)", log.read_text())[-1])  # the training's
+        os.kill(_guard_of_rank(launcher, "0"), signal.SIGKILL)
+
+    when_logged(log, "train-started", kill_guard)
+    status = sup.main()
+    err = capfd.readouterr().err
+    assert status != 0, err
+    assert "rank(s) 0 ended without a note: killed from outside with their guard" in err, err
+    train, said = prepare.exitfile.read(str(tmp_path / "save" / ".octo-dist-exit-42"))
+    assert train is True and "resumable" in said, said
+
+
+def test_a_late_rank_note_never_makes_a_job_directory_again(tmp_path):
+    """Before: a guard that outlived its job (its launcher killed) noted its rank after the job had removed its
+    directory, making ``.octo-dist-job-<id>/failed/`` again, unmarked: no later job removed it."""
+    gone = tmp_path / ".octo-dist-job-42"
+    rankguard.write_note(str(gone), "1", 137, "g0001", "lost its launcher (pid 4242): ended")
+    assert not gone.exists()
+    gone.mkdir()
+    rankguard.write_note(str(gone), "1", 137, "g0001")
+    assert (gone / "failed" / "rank-1").read_text() == "rank 1 on g0001 exited with status 137\n"
+
+
+FAKE_QDEL = """
+import os, sys
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write("qdel " + " ".join(sys.argv[1:]) + "\\n")
+"""
+
+
+def _record_chain(save: Path, *submissions) -> None:
+    save.mkdir(parents=True, exist_ok=True)
+    (save / ".octo-dist-jobs.json").write_text(json.dumps(list(submissions)))
+
+
+def test_a_job_that_finishes_training_cancels_the_rest_of_its_chain(job, tmp_path, capfd):
+    """Before: the jobs queued after the one that trained the last step each started their nodes for nothing."""
+    make, log = job
+    program(tmp_path / "bin" / "qdel", FAKE_QDEL)
+    other = {
+        "scheduler": "sge",
+        "jobs": [{"id": "7"}, {"id": "8"}],
+    }  # another chain in the same save dir
+    _record_chain(
+        tmp_path / "save",
+        {"scheduler": "sge", "jobs": [{"id": "41"}, {"id": "42"}, {"id": "43"}]},
+        other,
+        {"scheduler": "sge", "after": "43", "jobs": [{"id": "44"}, {"id": "1/../x"}]},  # extended
+    )
+    assert make(FAKE_TRAIN_FINISHES="1").main() == 0
+    err = capfd.readouterr().err
+    assert [ln for ln in log.read_text().splitlines() if ln.startswith("qdel")] == ["qdel 43 44"]
+    assert "training finished: cancelled the rest of the chain" in err, err
+
+
+def test_a_job_stopped_for_its_wall_time_leaves_its_chain_queued(job, tmp_path, capfd):
+    make, log = job
+    program(tmp_path / "bin" / "qdel", FAKE_QDEL)
+    _record_chain(tmp_path / "save", {"scheduler": "sge", "jobs": [{"id": "42"}, {"id": "43"}]})
+    sup = make(FAKE_PREFLIGHT_WAITS="")
+    when_logged(log, "train-started", signal_me(signal.SIGUSR1))
+    assert sup.main() == 0
+    assert "qdel" not in log.read_text()

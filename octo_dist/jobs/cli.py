@@ -430,9 +430,8 @@ def run(args: argparse.Namespace) -> int:
     # What the queue will be asked for, before anything is queued: "submitting 3 jobs x 2 nodes x 12:00:00 = ...".
     print(submit_mod.chain_summary(job, options.chain or 1))
     try:
-        jobs = submit_mod.submit(
-            scheduler, out, name=job.header.name, group=job.header.group, chain=options.chain or 1
-        )
+        named = dict(name=job.header.name, group=job.header.group, chain=options.chain or 1)
+        jobs = submit_mod.submit(scheduler, out, beside_running=options.beside_running, **named)
     except submit_mod.SubmitError as e:
         print(f"octo-dist launch: error: {e}", file=sys.stderr)
         return e.exit_status

@@ -12,8 +12,21 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple
 # Exported variables with these prefixes reach every rank on every node (Open MPI's -x takes names, not patterns;
 # srun passes the whole environment). UCX_ tunes hpcx's transport and must match across nodes. Not CUDA_: the
 # scheduler sets CUDA_VISIBLE_DEVICES per node (a shared rt_HG node), and node 0's value is wrong elsewhere.
-FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
-FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED")
+# Not "TF_": Terraform owns much of it (TF_CLI_CONFIG_FILE, TF_LOG, TF_VAR_region, TF_DATA_DIR), so TensorFlow's
+# own names are listed (TF_CPP_MIN_LOG_LEVEL and its siblings by their TF_CPP_ prefix).
+FORWARD_PREFIXES = ("NCCL_", "XLA_", "JAX_", "TF_CPP_", "OCTO_DIST_", "HF_", "WANDB_", "UCX_")
+TENSORFLOW_NAMES = (
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "TF_GPU_ALLOCATOR",
+    "TF_GPU_THREAD_COUNT",
+    "TF_GPU_THREAD_MODE",
+    "TF_NUM_INTEROP_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_DETERMINISTIC_OPS",
+    "TF_XLA_FLAGS",
+)
+FORWARD_NAMES = ("COORDINATOR_ADDRESS", "PYTHONUNBUFFERED", *TENSORFLOW_NAMES)
 # What every rank runs before training, under the job's launcher: it fails the job before any GPU time is spent.
 PREFLIGHT = ("octo-dist", "check-env", "--launch")
 

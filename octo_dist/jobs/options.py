@@ -269,6 +269,14 @@ class LaunchOptions:
         metavar="N",
         in_header=False,
     )
+    beside_running: bool = _opt(
+        False,
+        "with --submit/--chain: submit even while jobs recorded for the save directory are queued or running "
+        "(they would train the same run side by side; default: refused)",
+        "output",
+        action="store_true",
+        in_header=False,
+    )
 
     def changed(self) -> list:
         """``(flag, value)`` for every option that differs from its default, in field order, then the

@@ -19,8 +19,8 @@ from typing import Callable, List, Optional
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import walltime
-from octo_dist.jobs import status
-from octo_dist.problems import Problem
+from octo_dist.jobs import jobrecord, status
+from octo_dist.problems import Problem, Refusal
 from octo_dist.launchers import outside
 
 AFTER_ENV = schedulers.base.AFTER_ENV
@@ -37,6 +37,10 @@ RECORD_SCRIPT_LIMIT = (
 
 class SubmitError(Problem, RuntimeError):
     """The scheduler refused the job, or answered in a way we cannot read."""
+
+
+class SubmitRefused(Refusal, SubmitError):
+    """Nothing submitted: the save directory cannot take the jobs (exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +133,18 @@ def submit(
     submit_dir: Optional[str] = None,
     home: Optional[str] = None,
     timeout_s: Optional[float] = None,
+    beside_running: bool = False,
+    after: Optional[str] = None,
 ) -> List[Submitted]:
-    """Submit ``script`` ``chain`` times, each job after the previous one; stops at the first refusal. Each
-    submission may take ``timeout_s`` (default ``SUBMIT_TIMEOUT_S``).
+    """Submit ``script`` ``chain`` times, each job after the previous one (the first after ``after``, a job of a
+    running chain this extends); stops at the first refusal. Each submission may take ``timeout_s`` (default
+    ``SUBMIT_TIMEOUT_S``).
+
+    Before the first, the script's save directory is checked: one that cannot hold the record (a file) is
+    refused, and so is one with recorded jobs still queued or running unless ``beside_running``.
 
     Raises:
+      SubmitRefused: nothing was submitted (exit 2).
       SubmitError: one line: the command that failed, timed out or answered without a job id, what the scheduler
         said (escaped), and the jobs submitted before it, which are queued and must not be forgotten.
     """
@@ -144,12 +155,17 @@ def submit(
     submit_dir = submit_dir or os.getcwd()
     home = home or os.path.expanduser("~")
     timeout_s = SUBMIT_TIMEOUT_S if timeout_s is None else timeout_s
+    save_dir = _save_dir(script)
+    if save_dir is not None:
+        _check_save_dir(save_dir, submit_dir)
+        if not beside_running:
+            _check_running(save_dir, submit_dir, run)
     out: List[Submitted] = []
-    after = None
+    extends = after
 
     def failed(what: str) -> SubmitError:
         before = f"; submitted before it: {', '.join(s.job_id for s in out)}" if out else ""
-        _record(scheduler, script, submit_dir, out)
+        _record(scheduler, script, submit_dir, out, (name, extends))
         return SubmitError(what + before + wrong_qsub(scheduler, run))
 
     for _ in range(chain):
@@ -162,7 +178,7 @@ def submit(
                 f"written script there ({' '.join(argv)})"
             ) from None
         except outside.CommandTimeout as e:
-            said = f" (it said: {outside.shown(e.stderr)})" if e.stderr.strip() else ""
+            said = f" (it said: {status.one_line(e.stderr, 500)})" if e.stderr.strip() else ""
             raise failed(
                 f"{' '.join(argv)} did not answer within {timeout_s:g} s and was stopped{said}; expected a job "
                 f"id in seconds. Fix: check the scheduler (qstat/squeue), then submit the written script by hand"
@@ -170,7 +186,7 @@ def submit(
         if proc.returncode != 0:
             raise failed(
                 f"{' '.join(argv)} failed (exit {proc.returncode}): "
-                f"{outside.shown(proc.stderr) or outside.shown(proc.stdout)}"
+                f"{status.one_line(proc.stderr.strip() or proc.stdout, 500)}"
             )
         try:
             after = job_id(scheduler, proc.stdout)
@@ -179,23 +195,73 @@ def submit(
         out.append(
             Submitted(after, log_path(scheduler, name, after, submit_dir, home), tuple(argv))
         )
-    _record(scheduler, script, submit_dir, out)
+    _record(scheduler, script, submit_dir, out, (name, extends))
     return out
 
 
-def _record(scheduler: str, script: str, submit_dir: str, jobs: List[Submitted]) -> Optional[str]:
-    """The jobs submitted, added to the record in the script's save directory (``status.RECORD``) that ``octo-dist
-    jobs`` reads; None when nothing was submitted, or the record cannot be written (the jobs are queued all the
-    same, and launch has printed their ids)."""
-    if not jobs:
-        return None
+def _save_dir(script: str) -> Optional[str]:
+    """The save directory the written ``script`` uses (``jobrecord.save_dir_of_script``); None when it names none
+    or cannot be read."""
     try:
         with open(script, "rb") as f:
-            save_dir = status.save_dir_of_script(outside.decode(f.read(RECORD_SCRIPT_LIMIT)))
-        if save_dir is None:
-            return None
-        return status.record(
-            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs]
+            return jobrecord.save_dir_of_script(outside.decode(f.read(RECORD_SCRIPT_LIMIT)))
+    except OSError:
+        return None
+
+
+def _check_save_dir(save_dir: str, submit_dir: str) -> None:
+    """The save directory exists as a directory (made here when missing), so the jobs can be recorded in it; a
+    file of that name would make every job fail at its start and leave them unrecorded."""
+    path = os.path.join(submit_dir, save_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(20, "not a directory")
+    except OSError as e:
+        raise SubmitRefused(
+            f"--save-dir {save_dir} cannot be made in {submit_dir} ({e.strerror or e}): nothing submitted",
+            "a directory the jobs can write their checkpoints in",
+            "octo-dist launch ... --save-dir DIR, a directory or a name not taken",
+        ) from None
+
+
+def _check_running(save_dir: str, submit_dir: str, run: Callable[..., outside.Finished]) -> None:
+    """Refuses a second chain into a save directory whose recorded jobs are still queued or running (or whose
+    state the scheduler cannot give): both would train the same run, and the older would keep holding nodes."""
+    try:
+        records = jobrecord.read_records(jobrecord.record_path(save_dir, submit_dir))
+    except jobrecord.JobsError:
+        return  # a damaged record lists nothing that can be asked about; the new one replaces it
+    busy = []
+    for record in records:
+        try:
+            busy += [j for j in status.states(record, run) if j.active or j.unknown]
+        except Problem:
+            return  # no scheduler command here: the submission itself says so
+    if busy:
+        shown = ", ".join(f"{j.job_id} {j.state}" for j in busy[:5]) + (
+            " ..." if len(busy) > 5 else ""
+        )
+        raise SubmitRefused(
+            f"jobs recorded for --save-dir {save_dir} are still queued or running ({shown}): nothing submitted",
+            "one chain training into a save directory at a time",
+            f"octo-dist jobs --save-dir {save_dir} (cancel, or wait for them to end); or add --beside-running",
+        )
+
+
+def _record(
+    scheduler: str, script: str, submit_dir: str, jobs: List[Submitted], named: tuple
+) -> Optional[str]:
+    """The jobs submitted, added to the record in the script's save directory (``jobrecord.RECORD``) that
+    ``octo-dist jobs`` reads (``named``: their job name, and the job the first waits for, or None); None when
+    nothing was submitted, or the record cannot be written (the jobs are queued
+    all the same, and launch has printed their ids)."""
+    save_dir = _save_dir(script) if jobs else None
+    if save_dir is None:
+        return None
+    try:
+        return jobrecord.record(
+            scheduler, script, save_dir, submit_dir, [(s.job_id, s.log) for s in jobs], *named
         )
     except OSError:
         return None

@@ -209,11 +209,12 @@ class Scheduler:
         return os.path.join(submit_dir, f"{name}.o{job}")
 
     # ---- the job's first node: the supervisor -------------------------------------------------------------------
-    def job_id(self, env: Mapping[str, str]) -> str:
-        """``env[job_id_var]``, or "0" outside a job (the checks then refuse). It names files in the save directory:
-        one that is not a job id ("1/../..") is ``savelayout.JobIdError``, one line naming the variable."""
+    def job_id(self, env: Mapping[str, str], by_hand: str = "0") -> str:
+        """``env[job_id_var]``, or ``by_hand`` outside a job (the script run by hand: ``savelayout.hand_run_id``, its
+        own for each run). It names files in the save directory: one that is not a job id ("1/../..") is
+        ``savelayout.JobIdError``, one line naming the variable."""
         value = env.get(self.job_id_var)
-        return savelayout.checked_job_id(self.job_id_var, value) if value else "0"
+        return savelayout.checked_job_id(self.job_id_var, value) if value else by_hand
 
     def node_checks(
         self, env: Mapping[str, str], nodes: int, ranks_per_node: int, script_name: str

@@ -101,11 +101,19 @@ def launcher_is_hydra(env: Mapping[str, str]) -> bool:
     if not program:
         return False
     real = os.path.realpath(program)
+    head = b""
     try:
-        with open(real, "rb") as f:
-            head = f.read(1 << 16)
+        # Without blocking: an executable FIFO named mpirun would wait for a writer (for ever) in open().
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        head = b""
+        return is_hydra(real, head)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            head = os.read(fd, 1 << 16)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     return is_hydra(real, head)
 
 

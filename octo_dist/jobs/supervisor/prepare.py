@@ -52,16 +52,17 @@ def previous_job(save_dir: str, after: str, note: Callable[[str], None]) -> None
     except savelayout.JobIdError as e:
         raise JobFailed(str(e)) from None
     previous = savelayout.exit_file(save_dir, after)
-    if not os.path.isfile(previous):
+    try:
+        found = exitfile.load(previous)
+    except OSError as e:
+        found = exitfile.ExitLine(exitfile.FOREIGN, None, f"unreadable ({e.strerror or e})")
+    if found is None:
         note(
             f"the previous job of this chain ({after}) left no exit status (ended by the scheduler?): "
             "resuming from the last checkpoint"
         )
         return
-    try:
-        train, said = exitfile.read(previous)
-    except OSError as e:
-        train, said = None, f"unreadable ({e.strerror or e})"
+    train, said = found.trains_next, found.said
     if train:
         if said != "0":
             note(f"the previous job of this chain ({after}) left: {said}")

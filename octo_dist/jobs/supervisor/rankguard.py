@@ -63,11 +63,18 @@ def write_note(job_dir: str, rank: str, status: int, host: str, hung: str = "") 
         text += f" {hung} with status {status}" if hung else f" exited with status {status}"
     note = savelayout.rank_note(job_dir, bool(status), rank)
     try:
-        os.makedirs(os.path.dirname(note), exist_ok=True)
+        # Only inside the job's directory as the job made it: after the job ended (its launcher killed, the
+        # directory removed) a late note must not make a new, unmarked one that no later job removes.
+        os.mkdir(os.path.dirname(note))
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # the job's directory is gone: the note is a courtesy, the rank's status still reaches the launcher
+    try:
         with open(note, "w") as f:
             f.write(text + "\n")
     except OSError:
-        pass  # the note is a courtesy: the rank's own status still reaches the launcher
+        pass
 
 
 def _stat(pid: int, proc_root: str = "/proc") -> Optional[Tuple[str, int]]:

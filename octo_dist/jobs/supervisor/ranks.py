@@ -113,6 +113,8 @@ class Launcher:
         self.proc: Optional[subprocess.Popen] = None  # the launcher, while it runs
         self.argv0 = "mpirun"  # the launcher's program, as the note on its death names it
         self.rank_failure = ""  # "rank 1 on g0001 exited with status 2": the first rank that failed
+        # "rank(s) 0 ended without a note: killed ...": a rank killed with its guard, the others ended after it
+        self.rank_killed = ""
         self.launcher_status = 0  # what the launcher itself exited with
         # "SIGKILL": the signal that killed the launcher while its ranks ran, when the supervisor did not send it
         self.launcher_killed = ""
@@ -280,6 +282,11 @@ class Launcher:
         # start (2).
         self.launcher_status = status
         self.rank_failure = failure
+        self.rank_killed = self._killed_without_note(status, failure)
+        if self.rank_killed:
+            self.rank_failure = self.rank_killed
+            self.job.note(self.rank_killed)
+            return status
         last = failure.rsplit(" ", 1)[-1] if failure else ""
         if last.isascii() and last.isdigit():
             status = int(last)
@@ -294,6 +301,32 @@ class Launcher:
                 )
                 status = 1
         return status
+
+    def _killed_without_note(self, status: int, failure: str) -> str:
+        """When the launcher failed and some rank left no note at all while every note of a failure says a
+        signal ended it (status 128 + N: the launcher ending the others), the rank without a note died first and
+        unnoted: its guard was killed (``kill -9``, the out-of-memory killer), and its rank with it. Says so
+        ("rank 0 ended without a note ..."), else "". The rank that was only ended after it is not blamed."""
+        if (
+            status == 0 or self.launcher_killed
+        ):  # the launcher's own death is said as such (_end_orphans)
+            return ""
+        job_dir = self.job.job_dir
+        noted = set()
+        for sub in (savelayout.DONE, savelayout.FAILED):
+            try:
+                noted |= set(os.listdir(os.path.join(job_dir, sub)))
+            except OSError:
+                pass
+        silent = [r for r in range(self.job.s.ranks) if f"rank-{r}" not in noted]
+        last = failure.rsplit(" ", 1)[-1] if failure else ""
+        if not silent or (failure and not (last.isascii() and last.isdigit() and int(last) > 128)):
+            return ""
+        after = f"; then {failure}" if failure else ""
+        return (
+            f"rank(s) {' '.join(map(str, silent))} ended without a note: killed from outside with their guard "
+            f"(kill -9, the out-of-memory killer?){after}"
+        )
 
     def outcome(self, status: int) -> str:
         """ ": rank 1 on g0001 exited with status 2 (the launcher then exited with status 134)"; " (exit 1)"."""

@@ -24,6 +24,7 @@ import errno
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import zipfile
@@ -32,7 +33,7 @@ from typing import List, Optional
 from octo_dist import savelayout
 from octo_dist.jobs import schedulers
 from octo_dist.jobs.settings import JobSettings, SettingsError, from_json
-from octo_dist.jobs.supervisor import exitfile, prepare, ranks
+from octo_dist.jobs.supervisor import chainend, exitfile, prepare, ranks
 from octo_dist.jobs.supervisor.prepare import JobFailed, make_directory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -64,6 +65,7 @@ class Supervisor:
         # True once the exit file says how the job ended: a later stop signal leaves it alone.
         self.exit_final = False
         self.training = False  # the training's ranks were started (a launcher killed then leaves a resumable job)
+        self.finished = False  # the training exited 0 without a stop: every step trained
         self.job_id = "0"  # the scheduler's, once main() has read it: "12345.pbs1"
         self.deadline = None
         if self.scheduler.stop_timer:
@@ -158,11 +160,19 @@ class Supervisor:
         if error:
             raise JobFailed(error)
         program = self.scheduler.launcher_program
-        if not shutil.which(program, path=env.get("PATH", "")):
+        found = shutil.which(program, path=env.get("PATH", ""))
+        if not found:
             loaded = " ".join(s.software.modules) or "no modules"
             raise JobFailed(
                 f"no {program} on PATH (after loading: {loaded}); expected the launcher of the job's MPI. "
                 "Fix: module load the site's MPI (ABCI: hpcx), or re-render with --module NAME"
+            )
+        if not os.path.isfile(
+            found
+        ):  # follows links; an executable FIFO or device is no program to run
+            raise JobFailed(
+                f"the {program} on PATH ({found}) is not a file; expected the launcher program of the job's MPI. "
+                f"Fix: remove it, or put the site's MPI first on PATH (module load hpcx)"
             )
         # absolute: every node, and the image, see the same path
         self.save_dir = make_directory("save", s.storage.save_dir, "--save-dir")
@@ -178,7 +188,8 @@ class Supervisor:
             env["COORDINATOR_ADDRESS"] = s.forwarding.coordinator
         try:
             # It names the job's directory and exit file: a value that is not a job id ("1/../..") ends it here.
-            job = self.job_id = self.scheduler.job_id(env)
+            by_hand = savelayout.hand_run_id(socket.gethostname(), os.getpid())
+            job = self.job_id = self.scheduler.job_id(env, by_hand)
             # Read and checked once, here: the ranks and every other module read this one (savelayout.job_id).
             env[savelayout.JOB_ID_ENV] = job
             self.check_node()
@@ -218,6 +229,10 @@ class Supervisor:
             # wall time.
             self.exit_final = True
             self.write_exit(self.exit_text(status))
+            if self.finished:
+                chainend.end_chain(
+                    self.save_dir, job, self.s.allocation.scheduler, self.note, self.env
+                )
         return status
 
     def exit_text(self, status: int) -> str:
@@ -225,6 +240,9 @@ class Supervisor:
         ended non-zero leaves the chain free to resume from the checkpoints written before."""
         if status == 0:
             return "0"
+        if self.training and self.launch.rank_killed:
+            # Killed from outside, not failed: the checkpoints written before are intact.
+            return exitfile.resumable(status, self.launch.rank_killed)
         killed = self.launch.launcher_killed if self.training else ""
         if killed:
             return exitfile.resumable(
@@ -284,6 +302,8 @@ class Supervisor:
         )
         if self.stop and status == 0:
             self.note_stopped()
+        # Every step trained (no stop asked): the rest of the chain has nothing left to do.
+        self.finished = status == 0 and not self.stop
         return status
 
     def note_stopped(self) -> None:
