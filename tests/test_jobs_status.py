@@ -343,3 +343,20 @@ def test_jobs_estimates_the_jobs_still_needed_from_the_measured_step_time(
         "estimate: step 200 of 10000; 1 s a step (measured), 0:53 of training a job: about 4 more jobs, 2 "
         "queued or running; add 2: octo-dist jobs --save-dir runs/ft extend --add 2"
     )
+
+
+def test_jobs_shows_a_probe_report_found_in_the_save_dir(scheduler, capsys, tmp_path):
+    """A probe job's report beside the run: `jobs` names each way the site differs from what launch assumes."""
+    assert cli.main([*SLURM, "--submit"]) == 0, capsys.readouterr().err
+    scheduler.set(_100="RUNNING")
+    capsys.readouterr()
+    report = {
+        "job_id": "7.pbs1",
+        "nodes": 2,
+        "facts": {"infiniband": {"devices": [], "absent": "no /dev/infiniband in the image"}},
+    }
+    (tmp_path / "runs" / "ft" / "probe.json").write_text(json.dumps(report))
+    code, out, err = jobs(capsys)
+    assert code == 0, err
+    probe = [line for line in out.splitlines() if line.startswith("probe report ")]
+    assert probe and "(job 7.pbs1)" in probe[0], out

@@ -226,7 +226,7 @@ def test_the_writer_reports_from_a_raw_directory_and_launch_warns_from_it(tmp_pa
     assert not any("/dev/infiniband" in w for w in one) and any(
         "Fix: --bind /dev/infiniband" in w for w in two
     )
-    assert probe.status_lines(directory)[0].startswith(f"probe report {path} (job 12.pbs1)")
+    assert probesite.status_lines(directory)[0].startswith(f"probe report {path} (job 12.pbs1)")
 
 
 def probe_report(path, **facts) -> None:

@@ -19,7 +19,7 @@ import sys
 
 from octo_dist import EXIT_USAGE
 from octo_dist.jobs import chains as chains_mod
-from octo_dist.jobs import jobrecord
+from octo_dist.jobs import jobrecord, probesite
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs import status as st
 from octo_dist.launchers import outside
@@ -119,20 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_status
     unknown = [j for _, jobs in chains for j in jobs if j.unknown]
     if args.action == "status":
-        for submission, jobs in chains:
-            print(_table(submission, jobs))
-        submission = chains[-1][0]
-        found = st.newest_checkpoint(os.path.join(submission["submit_dir"], submission["save_dir"]))
-        print(
-            f"newest checkpoint: step {found[0]} ({found[1]})"
-            if found
-            else "newest checkpoint: none yet"
-        )
-        save_dir = os.path.join(submission["submit_dir"], submission["save_dir"])
-        estimate = chains_mod.estimate(chains, save_dir, found[0] if found else 0)
-        if estimate:
-            print(outside.escape(estimate))
-        return _unknown(unknown) if unknown else 0
+        return _status(chains, unknown)
     if args.action == "extend":
         return _extend(chains, args.add)
     if unknown and args.action == "cancel":
@@ -140,6 +127,27 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "log":
         return _log([j for _, jobs in chains for j in jobs], args.lines)
     return _cancel(chains)
+
+
+def _status(chains: list, unknown: list) -> int:
+    """Every recorded chain's table, the newest checkpoint, the jobs still needed and a probe report's findings."""
+    for submission, jobs in chains:
+        print(_table(submission, jobs))
+    submission = chains[-1][0]
+    save_dir = os.path.join(submission["submit_dir"], submission["save_dir"])
+    found = st.newest_checkpoint(save_dir)
+    print(
+        f"newest checkpoint: step {found[0]} ({found[1]})"
+        if found
+        else "newest checkpoint: none yet"
+    )
+    estimate = chains_mod.estimate(chains, save_dir, found[0] if found else 0)
+    if estimate:
+        print(outside.escape(estimate))
+    # A probe job's report, where `octo-dist probe` wrote one: how the site differs from what launch assumes.
+    for line in probesite.status_lines(save_dir):
+        print(outside.escape(line))
+    return _unknown(unknown) if unknown else 0
 
 
 def _extend(chains: list, add: int) -> int:

@@ -14,7 +14,7 @@ import argparse
 import os
 import shlex
 import sys
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 from octo_dist import EXIT_USAGE
 from octo_dist.jobs import probesite, status
@@ -236,17 +236,3 @@ def run(args: argparse.Namespace) -> int:
         f"when it ends (octo-dist jobs --save-dir {args.save_dir})"
     )
     return 0
-
-
-def status_lines(save_dir: str) -> List[str]:
-    """What ``octo-dist jobs`` shows of a probe report in ``save_dir``: its job and each difference, or []."""
-    path = os.path.join(save_dir, probesite.REPORT)
-    report = probesite.read_report(path)
-    if report is None:
-        return []
-    diffs = probesite.differences(report["facts"], int(report.get("nodes", 1) or 1))
-    head = (
-        f"probe report {path} (job {report.get('job_id', '?')}): {len(diffs) or 'no'} difference(s) from what "
-        "launch assumes"
-    )
-    return [head] + [f"  {d['fact']}: {d['found']}. Fix: {d['fix']}" for d in diffs]

@@ -196,3 +196,17 @@ def launch_warnings(report: Mapping, path: str, nodes: int) -> List[str]:
         for d in differences(report["facts"], int(report.get("nodes", 1) or 1))
         if nodes > 1 or d["applies"] != MULTI_NODE
     ]
+
+
+def status_lines(save_dir: str) -> List[str]:
+    """What ``octo-dist jobs`` shows of a probe report in ``save_dir``: its job and each difference, or []."""
+    path = os.path.join(save_dir, REPORT)
+    report = read_report(path)
+    if report is None:
+        return []
+    diffs = differences(report["facts"], int(report.get("nodes", 1) or 1))
+    head = (
+        f"probe report {path} (job {report.get('job_id', '?')}): {len(diffs) or 'no'} difference(s) from what "
+        "launch assumes"
+    )
+    return [head] + [f"  {d['fact']}: {d['found']}. Fix: {d['fix']}" for d in diffs]

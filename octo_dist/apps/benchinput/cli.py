@@ -141,30 +141,30 @@ def report(
     for name in ("device-resize", "resize", "augment", "fork"):
         if name in medians:
             lines.append(f"verdict, {LABELS[name]}: {fed(medians[name])}")
+    lines.append(_conversion_line(medians, stored or {}, sizes or {}, fed))
+    return lines
+
+
+def _conversion_line(medians: Mapping[str, float], stored: Mapping, sizes: Mapping, fed) -> str:
+    """What a copy by convert-frames would change (``fed``: CPU seconds per sample -> the verdict in words)."""
     converted = vd.converted_rate(
-        medians.get("rest", 0.0), medians.get("decode", 0.0), stored or {}, sizes or {}
+        medians.get("rest", 0.0), medians.get("decode", 0.0), stored, sizes
     )
-    model_sizes = sizes or {}
     smaller = [
-        c
-        for c in (stored or {})
-        if c in model_sizes and stored[c][0] * stored[c][1] < model_sizes[c][0] * model_sizes[c][1]
+        c for c in stored if c in sizes and stored[c][0] * stored[c][1] < sizes[c][0] * sizes[c][1]
     ]
     if converted is None:
-        lines.append(
-            "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
-        )
+        return "convert-frames: the frames are stored at the model's sizes; a copy would change nothing"
     elif smaller:
-        lines.append(
+        return (
             f"convert-frames: {', '.join(smaller)} stored smaller than the model's sizes; a copy at those sizes "
             "would decode more pixels, not fewer: leave the data as it is and the resize to the device"
         )
     else:
-        lines.append(
+        return (
             f"convert-frames (frames stored at the model's sizes) would take the device rows to: "
             f"{fed(converted)} (estimated: {converted * 1e3:.2f} ms/sample, decoding scaled by the pixels stored)"
         )
-    return lines
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

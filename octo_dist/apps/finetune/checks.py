@@ -48,7 +48,9 @@ def checkpoint_problems(path: str | Path) -> list:
     if not p.is_dir():
         return [f"pretrained checkpoint {str(path)!r} is not a directory"]
     missing = [f for f in CHECKPOINT_FILES if not (p / f).is_file()]
-    steps = sorted(int(c.name) for c in p.iterdir() if c.is_dir() and c.name.isascii() and c.name.isdigit())
+    steps = sorted(
+        int(c.name) for c in p.iterdir() if c.is_dir() and c.name.isascii() and c.name.isdigit()
+    )
     problems = []
     if missing:
         problems.append(f"pretrained checkpoint {str(path)!r} lacks {', '.join(missing)}")
