@@ -95,6 +95,7 @@ for sig in (signal.SIGUSR1, signal.SIGTERM):
     signal.signal(sig, lambda s, _f: stops.append(s))
 say(f"{stage}-started")
 say(f"job-id-{os.environ.get('OCTO_DIST_JOB_ID')}")
+say(f"rank0-wait-{os.environ.get('OCTO_DIST_RANK0_WAIT_TIMEOUT')}")
 if stage == "train" and os.environ.get("FAKE_STOP_TRAIN") == rank:  # a rank stopped on its node
     os.kill(os.getpid(), signal.SIGSTOP)
 fail = os.environ.get(f"FAKE_FAIL_{stage.upper()}", "")
@@ -220,6 +221,19 @@ def test_the_ranks_get_the_job_id_the_runtime_read_and_checked(job, tmp_path, ca
     assert "job-id-42 0" in text and "job-id-42 1" in text, text
     pairs = list(zip(sup.launcher, sup.launcher[1:]))
     assert ("-x", "OCTO_DIST_JOB_ID") in pairs, sup.launcher
+
+
+def test_the_ranks_wait_for_rank_0_up_to_the_jobs_time_less_its_stop_margin(job, tmp_path, capfd):
+    """Rank 0's dataset statistics may take longer than the ranks' own two-hour default on a large dataset: within
+    a job they wait as long as the job may run (the wall time less the stop margin), the name rankwait reads."""
+    from octo_dist.runtime import rankwait
+
+    sup, _, text = stopped_in_training(job, capfd)
+    timing = sup.s.timing
+    limit = timing.walltime_s - timing.stop_margin_s
+    assert limit != rankwait.DEFAULT_TIMEOUT_S
+    assert f"rank0-wait-{limit} 0" in text and f"rank0-wait-{limit} 1" in text, text
+    assert ("-x", rankwait.TIMEOUT_ENV) in list(zip(sup.launcher, sup.launcher[1:])), sup.launcher
 
 
 def test_a_signal_before_the_launcher_started_ends_the_job_without_ranks(
@@ -691,3 +705,10 @@ def test_a_job_stopped_for_its_wall_time_leaves_its_chain_queued(job, tmp_path, 
     when_logged(log, "train-started", signal_me(signal.SIGUSR1))
     assert sup.main() == 0
     assert "qdel" not in log.read_text()
+
+
+def test_the_rank_0_wait_is_one_name_on_both_sides_of_the_job():
+    from octo_dist.jobs.settings import RANK0_WAIT_ENV
+    from octo_dist.runtime import rankwait
+
+    assert RANK0_WAIT_ENV == rankwait.TIMEOUT_ENV

@@ -128,6 +128,18 @@ class Timing:
     )
 
 
+# Set by the job runtime for every rank, whatever the forwarded prefixes: how long the other ranks wait for rank 0's
+# dataset ("43200"), read by octo_dist.runtime.rankwait. Its value: Timing.rank0_wait_s.
+RANK0_WAIT_ENV = "OCTO_DIST_RANK0_WAIT_TIMEOUT"
+
+
+def rank0_wait_s(timing: "Timing") -> int:
+    """The other ranks wait for rank 0's dataset (a statistics pass of minutes to hours on a large dataset) as long
+    as the job may train: its wall time less the stop margin (43200 - 300 = 42900), not the ranks' own two-hour
+    default; the job's stop ends the wait before the wall time."""
+    return max(1, timing.walltime_s - timing.stop_margin_s)
+
+
 @dataclasses.dataclass(frozen=True)
 class Software:
     """What the ranks run from: the image, else the venv; the modules loaded before."""

@@ -13,11 +13,11 @@ a few seconds at a time, so they can say how long they have waited, and give up 
 ranks leave together, the same way (each rank's key read by rank 0, one key from rank 0 read by the others): rank 0,
 gone on to its next collective while rank 1 still built from the cache, would otherwise wait there as rank 1 did.
 
-The overall limit is ``OCTO_DIST_RANK0_WAIT_TIMEOUT`` seconds (default 7200, 2 hours): a statistics pass reads every
-trajectory once, minutes on a large dataset, so the limit is far beyond it, and far short of a wall time of many
-hours for which a hung rank 0 would otherwise hold every node of the job. The ranks do not know the job's wall time:
-within a job, the job's own stop before the wall time and the scheduler's kill still end the wait as they end
-everything else. A rank 0 that dies takes the coordination service with it: the waiting ranks stop then, saying so.
+The overall limit is ``OCTO_DIST_RANK0_WAIT_TIMEOUT`` seconds. In a job octo-dist launched, the job runtime sets it
+from the job's settings: its wall time less the stop margin ("42900" for 12:00:00 and 300 s), as long as the job may
+train (``octo_dist.jobs.settings.rank0_wait_s``). Run by hand (a bare ``mpirun``), it defaults to 7200 (2 hours): a
+statistics pass reads every trajectory once, minutes on a large dataset, far short of that, and a hung rank 0 then
+holds the nodes no longer. A rank 0 that dies takes the coordination service with it: the waiting ranks stop then, saying so.
 
 Only ``key_value_set`` and ``blocking_key_value_get(key, timeout_in_ms)`` of the coordination client are used: both
 exist, alike, in jax 0.4.20 and 0.4.22 (``jax._src.distributed.global_state.client``; JAX has no public name for it).

@@ -23,6 +23,7 @@ import subprocess
 from typing import List, Mapping, Optional, Tuple
 
 from octo_dist import savelayout
+from octo_dist.jobs.settings import RANK0_WAIT_ENV
 from octo_dist.jobs.schedulers.base import Scheduler
 
 NODE_LIST_ENV = (
@@ -230,9 +231,10 @@ class MpirunScheduler(Scheduler):
         if self.hostfile_option:
             argv += ["-hostfile", ctx.env[self.hostfile_var]]
         env = {**ctx.env, **exports}
-        # The job's id as the supervisor checked it, and the scheduler's own, whatever the forwarded prefixes say.
+        # The job's id as the supervisor checked it, the ranks' wait for rank 0 it set, and the scheduler's own
+        # job id, whatever the forwarded prefixes say.
         f = settings.forwarding
-        names = (*f.forward_names, savelayout.JOB_ID_ENV, self.job_id_var)
+        names = (*f.forward_names, savelayout.JOB_ID_ENV, RANK0_WAIT_ENV, self.job_id_var)
         argv += [*bind, *forwarded(env, f.forward_prefixes, names)]
         return argv, exports
 

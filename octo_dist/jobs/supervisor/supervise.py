@@ -32,7 +32,13 @@ from typing import List, Optional
 
 from octo_dist import savelayout
 from octo_dist.jobs import schedulers
-from octo_dist.jobs.settings import JobSettings, SettingsError, from_json
+from octo_dist.jobs.settings import (
+    RANK0_WAIT_ENV,
+    JobSettings,
+    SettingsError,
+    from_json,
+    rank0_wait_s,
+)
 from octo_dist.jobs.supervisor import chainend, exitfile, prepare, ranks
 from octo_dist.jobs.supervisor.prepare import JobFailed, make_directory
 
@@ -182,6 +188,7 @@ class Supervisor:
         s, env = self.s, self.env
         self.arm()
         env["WANDB_MODE"] = s.storage.wandb_mode
+        env.setdefault(RANK0_WAIT_ENV, str(rank0_wait_s(s.timing)))
         for name, value in s.forwarding.environment:
             env.setdefault(name, value)  # a value set before the job wins
         if s.forwarding.coordinator:
