@@ -15,6 +15,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist.launchers import coordinator as coord_mod
 from octo_dist.runtime import runtime
+from octo_dist.runtime import startguard
 from octo_dist.launchers import Launch
 from octo_dist.envcheck import transport
 from octo_dist.envcheck.gpus import count as gpus_listed
@@ -186,7 +187,7 @@ def run(
     use_mpi = mpi.allowed(environ)
     # mpi4py's MPI_Init and collectives can block for ever when the ranks disagree (one given another world size):
     # under the start-up watchdog, a stuck rank ends with what it waited for, and an error ends the whole job.
-    with runtime.startup_guard(
+    with startguard.startup_guard(
         launch, runtime.startup_timeout(options.get("timeout_s"), environ)
     ) as dog:
         dog.stage(
