@@ -289,31 +289,7 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
                 f"add --resume to continue that run, or {elsewhere} (nothing was overwritten)",
             )
         return Decision(str(d))
-    if requested is True:
-        newest_first = sorted(steps, reverse=True)
-    else:
-        step = int(requested)
-        if step not in steps:
-            raise CheckpointError(
-                f"checkpoint step {step} is not in {d} (steps there: {sorted(steps) or 'none'})",
-                "a step the directory holds",
-                "--resume alone for the newest verified step, or the save directory that holds it",
-            )
-        newest_first = [step]
-    damaged = []
-    for step in newest_first:
-        problem = verify(steps[step], step)
-        if problem is None:
-            break
-        if requested is not True:
-            raise CheckpointError(
-                f"checkpoint step {step} in {d} is damaged: {problem}",
-                f"files matching its {MANIFEST}",
-                "--resume alone resumes from the newest verified step (damaged ones are set aside)",
-            )
-        damaged.append((step, f"it is damaged: {problem}"))
-    else:
-        step = None  # no verified step: a fresh start, every damaged one set aside
+    step, damaged = _newest_verified(d, steps, _candidates(d, steps, requested), requested)
     newer = (
         [
             (s, f"it is newer than the requested step {step}")
@@ -329,6 +305,39 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
         )
     )
     return Decision(str(d), step, tuple(damaged + newer), recorded)
+
+
+def _candidates(d: Path, steps: dict, requested) -> list:
+    """The steps to try, newest first: every step for ``--resume`` (True), else the one asked for (refused when
+    missing)."""
+    if requested is True:
+        return sorted(steps, reverse=True)
+    step = int(requested)
+    if step not in steps:
+        raise CheckpointError(
+            f"checkpoint step {step} is not in {d} (steps there: {sorted(steps) or 'none'})",
+            "a step the directory holds",
+            "--resume alone for the newest verified step, or the save directory that holds it",
+        )
+    return [step]
+
+
+def _newest_verified(d: Path, steps: dict, newest_first: list, requested):
+    """The first of ``newest_first`` that verifies (None: none does) and the damaged ones before it, each with
+    why it is set aside; a damaged step asked for by number is refused."""
+    damaged = []
+    for step in newest_first:
+        problem = verify(steps[step], step)
+        if problem is None:
+            return step, damaged
+        if requested is not True:
+            raise CheckpointError(
+                f"checkpoint step {step} in {d} is damaged: {problem}",
+                f"files matching its {MANIFEST}",
+                "--resume alone resumes from the newest verified step (damaged ones are set aside)",
+            )
+        damaged.append((step, f"it is damaged: {problem}"))
+    return None, damaged  # no verified step: a fresh start, every damaged one set aside
 
 
 def set_steps_aside(directory: Path, decision: Decision) -> list:

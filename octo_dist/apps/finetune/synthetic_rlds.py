@@ -119,52 +119,9 @@ def _builder_class():
             super().__init__(**kwargs)
 
         def _info(self):
-            s = self._layout.image_size
-
-            def scalar(dtype):
-                return tfds.features.Scalar(dtype=dtype)
-
-            def jpeg(side):
-                return tfds.features.Image(
-                    shape=(side, side, 3), dtype=np.uint8, encoding_format="jpeg"
-                )
-
-            cameras = {"image_0": jpeg(s)}
-            if self._layout.wrist_size:
-                cameras["wrist_image"] = jpeg(self._layout.wrist_size)
-
             # DatasetInfo directly: dataset_info_from_configs looks for a README beside the defining module.
             return tfds.core.DatasetInfo(
-                builder=self,
-                description=__doc__,
-                features=tfds.features.FeaturesDict(
-                    {
-                        "steps": tfds.features.Dataset(
-                            {
-                                "observation": tfds.features.FeaturesDict(
-                                    {
-                                        **cameras,
-                                        "state": tfds.features.Tensor(
-                                            shape=(ACTION_DIM,), dtype=np.float32
-                                        ),
-                                    }
-                                ),
-                                "action": tfds.features.Tensor(
-                                    shape=(ACTION_DIM,), dtype=np.float32
-                                ),
-                                "language_instruction": tfds.features.Text(),
-                                "is_first": scalar(np.bool_),
-                                "is_last": scalar(np.bool_),
-                                "is_terminal": scalar(np.bool_),
-                                "reward": scalar(np.float32),
-                                "discount": scalar(np.float32),
-                            }
-                        ),
-                        "episode_metadata": tfds.features.FeaturesDict(
-                            {"file_path": tfds.features.Text()}
-                        ),
-                    }
-                ),
+                builder=self, description=__doc__, features=_features(tfds, self._layout)
             )
 
         def _split_generators(self, dl_manager):
@@ -181,6 +138,42 @@ def _builder_class():
                 yield f"episode_{i:05d}", episode(self._layout, i)
 
     return OctoDistSynthetic
+
+
+def _features(tfds, layout: Layout):
+    """An episode's features: Bridge's names and shapes, with the images at ``layout``'s sizes."""
+
+    def scalar(dtype):
+        return tfds.features.Scalar(dtype=dtype)
+
+    def jpeg(side):
+        return tfds.features.Image(shape=(side, side, 3), dtype=np.uint8, encoding_format="jpeg")
+
+    cameras = {"image_0": jpeg(layout.image_size)}
+    if layout.wrist_size:
+        cameras["wrist_image"] = jpeg(layout.wrist_size)
+    return tfds.features.FeaturesDict(
+        {
+            "steps": tfds.features.Dataset(
+                {
+                    "observation": tfds.features.FeaturesDict(
+                        {
+                            **cameras,
+                            "state": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                        }
+                    ),
+                    "action": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                    "language_instruction": tfds.features.Text(),
+                    "is_first": scalar(np.bool_),
+                    "is_last": scalar(np.bool_),
+                    "is_terminal": scalar(np.bool_),
+                    "reward": scalar(np.float32),
+                    "discount": scalar(np.float32),
+                }
+            ),
+            "episode_metadata": tfds.features.FeaturesDict({"file_path": tfds.features.Text()}),
+        }
+    )
 
 
 def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
