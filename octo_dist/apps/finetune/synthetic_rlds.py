@@ -185,6 +185,17 @@ def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
     return data_dir / NAME / DATASET_VERSION
 
 
+# The layout's whole-number fields, each a flag of its name (train_episodes: --train-episodes), with its help.
+LAYOUT_FLAGS = {
+    "train_episodes": "episodes in the train split",
+    "val_episodes": "episodes in the val split",
+    "steps": "steps per episode",
+    "image_size": "side of the square camera images, in pixels",
+    "seed": "seed of the images, actions and instructions",
+    "wrist_size": "side of a second (wrist) camera's square images, wrist_image; 0: none",
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0]
@@ -192,48 +203,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument(
         "data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)"
     )
-    p.add_argument(
-        "--train-episodes",
-        type=int,
-        default=Layout.train_episodes,
-        help="episodes in the train split (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val-episodes",
-        type=int,
-        default=Layout.val_episodes,
-        help="episodes in the val split (default: %(default)s)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=Layout.steps, help="steps per episode (default: %(default)s)"
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=Layout.image_size,
-        help="side of the square camera images, in pixels (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=Layout.seed,
-        help="seed of the images, actions and instructions (default: %(default)s)",
-    )
-    p.add_argument(
-        "--wrist-size",
-        type=int,
-        default=Layout.wrist_size,
-        help="side of a second (wrist) camera's square images, wrist_image; 0: none (default: %(default)s)",
-    )
+    for field, what in LAYOUT_FLAGS.items():
+        p.add_argument(
+            "--" + field.replace("_", "-"),
+            type=int,
+            default=getattr(Layout, field),
+            help=f"{what} (default: %(default)s)",
+        )
     p.add_argument(
         "--texture",
         action="store_true",
         help="add pixel noise: JPEGs about as large (and as slow to decode) as a real camera's",
     )
     a = p.parse_args(argv)
-    layout = Layout(
-        a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed, a.wrist_size, a.texture
-    )
+    layout = Layout(**{field: getattr(a, field) for field in LAYOUT_FLAGS}, texture=a.texture)
     out = write(a.data_dir, layout)
     print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")
     return 0
