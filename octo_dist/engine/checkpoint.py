@@ -289,7 +289,7 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
                 f"add --resume to continue that run, or {elsewhere} (nothing was overwritten)",
             )
         return Decision(str(d))
-    step, damaged = _newest_verified(d, steps, _candidates(d, steps, requested), requested)
+    step, damaged = _resume_step(d, steps, requested)
     newer = (
         [
             (s, f"it is newer than the requested step {step}")
@@ -307,24 +307,16 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
     return Decision(str(d), step, tuple(damaged + newer), recorded)
 
 
-def _candidates(d: Path, steps: dict, requested) -> list:
-    """The steps to try, newest first: every step for ``--resume`` (True), else the one asked for (refused when
-    missing)."""
-    if requested is True:
-        return sorted(steps, reverse=True)
-    step = int(requested)
-    if step not in steps:
+def _resume_step(d: Path, steps: dict, requested):
+    """The step to resume from (None: none verifies) and the damaged steps set aside before it, each with why:
+    every step newest first for ``--resume`` (True), else the one asked for (refused when missing or damaged)."""
+    newest_first = sorted(steps, reverse=True) if requested is True else [int(requested)]
+    if newest_first and newest_first[0] not in steps:
         raise CheckpointError(
-            f"checkpoint step {step} is not in {d} (steps there: {sorted(steps) or 'none'})",
+            f"checkpoint step {newest_first[0]} is not in {d} (steps there: {sorted(steps) or 'none'})",
             "a step the directory holds",
             "--resume alone for the newest verified step, or the save directory that holds it",
         )
-    return [step]
-
-
-def _newest_verified(d: Path, steps: dict, newest_first: list, requested):
-    """The first of ``newest_first`` that verifies (None: none does) and the damaged ones before it, each with
-    why it is set aside; a damaged step asked for by number is refused."""
     damaged = []
     for step in newest_first:
         problem = verify(steps[step], step)
