@@ -267,19 +267,26 @@ def summary(
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)
         if directory:
-            # Stopped by a signal, the scheduler's kill may follow within seconds: summary.json (small, and it
-            # holds the whole run's losses) but not the plot (matplotlib's import and drawing take seconds on a
-            # network file system); the run's next job draws the whole curve again.
-            plot = not result.stopped_by
-            json_path, png_path = summary_mod.write(directory, s, result.losses, with_plot=plot)
-            if plot:
-                log.info("run summary in %s and %s", json_path, png_path)
-            else:
-                log.info(
-                    "run summary in %s; %s not redrawn (stopped by %s: the scheduler's kill may follow); the "
-                    "run's next job draws it",
-                    json_path,
-                    png_path,
-                    result.stopped_by,
-                )
+            _write_summary(directory, s, result)
     return s
+
+
+def _write_summary(directory: str, s, result) -> None:
+    """summary.json and loss.png in the run directory (rank 0)."""
+    from octo_dist.apps import summary as summary_mod
+
+    # Stopped by a signal, the scheduler's kill may follow within seconds: summary.json (small, and it
+    # holds the whole run's losses) but not the plot (matplotlib's import and drawing take seconds on a
+    # network file system); the run's next job draws the whole curve again.
+    plot = not result.stopped_by
+    json_path, png_path = summary_mod.write(directory, s, result.losses, with_plot=plot)
+    if plot:
+        log.info("run summary in %s and %s", json_path, png_path)
+    else:
+        log.info(
+            "run summary in %s; %s not redrawn (stopped by %s: the scheduler's kill may follow); the "
+            "run's next job draws it",
+            json_path,
+            png_path,
+            result.stopped_by,
+        )

@@ -289,31 +289,7 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
                 f"add --resume to continue that run, or {elsewhere} (nothing was overwritten)",
             )
         return Decision(str(d))
-    if requested is True:
-        newest_first = sorted(steps, reverse=True)
-    else:
-        step = int(requested)
-        if step not in steps:
-            raise CheckpointError(
-                f"checkpoint step {step} is not in {d} (steps there: {sorted(steps) or 'none'})",
-                "a step the directory holds",
-                "--resume alone for the newest verified step, or the save directory that holds it",
-            )
-        newest_first = [step]
-    damaged = []
-    for step in newest_first:
-        problem = verify(steps[step], step)
-        if problem is None:
-            break
-        if requested is not True:
-            raise CheckpointError(
-                f"checkpoint step {step} in {d} is damaged: {problem}",
-                f"files matching its {MANIFEST}",
-                "--resume alone resumes from the newest verified step (damaged ones are set aside)",
-            )
-        damaged.append((step, f"it is damaged: {problem}"))
-    else:
-        step = None  # no verified step: a fresh start, every damaged one set aside
+    step, damaged = _resume_step(d, steps, requested)
     newer = (
         [
             (s, f"it is newer than the requested step {step}")
@@ -329,6 +305,31 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
         )
     )
     return Decision(str(d), step, tuple(damaged + newer), recorded)
+
+
+def _resume_step(d: Path, steps: dict, requested):
+    """The step to resume from (None: none verifies) and the damaged steps set aside before it, each with why:
+    every step newest first for ``--resume`` (True), else the one asked for (refused when missing or damaged)."""
+    newest_first = sorted(steps, reverse=True) if requested is True else [int(requested)]
+    if newest_first and newest_first[0] not in steps:
+        raise CheckpointError(
+            f"checkpoint step {newest_first[0]} is not in {d} (steps there: {sorted(steps) or 'none'})",
+            "a step the directory holds",
+            "--resume alone for the newest verified step, or the save directory that holds it",
+        )
+    damaged = []
+    for step in newest_first:
+        problem = verify(steps[step], step)
+        if problem is None:
+            return step, damaged
+        if requested is not True:
+            raise CheckpointError(
+                f"checkpoint step {step} in {d} is damaged: {problem}",
+                f"files matching its {MANIFEST}",
+                "--resume alone resumes from the newest verified step (damaged ones are set aside)",
+            )
+        damaged.append((step, f"it is damaged: {problem}"))
+    return None, damaged  # no verified step: a fresh start, every damaged one set aside
 
 
 def set_steps_aside(directory: Path, decision: Decision) -> list:

@@ -253,27 +253,27 @@ class Engine:
         return self._augment_at(batch, state.rng, state.step)
 
     def _build(self):
-        if self.step_fn == "jit":
+        step = self._global_step() if self.step_fn == "jit" else self._per_device_step()
+        return jax.jit(
+            step,
+            in_shardings=(self.replicated, self.sharded, self.sharded),
+            out_shardings=(self.replicated, self.replicated),
+            donate_argnums=0,
+        )
 
-            def step(state, batch, stop):
-                loss, metrics, grads = self._update(
-                    state, batch, jax.random.fold_in(state.rng, state.step)
-                )
-                out = {
-                    "loss": loss,
-                    **metrics,
-                    "grad_norm": optax.global_norm(grads),
-                    STOP: jnp.max(stop),
-                }
-                return self._apply(state, grads), out
+    def _global_step(self):
+        """The step on global arrays: XLA places the gradient all-reduce."""
 
-            return jax.jit(
-                step,
-                in_shardings=(self.replicated, self.sharded, self.sharded),
-                out_shardings=(self.replicated, self.replicated),
-                donate_argnums=0,
+        def step(state, batch, stop):
+            loss, metrics, grads = self._update(
+                state, batch, jax.random.fold_in(state.rng, state.step)
             )
+            return self._apply(state, grads), _outputs(loss, metrics, grads, jnp.max(stop))
 
+        return step
+
+    def _per_device_step(self):
+        """The step on each device's shard (``shard_map``), with one explicit all-reduce."""
         from jax.experimental.shard_map import shard_map
 
         single = self.mesh.devices.size == 1
@@ -287,13 +287,7 @@ class Engine:
             if single:
                 # One device: nothing to reduce. Flattening every gradient into one vector (below) would copy
                 # them twice a step for nothing (one CPU device, the fork's debug config: 155 -> 148 ms a step).
-                out = {
-                    "loss": loss,
-                    **metrics,
-                    "grad_norm": optax.global_norm(grads),
-                    STOP: jnp.max(stop),
-                }
-                return self._apply(state, grads), out
+                return self._apply(state, grads), _outputs(loss, metrics, grads, jnp.max(stop))
             # One all-reduce for everything: per-leaf all-reduces cost a collective launch each (39 for the tiny
             # policy, hundreds for Octo). Measured on gloo, 2 processes: 119 -> 44 ms a step.
             # The stop signal rides along as a one-hot over signal numbers (pmax has no replication rule): after
@@ -301,27 +295,16 @@ class Engine:
             seen = jax.nn.one_hot(jnp.max(stop), MAX_SIGNAL)
             flat, unravel = ravel_pytree((grads, loss, metrics, seen))
             grads, loss, metrics, seen = unravel(jax.lax.pmean(flat, BATCH_AXIS))
-            out = {
-                "loss": loss,
-                **metrics,
-                "grad_norm": optax.global_norm(grads),
-                STOP: jnp.max(jnp.where(seen > 0, jnp.arange(MAX_SIGNAL), 0)),
-            }
-            return self._apply(state, grads), out
+            stop = jnp.max(jnp.where(seen > 0, jnp.arange(MAX_SIGNAL), 0))
+            return self._apply(state, grads), _outputs(loss, metrics, grads, stop)
 
-        mapped = shard_map(
+        return shard_map(
             per_device,
             mesh=self.mesh,
             in_specs=(P(), P(BATCH_AXIS), P(BATCH_AXIS)),
             out_specs=(P(), P()),
             check_rep=self.check_rep
             and not single,  # one device: replicated without a pmean the check sees
-        )
-        return jax.jit(
-            mapped,
-            in_shardings=(self.replicated, self.sharded, self.sharded),
-            out_shardings=(self.replicated, self.replicated),
-            donate_argnums=0,
         )
 
     def compile(self, state, batch) -> None:
@@ -380,3 +363,8 @@ class Engine:
         return jax.make_array_from_single_device_arrays(
             (self.mesh.devices.size,), self.sharded, shards
         )
+
+
+def _outputs(loss, metrics, grads, stop) -> dict:
+    """What a step reports: the loss, the policy's metrics, the gradient norm and the stop signal received."""
+    return {"loss": loss, **metrics, "grad_norm": optax.global_norm(grads), STOP: stop}

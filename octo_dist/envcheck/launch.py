@@ -15,6 +15,7 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist.launchers import coordinator as coord_mod
 from octo_dist.runtime import runtime
+from octo_dist.runtime import startguard
 from octo_dist.launchers import Launch
 from octo_dist.envcheck import transport
 from octo_dist.envcheck.gpus import count as gpus_listed
@@ -178,15 +179,49 @@ def run(
 ) -> int:
     """On every rank; returns the same exit code everywhere (0 sound, 1 not). Rank 0 alone prints, as a table or
     (``json_output``) as :func:`as_json` with ``ctx`` (version, schema, host, python) on top."""
-    from octo_dist.runtime import mpi
     from octo_dist.runtime.collectives import allgather_json
 
     options = dict(start_options)
     devices = devices_per_rank(options.get("devices"))
+    c, record, early = _agree(launch, environ, checks, gpu_profile, smi_output, options, sys_root)
+    if early is not None:
+        found = problems(early, gpu_profile, devices)
+        if found:
+            if launch.rank == 0:
+                _print(early, c, found, ctx, json_output)
+            return 1
+    with runtime.distributed(coordinator=c, **options) as rt:
+        record["jax"] = {
+            "process_index": rt.process_index,
+            "local_devices": rt.local_device_count,
+            "devices": rt.device_count,
+            "platform": rt.platform,
+        }
+        records = allgather_json(record)
+        found = problems(records, gpu_profile, devices)
+        if rt.is_main:
+            _print(records, c, found, ctx, json_output)
+        # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
+        return 1 if found else 0
+
+
+def _agree(
+    launch: Launch,
+    environ: Mapping[str, str],
+    checks: Sequence[Check],
+    gpu_profile: bool,
+    smi_output: Optional[str],
+    options: dict,
+    sys_root: str,
+):
+    """Before JAX starts: the coordinator (popped from ``options``), this rank's record, and every rank's records
+    when mpi4py can gather them (None without it)."""
+    from octo_dist.runtime import mpi
+
     use_mpi = mpi.allowed(environ)
     # mpi4py's MPI_Init and collectives can block for ever when the ranks disagree (one given another world size):
     # under the start-up watchdog, a stuck rank ends with what it waited for, and an error ends the whole job.
-    with runtime.startup_guard(
+    with startguard.startup_guard(
         launch, runtime.startup_timeout(options.get("timeout_s"), environ)
     ) as dog:
         dog.stage(
@@ -206,28 +241,8 @@ def run(
         )
         dog.stage("comparing every rank's record through mpi4py")
         early = mpi.allgather(record, launch) if use_mpi else None
-    if early is not None:
-        found = problems(early, gpu_profile, devices)
-        if found:
-            if launch.rank == 0:
-                print(
-                    as_json(early, c, found, ctx) if json_output else render(early, c, found),
-                    flush=True,
-                )
-            return 1
-    with runtime.distributed(coordinator=c, **options) as rt:
-        record["jax"] = {
-            "process_index": rt.process_index,
-            "local_devices": rt.local_device_count,
-            "devices": rt.device_count,
-            "platform": rt.platform,
-        }
-        records = allgather_json(record)
-        found = problems(records, gpu_profile, devices)
-        if rt.is_main:
-            print(
-                as_json(records, c, found, ctx) if json_output else render(records, c, found),
-                flush=True,
-            )
-        # Every rank returns the same code; jax's shutdown barrier keeps them until rank 0 has printed.
-        return 1 if found else 0
+    return c, record, early
+
+
+def _print(records, c, found, ctx: Optional[Mapping], json_output: bool) -> None:
+    print(as_json(records, c, found, ctx) if json_output else render(records, c, found), flush=True)

@@ -16,130 +16,28 @@ GROUP = "gxx00000"  # an ABCI group's shape; yours is in the ABCI user portal
 IMAGE = f"/groups/{GROUP}/octo-dist/octo-dist-cuda12.sif"
 OCTO_SMALL = "--config.pretrained_path=weights/octo-small"  # `make weights` on a login node: compute nodes are offline
 
-# file -> `octo-dist launch` argv. ABCI 3.0 (PBS) first, then Grid Engine (a PE named mpi) and SLURM.
+# The fine-tune's run, the same on every cluster: the steps, the samples kept, where it saves and reads, online wandb.
+FINETUNE_RUN = (
+    "--steps 50000 --keep-samples-from 256 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online "
+    f"-- finetune {OCTO_SMALL}"
+)
+# file -> `octo-dist launch` argv, written as typed (no value holds a space). ABCI 3.0 (PBS) first, then Grid Engine
+# (a PE named mpi) and SLURM.
 EXAMPLES = {
-    "abci3-pbs-smoke.sh": [
-        "pbs",
-        "--nodes",
-        "2",
-        "--group",
-        GROUP,
-        "--walltime",
-        "0:30:00",
-        "--image",
-        IMAGE,
-        "--skip-image-check",
-        "--per-gpu-batch",
-        "4",
-        "--steps",
-        "200",
-        "--save-dir",
-        "runs/smoke",
-        "--",
-        "smoke",
-        "--model",
-        "auto",
-    ],
-    "abci3-pbs-finetune.sh": [
-        "pbs",
-        "--nodes",
-        "2",
-        "--group",
-        GROUP,
-        "--walltime",
-        "12:00:00",
-        "--image",
-        IMAGE,
-        "--skip-image-check",
-        "--per-gpu-batch",
-        "32",
-        "--steps",
-        "50000",
-        "--keep-samples-from",
-        "256",
-        "--save-dir",
-        "runs/octo-small-ft",
-        "--data-dir",
-        "data",
-        "--wandb-mode",
-        "online",
-        "--",
-        "finetune",
-        OCTO_SMALL,
-    ],
-    "abci3-pbs-smoke-1gpu.sh": [
-        "pbs",
-        "--nodes",
-        "1",
-        "--resource-type",
-        "rt_HG",
-        "--group",
-        GROUP,
-        "--walltime",
-        "0:20:00",
-        "--image",
-        IMAGE,
-        "--skip-image-check",
-        "--steps",
-        "50",
-        "--save-dir",
-        "runs/smoke-1gpu",
-        "--",
-        "smoke",
-        "--model",
-        "auto",
-    ],
-    "sge-finetune.sh": [
-        "sge",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "4",
-        "--module",
-        "openmpi/4.1",
-        "--walltime",
-        "2:00:00",
-        "--global-batch",
-        "256",
-        "--steps",
-        "50000",
-        "--save-dir",
-        "runs/octo-small-ft",
-        "--data-dir",
-        "data",
-        "--wandb-mode",
-        "online",
-        "--",
-        "finetune",
-        OCTO_SMALL,
-    ],
-    "slurm-finetune.sh": [
-        "slurm",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "8",
-        "--walltime",
-        "12:00:00",
-        "--image",
-        "octo-dist-cuda12.sif",
-        "--skip-image-check",
-        "--per-gpu-batch",
-        "32",
-        "--steps",
-        "50000",
-        "--keep-samples-from",
-        "256",
-        "--save-dir",
-        "runs/octo-small-ft",
-        "--data-dir",
-        "data",
-        "--wandb-mode",
-        "online",
-        "--",
-        "finetune",
-        OCTO_SMALL,
-    ],
+    name: command.split()
+    for name, command in {
+        "abci3-pbs-smoke.sh": f"pbs --nodes 2 --group {GROUP} --walltime 0:30:00 --image {IMAGE} "
+        "--skip-image-check --per-gpu-batch 4 --steps 200 --save-dir runs/smoke -- smoke --model auto",
+        "abci3-pbs-finetune.sh": f"pbs --nodes 2 --group {GROUP} --walltime 12:00:00 --image {IMAGE} "
+        f"--skip-image-check --per-gpu-batch 32 {FINETUNE_RUN}",
+        "abci3-pbs-smoke-1gpu.sh": f"pbs --nodes 1 --resource-type rt_HG --group {GROUP} --walltime 0:20:00 "
+        f"--image {IMAGE} --skip-image-check --steps 50 --save-dir runs/smoke-1gpu -- smoke --model auto",
+        "sge-finetune.sh": "sge --nodes 2 --gpus-per-node 4 --module openmpi/4.1 --walltime 2:00:00 "
+        "--global-batch 256 --steps 50000 --save-dir runs/octo-small-ft --data-dir data --wandb-mode online "
+        f"-- finetune {OCTO_SMALL}",
+        "slurm-finetune.sh": "slurm --nodes 2 --gpus-per-node 8 --walltime 12:00:00 --image "
+        f"octo-dist-cuda12.sif --skip-image-check --per-gpu-batch 32 {FINETUNE_RUN}",
+    }.items()
 }
 
 

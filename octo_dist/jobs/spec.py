@@ -160,8 +160,29 @@ def build(
         for b in pretrained_bind(train):
             check_path("--config.pretrained_path", b, True)
         binds += tuple(b for b in pretrained_bind(train) if b not in binds)
+    settings = _settings(o, sched, alloc, timing, image, binds, train)
+    # Every setting, in the words of launch's flags, by the check the job runtime runs again on the node.
+    job_settings.check(settings, flags=True)
+    header = JobHeader(
+        resource_type=alloc.resource_type,
+        gpus_per_node=alloc.gpus_per_node,
+        devices_per_rank=alloc.devices_per_rank,
+        group=o.group,
+        name=o.name,
+        site={k: v for k, v in site.items() if v not in (None, ())},
+        directives=tuple(o.directives or ()),
+        command_line=tuple(command_line),
+        training=train,
+    )
+    return Job(header, settings)
+
+
+def _settings(
+    o: LaunchOptions, sched, alloc, timing, image: Optional[str], binds: tuple, train: Training
+) -> job_settings.JobSettings:
+    """The job's settings from the choices and what ``build`` derived from them (placement, wall time, paths)."""
     s = job_settings
-    settings = s.JobSettings(
+    return s.JobSettings(
         script_name="job.sh",  # the name it is written under: render's
         allocation=s.Allocation(
             o.scheduler,
@@ -186,20 +207,6 @@ def build(
         # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
         commands=s.Commands(preflight=preflight_argv(alloc.devices_per_rank), train=train.argv),
     )
-    # Every setting, in the words of launch's flags, by the check the job runtime runs again on the node.
-    job_settings.check(settings, flags=True)
-    header = JobHeader(
-        resource_type=alloc.resource_type,
-        gpus_per_node=alloc.gpus_per_node,
-        devices_per_rank=alloc.devices_per_rank,
-        group=o.group,
-        name=o.name,
-        site={k: v for k, v in site.items() if v not in (None, ())},
-        directives=tuple(o.directives or ()),
-        command_line=tuple(command_line),
-        training=train,
-    )
-    return Job(header, settings)
 
 
 def _modules(o: LaunchOptions, sched, image: Optional[str]) -> tuple:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import re
 
 from octo_dist.jobs import settings as job_settings
+
+# Shown the way every scheduler reads it ("72:00:00"); defined beside the settings, which check wall times too.
+from octo_dist.jobs.settings import format_walltime as format_walltime
 from octo_dist.jobs.flagchecks import JobSpecError
 
 
@@ -93,11 +96,6 @@ def parse_walltime(text: str, label: str = "--walltime") -> int:
             "--walltime 7-00:00:00 (ABCI 3.0 allows up to 168 hours on rt_HF)",
         )
     return total
-
-
-def format_walltime(seconds: int) -> str:
-    """Seconds -> ``"HH:MM:SS"`` with hours past 24 (``"72:00:00"``), which PBS, SGE and SLURM all accept."""
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def node_hours(nodes: int, walltime_s: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from octo_dist import savelayout
+from octo_dist.launchers.single import one_process
 from octo_dist.launchers.base import Launch, shown
 
 SCHEDULERS = {
@@ -39,12 +40,7 @@ def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
         if var == "JOB_ID" and not any(m in environ for m in SGE_MARKERS):
             continue
         name = SCHEDULERS[var]
-        return Launch(
-            launcher="single",
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            local_size=1,
+        return one_process(
             job_id=environ[var],
             detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
             variables=shown(

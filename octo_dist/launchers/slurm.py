@@ -23,6 +23,7 @@ import re
 from typing import List, Mapping, Optional
 
 from octo_dist.launchers import hostlists
+from octo_dist.launchers.single import one_process
 from octo_dist.launchers.base import Launch, int_var, refuse, shown
 
 PROCID = "SLURM_PROCID"  # "5": rank in the step
@@ -82,10 +83,10 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
     used = shown(environ, *READ, TASKS_PER_NODE, NTASKS_PER_NODE, GTIDS)
     for var in (PROCID, LOCALID):
         if var not in environ:
-            raise refuse(
-                f"slurm: an srun step ({STEP_NUM_TASKS}={environ[STEP_NUM_TASKS]}) without {var}",
-                f"{PROCID} and {LOCALID} in every task srun starts",
-                SRUN_FIX,
+            raise _without(
+                f"an srun step ({STEP_NUM_TASKS}={environ[STEP_NUM_TASKS]})",
+                var,
+                f"{PROCID} and {LOCALID}",
             )
     world = int_var(environ, STEP_NUM_TASKS, "slurm")
     rank = int_var(environ, PROCID, "slurm")
@@ -109,6 +110,11 @@ def detect(environ: Mapping[str, str]) -> Optional[Launch]:
         detail=f"Slurm srun step {step if step is not None else '?'} of job {job or '?'}",
         variables=used,
     )
+
+
+def _without(what: str, var: str, expected: str):
+    """A step's task started without a variable srun sets in each: ``slurm: <what> without SLURM_NODEID``."""
+    return refuse(f"slurm: {what} without {var}", f"{expected} in every task srun starts", SRUN_FIX)
 
 
 def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
@@ -137,10 +143,8 @@ def _local_size(environ: Mapping[str, str], world: int, nodes) -> int:
         if len(counts) == 1:
             return counts[0]
         if NODEID not in environ:
-            raise refuse(
-                f"slurm: a step over {len(counts)} nodes ({tpn_var}={environ[tpn_var]}) without {NODEID}",
-                f"{NODEID} in every task srun starts",
-                SRUN_FIX,
+            raise _without(
+                f"a step over {len(counts)} nodes ({tpn_var}={environ[tpn_var]})", NODEID, NODEID
             )
         node = int_var(environ, NODEID, "slurm")
         if node >= len(counts):
@@ -198,12 +202,7 @@ def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
             f"script or salloc shell, not an srun step: it runs as one process. To run {asked} ranks: "
             f"srun octo-dist ..."
         )
-    return Launch(
-        launcher="single",
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        local_size=1,
+    return one_process(
         job_id=environ[JOB_ID],
         detail=f"Slurm job {environ[JOB_ID]} without an srun step (batch script or salloc shell)",
         variables=shown(environ, JOB_ID, NTASKS, PROCID, JOB_NODELIST),

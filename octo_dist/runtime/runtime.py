@@ -37,21 +37,17 @@ from octo_dist.launchers import coordinator
 from octo_dist import launchers
 from octo_dist.launchers.base import Launch
 from octo_dist.runtime import mpi
-from octo_dist.runtime import watchdog
-from octo_dist import problems
+from octo_dist.runtime.startguard import EXIT_STARTUP as EXIT_STARTUP
+from octo_dist.runtime.startguard import WATCHDOG_MARGIN_S, startup_guard
 from octo_dist.problems import Problem
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300  # jax's own default for initialization_timeout
 INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"  # "600"
-# The watchdog is the backstop: the waits with their own timeout and a more precise message (the coordinator
-# that does not answer) get to report first.
-WATCHDOG_MARGIN_S = 2
 JAX_TIMEOUT_GRACE_S = (
     15  # jax aborts the process at its timeout; ours fires first, with a useful message
 )
-EXIT_STARTUP = EXIT_FAILED  # a rank that could not start: the job failed, not the input
 # One GPU per process (mpirun -npernode NUM_GPUS), all GPUs of a node per process, or N consecutive GPUs per
 # process ("2": 4 ranks on an 8-GPU node, rank with local rank 1 binding GPUs 2 and 3).
 DEVICE_MODES = ("one", "all", "N")
@@ -261,49 +257,6 @@ def initialize(
         return _start(launch, environ, coordinator, timeout_s, devices, use_mpi, dog)
 
 
-@contextlib.contextmanager
-def startup_guard(launch: Launch, timeout_s: float) -> Iterator[watchdog.Watchdog]:
-    """Around anything several ranks do together before training (mpi4py collectives, JAX start-up).
-
-    With more than one rank: a watchdog (``watchdog.Watchdog``, a child process: it fires even inside MPI_Init)
-    ends this rank with an error after ``timeout_s``, and an exception while MPI is up ends the whole job with this
-    rank's error (MPI_Abort): the other ranks may be waiting in a collective this one will never join. Call
-    ``.stage(what)`` on the value yielded to say what is being waited for."""
-    if launch.world_size == 1:
-        yield watchdog.NoWatchdog()
-        return
-    dog = watchdog.Watchdog(
-        timeout_s + WATCHDOG_MARGIN_S,
-        (
-            f"octo-dist: error: rank {launch.rank}/{launch.world_size}: {{stage}} did not complete "
-            f"within {timeout_s:g} s. "
-            f"Every rank must start with the same world size ({launch.world_size}) and coordinator; a rank that is "
-            f"missing, crashed, or was given another address keeps the others waiting. Fix: check every rank's log; "
-            f"raise --init-timeout (or OCTO_DIST_INIT_TIMEOUT) if nodes start slowly"
-        ),
-        exit_code=EXIT_STARTUP,
-    )
-    try:
-        dog.stage("start-up (import jax)")
-        yield dog
-    except Exception as e:
-        if mpi.initialized():
-            _fail_job(e, launch, problems.exit_status(e) or EXIT_STARTUP)
-        raise
-    finally:
-        dog.cancel()
-
-
-def _fail_job(exc: BaseException, launch: Launch, code: int) -> None:
-    """One line naming this rank and its error, then MPI_Abort with ``code``: every rank of the job ends now."""
-    sys.stderr.write(
-        f"octo-dist: error: rank {launch.rank}/{launch.world_size}: start-up failed: {exc}\n"
-    )
-    sys.stderr.flush()
-    mpi.abort(code)
-    os._exit(code)
-
-
 def _start(
     launch: Launch,
     environ: Mapping[str, str],
@@ -313,24 +266,13 @@ def _start(
     use_mpi: bool,
     dog,
 ) -> Runtime:
+    """Start-up in its order: refuse a touched backend, pick the platform, agree the coordinator, join the other
+    ranks, then check that JAX sees the job the launcher started."""
     import jax
     import jaxlib
 
-    if _backends_initialized():
-        raise StartupError(
-            "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
-            "jax.devices() or ran a computation at import time, or initialize() was called twice); jax 0.4.20 then "
-            "runs every rank as an independent single-process job. Fix: call octo_dist.runtime.runtime.initialize() "
-            "once, before any JAX computation"
-        )
-    # jax[cuda12] raises at the first jax.devices() where no GPU exists: say it once and run on the CPU instead.
-    plugin, gpu_files = cudaplugin.installed_plugin(), cudaplugin.gpu_devices()
-    fallback = cudaplugin.cpu_fallback(environ, plugin, gpu_files)
-    if fallback:
-        jax.config.update("jax_platforms", "cpu")
-        if launch.rank == 0:  # one line for the job, not one per rank
-            log.warning("octo-dist: %s", fallback)
-        plugin = None
+    _refuse_a_touched_backend()
+    plugin, gpu_files = _choose_platform(jax, launch, environ)
     gpu = expects_gpu(jaxlib.__version__, environ, plugin)
     dog.stage(
         "the coordinator agreement through mpi4py (MPI_Init, broadcast)"
@@ -340,61 +282,11 @@ def _start(
     c = coordinator.resolve(
         environ, launch, explicit=explicit, broadcast=mpi.broadcaster(launch) if use_mpi else None
     )
-    started = time.monotonic()
     if launch.world_size > 1:
         assert c is not None
-        # Resolves; rank 0 listens on exactly that address and port first (else XLA segfaults, exit 139).
-        coordcheck.check(c, launch.rank)
-        if not gpu:
-            _check_own_hostname_resolves(socket.gethostname())
-            _enable_cpu_collectives(jax.__version__)
-        ids = local_device_ids(launch, devices, environ) if gpu else None
-        log.info(
-            "starting %d processes: coordinator %s (%s), timeout %g s",
-            launch.world_size,
-            c.address,
-            c.source,
-            timeout_s,
-        )
-        if launch.rank != 0:
-            dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
-            # Ends before the watchdog (armed before `import jax`, timeout + WATCHDOG_MARGIN_S): its message names
-            # the coordinator, the watchdog's only the stage. A loaded node can take seconds to import jax.
-            until = dog.deadline - WATCHDOG_MARGIN_S if dog.deadline is not None else None
-            wait_for_coordinator(c, timeout_s, launch.rank, deadline=until)
-        remaining = max(timeout_s - (time.monotonic() - started), 1.0)
-        dog.stage("jax.distributed.initialize")
-        try:
-            jax.distributed.initialize(
-                c.address,
-                launch.world_size,
-                launch.rank,
-                local_device_ids=ids,
-                initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S),
-            )
-        except Exception as e:
-            raise StartupError(
-                f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
-                f"{launch.rank}) failed: {e}"
-            ) from e
-
-    try:
-        count = jax.process_count()  # the first backend touch: the CUDA plugin starts here
-    except RuntimeError as e:
-        msg = cudaplugin.backend_error(e, plugin, gpu_files)
-        if msg is None:
-            raise
-        raise StartupError(msg) from e
-    if count != launch.world_size or jax.process_index() != launch.rank:
-        cause = (
-            "CPU jax before 0.4.22 runs each process alone"
-            if not gpu
-            else "the distributed runtime did not start (jax.distributed.initialize not reached?)"
-        )
-        raise StartupError(
-            f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
-            f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch"
-        )
+        _join(jax, launch, c, gpu, devices, environ, timeout_s, dog)
+    count = _first_backend_touch(jax, plugin, gpu_files)
+    _check_jax_sees_the_launch(jax, launch, count, gpu)
     devices_seen = jax.local_devices()
     rt = Runtime(
         launch=launch,
@@ -412,6 +304,102 @@ def _start(
             plugin or f"jaxlib {jaxlib.__version__}",
         )
     return rt
+
+
+def _refuse_a_touched_backend() -> None:
+    if _backends_initialized():
+        raise StartupError(
+            "a JAX backend was initialised before octo_dist started the distributed runtime (something called "
+            "jax.devices() or ran a computation at import time, or initialize() was called twice); jax 0.4.20 then "
+            "runs every rank as an independent single-process job. Fix: call octo_dist.runtime.runtime.initialize() "
+            "once, before any JAX computation"
+        )
+
+
+def _choose_platform(jax, launch: Launch, environ: Mapping[str, str]) -> tuple[Optional[str], list]:
+    """The CUDA plugin JAX will load (``"jax-cuda12-plugin 0.4.23"``, None when the CPU is chosen here) and the
+    GPU device files found (``["/dev/nvidia0"]``). jax[cuda12] raises at the first jax.devices() where no GPU
+    exists: say it once and run on the CPU instead."""
+    plugin, gpu_files = cudaplugin.installed_plugin(), cudaplugin.gpu_devices()
+    fallback = cudaplugin.cpu_fallback(environ, plugin, gpu_files)
+    if fallback:
+        jax.config.update("jax_platforms", "cpu")
+        if launch.rank == 0:  # one line for the job, not one per rank
+            log.warning("octo-dist: %s", fallback)
+        plugin = None
+    return plugin, gpu_files
+
+
+def _join(
+    jax,
+    launch: Launch,
+    c: coordinator.Coordinator,
+    gpu: bool,
+    devices: str,
+    environ: Mapping[str, str],
+    timeout_s: float,
+    dog,
+) -> None:
+    """``jax.distributed.initialize`` for one of several ranks, within ``timeout_s`` from now."""
+    started = time.monotonic()
+    # Resolves; rank 0 listens on exactly that address and port first (else XLA segfaults, exit 139).
+    coordcheck.check(c, launch.rank)
+    if not gpu:
+        _check_own_hostname_resolves(socket.gethostname())
+        _enable_cpu_collectives(jax.__version__)
+    ids = local_device_ids(launch, devices, environ) if gpu else None
+    log.info(
+        "starting %d processes: coordinator %s (%s), timeout %g s",
+        launch.world_size,
+        c.address,
+        c.source,
+        timeout_s,
+    )
+    if launch.rank != 0:
+        dog.stage(f"the wait for the coordinator {c.address} ({c.source})")
+        # Ends before the watchdog (armed before `import jax`, timeout + WATCHDOG_MARGIN_S): its message names
+        # the coordinator, the watchdog's only the stage. A loaded node can take seconds to import jax.
+        until = dog.deadline - WATCHDOG_MARGIN_S if dog.deadline is not None else None
+        wait_for_coordinator(c, timeout_s, launch.rank, deadline=until)
+    remaining = max(timeout_s - (time.monotonic() - started), 1.0)
+    dog.stage("jax.distributed.initialize")
+    try:
+        jax.distributed.initialize(
+            c.address,
+            launch.world_size,
+            launch.rank,
+            local_device_ids=ids,
+            initialization_timeout=int(remaining + JAX_TIMEOUT_GRACE_S),
+        )
+    except Exception as e:
+        raise StartupError(
+            f"rank {launch.rank}: jax.distributed.initialize({c.address!r}, {launch.world_size}, "
+            f"{launch.rank}) failed: {e}"
+        ) from e
+
+
+def _first_backend_touch(jax, plugin: Optional[str], gpu_files) -> int:
+    """``jax.process_count()``: the CUDA plugin starts here, and its failure is worded by ``cudaplugin``."""
+    try:
+        return jax.process_count()
+    except RuntimeError as e:
+        msg = cudaplugin.backend_error(e, plugin, gpu_files)
+        if msg is None:
+            raise
+        raise StartupError(msg) from e
+
+
+def _check_jax_sees_the_launch(jax, launch: Launch, count: int, gpu: bool) -> None:
+    if count != launch.world_size or jax.process_index() != launch.rank:
+        cause = (
+            "CPU jax before 0.4.22 runs each process alone"
+            if not gpu
+            else "the distributed runtime did not start (jax.distributed.initialize not reached?)"
+        )
+        raise StartupError(
+            f"{launch.launcher} started {launch.world_size} ranks (this is rank {launch.rank}), but JAX reports "
+            f"process {jax.process_index()} of {count}. Likely cause: {cause}. Fix: octo-dist check-env --launch"
+        )
 
 
 def shutdown() -> None:

@@ -111,7 +111,7 @@ def install_self(source: Path, python: str, editable: bool, run: Runner = _run) 
         raise SystemExit(f"error: could not install octo-dist from {source}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m octo_dist.stack.install", description=__doc__.splitlines()[0]
     )
@@ -154,7 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="fail when a git dependency cannot be installed (default: warn)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     try:
         # Refuses a git dependency pinned to a branch, tag or short SHA: the image build stops here.

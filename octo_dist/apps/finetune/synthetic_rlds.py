@@ -119,52 +119,9 @@ def _builder_class():
             super().__init__(**kwargs)
 
         def _info(self):
-            s = self._layout.image_size
-
-            def scalar(dtype):
-                return tfds.features.Scalar(dtype=dtype)
-
-            def jpeg(side):
-                return tfds.features.Image(
-                    shape=(side, side, 3), dtype=np.uint8, encoding_format="jpeg"
-                )
-
-            cameras = {"image_0": jpeg(s)}
-            if self._layout.wrist_size:
-                cameras["wrist_image"] = jpeg(self._layout.wrist_size)
-
             # DatasetInfo directly: dataset_info_from_configs looks for a README beside the defining module.
             return tfds.core.DatasetInfo(
-                builder=self,
-                description=__doc__,
-                features=tfds.features.FeaturesDict(
-                    {
-                        "steps": tfds.features.Dataset(
-                            {
-                                "observation": tfds.features.FeaturesDict(
-                                    {
-                                        **cameras,
-                                        "state": tfds.features.Tensor(
-                                            shape=(ACTION_DIM,), dtype=np.float32
-                                        ),
-                                    }
-                                ),
-                                "action": tfds.features.Tensor(
-                                    shape=(ACTION_DIM,), dtype=np.float32
-                                ),
-                                "language_instruction": tfds.features.Text(),
-                                "is_first": scalar(np.bool_),
-                                "is_last": scalar(np.bool_),
-                                "is_terminal": scalar(np.bool_),
-                                "reward": scalar(np.float32),
-                                "discount": scalar(np.float32),
-                            }
-                        ),
-                        "episode_metadata": tfds.features.FeaturesDict(
-                            {"file_path": tfds.features.Text()}
-                        ),
-                    }
-                ),
+                builder=self, description=__doc__, features=_features(tfds, self._layout)
             )
 
         def _split_generators(self, dl_manager):
@@ -183,6 +140,42 @@ def _builder_class():
     return OctoDistSynthetic
 
 
+def _features(tfds, layout: Layout):
+    """An episode's features: Bridge's names and shapes, with the images at ``layout``'s sizes."""
+
+    def scalar(dtype):
+        return tfds.features.Scalar(dtype=dtype)
+
+    def jpeg(side):
+        return tfds.features.Image(shape=(side, side, 3), dtype=np.uint8, encoding_format="jpeg")
+
+    cameras = {"image_0": jpeg(layout.image_size)}
+    if layout.wrist_size:
+        cameras["wrist_image"] = jpeg(layout.wrist_size)
+    return tfds.features.FeaturesDict(
+        {
+            "steps": tfds.features.Dataset(
+                {
+                    "observation": tfds.features.FeaturesDict(
+                        {
+                            **cameras,
+                            "state": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                        }
+                    ),
+                    "action": tfds.features.Tensor(shape=(ACTION_DIM,), dtype=np.float32),
+                    "language_instruction": tfds.features.Text(),
+                    "is_first": scalar(np.bool_),
+                    "is_last": scalar(np.bool_),
+                    "is_terminal": scalar(np.bool_),
+                    "reward": scalar(np.float32),
+                    "discount": scalar(np.float32),
+                }
+            ),
+            "episode_metadata": tfds.features.FeaturesDict({"file_path": tfds.features.Text()}),
+        }
+    )
+
+
 def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
     """Write the dataset under ``data_dir`` (kept if already there); returns ``data_dir/octo_dist_synthetic/1.0.0``."""
     data_dir = Path(data_dir).resolve()
@@ -192,6 +185,17 @@ def write(data_dir: str | Path, layout: Layout = Layout()) -> Path:
     return data_dir / NAME / DATASET_VERSION
 
 
+# The layout's whole-number fields, each a flag of its name (train_episodes: --train-episodes), with its help.
+LAYOUT_FLAGS = {
+    "train_episodes": "episodes in the train split",
+    "val_episodes": "episodes in the val split",
+    "steps": "steps per episode",
+    "image_size": "side of the square camera images, in pixels",
+    "seed": "seed of the images, actions and instructions",
+    "wrist_size": "side of a second (wrist) camera's square images, wrist_image; 0: none",
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m octo_dist.apps.finetune.synthetic_rlds", description=__doc__.splitlines()[0]
@@ -199,48 +203,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument(
         "data_dir", help="where to write (the smoke config's --config.dataset_kwargs.data_dir)"
     )
-    p.add_argument(
-        "--train-episodes",
-        type=int,
-        default=Layout.train_episodes,
-        help="episodes in the train split (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val-episodes",
-        type=int,
-        default=Layout.val_episodes,
-        help="episodes in the val split (default: %(default)s)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=Layout.steps, help="steps per episode (default: %(default)s)"
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=Layout.image_size,
-        help="side of the square camera images, in pixels (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=Layout.seed,
-        help="seed of the images, actions and instructions (default: %(default)s)",
-    )
-    p.add_argument(
-        "--wrist-size",
-        type=int,
-        default=Layout.wrist_size,
-        help="side of a second (wrist) camera's square images, wrist_image; 0: none (default: %(default)s)",
-    )
+    for field, what in LAYOUT_FLAGS.items():
+        p.add_argument(
+            "--" + field.replace("_", "-"),
+            type=int,
+            default=getattr(Layout, field),
+            help=f"{what} (default: %(default)s)",
+        )
     p.add_argument(
         "--texture",
         action="store_true",
         help="add pixel noise: JPEGs about as large (and as slow to decode) as a real camera's",
     )
     a = p.parse_args(argv)
-    layout = Layout(
-        a.train_episodes, a.val_episodes, a.steps, a.image_size, a.seed, a.wrist_size, a.texture
-    )
+    layout = Layout(**{field: getattr(a, field) for field in LAYOUT_FLAGS}, texture=a.texture)
     out = write(a.data_dir, layout)
     print(f"synthetic RLDS dataset {NAME} {DATASET_VERSION}: {out}")
     return 0

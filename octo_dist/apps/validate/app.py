@@ -47,6 +47,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--profile",
         help="stack profile for check-env (default: $OCTO_DIST_PROFILE, else from the jaxlib build)",
     )
+    _add_scaling_options(p)
+    p.add_argument(
+        "--allreduce-mib",
+        type=float,
+        default=64.0,
+        help="all-reduce buffer per device, MiB (default: %(default)s)",
+    )
+    p.add_argument(
+        "--iterations", type=int, default=20, help="timed all-reduces (default: %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds each check-env or smoke subprocess may take (default: %(default)s)",
+    )
+    p.add_argument(
+        "--nccl-log-dir",
+        help="keep the NCCL logs here, one per rank (default: a temporary directory, removed)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the report as JSON (rank 0) (default: text)"
+    )
+    p.add_argument(
+        "--report", help="rank 0 also writes the JSON report to this file (default: none)"
+    )
+    runtime.argv_options(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _add_scaling_options(p: argparse.ArgumentParser) -> None:
+    """The flags of the 1 GPU vs all GPUs comparison."""
     p.add_argument(
         "--model",
         choices=MODELS,
@@ -78,34 +111,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="on the CPU, run the scaling step with this many forced host devices, shown but not judged "
         "(default: %(default)s: skipped)",
     )
-    p.add_argument(
-        "--allreduce-mib",
-        type=float,
-        default=64.0,
-        help="all-reduce buffer per device, MiB (default: %(default)s)",
-    )
-    p.add_argument(
-        "--iterations", type=int, default=20, help="timed all-reduces (default: %(default)s)"
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=900.0,
-        help="seconds each check-env or smoke subprocess may take (default: %(default)s)",
-    )
-    p.add_argument(
-        "--nccl-log-dir",
-        help="keep the NCCL logs here, one per rank (default: a temporary directory, removed)",
-    )
-    p.add_argument(
-        "--json", action="store_true", help="print the report as JSON (rank 0) (default: text)"
-    )
-    p.add_argument(
-        "--report", help="rank 0 also writes the JSON report to this file (default: none)"
-    )
-    runtime.argv_options(p)
-    p.set_defaults(func=main)
-    return p
 
 
 def usage_problems(args) -> list:
@@ -215,56 +220,11 @@ def visible_gpus(environ: Mapping[str, str], listed: Sequence[str]) -> list:
 
 def node(args, environ: Mapping[str, str]) -> tuple:
     """One process on one node: environment, then the scaling comparison."""
-    from octo_dist.apps.validate import scaling
-    from octo_dist.envcheck import gpus as gpu_list
-
     result, env_step = check_env(args, deep=True, environ=environ)
     steps = [env_step, architecture_step(result)]
     backend = backend_of(result)
     profile = (result or {}).get("profile", args.profile or "?")
-    if backend == "gpu":
-        ids = visible_gpus(environ, gpu_list.listed(gpu_list.nvidia_smi_list()) or [])
-        if len(ids) < 2:
-            steps.append(
-                Step(
-                    "scaling", SKIP, f"{len(ids)} GPU visible on this node: nothing to compare with"
-                )
-            )
-        else:
-            steps.append(
-                scaling.run(
-                    environ,
-                    ids,
-                    0,
-                    args.per_device_batch,
-                    args.steps,
-                    args.model,
-                    args.min_efficiency,
-                    args.timeout,
-                )
-            )
-    elif backend == "cpu" and args.cpu_devices >= 2:
-        steps.append(
-            scaling.run(
-                environ,
-                [],
-                args.cpu_devices,
-                args.per_device_batch,
-                args.steps,
-                args.model,
-                args.min_efficiency,
-                args.timeout,
-            )
-        )
-    else:
-        steps.append(
-            Step(
-                "scaling",
-                SKIP,
-                f"{backend or 'unknown'} backend: the 1 GPU vs all GPUs comparison needs "
-                f"GPUs (--cpu-devices N shows it on forced CPU devices, not judged)",
-            )
-        )
+    steps.append(_scaling_step(args, environ, backend))
     across = "mpirun -npernode <GPUs per node> -hostfile $PBS_NODEFILE octo-dist validate"
     steps.append(
         Step(
@@ -286,6 +246,40 @@ def node(args, environ: Mapping[str, str]) -> tuple:
         "processes": 1,
     }
     return context, steps
+
+
+def _scaling_step(args, environ: Mapping[str, str], backend: str) -> Step:
+    """The 1 GPU vs all GPUs comparison on this node (on forced CPU devices with ``--cpu-devices``), or why it is
+    skipped."""
+    from octo_dist.apps.validate import scaling
+    from octo_dist.envcheck import gpus as gpu_list
+
+    if backend == "gpu":
+        ids = visible_gpus(environ, gpu_list.listed(gpu_list.nvidia_smi_list()) or [])
+        if len(ids) < 2:
+            return Step(
+                "scaling", SKIP, f"{len(ids)} GPU visible on this node: nothing to compare with"
+            )
+        cpu_devices = 0
+    elif backend == "cpu" and args.cpu_devices >= 2:
+        ids, cpu_devices = [], args.cpu_devices
+    else:
+        return Step(
+            "scaling",
+            SKIP,
+            f"{backend or 'unknown'} backend: the 1 GPU vs all GPUs comparison needs "
+            f"GPUs (--cpu-devices N shows it on forced CPU devices, not judged)",
+        )
+    return scaling.run(
+        environ,
+        ids,
+        cpu_devices,
+        args.per_device_batch,
+        args.steps,
+        args.model,
+        args.min_efficiency,
+        args.timeout,
+    )
 
 
 def nccl_environment(log_dir: str) -> dict:
