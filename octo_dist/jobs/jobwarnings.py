@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from octo_dist.jobs import footprint, probesite
 from octo_dist.jobs.flagchecks import flag_given
@@ -100,6 +100,7 @@ def finetune_warnings(
                 "at its start (after the wait in the queue). Fix: add --config.pretrained_path=weights/octo-small "
                 "after -- finetune (make weights downloads it on a login node)"
             )
+        out += value_warnings(given)
     if job.settings.storage.wandb_mode == "online" and not wandb_key_found(environ, read):
         out.append(
             f"--wandb-mode online, but no wandb key here: {key_places(environ)}; the job fails at its start "
@@ -107,6 +108,23 @@ def finetune_warnings(
             "wandb login, or --wandb-mode offline"
         )
     return out
+
+
+def value_warnings(args: Sequence[str]) -> list:
+    """A fine-tune value only the job checks, at its start: ``--config.augment_on=hots`` ->
+    ``["--config.augment_on=hots after -- finetune: ...; expected one of auto, device, host. Fix: ..."]``. The
+    accepted values are ``submitchecks``' tables (``--submit`` refuses what this warns of), read from there."""
+    # Imported here: submitchecks builds on this module (its refusals reuse the warnings' checks).
+    from octo_dist.jobs import submitchecks
+
+    bad = submitchecks.value_problem(args)
+    if bad is None:
+        return []
+    found, expected, fix = bad
+    return [
+        f"{found} after -- finetune: every rank stops at its start (after the wait in the queue); expected "
+        f"{expected}. Fix: {fix}"
+    ]
 
 
 def missing_paths(job, is_dir: Callable[[str], bool]) -> list:
