@@ -167,3 +167,22 @@ def test_the_check_in_the_image_speaks_its_protocol(tmp_path):
     ), bad.stderr
     good = check("--config.num_steps=3")
     assert good.returncode == 0 and good.stdout == "octo-dist: flags checked\n", good.stderr
+
+
+def test_a_check_that_does_not_end_is_cut_off_and_said(site):
+    """The image's check ran past its time (a hung mount): it is ended, and the render goes on with a note."""
+    from octo_dist.jobs import flagsinimage
+    from octo_dist.launchers import outside
+
+    def hung(argv, timeout_s):
+        raise outside.CommandTimeout(argv, timeout_s, "")
+
+    notes = []
+    image = str(site / "octo-dist-cuda12.sif")
+    flagsinimage.in_image(
+        "finetune", [WEIGHTS], "No module named 'absl'", image, "BY HAND",
+        lambda name: f"/usr/bin/{name}", hung, notes.append,
+    )  # fmt: skip
+    (note,) = notes
+    assert f"nor in the image: singularity exec {image} python3 -m " in note
+    assert f"did not end within {flagsinimage.TIMEOUT_S} s" in note and note.endswith("BY HAND")

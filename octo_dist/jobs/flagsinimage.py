@@ -59,7 +59,16 @@ def checker(
     return checked
 
 
-def in_image(command, argv, missing, image, by_hand, which, run, note) -> None:
+def in_image(
+    command: str,
+    argv: Sequence[str],
+    missing: str,
+    image: Optional[str],
+    by_hand: str,
+    which: Callable[[str], Optional[str]],
+    run,
+    note: Callable[[str], None],
+) -> None:
     """Check ``argv`` in ``image``; raise ValueError (the image's one line) for a refusal; otherwise a note:
     checked there, or not checked and how to check by hand."""
     runner = next((which(name) for name in RUNNERS if which(name)), None)
@@ -80,7 +89,8 @@ def in_image(command, argv, missing, image, by_hand, which, run, note) -> None:
     try:
         done = run(argv_run, TIMEOUT_S)
     except (OSError, outside.CommandTimeout) as e:
-        failed = outside.shown(str(e), 200)
+        timed_out = isinstance(e, outside.CommandTimeout)
+        failed = f"did not end within {TIMEOUT_S} s" if timed_out else outside.shown(str(e), 200)
         note(
             f"{unchecked}, nor in the image: {shown_run} failed ({failed}). Check them by hand: {by_hand}"
         )
