@@ -37,17 +37,11 @@ TRAINING_COMMANDS = ("smoke", "finetune")  # what `launch ... --` runs
 
 def _checker(module_name: str, command: str):
     """The command's ``check_command``, imported only when a script is rendered. On a login node's bare Python
-    (no numpy, absl: `octo-dist launch` needs only the standard library) the check is skipped, and says so."""
+    (no absl: `octo-dist launch` needs only the standard library) the ImportError reaches launch, which checks in
+    the image or says how to (jobs/flagsinimage.py)."""
 
     def check(argv):
-        try:
-            importlib.import_module(module_name).check_command(argv)
-        except ImportError as e:
-            print(
-                f"octo-dist launch: note: the {command} flags after -- are not checked here ({e}); run launch "
-                f"from the octo-dist environment (or the image) to check them",
-                file=sys.stderr,
-            )
+        importlib.import_module(module_name).check_command(argv)
 
     return check
 

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 from octo_dist import EXIT_USAGE
 from octo_dist.problems import Problem
 from octo_dist.jobs import defaults as defaults_mod
-from octo_dist.jobs import imagefit, schedulers
+from octo_dist.jobs import flagsinimage, imagefit, schedulers
 from octo_dist.jobs import commands
 from octo_dist.jobs import options as options_mod
 from octo_dist.jobs import jobwarnings, runfrom, submitchecks, walltime
@@ -328,6 +328,19 @@ def no_exit(checker: commands.Checker) -> commands.Checker:
     return check
 
 
+def _checked(options: options_mod.LaunchOptions, name: str, checker: commands.Checker):
+    """``checker``, never exiting (:func:`no_exit`), and run in the image where this Python cannot import it (a
+    login node's: ``flagsinimage``), with this launch's ``--dry-run`` in the image as the way to check by hand."""
+    line = command_line(options)  # the header's line: no -o, --submit, --chain or --dry-run in it
+    at = line.index("--") if "--" in line else len(line)
+    image = options.image
+    dry = shlex.join([*line[:at], "--dry-run", *line[at:]])
+    by_hand = f"singularity exec {shlex.quote(image or 'IMAGE.sif')} {dry}"
+    if not image:
+        by_hand += " (or run launch with the octo-dist environment's Python: make env)"
+    return flagsinimage.checker(no_exit(checker), name, image, by_hand)
+
+
 def wrote_line(out: str, job: spec_mod.Job) -> str:
     """What launch says it wrote: ``"wrote job.sh: 2 node(s) x 8 rank(s), finetune, global batch 256, 1000 steps,
     wall time 12:00:00, at most 24 node-hours"``."""
@@ -379,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
         refusal = commands.job_decides(options.train[1:])
         if refusal:
             raise spec_mod.JobSpecError(*refusal)
-        checkers = {name: no_exit(c) for name, c in args.checkers.items()}
+        checkers = {name: _checked(options, name, c) for name, c in args.checkers.items()}
         job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
         refusal, warning = refusal_and_warning(options, job)
         if refusal:

@@ -149,8 +149,7 @@ def refusal(
     training, storage = job.header.training, job.settings.storage
     if storage.wandb_mode == "online" and not jobwarnings.wandb_key_found(environ, read):
         return (
-            "--wandb-mode online with no wandb key here (WANDB_API_KEY, ~/.config/octo-dist/wandb_api_key, "
-            "~/.netrc)",
+            f"--wandb-mode online with no wandb key here ({jobwarnings.key_places(environ)})",
             "a key the job finds when it starts",
             "export WANDB_API_KEY=..., or wandb login, or --wandb-mode offline",
         )

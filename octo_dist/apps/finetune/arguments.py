@@ -11,6 +11,7 @@ absl and ml_collections only: no JAX, no TensorFlow, no Octo).
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Mapping, Optional, Sequence
 
 from octo_dist.apps.finetune import checks, commandline, config, configfile, flagerrors, modelconfig
@@ -90,3 +91,22 @@ def _config_fields(argv: Sequence[str]) -> list:
     except Exception:
         return []
     return [".".join(map(str, key)) for key in modelconfig.flat_keys(loaded)]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m octo_dist.apps.finetune.arguments FLAGS...``: what ``octo-dist launch`` runs in the image when
+    the login node's Python cannot check the fine-tune's flags (``jobs/flagsinimage.py``): exit 0 and its
+    CHECKED line, or exit 2 and the refusal in one line."""
+    from octo_dist.jobs import flagsinimage
+
+    try:
+        check_command(argv)
+    except ValueError as e:
+        print(f"{flagsinimage.ERROR_PREFIX}{e}", file=sys.stderr)
+        return 2
+    print(flagsinimage.CHECKED)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

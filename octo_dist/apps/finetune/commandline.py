@@ -14,6 +14,7 @@ they are spelled, checked and described as in ``smoke``. Standard library, absl 
 from __future__ import annotations
 
 import argparse
+import functools
 import textwrap
 import warnings
 from typing import Sequence
@@ -25,7 +26,7 @@ from octo_dist.apps.finetune.configfile import (
     packaged_configs,
     resolve_config_file,
 )
-from octo_dist.apps.finetune.flagerrors import ALIASES
+from octo_dist.apps.finetune.flagerrors import ALIASES, missing_value
 from octo_dist.apps.finetune.modelconfig import FINETUNING_MODES, MODALITIES, flat_keys
 from octo_dist.engine.stepfns import STEP_FNS
 from octo_dist.runtime import runtime
@@ -160,13 +161,25 @@ def parse_flags(argv: Sequence[str]):
     (``.config``, ``.name``, ``.debug``, ``.resume``)."""
     from absl import flags
 
-    argv, own = split_own_fields(_with_config_resolved(argv))
+    given = _with_config_resolved(argv)
+    argv, own = split_own_fields(given)
     fv = flags.FlagValues()
     define_flags(fv, argv)
+    # "--config.augment_on --config.seed=1" took the seed as augment_on's value; which fields are booleans (which
+    # need no value) is known once ml_collections has loaded the config, while parsing: so checked after it,
+    # and before its own refusal ("invalid literal for int(): '--debug'") is shown.
+    missing = functools.partial(missing_value, given, lambda name: name in fv and fv[name].boolean)
     with warnings.catch_warnings():
         # ml_collections loads the config file with importlib's deprecated load_module(): not ours to fix.
         warnings.filterwarnings("ignore", message="the load_module", category=DeprecationWarning)
-        fv(list(argv))
+        try:
+            fv(list(argv))
+        except Exception:
+            if missing():
+                raise ValueError(missing()) from None
+            raise
+    if missing():
+        raise ValueError(missing())
     for (
         name,
         value,

@@ -13,7 +13,7 @@ import difflib
 import itertools
 import re
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
 from octo_dist.apps.finetune.configfile import PACKAGED_CONFIGS, packaged_configs
 
@@ -126,6 +126,39 @@ def unknown_field(argv: Sequence[str], fields: Optional[Dict[str, set]] = None) 
         return f"unknown config field {field}" + (
             f", did you mean --config.{close[0]}?" if close else ""
         )
+    return None
+
+
+def _is_flag(arg: str) -> bool:
+    """``--config.seed=1`` and ``-h`` are flags; ``-1`` and ``-0.5`` are values (a negative number)."""
+    try:
+        float(arg)
+    except ValueError:
+        return arg.startswith("-") and arg != "-"
+    return False
+
+
+def missing_value(
+    argv: Sequence[str], is_boolean: Callable[[str], bool] = lambda name: False
+) -> Optional[str]:
+    """A ``--config.FIELD`` given without ``=`` whose next argument is another flag (or nothing): absl and
+    ml_collections take that flag as the value, so ``--config.augment_on --config.seed=1`` set augment_on to
+    "--config.seed=1" and lost the seed. A boolean field (``is_boolean("config.FIELD")``) needs no value.
+
+    ``["prog", "--config.augment_on", "--debug"]`` -> "--config.augment_on without a value (the next argument,
+    --debug, is a flag, not its value); give it as --config.augment_on=VALUE".
+    """
+    for i, arg in enumerate(argv[1:], 1):
+        if not arg.startswith("--config.") or "=" in arg or is_boolean(arg[2:]):
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if following is None:
+            return f"{arg} without a value (nothing follows it); give it as {arg}=VALUE"
+        if _is_flag(following):
+            return (
+                f"{arg} without a value (the next argument, {following}, is a flag, not its value); "
+                f"give it as {arg}=VALUE"
+            )
     return None
 
 

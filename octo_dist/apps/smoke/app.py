@@ -38,6 +38,21 @@ MAX_GLOBAL_BATCH = 65536
 MAX_STEP_TIME_S = 60.0
 
 
+class _Once(argparse.Action):
+    """Stores a flag's one value: a second, different value (``--steps 3 --steps 5``) is refused, as ``octo-dist
+    launch`` refuses its own, where argparse would keep the last without a word; the same value twice is one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "given." + self.dest, None)
+        if given is not None and given[1] != values:
+            parser.error(
+                f"{given[0]} {given[1]} and {option_string} {values} set the same flag twice; expected one "
+                f"value. Fix: keep one of them"
+            )
+        setattr(namespace, "given." + self.dest, (option_string, values))
+        setattr(namespace, self.dest, values)
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "smoke",
@@ -59,30 +74,35 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
         choices=MODELS,
         default="auto",
         help="auto: octo when importable, else tiny (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--steps",
         type=int,
         default=20,
         help="total optimizer steps; a resumed run does the rest (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--global-batch",
         type=int,
         default=8,
         help="examples per step over all ranks; must divide by the device count (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--seed",
         type=int,
         default=0,
         help="seed of the parameters, dropout and data (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--learning-rate",
         type=float,
         default=1e-3,
         help="Adam's learning rate (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--step-fn",
@@ -90,6 +110,7 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: shard_map (one flat all-reduce) over 2+ CPU devices, jit (XLA combines the all-reduces) "
         "on GPUs and on one device; or either by name (default: %(default)s)",
+        action=_Once,
     )
 
 
@@ -98,6 +119,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--save-dir",
         help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)",
+        action=_Once,
     )
     p.add_argument(
         "--save-every",
@@ -105,6 +127,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
         f"{DEFAULT_SAVE_EVERY} with --save-dir, so a killed job loses little)",
+        action=_Once,
     )
     p.add_argument(
         "--resume",
@@ -116,19 +139,25 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         choices=("online", "offline", "disabled"),
         default=None,
         help="wandb logging (default: $WANDB_MODE, else disabled: a smoke job needs no account)",
+        action=_Once,
     )
     p.add_argument(
-        "--wandb-project", default="octo-dist-smoke", help="wandb project (default: %(default)s)"
+        "--wandb-project",
+        default="octo-dist-smoke",
+        help="wandb project (default: %(default)s)",
+        action=_Once,
     )
     p.add_argument(
         "--compile-cache",
         help="persistent compilation cache directory, or off "
         "(default: $OCTO_DIST_COMPILE_CACHE, else on GPUs ~/.cache/octo-dist/compile-cache)",
+        action=_Once,
     )
     p.add_argument(
         "--record",
         help="rank 0 writes the run's losses, digests and input counts here as JSON "
         "(default: none)",
+        action=_Once,
     )
     p.add_argument(
         "--step-time",
@@ -136,6 +165,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="each step lasts at least this many seconds (the rest slept): a rehearsal of a long job's time "
         "limit, chain or lost node at its own pace, without its compute (default: %(default)s, full speed)",
+        action=_Once,
     )
     p.add_argument(
         "--check-equivalence",
@@ -149,12 +179,14 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"processes for --check-equivalence, and only with it: a plain smoke job runs as many "
         f"processes as its launcher starts (default: {DEFAULT_NP})",
+        action=_Once,
     )
     p.add_argument(
         "--tolerance",
         type=float,
         default=1e-5,
         help="largest relative loss difference --check-equivalence accepts (default: %(default)s)",
+        action=_Once,
     )
 
 
