@@ -170,13 +170,14 @@ def compile_ahead(
     seed,
     compile_step=True,
     augment=None,
+    resizes=False,
 ) -> Ahead:
     """Compile the parameters' init and the train step for one global batch of ``local_spec``'s shapes (this
     process's batch: ``jax.ShapeDtypeStruct`` or arrays), before any batch exists: nothing is computed, so it runs
     while the shuffle buffer fills. The optimizer is made from the parameters' shapes (``create_optimizer`` takes
     shapes), so the real parameters are made once, by the compiled init. ``augment``: the step's image
-    augmentation (``stepimages.step_augmenter``), or None; the model's shapes are its output's (frames shipped at
-    their stored size are initialised on, and trained at, the model's sizes)."""
+    augmentation (``stepimages.step_augmenter``), or None. ``resizes``: it resizes some cameras' frames (shipped at
+    their stored size): the model's shapes are then its output's, initialised on and trained at the model's sizes."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
     from octo.utils.train_utils import create_optimizer
@@ -195,8 +196,8 @@ def compile_ahead(
     )
     model_spec = global_spec
     if (
-        augment is not None
-    ):  # what the loss sees: the images at the model's sizes where the step resizes them
+        resizes
+    ):  # what the loss sees: the images at the model's sizes (traced only where the step resizes)
         model_spec = jax.tree_util.tree_map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharded),
             augment_module.output_spec(augment, global_spec),
@@ -383,9 +384,16 @@ def _make_model(
     # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera),
     # after resizing those it left at their stored size (source.device_sizes).
     augment = stepimages.step_augmenter(c, mesh.devices.flat[0].platform, source.device_sizes)
-    ahead = compile_ahead(
-        policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
-    )
+    step = dict(
+        augment=augment, resizes=bool(source.device_sizes)
+    )  # the same for both compilations
+
+    def compile_for(spec):
+        return compile_ahead(
+            policy, mesh, spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, **step
+        )
+
+    ahead = compile_for(batch_spec)
     startclock.done("compile")
 
     # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
@@ -397,9 +405,7 @@ def _make_model(
         log.warning(
             "the first batch differs from the shapes compiled for (%s); compiling again", differ
         )
-        ahead = compile_ahead(
-            policy, mesh, example, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
-        )
+        ahead = compile_for(example)
         startclock.done("compile")
     # The model is made and saved at its own sizes, whatever size the frames travel at (resized as the step does).
     example = augment_module.resize_on_host(
