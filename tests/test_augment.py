@@ -306,7 +306,7 @@ def smoke_config(tmp_path, **over) -> dict:
 
 def test_the_switch_is_decided_once_and_refused_with_the_other_problems(tmp_path, monkeypatch):
     from octo_dist.apps.finetune import config as fc
-    from octo_dist.apps.finetune.app import step_augmenter
+    from octo_dist.apps.finetune.stepimages import step_augmenter
 
     monkeypatch.chdir(tmp_path)
     reachable = lambda repo: None  # noqa: E731
@@ -491,7 +491,7 @@ STEP_PROGRAM = """
 import hashlib, json, re
 import jax, jax.numpy as jnp, numpy as np, optax
 from ml_collections import ConfigDict
-from octo_dist.apps.finetune import app
+from octo_dist.apps.finetune import stepimages
 from octo_dist.engine import parallel
 
 COLLECTIVE = re.compile(r"(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(-start)?\\(")
@@ -509,7 +509,7 @@ for on, name, step_fn in RUNS:
     config = ConfigDict({"augment_on": on, "frame_transform_kwargs": {"image_augment_kwargs": KWARGS}})
     devices = jax.devices()[:1] if name == "one" else jax.devices()
     eng = parallel.Engine(parallel.make_mesh(devices), loss, optax.sgd(0.0), step_fn=step_fn,
-                          augment=app.step_augmenter(config))
+                          augment=stepimages.step_augmenter(config))
     batch = eng.global_batch(given)
     state = eng.init_state(None, batch, params={"w": jnp.float32(1.0)})
     # what the step's loss sees: the engine's own function, compiled alone to read its HLO
@@ -587,7 +587,7 @@ def test_a_camera_the_dataset_never_fills_is_not_augmented_on_the_device():
     """The full config's wrist camera has no observation key (``image_obs_keys.wrist = None``): its images are all
     padding, which the fork does not augment; the device must not brighten them or spend a program on them."""
     pytest.importorskip("ml_collections")
-    from octo_dist.apps.finetune.app import augmented_cameras
+    from octo_dist.apps.finetune.stepimages import augmented_cameras
     from octo_dist.apps.finetune.configs import finetune_config
 
     c = finetune_config.get_config("full,image_conditioned").to_dict()

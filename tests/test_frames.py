@@ -323,7 +323,7 @@ def test_the_pipeline_decides_who_augments_as_the_step_does(said, platform, host
 
     from octo_dist.apps.finetune import config as fc
     from octo_dist.apps.finetune import pipeline
-    from octo_dist.apps.finetune.app import step_augmenter
+    from octo_dist.apps.finetune.stepimages import step_augmenter
 
     job = fc.for_platform(fc.FinetuneJob(FrozenConfigDict({**CONFIG, **said}), "frames"), platform)
     transform = pipeline.frame_transform(job.plain_config())

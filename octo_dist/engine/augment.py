@@ -301,6 +301,25 @@ def resize_batch(batch: Mapping, sizes: Mapping[str, Any], method: str = "lanczo
     return out
 
 
+def resize_on_host(batch: Mapping, sizes: Mapping[str, Any], method: str = "lanczos3") -> Any:
+    """A host batch (numpy leaves) resized as the step resizes it (:func:`resize_batch`), back as numpy: the
+    example the model's parameters are initialised on and saved with, at the model's sizes. ``batch`` itself
+    where ``sizes`` is empty (nothing to resize)."""
+    import numpy as np
+
+    if not sizes:
+        return batch
+    out = jax.jit(lambda b: resize_batch(b, sizes, method))(batch)
+    return jax.tree_util.tree_map(np.asarray, out)
+
+
+def output_spec(augmenter: Callable[[Mapping, jax.Array], Any], spec: Any) -> Any:
+    """The batch the step's loss sees for a batch of ``spec``'s shapes (``jax.ShapeDtypeStruct`` leaves):
+    ``augmenter``'s output shapes, traced, nothing computed. Frames shipped at 64x64 and resized to 256x256 by the
+    augmenter: ``image_primary`` ``(8, 2, 64, 64, 3)`` -> ``(8, 2, 256, 256, 3)``; shardings are not kept."""
+    return jax.eval_shape(augmenter, spec, jax.random.PRNGKey(0))
+
+
 # --- a batch: per-sample, per-camera keys; padding images left alone -----------------------------------------------
 
 

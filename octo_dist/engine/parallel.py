@@ -315,11 +315,12 @@ class Engine:
         (Weak types are not kept by ShapeDtypeStruct; a call's argument check ignores them, as a restored state's
         arrays already are strongly typed.)"""
         stop = jax.ShapeDtypeStruct((self.mesh.devices.size,), jnp.int32, sharding=self.sharded)
-        self._compiled = self._step.lower(state, batch, stop).compile()
         if self._augment_step is not None:
-            self._augment_compiled = self._augment_step.lower(
-                batch, state.rng, state.step
-            ).compile()
+            augment = self._augment_step.lower(batch, state.rng, state.step)
+            self._augment_compiled = augment.compile()
+            # the step takes what the augmentation makes: other shapes where it resizes (64x64 frames -> 256x256)
+            batch = jax.eval_shape(self._augment_step, batch, state.rng, state.step)
+        self._compiled = self._step.lower(state, batch, stop).compile()
 
     @property
     def compiled(self) -> bool:

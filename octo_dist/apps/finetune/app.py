@@ -20,8 +20,10 @@ what several processes need:
   logging are the engine's and the job harness's (``octo_dist.apps.harness``);
 * on GPUs and TPUs the images are augmented on the device by a program of their own, run on a worker thread ahead
   of each step (``augment_on="auto"``, the default, or ``"device"``: the fork's ``image_augment_kwargs`` ops in JAX,
-  ``octo_dist.engine.augment``, ``Engine.prepare``); a camera the dataset never fills is skipped; ``"host"`` (what
-  ``"auto"`` means on the CPU) keeps the fork's tf.data augmentation;
+  ``octo_dist.engine.augment``, ``Engine.prepare``); a camera the dataset never fills is skipped; frames stored at
+  another size than the model's (the dataset's ``features.json``) leave the host as decoded and are resized in that
+  program first (the fork's lanczos3), while the model, its example batch and checkpoints keep the model's sizes;
+  ``"host"`` (what ``"auto"`` means on the CPU) keeps the fork's tf.data resize and augmentation;
 * at the end (or on a stop signal) the model is also saved with ``OctoModel.save_pretrained`` into the run
   directory, which ``OctoModel.load_pretrained`` and the fork's eval scripts read.
 
@@ -52,11 +54,11 @@ from octo_dist.apps.finetune import (
     config,
     modelconfig,
     pipeline,
+    stepimages,
     tfquiet,
     weights,
 )
 from octo_dist.problems import Problem
-from octo_dist.engine import stepfns
 from octo_dist.runtime import tracking
 
 log = logging.getLogger(__name__)
@@ -158,33 +160,6 @@ def shape_differences(spec, batch) -> str:
     return "; ".join(found)
 
 
-def step_augmenter(c: Mapping, platform: str = "gpu"):
-    """The train step's image augmentation for config ``c``: ``(batch, key) -> batch`` applying
-    ``frame_transform_kwargs.image_augment_kwargs`` per camera when ``c.augment_on`` is ``"device"``; None when it
-    is ``"host"`` (the data pipeline augmented the images: the step leaves them as they come). ``platform``: the
-    devices' (``"tpu"`` resamples the crop with matrix products, ``augment.resampling_for``)."""
-    where = config.augment_on(c)
-    if where not in stepfns.PLACED:  # "auto" is resolved on the rank first (config.for_platform)
-        raise ValueError(f"augment_on {where!r}; expected one of {stepfns.PLACED}")
-    if where != "device":
-        return None
-    from octo_dist.engine import augment
-
-    kwargs = (c.get("frame_transform_kwargs") or {}).get("image_augment_kwargs") or {}
-    return augment.batch_augmenter(
-        augmented_cameras(c, kwargs), resample=augment.resampling_for(platform)
-    )
-
-
-def augmented_cameras(c: Mapping, kwargs: Mapping) -> dict:
-    """``image_augment_kwargs`` without the cameras the dataset never fills: ``image_obs_keys = {"primary":
-    "image_0", "wrist": None}`` -> the wrist's images are all padding (zeros). The augmentation leaves padding images
-    as they are (pad mask false), as the fork's does, but it still computed every op on them and threw the result
-    away: 16 images of 128x128 a step at batch 8, window 2 (measured by bench/step_profile.py)."""
-    keys = (c.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
-    return {name: kw for name, kw in kwargs.items() if name not in keys or keys[name] is not None}
-
-
 def compile_ahead(
     policy,
     mesh,
@@ -195,16 +170,19 @@ def compile_ahead(
     seed,
     compile_step=True,
     augment=None,
+    resizes=False,
 ) -> Ahead:
     """Compile the parameters' init and the train step for one global batch of ``local_spec``'s shapes (this
     process's batch: ``jax.ShapeDtypeStruct`` or arrays), before any batch exists: nothing is computed, so it runs
     while the shuffle buffer fills. The optimizer is made from the parameters' shapes (``create_optimizer`` takes
     shapes), so the real parameters are made once, by the compiled init. ``augment``: the step's image
-    augmentation (:func:`step_augmenter`), or None."""
+    augmentation (``stepimages.step_augmenter``), or None. ``resizes``: it resizes some cameras' frames (shipped at
+    their stored size): the model's shapes are then its output's, initialised on and trained at the model's sizes."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
     from octo.utils.train_utils import create_optimizer
 
+    from octo_dist.engine import augment as augment_module
     from octo_dist.engine import parallel
     from octo_dist.runtime import startclock
 
@@ -216,14 +194,22 @@ def compile_ahead(
         ),
         local_spec,
     )
-    lowered = jax.jit(policy.init).lower(init_rng, global_spec)  # Octo's init traced once, for both
-    params_spec = output_shapes(lowered, lambda: jax.eval_shape(policy.init, init_rng, global_spec))
+    model_spec = global_spec
+    if (
+        resizes
+    ):  # what the loss sees: the images at the model's sizes (traced only where the step resizes)
+        model_spec = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharded),
+            augment_module.output_spec(augment, global_spec),
+        )
+    lowered = jax.jit(policy.init).lower(init_rng, model_spec)  # Octo's init traced once, for both
+    params_spec = output_shapes(lowered, lambda: jax.eval_shape(policy.init, init_rng, model_spec))
     # XLA compiles without Python's lock: the init's compilation in a thread, beside the step's (the larger).
     init = startclock.Background("init_compile", lowered.compile)
     tx, lr_schedule, _ = create_optimizer(params_spec, **optimizer_kwargs)
     engine = parallel.Engine(mesh, policy.loss, tx, step_fn=step_fn, augment=augment)
     if compile_step:
-        engine.compile(engine.abstract_state(policy, global_spec, seed, params_spec), global_spec)
+        engine.compile(engine.abstract_state(policy, model_spec, seed, params_spec), global_spec)
     return Ahead(init=init.result(), tx=tx, lr_schedule=lr_schedule, engine=engine)
 
 
@@ -254,7 +240,9 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     # The config read directly (c.batch_size), and as plain data where Octo, JSON and wandb take a dict.
     rt, c, plain = job.runtime, cfg.config, cfg.plain_config()
     local_batch = data.local_batch_size(c.batch_size, rt.process_count, rt.device_count)
-    _log_plan(rt, c, local_batch)
+    # which cameras' frames the host leaves at their stored size for the step to resize: decided once, here
+    resized = pipeline.resized_on_device(plain)
+    _log_plan(rt, c, local_batch, resized)
     pretrained_dir, model_config, text_processor = _model_config(c, plain)
     startclock.done("model_load")
 
@@ -266,6 +254,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         rt.process_index,
         rt.process_count,
         start_step=cfg.resume.start,
+        stored=resized,
     )
     startclock.done("dataset")
 
@@ -309,12 +298,11 @@ def _import_the_stack(environ: Mapping[str, str]) -> None:
     import octo_dist.policies.octo  # noqa: F401
 
 
-def _log_plan(rt, c, local_batch: int) -> None:
-    """One log line with what this run does: processes, weights, dataset, mode, batch and steps."""
+def _log_plan(rt, c, local_batch: int, resized: Mapping) -> None:
+    """One log line with what this run does: processes, weights, dataset, mode, images, batch and steps."""
     pretrained_path = c.get("pretrained_path") or None
     log.info(
-        "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s, images augmented on "
-        "the %s\n"
+        "Octo fine-tuning: %s\n  pretrained: %s\n  dataset: %s in %s\n  mode: %s, modality: %s, images %s\n"
         "  global batch %d = %d per process x %d processes (%d devices), %d steps",
         rt.describe(),
         pretrained_path or "none (model_config)",
@@ -322,7 +310,7 @@ def _log_plan(rt, c, local_batch: int) -> None:
         c.dataset_kwargs.data_dir,
         c.get("finetuning_mode", "full"),
         c.get("modality"),
-        c.augment_on,
+        stepimages.images_plan(c.augment_on, resized),
         c.batch_size,
         local_batch,
         rt.process_count,
@@ -373,6 +361,7 @@ def _make_model(
     import jax
     import numpy as np
 
+    from octo_dist.engine import augment as augment_module
     from octo_dist.engine import parallel
     from octo_dist.policies import gather
     from octo_dist.policies import octo
@@ -392,11 +381,19 @@ def _make_model(
     )
     batch_spec = source.batch_spec()
     startclock.done("dataset")
-    # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera).
-    augment = step_augmenter(c, mesh.devices.flat[0].platform)
-    ahead = compile_ahead(
-        policy, mesh, batch_spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
-    )
+    # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera),
+    # after resizing those it left at their stored size (source.device_sizes).
+    augment = stepimages.step_augmenter(c, mesh.devices.flat[0].platform, source.device_sizes)
+    step = dict(
+        augment=augment, resizes=bool(source.device_sizes)
+    )  # the same for both compilations
+
+    def compile_for(spec):
+        return compile_ahead(
+            policy, mesh, spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, **step
+        )
+
+    ahead = compile_for(batch_spec)
     startclock.done("compile")
 
     # --- model: fresh parameters on the global example batch, pretrained ones carried over ---------------------------
@@ -408,10 +405,12 @@ def _make_model(
         log.warning(
             "the first batch differs from the shapes compiled for (%s); compiling again", differ
         )
-        ahead = compile_ahead(
-            policy, mesh, example, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, augment=augment
-        )
+        ahead = compile_for(example)
         startclock.done("compile")
+    # The model is made and saved at its own sizes, whatever size the frames travel at (resized as the step does).
+    example = augment_module.resize_on_host(
+        example, source.device_sizes, c.get("resize_method") or "lanczos3"
+    )
     global_example = gather.for_from_config(example, mesh)
     params = ahead.init(init_rng, global_example)
     if pretrained is not None:

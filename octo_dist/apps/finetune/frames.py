@@ -11,7 +11,8 @@ The same output as Octo's ``apply_frame_transforms`` (``octo/data/dataset.py``: 
 - a padding image (an absent camera: ``image_obs_keys={"wrist": None}``, a deleted goal image) is made at the
   target size, not made and then resized;
 - with ``augment_on = "device"`` (a top-level config field; default ``"host"``) the host only decodes: the train
-  step augments the batch (:mod:`octo_dist.engine.augment`);
+  step augments the batch (:mod:`octo_dist.engine.augment`), and resizes the cameras whose frames are stored at
+  another size than the model's (:func:`device_resized`: the host leaves them at their stored size);
 - ``resize_method = "bilinear"`` (top-level config field; default ``"lanczos3"``, the fork's) where a resize
   remains: about 3x cheaper per image, slightly softer.
 
@@ -270,6 +271,12 @@ class FrameTransforms:
             )
         return image if size is None else self._resized(image, size)
 
+    @property
+    def device_sizes(self) -> dict:
+        """Camera -> the model's size, for the cameras whose frames leave the host at their stored size (the step
+        resizes them: ``augment.batch_augmenter(sizes=...)``); ``{}`` where the host resizes every camera."""
+        return {name: self.size_of(name) for name in self.stored_size if self.size_of(name)}
+
     def shipped_size(self, name: str) -> Optional[Tuple[int, int]]:
         """The size camera ``name``'s images leave the host at: its stored size (divided by its decode ratio,
         rounded up as libjpeg rounds) when the device resizes it, else its target size."""
@@ -373,6 +380,36 @@ class FrameTransforms:
         return dataset.map(
             self.frame, num_parallel_calls=tf.data.AUTOTUNE if calls is None else calls
         )
+
+
+def device_resized(config: Mapping, stored: Mapping[str, Tuple[int, int]]) -> dict:
+    """Camera -> the size its frames are stored at, for the cameras the train step resizes to the model's size.
+
+    ``stored``: camera -> (height, width) from the dataset's features.json (:func:`stored_camera_sizes`). A camera
+    is resized on the device where the device augments (``config["augment_on"] == "device"``, resolved), the config
+    gives it a model size (``resize_size``) and its stored size differs from it; the frame transforms are this
+    module's (:func:`unsupported` is empty). Any other camera is left out: the host resizes it as before, or,
+    stored at the model's size, nothing resizes it at all. ``{"primary": (256, 256), "wrist": (256, 256)}`` with
+    resize sizes 256x256 and 128x128 -> ``{"wrist": (256, 256)}``."""
+    if config.get("augment_on") != "device":
+        return {}
+    if unsupported(config.get("frame_transform_kwargs") or {}):
+        return {}  # the fork's apply_frame_transforms resizes on the host
+    sizes = FrameTransforms.for_sizes(config)
+    out = {}
+    for name, size in stored.items():
+        size = (int(size[0]), int(size[1]))
+        if sizes.size_of(name) not in (None, size):
+            out[name] = size
+    return out
+
+
+def stored_camera_sizes(config: Mapping, by_feature: Mapping[str, Tuple[int, int]]) -> dict:
+    """Camera -> its frames' stored size, from features.json's sizes by feature (``{"image_0": (256, 256)}``) and
+    the config's ``dataset_kwargs.image_obs_keys`` (``{"primary": "image_0", "wrist": None}`` -> ``{"primary":
+    (256, 256)}``); a camera without a feature, or whose feature has no fixed size, is left out."""
+    keys = (config.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
+    return {name: tuple(by_feature[f]) for name, f in keys.items() if f in by_feature}
 
 
 def decode_ratio_for(stored: Tuple[int, int], size: Tuple[int, int]) -> int:

@@ -48,11 +48,46 @@ def octo_trajectories(plain_config: Mapping):
     return dataset
 
 
-def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = None) -> Callable:
+def stored_sizes(plain_config: Mapping) -> dict:
+    """Camera -> (height, width) its frames are stored at, from the dataset's ``features.json``
+    (``<data_dir>/<name>/<version>/``, as tensorflow_datasets reads it): ``{"primary": (256, 256)}``. ``{}`` where
+    that file cannot be read here (a ``gs://`` data_dir, a dataset the checks have not seen): the host then
+    resizes, as the fork does."""
+    from octo_dist.apps.finetune import convertframes
+    from octo_dist.problems import Problem
+
+    kwargs = plain_config.get("dataset_kwargs") or {}
+    data_dir, name = str(kwargs.get("data_dir") or ""), str(kwargs.get("name") or "")
+    if not data_dir or "://" in data_dir:
+        return {}
+    try:
+        version_dir = convertframes.dataset_version_dir(data_dir, name, "")
+        by_feature = convertframes.stored_image_sizes(version_dir)
+    except (Problem, OSError, ValueError) as e:
+        log.info("frames resized on the host: their stored sizes are not readable (%s)", e)
+        return {}
+    return frames.stored_camera_sizes(plain_config, by_feature)
+
+
+def resized_on_device(plain_config: Mapping) -> dict:
+    """Camera -> the size its frames are stored at, for the cameras the train step resizes
+    (:func:`frames.device_resized` of :func:`stored_sizes`): the host decodes them and leaves the resize to the
+    device. ``plain_config``'s ``augment_on`` resolved for the rank (``config.for_platform``)."""
+    if config.augment_on(plain_config) != "device":
+        return {}  # read no file where the host resizes anyway
+    return frames.device_resized(plain_config, stored_sizes(plain_config))
+
+
+def frame_transform(
+    plain_config: Mapping,
+    element_spec: Optional[Mapping] = None,
+    stored: Optional[Mapping] = None,
+) -> Callable:
     """The frame transforms for a config: a dataset of frames -> the same frames decoded, resized and augmented.
 
     octo-dist's own (:class:`frames.FrameTransforms`: the fork's pixels without the resizes that change nothing;
-    no augmentation with ``augment_on = "device"``) wherever they do what the config asks; else the fork's
+    no augmentation with ``augment_on = "device"``, and the cameras of ``stored`` (:func:`resized_on_device`)
+    left at their stored size for the step to resize) wherever they do what the config asks; else the fork's
     ``apply_frame_transforms`` (depth images, image dropout), without its augmentation when the step augments.
     """
     # Decided once, as the train step decides it (config.for_platform resolved "auto" on this rank): the host must
@@ -67,7 +102,7 @@ def frame_transform(plain_config: Mapping, element_spec: Optional[Mapping] = Non
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
     missing = frames.unsupported(kwargs, element_spec)
     if not missing:
-        return frames.FrameTransforms.from_config(plain_config)
+        return frames.FrameTransforms.from_config(plain_config, stored_size=dict(stored or {}))
     from octo.data.dataset import apply_frame_transforms
 
     log.info("frame transforms: the fork's apply_frame_transforms (for %s)", ", ".join(missing))
@@ -109,7 +144,9 @@ class OctoData:
       build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
         config). ``transform``: the frame transforms, over a dataset of frames (default: :func:`frame_transform` for
         the config: octo-dist's, or the fork's for what they do not do). ``process``: one batch -> what the
-        model reads (default: Octo's ``process_batch``).
+        model reads (default: Octo's ``process_batch``). ``stored``: camera -> the size its frames are stored at, for
+        the cameras the step resizes (:func:`resized_on_device`, decided once for the plan and the step); the
+        default transforms leave those frames at that size (``device_sizes`` then names the model's sizes).
     """
 
     def __init__(
@@ -123,6 +160,7 @@ class OctoData:
         build=None,
         process=None,
         transform=None,
+        stored: Optional[Mapping] = None,
     ):
         from octo_dist.runtime import startclock
 
@@ -132,7 +170,6 @@ class OctoData:
         self.process_index = process_index
         self.builds = 0  # how many times the pipeline was built on this rank (tests, logs)
         self._build_fn = build or self._make_trajectories
-        self._transform = transform or self._frame_transforms
         self._process = process or functools.partial(process_batch, text_processor=text_processor)
         # Octo computes the action/proprio statistics on first use and caches them beside the data (or in
         # ~/.cache/octo): rank 0 builds first, then the rest read the cache instead of N ranks writing one file.
@@ -149,6 +186,12 @@ class OctoData:
         )
         self.dataset_statistics = dataset.dataset_statistics
         self._frames = self._flattened(dataset)  # examples in file order (batch_spec reads one)
+        self._transform = transform or frame_transform(
+            self.config.plain_config(), self._frames.element_spec, stored
+        )
+        # camera -> the model's size, for the cameras whose frames leave the host at their stored size: the step
+        # resizes them (stepimages.step_augmenter), and the model's shapes are the resized ones (app.compile_ahead).
+        self.device_sizes = dict(getattr(self._transform, "device_sizes", None) or {})
         self._pipeline = self._pipeline_of(dataset, start_step)
         self._stream = self._batches_of(self._pipeline)
         # Training's first batch, kept for the parameters' initialisation; made beside the model's load and
@@ -162,7 +205,9 @@ class OctoData:
 
     def batch_spec(self) -> dict:
         """This process's batch as ``jax.ShapeDtypeStruct`` leaves, known before the first batch is: tf.data's
-        element spec, through ``process`` (on a batch of zeros and empty strings). Where tf.data does not know a
+        element spec, through ``process`` (on a batch of zeros and empty strings). The batch as it leaves the host:
+        the cameras of ``device_sizes`` at their stored size (the model's shapes are the step's resize of it,
+        ``augment.output_spec``). Where tf.data does not know a
         dimension (decoded images' channels: ``(1, 256, 256, None)``), from one example read ahead of the shuffle
         buffer (one trajectory decoded)."""
         import jax
@@ -190,10 +235,6 @@ class OctoData:
 
     def _make_trajectories(self):
         return octo_trajectories(self.config.plain_config())
-
-    def _frame_transforms(self, frames_dataset):
-        transform = frame_transform(self.config.plain_config(), frames_dataset.element_spec)
-        return transform(frames_dataset)
 
     @staticmethod
     def _flattened(dataset):
