@@ -230,7 +230,15 @@ def test_no_function_in_jobs_or_apps_is_longer_than_80_lines():
 
 # Folders where every function already fits one screen: they stay so. The rest of the package follows as its long
 # functions are split (in jobs/ and apps/ the limit is 80 until then).
-ONE_SCREEN_FOLDERS = ("envcheck", "launchers", "policies", "runtime", "stack", "apps/validate")
+ONE_SCREEN_FOLDERS = (
+    "engine",
+    "envcheck",
+    "launchers",
+    "policies",
+    "runtime",
+    "stack",
+    "apps/validate",
+)
 MAX_ONE_SCREEN_FUNCTION_LINES = 60
 
 

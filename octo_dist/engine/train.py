@@ -99,50 +99,27 @@ def fit(
     from octo_dist.runtime import stopping
     from octo_dist.engine import parallel
 
-    rank = jax.process_index()
     fingerprint = dict(fingerprint or {})
     decision, claim, ckpt = _open_save_dir(cfg)
     owned = stop is None
     stop = stop or stopping.StopSignal()
     try:
         start = decision.start
-        if decision.directory and decision.step is None:
-            log.info("no checkpoint in %s yet; starting at step 0", decision.directory)
         eng = engine or parallel.Engine(
             parallel.make_mesh(), policy.loss, optimizer, step_fn=cfg.step_fn
         )
-        batches = data.batches(start)
-        # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
-        first = eng.global_batch(next(batches))
-        startclock.done("dataset")
-        state = _first_state(eng, policy, first, cfg, params, ckpt, decision.step, fingerprint)
-        _check_room(cfg, ckpt, state, start)
-        startclock.done("parameters")
-        if not eng.compiled:
-            # Compiled here, on this thread, for the state and batch in hand (a job that knew the shapes earlier,
-            # the fine-tune, compiled it beside its data loading). A compiler thread beside the parameters'
-            # initialisation saved a smoke run nothing measurable (16.5 vs 16.4 CPU-s, the same wall time): the
-            # tracing on both threads shares one Python lock. Kept simple here.
-            eng.compile(state, first)
-            startclock.done("compile")
-
+        state, first, batches = _ready(eng, policy, data, cfg, params, ckpt, decision, fingerprint)
         bar = ranklog.progress(
-            range(start, cfg.steps), rank, initial=start, total=cfg.steps, desc="train"
+            range(start, cfg.steps),
+            jax.process_index(),
+            initial=start,
+            total=cfg.steps,
+            desc="train",
         )
         reader = _MetricsReader(cfg, bar, tracker, on_step)
+        run = _Run(eng, ckpt, cfg, stop, reader, fingerprint)
         state, done, stopped_by = _train_steps(
-            eng,
-            state,
-            first,
-            batches,
-            bar,
-            reader,
-            ckpt,
-            cfg,
-            stop,
-            start,
-            decision.step,
-            fingerprint,
+            run, state, first, batches, bar, start, decision.step
         )
         return FitResult(
             start_step=start,
@@ -173,7 +150,29 @@ def _open_save_dir(cfg: TrainConfig):
     except BaseException:
         claim.release()
         raise
+    if decision.directory and decision.step is None:
+        log.info("no checkpoint in %s yet; starting at step 0", decision.directory)
     return decision, claim, ckpt
+
+
+def _ready(eng, policy, data, cfg: TrainConfig, params, ckpt, decision, fingerprint):
+    """Start-up's last parts, each timed: the dataset's first global batch, the parameters (fresh or restored,
+    the disk's room checked for them), the step compiled. ``(state, first batch, the batches after it)``."""
+    batches = data.batches(decision.start)
+    # The first training batch is also the example the state is built (or the checkpoint template shaped) from.
+    first = eng.global_batch(next(batches))
+    startclock.done("dataset")
+    state = _first_state(eng, policy, first, cfg, params, ckpt, decision.step, fingerprint)
+    _check_room(cfg, ckpt, state, decision.start)
+    startclock.done("parameters")
+    if not eng.compiled:
+        # Compiled here, on this thread, for the state and batch in hand (a job that knew the shapes earlier,
+        # the fine-tune, compiled it beside its data loading). A compiler thread beside the parameters'
+        # initialisation saved a smoke run nothing measurable (16.5 vs 16.4 CPU-s, the same wall time): the
+        # tracing on both threads shares one Python lock. Kept simple here.
+        eng.compile(state, first)
+        startclock.done("compile")
+    return state, first, batches
 
 
 def _first_state(eng, policy, first, cfg: TrainConfig, params, ckpt, resume_from, fingerprint):
@@ -282,29 +281,31 @@ class _Ahead:
         self.pool.shutdown(wait=True)
 
 
-def _train_steps(
-    eng,
-    state,
-    first,
-    batches,
-    bar,
-    read,
-    ckpt,
-    cfg: TrainConfig,
-    stop,
-    start,
-    last_saved,
-    fingerprint,
-):
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What every step of a run uses besides the state: its engine, checkpoints, settings, stop signal, metrics
+    reader, and the fingerprint each checkpoint carries."""
+
+    eng: Any
+    ckpt: Any
+    cfg: TrainConfig
+    stop: Any
+    read: _MetricsReader
+    fingerprint: dict
+
+    def save(self, step: int, state) -> None:
+        self.ckpt.save(step, state, {"data_position": step, "fingerprint": self.fingerprint})
+
+
+def _train_steps(run: _Run, state, first, batches, bar, start: int, last_saved: Optional[int]):
     """The steps from ``start``, checkpointed every ``cfg.save_every`` and at the end (or on an agreed stop
     signal): ``(state, the step reached, the stop signal's name or None)``."""
     # The device never waits for the host: step k is dispatched, and while it runs a worker thread makes global
     # batch k+1 (reading, stacking, starting its transfer, augmenting it on the device); only then are step
     # k-1's metrics read, whose values are long computed. The arithmetic is the same as reading every step at once; a
     # stop signal agreed in step k-1 ends the run after step k (every rank dispatched it), checkpointed there.
-    stopped_by = None
-    done = start
-    ahead = _Ahead(eng, state, batches, read.input_s)
+    cfg, stopped_by, done = run.cfg, None, start
+    ahead = _Ahead(run.eng, state, batches, run.read.input_s)
     # on the worker too: the main thread's programs are the steps alone (bench/step_profile.py counts on it)
     upcoming = ahead.submit(start, first).result()
     unread = None  # (step, metrics) dispatched but not read yet
@@ -314,33 +315,42 @@ def _train_steps(
             # a CPU the step's call returns only when it is computed (jax < 0.4.31), so made after it, the batch's
             # host work and augmentation would add to every step.
             coming = ahead.submit(step + 1) if step + 1 < cfg.steps else None
-            state, metrics = eng.step(state, upcoming, stop.pending, prepared=True)
+            state, metrics = run.eng.step(state, upcoming, run.stop.pending, prepared=True)
             done = step + 1
             upcoming = coming.result() if coming is not None else None
-            agreed_signal = read(*unread) if unread is not None else 0
+            agreed_signal = run.read(*unread) if unread is not None else 0
             unread = (step, metrics)
             if upcoming is None:
                 # The last step: read now, inside the bar's last iteration, so the bar ends on the run's last loss.
-                agreed_signal = read(*unread) or agreed_signal
+                agreed_signal = run.read(*unread) or agreed_signal
                 unread = None
             if agreed_signal:
-                stopped_by = stop.name(agreed_signal)
+                stopped_by = run.stop.name(agreed_signal)
                 break
             if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-                ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
+                run.save(done, state)
                 last_saved = done
     finally:
         ahead.close()
+    stopped_by = _finish(run, state, done, unread, stopped_by, last_saved)
+    return state, done, stopped_by
+
+
+def _finish(
+    run: _Run, state, done: int, unread, stopped_by: Optional[str], last_saved
+) -> Optional[str]:
+    """The run's end: the last dispatched step's metrics read (a stop signal agreed there counts), the last
+    checkpoint written unless step ``done`` has one; the stop signal's name or None."""
     if unread is not None:
-        agreed_signal = read(*unread)
+        agreed_signal = run.read(*unread)
         if agreed_signal and stopped_by is None:
-            stopped_by = stop.name(agreed_signal)
+            stopped_by = run.stop.name(agreed_signal)
     if stopped_by is not None:
         log.warning(
             "stopping after step %d on %s: saving a checkpoint, then exiting 0",
             done,
             stopped_by,
         )
-    if cfg.save_dir and last_saved != done:
-        ckpt.save(done, state, {"data_position": done, "fingerprint": fingerprint})
-    return state, done, stopped_by
+    if run.cfg.save_dir and last_saved != done:
+        run.save(done, state)
+    return stopped_by

@@ -39,6 +39,15 @@ def _major(version: str) -> Optional[int]:
 def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
     """Each fact of a probe report (``facts``: name -> fact, see apps/probe/facts.py) that contradicts what
     ``launch`` assumes, as ``{"fact", "found", "expected", "fix", "applies"}``; an absent fact contradicts nothing."""
+    return (
+        _node_differences(facts, nodes)
+        + _job_differences(facts, nodes)
+        + _software_differences(facts)
+    )
+
+
+def _node_differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
+    """The node's hardware as the job sees it: the driver, GPU isolation, the InfiniBand devices."""
     out = []
     gpu = facts.get("gpus", {})
     cuda = _major(str(gpu.get("cuda", "")))
@@ -74,6 +83,12 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
                 MULTI_NODE,
             )
         )
+    return out
+
+
+def _job_differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
+    """How PBS runs and stops the job: the kill delay, the nodes' placement, how mpirun starts remote ranks."""
+    out = []
     delay = facts.get("kill_delay", {})
     if "seconds" in delay and delay["seconds"] < MIN_KILL_DELAY_S:
         out.append(
@@ -110,11 +125,11 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
                 MULTI_NODE,
             )
         )
-    out += _software_differences(facts)
     return out
 
 
 def _software_differences(facts: Mapping[str, Mapping]) -> List[dict]:
+    """The software around the image: SingularityCE on both sides, check-env and validate inside, the network."""
     out = []
     login, compute = facts.get("singularity_login", {}), facts.get("singularity_compute", {})
     if "version" in login and "version" in compute:
