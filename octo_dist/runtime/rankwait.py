@@ -17,7 +17,8 @@ The overall limit is ``OCTO_DIST_RANK0_WAIT_TIMEOUT`` seconds. In a job octo-dis
 from the job's settings: its wall time less the stop margin ("42900" for 12:00:00 and 300 s), as long as the job may
 train (``octo_dist.jobs.settings.rank0_wait_s``). Run by hand (a bare ``mpirun``), it defaults to 7200 (2 hours): a
 statistics pass reads every trajectory once, minutes on a large dataset, far short of that, and a hung rank 0 then
-holds the nodes no longer. A rank 0 that dies takes the coordination service with it: the waiting ranks stop then, saying so.
+holds the nodes no longer. A rank 0 that dies takes the coordination service with it: the waiting ranks stop then,
+saying so.
 
 Only ``key_value_set`` and ``blocking_key_value_get(key, timeout_in_ms)`` of the coordination client are used: both
 exist, alike, in jax 0.4.20 and 0.4.22 (``jax._src.distributed.global_state.client``; JAX has no public name for it).
