@@ -8,7 +8,8 @@ per host and ``shell_start_mode unix_behavior`` (the script's ``#!/bin/bash`` is
 ``mpi`` with ``control_slaves TRUE`` (Open MPI starts the other nodes' ranks through ``qrsh -inherit``) and a fixed
 ``allocation_rule``. Jobs run as root: ``min_uid``/``min_gid`` 0 in the global configuration.
 
-Nothing is written outside the state directory, and every daemon runs inside the cluster's namespaces, so the
+Nothing is written outside the state directory but the jobs' ``TMPDIR`` (one base per node in the instance's
+``sim.SPOOL``), and every daemon runs inside the cluster's namespaces, so the
 cluster's own teardown (``sim.Cluster.down()``, which kills every process in its namespaces, also those of a crashed
 earlier run) ends them; ``down()`` asks them to stop first. The site's default request file (``common/sge_request``)
 passes what a site's Open MPI module would set: root may run mpirun (``OMPI_ALLOW_RUN_AS_ROOT``), and the venv's
@@ -67,6 +68,9 @@ class GridEngine:
         self.cell = self.root / CELL
         self.spool = self.root / "spool"
         self.master = cluster.nodes[0]
+        # Under it each node's own base for its jobs' TMPDIR (the queue's tmpdir): in this instance's spool, which
+        # every set-up and teardown removes, with a path short enough for Open MPI's sockets under TMPDIR.
+        self.tmp = sim.SPOOL / "sge-tmp"
 
     # ---- environment ------------------------------------------------------------------------------------------
 
@@ -149,6 +153,8 @@ class GridEngine:
             if not link.exists():
                 link.symlink_to(DEBIAN_ROOT / name)
         self.spool.mkdir(exist_ok=True)
+        for node in self.cluster.nodes:
+            (self.tmp / node).mkdir(parents=True, exist_ok=True)
         (self.spool / "execd").mkdir(exist_ok=True)
         (self.spool / "qmaster").mkdir(exist_ok=True)
         (common / "bootstrap").write_text(
@@ -293,6 +299,14 @@ class GridEngine:
             "shell": "/bin/bash",
             "shell_start_mode": "unix_behavior",
             "notify": "00:00:30",
+            # Each node's own base for its jobs' TMPDIR ("[node002=/var/spool/octosim-spool/sge-tmp/node002]"), as
+            # on nodes with a disk each: in the machine's /tmp, which the nodes share, node002's execd removed the
+            # job's "/tmp/1.1.all.q" once the job's last task there ended (the preflight's ranks), and with it the
+            # session directory of the training's mpirun on node001; a cluster of another instance numbers its jobs
+            # from 1 too.
+            "tmpdir": ",".join(
+                [str(self.tmp), *(f"[{n}={self.tmp / n}]" for n in self.cluster.nodes)]
+            ),
             # The machine is shared and busy: a load threshold would put the queue in alarm state (no jobs).
             "load_thresholds": "NONE",
         }
