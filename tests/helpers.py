@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
@@ -372,19 +372,80 @@ def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = (
     return work / "job.sh"
 
 
-def chain_running(status, first: str, checkpoint: Path, wait_s: float, tail) -> tuple:
+def chain_running(status, first: str, checkpoint: Path, watch: Sequence[Path], tail) -> tuple:
     """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
-    ``first``, runs and has written ``checkpoint``: the two rows under its heading. ``wait_s`` only ends a chain
-    that never gets there, the test failing with ``tail()`` (its job's log)."""
-    deadline = time.monotonic() + wait_s
-    while True:
+    ``first``, runs and has written ``checkpoint``: the two rows under its heading. Only a chain that changes
+    nothing under ``watch`` (its submit directory, its logs) for HANG_S ends the wait (``wait_until``), the test
+    failing with ``tail()`` (its job's log)."""
+    seen = {}
+
+    def running():
         res = status()
         assert res.returncode == 0, res.stdout + res.stderr
         rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
-        if rows.get(first) == "running" and checkpoint.is_dir():
-            return res.stdout, rows
-        assert time.monotonic() < deadline, res.stdout + tail()
-        time.sleep(2)
+        seen["out"] = res.stdout
+        return (res.stdout, rows) if rows.get(first) == "running" and checkpoint.is_dir() else None
+
+    return wait_until(
+        running,
+        watch=watch,
+        what=f"job {first} running with {checkpoint.name}",
+        tail=lambda: seen.get("out", "") + tail(),
+        poll_s=2,
+    )
+
+
+def tree_state(paths: Sequence[Path]) -> int:
+    """One number that changes when anything under ``paths`` does: a file added, removed, grown or rewritten."""
+    names = []
+    for top in paths:
+        names.append(str(top))
+        # os.walk passes over a directory renamed or removed while it lists (orbax renames its tmp directories)
+        for where, dirs, files in os.walk(top):
+            names += [os.path.join(where, n) for n in dirs + files]
+    state = []
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:  # not there yet, or removed since it was listed
+            continue
+        state.append((name, st.st_size, st.st_mtime_ns))
+    return hash(tuple(sorted(state)))
+
+
+def wait_until(
+    ready: Callable[[], object],
+    *,
+    watch: Sequence[Path] = (),
+    what: str,
+    tail: Callable[[], str] = lambda: "",
+    on_hang: Callable[[], None] = lambda: None,
+    poll_s: float = 1.0,
+):
+    """``ready()``'s first truthy value, asked every ``poll_s`` seconds.
+
+    Not a budget a job must meet on a loaded machine: a job slowed down (its JAX start-up and compilation take
+    minutes at a load of 15 to 33 on 2 cores) keeps writing its logs, record and checkpoints under ``watch``, and is
+    waited for. The wait fails only when ``ready()`` is still falsy and nothing under ``watch`` has changed for HANG_S
+    (without ``watch``, HANG_S after the start): a hung job, ended by ``on_hang()`` (a qdel, a kill), the test failing
+    with what it waited for and ``tail()``."""
+    state, since, t0 = None, time.monotonic(), time.monotonic()
+    while True:
+        value = ready()
+        if value:
+            return value
+        now = tree_state(watch) if watch else None
+        if now != state:
+            state, since = now, time.monotonic()
+        if time.monotonic() - since > HANG_S:
+            on_hang()
+            import pytest
+
+            pytest.fail(
+                f"waited {time.monotonic() - t0:.0f} s for {what}; nothing under {[str(w) for w in watch]} "
+                f"changed in the last {HANG_S} s (hung)\n{tail()}"
+            )
+        time.sleep(poll_s)
 
 
 class SubmittedJobs:

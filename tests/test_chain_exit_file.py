@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import clean_env
+from helpers import HANG_S, clean_env
 
 VENV = Path(sys.executable).parent
-SHORT_S = 120  # a job refused before its ranks start: seconds, given minutes on a loaded machine
 
 
 def render(work: Path, save_dir: Path) -> None:
@@ -55,7 +54,7 @@ def run_job(work: Path, job_id: str, after: str = "") -> subprocess.CompletedPro
         env=env,
         capture_output=True,
         text=True,
-        timeout=SHORT_S,
+        timeout=HANG_S,  # a job refused before its ranks start: seconds; HANG_S only ends a hang
         stdin=subprocess.DEVNULL,
     )
 

@@ -30,16 +30,20 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import HANG_S, REPO, clean_env
+from helpers import HANG_S, REPO, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STEPS = 10
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
-JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
-FAULT_DEADLINE_S = 60  # a lost node must end the job within this (measured from the fault)
-FAULT_GRACE_S = 30  # ... plus this much for a loaded machine, before the test gives up and kills it
+# A lost node: from the fault to the job's end (1-40 s measured here). What it takes: a rank noticing (a SIGKILLed
+# one at once, a stopped one after the rank guard's STOPPED_LIMIT checks, 20 s), the supervisor's FAILED_GRACE_S
+# (20 s) for mpirun to end by itself, its END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
+# the property, not a budget for the machine: a job still running at it holds its nodes until the wall time (or until
+# JAX's coordination service gives up, which names rank 0, not the lost rank). A constant, not read from the
+# runtime: a runtime whose grace grew must fail here.
+LOST_NODE_BOUND_S = 150
 # Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
@@ -233,15 +237,17 @@ def submit(
     return sim.Job(cluster, script, env, work, name).start()
 
 
-def finish(job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> int:
-    rc = job.wait(timeout)
-    if rc is None:
-        job.kill()
-        pytest.fail(
-            f"job {job.name} still running after {timeout:.0f} s (waited for it to exit)\n"
-            + tail(job)
-        )
-    return rc
+def finish(job: sim.Job) -> int:
+    """The job's exit status, however long a loaded machine makes it take (``wait_until``: a job that changes
+    nothing in its submit directory for HANG_S is hung, killed, and the test fails)."""
+    wait_until(
+        lambda: job.proc.poll() is not None,
+        watch=[job.cwd],
+        what=f"job {job.name} to exit",
+        tail=lambda: tail(job),
+        on_hang=job.kill,
+    )
+    return job.proc.returncode
 
 
 def tail(job: sim.Job, n: int = 4000) -> str:
@@ -293,19 +299,22 @@ def checkpoints(save_dir: Path) -> dict[str, str]:
     return out
 
 
-def wait_for(path: Path, job: sim.Job, timeout: float = JOB_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def wait_for(path: Path, job: sim.Job) -> None:
+    """Until ``path`` appears, however long a loaded machine makes it take (``wait_until``: only a job that changes
+    nothing for HANG_S is hung); a job that ends first fails the test."""
+
+    def there() -> bool:
+        if path.exists():
+            return True
         if job.proc.poll() is not None:
             pytest.fail(
                 f"job ended (exit {job.proc.returncode}) before {path.name} appeared\n" + tail(job)
             )
-        if time.monotonic() > deadline:
-            job.kill()
-            pytest.fail(
-                f"no {path} after {timeout:.0f} s (waited for the first checkpoint)\n" + tail(job)
-            )
-        time.sleep(0.5)
+        return False
+
+    wait_until(
+        there, watch=[job.cwd], what=str(path), tail=lambda: tail(job), on_hang=job.kill, poll_s=0.5
+    )
 
 
 # ---- the harness itself (no JAX: seconds) ------------------------------------------------------------------------
@@ -334,7 +343,7 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
         f"SINGULARITYENV_MARK=set singularity exec --bind {work}:/data {sif} bash /data/container.sh > container.txt\n"
     )
     job = sim.Job(cluster, work / "probe.sh", env, work, "probe").start()
-    assert finish(job, timeout=120) == 0, tail(job)
+    assert finish(job) == 0, tail(job)
     ranks = [
         dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split())
         for r in (0, 1)
@@ -401,7 +410,13 @@ def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
         started = time.monotonic()
         job_id = s.client("node001", ["sbatch", "--parsable", str(script)], env=env, cwd=str(work))
         job_id = job_id.stdout.strip()
-        final = s.wait_job(job_id, JOB_TIMEOUT_S)
+        final = wait_until(
+            lambda: (r := s.job(job_id)).get("JobState") in sim_slurm.ENDED and r,
+            watch=[work],
+            what=f"Slurm job {job_id} to end",
+            tail=lambda: s.logs(),
+            on_hang=lambda: s.client("node001", ["scancel", job_id], check=False),
+        )
         log = work / f"octo-dist-{job_id}.out"
         job = sim.Job(c, script, env, work, "slurm")
         job.out = log  # rank 0's stdout and the ranks' stderr: Slurm's one output file
@@ -533,7 +548,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
         sig = signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL
         assert kill_ranks(cluster, "node002", sig), "no rank processes found on node002"
     t0 = time.monotonic()
-    rc = job.wait(FAULT_DEADLINE_S + FAULT_GRACE_S)
+    rc = job.wait(LOST_NODE_BOUND_S)
     took = time.monotonic() - t0
     if rc is None:
         job.kill()
@@ -545,8 +560,10 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     assert "node002" in said or "rank 1 " in said, (
         f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
     )
-    if fault == "sigstop":  # a hung rank: named with its node, within a minute
-        assert "rank 1 on node002 hung" in said and took < 60, (took, tail(job))
+    if (
+        fault == "sigstop"
+    ):  # a hung rank: named with its node by its rank guard (JAX's own timeout names rank 0)
+        assert "rank 1 on node002 hung" in said, (took, tail(job))
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)
@@ -568,7 +585,7 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
         f"--wandb-mode disabled --record {work}/record.json\n"
     )
     job = sim.Job(cluster, work / "by-hand.sh", env, work, "by-hand").start()
-    assert finish(job, timeout=JOB_TIMEOUT_S) == 0, tail(job)
+    assert finish(job) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
     assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record
 
@@ -578,9 +595,6 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
 FT_STEPS = 4
 FT_SAVE_EVERY = 2
 FT_GLOBAL_BATCH = 8  # 2 per rank on 2 nodes x 2 ranks
-FT_TIMEOUT_S = (
-    1500  # 4 ranks importing TensorFlow and Octo, building tf.data and compiling Octo on 2 cores
-)
 
 
 @pytest.mark.octo
@@ -624,7 +638,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
         text=True,
         cwd=work,
         env=clean_env(),
-        timeout=600,
+        timeout=HANG_S,
     )
     assert data.returncode == 0, data.stderr[-3000:]
     script = render(
@@ -648,7 +662,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
         in script.read_text()
     )
     job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
-    assert finish(job, timeout=FT_TIMEOUT_S) == 0, tail(job)
+    assert finish(job) == 0, tail(job)
 
     # Rank 0's files in the run directory: <save dir>/<wandb project>/<name>.
     run_dir = work / "runs" / "ft" / "octo_finetune_smoke" / "cluster"
@@ -694,7 +708,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
         text=True,
         env=env,
         cwd=work,
-        timeout=600,
+        timeout=HANG_S,
     )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     model = json.loads(loaded.stdout.splitlines()[-1])

@@ -4,13 +4,11 @@ rest of the chain with qdel; from the record launch --submit left in the save di
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from helpers import chain_running
+from helpers import chain_running, wait_until
 from test_cluster_gridengine import (  # noqa: F401  (pytest fixtures, used by name)
-    JOB_TIMEOUT_S,
     LONG_STEP_TIME,
     LONG_STEPS,
     VENV,
@@ -38,7 +36,6 @@ def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, 
         lambda: jobs(ge, work),
         first,
         work / "runs" / "smoke" / "2",
-        JOB_TIMEOUT_S,
         lambda: log(work, first)[-4000:],
     )
     assert out.startswith("chain of 2 (sge, submitted "), out
@@ -51,10 +48,9 @@ def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, 
     assert cancel.returncode == 0, cancel.stderr
     assert cancel.stdout == f"cancelled {first}, {second} (qdel {first} {second})\n"
     ended(ge, work, first)
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while ge.job_state(second) is not None:
-        assert time.monotonic() < deadline, f"job {second} still queued after qdel"
-        time.sleep(1)
+    wait_until(
+        lambda: ge.job_state(second) is None, what=f"job {second} to leave the queue after qdel"
+    )
     assert (
         jobs(ge, work, "cancel").stdout
         == "nothing to cancel: no job of the chain is queued or running\n"

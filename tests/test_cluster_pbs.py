@@ -32,7 +32,7 @@ import pytest
 
 from cluster import pbs as sim_pbs
 from cluster import sim
-from helpers import SubmittedJobs
+from helpers import HANG_S, SubmittedJobs, wait_until
 
 pytestmark = [pytest.mark.cluster]
 
@@ -42,9 +42,6 @@ STEPS = 10
 SAVE_EVERY = 2
 LONG = 10**6  # steps of a run that only a stop ends
 LONG_STEP_TIME = 0.1  # such a run sleeps between steps: the tests beside it keep the cores
-JOB_TIMEOUT_S = 480  # a whole job (queueing, preflight, training) on a loaded 2-core machine
-END_TIMEOUT_S = 180  # qdel to the job's end: the kill delay and a loaded machine
-SHELL_JOB_TIMEOUT_S = 120  # a plain shell job of the imitation's own tests
 # Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank. OCTO_DIST_LOG_ALL_RANKS=1
 # makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
 SUBMIT_VARS = {
@@ -106,18 +103,20 @@ def qsub(p: sim_pbs.Pbs, work: Path, script: str, *options: str, env=()) -> str:
     return proc.stdout.strip()
 
 
-def ended(p: sim_pbs.Pbs, job_id: str, timeout: float = SHELL_JOB_TIMEOUT_S) -> dict:
-    record = p.wait_ended(job_id, timeout)
+def ended(p: sim_pbs.Pbs, job_id: str) -> dict:
+    """A plain shell job's final record (seconds of work; HANG_S only ends a hang)."""
+    record = p.wait_ended(job_id, HANG_S)
     assert record.get("job_state") == "F", (record, p.logs())
     return record
 
 
-def wait_file(path: Path, timeout: float = SHELL_JOB_TIMEOUT_S) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
-        time.sleep(0.2)
-    return path.read_text()
+def wait_file(path: Path) -> str:
+    """``path``'s text once its last line is written (HANG_S only ends a hang)."""
+    return wait_until(
+        lambda: path.exists() and path.read_text().endswith("\n") and path.read_text(),
+        what=f"{path}",
+        poll_s=0.2,
+    )
 
 
 def kill_all(pids) -> None:
@@ -283,17 +282,17 @@ class Submitted(SubmittedJobs):
             f"{self.pbs.logs(1500)}"
         )
 
-    def wait(self, i: int = 0, timeout: float = JOB_TIMEOUT_S) -> dict:
-        """The job's final record (``qstat -x -f``); fails the test if it has not ended by ``timeout``."""
-        t0 = time.monotonic()
-        record = self.pbs.wait_ended(self.ids[i], timeout)
-        if record.get("job_state") not in sim_pbs.ENDED:
-            self.pbs.run(["qdel", "-W", "force", self.ids[i]], check=False)
-            pytest.fail(
-                f"job {self.ids[i]} is {record.get('job_state')} after {time.monotonic() - t0:.0f} s\n"
-                + self.tail(i)
-            )
-        return record
+    def wait(self, i: int = 0) -> dict:
+        """The job's final record (``qstat -x -f``), however long a loaded machine makes it take; a job that
+        changes nothing in its submit directory and log for HANG_S is hung: qdel'd, the test fails."""
+        job_id = self.ids[i]
+        return wait_until(
+            lambda: (r := self.pbs.job(job_id)).get("job_state") in sim_pbs.ENDED and r,
+            watch=[self.work, self.logs[i]],
+            what=f"job {job_id} to end",
+            tail=lambda: self.tail(i),
+            on_hang=lambda: self.pbs.run(["qdel", "-W", "force", job_id], check=False),
+        )
 
 
 def require(condition, message: str) -> None:
@@ -337,14 +336,18 @@ def launch(
     return Submitted(p, work, proc.stdout)
 
 
-def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def wait_for(path: Path, job: Submitted) -> None:
+    """Until ``path`` appears, however long a loaded machine makes it take (``wait_until``: only a job that changes
+    nothing for HANG_S is hung); a job that ends first fails the test."""
+
+    def there() -> bool:
+        if path.exists():
+            return True
         if job.pbs.job(job.id).get("job_state") in sim_pbs.ENDED:
             pytest.fail(f"job {job.id} ended before {path.name} appeared\n" + job.tail())
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {path} after {timeout:.0f} s\n" + job.tail())
-        time.sleep(0.5)
+        return False
+
+    wait_until(there, watch=[job.work, job.logs[0]], what=str(path), tail=job.tail, poll_s=0.5)
 
 
 def training_ranks(p: sim_pbs.Pbs, job_id: str) -> list[dict]:
@@ -498,7 +501,7 @@ def test_qdel_mid_run_stops_every_rank_and_leaves_nothing_of_the_job(pbs, compil
         )
         wait_for(job.save_dir / "1", job)
         pbs.run(["qdel", job.id], user=True)
-        final = pbs.wait_ended(job.id, END_TIMEOUT_S)
+        final = job.wait()
     finally:
         pbs.qmgr("unset queue rt_HF kill_delay")
     left = pbs.carrying(job.id)

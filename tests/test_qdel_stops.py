@@ -45,7 +45,6 @@ FAMILIES = {
 MARK = "OCTO_DIST_TEST_JOB"
 KILL_DELAY_S = 30
 SAVE_EVERY = 4
-WAIT_S = 600  # start-up and compilation of the tiny model on a loaded 2-core machine: minutes, not seconds
 # The queue's ``qstat -Qf -F json QUEUE``, as PBS prints a queue that sets kill_delay.
 QSTAT = '#!/bin/sh\necho \'{"Queue": {"rt_HF": {"kill_delay": %d}}}\'\n'
 
@@ -185,11 +184,12 @@ def qdel(sid: int, kill_delay: float = KILL_DELAY_S) -> dict:
         time.sleep(0.1)
     left = live(session(sid))
     signal_all(list(left), signal.SIGKILL)
-    # A SIGKILLed process takes a moment to go (a many-threaded prterun): only one still there a minute later
-    # survived the qdel.
-    deadline = time.monotonic() + 60
-    while live(session(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # A SIGKILLed process takes a moment to go (a many-threaded prterun): waited for (HANG_S only ends a hang).
+    helpers.wait_until(
+        lambda: not live(session(sid)),
+        what="the session's processes to go after SIGKILL",
+        poll_s=0.1,
+    )
     return left
 
 
@@ -209,13 +209,16 @@ def live(procs: dict) -> dict:
 
 
 def wait_for(path: Path, job: subprocess.Popen, work: Path, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert job.poll() is None, (
+    """Until ``path`` appears, however long the start-up and compilation take on a loaded machine
+    (``helpers.wait_until``: only a job that changes nothing in ``work`` for HANG_S is hung)."""
+
+    def there() -> bool:
+        assert path.exists() or job.poll() is None, (
             f"the job exited ({job.returncode}) before {what}:\n{log_tail(work)}"
         )
-        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}:\n{log_tail(work)}"
-        time.sleep(0.05)
+        return path.exists()
+
+    helpers.wait_until(there, watch=[work], what=what, tail=lambda: log_tail(work), poll_s=0.05)
 
 
 def log_tail(work: Path, n: int = 6000) -> str:
@@ -264,7 +267,7 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
         time.sleep(0.3)
         members = live(job_processes(env))
         killed = qdel(job.pid)
-        job.wait(timeout=60)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
     finally:
         end(job, env)
@@ -304,7 +307,7 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
         wait_for(save / "2" / ck.MANIFEST, job, tmp_path, "the second checkpoint")
         time.sleep(0.3)
         killed = qdel(job.pid, kill_delay=10)
-        job.wait(timeout=60)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
     finally:
         end(job, env)
@@ -343,7 +346,7 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
         mpirun = [p for p, cmd in members.items() if ppid(p) == job.pid]
         assert len(mpirun) == 1, members
         os.kill(mpirun[0], signal.SIGKILL)
-        job.wait(timeout=120)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)  # every guard looks at its parent once a second
         steps_then = verified_steps(save)
         time.sleep(

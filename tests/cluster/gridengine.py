@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from cluster import sim
-from helpers import restore_signals
+from helpers import HANG_S, restore_signals
 
 DEBIAN_ROOT = Path("/var/lib/gridengine")
 DEFAULT_CONFIGURATION = Path("/usr/share/gridengine/default-configuration")
@@ -94,7 +94,7 @@ class GridEngine:
         cwd: Optional[Path] = None,
         env: Mapping[str, str] = (),
         check: bool = True,
-        timeout: float = 120,
+        timeout: float = HANG_S,  # qsub, qstat, qconf answer in seconds: HANG_S only ends a hang
         node: Optional[str] = None,
     ) -> subprocess.CompletedProcess:
         """``argv`` on node001 (the login and master node) with this cell's environment."""
@@ -207,7 +207,7 @@ class GridEngine:
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=HANG_S,
             )
             if proc.returncode != 0:
                 raise RuntimeError(
@@ -237,10 +237,10 @@ class GridEngine:
                 stderr=subprocess.STDOUT,
                 preexec_fn=restore_signals,
             )
-            if proc.wait(timeout=60) != 0:
+            if proc.wait(timeout=HANG_S) != 0:
                 raise RuntimeError(f"{daemon} on {node} did not start: {log.read_text().strip()}")
 
-    def _wait(self, condition, what: str, timeout: float = 120) -> None:
+    def _wait(self, condition, what: str, timeout: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

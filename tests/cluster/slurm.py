@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import restore_signals
+from helpers import HANG_S, restore_signals
 
 from . import sim
 
@@ -60,7 +60,7 @@ ENDED = frozenset(
     }
 )
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo")
-START_TIMEOUT_S = 120  # the daemons up and both nodes idle, on a loaded 2-core machine
+START_TIMEOUT_S = HANG_S  # the daemons up and both nodes idle: seconds; HANG_S only ends a hang
 STOP_TIMEOUT_S = 30
 GPUS_PER_NODE = 2
 CPUS_PER_NODE = 8
@@ -303,7 +303,7 @@ class Slurm:
         env: Mapping[str, str] = (),
         cwd: Optional[str] = None,
         check: bool = True,
-        timeout: float = 60,
+        timeout: float = HANG_S,  # Slurm's commands answer in seconds: HANG_S only ends a hang
     ) -> subprocess.CompletedProcess:
         """A Slurm command (``sbatch``, ``scontrol`` ...) run on ``node`` with ``env()`` plus ``env``."""
         res = subprocess.run(
