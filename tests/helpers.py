@@ -1,5 +1,6 @@
 """What tests share: the repository's paths and an environment free of the caller's job (imported as ``helpers``)."""
 
+import hashlib
 import json
 import os
 import re
@@ -372,6 +373,21 @@ def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = (
     return work / "job.sh"
 
 
+def pbs_batch_env(work: Path, job_id: str, path: str, **extra: str) -> dict:
+    """A clean environment as PBS gives a batch job of 2 rank slots on this host (``work/nodefile``: two
+    ``localhost`` lines), ``PATH`` set to ``path``, ``extra`` added."""
+    nodes = work / "nodefile"
+    nodes.write_text("localhost\nlocalhost\n")
+    return clean_env(
+        PATH=path,
+        PBS_ENVIRONMENT="PBS_BATCH",
+        PBS_JOBID=job_id,
+        PBS_NODEFILE=str(nodes),
+        PBS_O_WORKDIR=str(work),
+        **extra,
+    )
+
+
 def chain_running(status, first: str, checkpoint: Path, watch: Sequence[Path], tail) -> tuple:
     """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
     ``first``, runs and has written ``checkpoint``: the two rows under its heading. Only a chain that changes
@@ -450,7 +466,52 @@ def wait_until(
 
 class SubmittedJobs:
     """What ``octo-dist launch ... --submit`` printed: the job ids and their logs, in order, and the submit
-    directory. A scheduler's tests add how to wait for a job and what to show when one fails."""
+    directory; waiting for a job however long a loaded machine makes it take (``wait_until``). A scheduler's tests
+    add how to read a job's record (``record_of``), whether it has ended, how to cancel one and what to show when
+    one fails (``tail``)."""
+
+    def record_of(self, job_id: str) -> dict:
+        raise NotImplementedError
+
+    def has_ended(self, record: dict) -> bool:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def tail(self, i: int = 0) -> str:
+        return self.log(i)[-4000:]
+
+    def wait(self, i: int = 0) -> dict:
+        """Job ``i``'s final record; a job that changes nothing in its submit directory and log for HANG_S is hung:
+        cancelled, the test fails."""
+        job_id = self.ids[i]
+
+        def final() -> Optional[dict]:
+            record = self.record_of(job_id)
+            return record if self.has_ended(record) else None
+
+        return wait_until(
+            final,
+            watch=[self.work, self.logs[i]],
+            what=f"job {job_id} to end",
+            tail=lambda: self.tail(i),
+            on_hang=lambda: self.cancel(job_id),
+        )
+
+    def wait_for(self, path: Path) -> None:
+        """Until ``path`` appears while the first job runs; that job ending first fails the test."""
+
+        def there() -> bool:
+            if path.exists():
+                return True
+            record = self.record_of(self.id)
+            assert not self.has_ended(record), (
+                f"job {self.id} ended before {path} appeared: {record}\n{self.tail()}"
+            )
+            return False
+
+        wait_until(there, watch=[self.work, self.logs[0]], what=str(path), tail=self.tail)
 
     def __init__(self, work: Path, stdout: str):
         self.work = work
@@ -473,3 +534,35 @@ class SubmittedJobs:
         path = self.work / "record.json"
         assert path.exists(), f"rank 0 wrote no {path}"
         return json.loads(path.read_text())
+
+
+# --- checkpoints a fault must leave intact ---------------------------------------------------------------------
+
+# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
+# directory without it is still being written (orbax has renamed it into place, its checksums.json.<pid>.tmp may
+# be half written).
+MANIFEST = "checksums.json"
+
+
+def checkpoints(save_dir: Path) -> dict:
+    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256:
+    ``{"2/state/...": "9f86d0..."}``."""
+    out = {}
+    for step in sorted(
+        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
+    ):
+        for f in sorted(step.rglob("*")):
+            if f.is_file():
+                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def changed_since(before: dict, after: dict) -> dict:
+    """The files of ``before``'s checkpoints still there in ``after`` (max_to_keep may retire old ones) whose
+    content changed, or that are gone from a checkpoint still there: ``{path: (before, after)}``."""
+    steps_after = {k.split("/")[0] for k in after}
+    return {
+        k: (v, after.get(k))
+        for k, v in before.items()
+        if k.split("/")[0] in steps_after and after.get(k) != v
+    }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import HANG_S, clean_env
+from helpers import HANG_S
 
 VENV = Path(sys.executable).parent
 
@@ -37,15 +37,7 @@ def render(work: Path, save_dir: Path) -> None:
 
 
 def run_job(work: Path, job_id: str, after: str = "") -> subprocess.CompletedProcess:
-    nodes = work / "nodefile"
-    nodes.write_text("localhost\nlocalhost\n")
-    env = clean_env(
-        PATH=f"{VENV}:/usr/bin:/bin",
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_JOBID=job_id,
-        PBS_NODEFILE=str(nodes),
-        PBS_O_WORKDIR=str(work),
-    )
+    env = helpers.pbs_batch_env(work, job_id, f"{VENV}:/usr/bin:/bin")
     if after:
         env["OCTO_DIST_AFTER"] = after
     return helpers.run(

@@ -15,7 +15,6 @@ costs two multi-process JAX start-ups (preflight, training).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import HANG_S, REPO, clean_env, wait_until
+from helpers import MANIFEST, HANG_S, REPO, changed_since, checkpoints, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -218,7 +217,6 @@ def render(
 
 def submit(
     cluster: sim.Cluster,
-    scheduler: str,
     script: Path,
     work: Path,
     home: Path,
@@ -228,10 +226,9 @@ def submit(
     submit_env: dict | None = None,
     ranks_per_node: int = 2,
 ) -> sim.Job:
-    """The job started on node001 with what the scheduler gives a batch job (qsub -V / sbatch: the submit env)."""
-    # Only PBS is imitated (OpenPBS is not packaged): Grid Engine and Slurm run for real (test_cluster_gridengine.py,
-    # test_cluster_slurm.py).
-    assert scheduler == "pbs", scheduler
+    """The job started on node001 with what PBS gives a batch job (qsub -V: the submit env). Only PBS is imitated
+    here (OpenPBS is not packaged): Grid Engine and Slurm run for real (test_cluster_gridengine.py,
+    test_cluster_slurm.py)."""
     env = sim.base_env(cluster, home, submit_env or {})
     env.update(sim.pbs_env(cluster, spool, job_id, work, ranks_per_node=ranks_per_node))
     return sim.Job(cluster, script, env, work, name).start()
@@ -281,24 +278,6 @@ def check_smoke_run(job: sim.Job, record: dict, reference: dict, cluster: sim.Cl
     )
 
 
-# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
-# directory without it is still being written (orbax has renamed it into place, its checksums.json.<pid>.tmp
-# may be half written).
-MANIFEST = "checksums.json"
-
-
-def checkpoints(save_dir: Path) -> dict[str, str]:
-    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256."""
-    out = {}
-    for step in sorted(
-        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
-    ):
-        for f in sorted(step.rglob("*")):
-            if f.is_file():
-                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
 def wait_for(path: Path, job: sim.Job) -> None:
     """Until ``path`` appears, however long a loaded machine makes it take (``wait_until``: only a job that changes
     nothing for HANG_S is hung); a job that ends first fails the test."""
@@ -322,8 +301,6 @@ def wait_for(path: Path, job: sim.Job) -> None:
 
 def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, spool):
     work, home = workdir(tmp_path)
-    env = sim.base_env(cluster, home, {"SUBMIT_SHELL_ONLY": "1", "NCCL_DEBUG": "WARN"})
-    env.update(sim.pbs_env(cluster, spool, "7.pbs1", work, ranks_per_node=1))
     (work / "rank.sh").write_text(
         'exec > "probe-$OMPI_COMM_WORLD_RANK.txt"\n'
         'echo "host=$(hostname)" "node002=$(getent hosts node002 | cut -d" " -f1)" '
@@ -342,7 +319,8 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
         f'mpirun -npernode 1 -hostfile "$PBS_NODEFILE" -x NCCL_DEBUG --wdir {work} bash {work}/rank.sh\n'
         f"SINGULARITYENV_MARK=set singularity exec --bind {work}:/data {sif} bash /data/container.sh > container.txt\n"
     )
-    job = sim.Job(cluster, work / "probe.sh", env, work, "probe").start()
+    submitted = {"SUBMIT_SHELL_ONLY": "1", "NCCL_DEBUG": "WARN"}
+    job = submit(cluster, work / "probe.sh", work, home, spool, "probe", "7.pbs1", submitted, 1)
     assert finish(job) == 0, tail(job)
     ranks = [
         dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split())
@@ -460,7 +438,6 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     script = render("pbs", work, sif)
     first = submit(
         cluster,
-        "pbs",
         script,
         work,
         home,
@@ -485,7 +462,6 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
 
     second = submit(
         cluster,
-        "pbs",
         script,
         work,
         home,
@@ -534,7 +510,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     work, home = workdir(tmp_path)
     # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
     script = render("pbs", work, sif, steps=200, ranks_per_node=1)
-    job = submit(cluster, "pbs", script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
+    job = submit(cluster, script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
     before = checkpoints(save_dir)
@@ -562,13 +538,12 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     )
     if (
         fault == "sigstop"
-    ):  # a hung rank: named with its node by its rank guard (JAX's own timeout names rank 0)
+    ):  # a hung rank, named with its node by its rank guard (JAX's timeout names rank 0)
         assert "rank 1 on node002 hung" in said, (took, tail(job))
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)
-    kept = {k: v for k, v in before.items() if k.split("/")[0] in {a.split("/")[0] for a in after}}
-    assert {k: after.get(k) for k in kept} == kept, "a checkpoint written before the fault changed"
+    assert changed_since(before, after) == {}, "a checkpoint written before the fault changed"
     newest = max((k.split("/")[0] for k in before), key=int)
     assert any(k.startswith(newest + "/") for k in after), f"checkpoint {newest} is gone"
     report(f"fault {fault} on node002: the job ended {took:.0f} s after it", job)
@@ -577,14 +552,12 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
 def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, spool, tmp_path):
     """`qsub -I`, then by hand: mpirun -np 2 singularity exec IMAGE octo-dist smoke (the image has no MPI library)."""
     work, home = workdir(tmp_path)
-    env = sim.base_env(cluster, home)
-    env.update(sim.pbs_env(cluster, spool, "104.pbs1", work, ranks_per_node=2))
     (work / "by-hand.sh").write_text(
         "module load hpcx/2.20\n"
         f"mpirun -np 2 singularity exec {sif} octo-dist smoke --model tiny --steps 2 --global-batch 4 "
         f"--wandb-mode disabled --record {work}/record.json\n"
     )
-    job = sim.Job(cluster, work / "by-hand.sh", env, work, "by-hand").start()
+    job = submit(cluster, work / "by-hand.sh", work, home, spool, "by-hand", "104.pbs1")
     assert finish(job) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
     assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record
@@ -661,7 +634,7 @@ def test_finetune_job_runs_2_nodes_x_2_ranks_in_the_image(cluster, sif, spool, t
         '"train": ["octo-dist", "finetune", "--config=finetune_smoke_config.py"'
         in script.read_text()
     )
-    job = submit(cluster, "pbs", script, work, home, spool, "finetune", "105.pbs1")
+    job = submit(cluster, script, work, home, spool, "finetune", "105.pbs1")
     assert finish(job) == 0, tail(job)
 
     # Rank 0's files in the run directory: <save dir>/<wandb project>/<name>.

@@ -18,7 +18,6 @@ output. All of them share one cluster (set up in about a second), each job in a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import pytest
 
 from cluster import pbs as sim_pbs
 from cluster import sim
-from helpers import HANG_S, SubmittedJobs, wait_until
+from helpers import HANG_S, MANIFEST, SubmittedJobs, changed_since, checkpoints, wait_until
 
 pytestmark = [pytest.mark.cluster]
 
@@ -282,17 +281,14 @@ class Submitted(SubmittedJobs):
             f"{self.pbs.logs(1500)}"
         )
 
-    def wait(self, i: int = 0) -> dict:
-        """The job's final record (``qstat -x -f``), however long a loaded machine makes it take; a job that
-        changes nothing in its submit directory and log for HANG_S is hung: qdel'd, the test fails."""
-        job_id = self.ids[i]
-        return wait_until(
-            lambda: (r := self.pbs.job(job_id)).get("job_state") in sim_pbs.ENDED and r,
-            watch=[self.work, self.logs[i]],
-            what=f"job {job_id} to end",
-            tail=lambda: self.tail(i),
-            on_hang=lambda: self.pbs.run(["qdel", "-W", "force", job_id], check=False),
-        )
+    def record_of(self, job_id: str) -> dict:
+        return self.pbs.job(job_id)  # qstat -x -f
+
+    def has_ended(self, record: dict) -> bool:
+        return record.get("job_state") in sim_pbs.ENDED
+
+    def cancel(self, job_id: str) -> None:
+        self.pbs.run(["qdel", "-W", "force", job_id], check=False)
 
 
 def require(condition, message: str) -> None:
@@ -334,20 +330,6 @@ def launch(
     proc = p.run(argv, user=True, cwd=work, env=SUBMIT_VARS, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Submitted(p, work, proc.stdout)
-
-
-def wait_for(path: Path, job: Submitted) -> None:
-    """Until ``path`` appears, however long a loaded machine makes it take (``wait_until``: only a job that changes
-    nothing for HANG_S is hung); a job that ends first fails the test."""
-
-    def there() -> bool:
-        if path.exists():
-            return True
-        if job.pbs.job(job.id).get("job_state") in sim_pbs.ENDED:
-            pytest.fail(f"job {job.id} ended before {path.name} appeared\n" + job.tail())
-        return False
-
-    wait_until(there, watch=[job.work, job.logs[0]], what=str(path), tail=job.tail, poll_s=0.5)
 
 
 def training_ranks(p: sim_pbs.Pbs, job_id: str) -> list[dict]:
@@ -499,7 +481,7 @@ def test_qdel_mid_run_stops_every_rank_and_leaves_nothing_of_the_job(pbs, compil
             step_time=LONG_STEP_TIME,
             save_every=1,
         )
-        wait_for(job.save_dir / "1", job)
+        job.wait_for(job.save_dir / "1")
         pbs.run(["qdel", job.id], user=True)
         final = job.wait()
     finally:
@@ -557,23 +539,6 @@ def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs
 # ---- a lost node (long) ----------------------------------------------------------------------------------------
 
 
-# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
-# directory without it is still being written.
-MANIFEST = "checksums.json"
-
-
-def checkpoints(save_dir: Path) -> dict[str, str]:
-    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256."""
-    out = {}
-    for step in sorted(
-        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
-    ):
-        for f in sorted(step.rglob("*")):
-            if f.is_file():
-                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
 def kill_ranks(p: sim_pbs.Pbs, node: str) -> list[int]:
     """SIGKILL to every training process on node (the ranks: ``.../bin/octo-dist smoke``; not mpirun's daemon, not
     the rank guard)."""
@@ -610,7 +575,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         steps=LONG,
         step_time=LONG_STEP_TIME,
     )
-    wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST, job)
+    job.wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST)
     before = checkpoints(job.save_dir)
     seen = len(job.log())  # the preflight already names node002: read what follows
     t0 = time.monotonic()
@@ -643,9 +608,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         f"nothing the job said after the fault names {' or '.join(names)}: {said[-3000:]}\n{what}"
     )
     after = checkpoints(job.save_dir)
-    # max_to_keep may retire old checkpoints: every file of those still there is unchanged
-    kept = {k: v for k, v in before.items() if k.split("/")[0] in {a.split("/")[0] for a in after}}
-    assert kept and {k: after.get(k) for k in kept} == kept, (
+    assert before and changed_since(before, after) == {}, (
         "a checkpoint written before the fault changed: " + what
     )
     newest = max(int(k.split("/")[0]) for k in before)

@@ -92,17 +92,14 @@ class Submitted(SubmittedJobs):
     def tail(self, i: int = 0, n: int = 4000) -> str:
         return f"--- job {self.ids[i]} log ---\n{self.log(i)[-n:]}\n--- daemons ---\n{self.slurm.logs(1500)}"
 
-    def wait(self, i: int = 0) -> dict:
-        """The job's final record (``scontrol show job``), however long a loaded machine makes it take; a job that
-        changes nothing in its submit directory and log for HANG_S is hung: cancelled, the test fails."""
-        job_id = self.ids[i]
-        return wait_until(
-            lambda: (r := self.slurm.job(job_id)).get("JobState") in ENDED and r,
-            watch=[self.work, self.logs[i]],
-            what=f"job {job_id} to end",
-            tail=lambda: self.tail(i),
-            on_hang=lambda: self.slurm.client("node001", ["scancel", job_id], check=False),
-        )
+    def record_of(self, job_id: str) -> dict:
+        return self.slurm.job(job_id)  # scontrol show job
+
+    def has_ended(self, record: dict) -> bool:
+        return record.get("JobState") in ENDED
+
+    def cancel(self, job_id: str) -> None:
+        self.slurm.client("node001", ["scancel", job_id], check=False)
 
 
 def launch(
@@ -173,21 +170,6 @@ def launch(
     return Submitted(slurm, work, res.stdout)
 
 
-def wait_for(path: Path, job: Submitted) -> None:
-    """Until ``path`` appears, however long a loaded machine makes it take (``wait_until``: only a job that changes
-    nothing for HANG_S is hung); a job that ends first fails the test."""
-
-    def there() -> bool:
-        if path.exists():
-            return True
-        state = job.slurm.job(job.id).get("JobState")
-        if state in ENDED:
-            pytest.fail(f"job {job.id} ended ({state}) before {path.name} appeared\n" + job.tail())
-        return False
-
-    wait_until(there, watch=[job.work, job.logs[0]], what=str(path), tail=job.tail)
-
-
 def hosts(rec: dict, ranks_per_node: int = 2) -> None:
     assert sorted(rec["hosts"]) == ["node001"] * ranks_per_node + ["node002"] * ranks_per_node, rec[
         "hosts"
@@ -238,7 +220,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
     )
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
-    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
     # The time limit brought forward to now + the stop margin (Slurm counts it in minutes), as an admin's
     # `scontrol update` does: Slurm's own --signal=B:USR1@<margin> then comes within its 30 s check period, while
     # the ranks are past their first checkpoint whatever the machine's load.
@@ -298,7 +280,7 @@ def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) ->
         global_batch=8,
         step_time=LONG_STEP_TIME,
     )
-    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
     return job
 
 

@@ -17,6 +17,7 @@ and 30 s beside other test streams on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PBS_JOB, clean_env, launch_job
+from helpers import PBS_JOB, launch_job
 
 from octo_dist.engine import checkpoint as ck
 from octo_dist.jobs.supervisor import prepare
@@ -107,15 +108,11 @@ def pbs_env(
             (bin_dir / "hydra_pmi_proxy").symlink_to(launcher(family).parent / "hydra_pmi_proxy")
         (bin_dir / "qstat").write_text(QSTAT % kill_delay)
         (bin_dir / "qstat").chmod(0o755)
-    nodes = work / "nodefile"
-    nodes.write_text("localhost\nlocalhost\n")
-    env = clean_env(
-        PATH=f"{bin_dir}:{VENV}:/usr/bin:/bin",
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_JOBID=job_id,
+    env = helpers.pbs_batch_env(
+        work,
+        job_id,
+        f"{bin_dir}:{VENV}:/usr/bin:/bin",
         PBS_JOBNAME="octo-dist",
-        PBS_NODEFILE=str(nodes),
-        PBS_O_WORKDIR=str(work),
         PBS_QUEUE="rt_HF",
         NCPUS="2",
         **{MARK: f"octo-dist-test-{job_id}-{os.getpid()}"},
@@ -124,6 +121,19 @@ def pbs_env(
     if family != "openmpi5":
         env["OCTO_DIST_NO_MPI4PY"] = "1"  # the venv's mpi4py is built for Open MPI 5
     return env
+
+
+@contextlib.contextmanager
+def at_checkpoint(work: Path, env: dict, step: int):
+    """The rendered job started (``start``), yielded once its checkpoint ``step`` is complete; ended whatever the
+    test does (``end``)."""
+    job = start(work, env)
+    try:
+        wait_for(work / "runs" / "q" / str(step) / ck.MANIFEST, job, work, f"checkpoint {step}")
+        time.sleep(0.3)
+        yield job
+    finally:
+        end(job, env)
 
 
 def start(work: Path, env: dict) -> subprocess.Popen:
@@ -260,17 +270,12 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
     launcher(family)
     render(tmp_path, compile_cache)
     env = pbs_env(tmp_path, family, "71.pbs5")
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
-        time.sleep(0.3)
+    with at_checkpoint(tmp_path, env, SAVE_EVERY) as job:
         members = live(job_processes(env))
         killed = qdel(job.pid)
         job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"qdel'd {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert len(members) >= 5, said  # the supervisor, mpirun, 2 guards, 2 ranks
@@ -300,17 +305,12 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     launcher(family)
     render(tmp_path, compile_cache, save_every=1, step_time=40)
     env = pbs_env(tmp_path, family, "73.pbs5", kill_delay=10)
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
-        wait_for(save / "2" / ck.MANIFEST, job, tmp_path, "the second checkpoint")
-        time.sleep(0.3)
+    # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
+    with at_checkpoint(tmp_path, env, 2) as job:
         killed = qdel(job.pid, kill_delay=10)
         job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"SIGKILLed after the kill delay: {json.dumps(killed, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after the qdel: {left}\n{said}"
@@ -336,11 +336,8 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
     launcher(family)
     render(tmp_path, compile_cache)
     env = pbs_env(tmp_path, family, "72.pbs5")
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
-        time.sleep(0.3)
+    with at_checkpoint(tmp_path, env, SAVE_EVERY) as job:
         members = live(job_processes(env))
         # mpirun: the supervisor's child (Open MPI 5's mpirun is prterun by exec)
         mpirun = [p for p, cmd in members.items() if ppid(p) == job.pid]
@@ -353,8 +350,6 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
             3 * 1.0 * SAVE_EVERY
         )  # what a rank left running would take to save another checkpoint
         steps_later = verified_steps(save)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"members {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after mpirun was killed: {left}\n{said}"

@@ -98,19 +98,14 @@ class GridEngine:
         node: Optional[str] = None,
     ) -> subprocess.CompletedProcess:
         """``argv`` on node001 (the login and master node) with this cell's environment."""
-        proc = subprocess.run(
-            self.cluster.exec_argv(node or self.master, argv, self.env(env), str(cwd or self.root)),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
+        return self.cluster.run(
+            node or self.master,
+            argv,
+            self.env(env),
+            str(cwd or self.root),
+            check=check,
             timeout=timeout,
         )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node or self.master} failed ({proc.returncode}): "
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        return proc
 
     def qconf_from(self, option: str, name: str, text: str) -> None:
         """``qconf -Aq FILE`` and the like: Grid Engine reads objects from files (the name matters for -Mconf)."""

@@ -248,22 +248,9 @@ class Pbs:
             full_env = self.user_env(env)
         else:
             full_env = self.env(node, env)
-        proc = subprocess.run(
-            self.cluster.exec_argv(
-                node, argv, full_env, str(cwd or (self.home if user else self.run_dir))
-            ),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=restore_signals,
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node}{' as ' + self.user if user else ''} failed ({proc.returncode}): "
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        return proc
+        where = str(cwd or (self.home if user else self.run_dir))
+        who = f" as {self.user}" if user else ""
+        return self.cluster.run(node, argv, full_env, where, check=check, timeout=timeout, who=who)
 
     # ---- set-up -----------------------------------------------------------------------------------------------
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -279,13 +278,7 @@ class Slurm:
                 p.kill()
                 p.wait()
         self.daemons.clear()
-        for node in self.cluster.nodes:
-            if node in self.cluster.holders:
-                for pid in self.cluster.processes_on(node):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        self.cluster.kill_processes()
         remove_leftovers(self.run)
 
     def __enter__(self) -> "Slurm":
@@ -306,19 +299,9 @@ class Slurm:
         timeout: float = HANG_S,  # Slurm's commands answer in seconds: HANG_S only ends a hang
     ) -> subprocess.CompletedProcess:
         """A Slurm command (``sbatch``, ``scontrol`` ...) run on ``node`` with ``env()`` plus ``env``."""
-        res = subprocess.run(
-            self.cluster.exec_argv(node, argv, self.env(env), cwd or str(self.run)),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=restore_signals,
+        return self.cluster.run(
+            node, argv, self.env(env), cwd or str(self.run), check=check, timeout=timeout
         )
-        if check and res.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node}: exit {res.returncode}: {res.stderr.strip()}"
-            )
-        return res
 
     def job(self, job_id: str) -> dict:
         """``scontrol show job -o ID`` as a dict: ``{"JobState": "COMPLETED", "ExitCode": "0:0", ...}``."""
