@@ -123,6 +123,48 @@ def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
     )
 
 
+def run_script(work: Path, env: dict, script: str = "job.sh") -> subprocess.CompletedProcess:
+    """``bash SCRIPT`` in ``work`` as a batch job runs it: with exactly ``env``, no stdin, its output captured as
+    text (``run``: default stop signals); HANG_S only ends a hang."""
+    return run(
+        ["bash", script],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+
+
+def start_script(
+    work: Path, env: dict, script: str = "job.sh", preexec: Callable[[], None] = restore_signals
+) -> subprocess.Popen:
+    """``bash SCRIPT`` started in ``work`` in a session of its own (its session id is its pid), with exactly ``env``
+    and no stdin, the signals as ``preexec`` sets them (the defaults; ``ignoring(...)``); its stdout and stderr
+    together in one text pipe."""
+    return subprocess.Popen(
+        ["bash", script],
+        preexec_fn=preexec,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def fake_program(directory: Path, name: str, body: str) -> Path:
+    """An executable ``directory/name`` running ``body`` under /bin/sh (a stand-in put first on PATH)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 def stdout_of(argv: Sequence[str]) -> str:
     """What ``argv`` prints, run from the checkout with a clean environment; a failure fails the test with its
     stderr."""

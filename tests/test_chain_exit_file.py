@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import HANG_S
 
 VENV = Path(sys.executable).parent
 
@@ -40,15 +39,7 @@ def run_job(work: Path, job_id: str, after: str = "") -> subprocess.CompletedPro
     env = helpers.pbs_batch_env(work, job_id, f"{VENV}:/usr/bin:/bin")
     if after:
         env["OCTO_DIST_AFTER"] = after
-    return helpers.run(
-        ["bash", "job.sh"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,  # a job refused before its ranks start: seconds; HANG_S only ends a hang
-        stdin=subprocess.DEVNULL,
-    )
+    return helpers.run_script(work, env)
 
 
 def errors(proc: subprocess.CompletedProcess) -> list:

@@ -489,20 +489,6 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     )
 
 
-def kill_ranks(cluster: sim.Cluster, node: str, sig: int = signal.SIGKILL) -> list[int]:
-    """``sig`` to every training process on node (the ranks; not the launcher's daemon, not the rank guard)."""
-    killed = []
-    for pid in cluster.processes_on(node):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"octo-dist") for part in cmd[:2]):
-            os.kill(pid, sig)
-            killed.append(pid)
-    return killed
-
-
 @pytest.mark.parametrize("fault", ["sigkill", "link-cut", "sigstop"])
 def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     fault, cluster, sif, spool, tmp_path
@@ -522,7 +508,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
         cluster.cut_link("node002")
     else:  # sigstop: node002's rank hangs (stopped), its node and network fine
         sig = signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL
-        assert kill_ranks(cluster, "node002", sig), "no rank processes found on node002"
+        assert cluster.kill_ranks("node002", sig), "no rank processes found on node002"
     t0 = time.monotonic()
     rc = job.wait(LOST_NODE_BOUND_S)
     took = time.monotonic() - t0

@@ -539,21 +539,6 @@ def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs
 # ---- a lost node (long) ----------------------------------------------------------------------------------------
 
 
-def kill_ranks(p: sim_pbs.Pbs, node: str) -> list[int]:
-    """SIGKILL to every training process on node (the ranks: ``.../bin/octo-dist smoke``; not mpirun's daemon, not
-    the rank guard)."""
-    killed = []
-    for pid in p.cluster.processes_on(node):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
-
-
 def mend_link(node: str) -> None:
     """Plugs node's cable back in (``Cluster.cut_link`` undone): the module's other jobs use node002."""
     sim._ip("-n", sim.SWITCH, "link", "set", f"{sim.PREFIX}-{node}", "up")
@@ -583,7 +568,10 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         if fault == "link-cut":
             pbs.cluster.cut_link("node002")
         else:
-            require(kill_ranks(pbs, "node002"), "no rank process found on node002\n" + job.tail())
+            require(
+                pbs.cluster.kill_ranks("node002", also=b"smoke"),
+                "no rank process found on node002\n" + job.tail(),
+            )
         final = pbs.wait_ended(job.id, LOST_NODE_BOUND_S)
         took = time.monotonic() - t0
     finally:

@@ -11,8 +11,6 @@ interleaved output. ``tests/cluster/slurm.py`` says how the daemons run.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -304,16 +302,7 @@ def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
     daemon = slurm.daemons[f"slurmd-{node}"]
     daemon.kill()
     daemon.wait()
-    killed = []
-    for pid in slurm.cluster.processes_on(node):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"octo-dist") for part in cmd[:2]):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    assert killed, f"no rank processes found on {node}"
+    assert slurm.cluster.kill_ranks(node), f"no rank processes found on {node}"
 
 
 @pytest.mark.cluster_long

@@ -124,14 +124,15 @@ def pbs_env(
 
 
 @contextlib.contextmanager
-def at_checkpoint(work: Path, env: dict, step: int):
-    """The rendered job started (``start``), yielded once its checkpoint ``step`` is complete; ended whatever the
-    test does (``end``)."""
+def at_checkpoint(work: Path, family: str, job_id: str, step: int, **pbs: int):
+    """``(job, env)``: the rendered job started under ``family``'s mpirun (``pbs_env(..., **pbs)``, ``start``),
+    yielded once its checkpoint ``step`` is complete; ended whatever the test does (``end``)."""
+    env = pbs_env(work, family, job_id, **pbs)
     job = start(work, env)
     try:
         wait_for(work / "runs" / "q" / str(step) / ck.MANIFEST, job, work, f"checkpoint {step}")
         time.sleep(0.3)
-        yield job
+        yield job, env
     finally:
         end(job, env)
 
@@ -267,11 +268,9 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
     its SIGTERM), no stop checkpoint, exit file "1": the chain refused to go on. Open MPI 4.1's mpirun, told the
     kill delay (``odls_base_sigkill_timeout``), passed before too; it stays here as that family's check. Under
     MPICH the job failed at its preflight: Hydra refused Open MPI's options ("unrecognized argument x")."""
-    launcher(family)
     render(tmp_path, compile_cache)
-    env = pbs_env(tmp_path, family, "71.pbs5")
     save = tmp_path / "runs" / "q"
-    with at_checkpoint(tmp_path, env, SAVE_EVERY) as job:
+    with at_checkpoint(tmp_path, family, "71.pbs5", SAVE_EVERY) as (job, env):
         members = live(job_processes(env))
         killed = qdel(job.pid)
         job.wait(timeout=helpers.HANG_S)
@@ -302,12 +301,10 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     chain resume from the newest verified checkpoint. Before: Open MPI 5's prterun killed the ranks 0.5 s after the
     qdel and the job wrote "1" (the chain refused); under Open MPI 4.1 mpirun killed them when the kill delay ran out
     and the job wrote a status, or nothing. Under MPICH, Hydra refused Open MPI's options."""
-    launcher(family)
     render(tmp_path, compile_cache, save_every=1, step_time=40)
-    env = pbs_env(tmp_path, family, "73.pbs5", kill_delay=10)
     save = tmp_path / "runs" / "q"
     # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
-    with at_checkpoint(tmp_path, env, 2) as job:
+    with at_checkpoint(tmp_path, family, "73.pbs5", 2, kill_delay=10) as (job, env):
         killed = qdel(job.pid, kill_delay=10)
         job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
@@ -333,11 +330,9 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
     writing checkpoints into a job that had ended; its exit file "137" stopped the chain. Under MPICH, Hydra refused
     Open MPI's options. Hydra's proxy and ranks are outside the session and the launcher's process group: its proxy,
     once mpiexec is gone, ends them."""
-    launcher(family)
     render(tmp_path, compile_cache)
-    env = pbs_env(tmp_path, family, "72.pbs5")
     save = tmp_path / "runs" / "q"
-    with at_checkpoint(tmp_path, env, SAVE_EVERY) as job:
+    with at_checkpoint(tmp_path, family, "72.pbs5", SAVE_EVERY) as (job, env):
         members = live(job_processes(env))
         # mpirun: the supervisor's child (Open MPI 5's mpirun is prterun by exec)
         mpirun = [p for p, cmd in members.items() if ppid(p) == job.pid]

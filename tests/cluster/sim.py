@@ -309,6 +309,20 @@ class Cluster:
         pids = [int(p) for p in _ip("netns", "pids", self.ns(node), check=False).stdout.split()]
         return [p for p in pids if p != self.pid(node)]
 
+    def kill_ranks(self, node: str, sig: int = signal.SIGKILL, also: bytes = b"") -> list[int]:
+        """``sig`` to every training process on ``node`` (``.../bin/octo-dist ...``, with ``also`` among its
+        arguments: b"smoke"; not the launcher's daemon, not the rank guard): their pids."""
+        hit = []
+        for pid in self.processes_on(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(part.endswith(b"octo-dist") for part in cmd[:2]) and (not also or also in cmd):
+                os.kill(pid, sig)
+                hit.append(pid)
+        return hit
+
     def kill_processes(self) -> None:
         """SIGKILL to everything running on every node that is up (its holder excepted): what a job or daemon
         left."""
