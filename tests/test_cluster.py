@@ -33,9 +33,14 @@ from helpers import MANIFEST, HANG_S, REPO, changed_since, checkpoints, clean_en
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 10
+# Enough steps for a checkpoint (step 2), a stop after it and a resumed rest; the reference's cost is its start-up and
+# compilation, not its steps (10 steps: 17.1 s of CPU, 4 steps: 16.6 s), the jobs' is their checkpoints.
+STEPS = 6
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
+# The PBS job stopped by SIGTERM once its step-2 checkpoint is there: its 4 steps after it sleep this long each
+# (smoke --step-time: the same parameters at any pace), so the stop always comes before the last step.
+STOP_STEP_TIME = 3.0
 # A lost node: from the fault to the job's end (1-40 s measured here). What it takes: a rank noticing (a SIGKILLed
 # one at once, a stopped one after the rank guard's STOPPED_LIMIT checks, 20 s), the supervisor's FAILED_GRACE_S
 # (20 s) for mpirun to end by itself, its END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
@@ -167,6 +172,7 @@ def render(
     global_batch: int = GLOBAL_BATCH,
     save_dir: str = "runs/smoke",
     train: list | None = None,
+    step_time: float = 0,
 ) -> Path:
     """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
     ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
@@ -180,6 +186,7 @@ def render(
             "tiny",
             f"--save-every={SAVE_EVERY}",
             f"--record={work / 'record.json'}",
+            *([f"--step-time={step_time}"] if step_time else []),
         ]
     cmd = [
         sys.executable,
@@ -435,7 +442,7 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     cluster, sif, spool, tmp_path, reference, uninterrupted
 ):
     work, home = workdir(tmp_path)
-    script = render("pbs", work, sif)
+    script = render("pbs", work, sif, step_time=STOP_STEP_TIME)
     first = submit(
         cluster,
         script,
