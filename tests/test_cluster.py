@@ -333,7 +333,8 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
         dict(kv.split("=", 1) for kv in (work / f"probe-{r}.txt").read_text().split())
         for r in (0, 1)
     ]
-    common = {"node002": "10.231.0.2", "default_routes": "0", "NCCL_DEBUG": "WARN"}
+    # node002's address on this instance's subnet (10.231.<OCTOSIM_INSTANCE>.2)
+    common = {"node002": cluster.address["node002"], "default_routes": "0", "NCCL_DEBUG": "WARN"}
     assert ranks[0] == {"host": "node001", "SUBMIT_SHELL_ONLY": "1", **common}, ranks[0]
     # node002 was entered through the agent with a clean environment: only the -x name arrived.
     assert ranks[1] == {"host": "node002", "SUBMIT_SHELL_ONLY": "unset", **common}, ranks[1]
