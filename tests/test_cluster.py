@@ -48,6 +48,7 @@ STOP_STEP_TIME = 3.0
 # JAX's coordination service gives up, which names rank 0, not the lost rank). A constant, not read from the
 # runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
+LOST_STEP_TIME = 0.5  # the pace of a job that only a lost node ends (smoke --step-time)
 # Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
@@ -502,8 +503,10 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
     fault, cluster, sif, spool, tmp_path
 ):
     work, home = workdir(tmp_path)
-    # One rank per node: losing node002 is the point, and two start-ups are half the cost of four.
-    script = render("pbs", work, sif, steps=200, ranks_per_node=1)
+    # One rank per node: losing node002 is the point, and two start-ups are half the cost of four. Paced (a sleep
+    # after each step, the same parameters): the job waits for the fault instead of training and checkpointing flat
+    # out, and its 200 steps last minutes, whatever the load, before the fault comes.
+    script = render("pbs", work, sif, steps=200, ranks_per_node=1, step_time=LOST_STEP_TIME)
     job = submit(cluster, script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
