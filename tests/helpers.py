@@ -1,5 +1,6 @@
 """What tests share: the repository's paths and an environment free of the caller's job (imported as ``helpers``)."""
 
+import hashlib
 import json
 import os
 import re
@@ -8,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
@@ -120,6 +121,48 @@ def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
         env=clean_env(),
         cwd=cwd,
     )
+
+
+def run_script(work: Path, env: dict, script: str = "job.sh") -> subprocess.CompletedProcess:
+    """``bash SCRIPT`` in ``work`` as a batch job runs it: with exactly ``env``, no stdin, its output captured as
+    text (``run``: default stop signals); HANG_S only ends a hang."""
+    return run(
+        ["bash", script],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+
+
+def start_script(
+    work: Path, env: dict, script: str = "job.sh", preexec: Callable[[], None] = restore_signals
+) -> subprocess.Popen:
+    """``bash SCRIPT`` started in ``work`` in a session of its own (its session id is its pid), with exactly ``env``
+    and no stdin, the signals as ``preexec`` sets them (the defaults; ``ignoring(...)``); its stdout and stderr
+    together in one text pipe."""
+    return subprocess.Popen(
+        ["bash", script],
+        preexec_fn=preexec,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def fake_program(directory: Path, name: str, body: str) -> Path:
+    """An executable ``directory/name`` running ``body`` under /bin/sh (a stand-in put first on PATH)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
 
 
 def stdout_of(argv: Sequence[str]) -> str:
@@ -377,32 +420,153 @@ def launch_job(work: Path, scheduler: str, *flags: str, smoke: Sequence[str] = (
 UNKNOWN_STATE = re.compile(r"^octo-dist jobs: error: the state of .* is unknown \(", re.M)
 
 
-def chain_running(status, first: str, checkpoint: Path, wait_s: float, tail) -> tuple:
+def pbs_batch_env(work: Path, job_id: str, path: str, **extra: str) -> dict:
+    """A clean environment as PBS gives a batch job of 2 rank slots on this host (``work/nodefile``: two
+    ``localhost`` lines), ``PATH`` set to ``path``, ``extra`` added."""
+    nodes = work / "nodefile"
+    nodes.write_text("localhost\nlocalhost\n")
+    return clean_env(
+        PATH=path,
+        PBS_ENVIRONMENT="PBS_BATCH",
+        PBS_JOBID=job_id,
+        PBS_NODEFILE=str(nodes),
+        PBS_O_WORKDIR=str(work),
+        **extra,
+    )
+
+
+def chain_running(status, first: str, checkpoint: Path, watch: Sequence[Path], tail, hang_s: float = HANG_S) -> tuple:
     """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
-    ``first``, runs and has written ``checkpoint``: the two rows under its heading. ``wait_s`` only ends a chain
-    that never gets there, the test failing with ``tail()`` (its job's log).
+    ``first``, runs and has written ``checkpoint``: the two rows under its heading. Only a chain that changes
+    nothing under ``watch`` (its submit directory, its logs) for ``hang_s`` ends the wait (``wait_until``), the test
+    failing with ``tail()`` (its job's log).
 
     An answer that says a state is unknown (exit 1: the scheduler's query failed, as a loaded qmaster's qstat does
-    now and then) is asked again: the jobs run on, and ``jobs`` rightly refused to guess. One that lasts until
-    ``wait_s`` fails the test with it; any other failure fails it at once."""
-    deadline = time.monotonic() + wait_s
-    while True:
+    now and then) is asked again: the jobs run on, and ``jobs`` rightly refused to guess. One that lasts to the
+    wait's end fails the test with it; any other failure fails it at once."""
+    seen = {}
+
+    def running():
         res = status()
+        seen["out"] = res.stdout + res.stderr
         if res.returncode == 1 and UNKNOWN_STATE.search(res.stderr):
-            assert time.monotonic() < deadline, res.stdout + res.stderr + tail()
-            time.sleep(2)
-            continue
+            return None
         assert res.returncode == 0, res.stdout + res.stderr
         rows = {ln.split()[0]: ln.split()[1] for ln in res.stdout.splitlines()[1:3]}
-        if rows.get(first) == "running" and checkpoint.is_dir():
-            return res.stdout, rows
-        assert time.monotonic() < deadline, res.stdout + tail()
-        time.sleep(2)
+        return (res.stdout, rows) if rows.get(first) == "running" and checkpoint.is_dir() else None
+
+    return wait_until(
+        running,
+        watch=watch,
+        what=f"job {first} running with {checkpoint.name}",
+        tail=lambda: seen.get("out", "") + tail(),
+        poll_s=2,
+        hang_s=hang_s,
+    )
+
+
+def tree_state(paths: Sequence[Path]) -> int:
+    """One number that changes when anything under ``paths`` does: a file added, removed, grown or rewritten."""
+    names = []
+    for top in paths:
+        names.append(str(top))
+        # os.walk passes over a directory renamed or removed while it lists (orbax renames its tmp directories)
+        for where, dirs, files in os.walk(top):
+            names += [os.path.join(where, n) for n in dirs + files]
+    state = []
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:  # not there yet, or removed since it was listed
+            continue
+        state.append((name, st.st_size, st.st_mtime_ns))
+    return hash(tuple(sorted(state)))
+
+
+def wait_until(
+    ready: Callable[[], object],
+    *,
+    watch: Sequence[Path] = (),
+    what: str,
+    tail: Callable[[], str] = lambda: "",
+    on_hang: Callable[[], None] = lambda: None,
+    poll_s: float = 1.0,
+    hang_s: float = HANG_S,
+):
+    """``ready()``'s first truthy value, asked every ``poll_s`` seconds.
+
+    Not a budget a job must meet on a loaded machine: a job slowed down (its JAX start-up and compilation take
+    minutes at a load of 15 to 33 on 2 cores) keeps writing its logs, record and checkpoints under ``watch``, and is
+    waited for. The wait fails only when ``ready()`` is still falsy and nothing under ``watch`` has changed for
+    ``hang_s`` (HANG_S; without ``watch``, ``hang_s`` after the start): a hung job, ended by ``on_hang()`` (a qdel, a kill), the test failing
+    with what it waited for and ``tail()``."""
+    state, since, t0 = None, time.monotonic(), time.monotonic()
+    while True:
+        value = ready()
+        if value:
+            return value
+        now = tree_state(watch) if watch else None
+        if now != state:
+            state, since = now, time.monotonic()
+        if time.monotonic() - since > hang_s:
+            on_hang()
+            import pytest
+
+            pytest.fail(
+                f"waited {time.monotonic() - t0:.0f} s for {what}; nothing under {[str(w) for w in watch]} "
+                f"changed in the last {hang_s} s (hung)\n{tail()}"
+            )
+        time.sleep(poll_s)
 
 
 class SubmittedJobs:
     """What ``octo-dist launch ... --submit`` printed: the job ids and their logs, in order, and the submit
-    directory. A scheduler's tests add how to wait for a job and what to show when one fails."""
+    directory; waiting for a job however long a loaded machine makes it take (``wait_until``). A scheduler's tests
+    add how to read a job's record (``record_of``), whether it has ended, how to cancel one and what to show when
+    one fails (``tail``)."""
+
+    def record_of(self, job_id: str) -> dict:
+        raise NotImplementedError
+
+    def has_ended(self, record: dict) -> bool:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def tail(self, i: int = 0) -> str:
+        return self.log(i)[-4000:]
+
+    def wait(self, i: int = 0) -> dict:
+        """Job ``i``'s final record; a job that changes nothing in its submit directory and log for HANG_S is hung:
+        cancelled, the test fails."""
+        job_id = self.ids[i]
+
+        def final() -> Optional[dict]:
+            record = self.record_of(job_id)
+            return record if self.has_ended(record) else None
+
+        return wait_until(
+            final,
+            watch=[self.work, self.logs[i]],
+            what=f"job {job_id} to end",
+            tail=lambda: self.tail(i),
+            on_hang=lambda: self.cancel(job_id),
+        )
+
+    def wait_for(self, path: Path) -> None:
+        """Until ``path`` appears while the first job runs; that job ending first fails the test."""
+
+        def there() -> bool:
+            if path.exists():
+                return True
+            record = self.record_of(self.id)
+            assert not self.has_ended(record), (
+                f"job {self.id} ended before {path} appeared: {record}\n{self.tail()}"
+            )
+            return False
+
+        wait_until(there, watch=[self.work, self.logs[0]], what=str(path), tail=self.tail)
 
     def __init__(self, work: Path, stdout: str):
         self.work = work
@@ -425,3 +589,35 @@ class SubmittedJobs:
         path = self.work / "record.json"
         assert path.exists(), f"rank 0 wrote no {path}"
         return json.loads(path.read_text())
+
+
+# --- checkpoints a fault must leave intact ---------------------------------------------------------------------
+
+# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
+# directory without it is still being written (orbax has renamed it into place, its checksums.json.<pid>.tmp may
+# be half written).
+MANIFEST = "checksums.json"
+
+
+def checkpoints(save_dir: Path) -> dict:
+    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256:
+    ``{"2/state/...": "9f86d0..."}``."""
+    out = {}
+    for step in sorted(
+        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
+    ):
+        for f in sorted(step.rglob("*")):
+            if f.is_file():
+                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def changed_since(before: dict, after: dict) -> dict:
+    """The files of ``before``'s checkpoints still there in ``after`` (max_to_keep may retire old ones) whose
+    content changed, or that are gone from a checkpoint still there: ``{path: (before, after)}``."""
+    steps_after = {k.split("/")[0] for k in after}
+    return {
+        k: (v, after.get(k))
+        for k, v in before.items()
+        if k.split("/")[0] in steps_after and after.get(k) != v
+    }

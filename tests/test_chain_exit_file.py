@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import clean_env
 
 VENV = Path(sys.executable).parent
-SHORT_S = 120  # a job refused before its ranks start: seconds, given minutes on a loaded machine
 
 
 def render(work: Path, save_dir: Path) -> None:
@@ -38,26 +36,10 @@ def render(work: Path, save_dir: Path) -> None:
 
 
 def run_job(work: Path, job_id: str, after: str = "") -> subprocess.CompletedProcess:
-    nodes = work / "nodefile"
-    nodes.write_text("localhost\nlocalhost\n")
-    env = clean_env(
-        PATH=f"{VENV}:/usr/bin:/bin",
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_JOBID=job_id,
-        PBS_NODEFILE=str(nodes),
-        PBS_O_WORKDIR=str(work),
-    )
+    env = helpers.pbs_batch_env(work, job_id, f"{VENV}:/usr/bin:/bin")
     if after:
         env["OCTO_DIST_AFTER"] = after
-    return helpers.run(
-        ["bash", "job.sh"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SHORT_S,
-        stdin=subprocess.DEVNULL,
-    )
+    return helpers.run_script(work, env)
 
 
 def errors(proc: subprocess.CompletedProcess) -> list:

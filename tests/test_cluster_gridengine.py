@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cluster import gridengine, sim
+from helpers import HANG_S, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -29,12 +30,15 @@ VENV = Path(sys.executable).parent.parent
 STEPS = 10
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
-JOB_TIMEOUT_S = 480  # a whole job (queueing, preflight, training) on a loaded 2-core machine
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
 # A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
 # scenario lasts as long, and the tests beside it keep the machine's cores.
 LONG_STEP_TIME = 0.1
-FAULT_DEADLINE_S = 90  # keepalive (25 s) + the script's failed-rank grace (20 s) + a loaded machine
+# A lost node: from the link cut to the job script's last line. What it takes: Open MPI's keepalive over qrsh (25 s),
+# the supervisor's FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
+# the property, not a budget for the machine: past it the job holds its nodes until h_rt. A constant, not read from
+# the runtime: a runtime whose grace grew must fail here.
+LOST_NODE_BOUND_S = 150
 
 
 def engine(tmp_path: Path, slots_per_host: int):
@@ -118,21 +122,33 @@ def log(work: Path, job_id: str) -> str:
     return path.read_text() if path.exists() else f"(no {path.name})"
 
 
-def ended(ge: gridengine.GridEngine, work: Path, job_id: str, timeout: float = JOB_TIMEOUT_S):
-    try:
-        return ge.wait_ended(job_id, timeout)
-    except TimeoutError as e:
-        pytest.fail(f"{e}\n--- job log ---\n{log(work, job_id)[-4000:]}\n{ge.diagnose()[-3000:]}")
+def ended(ge: gridengine.GridEngine, work: Path, job_id: str) -> dict:
+    """The job's accounting record once it has left the queue, however long a loaded machine makes it take
+    (``wait_until``: a job that changes nothing in its submit directory for HANG_S is hung: qdel'd, the test
+    fails)."""
+    wait_until(
+        lambda: ge.job_state(job_id) is None,
+        watch=[work],
+        what=f"job {job_id} to leave the queue",
+        tail=lambda: f"--- job log ---\n{log(work, job_id)[-4000:]}\n{ge.diagnose()[-3000:]}",
+        on_hang=lambda: ge.run(["qdel", "-f", job_id], check=False),
+        poll_s=2,
+    )
+    return ge.wait_ended(job_id, HANG_S)  # its accounting record: written as the job leaves
 
 
 def wait_for(path: Path, ge: gridengine.GridEngine, work: Path, job_id: str) -> None:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not path.exists():
+    """Until ``path`` appears (``wait_until``: only a job that changes nothing for HANG_S is hung); a job that
+    ends first fails the test."""
+
+    def there() -> bool:
+        if path.exists():
+            return True
         if ge.job_state(job_id) is None:
             pytest.fail(f"job {job_id} ended before {path} appeared\n{log(work, job_id)[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {path} after {JOB_TIMEOUT_S} s\n{log(work, job_id)[-4000:]}")
-        time.sleep(1)
+        return False
+
+    wait_until(there, watch=[work], what=str(path), tail=lambda: log(work, job_id)[-4000:])
 
 
 def workdir(tmp_path: Path) -> Path:
@@ -197,7 +213,7 @@ def test_a_crashed_run_leaves_no_daemon_behind(tmp_path):
             stdin=subprocess.DEVNULL,
             cwd=Path(__file__).parent,
         )
-        rc = proc.wait(timeout=300)
+        rc = proc.wait(timeout=HANG_S)
     assert rc == -9, err.read_text()[-3000:]
     daemons = json.loads(out.read_text())
     assert len(daemons) >= 3, daemons  # sge_qmaster and two sge_execd
@@ -206,10 +222,12 @@ def test_a_crashed_run_leaves_no_daemon_behind(tmp_path):
     again = sim.Cluster(tmp_path / "next").up()
     try:
         # SIGKILLed by the set-up; gone once the kernel has ended them (a zombie awaiting its reaper counts as gone).
-        deadline = time.monotonic() + 60
-        while alive(daemons) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert alive(daemons) == [], alive(daemons)
+        wait_until(
+            lambda: alive(daemons) == [],
+            what="the crashed run's daemons to be gone",
+            tail=lambda: str(alive(daemons)),
+            poll_s=0.5,
+        )
     finally:
         again.down()
     assert (crashed / "sge" / "spool" / "qmaster" / "messages").exists()
@@ -281,21 +299,22 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge_one_per_node,
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(SAVE_EVERY), ge, work, job)
     ge.run(["qdel", job])
-    ended(ge, work, job, timeout=180)
+    ended(ge, work, job)
     text = log(work, job)
     assert "SIGUSR2 after" in text, text[-4000:]
     steps = sorted(int(p.name) for p in save_dir.iterdir() if p.name.isdigit())
     assert steps and steps[-1] >= SAVE_EVERY, steps
-    deadline = time.monotonic() + 60
-    while any(rank_processes(ge, n) for n in ge.cluster.nodes) and time.monotonic() < deadline:
-        time.sleep(1)
-    left = {n: rank_processes(ge, n) for n in ge.cluster.nodes}
-    assert not any(left.values()), left
+    # Gone once the kill after the notify time has come (HANG_S only ends a hang).
+    wait_until(
+        lambda: not any(rank_processes(ge, n) for n in ge.cluster.nodes),
+        what="the job's ranks to end after qdel",
+        tail=lambda: str({n: rank_processes(ge, n) for n in ge.cluster.nodes}),
+    )
 
 
 @pytest.mark.cluster_long
 def test_a_lost_node_ends_the_job_naming_it(ge_one_per_node, tmp_path):
-    """node002's link cut mid-run: the job ends within FAULT_DEADLINE_S, fails, and its log names node002 (or its
+    """node002's link cut mid-run: the job ends within LOST_NODE_BOUND_S, fails, and its log names node002 (or its
     rank, 1 of 2)."""
     ge = ge_one_per_node
     work = workdir(tmp_path)
@@ -305,7 +324,7 @@ def test_a_lost_node_ends_the_job_naming_it(ge_one_per_node, tmp_path):
     seen = len(log(work, job))  # the preflight already names node002: read what follows
     ge.cluster.cut_link("node002")
     t0 = time.monotonic()
-    deadline = t0 + FAULT_DEADLINE_S
+    deadline = t0 + LOST_NODE_BOUND_S
     # The job script on node001 writes its last line when it ends; Grid Engine may hold the job until node002's
     # execd is heard from again, which is not what is measured here.
     while "training exited with" not in log(work, job) and time.monotonic() < deadline:

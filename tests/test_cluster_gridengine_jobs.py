@@ -4,42 +4,31 @@ rest of the chain with qdel; from the record launch --submit left in the save di
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from helpers import chain_running
-from test_cluster_gridengine import (  # noqa: F401  (pytest fixtures, used by name)
-    JOB_TIMEOUT_S,
-    LONG_STEP_TIME,
-    LONG_STEPS,
-    VENV,
-    ended,
-    ge_one_per_node,
-    launch,
-    log,
-    workdir,
-)
+import test_cluster_gridengine as grid
+from helpers import chain_running, wait_until
+from test_cluster_gridengine import ge_one_per_node  # noqa: F401  (a pytest fixture, used by name)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def jobs(ge, work, *argv):
-    argv = [str(VENV / "bin" / "octo-dist"), "jobs", "--save-dir", "runs/smoke", *argv]
+    argv = [str(grid.VENV / "bin" / "octo-dist"), "jobs", "--save-dir", "runs/smoke", *argv]
     return ge.run(argv, cwd=work, check=False)
 
 
 def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, tmp_path):  # noqa: F811
-    ge, work = ge_one_per_node, workdir(tmp_path)
-    first, second = launch(
-        ge, work, steps=LONG_STEPS, chain=2, step_time=LONG_STEP_TIME, ranks_per_node=1
+    ge, work = ge_one_per_node, grid.workdir(tmp_path)
+    first, second = grid.launch(
+        ge, work, steps=grid.LONG_STEPS, chain=2, step_time=grid.LONG_STEP_TIME, ranks_per_node=1
     )
     out, rows = chain_running(
         lambda: jobs(ge, work),
         first,
         work / "runs" / "smoke" / "2",
-        JOB_TIMEOUT_S,
-        lambda: log(work, first)[-4000:],
+        [work],
+        lambda: grid.log(work, first)[-4000:],
     )
     assert out.startswith("chain of 2 (sge, submitted "), out
     assert rows[second] == "held" and "waits for the job before it" in out
@@ -50,11 +39,10 @@ def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, 
     cancel = jobs(ge, work, "cancel")
     assert cancel.returncode == 0, cancel.stderr
     assert cancel.stdout == f"cancelled {first}, {second} (qdel {first} {second})\n"
-    ended(ge, work, first)
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while ge.job_state(second) is not None:
-        assert time.monotonic() < deadline, f"job {second} still queued after qdel"
-        time.sleep(1)
+    grid.ended(ge, work, first)
+    wait_until(
+        lambda: ge.job_state(second) is None, what=f"job {second} to leave the queue after qdel"
+    )
     assert (
         jobs(ge, work, "cancel").stdout
         == "nothing to cancel: no job of the chain is queued or running\n"

@@ -18,7 +18,6 @@ output. All of them share one cluster (set up in about a second), each job in a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import pytest
 
 from cluster import pbs as sim_pbs
 from cluster import sim
-from helpers import SubmittedJobs
+from helpers import HANG_S, MANIFEST, SubmittedJobs, changed_since, checkpoints, wait_until
 
 pytestmark = [pytest.mark.cluster]
 
@@ -42,9 +41,6 @@ STEPS = 10
 SAVE_EVERY = 2
 LONG = 10**6  # steps of a run that only a stop ends
 LONG_STEP_TIME = 0.1  # such a run sleeps between steps: the tests beside it keep the cores
-JOB_TIMEOUT_S = 480  # a whole job (queueing, preflight, training) on a loaded 2-core machine
-END_TIMEOUT_S = 180  # qdel to the job's end: the kill delay and a loaded machine
-SHELL_JOB_TIMEOUT_S = 120  # a plain shell job of the imitation's own tests
 # Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank. OCTO_DIST_LOG_ALL_RANKS=1
 # makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
 SUBMIT_VARS = {
@@ -106,18 +102,20 @@ def qsub(p: sim_pbs.Pbs, work: Path, script: str, *options: str, env=()) -> str:
     return proc.stdout.strip()
 
 
-def ended(p: sim_pbs.Pbs, job_id: str, timeout: float = SHELL_JOB_TIMEOUT_S) -> dict:
-    record = p.wait_ended(job_id, timeout)
+def ended(p: sim_pbs.Pbs, job_id: str) -> dict:
+    """A plain shell job's final record (seconds of work; HANG_S only ends a hang)."""
+    record = p.wait_ended(job_id, HANG_S)
     assert record.get("job_state") == "F", (record, p.logs())
     return record
 
 
-def wait_file(path: Path, timeout: float = SHELL_JOB_TIMEOUT_S) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
-        time.sleep(0.2)
-    return path.read_text()
+def wait_file(path: Path) -> str:
+    """``path``'s text once its last line is written (HANG_S only ends a hang)."""
+    return wait_until(
+        lambda: path.exists() and path.read_text().endswith("\n") and path.read_text(),
+        what=f"{path}",
+        poll_s=0.2,
+    )
 
 
 def kill_all(pids) -> None:
@@ -283,17 +281,14 @@ class Submitted(SubmittedJobs):
             f"{self.pbs.logs(1500)}"
         )
 
-    def wait(self, i: int = 0, timeout: float = JOB_TIMEOUT_S) -> dict:
-        """The job's final record (``qstat -x -f``); fails the test if it has not ended by ``timeout``."""
-        t0 = time.monotonic()
-        record = self.pbs.wait_ended(self.ids[i], timeout)
-        if record.get("job_state") not in sim_pbs.ENDED:
-            self.pbs.run(["qdel", "-W", "force", self.ids[i]], check=False)
-            pytest.fail(
-                f"job {self.ids[i]} is {record.get('job_state')} after {time.monotonic() - t0:.0f} s\n"
-                + self.tail(i)
-            )
-        return record
+    def record_of(self, job_id: str) -> dict:
+        return self.pbs.job(job_id)  # qstat -x -f
+
+    def has_ended(self, record: dict) -> bool:
+        return record.get("job_state") in sim_pbs.ENDED
+
+    def cancel(self, job_id: str) -> None:
+        self.pbs.run(["qdel", "-W", "force", job_id], check=False)
 
 
 def require(condition, message: str) -> None:
@@ -335,16 +330,6 @@ def launch(
     proc = p.run(argv, user=True, cwd=work, env=SUBMIT_VARS, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Submitted(p, work, proc.stdout)
-
-
-def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if job.pbs.job(job.id).get("job_state") in sim_pbs.ENDED:
-            pytest.fail(f"job {job.id} ended before {path.name} appeared\n" + job.tail())
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {path} after {timeout:.0f} s\n" + job.tail())
-        time.sleep(0.5)
 
 
 def training_ranks(p: sim_pbs.Pbs, job_id: str) -> list[dict]:
@@ -496,9 +481,9 @@ def test_qdel_mid_run_stops_every_rank_and_leaves_nothing_of_the_job(pbs, compil
             step_time=LONG_STEP_TIME,
             save_every=1,
         )
-        wait_for(job.save_dir / "1", job)
+        job.wait_for(job.save_dir / "1")
         pbs.run(["qdel", job.id], user=True)
-        final = pbs.wait_ended(job.id, END_TIMEOUT_S)
+        final = job.wait()
     finally:
         pbs.qmgr("unset queue rt_HF kill_delay")
     left = pbs.carrying(job.id)
@@ -554,38 +539,6 @@ def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs
 # ---- a lost node (long) ----------------------------------------------------------------------------------------
 
 
-# What octo-dist writes last into a checkpoint, atomically (octo_dist/engine/checkpoint.py, MANIFEST): a step
-# directory without it is still being written.
-MANIFEST = "checksums.json"
-
-
-def checkpoints(save_dir: Path) -> dict[str, str]:
-    """Every file of every complete checkpoint (``<step>/`` holding its ``checksums.json``), with its sha256."""
-    out = {}
-    for step in sorted(
-        p for p in save_dir.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file()
-    ):
-        for f in sorted(step.rglob("*")):
-            if f.is_file():
-                out[str(f.relative_to(save_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
-def kill_ranks(p: sim_pbs.Pbs, node: str) -> list[int]:
-    """SIGKILL to every training process on node (the ranks: ``.../bin/octo-dist smoke``; not mpirun's daemon, not
-    the rank guard)."""
-    killed = []
-    for pid in p.cluster.processes_on(node):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
-
-
 def mend_link(node: str) -> None:
     """Plugs node's cable back in (``Cluster.cut_link`` undone): the module's other jobs use node002."""
     sim._ip("-n", sim.SWITCH, "link", "set", f"{sim.PREFIX}-{node}", "up")
@@ -607,7 +560,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         steps=LONG,
         step_time=LONG_STEP_TIME,
     )
-    wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST, job)
+    job.wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST)
     before = checkpoints(job.save_dir)
     seen = len(job.log())  # the preflight already names node002: read what follows
     t0 = time.monotonic()
@@ -615,7 +568,10 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         if fault == "link-cut":
             pbs.cluster.cut_link("node002")
         else:
-            require(kill_ranks(pbs, "node002"), "no rank process found on node002\n" + job.tail())
+            require(
+                pbs.cluster.kill_ranks("node002", also=b"smoke"),
+                "no rank process found on node002\n" + job.tail(),
+            )
         final = pbs.wait_ended(job.id, LOST_NODE_BOUND_S)
         took = time.monotonic() - t0
     finally:
@@ -640,9 +596,7 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         f"nothing the job said after the fault names {' or '.join(names)}: {said[-3000:]}\n{what}"
     )
     after = checkpoints(job.save_dir)
-    # max_to_keep may retire old checkpoints: every file of those still there is unchanged
-    kept = {k: v for k, v in before.items() if k.split("/")[0] in {a.split("/")[0] for a in after}}
-    assert kept and {k: after.get(k) for k in kept} == kept, (
+    assert before and changed_since(before, after) == {}, (
         "a checkpoint written before the fault changed: " + what
     )
     newest = max(int(k.split("/")[0]) for k in before)

@@ -20,7 +20,6 @@ from test_cluster_pbs import (  # noqa: F401  (pytest fixtures, used by name)
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-WAIT_S = 420  # the first job's start (the preflight, JAX's start-up) on a loaded 2-core machine
 
 
 def jobs(p, work, *argv):
@@ -34,7 +33,7 @@ def test_a_chains_status_log_and_cancel_under_pbs(pbs, compile_cache):  # noqa: 
     job = launch(pbs, compile_cache, work, chain=2, steps=LONG, step_time=LONG_STEP_TIME)
     first, second = job.ids
     out, rows = chain_running(
-        lambda: jobs(pbs, work), first, work / "runs" / "smoke" / "2", WAIT_S, job.tail
+        lambda: jobs(pbs, work), first, work / "runs" / "smoke" / "2", [work, *job.logs], job.tail
     )
     assert out.startswith("chain of 2 (pbs, submitted "), out
     assert rows[second] == "held" and f"{second}  held" in out, out
@@ -44,7 +43,7 @@ def test_a_chains_status_log_and_cancel_under_pbs(pbs, compile_cache):  # noqa: 
     assert cancel.returncode == 0, cancel.stderr
     assert cancel.stdout == f"cancelled {first}, {second} (qdel {first} {second})\n", cancel.stdout
     for job_id in (first, second):
-        assert pbs.wait_ended(job_id, 240).get("job_state") == "F", job.tail()
+        assert job.wait(job.ids.index(job_id))["job_state"] == "F", job.tail()
     after = jobs(pbs, work)
     states = [ln.split()[1] for ln in after.stdout.splitlines()[1:3]]
     assert "running" not in states and "held" not in states, after.stdout

@@ -11,8 +11,6 @@ interleaved output. ``tests/cluster/slurm.py`` says how the daemons run.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import REPO, SubmittedJobs, clean_env
+from helpers import HANG_S, REPO, SubmittedJobs, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -40,10 +38,12 @@ REFERENCE_STEP_TIME = 0.1
 # long, and the tests beside it keep the machine's cores.
 LONG_STEP_TIME = 0.1
 STOP_MARGIN_S = 60
-JOB_TIMEOUT_S = 420  # a whole job (preflight + training) on a loaded 2-core machine
-# A lost node must end the job within this, measured from the fault (under CI load: 1-34 s).
-FAULT_DEADLINE_S = 60
-FAULT_GRACE_S = 30  # ... and the test waits this much longer, to say how late a late end came
+# A lost node: from the fault to the job's end (under CI load: 1-34 s). What it takes: the supervisor's node probe
+# (NODE_PROBE_S, 15 s) or a rank's failure, its FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded
+# 2-core machine. The bound is the property, not a budget for the machine: without the supervisor, srun waits for
+# Slurm's SlurmdTimeout (300 s) before it gives the lost node up; a job still running at the bound is one that holds
+# its nodes until Slurm's timeouts. A constant, not read from the runtime: a runtime whose grace grew must fail here.
+LOST_NODE_BOUND_S = 150
 VENV = Path(sys.executable).parent.parent
 # Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task.
 SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
@@ -90,17 +90,14 @@ class Submitted(SubmittedJobs):
     def tail(self, i: int = 0, n: int = 4000) -> str:
         return f"--- job {self.ids[i]} log ---\n{self.log(i)[-n:]}\n--- daemons ---\n{self.slurm.logs(1500)}"
 
-    def wait(self, i: int = 0, timeout: float = JOB_TIMEOUT_S) -> dict:
-        """The job's final record (``scontrol show job``); fails the test if it has not ended by ``timeout``."""
-        t0 = time.monotonic()
-        record = self.slurm.wait_job(self.ids[i], timeout)
-        if record.get("JobState") not in ENDED:
-            self.slurm.client("node001", ["scancel", self.ids[i]], check=False)
-            pytest.fail(
-                f"job {self.ids[i]} is {record.get('JobState')} after {time.monotonic() - t0:.0f} s\n"
-                + self.tail(i)
-            )
-        return record
+    def record_of(self, job_id: str) -> dict:
+        return self.slurm.job(job_id)  # scontrol show job
+
+    def has_ended(self, record: dict) -> bool:
+        return record.get("JobState") in ENDED
+
+    def cancel(self, job_id: str) -> None:
+        self.slurm.client("node001", ["scancel", job_id], check=False)
 
 
 def launch(
@@ -166,20 +163,9 @@ def launch(
     env = sim.base_env(slurm.cluster, home, SUBMIT_VARS)
     env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
-    res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=120)
+    res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=HANG_S)
     assert res.returncode == 0, res.stdout + res.stderr
     return Submitted(slurm, work, res.stdout)
-
-
-def wait_for(path: Path, job: Submitted, timeout: float = JOB_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        state = job.slurm.job(job.id).get("JobState")
-        if state in ENDED:
-            pytest.fail(f"job {job.id} ended ({state}) before {path.name} appeared\n" + job.tail())
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {path} after {timeout:.0f} s\n" + job.tail())
-        time.sleep(1)
 
 
 def hosts(rec: dict, ranks_per_node: int = 2) -> None:
@@ -232,7 +218,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
     )
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
-    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
     # The time limit brought forward to now + the stop margin (Slurm counts it in minutes), as an admin's
     # `scontrol update` does: Slurm's own --signal=B:USR1@<margin> then comes within its 30 s check period, while
     # the ranks are past their first checkpoint whatever the machine's load.
@@ -292,7 +278,7 @@ def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) ->
         global_batch=8,
         step_time=LONG_STEP_TIME,
     )
-    wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY), job)
+    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
     return job
 
 
@@ -301,12 +287,14 @@ def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cac
     job = launch_until_stopped(slurm, tmp_path, compile_cache)
     assert any(p.startswith("node002:") and "octo-dist" in p for p in job_processes(slurm.cluster))
     slurm.client("node001", ["scancel", job.id])
-    final = job.wait(timeout=120)
+    final = job.wait()
     assert final["JobState"] == "CANCELLED", (final, job.tail())
-    deadline = time.monotonic() + 60
-    while job_processes(slurm.cluster) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert job_processes(slurm.cluster) == [], job_processes(slurm.cluster)
+    # Slurm's KillWait (30 s) after the SIGTERM: then nothing of the job may be left (HANG_S only ends a hang).
+    wait_until(
+        lambda: job_processes(slurm.cluster) == [],
+        what="the job's processes to end after scancel",
+        tail=lambda: "\n".join(job_processes(slurm.cluster)),
+    )
 
 
 def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
@@ -314,21 +302,12 @@ def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
     daemon = slurm.daemons[f"slurmd-{node}"]
     daemon.kill()
     daemon.wait()
-    killed = []
-    for pid in slurm.cluster.processes_on(node):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"octo-dist") for part in cmd[:2]):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    assert killed, f"no rank processes found on {node}"
+    assert slurm.cluster.kill_ranks(node), f"no rank processes found on {node}"
 
 
 @pytest.mark.cluster_long
 @pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
-def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_failed(
+def test_a_lost_node_ends_the_job_naming_it_and_slurm_says_failed(
     fault, slurm, tmp_path, compile_cache
 ):
     job = launch_until_stopped(slurm, tmp_path, compile_cache)
@@ -339,19 +318,13 @@ def test_a_lost_node_ends_the_job_within_a_minute_naming_it_and_slurm_says_faile
         kill_node(slurm, "node002")
     t0 = time.monotonic()
     state = slurm.job(job.id)
-    while (
-        state.get("JobState") == "RUNNING"
-        and time.monotonic() - t0 < FAULT_DEADLINE_S + FAULT_GRACE_S
-    ):
+    while state.get("JobState") == "RUNNING" and time.monotonic() - t0 < LOST_NODE_BOUND_S:
         time.sleep(1)
         state = slurm.job(job.id)
     took = time.monotonic() - t0
     assert state.get("JobState") != "RUNNING", (
-        f"{fault}: job {job.id} still RUNNING {took:.0f} s after the fault\n" + job.tail()
-    )
-    assert took <= FAULT_DEADLINE_S, (
-        f"{fault}: job {job.id} ended {took:.0f} s after the fault; expected within {FAULT_DEADLINE_S} s\n"
-        + job.tail()
+        f"{fault}: job {job.id} still RUNNING {took:.0f} s after the fault (a job that holds its nodes until "
+        f"Slurm's own timeouts)\n" + job.tail()
     )
     # The batch script has ended: Slurm records it as failed (COMPLETING while it cannot reach node002 to clean
     # up, with the script's exit status; FAILED or NODE_FAIL once done).
@@ -397,7 +370,7 @@ def test_detect_under_the_real_srun_matches_slurms_own_variables(slurm, tmp_path
     work.mkdir()
     (work / "detect.sh").write_text(DETECT_JOB.format(octo=VENV / "bin" / "octo-dist"))
     job_id = slurm.client("node001", ["sbatch", "--parsable", "detect.sh"], cwd=str(work)).stdout
-    final = slurm.wait_job(job_id.strip(), 120)
+    final = slurm.wait_job(job_id.strip(), HANG_S)  # seconds of work: HANG_S only ends a hang
     log = (work / f"detect-{job_id.strip()}.out").read_text(errors="replace")
     assert final["JobState"] == "COMPLETED", (final, log, slurm.logs(1500))
     for shape, per_node in (
@@ -438,7 +411,9 @@ def test_a_new_set_up_removes_what_a_crashed_run_left(slurm_ready, tmp_path):
     try:
         with sim.Cluster(tmp_path / "again") as c, sim_slurm.Slurm(c) as s:
             for p in crashed.daemons.values():
-                p.wait(timeout=30)  # killed by the new set-up (they lived in the old namespaces)
+                p.wait(
+                    timeout=HANG_S
+                )  # killed by the new set-up (they lived in the old namespaces)
             assert not (s.run / "left-behind").exists()
             assert sorted(s.daemons) == sorted(daemons)
             assert s.client("node001", ["sinfo", "-h", "-o", "%D %t"]).stdout.split() == [

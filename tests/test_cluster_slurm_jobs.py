@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cluster import sim
-from helpers import chain_running, clean_env
+from helpers import HANG_S, chain_running, clean_env
 from test_cluster_slurm import (  # noqa: F401  (pytest fixtures, used by name)
     LONG,
     LONG_STEP_TIME,
@@ -20,7 +20,6 @@ from test_cluster_slurm import (  # noqa: F401  (pytest fixtures, used by name)
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-WAIT_S = 420  # the first job's start (the preflight, JAX's start-up) on a loaded 2-core machine
 
 
 def jobs(slurm, tmp_path, *argv):  # noqa: F811
@@ -31,7 +30,7 @@ def jobs(slurm, tmp_path, *argv):  # noqa: F811
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
     argv = [sys.executable, "-m", "octo_dist", "jobs", "--save-dir", "runs/smoke", *argv]
     return slurm.client(
-        "node001", argv, env=env, cwd=str(tmp_path / "submit"), check=False, timeout=120
+        "node001", argv, env=env, cwd=str(tmp_path / "submit"), check=False, timeout=HANG_S
     )
 
 
@@ -44,7 +43,7 @@ def test_a_chains_status_log_and_cancel_under_real_slurm(slurm, tmp_path, compil
         lambda: jobs(slurm, tmp_path),
         first,
         tmp_path / "submit" / "runs" / "smoke" / "50",
-        WAIT_S,
+        [job.work, *job.logs],
         job.tail,
     )
     assert out.startswith("chain of 2 (slurm, submitted "), out

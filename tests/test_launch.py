@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist import cli
 from octo_dist.jobs import examples, render, spec, training, walltime
 from octo_dist.jobs.cli import parse
@@ -502,19 +502,12 @@ def fake_job(tmp_path):
 
 
 def start(script, env, cwd):
-    return helpers.popen(
-        ["bash", str(script)],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return helpers.start_script(cwd, env, str(script))
 
 
-def wait_for(path: Path, needle: str, timeout: float = 30) -> None:
+def wait_for(path: Path, needle: str, timeout: float = HANG_S) -> None:
+    """Until ``needle`` is in ``path``; ``timeout`` only ends a hang (a fake job's start-up takes seconds, minutes
+    on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and needle in path.read_text():
@@ -540,7 +533,7 @@ def kill_session(sid: int) -> None:
                 pass
 
 
-def finish(proc, timeout=60):
+def finish(proc, timeout=HANG_S):
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
@@ -571,17 +564,7 @@ def test_a_stop_signal_ignored_on_entry_still_stops_the_job(fake_job, tmp_path, 
     """Started as `job.sh &` from a script (SIGINT ignored) or under `trap '' TERM`: bash could not trap those; the
     job runtime (Python) arms them again, so the first of them stops the job cleanly through the launcher."""
     make, env, log = fake_job
-    proc = subprocess.Popen(
-        ["bash", str(make())],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=helpers.ignoring(*ignored),
-    )
+    proc = helpers.start_script(tmp_path, env, str(make()), preexec=helpers.ignoring(*ignored))
     wait_for(log, "training started")
     os.kill(proc.pid, ignored[-1])
     out = finish(proc)
@@ -610,16 +593,7 @@ def test_pbs_and_slurm_scripts_start_their_launcher_from_the_submit_directory(
         expected = (
             "argv --nodes=1 --ntasks-per-node=2 --export=ALL --kill-on-bad-exit=1 --cpu-bind=none "
         )
-    proc = helpers.popen(
-        ["bash", str(make(scheduler=scheduler))],
-        cwd="/",
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = helpers.start_script(Path("/"), env, str(make(scheduler=scheduler)))
     wait_for(log, "training started")
     os.kill(proc.pid, signal.SIGTERM)
     out = finish(proc)
@@ -842,15 +816,7 @@ def test_sge_script_runs_the_smoke_job_on_two_ranks(tmp_path):
     env = real_job_env(tmp_path, PE_HOSTFILE=str(hosts), NSLOTS="2", JOB_ID="4242")
     script = smoke_script(tmp_path, "sge", "--", "smoke", "--model", "tiny", "--steps", "4")
     started = time.monotonic()
-    proc = helpers.run(
-        ["bash", str(script)],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
+    proc = helpers.run_script(tmp_path, env, str(script))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "every rank agrees; start-up works" in out  # the preflight, under the same mpirun
@@ -893,15 +859,7 @@ def test_a_ranks_refusal_is_the_jobs_final_word_when_the_launcher_crashes_after_
         wrapper.chmod(0o755)
         env.update(PATH=f"{wrapper.parent}:{env['PATH']}", REAL_MPIRUN=str(VENV_BIN / "mpirun"))
     script = smoke_script(tmp_path, "pbs", "--", "smoke", "--model", "tiny", "--steps", "4")
-    proc = helpers.run(
-        ["bash", str(script)],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = helpers.run_script(tmp_path, env, str(script))
     out = proc.stdout + proc.stderr
     assert "openmpi5 says rank 1 of 2 (local 1) but RANK=0 is also set" in out, out
     last = proc.stderr.rstrip("\n").splitlines()[-1]
@@ -925,16 +883,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     )
     script = smoke_script(tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny")
     started = time.monotonic()
-    proc = helpers.popen(
-        ["bash", str(script)],
-        cwd="/",
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = helpers.start_script(Path("/"), env, str(script))
     lines, training = [], threading.Event()
 
     def read():
@@ -1077,9 +1026,7 @@ def test_a_syntax_check_that_hangs_is_refused_not_waited_for(tmp_path, monkeypat
     # A `bash` that never answers (a wedged login node): the check gives up after its timeout.
     from octo_dist.jobs import cli as jobs_cli
 
-    fake = tmp_path / "bash"
-    fake.write_text("#!/bin/sh\nexec sleep 600\n")
-    fake.chmod(0o755)
+    helpers.fake_program(tmp_path, "bash", "exec sleep 600")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setattr(jobs_cli, "SYNTAX_CHECK_TIMEOUT_S", 1)
     with pytest.raises(

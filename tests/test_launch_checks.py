@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env, stdout_of
 from octo_dist import cli
 
 HEAD = ["launch", "pbs", "--nodes", "2", "--group", "gxx00000"]
@@ -63,15 +63,8 @@ def test_checking_imports_no_jax():
         "rc2 = cli.main([*slurm, 'finetune', '--config.num_steps=2'])\n"
         "print(rc, rc2, 'jax' in sys.modules, 'tensorflow' in sys.modules)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
-    )
-    assert proc.stdout.split()[-4:] == ["2", "0", "False", "False"], proc.stdout + proc.stderr
+    out = stdout_of([sys.executable, "-c", code])
+    assert out.split()[-4:] == ["2", "0", "False", "False"], out
 
 
 BARE_39 = "/root/.pyenv/versions/3.9.18/bin/python"
@@ -90,7 +83,7 @@ def test_on_a_login_nodes_bare_python_smoke_is_checked_and_finetune_is_skipped_w
             text=True,
             env=env,
             cwd=REPO,
-            timeout=120,
+            timeout=HANG_S,
         )
 
     typo = run("smoke", "--stepz", "3")

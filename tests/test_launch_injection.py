@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from test_launch import kill_session
 from octo_dist.jobs import cli as jobs_cli
 from octo_dist import cli
@@ -279,14 +279,8 @@ def test_hostile_values_reach_the_ranks_as_data(cluster, tmp_path, capsys, value
             (run_dir / f"{value}d").mkdir()
             (run_dir / f"{value}b").mkdir()
         argv_log.unlink(missing_ok=True)
-        proc = helpers.run(
-            ["bash", "job.sh"],
-            cwd=run_dir,
-            env=dict(with_slots(env, 1), FAKE_IMAGE_BIN=str(run_dir / "image" / "bin")),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        proc = helpers.run_script(
+            run_dir, dict(with_slots(env, 1), FAKE_IMAGE_BIN=str(run_dir / "image" / "bin"))
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert not markers(tmp_path), markers(tmp_path)
@@ -369,15 +363,7 @@ def test_a_hostile_script_name_stays_data(cluster, tmp_path, capsys, name):
     env = {
         k: v for k, v in env.items() if k != "PE_HOSTFILE"
     }  # outside a job: the script says to submit it
-    proc = helpers.run(
-        ["bash", str(out)],
-        cwd=job_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = helpers.run_script(job_dir, env, str(out))
     assert proc.returncode == 2 and f"qsub {name})" in proc.stderr, proc.stderr
     assert not markers(tmp_path)
 
@@ -452,20 +438,11 @@ def test_a_failed_rank_ends_a_launcher_that_hangs(cluster, tmp_path):
     env = dict(
         with_slots(env, 2), FAKE_RANKS="2", FAKE_HANG="1", FAKE_SLEEP="600", FAKE_FAIL_RANK="1"
     )
-    proc = helpers.popen(
-        ["bash", "job.sh"],
-        cwd=job_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = helpers.start_script(job_dir, env)
     try:
         out, _ = proc.communicate(
-            timeout=240
-        )  # the script's own grace is 20 s + 10 s; generous for a loaded host
+            timeout=HANG_S
+        )  # the script's own grace is 20 s + 10 s; its words below say it ended the launcher
     finally:
         kill_session(proc.pid)
     assert proc.returncode not in (0, None), out
@@ -516,15 +493,7 @@ def test_each_rank_gets_its_own_cores_under_the_real_mpirun(cluster, tmp_path):
         )
     )
     env = dict(with_slots(env, 2), PATH=f"{VENV_BIN}:/usr/bin:/bin", RANK_OUT=str(tmp_path))
-    proc = helpers.run(
-        ["bash", "job.sh"],
-        cwd=job_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = helpers.run_script(job_dir, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cpus = [(tmp_path / f"rank-{r}").read_text().split(":")[1].strip() for r in (0, 1)]
     assert len(set(cpus)) == 2 and all("-" not in c and "," not in c for c in cpus), (
@@ -557,7 +526,7 @@ def test_every_scheduler_renders_the_same_on_a_bare_python(version, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert check.returncode == 0, check.stderr
     schedulers = {name: argv[0] for name, argv in examples.EXAMPLES.items()}
@@ -578,7 +547,7 @@ def test_every_scheduler_renders_the_same_on_a_bare_python(version, tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
         )
         assert proc.returncode == 0 and out.exists(), proc.stderr
         assert out.read_text() == render.render(
@@ -617,15 +586,7 @@ def test_a_chained_job_trains_only_after_a_job_that_did_not_fail(cluster):
         if after:
             env_job["OCTO_DIST_AFTER"] = after
         argv_log.unlink(missing_ok=True)
-        return helpers.run(
-            ["bash", "job.sh"],
-            cwd=job_dir,
-            env=env_job,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return helpers.run_script(job_dir, env_job)
 
     first = job("10")
     assert (
@@ -672,15 +633,7 @@ def test_a_failed_rank_is_named_under_the_real_mpirun(cluster, tmp_path):
         )
     )
     env = dict(with_slots(env, 2), PATH=f"{VENV_BIN}:/usr/bin:/bin")
-    proc = helpers.run(
-        ["bash", "job.sh"],
-        cwd=job_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # mpirun ends rank 0 at once; the wait is for a loaded host
+    proc = helpers.run_script(job_dir, env)  # mpirun ends rank 0 at once
     assert proc.returncode != 0, proc.stderr
     assert "rank 1 on " in proc.stderr and "exited with status 3" in proc.stderr, proc.stderr
 
@@ -724,15 +677,7 @@ def test_the_environment_reaches_other_nodes_by_prefix(cluster):
         "PYTHONUNBUFFERED": "1",
     }
     env = dict(with_slots(env, 1), **exported, UNRELATED_VAR="x", MY_NCCL_NOTE="x")
-    proc = helpers.run(
-        ["bash", "job.sh"],
-        cwd=job_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = helpers.run_script(job_dir, env)
     assert proc.returncode == 0, proc.stderr
     launches = [
         ln

@@ -17,6 +17,7 @@ and 30 s beside other test streams on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PBS_JOB, clean_env, launch_job
+from helpers import PBS_JOB, launch_job
 
 from octo_dist.engine import checkpoint as ck
 from octo_dist.jobs.supervisor import prepare
@@ -45,7 +46,6 @@ FAMILIES = {
 MARK = "OCTO_DIST_TEST_JOB"
 KILL_DELAY_S = 30
 SAVE_EVERY = 4
-WAIT_S = 600  # start-up and compilation of the tiny model on a loaded 2-core machine: minutes, not seconds
 # The queue's ``qstat -Qf -F json QUEUE``, as PBS prints a queue that sets kill_delay.
 QSTAT = '#!/bin/sh\necho \'{"Queue": {"rt_HF": {"kill_delay": %d}}}\'\n'
 
@@ -108,15 +108,11 @@ def pbs_env(
             (bin_dir / "hydra_pmi_proxy").symlink_to(launcher(family).parent / "hydra_pmi_proxy")
         (bin_dir / "qstat").write_text(QSTAT % kill_delay)
         (bin_dir / "qstat").chmod(0o755)
-    nodes = work / "nodefile"
-    nodes.write_text("localhost\nlocalhost\n")
-    env = clean_env(
-        PATH=f"{bin_dir}:{VENV}:/usr/bin:/bin",
-        PBS_ENVIRONMENT="PBS_BATCH",
-        PBS_JOBID=job_id,
+    env = helpers.pbs_batch_env(
+        work,
+        job_id,
+        f"{bin_dir}:{VENV}:/usr/bin:/bin",
         PBS_JOBNAME="octo-dist",
-        PBS_NODEFILE=str(nodes),
-        PBS_O_WORKDIR=str(work),
         PBS_QUEUE="rt_HF",
         NCPUS="2",
         **{MARK: f"octo-dist-test-{job_id}-{os.getpid()}"},
@@ -125,6 +121,20 @@ def pbs_env(
     if family != "openmpi5":
         env["OCTO_DIST_NO_MPI4PY"] = "1"  # the venv's mpi4py is built for Open MPI 5
     return env
+
+
+@contextlib.contextmanager
+def at_checkpoint(work: Path, family: str, job_id: str, step: int, **pbs: int):
+    """``(job, env)``: the rendered job started under ``family``'s mpirun (``pbs_env(..., **pbs)``, ``start``),
+    yielded once its checkpoint ``step`` is complete; ended whatever the test does (``end``)."""
+    env = pbs_env(work, family, job_id, **pbs)
+    job = start(work, env)
+    try:
+        wait_for(work / "runs" / "q" / str(step) / ck.MANIFEST, job, work, f"checkpoint {step}")
+        time.sleep(0.3)
+        yield job, env
+    finally:
+        end(job, env)
 
 
 def start(work: Path, env: dict) -> subprocess.Popen:
@@ -185,11 +195,12 @@ def qdel(sid: int, kill_delay: float = KILL_DELAY_S) -> dict:
         time.sleep(0.1)
     left = live(session(sid))
     signal_all(list(left), signal.SIGKILL)
-    # A SIGKILLed process takes a moment to go (a many-threaded prterun): only one still there a minute later
-    # survived the qdel.
-    deadline = time.monotonic() + 60
-    while live(session(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # A SIGKILLed process takes a moment to go (a many-threaded prterun): waited for (HANG_S only ends a hang).
+    helpers.wait_until(
+        lambda: not live(session(sid)),
+        what="the session's processes to go after SIGKILL",
+        poll_s=0.1,
+    )
     return left
 
 
@@ -209,13 +220,16 @@ def live(procs: dict) -> dict:
 
 
 def wait_for(path: Path, job: subprocess.Popen, work: Path, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert job.poll() is None, (
+    """Until ``path`` appears, however long the start-up and compilation take on a loaded machine
+    (``helpers.wait_until``: only a job that changes nothing in ``work`` for HANG_S is hung)."""
+
+    def there() -> bool:
+        assert path.exists() or job.poll() is None, (
             f"the job exited ({job.returncode}) before {what}:\n{log_tail(work)}"
         )
-        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}:\n{log_tail(work)}"
-        time.sleep(0.05)
+        return path.exists()
+
+    helpers.wait_until(there, watch=[work], what=what, tail=lambda: log_tail(work), poll_s=0.05)
 
 
 def log_tail(work: Path, n: int = 6000) -> str:
@@ -254,20 +268,13 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
     its SIGTERM), no stop checkpoint, exit file "1": the chain refused to go on. Open MPI 4.1's mpirun, told the
     kill delay (``odls_base_sigkill_timeout``), passed before too; it stays here as that family's check. Under
     MPICH the job failed at its preflight: Hydra refused Open MPI's options ("unrecognized argument x")."""
-    launcher(family)
     render(tmp_path, compile_cache)
-    env = pbs_env(tmp_path, family, "71.pbs5")
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
-        time.sleep(0.3)
+    with at_checkpoint(tmp_path, family, "71.pbs5", SAVE_EVERY) as (job, env):
         members = live(job_processes(env))
         killed = qdel(job.pid)
-        job.wait(timeout=60)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"qdel'd {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert len(members) >= 5, said  # the supervisor, mpirun, 2 guards, 2 ranks
@@ -294,20 +301,13 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     chain resume from the newest verified checkpoint. Before: Open MPI 5's prterun killed the ranks 0.5 s after the
     qdel and the job wrote "1" (the chain refused); under Open MPI 4.1 mpirun killed them when the kill delay ran out
     and the job wrote a status, or nothing. Under MPICH, Hydra refused Open MPI's options."""
-    launcher(family)
     render(tmp_path, compile_cache, save_every=1, step_time=40)
-    env = pbs_env(tmp_path, family, "73.pbs5", kill_delay=10)
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
-        wait_for(save / "2" / ck.MANIFEST, job, tmp_path, "the second checkpoint")
-        time.sleep(0.3)
+    # Checkpoints 1 and 2 come at once (the pace sleeps from the third step on), then the 40 s step.
+    with at_checkpoint(tmp_path, family, "73.pbs5", 2, kill_delay=10) as (job, env):
         killed = qdel(job.pid, kill_delay=10)
-        job.wait(timeout=60)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"SIGKILLed after the kill delay: {json.dumps(killed, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after the qdel: {left}\n{said}"
@@ -330,28 +330,21 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
     writing checkpoints into a job that had ended; its exit file "137" stopped the chain. Under MPICH, Hydra refused
     Open MPI's options. Hydra's proxy and ranks are outside the session and the launcher's process group: its proxy,
     once mpiexec is gone, ends them."""
-    launcher(family)
     render(tmp_path, compile_cache)
-    env = pbs_env(tmp_path, family, "72.pbs5")
-    job = start(tmp_path, env)
     save = tmp_path / "runs" / "q"
-    try:
-        wait_for(save / str(SAVE_EVERY) / ck.MANIFEST, job, tmp_path, "the first checkpoint")
-        time.sleep(0.3)
+    with at_checkpoint(tmp_path, family, "72.pbs5", SAVE_EVERY) as (job, env):
         members = live(job_processes(env))
         # mpirun: the supervisor's child (Open MPI 5's mpirun is prterun by exec)
         mpirun = [p for p, cmd in members.items() if ppid(p) == job.pid]
         assert len(mpirun) == 1, members
         os.kill(mpirun[0], signal.SIGKILL)
-        job.wait(timeout=120)
+        job.wait(timeout=helpers.HANG_S)
         left = left_after(env)  # every guard looks at its parent once a second
         steps_then = verified_steps(save)
         time.sleep(
             3 * 1.0 * SAVE_EVERY
         )  # what a rank left running would take to save another checkpoint
         steps_later = verified_steps(save)
-    finally:
-        end(job, env)
     log = log_tail(tmp_path)
     said = f"members {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after mpirun was killed: {left}\n{said}"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from cluster import sim
-from helpers import restore_signals
+from helpers import HANG_S, restore_signals
 
 DEBIAN_ROOT = Path("/var/lib/gridengine")
 DEFAULT_CONFIGURATION = Path("/usr/share/gridengine/default-configuration")
@@ -98,23 +98,18 @@ class GridEngine:
         cwd: Optional[Path] = None,
         env: Mapping[str, str] = (),
         check: bool = True,
-        timeout: float = 120,
+        timeout: float = HANG_S,  # qsub, qstat, qconf answer in seconds: HANG_S only ends a hang
         node: Optional[str] = None,
     ) -> subprocess.CompletedProcess:
         """``argv`` on node001 (the login and master node) with this cell's environment."""
-        proc = subprocess.run(
-            self.cluster.exec_argv(node or self.master, argv, self.env(env), str(cwd or self.root)),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
+        return self.cluster.run(
+            node or self.master,
+            argv,
+            self.env(env),
+            str(cwd or self.root),
+            check=check,
             timeout=timeout,
         )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node or self.master} failed ({proc.returncode}): "
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        return proc
 
     def qconf_from(self, option: str, name: str, text: str) -> None:
         """``qconf -Aq FILE`` and the like: Grid Engine reads objects from files (the name matters for -Mconf)."""
@@ -213,7 +208,7 @@ class GridEngine:
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=HANG_S,
             )
             if proc.returncode != 0:
                 raise RuntimeError(
@@ -243,10 +238,10 @@ class GridEngine:
                 stderr=subprocess.STDOUT,
                 preexec_fn=restore_signals,
             )
-            if proc.wait(timeout=60) != 0:
+            if proc.wait(timeout=HANG_S) != 0:
                 raise RuntimeError(f"{daemon} on {node} did not start: {log.read_text().strip()}")
 
-    def _wait(self, condition, what: str, timeout: float = 120) -> None:
+    def _wait(self, condition, what: str, timeout: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

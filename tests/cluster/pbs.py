@@ -72,7 +72,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import REPO, restore_signals
+from helpers import HANG_S, REPO, restore_signals
 
 from . import pbs_server, sim
 
@@ -87,7 +87,7 @@ NCPUS_PER_NODE = 8
 SYSTEM_PYTHON = Path("/usr/bin/python3")  # the commands' interpreter: any user can run it
 MPIRUN = Path("/usr/bin/mpirun")  # Debian's Open MPI 4.1 (the hpcx family); .ci/run selects it
 COMMANDS = ("qsub", "qstat", "qdel", "qmgr", "pbs_tmrsh")
-START_TIMEOUT_S = 60
+START_TIMEOUT_S = HANG_S  # the server up: seconds; HANG_S only ends a hang
 # job_state once a job has left the queue (qstat -x): F finished (any way).
 ENDED = frozenset({"F"})
 
@@ -232,7 +232,7 @@ class Pbs:
         cwd: Optional[Path] = None,
         env: Mapping[str, str] = (),
         check: bool = True,
-        timeout: float = 120,
+        timeout: float = HANG_S,  # qsub, qstat, qdel answer in seconds: HANG_S only ends a hang
     ) -> subprocess.CompletedProcess:
         """``argv`` on ``node`` (node001), as root or as the jobs' user (``user=True``), with a login's environment."""
         node = node or self.server
@@ -248,22 +248,9 @@ class Pbs:
             full_env = self.user_env(env)
         else:
             full_env = self.env(node, env)
-        proc = subprocess.run(
-            self.cluster.exec_argv(
-                node, argv, full_env, str(cwd or (self.home if user else self.run_dir))
-            ),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=restore_signals,
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node}{' as ' + self.user if user else ''} failed ({proc.returncode}): "
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        return proc
+        where = str(cwd or (self.home if user else self.run_dir))
+        who = f" as {self.user}" if user else ""
+        return self.cluster.run(node, argv, full_env, where, check=check, timeout=timeout, who=who)
 
     # ---- set-up -----------------------------------------------------------------------------------------------
 
@@ -369,7 +356,7 @@ class Pbs:
         """``sh -c script sh first second`` in ``node``'s mount namespace."""
         argv = ["nsenter", "-t", str(self.cluster.pid(node)), "-m", "sh", "-c", script, "sh"]
         proc = subprocess.run(
-            [*argv, str(first), str(second)], capture_output=True, text=True, timeout=60
+            [*argv, str(first), str(second)], capture_output=True, text=True, timeout=HANG_S
         )
         if proc.returncode != 0:
             raise RuntimeError(
@@ -424,7 +411,7 @@ class Pbs:
 
     def job(self, job_id: str) -> dict:
         """``qstat -x -f -F json ID``'s record of the job ({} when PBS does not know it)."""
-        proc = self.run(["qstat", "-x", "-f", "-F", "json", job_id], check=False, timeout=60)
+        proc = self.run(["qstat", "-x", "-f", "-F", "json", job_id], check=False)
         try:
             jobs = json.loads(proc.stdout).get("Jobs", {})
         except ValueError:

@@ -276,10 +276,62 @@ class Cluster:
         """Pull node's cable: its switch port goes down (packets to and from it are dropped, no RST)."""
         _ip("-n", SWITCH, "link", "set", f"{PREFIX}-{node}", "down")
 
+    def run(
+        self,
+        node: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        *,
+        check: bool,
+        timeout: float,
+        who: str = "",
+    ) -> subprocess.CompletedProcess:
+        """``argv`` run on ``node`` with exactly ``env``, its output captured as text; with ``check``, a non-zero
+        exit raises naming the command, the node (and ``who``: " as octo") and what it printed."""
+        proc = subprocess.run(
+            self.exec_argv(node, argv, env, cwd),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=restore_signals,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv)} on {node}{who} failed ({proc.returncode}): "
+                f"{proc.stderr.strip() or proc.stdout.strip()}"
+            )
+        return proc
+
     def processes_on(self, node: str) -> list[int]:
         """Pids in node's network namespace, its holder excepted."""
         pids = [int(p) for p in _ip("netns", "pids", self.ns(node), check=False).stdout.split()]
         return [p for p in pids if p != self.pid(node)]
+
+    def kill_ranks(self, node: str, sig: int = signal.SIGKILL, also: bytes = b"") -> list[int]:
+        """``sig`` to every training process on ``node`` (``.../bin/octo-dist ...``, with ``also`` among its
+        arguments: b"smoke"; not the launcher's daemon, not the rank guard): their pids."""
+        hit = []
+        for pid in self.processes_on(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(part.endswith(b"octo-dist") for part in cmd[:2]) and (not also or also in cmd):
+                os.kill(pid, sig)
+                hit.append(pid)
+        return hit
+
+    def kill_processes(self) -> None:
+        """SIGKILL to everything running on every node that is up (its holder excepted): what a job or daemon
+        left."""
+        for node in self.holders:
+            for pid in self.processes_on(node):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def __enter__(self) -> "Cluster":
         return self.up()
@@ -397,12 +449,7 @@ class Job:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for node in self.cluster.nodes:
-            for pid in self.cluster.processes_on(node):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self.cluster.kill_processes()
         if self.proc:
             self.proc.wait()
 

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import restore_signals
+from helpers import HANG_S, restore_signals
 
 from . import sim
 
@@ -60,7 +59,7 @@ ENDED = frozenset(
     }
 )
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "sinfo")
-START_TIMEOUT_S = 120  # the daemons up and both nodes idle, on a loaded 2-core machine
+START_TIMEOUT_S = HANG_S  # the daemons up and both nodes idle: seconds; HANG_S only ends a hang
 STOP_TIMEOUT_S = 30
 GPUS_PER_NODE = 2
 CPUS_PER_NODE = 8
@@ -279,13 +278,7 @@ class Slurm:
                 p.kill()
                 p.wait()
         self.daemons.clear()
-        for node in self.cluster.nodes:
-            if node in self.cluster.holders:
-                for pid in self.cluster.processes_on(node):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        self.cluster.kill_processes()
         remove_leftovers(self.run)
 
     def __enter__(self) -> "Slurm":
@@ -303,22 +296,12 @@ class Slurm:
         env: Mapping[str, str] = (),
         cwd: Optional[str] = None,
         check: bool = True,
-        timeout: float = 60,
+        timeout: float = HANG_S,  # Slurm's commands answer in seconds: HANG_S only ends a hang
     ) -> subprocess.CompletedProcess:
         """A Slurm command (``sbatch``, ``scontrol`` ...) run on ``node`` with ``env()`` plus ``env``."""
-        res = subprocess.run(
-            self.cluster.exec_argv(node, argv, self.env(env), cwd or str(self.run)),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=restore_signals,
+        return self.cluster.run(
+            node, argv, self.env(env), cwd or str(self.run), check=check, timeout=timeout
         )
-        if check and res.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} on {node}: exit {res.returncode}: {res.stderr.strip()}"
-            )
-        return res
 
     def job(self, job_id: str) -> dict:
         """``scontrol show job -o ID`` as a dict: ``{"JobState": "COMPLETED", "ExitCode": "0:0", ...}``."""
