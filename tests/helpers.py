@@ -435,7 +435,9 @@ def pbs_batch_env(work: Path, job_id: str, path: str, **extra: str) -> dict:
     )
 
 
-def chain_running(status, first: str, checkpoint: Path, watch: Sequence[Path], tail, hang_s: float = HANG_S) -> tuple:
+def chain_running(
+    status, first: str, checkpoint: Path, watch: Sequence[Path], tail, hang_s: float = HANG_S
+) -> tuple:
     """``(output, {job id: state})`` of ``octo-dist jobs`` (``status()``), asked every 2 s until the chain's first job,
     ``first``, runs and has written ``checkpoint``: the two rows under its heading. Only a chain that changes
     nothing under ``watch`` (its submit directory, its logs) for ``hang_s`` ends the wait (``wait_until``), the test
@@ -498,8 +500,8 @@ def wait_until(
     Not a budget a job must meet on a loaded machine: a job slowed down (its JAX start-up and compilation take
     minutes at a load of 15 to 33 on 2 cores) keeps writing its logs, record and checkpoints under ``watch``, and is
     waited for. The wait fails only when ``ready()`` is still falsy and nothing under ``watch`` has changed for
-    ``hang_s`` (HANG_S; without ``watch``, ``hang_s`` after the start): a hung job, ended by ``on_hang()`` (a qdel, a kill), the test failing
-    with what it waited for and ``tail()``."""
+    ``hang_s`` (HANG_S; without ``watch``, ``hang_s`` after the start): a hung job, ended by ``on_hang()`` (a qdel,
+    a kill), the test failing with what it waited for and ``tail()``."""
     state, since, t0 = None, time.monotonic(), time.monotonic()
     while True:
         value = ready()
