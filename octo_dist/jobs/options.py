@@ -271,8 +271,8 @@ class LaunchOptions:
     )
     beside_running: bool = _opt(
         False,
-        "with --submit/--chain: submit even while jobs recorded for the save directory are queued or running "
-        "(they would train the same run side by side; default: refused)",
+        "with --submit/--chain: submit even while jobs recorded for the save directory are queued or running, "
+        "which would train the same run side by side (default: off, refused)",
         "output",
         action="store_true",
         in_header=False,
