@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from typing import List, NamedTuple, Optional
 
 import pytest
+
+from helpers import wait_until
 
 import test_qdel_stops as pbsjob  # the PBS job the qdel tests run: rendered by octo-dist launch, run with bash
 
@@ -176,12 +177,18 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
     seen: set = set()
     try:
         # The first checkpoint's manifest, wherever the run puts it (a misplaced one fails below, not by waiting).
-        deadline = time.monotonic() + pbsjob.WAIT_S
-        while not any(os.path.basename(p) == ck.MANIFEST for p in seen):
+        def checkpointed() -> bool:
             assert job.poll() is None, f"the job exited early:\n{pbsjob.log_tail(tmp_path)}"
-            assert time.monotonic() < deadline, pbsjob.log_tail(tmp_path)
-            seen |= listing(save)
-            time.sleep(0.05)
+            seen.update(listing(save))
+            return any(os.path.basename(p) == ck.MANIFEST for p in seen)
+
+        wait_until(
+            checkpointed,
+            watch=[tmp_path],
+            what="the first checkpoint's manifest",
+            tail=lambda: pbsjob.log_tail(tmp_path),
+            poll_s=0.05,
+        )
         # Training now: the job's directory and the run's lock exist until the job ends.
         during = listing(save)
         seen |= during
