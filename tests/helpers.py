@@ -396,6 +396,12 @@ def settings_mapping(scheduler: str, **fields) -> dict:
     return {"schema": settings.SCHEMA, "script_name": "job.sh", **sections}
 
 
+def pbs_launch(*flags: str, group: str = "g1") -> list:
+    """``launch pbs --nodes 1 --group GROUP FLAGS...``: the argv (for ``cli.main`` or after ``-m octo_dist``) of
+    the smallest job ABCI's PBS takes, one node of a group."""
+    return ["launch", "pbs", "--nodes", "1", "--group", group, *flags]
+
+
 # One ABCI-shaped PBS job of the tiny smoke model: ranks per node and GPUs as ABCI's nodes have them, a group.
 PBS_JOB = ("--ranks-per-node", "2", "--gpus-per-node", "2", "--group", "gxx00000")
 
