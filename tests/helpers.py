@@ -13,6 +13,13 @@ from typing import Callable, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
+# `octo-dist smoke` of the tiny model, run by this Python from the checkout.
+SMOKE = (sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny")
+# How long a test waits for a single-process program before calling it hung: a guard that ends a deadlock, never a
+# budget the program is meant to meet. The programs take seconds to a minute on a quiet 2-core machine and up to ten
+# times that at a load of 15 (fit_ahead.py took 358 s there when it compiled twice as much as it does now).
+HANG_S = 900
+
 # Variables of an enclosing job (a CI runner inside a SLURM step, a developer inside qrsh or torchrun) that would
 # change launcher detection in the processes tests start: dropped by name and by prefix.
 JOB_VARS = (
@@ -110,17 +117,50 @@ def run(args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, preexec_fn=restore_signals, **kwargs)
 
 
-def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``octo-dist smoke --model tiny FLAGS...`` in one process, from this checkout, with a clean environment; its
-    output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny", *flags],
+def run_captured(
+    argv: Sequence[str], *, cwd: Path = REPO, env: Optional[dict] = None, timeout: float = HANG_S
+) -> subprocess.CompletedProcess:
+    """``argv`` run in ``cwd`` (the checkout) with ``env`` (a clean environment) and no stdin, its output captured
+    as text (``run``: default stop signals); ``timeout`` only ends a hang."""
+    return run(
+        list(argv),
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=clean_env(),
-        cwd=cwd,
     )
+
+
+def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``octo-dist smoke --model tiny FLAGS...`` in one process, from this checkout, with a clean environment; its
+    output captured as text."""
+    return run_captured([*SMOKE, *flags], cwd=cwd, timeout=timeout)
+
+
+def read_only_namespace_prefix(directory: Path) -> list:
+    """A command prefix that runs the rest with ``directory`` bind-mounted read-only, for this process tree only:
+    a read-only bind in a private mount namespace, as a container makes one (root, which runs the tests here,
+    ignores permission bits: ``chmod`` would prove nothing). Skips the test where unshare or the mount is refused."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    mount = (
+        f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory} {directory} && "
+        f'exec "$@"'
+    )
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(
+            f"cannot make a read-only bind mount here (needs CAP_SYS_ADMIN): {probe.stderr.strip()}"
+        )
+    return ["unshare", "-m", "sh", "-c", mount, "sh"]
 
 
 def run_script(work: Path, env: dict, script: str = "job.sh") -> subprocess.CompletedProcess:
@@ -168,9 +208,7 @@ def fake_program(directory: Path, name: str, body: str) -> Path:
 def stdout_of(argv: Sequence[str]) -> str:
     """What ``argv`` prints, run from the checkout with a clean environment; a failure fails the test with its
     stderr."""
-    proc = subprocess.run(
-        list(argv), capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=HANG_S
-    )
+    proc = run_captured(argv)
     assert proc.returncode == 0, f"{argv} exited {proc.returncode}: {proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -189,10 +227,6 @@ RANK_OUTPUT = (
 # mpirun start-up on a loaded 2-core machine (another job's 2 CPU hogs beside it) takes a few seconds per rank
 # before JAX even imports: tests give it minutes, not the seconds it takes on a quiet machine.
 MPI_TIMEOUT = 300
-# How long a test waits for a single-process program before calling it hung: a guard that ends a deadlock, never a
-# budget the program is meant to meet. The programs take seconds to a minute on a quiet 2-core machine and up to ten
-# times that at a load of 15 (fit_ahead.py took 358 s there when it compiled twice as much as it does now).
-HANG_S = 900
 
 
 def tail(text: str, n: int = 2000) -> str:
@@ -394,6 +428,12 @@ def settings_mapping(scheduler: str, **fields) -> dict:
     for section in sections.values():
         section.update((name, fields[name]) for name in section if name in fields)
     return {"schema": settings.SCHEMA, "script_name": "job.sh", **sections}
+
+
+def pbs_launch(*flags: str, group: str = "g1") -> list:
+    """``launch pbs --nodes 1 --group GROUP FLAGS...``: the argv (for ``cli.main`` or after ``-m octo_dist``) of
+    the smallest job ABCI's PBS takes, one node of a group."""
+    return ["launch", "pbs", "--nodes", "1", "--group", group, *flags]
 
 
 # One ABCI-shaped PBS job of the tiny smoke model: ranks per node and GPUs as ABCI's nodes have them, a group.

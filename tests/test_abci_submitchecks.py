@@ -11,6 +11,7 @@ from collections import namedtuple
 
 import pytest
 
+from helpers import pbs_launch
 from octo_dist import cli
 from octo_dist.jobs import footprint, submitchecks
 
@@ -137,17 +138,7 @@ def test_the_render_alone_still_writes_the_script(site, capsys):
 
 
 def test_the_pretrained_checkpoint_is_bound_into_the_image(site, capsys):
-    argv = [
-        "launch",
-        "pbs",
-        "--nodes",
-        "1",
-        "--group",
-        "g",
-        "--image",
-        "/g/o.sif",
-        "--skip-image-check",
-    ]
+    argv = pbs_launch("--image", "/g/o.sif", "--skip-image-check", group="g")
     assert (
         cli.main([*argv, "--dry-run", "--", "finetune", "--config.pretrained_path=/w/octo-small"])
         == 0

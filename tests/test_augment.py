@@ -24,6 +24,7 @@ import sys
 import numpy as np
 import pytest
 
+from fork_augment import KWARGS, PRIMARY, WRIST
 from helpers import REPO, clean_env
 
 jax = pytest.importorskip("jax")
@@ -33,24 +34,6 @@ tf = pytest.importorskip("tensorflow")
 from octo_dist.engine import augment  # noqa: E402
 from octo_dist.engine.stepfns import augment_problems  # noqa: E402
 
-# The fork's default workspace-camera kwargs (finetune_config.py), and the wrist camera's (no crop).
-PRIMARY = {
-    "random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]},
-    "random_brightness": [0.1],
-    "random_contrast": [0.9, 1.1],
-    "random_saturation": [0.9, 1.1],
-    "random_hue": [0.05],
-    "augment_order": [
-        "random_resized_crop",
-        "random_brightness",
-        "random_contrast",
-        "random_saturation",
-        "random_hue",
-    ],
-}
-WRIST = {k: v for k, v in PRIMARY.items() if k != "random_resized_crop"}
-WRIST["augment_order"] = PRIMARY["augment_order"][1:]
-KWARGS = {"primary": PRIMARY, "wrist": WRIST}
 EXACT, FLOAT_ROUNDING = 0.0, 2e-6
 
 
@@ -592,6 +575,7 @@ def test_a_camera_the_dataset_never_fills_is_not_augmented_on_the_device():
 
     c = finetune_config.get_config("full,image_conditioned").to_dict()
     kwargs = c["frame_transform_kwargs"]["image_augment_kwargs"]
+    assert kwargs == KWARGS  # the fork's, as the tests here augment
     assert (
         set(kwargs) == {"primary", "wrist"}
         and c["dataset_kwargs"]["image_obs_keys"]["wrist"] is None

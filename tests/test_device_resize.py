@@ -17,7 +17,16 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 jax = pytest.importorskip("jax")
 
-from test_frames import CONFIG, PRIMARY, WRIST, decoded, frame, jpeg, photo, plain_resize  # noqa: E402
+from test_frames import (  # noqa: E402
+    CONFIG,
+    PRIMARY,
+    WRIST,
+    decoded,
+    jpeg,
+    photo,
+    plain_resize,
+    trajectories,
+)
 
 from octo_dist.apps.finetune import pipeline  # noqa: E402
 from octo_dist.engine import augment  # noqa: E402
@@ -137,20 +146,14 @@ def stored_source(tmp_path_factory):
 
     primary = jpeg(photo(*STORED, 15))
 
-    def build():
-        # 2 trajectories of 3 frames, as Octo's trajectory transforms hand them over (window 2)
-        one = frame([primary, primary], [b"", b""], goal=primary)
-        trajectory = tf.nest.map_structure(lambda x: tf.stack([x] * 3), one)
-        dataset = tf.data.Dataset.from_tensors(trajectory).repeat(2)
-        dataset.dataset_statistics = {}
-        return dataset
-
     data_dir = dataset_dir(tmp_path_factory.mktemp("data"))
     settings = {**config(data_dir), "seed": 0, "shuffle_buffer_size": 4}
     settings["dataset_kwargs"]["image_obs_keys"]["wrist"] = None
     job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="stored")
     stored = pipeline.resized_on_device(job.plain_config())
-    source = pipeline.OctoData(job, None, 2, 0, 1, build=build, process=lambda b: b, stored=stored)
+    source = pipeline.OctoData(
+        job, None, 2, 0, 1, build=trajectories(primary), process=lambda b: b, stored=stored
+    )
     return job, source, primary
 
 

@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, pbs_launch
 from octo_dist import cli
 from octo_dist.apps.finetune import configfile, flagerrors
 from octo_dist.jobs import jobwarnings
 from test_host_python import bare, host_python
 
-LAUNCH = [
-    "launch",
-    "pbs",
-    "--nodes",
-    "1",
-    "--group",
-    "g1",
-    "--venv",
-    str(REPO / ".venv"),
-    "--dry-run",
-]
+LAUNCH = pbs_launch("--venv", str(REPO / ".venv"), "--dry-run")
 
 
 def test_the_shipped_field_names_are_the_configs_own():

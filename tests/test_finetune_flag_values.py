@@ -4,11 +4,10 @@ an ``augment_on``/``resize_method`` value the job would refuse at its start is w
 (``--submit`` refuses it), also on a login node's bare Python."""
 
 import os
-import subprocess
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import run_captured
 from octo_dist import cli
 
 pytest.importorskip("ml_collections")
@@ -84,14 +83,9 @@ BARE_39 = "/root/.pyenv/versions/3.9.18/bin/python"
 
 @pytest.mark.skipif(not os.path.exists(BARE_39), reason=f"no CPython 3.9 at {BARE_39} (pyenv)")
 def test_a_value_typo_is_warned_of_on_a_bare_login_python():
-    proc = subprocess.run(
+    proc = run_captured(
         [BARE_39, "-S", "-E", "-B", "-m", "octo_dist", *LAUNCH, "finetune", WEIGHTS]
-        + ["--config.augment_on=hots"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=120,
+        + ["--config.augment_on=hots"]
     )
     assert proc.returncode == 0, proc.stderr
     assert "warning: --config.augment_on=hots after -- finetune: every rank stops" in proc.stderr

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fork_augment
+
 tf = pytest.importorskip("tensorflow")
 
 from octo_dist.apps.finetune import frames  # noqa: E402
@@ -19,20 +21,7 @@ CONFIG = {
     "frame_transform_kwargs": {
         "resize_size": {"primary": PRIMARY, "wrist": WRIST},
         "image_augment_kwargs": {
-            "primary": {
-                "random_resized_crop": {"scale": [0.8, 1.0], "ratio": [0.9, 1.1]},
-                "random_brightness": [0.1],
-                "random_contrast": [0.9, 1.1],
-                "random_saturation": [0.9, 1.1],
-                "random_hue": [0.05],
-                "augment_order": [
-                    "random_resized_crop",
-                    "random_brightness",
-                    "random_contrast",
-                    "random_saturation",
-                    "random_hue",
-                ],
-            },
+            "primary": fork_augment.PRIMARY,
             "wrist": {"random_brightness": [0.1], "augment_order": ["random_brightness"]},
         },
     }
@@ -79,6 +68,20 @@ def frame(primary: list, wrist: list, goal: bytes = b"") -> dict:
         },
         "action": tf.zeros((len(primary), 4, 7)),
     }
+
+
+def trajectories(primary: bytes):
+    """OctoData's ``build`` for 2 trajectories of 3 frames as Octo's trajectory transforms hand them over (window
+    2): ``primary`` (encoded) in both frames and as the goal, the wrist camera padding, no dataset statistics."""
+
+    def build():
+        one = frame([primary, primary], [b"", b""], goal=primary)
+        trajectory = tf.nest.map_structure(lambda x: tf.stack([x] * 3), one)
+        dataset = tf.data.Dataset.from_tensors(trajectory).repeat(2)
+        dataset.dataset_statistics = {}
+        return dataset
+
+    return build
 
 
 class Counting:
@@ -289,17 +292,9 @@ def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
 
     primary = jpeg(photo(64, 64, 15))
 
-    def build():
-        # 2 trajectories of 3 frames, as Octo's trajectory transforms hand them over (window 2)
-        one = frame([primary, primary], [b"", b""], goal=primary)
-        trajectory = tf.nest.map_structure(lambda x: tf.stack([x] * 3), one)
-        dataset = tf.data.Dataset.from_tensors(trajectory).repeat(2)
-        dataset.dataset_statistics = {}
-        return dataset
-
     settings = {**CONFIG, "augment_on": "device", "seed": 0, "shuffle_buffer_size": 4}
     job = fc.FinetuneJob(config=FrozenConfigDict(settings), name="frames")
-    source = pipeline.OctoData(job, None, 2, 0, 1, build=build, process=lambda b: b)
+    source = pipeline.OctoData(job, None, 2, 0, 1, build=trajectories(primary), process=lambda b: b)
     batch = source.example
     assert batch["observation"]["image_primary"].shape == (2, 2, *PRIMARY, 3)
     np.testing.assert_array_equal(

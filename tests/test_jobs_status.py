@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from helpers import pbs_launch
 from octo_dist import cli
 from octo_dist.jobs import jobrecord
 
@@ -146,18 +147,7 @@ def test_a_chain_is_recorded_in_the_save_dir_and_its_states_read_back(scheduler,
 def test_pbs_states_come_from_qstat_and_a_failed_job_from_its_exit_file(
     scheduler, capsys, tmp_path
 ):
-    argv = [
-        "launch",
-        "pbs",
-        "--nodes",
-        "1",
-        "--group",
-        "g1",
-        "--save-dir",
-        "runs/ft",
-        "-o",
-        "job.sh",
-    ]
+    argv = pbs_launch("--save-dir", "runs/ft", "-o", "job.sh")
     assert cli.main([*argv, "--submit", "--chain", "2"]) == 0, capsys.readouterr().err
     capsys.readouterr()
     scheduler.set(**{"_100.pbs1": "F", "_101.pbs1": "H"})

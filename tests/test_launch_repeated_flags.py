@@ -21,26 +21,20 @@ def refusal(capsys, argv) -> str:
     return line
 
 
+def twice(flag: str, first: str, second: str, head=PBS) -> tuple:
+    """``HEAD --nodes 1 FLAG FIRST FLAG SECOND``, and the two settings a refusal names: ``FLAG FIRST``, ``FLAG
+    SECOND``."""
+    return [*head, "--nodes", "1", flag, first, flag, second], f"{flag} {first}", f"{flag} {second}"
+
+
 @pytest.mark.parametrize(
     "argv, first, second",
     [
         ([*PBS, "--nodes", "2", "--walltime", "1:00:00", "--nodes", "4"], "--nodes 2", "--nodes 4"),
         ([*PBS, "--nodes=2", "--nodes=4"], "--nodes 2", "--nodes 4"),
-        (
-            [*PBS, "--nodes", "1", "--walltime", "1:00:00", "--walltime", "2:00:00"],
-            "--walltime 1:00:00",
-            "--walltime 2:00:00",
-        ),
-        (
-            [*PBS, "--nodes", "1", "--save-dir", "runs/a", "--save-dir", "runs/b"],
-            "--save-dir runs/a",
-            "--save-dir runs/b",
-        ),
-        (
-            [*PBS, "--nodes", "1", "--wandb-mode", "offline", "--wandb-mode", "online"],
-            "--wandb-mode offline",
-            "--wandb-mode online",
-        ),
+        twice("--walltime", "1:00:00", "2:00:00"),
+        twice("--save-dir", "runs/a", "runs/b"),
+        twice("--wandb-mode", "offline", "online"),
         # an old spelling and the current one are one setting
         (
             [*PBS, "--nodes", "1", "--devices-per-process", "8", "--devices-per-rank", "4"],
@@ -48,16 +42,8 @@ def refusal(capsys, argv) -> str:
             "--devices-per-rank 4",
         ),
         # the schedulers' own options
-        (
-            [*PBS, "--nodes", "1", "--reservation", "R1", "--reservation", "R2"],
-            "--reservation R1",
-            "--reservation R2",
-        ),
-        (
-            [*SLURM, "--nodes", "1", "--partition", "gpu", "--partition", "cpu"],
-            "--partition gpu",
-            "--partition cpu",
-        ),
+        twice("--reservation", "R1", "R2"),
+        twice("--partition", "gpu", "cpu", head=SLURM),
     ],
 )
 def test_a_flag_given_twice_with_two_values_is_refused_naming_both(capsys, argv, first, second):

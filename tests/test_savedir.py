@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,30 +19,12 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PROGRAMS, REPO, clean_env
+from helpers import PROGRAMS, REPO, clean_env, read_only_namespace_prefix, run_captured
 
 from octo_dist.engine import room, savedir
 from octo_dist.engine.savedir import LOCK_NAME, RunLock, SaveDirError
 
 MiB, GiB = 1 << 20, 1 << 30
-
-
-def read_only_namespace_prefix(directory: Path) -> list:
-    """A command prefix that runs the rest with ``directory`` bind-mounted read-only, for this process tree only."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
-    mount = (
-        f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory} {directory} && "
-        f'exec "$@"'
-    )
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, text=True
-    )
-    if probe.returncode != 0:
-        pytest.skip(
-            f"cannot make a read-only bind mount here (needs CAP_SYS_ADMIN): {probe.stderr.strip()}"
-        )
-    return ["unshare", "-m", "sh", "-c", mount, "sh"]
 
 
 def one_line_error(text: str) -> str:
@@ -64,14 +45,7 @@ def test_a_read_only_directory_is_refused_before_training_even_for_root(tmp_path
         "except savedir.SaveDirError as e:\n    print(e); sys.exit(2)\n"
     )
     for target in (ro, ro / "run1"):  # the directory itself, and a new one to be created inside it
-        p = subprocess.run(
-            [*read_only_namespace_prefix(ro), sys.executable, "-c", code, str(target)],
-            capture_output=True,
-            text=True,
-            env=clean_env(),
-            cwd=REPO,
-            timeout=120,
-        )
+        p = run_captured([*read_only_namespace_prefix(ro), sys.executable, "-c", code, str(target)])
         assert p.returncode == 2, p.stderr
         line = one_line_error(p.stdout)
         assert f"save directory {target} is not writable from rank 0" in line, line
@@ -109,28 +83,11 @@ def test_one_rank_that_cannot_write_stops_every_rank_with_its_error(tmp_path):
     out.mkdir()
     prefix = shlex.join(read_only_namespace_prefix(save))
     rank_cmd = f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {prefix} "$@"; else exec "$@"; fi'
-    cmd = [
-        str(exe),
-        "--oversubscribe",
-        "-np",
-        "2",
-        "bash",
-        "-c",
-        rank_cmd,
-        "rank",
-        sys.executable,
-        str(PROGRAMS / "savedir_check.py"),
-        str(save),
-        str(out),
-    ]
-    p = helpers.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=REPO,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
+    # mpirun starts both ranks through bash: rank 1 inside the namespace where the save directory is read-only
+    ranks = [str(exe), "--oversubscribe", "-np", "2", "bash", "-c", rank_cmd, "rank"]
+    p = run_captured(
+        [*ranks, sys.executable, str(PROGRAMS / "savedir_check.py"), str(save), str(out)],
+        timeout=helpers.MPI_TIMEOUT,
     )
     outcomes = {}
     for rank in (0, 1):

@@ -1,14 +1,8 @@
 """The smoke job refuses what no run could use before any step: bad flags, and a save directory it cannot write."""
 
-import shutil
-import subprocess
-import sys
-
 import pytest
 
-from helpers import REPO, clean_env
-
-SMOKE = [sys.executable, "-m", "octo_dist", "smoke", "--model", "tiny"]
+from helpers import REPO, SMOKE, read_only_namespace_prefix, run_captured, run_smoke
 
 
 @pytest.mark.parametrize(
@@ -34,9 +28,7 @@ def test_flags_no_run_could_use_are_one_line_and_exit_2(flags, needle):
 
 
 def refused(flags, needle):
-    proc = subprocess.run(
-        [*SMOKE, *flags], capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO
-    )
+    proc = run_smoke(*flags, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert (
         proc.stderr == f"octo-dist smoke: error: {proc.stderr.split('error: ', 1)[1]}"
@@ -65,14 +57,7 @@ def test_paths_that_cannot_be_used_are_one_line_and_exit_2(tmp_path):
 def test_a_save_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    proc = subprocess.run(
-        [*SMOKE, "--steps", "2", "--save-dir", str(a_file)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
-        cwd=REPO,
-    )
+    proc = run_smoke("--steps", "2", "--save-dir", str(a_file), cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
         f"octo-dist smoke: error: save directory {a_file} is a file, not a directory" in proc.stderr
@@ -80,45 +65,11 @@ def test_a_save_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr and "steps 0 ->" not in proc.stdout
 
 
-@pytest.mark.skipif(
-    not shutil.which("unshare"), reason="needs unshare (util-linux) for a read-only bind mount"
-)
 def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
-    # Root ignores permission bits, so the directory is made read-only the way a container bind is: a read-only bind
-    # mount in a private mount namespace (the test skips where unprivileged namespaces are not allowed).
     save = tmp_path / "save"
     save.mkdir()
-    script = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && shift && exec "$@"'
-    probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "bash", "-c", script, "_", str(save), "true"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"cannot make a read-only bind mount here: {probe.stderr.strip()}")
-    proc = subprocess.run(
-        [
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "bash",
-            "-c",
-            script,
-            "_",
-            str(save),
-            *SMOKE,
-            "--steps",
-            "30",
-            "--save-dir",
-            str(save),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
-        cwd=REPO,
-    )
+    read_only = read_only_namespace_prefix(save)
+    proc = run_captured([*read_only, *SMOKE, "--steps", "30", "--save-dir", str(save)])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
         f"save directory {save} is not writable" in proc.stderr

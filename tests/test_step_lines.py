@@ -6,11 +6,9 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import REPO
 from octo_dist.runtime import ranklog
 
 
@@ -48,27 +46,8 @@ def test_a_runs_last_line_says_its_last_loss(tmp_path):
     """One process, stderr a pipe as in a batch job: no carriage return, and the final line's loss is the
     recorded loss of the last step."""
     record = tmp_path / "record.json"
-    proc = helpers.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "smoke",
-            "--model",
-            "tiny",
-            "--steps",
-            "6",
-            "--save-dir",
-            str(tmp_path / "save"),
-            "--record",
-            str(record),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
+    proc = helpers.run_smoke(
+        "--steps", "6", "--save-dir", str(tmp_path / "save"), "--record", str(record), cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\r" not in proc.stderr

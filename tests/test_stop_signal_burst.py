@@ -6,13 +6,11 @@ then delivers both at once and Python runs their handlers one after the other (S
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
 
 PROGRAM = """
 import os, signal, sys
@@ -43,15 +41,7 @@ def test_a_burst_of_stop_signals_is_one_stop_and_no_traceback(burst, first):
     """Before: the first handler set SIG_IGN for the others, and Python reported the one it had already noted as
     "OSError: Signal 15 ignored due to race condition" with a traceback in the rank's log. The kernel delivers the
     lowest number first: SIGINT (2), then SIGUSR1 (10), then SIGTERM (15)."""
-    proc = helpers.run(
-        [sys.executable, "-c", PROGRAM, *burst],
-        env=clean_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = helpers.run_captured([sys.executable, "-c", PROGRAM, *burst])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"stopping on {first}",

@@ -10,44 +10,6 @@ from helpers import REPO
 from octo_dist.apps import summary
 
 
-def test_figures_come_from_the_timestamps():
-    # Process started at 100.0, training at 103.0; steps ended at 110 (compile), 110.5, then every 0.25 s.
-    ends = [110.0, 110.5, 110.75, 111.0, 111.25]
-    given = dict(
-        command="smoke",
-        processes=2,
-        devices=2,
-        global_batch=8,
-        start_step=0,
-        end_step=5,
-        losses={0: 0.9, 1: 0.8, 4: 0.5, 2: 0.7, 3: 0.6},
-        process_started=100.0,
-        fit_started=103.0,
-        step_ends=ends,
-        ended=112.0,
-    )
-    s = summary.summarize(**given)
-    assert (s.wall_s, s.time_to_first_step_s, s.fit_to_first_step_s) == (12.0, 10.0, 7.0)
-    assert s.compile_s is None  # no start-up profile: no compile phase to report
-    assert (
-        s.median_step_s == 0.25 and s.examples_per_s == 32.0
-    )  # the first two steps (compiling) are left out
-    assert (s.loss_first, s.loss_last) == (0.9, 0.5)
-    text = summary.lines(s)
-    assert text.startswith(
-        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (training start to first step 7.0 s), "
-        "median step 250.0 ms,"
-    )
-    # With the start-up profile, its compile phase is the one compile time shown (not 7.0 s beside it).
-    phases = {"parameters": 2.0, "compile": 4.5, "first_step": 0.5}
-    with_profile = summary.summarize(**{**given, "startup": phases})
-    # one definition: the line, the dataclass and summary.json say the same compile time
-    assert with_profile.compile_s == 4.5 and with_profile.as_json()["compile_s"] == 4.5
-    profiled = summary.lines(with_profile)
-    assert "first step after 10.0 s (compile 4.5 s)," in profiled and "7.0" not in profiled
-    assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
-
-
 def figures(**given):
     """``summary.summarize`` of a small 2-process run (0 -> 3, steps ending at 6, 7, 8 s), ``given`` overriding."""
     plain = dict(
@@ -66,11 +28,44 @@ def figures(**given):
     return summary.summarize(**{**plain, **given})
 
 
-def test_the_input_share_of_a_step_says_data_or_compute_bound():
-    ends = [110.0, 110.5, 110.75, 111.0, 111.25]  # median step 0.25 s from the third step on
-    common = dict(
-        start_step=10, end_step=15, process_started=100.0, fit_started=103.0, step_ends=ends
+# Steps 0 -> 5: the process started at 100.0, training at 103.0; steps ended at 110 (compile), 110.5 (the first
+# metrics read), then every 0.25 s; the process ended at 112.0.
+FIVE_STEPS = dict(
+    end_step=5,
+    process_started=100.0,
+    fit_started=103.0,
+    step_ends=[110.0, 110.5, 110.75, 111.0, 111.25],
+    ended=112.0,
+)
+
+
+def test_figures_come_from_the_timestamps():
+    given = dict(FIVE_STEPS, losses={0: 0.9, 1: 0.8, 4: 0.5, 2: 0.7, 3: 0.6})
+    s = figures(**given)
+    assert (s.wall_s, s.time_to_first_step_s, s.fit_to_first_step_s) == (12.0, 10.0, 7.0)
+    assert s.compile_s is None  # no start-up profile: no compile phase to report
+    assert (
+        s.median_step_s == 0.25 and s.examples_per_s == 32.0
+    )  # the first two steps (compiling) are left out
+    assert (s.loss_first, s.loss_last) == (0.9, 0.5)
+    text = summary.lines(s)
+    assert text.startswith(
+        "octo-dist smoke: run summary: wall 12.0 s, first step after 10.0 s (training start to first step 7.0 s), "
+        "median step 250.0 ms,"
     )
+    # With the start-up profile, its compile phase is the one compile time shown (not 7.0 s beside it).
+    phases = {"parameters": 2.0, "compile": 4.5, "first_step": 0.5}
+    with_profile = figures(**given, startup=phases)
+    # one definition: the line, the dataclass and summary.json say the same compile time
+    assert with_profile.compile_s == 4.5 and with_profile.as_json()["compile_s"] == 4.5
+    profiled = summary.lines(with_profile)
+    assert "first step after 10.0 s (compile 4.5 s)," in profiled and "7.0" not in profiled
+    assert "32 examples/s (global batch 8), loss 0.9000 -> 0.5000 over steps 0 -> 5" in text
+
+
+def test_the_input_share_of_a_step_says_data_or_compute_bound():
+    # Steps 10 -> 15 ending as FIVE_STEPS do: the median step is 0.25 s from the third step on.
+    common = dict(FIVE_STEPS, start_step=10, end_step=15)
     # Steps 10 and 11 (compiling) are left out, as for the step time: 0.05 s of 0.25 s is input.
     fast = figures(**common, input_s={10: 9.0, 11: 3.0, 12: 0.05, 13: 0.05, 14: 0.04})
     assert fast.median_input_s == 0.05 and fast.input_share == pytest.approx(0.2)
@@ -82,20 +77,52 @@ def test_the_input_share_of_a_step_says_data_or_compute_bound():
     assert unknown.bound is None and "input" not in summary.lines(unknown)
 
 
+def verdict_run(input_s: float) -> summary.RunSummary:
+    """One process over FIVE_STEPS whose last three steps each spent ``input_s`` seconds making the next batch."""
+    return figures(
+        **FIVE_STEPS, processes=1, input_s={0: 9.0, 1: 3.0, 2: input_s, 3: input_s, 4: input_s}
+    )
+
+
+def input_line(s: summary.RunSummary) -> str:
+    (line,) = [ln for ln in summary.lines(s).splitlines() if ln.startswith("  input ")]
+    return line
+
+
+def test_input_at_43_percent_of_each_step_is_not_called_compute_bound():
+    """A 1-process CPU smoke run whose batches took 43% of each step was called compute-bound: the input line
+    calls a run compute-bound only where input is a small part of each step."""
+    s = verdict_run(0.1075)  # 107.5 ms of a 250 ms step
+    assert s.input_share == pytest.approx(0.43)
+    assert s.bound == "input-heavy" and s.as_json()["bound"] == "input-heavy"
+    line = input_line(s)
+    assert "compute-bound" not in line
+    assert line.startswith("  input 107.5 ms of each step (43%): input-heavy: ")
+    assert "making the next batch takes 43% of each step; at 80% they would wait for it" in line
+    assert "octo-dist launch --cpus-per-rank" in line
+
+
+@pytest.mark.parametrize(
+    "input_s, bound",
+    [
+        (0.01, "compute-bound"),  # 4%
+        (0.06, "compute-bound"),  # 24%
+        (0.0625, "input-heavy"),  # 25%: input could no longer triple before the devices wait
+        (0.1975, "input-heavy"),  # 79%
+        (0.2, "data-bound"),  # 80%
+        (0.25, "data-bound"),
+    ],
+)
+def test_the_verdict_follows_the_share_of_each_step(input_s, bound):
+    s = verdict_run(input_s)
+    assert s.bound == bound
+    assert f"): {bound}" in input_line(s)
+
+
 def test_a_run_that_did_no_step_says_so():
-    s = summary.summarize(
-        command="finetune",
-        processes=1,
-        devices=1,
-        global_batch=4,
-        start_step=7,
-        end_step=7,
-        losses={},
-        process_started=0.0,
-        fit_started=1.0,
-        step_ends=[],
-        ended=2.0,
-        stopped_by="SIGTERM",
+    # A fine-tune resumed at step 7, stopped before its first step.
+    s = figures(
+        command="finetune", start_step=7, end_step=7, losses={}, step_ends=[], stopped_by="SIGTERM"
     )
     assert s.time_to_first_step_s is None and s.median_step_s is None and s.examples_per_s is None
     assert "no steps run over steps 7 -> 7, stopped by SIGTERM" in summary.lines(s)
