@@ -1,6 +1,7 @@
-"""Where a job finds its wandb key, and what is there, read one way by the job runtime when the job starts
-(``prepare.wandb_key``) and by ``octo-dist launch`` when it renders or submits the job (``jobwarnings``), so launch
-never accepts a key place the job then cannot read.
+"""Where a job finds its wandb key, and what is there: the job runtime reads the key from these places when the job
+starts (``prepare.wandb_key``, which also checks the key file's mode and content); they are the places launch's
+check looks at when it renders or submits the job (``jobwarnings``), and this module is where both can read them
+(the job runtime's zipapp carries ``supervisor/``, not ``jobwarnings``).
 
 The places, in order: ``WANDB_API_KEY``; the key file (``$WANDB_KEY_FILE``, else
 ``~/.config/octo-dist/wandb_api_key``); an ``api.wandb.ai`` entry in ``~/.netrc``. Nothing is opened blocking (a
