@@ -114,3 +114,50 @@ def test_the_command_itself_refuses_before_starting(command):
         proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (
+            ["--config.num_steps=3", "--config.num_steps", "5"],
+            "--config.num_steps 3 and --config.num_steps 5",
+        ),
+        (["--name", "a", "--config.seed=1", "-name=b"], "--name a and -name b"),
+        (["--step-fn=jit", "--step_fn=shard_map"], "--step_fn jit and --step_fn shard_map"),
+        (["--debug", "--debug=false"], "--debug and --debug false"),
+    ],
+)
+def test_a_fine_tune_flag_given_twice_is_refused_where_absl_kept_the_last(argv, named):
+    # Before: absl trained --config.num_steps=5 and ran as --name b without a word.
+    with pytest.raises(ValueError, match=REFUSED) as refused:
+        arguments.check_command(argv)
+    assert str(refused.value).startswith(f"{named} set the same flag twice"), refused.value
+
+
+def test_a_fine_tune_flag_given_twice_with_one_value_is_one_value():
+    flags, _ = arguments.parse_command_line(
+        ["octo-dist finetune", "--config=finetune_smoke_config.py", "--config.seed", "3"]
+        + ["--config.seed=3", "--name=x", "--name", "x", "--debug", "--debug"]
+    )
+    assert flags.config.seed == 3 and flags.name == "x"
+
+
+def test_launch_refuses_a_fine_tune_flag_given_twice_at_render(tmp_path, capsys):
+    out = tmp_path / "job.sh"
+    head = [
+        "launch",
+        "pbs",
+        "--nodes",
+        "1",
+        "--group",
+        "gxx00000",
+        "-o",
+        str(out),
+        "--",
+        "finetune",
+    ]
+    assert cli.main([*head, "--config.num_steps=3", "--config.num_steps=5"]) == 2
+    err = capsys.readouterr().err
+    assert f"--config.num_steps 3 and --config.num_steps 5 {REFUSED}" in err, err
+    assert not out.exists()

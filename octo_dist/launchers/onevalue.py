@@ -22,9 +22,11 @@ SHOWN_VALUE_CHARS = 80
 def refusal(first: tuple, second: tuple) -> str:
     """The one line for a setting given twice: ``(("--init-timeout", 10.0), ("--init-timeout", 20.0))`` ->
     ``"--init-timeout 10.0 and --init-timeout 20.0 set the same flag twice; expected one value. Fix: keep one of
-    them (--init-timeout 10.0, or --init-timeout 20.0)"``. Each pair is (the flag as given, its parsed value)."""
+    them (--init-timeout 10.0, or --init-timeout 20.0)"``. Each pair is (the flag as given, its parsed value); a
+    flag given without one (absl's ``--debug``: ``""``) is shown alone."""
     one, other = (
-        f"{flag} {outside.shown(str(value), SHOWN_VALUE_CHARS)}" for flag, value in (first, second)
+        f"{flag} {outside.shown(str(value), SHOWN_VALUE_CHARS)}".rstrip()
+        for flag, value in (first, second)
     )
     return problems.line(
         f"{one} and {other} set the same flag twice",
