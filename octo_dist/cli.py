@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from octo_dist import EXIT_USAGE, __version__
+from octo_dist.launchers import onevalue
 
 # subcommand -> module with add_parser(subparsers); order is the order of `octo-dist --help`.
 SUBCOMMANDS = {
@@ -46,8 +47,20 @@ def _checker(module_name: str, command: str):
     return check
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every single-valued flag given once: a plain ``add_argument`` stores with
+    ``onevalue.OneValue``, so ``octo-dist bench-input D --cores 2 --cores 4`` is refused in one line (exit 2) where
+    argparse kept 4 without a word. Every subcommand's parser is one of these too (``add_subparsers`` makes its
+    parsers of the parent's class); flags that add up (``action="append"``) and switches are unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, onevalue.OneValue)
+        self.register("action", "store", onevalue.OneValue)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="octo-dist",
         description="Data-parallel multi-node fine-tuning of Octo under mpirun, on a pinned, checked JAX stack.",
     )

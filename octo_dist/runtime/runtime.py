@@ -29,12 +29,9 @@ import time
 import traceback
 from typing import Iterator, Mapping, Optional
 
-from octo_dist import EXIT_FAILED, EXIT_USAGE
-from octo_dist.stack import cudaplugin
-from octo_dist.launchers import coordcheck
-from octo_dist.stack import builds
-from octo_dist.launchers import coordinator
-from octo_dist import launchers
+from octo_dist import EXIT_FAILED, EXIT_USAGE, launchers
+from octo_dist.stack import builds, cudaplugin
+from octo_dist.launchers import coordcheck, coordinator, onevalue
 from octo_dist.launchers.base import Launch
 from octo_dist.runtime import mpi
 from octo_dist.runtime.startguard import EXIT_STARTUP as EXIT_STARTUP
@@ -45,9 +42,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300  # jax's own default for initialization_timeout
 INIT_TIMEOUT_ENV = "OCTO_DIST_INIT_TIMEOUT"  # "600"
-JAX_TIMEOUT_GRACE_S = (
-    15  # jax aborts the process at its timeout; ours fires first, with a useful message
-)
+# jax aborts the process at its timeout; ours fires first, with a useful message
+JAX_TIMEOUT_GRACE_S = 15
 # One GPU per process (mpirun -npernode NUM_GPUS), all GPUs of a node per process, or N consecutive GPUs per
 # process ("2": 4 ranks on an 8-GPU node, rank with local rank 1 binding GPUs 2 and 3).
 DEVICE_MODES = ("one", "all", "N")
@@ -455,22 +451,25 @@ def running(rt: Runtime) -> Iterator[Runtime]:
 
 
 def argv_options(parser) -> None:
-    """The start-up flags every multi-process subcommand shares."""
+    """The start-up flags every multi-process subcommand shares, each given once (``onevalue.OneValue``)."""
     parser.add_argument(
         "--launcher",
         default="auto",
         choices=["auto", *launchers.ORDER],
         help="who started the ranks (default: detect; order: %s)" % ", ".join(launchers.ORDER),
+        action=onevalue.OneValue,
     )
     parser.add_argument(
         "--coordinator",
         help="HOST:PORT of rank 0's coordination service (default: agreed automatically)",
+        action=onevalue.OneValue,
     )
     parser.add_argument(
         "--init-timeout",
         type=float,
         default=None,
         help=f"seconds start-up may take (default: $OCTO_DIST_INIT_TIMEOUT or {DEFAULT_TIMEOUT_S})",
+        action=onevalue.OneValue,
     )
     parser.add_argument(
         "--devices-per-process",
@@ -479,6 +478,7 @@ def argv_options(parser) -> None:
         metavar="one|all|N",
         help="one GPU per rank (mpirun -npernode NUM_GPUS), all GPUs of a node per rank, or N GPUs per rank "
         "(default: %(default)s)",
+        action=onevalue.OneValue,
     )
 
 

@@ -14,7 +14,8 @@ import functools
 import sys
 from typing import Mapping, Optional, Sequence
 
-from octo_dist.apps.finetune import checks, commandline, config, configfile, flagerrors, modelconfig
+from octo_dist.apps.finetune import checks, commandline, config, configfile, flagerrors, flagsonce
+from octo_dist.apps.finetune import modelconfig
 from octo_dist.problems import Refusal
 
 
@@ -69,6 +70,9 @@ def parse_command_line(argv: Sequence[str]) -> tuple:
     if problem:
         raise ValueError(problem)
     startup, argv = commandline.split_startup(argv)
+    problem = flagsonce.repeated(argv)
+    if problem:
+        raise ValueError(problem)
     try:
         return commandline.parse_flags(argv), startup
     except ImportError:

@@ -12,12 +12,8 @@ from typing import Callable, List, Tuple
 from octo_dist import savelayout
 from octo_dist.jobs.schedulers.base import AFTER_ENV
 from octo_dist.jobs.settings import JobSettings
-from octo_dist.jobs.supervisor import exitfile
+from octo_dist.jobs.supervisor import exitfile, wandbkey
 from octo_dist.problems import Problem
-
-
-# Where octo-dist's key file is; WANDB_API_KEY in the environment wins. The key itself is never in the script.
-KEY_FILE_ENV = "WANDB_KEY_FILE"
 
 
 class JobFailed(Problem):
@@ -145,61 +141,69 @@ def rank_runner(
 
 # A wandb key is 40 (legacy) to 86 characters: a file larger than this is not a key.
 KEY_FILE_MAX = 4096
+AUTHORIZE = "paste the key from https://wandb.ai/authorize"
 
 
-def read_key(key_file: str) -> str:
-    """The key in ``key_file`` (whitespace dropped: ``"0123...cdef\\n"`` -> ``"0123...cdef"``); one line when the file
-    is not a key: empty, binary, or larger than any key."""
-    with open(key_file, "rb") as f:
-        raw = f.read(KEY_FILE_MAX + 1)
-    key = "".join(raw.decode("ascii", errors="replace").split())
-    if (
-        len(raw) > KEY_FILE_MAX
-        or not key
-        or not key.isprintable()
-        or not key.isascii()
-        or "\ufffd" in key
-    ):
+def read_key(key_file: str, text: str, size: int) -> str:
+    """The key in ``text``, read from ``key_file`` of ``size`` bytes (whitespace dropped: ``"0123...cdef\\n"`` ->
+    ``"0123...cdef"``); one line when the file is not a key: empty, binary, or larger than any key."""
+    key = "".join(text.split())
+    if size > KEY_FILE_MAX or not key or not key.isprintable() or not key.isascii():
         found = (
             "empty"
-            if not raw.strip()
+            if not key
             else (
-                f"over {KEY_FILE_MAX} bytes"
-                if len(raw) > KEY_FILE_MAX
-                else "not printable ASCII text"
+                f"over {KEY_FILE_MAX} bytes" if size > KEY_FILE_MAX else "not printable ASCII text"
             )
         )
         raise JobFailed(
             f"{key_file} is {found}; expected one wandb API key (40 to 86 letters and digits). Fix: (umask 077; "
-            f"cat >{key_file}) and paste the key from https://wandb.ai/authorize"
+            f"cat >{key_file}) and {AUTHORIZE}"
         )
     return key
 
 
 def wandb_key(env: dict) -> None:
     """The key comes from the environment, or from a file only you can read; never from the script: sets
-    ``env["WANDB_API_KEY"]`` from the file when that is where it is."""
+    ``env["WANDB_API_KEY"]`` from the key file when that is where it is (``wandbkey``: the places, in launch's
+    order). A key file, or ``~/.netrc``, that is a FIFO, a directory, a device or unreadable is named as what it
+    is; none is opened blocking or read unbounded."""
     if env.get("WANDB_MODE") != "online" or env.get("WANDB_API_KEY"):
         return
-    home = env.get("HOME", os.path.expanduser("~"))
-    key_file = env.get(KEY_FILE_ENV) or os.path.join(home, ".config", "octo-dist", "wandb_api_key")
+    key_file = wandbkey.key_file(env)
     if os.path.isfile(key_file):
-        mode = os.stat(key_file).st_mode & 0o777
+        found = os.stat(key_file)
+        mode = found.st_mode & 0o777
         if mode & 0o077 or not mode & 0o400:
             raise JobFailed(
                 f"{key_file} has mode {mode:o}; expected 600 or 400 (readable by you only). "
                 f"Fix: chmod 600 {key_file}"
             )
-        env["WANDB_API_KEY"] = read_key(key_file)
+        text = wandbkey.read_small(key_file)
+        if text is None:  # another user's file, or replaced since
+            raise JobFailed(
+                f"{key_file} {wandbkey.what_is(key_file)}; expected your wandb key file, readable by you only. "
+                f"Fix: rm -f {key_file}; (umask 077; cat >{key_file}) and {AUTHORIZE}"
+            )
+        env["WANDB_API_KEY"] = read_key(key_file, text, found.st_size)
         return
-    try:
-        with open(os.path.join(home, ".netrc"), "rb") as f:
-            if b"api.wandb.ai" in f.read(KEY_FILE_MAX * 16):
-                return
-    except OSError:
-        pass
+    if wandbkey.key_found(env):  # ~/.netrc's entry: the key file is not a file here
+        return
     raise JobFailed(
-        f"WANDB_MODE=online but no wandb key: WANDB_API_KEY is unset, {key_file} does not exist and "
-        f"~/.netrc has no api.wandb.ai entry. Fix: (umask 077; cat >{key_file}) and paste the key, or wandb "
-        "login, or re-render with --wandb-mode offline"
+        f"WANDB_MODE=online but no wandb key: {wandbkey.places(env)}; expected a key in one of them. "
+        f"Fix: {_key_fix(env, key_file)}, or wandb login, or re-render with --wandb-mode offline"
     )
+
+
+def _key_fix(env: dict, key_file: str) -> str:
+    """How to put a key where the job looks: at the key file's place when nothing is there; a FIFO, directory or
+    device there (``WANDB_KEY_FILE=/dev/zero``) is left alone and a file of its own named instead."""
+    if not os.path.lexists(key_file):
+        return f"(umask 077; cat >{key_file}) and {AUTHORIZE}"
+    default = wandbkey.default_key_file(env)
+    if env.get(wandbkey.KEY_FILE_ENV) and key_file != default:
+        return (
+            f"(umask 077; cat >{default}) and {AUTHORIZE}, then unset {wandbkey.KEY_FILE_ENV} (it names "
+            f"{key_file})"
+        )
+    return f"mv {key_file} {key_file}.old; (umask 077; cat >{key_file}) and {AUTHORIZE}"
