@@ -361,7 +361,6 @@ def _make_model(
     import jax
     import numpy as np
 
-    from octo_dist.engine import augment as augment_module
     from octo_dist.engine import parallel
     from octo_dist.policies import gather
     from octo_dist.policies import octo
@@ -381,18 +380,7 @@ def _make_model(
     )
     batch_spec = source.batch_spec()
     startclock.done("dataset")
-    # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera),
-    # after resizing those it left at their stored size (source.device_sizes).
-    augment = stepimages.step_augmenter(c, mesh.devices.flat[0].platform, source.device_sizes)
-    step = dict(
-        augment=augment, resizes=bool(source.device_sizes)
-    )  # the same for both compilations
-
-    def compile_for(spec):
-        return compile_ahead(
-            policy, mesh, spec, init_rng, optimizer_kwargs, cfg.step_fn, c.seed, **step
-        )
-
+    compile_for = _compiler(cfg, policy, mesh, init_rng, optimizer_kwargs, source.device_sizes)
     ahead = compile_for(batch_spec)
     startclock.done("compile")
 
@@ -408,13 +396,8 @@ def _make_model(
         ahead = compile_for(example)
         startclock.done("compile")
     # The model is made and saved at its own sizes, whatever size the frames travel at (resized as the step does).
-    example = augment_module.resize_on_host(
-        example, source.device_sizes, c.get("resize_method") or "lanczos3"
-    )
-    global_example = gather.for_from_config(example, mesh)
-    params = ahead.init(init_rng, global_example)
-    if pretrained is not None:
-        params = octo.with_pretrained(params, pretrained)
+    example = _at_model_sizes(example, source.device_sizes, c)
+    params = _initial_params(ahead, init_rng, example, mesh, pretrained)
     del pretrained
     startclock.done("parameters")
     # What save_pretrained records as the example batch: the global batch's first example, the same on every rank.
@@ -423,6 +406,52 @@ def _make_model(
     )
     window = int(example["observation"]["timestep_pad_mask"].shape[1])
     return _Model(policy, params, ahead, optimizer_kwargs["frozen_keys"], first_example, window)
+
+
+def _compiler(cfg: config.FinetuneJob, policy, mesh, init_rng, optimizer_kwargs, device_sizes):
+    """:func:`compile_ahead` for this job's model, optimizer and step, given a batch's shapes: the first
+    compilation and, where the first batch differs from them, the second are alike but for the shapes."""
+    c = cfg.config
+    # augment_on="device": the pipeline left the images as decoded; the step augments them (the same ops, per camera),
+    # after resizing those it left at their stored size (source.device_sizes).
+    augment = stepimages.step_augmenter(c, mesh.devices.flat[0].platform, device_sizes)
+
+    def compile_for(spec) -> Ahead:
+        return compile_ahead(
+            policy,
+            mesh,
+            spec,
+            init_rng,
+            optimizer_kwargs,
+            cfg.step_fn,
+            c.seed,
+            augment=augment,
+            resizes=bool(device_sizes),
+        )
+
+    return compile_for
+
+
+def _at_model_sizes(example, device_sizes, c):
+    """The example batch with the frames the host left at their stored size resized to the model's, as the step
+    resizes them (``resize_method``, lanczos3 by default)."""
+    from octo_dist.engine import augment as augment_module
+
+    return augment_module.resize_on_host(
+        example, device_sizes, c.get("resize_method") or "lanczos3"
+    )
+
+
+def _initial_params(ahead: Ahead, init_rng, example, mesh, pretrained):
+    """Fresh parameters from the compiled init on the global example batch, the pretrained ones (where the config
+    names a pretrained model) carried over."""
+    from octo_dist.policies import gather
+    from octo_dist.policies import octo
+
+    params = ahead.init(init_rng, gather.for_from_config(example, mesh))
+    if pretrained is not None:
+        params = octo.with_pretrained(params, pretrained)
+    return params
 
 
 def _open_run(

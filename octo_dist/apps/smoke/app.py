@@ -61,7 +61,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_training_flags(p)
-    _add_run_flags(p)
+    _add_checkpoint_flags(p)
+    _add_output_flags(p)
+    _add_pace_and_check_flags(p)
     runtime.argv_options(p)
     p.set_defaults(func=main)
     return p
@@ -114,8 +116,8 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    """Where the run writes (checkpoints, wandb, compile cache, record), its pace and the equivalence check."""
+def _add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    """Where the run's checkpoints go, how often, and whether it continues from them."""
     p.add_argument(
         "--save-dir",
         help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)",
@@ -134,6 +136,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue from the latest checkpoint in --save-dir (default: off)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """What else the run writes: wandb, the compile cache and rank 0's record."""
     p.add_argument(
         "--wandb-mode",
         choices=("online", "offline", "disabled"),
@@ -159,6 +165,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "(default: none)",
         action=_Once,
     )
+
+
+def _add_pace_and_check_flags(p: argparse.ArgumentParser) -> None:
+    """The run's pace (``--step-time``) and the equivalence check's flags."""
     p.add_argument(
         "--step-time",
         type=float,
@@ -265,9 +275,7 @@ def train(
     """The smoke job on this rank, inside the harness; ``layout``: the run's files (None without --save-dir)."""
     import optax
 
-    from octo_dist.runtime import tracking
     from octo_dist.engine import data
-    from octo_dist.engine import train
 
     rt = job.runtime
     policy, spec, model_note = pick_model(args.model)
@@ -288,7 +296,26 @@ def train(
         "step_fn": args.step_fn,
         "learning_rate": args.learning_rate,
     }
-    tracker = tracking.make_tracker(
+    tracker = _make_tracker(rt, args, environ, fingerprint)
+    result, timing = harness.fit(
+        job,
+        policy,
+        optax.adam(args.learning_rate),
+        source,
+        _train_config(args, resume, layout),
+        tracker=tracker,
+        fingerprint=fingerprint,
+        on_step=Pace(args.step_time) if args.step_time else None,
+    )
+    rec = _record(rt, policy, args, source, result, tracker.run_id)
+    return _report(job, args, rec, result, timing, layout)
+
+
+def _make_tracker(rt, args, environ: Mapping[str, str], fingerprint: dict):
+    """wandb on rank 0 (disabled unless asked: a smoke job needs no account), a no-op tracker elsewhere."""
+    from octo_dist.runtime import tracking
+
+    return tracking.make_tracker(
         rt.process_index,
         project=args.wandb_project,
         launch=rt.launch,
@@ -296,7 +323,13 @@ def train(
         mode=tracking.resolve_mode(environ, args.wandb_mode, default="disabled"),
         config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count},
     )
-    cfg = train.TrainConfig(
+
+
+def _train_config(args, resume, layout: Optional[savelayout.RunLayout]):
+    """The engine's settings for this job: steps, seed, step function, checkpoints and where to resume."""
+    from octo_dist.engine import train
+
+    return train.TrainConfig(
         steps=args.steps,
         seed=args.seed,
         step_fn=args.step_fn,
@@ -305,17 +338,11 @@ def train(
         save_every=args.save_every,
         resume=resume,  # checkpoint.decide's, made in main before start-up
     )
-    result, timing = harness.fit(
-        job,
-        policy,
-        optax.adam(args.learning_rate),
-        source,
-        cfg,
-        tracker=tracker,
-        fingerprint=fingerprint,
-        on_step=Pace(args.step_time) if args.step_time else None,
-    )
-    rec = _record(rt, policy, args, source, result, tracker.run_id)
+
+
+def _report(job: harness.Job, args, rec: dict, result, timing, layout) -> int:
+    """Rank 0's verdict, the run's summary and ``--record``; fails when the ranks' parameters differ."""
+    rt = job.runtime
     harness.say(job, verdict(rec))
     run_dir = (
         layout.run_dir if layout else None
@@ -361,36 +388,46 @@ def _record(rt, policy, args, source, result, run_id) -> dict:
     }
 
 
+def _bad(flag, found, expected, fix) -> str:
+    return f"{flag} {found}; expected {expected}. Fix: {fix}"
+
+
 def argument_problem(args) -> Optional[str]:
     """The first flag no run could use, as "found; expected. Fix: ..." (None when every flag is sound)."""
+    return _training_problem(args) or _run_problem(args) or _record_problem(args.record)
 
-    def bad(flag, found, expected, fix):
-        return f"{flag} {found}; expected {expected}. Fix: {fix}"
 
+def _training_problem(args) -> Optional[str]:
+    """A step count, batch, learning rate or checkpoint interval no training could use."""
     if args.steps < 1:
-        return bad("--steps", args.steps, "at least 1 step", "--steps 20")
+        return _bad("--steps", args.steps, "at least 1 step", "--steps 20")
     if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH:
-        return bad(
+        return _bad(
             "--global-batch",
             args.global_batch,
             f"1 to {MAX_GLOBAL_BATCH} examples, a multiple of the device count",
             "--global-batch 8",
         )
     if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
-        return bad(
+        return _bad(
             "--learning-rate", args.learning_rate, "a finite number above 0", "--learning-rate 1e-3"
         )
     if args.save_every is not None and args.save_every < 0:
-        return bad(
+        return _bad(
             "--save-every",
             args.save_every,
             "0 (at the end and on a stop only) or a positive number of steps",
             f"--save-every {DEFAULT_SAVE_EVERY}",
         )
+    return None
+
+
+def _run_problem(args) -> Optional[str]:
+    """A process count, pace or tolerance the run or its equivalence check could not use."""
     if args.np is not None and not args.check_equivalence:
         # Without the equivalence check the job is whatever the launcher started: `--np 2` alone would run one
         # process and look like a success.
-        return bad(
+        return _bad(
             "--np",
             args.np,
             "--np only with --check-equivalence (the smoke job runs as many processes as its launcher "
@@ -398,30 +435,31 @@ def argument_problem(args) -> Optional[str]:
             f"octo-dist smoke --check-equivalence --np {args.np}, or mpirun -np {args.np} octo-dist smoke",
         )
     if not (math.isfinite(args.step_time) and 0 <= args.step_time <= MAX_STEP_TIME_S):
-        return bad(
+        return _bad(
             "--step-time",
             args.step_time,
             f"0 (full speed) to {MAX_STEP_TIME_S:g} seconds (a stop is seen between steps)",
             "--step-time 1",
         )
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        return bad(
+        return _bad(
             "--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5"
         )
-    if args.record:
-        parent = os.path.dirname(os.path.abspath(args.record))
-        expected = (
-            "a file path in an existing directory (rank 0 writes the run's record there at the end)"
-        )
-        if os.path.isdir(args.record):
-            return bad(
-                "--record",
-                args.record,
-                expected,
-                f"--record {os.path.join(args.record, 'record.json')}",
-            )
-        if not os.path.isdir(parent):
-            return bad("--record", args.record, expected, f"mkdir -p {parent}, or another --record")
+    return None
+
+
+def _record_problem(record: Optional[str]) -> Optional[str]:
+    """``--record`` naming a directory, or a file in a directory that does not exist (None: no --record)."""
+    if not record:
+        return None
+    parent = os.path.dirname(os.path.abspath(record))
+    expected = (
+        "a file path in an existing directory (rank 0 writes the run's record there at the end)"
+    )
+    if os.path.isdir(record):
+        return _bad("--record", record, expected, f"--record {os.path.join(record, 'record.json')}")
+    if not os.path.isdir(parent):
+        return _bad("--record", record, expected, f"mkdir -p {parent}, or another --record")
     return None
 
 
