@@ -131,6 +131,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bad(flag, found, expected, fix) -> str:
+    """One refusal: ``"--steps 0; expected at least 1 step. Fix: --steps 20"``."""
     return f"{flag} {found}; expected {expected}. Fix: {fix}"
 
 
