@@ -18,7 +18,7 @@ import test_qdel_stops as pbsjob  # the PBS job the qdel tests run: rendered by 
 
 from octo_dist import savelayout
 from octo_dist.apps.finetune import config as fc
-from octo_dist.engine import checksums
+from octo_dist.engine import checkpoint as ck
 from octo_dist.engine import savedir
 
 JOB = "12345.pbs1"  # the picture's job id: the real job runs under it, so its names are the picture's own
@@ -177,7 +177,7 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
     try:
         # The first checkpoint's manifest, wherever the run puts it (a misplaced one fails below, not by waiting).
         deadline = time.monotonic() + pbsjob.WAIT_S
-        while not any(os.path.basename(p) == checksums.MANIFEST for p in seen):
+        while not any(os.path.basename(p) == ck.MANIFEST for p in seen):
             assert job.poll() is None, f"the job exited early:\n{pbsjob.log_tail(tmp_path)}"
             assert time.monotonic() < deadline, pbsjob.log_tail(tmp_path)
             seen |= listing(save)
