@@ -17,6 +17,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from octo_dist.engine import checkpoint as ck  # noqa: E402
+from octo_dist.engine import checksums  # noqa: E402
 from octo_dist.engine.checkpoint import CheckpointError, Checkpoints  # noqa: E402
 
 
@@ -105,8 +106,11 @@ DAMAGE = {
         lambda d: (d / "state" / "params.patch.kernel" / "0.0.0.1").write_bytes(b"x"),
         "was not part of",
     ),
-    "no checksum record (torn save)": (lambda d: remove(d / ck.MANIFEST), f"no {ck.MANIFEST}"),
-    "unreadable checksum record": (lambda d: truncate(d / ck.MANIFEST), "cannot be read"),
+    "no checksum record (torn save)": (
+        lambda d: remove(d / checksums.MANIFEST),
+        f"no {checksums.MANIFEST}",
+    ),
+    "unreadable checksum record": (lambda d: truncate(d / checksums.MANIFEST), "cannot be read"),
 }
 
 
@@ -118,9 +122,9 @@ def test_the_layout_the_damage_cases_aim_at(tmp_path):
         and (d / "state" / "_METADATA").is_file()
         and (d / "meta" / "metadata").is_file()
     )
-    record = json.loads((d / ck.MANIFEST).read_text())
+    record = json.loads((d / checksums.MANIFEST).read_text())
     assert record["step"] == 10 and "state/params.patch.kernel/0.0.0.0" in record["files"]
-    assert ck.verify(d, 10) is None
+    assert checksums.verify(d, 10) is None
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -192,7 +196,9 @@ def test_pruning_never_removes_the_newest_verified_step(tmp_path):
     for s in (10, 15, 20):
         c.save(s, state_at(s), {"data_position": s})
         steps = sorted(ck.step_dirs(tmp_path))
-        assert s in steps and all(ck.verify(tmp_path / str(k), k) is None for k in steps), steps
+        assert s in steps and all(checksums.verify(tmp_path / str(k), k) is None for k in steps), (
+            steps
+        )
     assert sorted(ck.step_dirs(tmp_path)) == [10, 15, 20]
     c.close()
 
@@ -230,7 +236,7 @@ def test_resume_decides_the_newest_verified_step_and_opening_restores_it(tmp_pat
 
 def test_an_unverified_newest_step_is_decided_against_then_set_aside_when_opened(tmp_path, caplog):
     save_steps(tmp_path, [5, 10])
-    remove(tmp_path / "10" / ck.MANIFEST)  # a torn save: renamed by orbax, never recorded
+    remove(tmp_path / "10" / checksums.MANIFEST)  # a torn save: renamed by orbax, never recorded
     decision = ck.decide(tmp_path, True)
     assert decision.step == 5 and [s for s, _ in decision.set_aside] == [10]
     assert (
@@ -239,7 +245,7 @@ def test_an_unverified_newest_step_is_decided_against_then_set_aside_when_opened
     with caplog.at_level(logging.WARNING, logger=ck.__name__):
         c = Checkpoints(str(tmp_path), decision=decision)
     assert c.latest_step() == 5 and (tmp_path / "10.damaged").is_dir()
-    assert any(f"no {ck.MANIFEST}" in r.getMessage() for r in caplog.records)
+    assert any(f"no {checksums.MANIFEST}" in r.getMessage() for r in caplog.records)
     assert_bit_identical(c.restore(5, abstract(state_at(0)))[0], state_at(5))
     c.close()
 
@@ -335,7 +341,7 @@ def test_resume_after_a_damaged_newest_step_ends_bit_identical_to_the_uninterrup
     )
     assert (damaged / "10.damaged").is_dir()
     assert sorted(ck.step_dirs(damaged)) == [5, 10, 15]
-    assert all(ck.verify(damaged / str(s), s) is None for s in (5, 10, 15))
+    assert all(checksums.verify(damaged / str(s), s) is None for s in (5, 10, 15))
 
 
 def test_only_ascii_digit_directories_are_steps(tmp_path):

@@ -356,7 +356,7 @@ def steps_in(save_dir: Path) -> list[int]:
 
 
 def verified_steps(save_dir: Path) -> list[int]:
-    from octo_dist.engine.checkpoint import verify
+    from octo_dist.engine.checksums import verify
 
     return [s for s in steps_in(save_dir) if verify(save_dir / str(s), s) is None]
 

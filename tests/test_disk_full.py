@@ -126,6 +126,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
 ):
     pytest.importorskip("jax")
     from octo_dist.engine import checkpoint as ck
+    from octo_dist.engine import checksums
 
     fs = small_fs(8)
     directory, filler = fs / "run", fs / "another-job.bin"
@@ -156,7 +157,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
     assert "Fix: free space there" in message and "rerun with --resume" in message
     # Nothing half-written is left to take room; step 2 verifies and restores.
     assert sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) == ["1", "2"]
-    assert ck.verify(directory / "2", 2) is None
+    assert checksums.verify(directory / "2", 2) is None
     os.unlink(filler)
     c = ck.Checkpoints(str(directory), max_to_keep=3)
     assert c.latest_step() == 2
@@ -172,6 +173,7 @@ def test_a_disk_that_fills_under_mpirun_ends_the_job_in_one_line_keeping_the_ver
     orbax's barrier, so rank 0 ends the job, with one line and exit 2, not a traceback or a hang."""
     pytest.importorskip("jax")
     from octo_dist.engine import checkpoint as ck
+    from octo_dist.engine import checksums
 
     fs = small_fs(12)  # passes the room check (4 x ~2 MiB) until the filler takes it
     directory = fs / "run"
@@ -190,7 +192,7 @@ def test_a_disk_that_fills_under_mpirun_ends_the_job_in_one_line_keeping_the_ver
     # be left. Nothing else is: no finalised step 4, no other step.
     left = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
     assert left[0] == "2" and all(n.startswith("4.orbax-checkpoint-tmp-") for n in left[1:]), left
-    assert ck.verify(directory / "2", 2) is None
+    assert checksums.verify(directory / "2", 2) is None
     # What the user's `--resume` sees once space is freed: the leftover is removed on opening, step 2 is the start.
     os.unlink(fs / "another-job.bin")
     c = ck.Checkpoints(str(directory), max_to_keep=3)

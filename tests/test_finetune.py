@@ -13,7 +13,7 @@ import pytest
 
 from helpers import REPO, clean_env
 from octo_dist.apps.finetune import app as finetune
-from octo_dist.apps.finetune import checks, commandline, configfile, modelconfig, pipeline
+from octo_dist.apps.finetune import checks, commandline, configfile, model, modelconfig, pipeline
 from octo_dist.apps.finetune import config as fc
 from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
@@ -373,11 +373,9 @@ def test_the_batch_spec_is_known_before_the_first_batch_and_matches_it(tmp_path,
         "action": ((4,), np.dtype("int64")),
         "image": ((4, 2, 3), np.dtype("uint8")),
     }
-    assert finetune.shape_differences(spec, src.example) == ""
+    assert model.shape_differences(spec, src.example) == ""
     other = {**src.example, "image": np.zeros((4, 9, 3), np.uint8)}
-    assert (
-        finetune.shape_differences(spec, other) == "['image']: (4, 2, 3) uint8 vs (4, 9, 3) uint8"
-    )
+    assert model.shape_differences(spec, other) == "['image']: (4, 2, 3) uint8 vs (4, 9, 3) uint8"
     assert src.builds == 1  # the look ahead reads the built pipeline, it does not build another
 
     known = pipeline.OctoData(

@@ -245,9 +245,9 @@ def test_jobs_finds_a_finetunes_checkpoints_where_finetune_saves_them(
     """Before: the search stopped one level above ``<project>/<name>/train_state/<step>`` (only the smoke's
     layout was tested): "newest checkpoint: none yet" after hours of fine-tuning."""
     from octo_dist.apps.finetune import config
-    from octo_dist.engine import checkpoint
+    from octo_dist.engine import checksums
 
-    assert checkpoint.MANIFEST == "checksums.json"
+    assert checksums.MANIFEST == "checksums.json"
     write_record(tmp_path, "slurm", ["100"])
     fake_command(tools, "squeue")
     wandb = {"project": "octo_finetune", "group": group}

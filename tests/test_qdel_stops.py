@@ -32,6 +32,7 @@ import helpers
 from helpers import PBS_JOB, launch_job
 
 from octo_dist.engine import checkpoint as ck
+from octo_dist.engine import checksums
 from octo_dist.jobs.supervisor import prepare
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -130,7 +131,9 @@ def at_checkpoint(work: Path, family: str, job_id: str, step: int, **pbs: int):
     env = pbs_env(work, family, job_id, **pbs)
     job = start(work, env)
     try:
-        wait_for(work / "runs" / "q" / str(step) / ck.MANIFEST, job, work, f"checkpoint {step}")
+        wait_for(
+            work / "runs" / "q" / str(step) / checksums.MANIFEST, job, work, f"checkpoint {step}"
+        )
         time.sleep(0.3)
         yield job, env
     finally:
@@ -249,7 +252,7 @@ def verified_steps(save: Path) -> list:
     return sorted(
         int(d.name)
         for d in save.iterdir()
-        if d.name.isdigit() and ck.verify(d, int(d.name)) is None
+        if d.name.isdigit() and checksums.verify(d, int(d.name)) is None
     )
 
 
@@ -286,7 +289,7 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
     stops = [ln for ln in log.splitlines() if "octo-dist job: stopped by SIGTERM: step " in ln]
     assert len(stops) == 1, said
     step = int(stops[0].split("step ")[1].split()[0])
-    assert step > SAVE_EVERY and ck.verify(save / str(step), step) is None, said
+    assert step > SAVE_EVERY and checksums.verify(save / str(step), step) is None, said
     assert max(verified_steps(save)) == step, said
     assert "ignored due to race condition" not in log, said
     assert chain_goes_on(save, "71.pbs5") == []

@@ -206,7 +206,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     from its verdict until every rank has exited: the job still saves a verified checkpoint, prints its verdict and
     exits 0."""
     psutil = pytest.importorskip("psutil")
-    from octo_dist.engine import checkpoint as ck
+    from octo_dist.engine import checksums
 
     exe = Path(sys.executable).parent / "mpirun"
     if not exe.exists():
@@ -249,7 +249,10 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     )
     try:
         wait_for_file(
-            ckpt / "3" / ck.MANIFEST, job, "the first verified checkpoint (training under way)", 300
+            ckpt / "3" / checksums.MANIFEST,
+            job,
+            "the first verified checkpoint (training under way)",
+            300,
         )
         procs = []
         for p in psutil.Process(job.pid).children(recursive=True):
@@ -289,6 +292,6 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     assert job.returncode == 0, (job.returncode, rank_err[-3000:], mpirun_err[-2000:])
     rec = json.loads((tmp_path / "rec.json").read_text())
     assert rec["stopped_by"] == first.name and rec["end_step"] < 100000
-    assert ck.verify(ckpt / str(rec["end_step"]), rec["end_step"]) is None
+    assert checksums.verify(ckpt / str(rec["end_step"]), rec["end_step"]) is None
     assert f"stopped by {first.name} (checkpoint saved)" in (ranks / "0.out").read_text()
     assert "KeyboardInterrupt" not in rank_err and "Traceback" not in rank_err, rank_err[-3000:]

@@ -15,7 +15,7 @@ import helpers
 from helpers import clean_env, tail
 
 from octo_dist import savelayout
-from octo_dist.engine import checkpoint as ck
+from octo_dist.engine import checksums
 
 
 def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_next_job(tmp_path):
@@ -39,7 +39,7 @@ def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_nex
     )
     try:
         deadline = time.monotonic() + 300
-        while not (save / "2" / ck.MANIFEST).exists():
+        while not (save / "2" / checksums.MANIFEST).exists():
             assert proc.poll() is None, tail(proc.communicate()[1], 3000)
             assert time.monotonic() < deadline, "waited 300 s for the first checkpoint"
             time.sleep(0.05)
@@ -54,7 +54,7 @@ def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_nex
     step = written["end_step"]
     assert written["stopped_by"] == "SIGTERM" and step >= 2
     assert savelayout.stopped_step(str(job_dir)) == step
-    assert ck.verify(save / str(step), step) is None
+    assert checksums.verify(save / str(step), step) is None
     assert not (save / savelayout.LOSS_PLOT).exists()
     assert "stopped by SIGTERM (checkpoint saved)" in out
     assert "loss.png not redrawn (stopped by SIGTERM" in err, tail(err, 3000)

@@ -4,13 +4,8 @@ Every process calls ``save``; orbax lets process 0 alone create and finalise dir
 the shards it owns (replicated arrays: process 0), and a save is atomic: written under
 ``<step>.orbax-checkpoint-tmp-<n>`` and renamed when complete (half-written ones are removed on restart).
 
-Orbax 0.4.4 with ``use_ocdbt=False`` keeps no checksum of its own: a zarr chunk that is deleted reads back as
-zeros, a flipped byte as garbage or NaN, and both restore "successfully". So once a step is complete on every
-process, process 0 hashes every file of it into ``<step>/checksums.json`` (written last, atomically)::
-
-    {"format": 1, "step": 10, "algorithm": "sha256",
-     "files": {"state/params.patch.kernel/0.0.0.0": {"size": 1536, "sha256": "9f2c..."}, "meta/metadata": ...}}
-
+Orbax keeps no checksum of its own here, so once a step is complete on every process, process 0 hashes every file
+of it into ``<step>/checksums.json`` (:mod:`octo_dist.engine.checksums`: the record, and what ``verify`` finds wrong).
 A step without that record (the job was killed between orbax's rename and the record, e.g. SIGTERM to a bare
 ``mpirun``), or whose files differ from it (missing, truncated, changed, added), is *damaged*. Whether to resume is
 decided once, before start-up, by :func:`decide` (read only): it verifies the steps newest first and picks the
@@ -27,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -36,15 +30,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from octo_dist.engine import room
+from octo_dist.engine.checksums import MANIFEST, recorded_bytes, verify, write_manifest
 from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 
 STATE, META = "state", "meta"
-MANIFEST = "checksums.json"
-MANIFEST_FORMAT = 1
 DAMAGED_SUFFIX = ".damaged"
-_CHUNK = 1 << 20
 
 
 class CheckpointError(Refusal, RuntimeError):
@@ -80,127 +72,6 @@ def _reason(error: BaseException) -> str:
         if os.strerror(code) in str(error) or getattr(error, "errno", None) == code:
             return os.strerror(code)
     return type(error).__name__
-
-
-def _recorded_bytes(step_dir: Path) -> Optional[int]:
-    """The bytes a verified step's ``checksums.json`` records (its files' sizes), or None when unreadable."""
-    try:
-        record = json.loads((step_dir / MANIFEST).read_text())
-        return sum(int(f["size"]) for f in record["files"].values()) or None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-# --- checksums: pure functions over a step directory ---------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_digests(step_dir: Path) -> Dict[str, dict]:
-    """``{"state/params.x/0.0.0.0": {"size": n, "sha256": hex}, ...}`` for every file under ``step_dir`` but the
-    record itself, paths relative to ``step_dir`` with ``/`` separators."""
-    return {
-        rel: {"size": path.stat().st_size, "sha256": _sha256(path)}
-        for rel, path in _files(step_dir)
-    }
-
-
-def write_manifest(step_dir: Path, step: int) -> Path:
-    """Hash ``step_dir`` into its ``checksums.json``: written to a temporary name, flushed, then renamed, so the
-    record exists only complete and only after every file it covers."""
-    record = {
-        "format": MANIFEST_FORMAT,
-        "step": step,
-        "algorithm": "sha256",
-        "files": file_digests(step_dir),
-    }
-    final = step_dir / MANIFEST
-    tmp = step_dir / f"{MANIFEST}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=0, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(step_dir)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except (
-        OSError
-    ):  # some file systems refuse fsync on a directory; the rename is still ordered after the data
-        pass
-    finally:
-        os.close(fd)
-
-
-def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
-    """None when ``step_dir`` holds exactly the files its record names, with their sizes and checksums; else what
-    is wrong, as a phrase: ``"state/params.patch.kernel/0.0.0.0 is missing"``."""
-    if not step_dir.is_dir():
-        return f"{step_dir} is not a directory"
-    manifest = step_dir / MANIFEST
-    if not manifest.is_file():
-        return (
-            f"it has no {MANIFEST} (the save did not finish: the job was killed while writing it, or it was "
-            f"written by an octo-dist without checksums)"
-        )
-    try:
-        record = json.loads(manifest.read_text())
-        expected = record["files"]
-        if record.get("format") != MANIFEST_FORMAT or not isinstance(expected, dict):
-            raise ValueError(f"format {record.get('format')!r}, expected {MANIFEST_FORMAT}")
-        if step is not None and record.get("step") != step:
-            raise ValueError(f"it records step {record.get('step')!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"its {MANIFEST} cannot be read ({type(e).__name__}: {e})"
-    try:
-        found = {rel: path for rel, path in _files(step_dir)}
-    except OSError as e:
-        return f"it cannot be listed ({e})"
-    problems = [f"{rel} is missing" for rel in sorted(set(expected) - set(found))]
-    problems += [f"{rel} was not part of the save" for rel in sorted(set(found) - set(expected))]
-    for rel in sorted(set(expected) & set(found)):
-        want = expected[rel]
-        try:
-            size = found[rel].stat().st_size
-            if size != want["size"]:
-                problems.append(
-                    f"{rel} is {size} bytes, expected {want['size']} (truncated or overwritten)"
-                )
-            elif _sha256(found[rel]) != want["sha256"]:
-                problems.append(
-                    f"{rel} does not match its checksum (its content changed after the save)"
-                )
-        except OSError as e:
-            problems.append(f"{rel} cannot be read ({e.strerror or e})")
-    if not problems:
-        return None
-    more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
-    return "; ".join(problems[:3]) + more
-
-
-def _files(step_dir: Path):
-    for path in sorted(step_dir.rglob("*")):
-        rel = path.relative_to(step_dir).as_posix()
-        if (
-            (path.is_file() or path.is_symlink())
-            and rel != MANIFEST
-            and not rel.startswith(MANIFEST + ".")
-        ):
-            yield rel, path
 
 
 # --- which steps a directory holds ---------------------------------------------------------------------------
@@ -542,7 +413,7 @@ class Checkpoints:
                     removed.append(partial.name)
         newest = self._latest
         # One checkpoint's size: the newest verified step's files as recorded, else the bound for this state.
-        one = _recorded_bytes(self.directory / str(newest)) if newest is not None else None
+        one = recorded_bytes(self.directory / str(newest)) if newest is not None else None
         one = one or room.checkpoint_nbytes(room.state_nbytes(state))
         # The run at its fullest: the checkpoints it keeps (all so far when max_to_keep is None) plus this one.
         copies = (self.max_to_keep or len(self._trusted)) + 1

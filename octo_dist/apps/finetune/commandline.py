@@ -26,7 +26,7 @@ from octo_dist.apps.finetune.configfile import (
     packaged_configs,
     resolve_config_file,
 )
-from octo_dist.apps.finetune.flagerrors import ALIASES, missing_value
+from octo_dist.apps.finetune.flagerrors import ALIASES, config_value, missing_value
 from octo_dist.apps.finetune.modelconfig import FINETUNING_MODES, MODALITIES, flat_keys
 from octo_dist.engine.stepfns import STEP_FNS
 from octo_dist.runtime import runtime
@@ -190,15 +190,6 @@ def parse_flags(argv: Sequence[str]):
 
 def wants_help(argv: Sequence[str]) -> bool:
     return any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:])
-
-
-def config_value(argv: Sequence[str]) -> str:
-    for i, a in enumerate(argv[1:], 1):
-        if a.startswith(("--config=", "-config=")):
-            return a.partition("=")[2]
-        if a in ("--config", "-config") and i + 1 < len(argv):
-            return argv[i + 1]
-    return DEFAULT_CONFIG
 
 
 USAGE = (

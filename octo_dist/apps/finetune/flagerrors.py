@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional, Sequence
 
-from octo_dist.apps.finetune.configfile import PACKAGED_CONFIGS, packaged_configs
+from octo_dist.apps.finetune.configfile import DEFAULT_CONFIG, PACKAGED_CONFIGS, packaged_configs
 
 # octo-dist's own flags are spelled as the fork spells its flags (underscores: --step_fn); the hyphenated
 # spelling the other subcommands use (smoke --step-fn) is accepted as an alias, so either works everywhere.
@@ -87,6 +87,17 @@ def packaged_fields(text: Optional[str] = None) -> Dict[str, set]:
     return out
 
 
+def config_value(argv: Sequence[str]) -> str:
+    """The config argv chooses, as given: ``["prog", "--config=finetune_config.py:full,multimodal"]`` ->
+    ``"finetune_config.py:full,multimodal"`` (``--config X`` too); :data:`DEFAULT_CONFIG` without one."""
+    for i, a in enumerate(argv[1:], 1):
+        if a.startswith(("--config=", "-config=")):
+            return a.partition("=")[2]
+        if a in ("--config", "-config") and i + 1 < len(argv):
+            return argv[i + 1]
+    return DEFAULT_CONFIG
+
+
 def _packaged_config(value: str) -> Optional[str]:
     """``"finetune_config.py:head_only,multimodal"`` or its packaged path -> ``"finetune_config.py"``; a config
     file of the user's own -> None (only ml_collections, loading it, knows its fields)."""
@@ -103,8 +114,6 @@ def unknown_field(argv: Sequence[str], fields: Optional[Dict[str, set]] = None) 
     """The first ``--config.FIELD`` the chosen packaged config does not have, as ml_collections refuses it (one
     line, with the closest field): ``--config.tpyo=1`` -> "unknown config field tpyo, did you mean ..."; None when
     every field is known, or the config is the user's own."""
-    from octo_dist.apps.finetune.commandline import config_value
-
     fields = packaged_fields() if fields is None else fields
     name = _packaged_config(config_value(argv))
     known = fields.get(name or "")

@@ -14,7 +14,6 @@ import argparse
 import difflib
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -22,35 +21,11 @@ from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE, savelayout
 from octo_dist.apps import harness
-from octo_dist.engine import stepfns
+from octo_dist.apps.smoke import flags
 from octo_dist.runtime import runtime
 from octo_dist.problems import Problem, Refusal
 
 log = logging.getLogger(__name__)
-
-MODELS = ("auto", "tiny", "octo")
-DEFAULT_SAVE_EVERY = 10
-DEFAULT_NP = 2  # --check-equivalence: 2 processes x 1 device vs 1 process x 2 devices
-# The synthetic batch is built in host memory on every rank before the first step, where no stop signal is seen
-# yet: 65,536 examples is far beyond any smoke run and still fits; more would only hang a node.
-MAX_GLOBAL_BATCH = 65536
-# --step-time: a stop signal is seen between steps, so a longer step would delay every stop by as much.
-MAX_STEP_TIME_S = 60.0
-
-
-class _Once(argparse.Action):
-    """Stores a flag's one value: a second, different value (``--steps 3 --steps 5``) is refused, as ``octo-dist
-    launch`` refuses its own, where argparse would keep the last without a word; the same value twice is one."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, "given." + self.dest, None)
-        if given is not None and given[1] != values:
-            parser.error(
-                f"{given[0]} {given[1]} and {option_string} {values} set the same flag twice; expected one "
-                f"value. Fix: keep one of them"
-            )
-        setattr(namespace, "given." + self.dest, (option_string, values))
-        setattr(namespace, self.dest, values)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -60,134 +35,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_training_flags(p)
-    _add_run_flags(p)
+    flags.add_flags(p)
     runtime.argv_options(p)
     p.set_defaults(func=main)
     return p
-
-
-def _add_training_flags(p: argparse.ArgumentParser) -> None:
-    """What is trained: the model, steps, batch, seed, learning rate and step function."""
-    p.add_argument(
-        "--model",
-        choices=MODELS,
-        default="auto",
-        help="auto: octo when importable, else tiny (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=20,
-        help="total optimizer steps; a resumed run does the rest (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--global-batch",
-        type=int,
-        default=8,
-        help="examples per step over all ranks; must divide by the device count (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the parameters, dropout and data (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--learning-rate",
-        type=float,
-        default=1e-3,
-        help="Adam's learning rate (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--step-fn",
-        choices=stepfns.STEP_FNS,
-        default="auto",
-        help="auto: shard_map (one flat all-reduce) over 2+ CPU devices, jit (XLA combines the all-reduces) "
-        "on GPUs and on one device; or either by name (default: %(default)s)",
-        action=_Once,
-    )
-
-
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    """Where the run writes (checkpoints, wandb, compile cache, record), its pace and the equivalence check."""
-    p.add_argument(
-        "--save-dir",
-        help="orbax checkpoint directory, shared by every rank (default: none, no checkpoints)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--save-every",
-        type=int,
-        default=None,
-        help=f"checkpoint every N steps; 0: at the end and on a stop signal only (default: "
-        f"{DEFAULT_SAVE_EVERY} with --save-dir, so a killed job loses little)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the latest checkpoint in --save-dir (default: off)",
-    )
-    p.add_argument(
-        "--wandb-mode",
-        choices=("online", "offline", "disabled"),
-        default=None,
-        help="wandb logging (default: $WANDB_MODE, else disabled: a smoke job needs no account)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--wandb-project",
-        default="octo-dist-smoke",
-        help="wandb project (default: %(default)s)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--compile-cache",
-        help="persistent compilation cache directory, or off "
-        "(default: $OCTO_DIST_COMPILE_CACHE, else on GPUs ~/.cache/octo-dist/compile-cache)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--record",
-        help="rank 0 writes the run's losses, digests and input counts here as JSON "
-        "(default: none)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--step-time",
-        type=float,
-        default=0.0,
-        help="each step lasts at least this many seconds (the rest slept): a rehearsal of a long job's time "
-        "limit, chain or lost node at its own pace, without its compute (default: %(default)s, full speed)",
-        action=_Once,
-    )
-    p.add_argument(
-        "--check-equivalence",
-        action="store_true",
-        help="run 1 process x NP devices and NP processes x 1 device (mpirun) on the CPU and compare "
-        "(default: off)",
-    )
-    p.add_argument(
-        "--np",
-        type=int,
-        default=None,
-        help=f"processes for --check-equivalence, and only with it: a plain smoke job runs as many "
-        f"processes as its launcher starts (default: {DEFAULT_NP})",
-        action=_Once,
-    )
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        default=1e-5,
-        help="largest relative loss difference --check-equivalence accepts (default: %(default)s)",
-        action=_Once,
-    )
 
 
 class ModelError(Refusal, ValueError):
@@ -265,9 +116,7 @@ def train(
     """The smoke job on this rank, inside the harness; ``layout``: the run's files (None without --save-dir)."""
     import optax
 
-    from octo_dist.runtime import tracking
     from octo_dist.engine import data
-    from octo_dist.engine import train
 
     rt = job.runtime
     policy, spec, model_note = pick_model(args.model)
@@ -288,7 +137,26 @@ def train(
         "step_fn": args.step_fn,
         "learning_rate": args.learning_rate,
     }
-    tracker = tracking.make_tracker(
+    tracker = _make_tracker(rt, args, environ, fingerprint)
+    result, timing = harness.fit(
+        job,
+        policy,
+        optax.adam(args.learning_rate),
+        source,
+        _train_config(args, resume, layout),
+        tracker=tracker,
+        fingerprint=fingerprint,
+        on_step=Pace(args.step_time) if args.step_time else None,
+    )
+    rec = _record(rt, policy, args, source, result, tracker.run_id)
+    return _report(job, args, rec, result, timing, layout)
+
+
+def _make_tracker(rt, args, environ: Mapping[str, str], fingerprint: dict):
+    """wandb on rank 0 (disabled unless asked: a smoke job needs no account), a no-op tracker elsewhere."""
+    from octo_dist.runtime import tracking
+
+    return tracking.make_tracker(
         rt.process_index,
         project=args.wandb_project,
         launch=rt.launch,
@@ -296,7 +164,13 @@ def train(
         mode=tracking.resolve_mode(environ, args.wandb_mode, default="disabled"),
         config={**fingerprint, "ranks": rt.process_count, "devices": rt.device_count},
     )
-    cfg = train.TrainConfig(
+
+
+def _train_config(args, resume, layout: Optional[savelayout.RunLayout]):
+    """The engine's settings for this job: steps, seed, step function, checkpoints and where to resume."""
+    from octo_dist.engine import train
+
+    return train.TrainConfig(
         steps=args.steps,
         seed=args.seed,
         step_fn=args.step_fn,
@@ -305,17 +179,11 @@ def train(
         save_every=args.save_every,
         resume=resume,  # checkpoint.decide's, made in main before start-up
     )
-    result, timing = harness.fit(
-        job,
-        policy,
-        optax.adam(args.learning_rate),
-        source,
-        cfg,
-        tracker=tracker,
-        fingerprint=fingerprint,
-        on_step=Pace(args.step_time) if args.step_time else None,
-    )
-    rec = _record(rt, policy, args, source, result, tracker.run_id)
+
+
+def _report(job: harness.Job, args, rec: dict, result, timing, layout) -> int:
+    """Rank 0's verdict, the run's summary and ``--record``; fails when the ranks' parameters differ."""
+    rt = job.runtime
     harness.say(job, verdict(rec))
     run_dir = (
         layout.run_dir if layout else None
@@ -361,70 +229,6 @@ def _record(rt, policy, args, source, result, run_id) -> dict:
     }
 
 
-def argument_problem(args) -> Optional[str]:
-    """The first flag no run could use, as "found; expected. Fix: ..." (None when every flag is sound)."""
-
-    def bad(flag, found, expected, fix):
-        return f"{flag} {found}; expected {expected}. Fix: {fix}"
-
-    if args.steps < 1:
-        return bad("--steps", args.steps, "at least 1 step", "--steps 20")
-    if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH:
-        return bad(
-            "--global-batch",
-            args.global_batch,
-            f"1 to {MAX_GLOBAL_BATCH} examples, a multiple of the device count",
-            "--global-batch 8",
-        )
-    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
-        return bad(
-            "--learning-rate", args.learning_rate, "a finite number above 0", "--learning-rate 1e-3"
-        )
-    if args.save_every is not None and args.save_every < 0:
-        return bad(
-            "--save-every",
-            args.save_every,
-            "0 (at the end and on a stop only) or a positive number of steps",
-            f"--save-every {DEFAULT_SAVE_EVERY}",
-        )
-    if args.np is not None and not args.check_equivalence:
-        # Without the equivalence check the job is whatever the launcher started: `--np 2` alone would run one
-        # process and look like a success.
-        return bad(
-            "--np",
-            args.np,
-            "--np only with --check-equivalence (the smoke job runs as many processes as its launcher "
-            "starts)",
-            f"octo-dist smoke --check-equivalence --np {args.np}, or mpirun -np {args.np} octo-dist smoke",
-        )
-    if not (math.isfinite(args.step_time) and 0 <= args.step_time <= MAX_STEP_TIME_S):
-        return bad(
-            "--step-time",
-            args.step_time,
-            f"0 (full speed) to {MAX_STEP_TIME_S:g} seconds (a stop is seen between steps)",
-            "--step-time 1",
-        )
-    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        return bad(
-            "--tolerance", args.tolerance, "a finite relative difference >= 0", "--tolerance 1e-5"
-        )
-    if args.record:
-        parent = os.path.dirname(os.path.abspath(args.record))
-        expected = (
-            "a file path in an existing directory (rank 0 writes the run's record there at the end)"
-        )
-        if os.path.isdir(args.record):
-            return bad(
-                "--record",
-                args.record,
-                expected,
-                f"--record {os.path.join(args.record, 'record.json')}",
-            )
-        if not os.path.isdir(parent):
-            return bad("--record", args.record, expected, f"mkdir -p {parent}, or another --record")
-    return None
-
-
 class _Refusing(argparse.ArgumentParser):
     """A parser that raises instead of printing usage and exiting: for checking a command line without running it."""
 
@@ -447,7 +251,7 @@ def check_command(argv: Sequence[str]) -> None:
         raise ValueError(
             f"unknown flag {unknown[0]}" + (f", did you mean {close[0]}?" if close else "")
         )
-    problem = argument_problem(args)
+    problem = flags.argument_problem(args)
     if problem:  # "--steps -5; expected at least 1 step. Fix: ..." -> "--steps -5 (expected at least 1 step)"
         found, _, rest = problem.partition("; expected ")
         raise ValueError(f"{found} (expected {rest.partition('. Fix: ')[0]})")
@@ -455,17 +259,17 @@ def check_command(argv: Sequence[str]) -> None:
 
 def main(args, environ: Mapping[str, str] = os.environ) -> int:
     """``octo-dist smoke``: the equivalence check (this process only orchestrates), or the job on every rank."""
-    problem = argument_problem(args)
+    problem = flags.argument_problem(args)
     if problem:
         # The same flags on every rank: each refuses alike before start-up, so no rank waits for another.
         print(f"octo-dist smoke: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     if args.save_every is None:
-        args.save_every = DEFAULT_SAVE_EVERY if args.save_dir else 0
+        args.save_every = flags.DEFAULT_SAVE_EVERY if args.save_dir else 0
     if args.check_equivalence:
         from octo_dist.apps.smoke import equivalence
 
-        args.np = DEFAULT_NP if args.np is None else args.np
+        args.np = flags.DEFAULT_NP if args.np is None else args.np
         return equivalence.main(args)
     from octo_dist.engine import checkpoint
 

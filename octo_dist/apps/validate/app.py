@@ -25,13 +25,13 @@ import tempfile
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_USAGE
+from octo_dist.apps.smoke.flags import MODELS  # the scaling step runs smoke: its --model is smoke's
 from octo_dist.apps.validate import report
 from octo_dist.apps.validate.report import FAIL, OK, SKIP, Step
 from octo_dist.jobs import options
 from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 
-MODELS = ("tiny", "auto", "octo")
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # NCCL expands %h (host) and %p (pid): one file per rank
 
 

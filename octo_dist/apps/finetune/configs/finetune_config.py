@@ -40,24 +40,11 @@ def get_config(config_string="full,multimodal"):
         save_dir=placeholder(str),
         seed=42,
         wandb=dict(project="octo_finetune", group=placeholder(str), entity=placeholder(str)),
-        dataset_kwargs=_dataset_kwargs(),
+        dataset_kwargs=dataset_kwargs(),
         modality=task,
         finetuning_mode=mode,
         window_size=window_size,
-        optimizer=dict(
-            learning_rate=dict(
-                name="cosine",
-                init_value=0.0,
-                peak_value=3e-4,
-                warmup_steps=2000,
-                decay_steps=max_steps,
-                end_value=0.0,
-            ),
-            weight_decay=0.01,
-            clip_gradient=1.0,
-            frozen_keys=frozen_keys(mode),
-            grad_accumulation_steps=None,  # if you use grad accumulation, adjust max_steps accordingly
-        ),
+        optimizer=optimizer(warmup_steps=2000, decay_steps=max_steps, frozen=frozen_keys(mode)),
         val_kwargs=dict(val_shuffle_buffer_size=1000, num_val_batches=16),
         viz_kwargs=dict(
             eval_batch_size=128, trajs_for_metrics=100, trajs_for_viz=8, samples_per_state=8
@@ -77,8 +64,29 @@ def get_config(config_string="full,multimodal"):
     return ConfigDict(config)
 
 
-def _dataset_kwargs() -> dict:
-    """The dataset: the fork's bridge example."""
+def optimizer(warmup_steps: int, decay_steps, frozen) -> dict:
+    """The fork's optimizer settings (``create_optimizer``'s keywords): a cosine learning rate from 0 up to 3e-4
+    over ``warmup_steps`` and back to 0 at ``decay_steps`` (a FieldReference to num_steps, so that
+    --config.num_steps moves it too), weight decay 0.01, gradients clipped at 1.0; ``frozen``: the frozen keys.
+    The smoke config's too (finetune_smoke_config.py), at its own warm-up and steps."""
+    return dict(
+        learning_rate=dict(
+            name="cosine",
+            init_value=0.0,
+            peak_value=3e-4,
+            warmup_steps=warmup_steps,
+            decay_steps=decay_steps,
+            end_value=0.0,
+        ),
+        weight_decay=0.01,
+        clip_gradient=1.0,
+        frozen_keys=frozen,
+        grad_accumulation_steps=None,  # if you use grad accumulation, adjust max_steps accordingly
+    )
+
+
+def dataset_kwargs() -> dict:
+    """The dataset: the fork's bridge example (the smoke config's synthetic data has its layout too)."""
     # Fill this in for your own dataset! As in the fork: two image keys, the third-person view ("primary") and the
     # wrist view ("wrist", None if not used).
     return {

@@ -12,7 +12,8 @@ Same fields as finetune_config.py, so the same overrides work.
 from ml_collections import ConfigDict
 from ml_collections.config_dict import FieldReference, placeholder
 
-from octo_dist.policies.octo_spec import module_spec, tiny_model_config
+from octo_dist.apps.finetune.configs import finetune_config
+from octo_dist.policies.octo_spec import tiny_model_config
 
 ACTION_HORIZON, ACTION_DIM = 4, 7
 
@@ -35,55 +36,52 @@ def get_config(config_string="full"):
         save_dir="runs/finetune-smoke",
         seed=42,
         wandb=dict(project="octo_finetune_smoke", group=placeholder(str), entity=placeholder(str)),
-        dataset_kwargs={
-            "name": "octo_dist_synthetic",
-            "data_dir": "runs/synthetic_rlds",
-            "image_obs_keys": {"primary": "image_0"},
-            "proprio_obs_key": "proprio",
-            "language_key": "language_instruction",
-            "action_proprio_normalization_type": "normal",
-            "action_normalization_mask": [True, True, True, True, True, True, False],
-            # The fork's own Bridge transform: the synthetic data has Bridge's layout.
-            "standardize_fn": module_spec(
-                "octo.data.oxe.oxe_standardization_transforms:bridge_dataset_transform"
-            ),
-            "num_parallel_reads": 1,
-            "num_parallel_calls": 1,
-        },
+        dataset_kwargs=_dataset_kwargs(),
         modality="image_conditioned",
         finetuning_mode=config_string,
         window_size=2,
-        optimizer=dict(
-            learning_rate=dict(
-                name="cosine",
-                init_value=0.0,
-                peak_value=3e-4,
-                warmup_steps=1,
-                decay_steps=num_steps,
-                end_value=0.0,
-            ),
-            weight_decay=0.01,
-            clip_gradient=1.0,
-            frozen_keys=None,
-            grad_accumulation_steps=None,
-        ),
-        traj_transform_kwargs=dict(
-            window_size=2,
-            action_horizon=ACTION_HORIZON,
-            goal_relabeling_strategy="uniform",
-            task_augment_strategy="delete_task_conditioning",
-            task_augment_kwargs=dict(keep_image_prob=1.0),
-            num_parallel_calls=1,
-        ),
+        # The default config's optimizer, warmed up in one step; frozen_keys None: finetuning_mode decides them.
+        optimizer=finetune_config.optimizer(warmup_steps=1, decay_steps=num_steps, frozen=None),
+        traj_transform_kwargs=_traj_transform_kwargs(),
         # image_augment_kwargs applied on the device ("host": in tf.data, as the fork; "auto": device on GPUs)
         augment_on="auto",
         resize_method="lanczos3",  # where a resize remains ("bilinear": cheaper, softer)
-        frame_transform_kwargs=dict(
-            resize_size={"primary": (64, 64)},
-            image_augment_kwargs=dict(
-                primary=dict(random_brightness=[0.1], augment_order=["random_brightness"])
-            ),
-            num_parallel_calls=1,
-        ),
+        frame_transform_kwargs=_frame_transform_kwargs(),
     )
     return ConfigDict(config)
+
+
+def _dataset_kwargs() -> dict:
+    """The default config's dataset in Bridge's layout (the fork's own Bridge transform reads it), but the synthetic
+    one, with its one camera, read by one thread."""
+    return {
+        **finetune_config.dataset_kwargs(),
+        "name": "octo_dist_synthetic",
+        "data_dir": "runs/synthetic_rlds",
+        "image_obs_keys": {"primary": "image_0"},
+        "num_parallel_reads": 1,
+        "num_parallel_calls": 1,
+    }
+
+
+def _traj_transform_kwargs() -> dict:
+    """A window of 2 frames, goals relabelled, the task's language always dropped (image-conditioned)."""
+    return dict(
+        window_size=2,
+        action_horizon=ACTION_HORIZON,
+        goal_relabeling_strategy="uniform",
+        task_augment_strategy="delete_task_conditioning",
+        task_augment_kwargs=dict(keep_image_prob=1.0),
+        num_parallel_calls=1,
+    )
+
+
+def _frame_transform_kwargs() -> dict:
+    """One 64x64 camera, its brightness augmented."""
+    return dict(
+        resize_size={"primary": (64, 64)},
+        image_augment_kwargs=dict(
+            primary=dict(random_brightness=[0.1], augment_order=["random_brightness"])
+        ),
+        num_parallel_calls=1,
+    )
