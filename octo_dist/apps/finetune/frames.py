@@ -155,6 +155,25 @@ def unsupported(frame_transform_kwargs: Mapping, element_spec: Optional[Mapping]
     return out
 
 
+def depth_images(config: Mapping) -> list:
+    """The depth images Octo's ``make_dataset_from_rlds`` makes for ``config``, before any data is read: one per
+    camera of ``dataset_kwargs.depth_obs_keys``, a camera without a feature included (its depth images are
+    padding): ``{"primary": "depth_0", "wrist": None}`` -> ``["observation.depth_primary (depth images)",
+    "observation.depth_wrist (depth images)"]``."""
+    keys = (config.get("dataset_kwargs") or {}).get("depth_obs_keys") or {}
+    return [f"observation.depth_{name} (depth images)" for name in sorted(keys)]
+
+
+def forks_transforms_for(config: Mapping, element_spec: Optional[Mapping] = None) -> list:
+    """Why the fine-tune runs the fork's ``apply_frame_transforms`` for ``config`` instead of
+    :class:`FrameTransforms` ([] where these do what it asks): its ``frame_transform_kwargs``
+    (:func:`unsupported`), the depth images its ``depth_obs_keys`` make (:func:`depth_images`) and, once the
+    dataset exists, those of ``element_spec``. The one decision the plan line, the pipeline and the train step
+    follow: the fork's transforms resize on the host, so no camera is left to the device where this is not []."""
+    out = unsupported(config.get("frame_transform_kwargs") or {}, element_spec)
+    return out + [d for d in depth_images(config) if d not in out]
+
+
 @dataclasses.dataclass(frozen=True)
 class FrameTransforms:
     """The frame transforms for one config: decode, resize where the size differs, augment where the host does.
@@ -388,12 +407,12 @@ def device_resized(config: Mapping, stored: Mapping[str, Tuple[int, int]]) -> di
     ``stored``: camera -> (height, width) from the dataset's features.json (:func:`stored_camera_sizes`). A camera
     is resized on the device where the device augments (``config["augment_on"] == "device"``, resolved), the config
     gives it a model size (``resize_size``) and its stored size differs from it; the frame transforms are this
-    module's (:func:`unsupported` is empty). Any other camera is left out: the host resizes it as before, or,
+    module's (:func:`forks_transforms_for` is empty). Any other camera is left out: the host resizes it as before, or,
     stored at the model's size, nothing resizes it at all. ``{"primary": (256, 256), "wrist": (256, 256)}`` with
     resize sizes 256x256 and 128x128 -> ``{"wrist": (256, 256)}``."""
     if config.get("augment_on") != "device":
         return {}
-    if unsupported(config.get("frame_transform_kwargs") or {}):
+    if forks_transforms_for(config):
         return {}  # the fork's apply_frame_transforms resizes on the host
     sizes = FrameTransforms.for_sizes(config)
     out = {}
