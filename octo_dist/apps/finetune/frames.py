@@ -41,6 +41,10 @@ RESIZE_METHODS = (
 )  # the config's "resize_method" (config.RESIZE_METHODS); the fork's: lanczos3
 # The frame transform kwargs this module takes; any other (depth_resize_size, image_dropout_prob > 0) is Octo's.
 HANDLED_KWARGS = ("resize_size", "image_augment_kwargs", "num_parallel_calls")
+# The resize equivalence bound: the device's resize against TensorFlow's (tests/test_augment.py), and what a
+# reduced-scale JPEG decode would have to meet to replace decode + lanczos3 (benchinput.decodescale): at most 1
+# uint8 level off, on at most 0.2% of the values (measured: 0.049% at most, docs/measurements.md).
+RESIZE_LEVELS, RESIZE_SHARE = 1, 0.002
 # What a FrameTransforms may switch off (the input benchmark does).
 STAGES = ("decode", "resize", "augment")
 
