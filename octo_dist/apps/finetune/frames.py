@@ -21,8 +21,9 @@ import, so it runs (and is tested) where they are not installed. Octo's seed per
 Python ``set`` of the camera names, whose order changes from process to process (string hashing); here ``i``
 follows the sorted names, one of the orders Octo's draws.
 
-What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (:func:`unsupported` says which):
-depth images, image dropout (``image_dropout_prob`` > 0).
+What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (:func:`forks_transforms_for` says
+which, from the config before any data is read, for the plan line, the pipeline and the step alike): depth images
+(``dataset_kwargs.depth_obs_keys``), image dropout (``image_dropout_prob`` > 0).
 """
 
 from __future__ import annotations
