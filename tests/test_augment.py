@@ -31,6 +31,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 tf = pytest.importorskip("tensorflow")
 
+from octo_dist.apps.finetune import frames  # noqa: E402
 from octo_dist.engine import augment  # noqa: E402
 from octo_dist.engine.stepfns import augment_problems  # noqa: E402
 
@@ -597,7 +598,7 @@ RESIZES = [
     ((200, 180), (256, 256)),
     ((512, 512), (256, 256)),
 ]
-RESIZE_LEVELS, RESIZE_SHARE = 1, 0.002
+RESIZE_LEVELS, RESIZE_SHARE = frames.RESIZE_LEVELS, frames.RESIZE_SHARE
 
 
 def textured(shape, seed) -> np.ndarray:

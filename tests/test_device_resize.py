@@ -105,6 +105,37 @@ def test_only_cameras_stored_at_another_size_are_left_to_the_device(tmp_path):
     assert pipeline.resized_on_device(config(str(tmp_path / "elsewhere"))) == {}
 
 
+def test_depth_images_keep_the_hosts_resize_in_the_plan_the_pipeline_and_the_step(tmp_path):
+    """Depth cameras (``depth_obs_keys``) run the fork's frame transforms, which resize on the host: the plan line
+    must not say "resized on the device", the pipeline must not ship stored sizes, the step must not resize."""
+    from octo_dist.apps.finetune.stepimages import images_plan, step_augmenter
+
+    depth = config(dataset_dir(tmp_path))
+    depth["dataset_kwargs"]["depth_obs_keys"] = {"primary": "depth_0"}
+    resized = pipeline.resized_on_device(depth)
+    assert resized == {}
+    assert images_plan("device", resized) == "augmented on the device"
+    # a camera whose depth frames are all padding (no feature) still makes depth images: the fork's transforms
+    padding = config(dataset_dir(tmp_path / "padding"))
+    padding["dataset_kwargs"]["depth_obs_keys"] = {"wrist": None}
+    assert pipeline.resized_on_device(padding) == {}
+    # the step, given what the pipeline's transforms ship for the decision, resizes nothing
+    step = step_augmenter(depth, "cpu", {})
+    batch = {"observation": {"image_primary": jax.ShapeDtypeStruct((2, 1, *PRIMARY, 3), np.uint8)}}
+    assert "dot_general" not in jax.jit(step).lower(batch, jax.random.PRNGKey(0)).as_text()
+
+
+def test_the_pipeline_refuses_stored_sizes_beside_the_forks_transforms(tmp_path):
+    """A dataset with depth images the config does not name: the fork's transforms run, so frames left at their
+    stored size would reach a step that does not resize them; the pipeline refuses, naming both."""
+    c = config(dataset_dir(tmp_path))
+    spec = {"observation": {"image_primary": None, "depth_primary": None}}
+    with pytest.raises(
+        ValueError, match=r"\(primary\).*observation.depth_primary.*augment_on=host"
+    ):
+        pipeline.frame_transform(c, spec, stored={"primary": STORED})
+
+
 def test_frames_stored_at_the_models_sizes_get_no_resize_anywhere(tmp_path):
     data_dir = dataset_dir(tmp_path, primary=PRIMARY, wrist=WRIST)
     c = config(data_dir)

@@ -248,6 +248,24 @@ def test_what_the_fork_does_that_these_do_not_is_named():
     assert frames.unsupported({}, spec) == ["observation.depth_primary (depth images)"]
 
 
+def test_depth_cameras_of_the_config_choose_the_forks_transforms_before_any_data_is_read():
+    depth = {**CONFIG, "augment_on": "device"}
+    depth["dataset_kwargs"] = {"depth_obs_keys": {"primary": "depth_0", "wrist": None}}
+    reasons = [
+        "observation.depth_primary (depth images)",
+        "observation.depth_wrist (depth images)",
+    ]
+    assert frames.forks_transforms_for(depth) == reasons
+    # the dataset's element spec names the same images once: each reason once
+    spec = {"observation": {"depth_primary": None, "image_primary": None}}
+    assert frames.forks_transforms_for(depth, spec) == reasons
+    # so no camera is left to the device, whatever its stored size
+    assert frames.device_resized(depth, {"primary": (64, 64)}) == {}
+    plain = {**depth, "dataset_kwargs": {}}
+    assert frames.forks_transforms_for(plain) == []
+    assert frames.device_resized(plain, {"primary": (64, 64)}) == {"primary": (64, 64)}
+
+
 def test_the_forks_own_frame_transforms_give_the_same_pixels():
     """With Octo importable (a source tree on PYTHONPATH): its apply_frame_transforms without augmentation, and
     dlimp's augment_image on the same seed, against these."""

@@ -33,10 +33,21 @@ DESCRIPTION = (
 
 LABELS = {
     "device-resize": "ours, resize + augmentation on the device (host: decode)",
+    "device-resize-scaled": "the same, JPEGs decoded at 1/2-1/8 by libjpeg (opt-in)",
     "resize": "ours, augmentation on the device (host: decode + batch)",
     "augment": "ours, augmentation on the host",
     "every-resize": "ours, host augmentation, every resize run (the fork's way)",
     "fork": "fork (Octo's apply_frame_transforms)",
+}
+
+
+# Why a row has no figures (the fork's: the reason Octo is not importable, given to report).
+SKIPPED = {
+    "device-resize": "the frames' stored sizes are not in features.json",
+    "device-resize-scaled": "no camera's frames stored at 2x, 4x or 8x the model's size",
+    "resize": "not measured",
+    "augment": "not measured",
+    "every-resize": "not measured",
 }
 
 
@@ -106,14 +117,16 @@ def report(
         f"  rounds (ms/sample)",
     ]
     fork = medians.get("fork")
-    for name in ("device-resize", "resize", "augment", "every-resize", "fork"):
+    for name in (
+        "device-resize",
+        "device-resize-scaled",
+        "resize",
+        "augment",
+        "every-resize",
+        "fork",
+    ):
         if name not in medians:
-            why = (
-                why_no_fork
-                if name == "fork"
-                else "the frames' stored sizes are not in features.json"
-            )
-            lines.append(f"{LABELS[name]:<60} skipped: {why}")
+            lines.append(f"{LABELS[name]:<60} skipped: {SKIPPED.get(name, why_no_fork)}")
             continue
         rate = 1.0 / medians[name]
         ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
@@ -138,7 +151,7 @@ def report(
             basis=basis,
         )
 
-    for name in ("device-resize", "resize", "augment", "fork"):
+    for name in ("device-resize", "device-resize-scaled", "resize", "augment", "fork"):
         if name in medians:
             lines.append(f"verdict, {LABELS[name]}: {fed(medians[name])}")
     lines.append(_conversion_line(medians, stored or {}, sizes or {}, fed))
@@ -370,7 +383,10 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
             + f" (the device-resize row sends them so, {shipped / 1e3:,.0f} kB of uint8 images a sample per "
             f"window to the device where the model's sizes are {needed / 1e3:,.0f} kB; the step resizes them)"
         )
-    datasets = measure.pipelines(src, config, args.batch_size, args.shuffle_buffer, stored=stored)
+    ratios = scaled_decode(src, stored, sizes, out)
+    datasets = measure.pipelines(
+        src, config, args.batch_size, args.shuffle_buffer, stored=stored, decode_ratio=ratios
+    )
     times = measure.rounds(
         datasets,
         batch_size=args.batch_size,
@@ -396,6 +412,29 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
     ):
         out(line)
     return 0
+
+
+def scaled_decode(src, stored: Mapping, sizes: Mapping, out=print, count: int = 8) -> dict:
+    """Camera -> the ratio (2, 4 or 8) libjpeg could decode its JPEGs at, for the cameras stored at least that many
+    times the model's size (``frames.decode_ratio_for``); for each, a line with what that decode changes in the
+    pixels of ``count`` of its frames (:mod:`.decodescale`), so the opt-in row is read with its cost in pixels."""
+    from octo_dist.apps.benchinput import decodescale
+    from octo_dist.apps.finetune import frames
+
+    ratios = {c: frames.decode_ratio_for(stored[c], sizes[c]) for c in stored if c in sizes}
+    ratios = {c: r for c, r in ratios.items() if r > 1}
+    for camera, ratio in ratios.items():
+        images = decodescale.encoded_frames(src.make(), camera, count)
+        if not images or not images[0].startswith(b"\xff\xd8"):
+            out(f"{camera}: its frames are not JPEGs; no reduced-scale decode")
+            ratios = {c: r for c, r in ratios.items() if c != camera}
+            continue
+        differences = [decodescale.difference(x, ratio) for x in images]
+        out(
+            f"{camera}: stored at {ratio}x the model's size; {decodescale.words(differences)}: the device-resize "
+            "row decodes in full (FrameTransforms.decode_ratio is an opt-in, its row beside it)"
+        )
+    return ratios
 
 
 def main_argv(argv: Optional[Sequence[str]] = None) -> int:

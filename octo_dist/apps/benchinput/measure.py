@@ -14,6 +14,9 @@ The pipelines (:func:`pipelines`), each a shuffle of frames then the frame trans
   host decodes and batches), ``augment`` is "augmentation on the host". Their differences are the split.
 - ``device-resize``: the host decodes at the stored size and batches; the step resizes and augments (what the
   train step does with ``frames.FrameTransforms.stored_size``).
+- ``device-resize-scaled``: ``device-resize`` with the JPEGs of a camera stored at 2x, 4x or 8x the model's size
+  decoded at that fraction by libjpeg (``frames.FrameTransforms.decode_ratio``, an opt-in: its pixels are not
+  decode + lanczos3's, :mod:`.decodescale`).
 - ``every-resize``: the same with every resize run, the no-op ones and the padding images' too (as the fork does).
 - ``fork``: Octo's ``apply_frame_transforms``, where Octo is importable.
 The frames come from Octo's ``make_dataset_from_rlds`` and ``apply_trajectory_transforms`` where Octo is importable,
@@ -80,9 +83,11 @@ def pipelines(
     shuffle: int,
     seed: int = 0,
     stored: Optional[Mapping[str, tuple]] = None,
+    decode_ratio: Optional[Mapping[str, int]] = None,
 ) -> dict:
     """Name -> a dataset of batches, for every pipeline the benchmark compares (see the module's docstring);
-    ``stored``: camera -> the size its frames are stored at, for ``device-resize`` (the host decodes only)."""
+    ``stored``: camera -> the size its frames are stored at, for ``device-resize`` (the host decodes only);
+    ``decode_ratio``: camera -> 2, 4 or 8, for ``device-resize-scaled`` (none where it is empty)."""
     import tensorflow as tf
 
     host = frames.FrameTransforms.from_config({**config, "augment_on": "host"})
@@ -92,6 +97,10 @@ def pipelines(
         variants["device-resize"] = dataclasses.replace(
             host, stored_size=dict(stored), augment=False
         )
+        if decode_ratio:
+            variants["device-resize-scaled"] = dataclasses.replace(
+                variants["device-resize"], decode_ratio=dict(decode_ratio)
+            )
     if src.fork_transforms is not None:
         variants["fork"] = src.fork_transforms
     out = {}

@@ -21,8 +21,9 @@ import, so it runs (and is tested) where they are not installed. Octo's seed per
 Python ``set`` of the camera names, whose order changes from process to process (string hashing); here ``i``
 follows the sorted names, one of the orders Octo's draws.
 
-What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (:func:`unsupported` says which):
-depth images, image dropout (``image_dropout_prob`` > 0).
+What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (:func:`forks_transforms_for` says
+which, from the config before any data is read, for the plan line, the pipeline and the step alike): depth images
+(``dataset_kwargs.depth_obs_keys``), image dropout (``image_dropout_prob`` > 0).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ RESIZE_METHODS = (
 )  # the config's "resize_method" (config.RESIZE_METHODS); the fork's: lanczos3
 # The frame transform kwargs this module takes; any other (depth_resize_size, image_dropout_prob > 0) is Octo's.
 HANDLED_KWARGS = ("resize_size", "image_augment_kwargs", "num_parallel_calls")
+# The resize equivalence bound: the device's resize against TensorFlow's (tests/test_augment.py), and what a
+# reduced-scale JPEG decode would have to meet to replace decode + lanczos3 (benchinput.decodescale): at most 1
+# uint8 level off, on at most 0.2% of the values (measured: 0.049% at most, docs/measurements.md).
+RESIZE_LEVELS, RESIZE_SHARE = 1, 0.002
 # What a FrameTransforms may switch off (the input benchmark does).
 STAGES = ("decode", "resize", "augment")
 
@@ -153,6 +158,25 @@ def unsupported(frame_transform_kwargs: Mapping, element_spec: Optional[Mapping]
         keys = (element_spec or {}).get(part, {})
         out += [f"{part}.{k} (depth images)" for k in keys if k.startswith("depth_")]
     return out
+
+
+def depth_images(config: Mapping) -> list:
+    """The depth images Octo's ``make_dataset_from_rlds`` makes for ``config``, before any data is read: one per
+    camera of ``dataset_kwargs.depth_obs_keys``, a camera without a feature included (its depth images are
+    padding): ``{"primary": "depth_0", "wrist": None}`` -> ``["observation.depth_primary (depth images)",
+    "observation.depth_wrist (depth images)"]``."""
+    keys = (config.get("dataset_kwargs") or {}).get("depth_obs_keys") or {}
+    return [f"observation.depth_{name} (depth images)" for name in sorted(keys)]
+
+
+def forks_transforms_for(config: Mapping, element_spec: Optional[Mapping] = None) -> list:
+    """Why the fine-tune runs the fork's ``apply_frame_transforms`` for ``config`` instead of
+    :class:`FrameTransforms` ([] where these do what it asks): its ``frame_transform_kwargs``
+    (:func:`unsupported`), the depth images its ``depth_obs_keys`` make (:func:`depth_images`) and, once the
+    dataset exists, those of ``element_spec``. The one decision the plan line, the pipeline and the train step
+    follow: the fork's transforms resize on the host, so no camera is left to the device where this is not []."""
+    out = unsupported(config.get("frame_transform_kwargs") or {}, element_spec)
+    return out + [d for d in depth_images(config) if d not in out]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,12 +412,12 @@ def device_resized(config: Mapping, stored: Mapping[str, Tuple[int, int]]) -> di
     ``stored``: camera -> (height, width) from the dataset's features.json (:func:`stored_camera_sizes`). A camera
     is resized on the device where the device augments (``config["augment_on"] == "device"``, resolved), the config
     gives it a model size (``resize_size``) and its stored size differs from it; the frame transforms are this
-    module's (:func:`unsupported` is empty). Any other camera is left out: the host resizes it as before, or,
+    module's (:func:`forks_transforms_for` is empty). Any other camera is left out: the host resizes it as before, or,
     stored at the model's size, nothing resizes it at all. ``{"primary": (256, 256), "wrist": (256, 256)}`` with
     resize sizes 256x256 and 128x128 -> ``{"wrist": (256, 256)}``."""
     if config.get("augment_on") != "device":
         return {}
-    if unsupported(config.get("frame_transform_kwargs") or {}):
+    if forks_transforms_for(config):
         return {}  # the fork's apply_frame_transforms resizes on the host
     sizes = FrameTransforms.for_sizes(config)
     out = {}

@@ -100,9 +100,17 @@ def frame_transform(
         )
     plain_config = {**plain_config, "augment_on": where}
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
-    missing = frames.unsupported(kwargs, element_spec)
+    missing = frames.forks_transforms_for(plain_config, element_spec)
     if not missing:
         return frames.FrameTransforms.from_config(plain_config, stored_size=dict(stored or {}))
+    if stored:
+        # resized_on_device read the config alone; a dataset whose frames hold depth images the config's
+        # depth_obs_keys do not name would make the plan line say what the pipeline does not do.
+        raise ValueError(
+            f"frames left at their stored size for the device ({', '.join(sorted(stored))}) but the fork's frame "
+            f"transforms run for {', '.join(missing)}; expected the host to resize them, as resized_on_device "
+            "decides for such frames (--config.augment_on=host resizes every camera on the host)"
+        )
     from octo.data.dataset import apply_frame_transforms
 
     log.info("frame transforms: the fork's apply_frame_transforms (for %s)", ", ".join(missing))
