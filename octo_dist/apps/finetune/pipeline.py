@@ -198,7 +198,7 @@ class OctoData:
             self.config.plain_config(), self._frames.element_spec, stored
         )
         # camera -> the model's size, for the cameras whose frames leave the host at their stored size: the step
-        # resizes them (stepimages.step_augmenter), and the model's shapes are the resized ones (app.compile_ahead).
+        # resizes them (stepimages.step_augmenter), and the model's shapes are the resized ones (model.compile_ahead).
         self.device_sizes = dict(getattr(self._transform, "device_sizes", None) or {})
         self._pipeline = self._pipeline_of(dataset, start_step)
         self._stream = self._batches_of(self._pipeline)
