@@ -3,8 +3,8 @@ else it writes, its pace and the equivalence check), and the checks of their val
 
     octo-dist smoke --steps 3 --global-batch 8 --save-dir runs/smoke --save-every 2
 
-Every flag but the switches is given at most once (:class:`_Once`): ``--steps 3 --steps 5`` is refused, as ``octo-dist
-launch`` refuses its own. Imports no JAX: ``octo-dist launch`` checks a smoke command line on a login node.
+Every flag but the switches is given at most once (:class:`onevalue.OneValue`, as every octo-dist command's):
+``--steps 3 --steps 5`` is refused. Imports no JAX: ``octo-dist launch`` checks a smoke command line on a login node.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import os
 from typing import Optional
 
+from octo_dist.launchers import onevalue
 from octo_dist.engine import stepfns
 
 MODELS = ("auto", "tiny", "octo")
@@ -24,21 +25,6 @@ DEFAULT_NP = 2  # --check-equivalence: 2 processes x 1 device vs 1 process x 2 d
 MAX_GLOBAL_BATCH = 65536
 # --step-time: a stop signal is seen between steps, so a longer step would delay every stop by as much.
 MAX_STEP_TIME_S = 60.0
-
-
-class _Once(argparse.Action):
-    """Stores a flag's one value: a second, different value (``--steps 3 --steps 5``) is refused, as ``octo-dist
-    launch`` refuses its own, where argparse would keep the last without a word; the same value twice is one."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, "given." + self.dest, None)
-        if given is not None and given[1] != values:
-            parser.error(
-                f"{given[0]} {given[1]} and {option_string} {values} set the same flag twice; expected one "
-                f"value. Fix: keep one of them"
-            )
-        setattr(namespace, "given." + self.dest, (option_string, values))
-        setattr(namespace, self.dest, values)
 
 
 # (flag, argparse's keywords, help), in the order --help shows them; each given at most once unless its keywords
@@ -127,7 +113,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     """Every smoke flag of the tables above on ``p``; a help without its own "(default: ...)" gets argparse's."""
     for flag, keywords, text in TRAINING + CHECKPOINTS + OUTPUTS + PACE_AND_CHECK:
         shown = text if "(default: " in text else f"{text} (default: %(default)s)"
-        p.add_argument(flag, help=shown, **{"action": _Once, **keywords})
+        p.add_argument(flag, help=shown, **{"action": onevalue.OneValue, **keywords})
 
 
 def _bad(flag, found, expected, fix) -> str:
