@@ -95,23 +95,14 @@ def image_sizes(config: Mapping) -> dict:
     }
 
 
-def report(
+def _table(
     medians: Mapping[str, float],
-    split: Mapping[str, float],
-    *,
-    gpu_rate: float,
-    basis: str,
-    model: str,
     cores_per_node: int,
-    gpus_per_node: int,
-    why_no_fork: str = "",
-    spread: Optional[Mapping[str, Sequence[float]]] = None,
-    stored: Optional[Mapping[str, Tuple[int, int]]] = None,
-    sizes: Optional[Mapping[str, Tuple[int, int]]] = None,
+    why_no_fork: str,
+    spread: Mapping[str, Sequence[float]],
 ) -> list:
-    """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
-    min-max column): the table, the split, the verdicts, and what converting the data would change (``stored``:
-    camera -> the size its frames are stored at; ``sizes``: the model's)."""
+    """The table's heading and one row a pipeline (a skipped one says why), its x-fork column against the fork's
+    median where the fork ran."""
     lines = [
         f"{'pipeline':<60} {'ms/sample':>9} {'samples/s/core':>14} {'per node':>10} {'x fork':>7}"
         f"  rounds (ms/sample)",
@@ -130,11 +121,32 @@ def report(
             continue
         rate = 1.0 / medians[name]
         ratio = f"{fork / medians[name]:7.2f}" if fork else f"{'-':>7}"
-        rounds = (spread or {}).get(name) or [medians[name]]
+        rounds = spread.get(name) or [medians[name]]
         lines.append(
             f"{LABELS[name]:<60} {medians[name] * 1e3:9.2f} {rate:14.1f} "
             f"{rate * cores_per_node:10,.0f} {ratio}  {min(rounds) * 1e3:.2f}-{max(rounds) * 1e3:.2f}"
         )
+    return lines
+
+
+def report(
+    medians: Mapping[str, float],
+    split: Mapping[str, float],
+    *,
+    gpu_rate: float,
+    basis: str,
+    model: str,
+    cores_per_node: int,
+    gpus_per_node: int,
+    why_no_fork: str = "",
+    spread: Optional[Mapping[str, Sequence[float]]] = None,
+    stored: Optional[Mapping[str, Tuple[int, int]]] = None,
+    sizes: Optional[Mapping[str, Tuple[int, int]]] = None,
+) -> list:
+    """The result lines from the measured medians (CPU seconds per sample; ``spread``: each round's, for the
+    min-max column): the table, the split, the verdicts, and what converting the data would change (``stored``:
+    camera -> the size its frames are stored at; ``sizes``: the model's)."""
+    lines = _table(medians, cores_per_node, why_no_fork, spread or {})
     parts = " + ".join(f"{stage} {seconds * 1e3:.2f}" for stage, seconds in split.items())
     total = sum(split.values())
     lines.append(
