@@ -316,8 +316,8 @@ class VersionRuns:
     The programs are single-process and mostly XLA compilation (one core each): side by side on 2 cores they take
     about half as long as one after the other. Output goes to files, so neither blocks on a full pipe."""
 
-    def __init__(self, program: Path, env: dict, out_dir: Path, timeout: float = 600):
-        self.program, self.timeout, self._done = program, timeout, {}
+    def __init__(self, program: Path, env: dict, out_dir: Path, hang_s: float = HANG_S):
+        self.program, self.hang_s, self._done = program, hang_s, {}
         self._running = {}
         for version, python in JAX_PYTHONS.items():
             if python.exists():
@@ -345,14 +345,15 @@ class VersionRuns:
             pytest.skip(f"needs {JAX_PYTHONS[version].parent.parent} (make jax020-env)")
         if version not in self._done:
             proc, out, err = self._running.pop(version)
-            try:
-                proc.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                raise AssertionError(
-                    f"{self.program.name} on jax {version} did not finish within {self.timeout} s:\n"
-                    f"{tail(err.read_text(), 3000)}"
-                ) from None
+            # Waited for while it writes (its progress lines, JAX's own): only one silent for hang_s is hung.
+            wait_until(
+                lambda: proc.poll() is not None,
+                watch=[out, err],
+                what=f"{self.program.name} on jax {version} to finish",
+                tail=lambda: tail(err.read_text(), 3000),
+                on_hang=lambda: _kill_group(proc),
+                hang_s=self.hang_s,
+            )
             assert proc.returncode == 0, tail(err.read_text(), 3000)
             self._done[version] = json_lines(out.read_text())[-1]
         return self._done[version]

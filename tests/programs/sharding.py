@@ -5,6 +5,7 @@ usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 python sharding.py
 """
 
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,8 @@ def run(devices, step_fn, steps=2, ahead=False):
     out.setdefault("replicated", {})[step_fn] = all(
         x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(state.params)
     )
+    # Progress on stderr, one line a run: the test waits while these come (a loaded machine compiles slowly).
+    print(f"sharding.py: {step_fn} on {len(devices)} device(s) done", file=sys.stderr, flush=True)
     return got, eng, state
 
 
