@@ -319,8 +319,11 @@ class Launcher:
             except OSError:
                 pass
         silent = [r for r in range(self.job.s.ranks) if f"rank-{r}" not in noted]
-        last = failure.rsplit(" ", 1)[-1] if failure else ""
-        if not silent or (failure and not (last.isascii() and last.isdigit() and int(last) > 128)):
+        last = failure.rsplit(" ", 1)[-1] if failure else str(status)
+        # A signal's status: a rank's note ("... exited with status 137") or, where no rank noted anything, the
+        # launcher's own. A launcher that failed with none (a preflight's exit 3) and no notes at all may never have
+        # started its ranks: nothing says they were killed.
+        if not silent or not (last.isascii() and last.isdigit() and int(last) > 128):
             return ""
         after = f"; then {failure}" if failure else ""
         return (
