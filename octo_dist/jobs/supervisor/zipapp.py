@@ -22,6 +22,7 @@ MODULES = (
     "octo_dist/savelayout.py",
     "octo_dist/jobs/__init__.py",
     "octo_dist/jobs/settings.py",
+    "octo_dist/jobs/settingsread.py",
 )
 PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
 # Written so that any Python 3 parses it: an older one gets one line, not a SyntaxError from the modules it imports.
