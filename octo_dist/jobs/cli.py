@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_USAGE
@@ -25,7 +24,7 @@ from octo_dist.jobs import jobwarnings, runfrom, submitchecks, walltime
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
-from octo_dist.jobs.supervisor.zipapp import existing_kind
+from octo_dist.jobs.filereplace import existing_kind, replacing
 from octo_dist.launchers import outside
 
 
@@ -254,25 +253,10 @@ def is_job_script(path: str) -> bool:
 
 
 def write_script(out: str, text: str) -> None:
-    """Writes ``text`` to ``out`` as an executable file, atomically: a new file takes the name, so only the file
-    written is chmod'ed and what was there (a link, a file of another owner) is never written through."""
-    # Both names through the same absolute directory: a relative ``out`` resolved from the working directory may
-    # cross a mount that the absolute path does not (a bind mount over the submit directory), and rename() then
-    # fails with EXDEV ("Invalid cross-device link"), as it did in a node's mount namespace.
-    directory = os.path.dirname(os.path.abspath(out))
-    target = os.path.join(directory, os.path.basename(out))
-    fd, tmp = tempfile.mkstemp(prefix=".octo-dist-launch-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), 0o755)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Writes ``text`` to ``out`` as an executable file, replacing what was there (a link, a file of another owner)
+    rather than writing through it: only the file written is chmod'ed."""
+    with replacing(out, 0o755) as f:
+        f.write(text)
 
 
 def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
