@@ -244,32 +244,12 @@ def _target_installs(
     where: str, df: Dockerfile, chain: list[Stage], profile: mf.Profile
 ) -> list[ic.Finding]:
     """The install script's RUN for the profile and, in a GPU image, the InfiniBand userland's."""
-    findings = []
-    if not ic.install_runs(target_runs(df, profile.name), profile.name):
-        findings.append(
-            ic.Finding(
-                where,
-                f"no RUN of `{ic.INSTALL_SCRIPT} {profile.name} ...` in its stages",
-                "the one install script, for this target's profile",
-                f"RUN {ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
-            )
-        )
-    if profile.gpu and not any(
-        ic.INFINIBAND_RUN.search(i.args)
-        for s in chain
-        for i in s.instructions
-        if i.keyword == "RUN"
-    ):
-        findings.append(
-            ic.Finding(
-                where,
-                "no RUN of `os-packages.sh runtime --infiniband` in its stages",
-                f"the InfiniBand userland ({', '.join(ic.INFINIBAND_PACKAGES)}) in a GPU image, "
-                "else NCCL runs over TCP sockets between nodes",
-                "RUN bash /tmp/os-packages.sh runtime --infiniband",
-            )
-        )
-    return findings
+    own = [i.args for s in chain for i in s.instructions if i.keyword == "RUN"]
+    fixes = (
+        f"RUN {ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
+        "RUN bash /tmp/os-packages.sh runtime --infiniband",
+    )
+    return ic.install_findings(where, (target_runs(df, profile.name), own), profile, fixes)
 
 
 def _target_user_and_command(where: str, chain: list[Stage]) -> list[ic.Finding]:
