@@ -17,6 +17,8 @@ import json
 import os
 from typing import Callable, NamedTuple, Optional, Tuple
 
+from octo_dist.savelayout import size_text
+
 # Octo's published models by token_embedding_size (their config.json): parameters.
 OCTO_PARAMS = {384: ("Octo-Small", 27_000_000), 768: ("Octo-Base", 93_000_000)}
 STATE_ARRAYS = 3  # parameters + Adam's mu and nu, each float32
@@ -114,12 +116,3 @@ def shortfall(save_dir: str, fp: Footprint, free: Optional[int]) -> Optional[Tup
         "free space there, raise the group's quota (ABCI: the user portal; show_quota shows it), or --save-dir "
         "on a file system with room",
     )
-
-
-def size_text(n: float) -> str:
-    """``1181116006`` -> ``"1.1 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
