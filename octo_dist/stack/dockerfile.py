@@ -189,26 +189,22 @@ def _check_target(
 def _target_env(where: str, chain: list[Stage], profile: mf.Profile) -> list[ic.Finding]:
     """The profile and the manifest's path in the target's environment."""
     env = _env_of(chain, "ENV")
-    findings = []
-    if env.get(mf.PROFILE_ENV) != profile.name:
-        findings.append(
-            ic.Finding(
-                where,
-                f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}",
-                repr(profile.name),
-                f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage",
-            )
-        )
-    if env.get(mf.MANIFEST_ENV) != ic.IMAGE_MANIFEST:
-        findings.append(
-            ic.Finding(
-                where,
-                f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}",
-                repr(ic.IMAGE_MANIFEST),
-                f"COPY env/ to {ic.IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={ic.IMAGE_MANIFEST}`",
-            )
-        )
-    return findings
+    profile_fix = f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage"
+    manifest_fix = (
+        f"COPY env/ to {ic.IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={ic.IMAGE_MANIFEST}`"
+    )
+    return [
+        *ic.unless_equal(
+            where, f"ENV {mf.PROFILE_ENV}", env.get(mf.PROFILE_ENV), profile.name, profile_fix
+        ),
+        *ic.unless_equal(
+            where,
+            f"ENV {mf.MANIFEST_ENV}",
+            env.get(mf.MANIFEST_ENV),
+            ic.IMAGE_MANIFEST,
+            manifest_fix,
+        ),
+    ]
 
 
 def _target_labels(
@@ -228,16 +224,9 @@ def _target_labels(
                     f"add `LABEL {label}=...`",
                 )
             )
-    if labels.get(ic.PROFILE_LABEL, profile.name) != profile.name:
-        findings.append(
-            ic.Finding(
-                where,
-                f"LABEL {ic.PROFILE_LABEL}={labels[ic.PROFILE_LABEL]!r}",
-                repr(profile.name),
-                f'LABEL {ic.PROFILE_LABEL}="{profile.name}"',
-            )
-        )
-    return findings
+    fix = f'LABEL {ic.PROFILE_LABEL}="{profile.name}"'
+    found = labels.get(ic.PROFILE_LABEL, profile.name)  # a missing label is reported above
+    return findings + ic.unless_equal(where, f"LABEL {ic.PROFILE_LABEL}", found, profile.name, fix)
 
 
 def _target_installs(

@@ -63,6 +63,12 @@ class Finding:
         return f"{self.where}: found {self.found}; expected {self.expected}\n  fix: {self.fix}"
 
 
+def unless_equal(where: str, what: str, found: Optional[str], want: str, fix: str) -> list[Finding]:
+    """``[]`` when a definition's ``what`` (``"ENV OCTO_DIST_PROFILE"``) holds ``want``; else the one finding that
+    shows both: ``found ENV OCTO_DIST_PROFILE='cuda11'; expected 'cuda12'``."""
+    return [] if found == want else [Finding(where, f"{what}={found!r}", repr(want), fix)]
+
+
 def logical_lines(text: str) -> list[str]:
     """Join ``\\`` continuations and drop comments and blank lines (comment lines inside a RUN included)."""
     out, cur = [], ""

@@ -125,15 +125,9 @@ def _definition_environment(w: str, d: Definition, profile: mf.Profile) -> list[
         ("PYTHONNOUSERSITE", "1"),
         (mf.MANIFEST_ENV, ic.IMAGE_MANIFEST),
     ):
-        if env.get(name, "").strip("\"'") != want:
-            findings.append(
-                ic.Finding(
-                    f"{w} %environment",
-                    f"{name}={env.get(name)!r}",
-                    repr(want),
-                    f"`export {name}={want}` in %environment",
-                )
-            )
+        found = env.get(name, "").strip("\"'")  # export X="1" holds 1
+        fix = f"`export {name}={want}` in %environment"
+        findings += ic.unless_equal(f"{w} %environment", name, found, want, fix)
     # --nv binds the host driver's libraries and points LD_LIBRARY_PATH at them; overwriting it here hides them.
     if "LD_LIBRARY_PATH" in env:
         findings.append(
