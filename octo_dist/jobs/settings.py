@@ -81,6 +81,12 @@ def _field(
     return dataclasses.field(metadata={**meta, "flag": flag, "fix": fix, "expected": expected})
 
 
+def _path_field(flag: str, help: str):
+    """A path setting (``--save-dir runs/ft``): set by ``flag``, explained by ``help``, refused when it starts with
+    '-' (a script's command would read it as an option); see :func:`_field`."""
+    return _field(path=True, flag=flag, help=help)
+
+
 @dataclasses.dataclass(frozen=True)
 class Allocation:
     """Where the ranks run: what the scheduler was asked for."""
@@ -149,21 +155,18 @@ class Software:
         fix="--module hpcx/2.20",
         help="environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
     )
-    image: Text = _field(
-        path=True,
-        flag="--image",
-        help="Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+    image: Text = _path_field(
+        "--image",
+        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
     )  # "" runs from ``venv``
-    venv: Text = _field(
-        path=True,
-        flag="--venv",
-        help="environment to run from without an image (default: {default})",
+    venv: Text = _path_field(
+        "--venv",
+        "environment to run from without an image (default: {default})",
     )
     # extra directories bound into the image when the node has them
-    binds: Texts = _field(
-        path=True,
-        flag="--bind",
-        help="extra directory to bind into the image, repeatable (default: {binds})",
+    binds: Texts = _path_field(
+        "--bind",
+        "extra directory to bind into the image, repeatable (default: {binds})",
     )
 
 
@@ -171,20 +174,17 @@ class Software:
 class Storage:
     """Where the job reads and writes, relative to the submit directory; the runtime makes them absolute."""
 
-    save_dir: Text = _field(
-        path=True,
-        flag="--save-dir",
-        help="checkpoint directory, bound into the image (default: {default})",
+    save_dir: Text = _path_field(
+        "--save-dir",
+        "checkpoint directory, bound into the image (default: {default})",
     )
-    data_dir: Text = _field(
-        path=True,
-        flag="--data-dir",
-        help="dataset directory for finetune, bound into the image (default: none)",
+    data_dir: Text = _path_field(
+        "--data-dir",
+        "dataset directory for finetune, bound into the image (default: none)",
     )  # "": no dataset
-    compile_cache: Text = _field(
-        path=True,
-        flag="--compile-cache",
-        help="JAX's persistent compilation cache, shared by the nodes and by "
+    compile_cache: Text = _path_field(
+        "--compile-cache",
+        "JAX's persistent compilation cache, shared by the nodes and by "
         "later jobs so a resubmission does not recompile; empty: off "
         "(default: {default})",
     )  # "": off
