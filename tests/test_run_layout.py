@@ -218,7 +218,14 @@ def test_a_save_directorys_room_is_said_alike_before_the_queue_and_in_the_run():
 
     said = [savelayout.size_text(n) for n in (512, 1536, 1181116006, 3 << 40, 5 << 50)]
     assert said == ["512 B", "1.5 KiB", "1.1 GiB", "3.0 TiB", "5120.0 TiB"]
-    assert room.size_text is footprint.size_text is savelayout.size_text
+    assert room.size_text is savelayout.size_text
+    found, expected, _ = footprint.shortfall(
+        "runs/ft", footprint.Footprint(3 << 40, "the run"), 1181116006
+    )
+    assert (found, expected) == (
+        "--save-dir runs/ft: 1.1 GiB free on its file system",
+        "at least 3.0 TiB for the run",
+    )
 
 
 def test_the_runs_own_files_are_named_in_its_directory():

@@ -16,13 +16,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
-# How a size is said, shared with the other side of the job (room.size_text for engine/checkpoint.py).
-from octo_dist.savelayout import size_text
+from octo_dist import savelayout
 
 COPIES = 2  # room for the checkpoint being written while the previous one is still kept (see copies_needed)
 # zarr/orbax metadata and chunk headers, on top of the arrays' bytes; chunks are compressed, so an upper bound.
 OVERHEAD = 1.05
 OVERHEAD_BYTES = 1 << 20
+# How a size is said ("1.1 GiB"), alike on the other side of the job; room.size_text for engine/checkpoint.py.
+size_text = savelayout.size_text
 
 
 def state_nbytes(tree) -> int:
