@@ -330,7 +330,9 @@ def test_stale_reasons():
 def test_job_id_from_the_scheduler():
     assert savedir.job_id({"PBS_JOBID": "12345.pbs1"}) == "12345.pbs1"
     assert savedir.job_id({"SLURM_JOB_ID": "77"}) == "77"
-    assert savedir.job_id({"JOB_ID": "9876543"}) == "9876543"
+    # Grid Engine's JOB_ID names a job beside Grid Engine's own variables (alone: a build script's, no job)
+    assert savedir.job_id({"JOB_ID": "9876543", "SGE_ROOT": "/opt/sge"}) == "9876543"
+    assert savedir.job_id({"JOB_ID": "9876543"}) is None
     assert savedir.job_id({}) is None
 
 
