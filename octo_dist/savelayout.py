@@ -45,7 +45,7 @@ import dataclasses
 import os
 import re
 import shutil
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from octo_dist.problems import Refusal
 
@@ -90,14 +90,18 @@ JOB_ID_SAYS = (
 # module but the scheduler's own reads this one (``job_id``).
 JOB_ID_ENV = "OCTO_DIST_JOB_ID"
 # Outside the job runtime (a user's own mpirun in a job script) no one exported it: the schedulers' own variables,
-# first set wins. Each scheduler's module names its own (``Scheduler.job_id_var``); this is the same list for the
-# layers that may not import the schedulers (launchers, engine), and a test keeps the two alike.
-SCHEDULER_JOB_ID_VARS = (
-    "PBS_JOBID",  # "12345.pbs1" (PBS Professional, ABCI 3.0)
-    "SLURM_JOB_ID",  # "123456"
-    "JOB_ID",  # "9876543" (Grid Engine; a common name, so after Slurm's)
-    "LSB_JOBID",  # "4242" (IBM LSF)
-)
+# first set wins, and what their jobs are called. The one list of them, for every layer (the launchers, envcheck and
+# the engine may not import jobs/): each jobs/schedulers class names its own ``job_id_var``, and
+# tests/test_job_identity.py keeps every scheduler shipped in this list.
+SCHEDULER_JOB_ID_VARS = {
+    "PBS_JOBID": "PBS",  # "12345.pbs1" (PBS Professional, ABCI 3.0)
+    "SLURM_JOB_ID": "Slurm",  # "123456"
+    "JOB_ID": "Grid Engine",  # "9876543" (a common name, so after Slurm's and only beside GRID_ENGINE_MARKERS)
+    "LSB_JOBID": "LSF",  # "4242" (IBM LSF)
+}
+# Grid Engine's JOB_ID is a common name (a build script's JOB_ID='build 7'): it names a job only with Grid Engine's
+# own variables beside it.
+GRID_ENGINE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
 
 
 class JobIdError(Refusal):
@@ -117,9 +121,16 @@ def checked_job_id(var: str, value: str) -> str:
     return value
 
 
-# Grid Engine's JOB_ID is a common name (a build script's JOB_ID='build 7'): it names a job only with Grid Engine's
-# own variables beside it (launchers/scheduler.py counts a Grid Engine job the same way).
-GRID_ENGINE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
+def scheduler_job_var(
+    environ: Mapping[str, str], among: Iterable[str] = tuple(SCHEDULER_JOB_ID_VARS)
+) -> Optional[str]:
+    """The first variable of ``among`` (the schedulers' own, in SCHEDULER_JOB_ID_VARS's order) that names a job in
+    ``environ``: ``{"PBS_JOBID": "12345.pbs1"}`` -> ``"PBS_JOBID"``; ``{"JOB_ID": "7"}`` -> None (no Grid Engine
+    variable beside it); None outside a job. Its value is not checked here (``checked_job_id`` does)."""
+    for var in among:
+        if environ.get(var) and (var != "JOB_ID" or any(m in environ for m in GRID_ENGINE_MARKERS)):
+            return var
+    return None
 
 
 def hand_run_id(host: str, pid: int) -> str:
@@ -135,12 +146,9 @@ def job_id(environ: Mapping[str, str]) -> Optional[str]:
     schedulers' own variables that is set (``LSB_JOBID=4242`` -> ``"4242"``; ``JOB_ID`` only beside one of
     ``GRID_ENGINE_MARKERS``); None outside a job."""
 
-    def names_a_job(var: str) -> bool:
-        if not environ.get(var):
-            return False
-        return var != "JOB_ID" or any(m in environ for m in GRID_ENGINE_MARKERS)
-
-    var = next((v for v in (JOB_ID_ENV, *SCHEDULER_JOB_ID_VARS) if names_a_job(v)), None)
+    if environ.get(JOB_ID_ENV):
+        return checked_job_id(JOB_ID_ENV, environ[JOB_ID_ENV])
+    var = scheduler_job_var(environ)
     return checked_job_id(var, environ[var]) if var else None
 
 
@@ -246,10 +254,31 @@ def _names(directory: str, dirs_only: bool = False) -> list:
     return out
 
 
+def size_text(n: float) -> str:
+    """``1181116006`` -> ``"1.1 GiB"``, bytes below 1 KiB as ``"512 B"``: how a save directory's room is spoken,
+    before the job queues (``jobs/footprint.py``) and in the run (``engine/room.py``), so both say it alike."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def lock_file(train_state: str) -> str:
     """``"/runs/ft/octo_finetune/ft_256/train_state"`` -> ``".../train_state/.octo-dist.lock"``: the run's lock,
     beside the checkpoints it guards (``RunLayout.lock``; the engine's ``savedir.RunLock`` takes it there)."""
     return os.path.join(train_state, LOCK)
+
+
+class _InRunDir:
+    """A file of the run's directory, read as a layout's attribute: ``layout.summary`` ->
+    ``"/groups/gxx00000/runs/ft/octo_finetune/ft_256/summary.json"`` (``os.path.join(layout.run_dir, SUMMARY)``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, layout, owner=None):
+        return self if layout is None else os.path.join(layout.run_dir, self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,21 +315,11 @@ class RunLayout:
     def lock(self) -> str:
         return lock_file(self.train_state)
 
-    @property
-    def run_config(self) -> str:
-        return os.path.join(self.run_dir, RUN_CONFIG)
-
-    @property
-    def run_id_file(self) -> str:
-        return os.path.join(self.run_dir, RUN_ID)
-
-    @property
-    def summary(self) -> str:
-        return os.path.join(self.run_dir, SUMMARY)
-
-    @property
-    def loss_plot(self) -> str:
-        return os.path.join(self.run_dir, LOSS_PLOT)
+    # The run's own files, each one name in <run> (not fields: a class attribute without an annotation).
+    run_config = _InRunDir(RUN_CONFIG)
+    run_id_file = _InRunDir(RUN_ID)
+    summary = _InRunDir(SUMMARY)
+    loss_plot = _InRunDir(LOSS_PLOT)
 
     def checkpoint(self, step: int) -> str:
         """``5`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""

@@ -59,4 +59,7 @@ def test_outside_a_job_hidden_gpus_are_still_a_warning_with_the_unset_advice():
 
 def test_shared_node_reads_the_schedulers_variables():
     assert gpus.shared_node({}) is None
-    assert "Grid Engine job 9" in gpus.shared_node({"JOB_ID": "9"})
+    assert "Grid Engine job 9" in gpus.shared_node({"JOB_ID": "9", "NSLOTS": "8"})
+    assert "LSF job 4242" in gpus.shared_node({"LSB_JOBID": "4242"})
+    # Grid Engine's JOB_ID alone (a build script's) is no job, as everywhere else (savelayout.scheduler_job_var)
+    assert gpus.shared_node({"JOB_ID": "build 7"}) is None

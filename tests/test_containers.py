@@ -520,6 +520,24 @@ def test_a_finding_says_what_was_found_expected_and_the_fix():
     )
 
 
+def test_both_definitions_word_the_image_contracts_installs_alike():
+    """The Dockerfile and the Singularity definition are checked by one function (``install_findings``): a GPU
+    image without the InfiniBand userland reads the same in both, bar each one's own fix line."""
+    docker = mutate(
+        DOCKERFILE,
+        "# nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime --infiniband",
+        "# nodes instead of TCP sockets.\nRUN bash /tmp/os-packages.sh runtime",
+    )
+    sif = mutate(DEFINITION, "os-packages.sh build --infiniband", "os-packages.sh build")
+    (in_docker,) = [
+        f for f in dockerfile.check_dockerfile(docker, MANIFEST) if "InfiniBand" in f.expected
+    ]
+    (in_sif,) = singularitydef.check_definition(sif, MANIFEST)
+    assert (in_docker.found, in_docker.expected) == (in_sif.found, in_sif.expected)
+    assert in_docker.fix == "RUN bash /tmp/os-packages.sh runtime --infiniband"
+    assert in_sif.fix == "bash /opt/octo-dist/containers/os-packages.sh build --infiniband"
+
+
 def test_manifest_refuses_a_base_image_without_a_digest():
     data = copy.deepcopy(mf.loads(mf.DEFAULT_MANIFEST.read_text()))
     data["images"]["cuda11"]["digest"] = "11.8.0-base-ubuntu22.04"

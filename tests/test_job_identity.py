@@ -61,5 +61,12 @@ def test_an_unrelated_job_id_variable_is_no_grid_engine_job(where):
         read({"JOB_ID": "build 7", "SGE_ROOT": "/opt/sge", "NSLOTS": "2"})
 
 
-def test_grid_engine_is_recognised_by_the_same_variables_everywhere():
-    assert set(savelayout.GRID_ENGINE_MARKERS) == set(launch_scheduler.SGE_MARKERS)
+def test_a_job_script_without_a_launcher_is_one_process_of_the_same_job_everywhere():
+    """The launchers' view of a job script (``detect``) reads the same one list as the job id (savelayout's): a
+    Grid Engine job only beside Grid Engine's own variables, Slurm's allocation left to the slurm launcher."""
+    assert launch_scheduler.allocation({"JOB_ID": "build 7"}) is None
+    assert launch_scheduler.allocation({"SLURM_JOB_ID": "123456"}) is None
+    grid = launch_scheduler.allocation({"JOB_ID": "77", "NSLOTS": "2"})
+    assert grid.job_id == "77" and grid.detail.startswith("Grid Engine job 77 without a launcher")
+    lsf = launch_scheduler.allocation({"LSB_JOBID": "4242"})
+    assert lsf.job_id == "4242" and lsf.detail.startswith("LSF job 4242")

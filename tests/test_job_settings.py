@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from octo_dist.jobs import render
-from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs import settingsread
 from octo_dist.jobs.cli import parse
 from octo_dist.jobs.supervisor import zipapp
 
@@ -109,7 +109,7 @@ def runtime(tmp_path_factory) -> Path:
 def test_the_rendered_settings_read_back_as_they_were_written():
     spec = parse(["pbs", "--nodes", "2", "--group", "g1", "--", "smoke", "--model", "tiny"])
     written = render.settings(spec, "job.sh")
-    read = job_settings.from_json(written.to_json())
+    read = settingsread.from_json(written.to_json())
     assert read == written and read.ranks == 16
     assert read.commands.train[-3:] == ("--model", "tiny", "--resume")
 

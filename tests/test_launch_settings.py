@@ -16,6 +16,7 @@ from octo_dist import cli
 from octo_dist.jobs import commands
 from octo_dist.jobs import options as options_mod
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs import settingsread
 
 
 def _settings_in(script: str) -> job_settings.JobSettings:
@@ -23,7 +24,7 @@ def _settings_in(script: str) -> job_settings.JobSettings:
     read back by the runtime's own reader."""
     words = shlex.shlex(script[script.index(" supervise '") + len(" supervise ") :], posix=True)
     words.whitespace_split = True
-    return job_settings.from_json(next(words))
+    return settingsread.from_json(next(words))
 
 
 def test_a_new_launch_setting_reaches_the_training_config_by_one_option_and_one_map_entry(
@@ -127,7 +128,7 @@ def test_one_validator_names_a_setting_by_its_flag_at_render_and_by_its_path_on_
     raw = json.loads(_settings_in(capsys.readouterr().out).to_json())
     raw[path[0]][path[1]] = value
     with pytest.raises(job_settings.SettingsError) as refused:
-        job_settings.from_json(json.dumps({"schema": job_settings.SCHEMA, **raw}))
+        settingsread.from_json(json.dumps({"schema": job_settings.SCHEMA, **raw}))
     assert str(refused.value).startswith(in_json_words)
     assert "Fix: re-render the job script with octo-dist launch" in str(refused.value)
 

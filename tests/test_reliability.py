@@ -19,6 +19,7 @@ from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs import settingsread
 from octo_dist.jobs.schedulers import pbs
 from octo_dist.jobs.schedulers.pbs import qsub_options
 from octo_dist.launchers import cli as launchers_cli
@@ -483,10 +484,10 @@ def test_the_images_help_starts_one_rank_per_gpu_of_a_node(definition):
 @pytest.mark.parametrize("schema", [2.0, True, "2"])
 def test_a_settings_schema_that_is_not_the_int_is_refused(tmp_path, schema):
     raw = json.loads(settings_json("pbs", tmp_path, tmp_path / "save"))
-    job_settings.from_mapping(raw)  # the int: read
+    settingsread.from_mapping(raw)  # the int: read
     raw["schema"] = schema
     with pytest.raises(job_settings.SettingsError, match="schema"):
-        job_settings.from_mapping(raw)
+        settingsread.from_mapping(raw)
 
 
 def test_a_config_file_that_exits_when_loaded_is_one_line_not_a_silent_exit_0(tmp_path):

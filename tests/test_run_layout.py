@@ -216,3 +216,34 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("compile-cache")
+
+
+def test_a_save_directorys_room_is_said_alike_before_the_queue_and_in_the_run():
+    """``launch``'s footprint (jobs/) and the run's own room check (engine/) say sizes through one function."""
+    from octo_dist.engine import room
+    from octo_dist.jobs import footprint
+
+    said = [savelayout.size_text(n) for n in (512, 1536, 1181116006, 3 << 40, 5 << 50)]
+    assert said == ["512 B", "1.5 KiB", "1.1 GiB", "3.0 TiB", "5120.0 TiB"]
+    assert room.size_text is savelayout.size_text
+    found, expected, _ = footprint.shortfall(
+        "runs/ft", footprint.Footprint(3 << 40, "the run"), 1181116006
+    )
+    assert (found, expected) == (
+        "--save-dir runs/ft: 1.1 GiB free on its file system",
+        "at least 3.0 TiB for the run",
+    )
+
+
+def test_the_runs_own_files_are_named_in_its_directory():
+    layout = savelayout.RunLayout(
+        "/groups/gxx00000/runs/ft", "octo_finetune/ft_256", savelayout.TRAIN_STATE
+    )
+    run = "/groups/gxx00000/runs/ft/octo_finetune/ft_256"
+    found = (layout.run_config, layout.run_id_file, layout.summary, layout.loss_plot)
+    assert found == tuple(
+        f"{run}/{n}" for n in ("finetune_config.json", "wandb_run_id", "summary.json", "loss.png")
+    )
+    assert (
+        savelayout.RunLayout("/s").summary == "/s/summary.json"
+    )  # smoke: the save directory is the run's

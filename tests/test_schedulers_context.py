@@ -11,12 +11,13 @@ import pytest
 from helpers import settings_mapping
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs import settingsread
 from octo_dist.jobs.schedulers.base import JobContext
 from octo_dist.jobs.supervisor import supervise
 
 
 def settings(scheduler: str, cpus_per_rank: int = 12) -> job_settings.JobSettings:
-    return job_settings.from_mapping(
+    return settingsread.from_mapping(
         settings_mapping(
             scheduler,
             nodes=2,

@@ -23,6 +23,7 @@ import pytest
 from helpers import settings_mapping
 
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs import settingsread
 from octo_dist.jobs.supervisor import prepare, rankguard, ranks, supervise
 
 # Stands in for mpirun: skips its options (each with a value, as the Grid Engine launcher line has them), starts
@@ -145,7 +146,7 @@ def job(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(ranks, "END_WAIT_S", 30)
     monkeypatch.setattr(ranks, "POLL_S", 0.05)
     saved = {s: signal.getsignal(s) for s in supervise.STOP_SIGNALS}
-    settings = job_settings.from_mapping(
+    settings = settingsread.from_mapping(
         settings_mapping(
             "sge", ranks_per_node=2, venv=str(tmp_path / "venv"), forward_prefixes=["FAKE_"]
         )
@@ -433,7 +434,7 @@ def test_settings_as_rendered_are_what_the_supervisor_reads():
     from octo_dist.jobs.cli import parse
 
     values = render.settings(parse(["sge", "--nodes", "2", "--gpus-per-node", "4"]), "job.sh")
-    assert job_settings.from_json(values.to_json()) == values
+    assert settingsread.from_json(values.to_json()) == values
     assert json.loads(values.to_json())["schema"] == job_settings.SCHEMA
 
 

@@ -16,10 +16,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from octo_dist import savelayout
+
 COPIES = 2  # room for the checkpoint being written while the previous one is still kept (see copies_needed)
 # zarr/orbax metadata and chunk headers, on top of the arrays' bytes; chunks are compressed, so an upper bound.
 OVERHEAD = 1.05
 OVERHEAD_BYTES = 1 << 20
+# How a size is said ("1.1 GiB"), alike on the other side of the job; room.size_text for engine/checkpoint.py.
+size_text = savelayout.size_text
 
 
 def state_nbytes(tree) -> int:
@@ -86,12 +90,3 @@ def space_problem(
         f"({room_phrase(copies, one, kept_now)}, for this run's state). Fix: free space there (old runs, "
         f"*.damaged steps), or pass a --save-dir on a larger file system"
     )
-
-
-def size_text(n: float) -> str:
-    """``1181116006`` -> ``"1.1 GiB"``; bytes below 1 KiB as ``"512 B"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")

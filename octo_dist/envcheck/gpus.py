@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from typing import Callable, List, Mapping, Optional
 
+from octo_dist import savelayout
+
 
 def listed(smi_output: Optional[str]) -> Optional[List[str]]:
     """The ``GPU n: ...`` lines of ``nvidia-smi -L``; None when nvidia-smi did not run."""
@@ -61,8 +63,6 @@ def compute_capability(
     return proc.stdout if proc.returncode == 0 else None
 
 
-# A scheduler job's own variable: "12345.pbs1" (PBS), "678" (SLURM), "910" (Grid Engine's JOB_ID).
-JOB_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID")
 # Resource types (PBS queues, or RTYPE in a reservation's queue) whose jobs share a node with other jobs: ABCI 3.0's
 # rt_HG, one H200 of a node's 8.
 SHARED_RESOURCE_TYPES = ("rt_HG",)
@@ -75,11 +75,10 @@ def shared_node(environ: Mapping[str, str]) -> Optional[str]:
     None outside a scheduler's job. ``{"PBS_JOBID": "1.pbs1", "PBS_QUEUE": "rt_HG"}`` -> ``"PBS job 1.pbs1 on
     rt_HG, a share of a node (other jobs use its other GPUs)"``; a job without such a sign -> ``"... may share the
     node"``."""
-    job = next(((v, environ[v]) for v in JOB_VARS if environ.get(v)), None)
-    if job is None:
+    var = savelayout.scheduler_job_var(environ)  # "PBS_JOBID": "12345.pbs1"; None outside a job
+    if var is None:
         return None
-    kind = {"PBS_JOBID": "PBS", "SLURM_JOB_ID": "SLURM", "JOB_ID": "Grid Engine"}[job[0]]
-    where = f"{kind} job {job[1]}"
+    where = f"{savelayout.SCHEDULER_JOB_ID_VARS[var]} job {environ[var]}"
     rtype = environ.get("RTYPE") or environ.get("PBS_QUEUE", "")
     if rtype in SHARED_RESOURCE_TYPES:
         return f"{where} on {rtype}, a share of a node (other jobs use its other GPUs)"

@@ -18,10 +18,11 @@ import socket
 import sys
 from typing import Mapping, Optional
 
+from octo_dist.jobs.schedulers.pbs import Pbs
 from octo_dist.problems import Refusal
 
-# Set in every PBS job ("12345.pbs1"): a shell inside one is on a compute node.
-JOB_VAR = "PBS_JOBID"
+# Set in every PBS job ("12345.pbs1"): a shell inside one is on a compute node. The PBS scheduler's own name for it.
+JOB_VAR = Pbs.job_id_var
 # Builds here anyway, where a site allows heavy work on its login nodes.
 OVERRIDE_VAR = "OCTO_DIST_SIF_ON_LOGIN_NODE"
 PBS_CONF = "/etc/pbs.conf"

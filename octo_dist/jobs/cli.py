@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from typing import Mapping, Optional, Sequence
 
 from octo_dist import EXIT_USAGE
@@ -25,7 +24,7 @@ from octo_dist.jobs import jobwarnings, runfrom, submitchecks, walltime
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.render import render
-from octo_dist.jobs.supervisor.zipapp import existing_kind
+from octo_dist.jobs.filereplace import existing_kind, replacing
 from octo_dist.launchers import outside
 
 
@@ -254,25 +253,10 @@ def is_job_script(path: str) -> bool:
 
 
 def write_script(out: str, text: str) -> None:
-    """Writes ``text`` to ``out`` as an executable file, atomically: a new file takes the name, so only the file
-    written is chmod'ed and what was there (a link, a file of another owner) is never written through."""
-    # Both names through the same absolute directory: a relative ``out`` resolved from the working directory may
-    # cross a mount that the absolute path does not (a bind mount over the submit directory), and rename() then
-    # fails with EXDEV ("Invalid cross-device link"), as it did in a node's mount namespace.
-    directory = os.path.dirname(os.path.abspath(out))
-    target = os.path.join(directory, os.path.basename(out))
-    fd, tmp = tempfile.mkstemp(prefix=".octo-dist-launch-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), 0o755)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Writes ``text`` to ``out`` as an executable file, replacing what was there (a link, a file of another owner)
+    rather than writing through it: only the file written is chmod'ed."""
+    with replacing(out, 0o755) as f:
+        f.write(text)
 
 
 def show_defaults(options: options_mod.LaunchOptions, sources: Mapping[str, str]) -> str:
@@ -379,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
         found = defaults_mod.read(defaults_mod.files(os.environ, os.getcwd()))
         files = defaults_mod.resolve(found, args.scheduler)
     except defaults_mod.DefaultsError as e:
-        print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return e.exit_status
+        return _said(e)
     options, sources = options_from_args(args, files)
     if options.show_defaults:
         sys.stdout.write(show_defaults(options, sources))
@@ -389,19 +372,10 @@ def run(args: argparse.Namespace) -> int:
     if image_note:
         print(f"octo-dist launch: note: {image_note}", file=sys.stderr)
     try:
-        refusal = commands.job_decides(options.train[1:])
-        if refusal:
-            raise spec_mod.JobSpecError(*refusal)
-        checkers = {name: _checked(options, name, c) for name, c in args.checkers.items()}
-        job = spec_mod.build(options, checkers=checkers, command_line=command_line(options))
-        refusal, warning = refusal_and_warning(options, job)
-        if refusal:
-            raise spec_mod.JobSpecError(*refusal)
-        _check_submit(options)
+        job, warning = _job(options, args.checkers)
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
-        print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return e.exit_status
+        return _said(e)
     scheduler = job.settings.allocation.scheduler
     for warning in warnings(job, warning):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
@@ -409,32 +383,65 @@ def run(args: argparse.Namespace) -> int:
     text = render(job, os.path.basename(out or options.output or f"octo-dist-{scheduler}.sh"))
     try:
         syntax_check(text)
-    except ScriptError as e:
-        print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return e.exit_status
+        replaced = None if out is None else _write(out, text)
+    except Problem as e:
+        return _said(e)
     if out is None:
         sys.stdout.write(text)
         return 0
+    return _hint_or_submit(options, job, out, replaced)
+
+
+def _said(problem: Problem) -> int:
+    """``octo-dist launch: error: --nodes 0; expected ...`` on stderr; the problem's exit status."""
+    print(f"octo-dist launch: error: {problem}", file=sys.stderr)
+    return problem.exit_status
+
+
+def _job(options: options_mod.LaunchOptions, checkers: Mapping[str, commands.Checker]) -> tuple:
+    """``(job, warning)``: the job ``options`` describe, built and checked, and what launch warns of it (None);
+    JobSpecError when it must not be written."""
+    refusal = commands.job_decides(options.train[1:])
+    if refusal:
+        raise spec_mod.JobSpecError(*refusal)
+    checked = {name: _checked(options, name, c) for name, c in checkers.items()}
+    job = spec_mod.build(options, checkers=checked, command_line=command_line(options))
+    refusal, warning = refusal_and_warning(options, job)
+    if refusal:
+        raise spec_mod.JobSpecError(*refusal)
+    _check_submit(options)
+    return job, warning
+
+
+def _write(out: str, text: str) -> bool:
+    """Writes the script to ``out``; whether it replaced a file that was not a job script octo-dist wrote.
+    Problem (exit 2) when ``out`` became something else than a file after the checks, or cannot be written."""
     kind = existing_kind(out)
     if kind not in ("", "file"):  # it became one after the checks: still never written through
-        print(
-            f"octo-dist launch: error: -o {out!r} is now a {kind}; expected a file. Fix: -o {out}.sh",
-            file=sys.stderr,
+        raise Problem(
+            f"-o {out!r} is now a {kind}", "a file", f"-o {out}.sh", exit_status=EXIT_USAGE
         )
-        return EXIT_USAGE
     foreign = kind == "file" and not is_job_script(out)
     try:
         write_script(out, text)
     except OSError as e:
-        print(
-            f"octo-dist launch: error: cannot write {out!r} ({e.strerror}); expected a file you can write. "
-            f"Fix: -o a path in a directory you own",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        raise Problem(
+            f"cannot write {out!r} ({e.strerror})",
+            "a file you can write",
+            "-o a path in a directory you own",
+            exit_status=EXIT_USAGE,
+        ) from None
+    return foreign
+
+
+def _hint_or_submit(
+    options: options_mod.LaunchOptions, job: spec_mod.Job, out: str, replaced: bool
+) -> int:
+    """After the script is written: how to submit it, or (``--submit``, ``--chain N``) its submission."""
+    scheduler = job.settings.allocation.scheduler
     submit = schedulers.get(scheduler).submit_hint(shlex.quote(out), job.header.group)
     wrote = wrote_line(out, job)
-    if foreign:
+    if replaced:
         wrote = f"replaced {out!r}, which was not a job script octo-dist wrote; " + wrote
     if not (options.submit or options.chain):
         print(f"{wrote}. Submit: {submit}")
@@ -446,8 +453,7 @@ def run(args: argparse.Namespace) -> int:
         named = dict(name=job.header.name, group=job.header.group, chain=options.chain or 1)
         jobs = submit_mod.submit(scheduler, out, beside_running=options.beside_running, **named)
     except submit_mod.SubmitError as e:
-        print(f"octo-dist launch: error: {e}", file=sys.stderr)
-        return e.exit_status
+        return _said(e)
     for n, s in enumerate(jobs, 1):
         after = f", after {jobs[n - 2].job_id}" if n > 1 else ""
         print(f"submitted job {s.job_id}{after}: log {s.log}")

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Callable, NamedTuple, Optional, Tuple
 
+from octo_dist import savelayout
+
 # Octo's published models by token_embedding_size (their config.json): parameters.
 OCTO_PARAMS = {384: ("Octo-Small", 27_000_000), 768: ("Octo-Base", 93_000_000)}
 STATE_ARRAYS = 3  # parameters + Adam's mu and nu, each float32
@@ -84,11 +86,14 @@ def estimate(
         return None
     name, params = model
     one = params * STATE_ARRAYS * BYTES_PER_VALUE
-    said = f"{COPIES} checkpoints of {name}'s train state ({size_text(one)} each: {KEPT} kept, 1 being written)"
+    each = savelayout.size_text(one)
+    said = (
+        f"{COPIES} checkpoints of {name}'s train state ({each} each: {KEPT} kept, 1 being written)"
+    )
     need = COPIES * one
     if image and not is_file(image):
         need += IMAGE_BYTES
-        said += f" and the image still to build (about {size_text(IMAGE_BYTES)})"
+        said += f" and the image still to build (about {savelayout.size_text(IMAGE_BYTES)})"
     return Footprint(need, said)
 
 
@@ -109,17 +114,8 @@ def shortfall(save_dir: str, fp: Footprint, free: Optional[int]) -> Optional[Tup
     if free is None or free >= fp.need:
         return None
     return (
-        f"--save-dir {save_dir}: {size_text(free)} free on its file system",
-        f"at least {size_text(fp.need)} for {fp.said}",
+        f"--save-dir {save_dir}: {savelayout.size_text(free)} free on its file system",
+        f"at least {savelayout.size_text(fp.need)} for {fp.said}",
         "free space there, raise the group's quota (ABCI: the user portal; show_quota shows it), or --save-dir "
         "on a file system with room",
     )
-
-
-def size_text(n: float) -> str:
-    """``1181116006`` -> ``"1.1 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import tempfile
 import time
 from typing import List, Optional, Sequence, Tuple
 
 from octo_dist import savelayout
+from octo_dist.jobs.filereplace import replacing
 from octo_dist.launchers import outside
 from octo_dist.problems import Refusal
 
@@ -175,24 +175,11 @@ def record(
 
 
 def write_json(path: str, data: object) -> None:
-    """Replaces ``path`` with ``data`` as JSON, atomically: written to a new file of a random name in the same
-    directory (``mkstemp``: created, never opened through whatever lies there, a planted link included) and
-    renamed over ``path`` (which replaces a link there, never writes through it)."""
-    fd, tmp = tempfile.mkstemp(
-        prefix=os.path.basename(path) + ".tmp-", dir=os.path.dirname(path) or "."
-    )
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the record from the user's group
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Replaces ``path`` with ``data`` as JSON, whole (``filereplace.replacing``: a planted link there is replaced,
+    never written through), readable by the user's group."""
+    with replacing(path, 0o644) as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
 
 
 # --- the user's own list of records, so `octo-dist jobs` works from any directory ----------------------------------

@@ -2,11 +2,11 @@
 
 ``spec.build`` makes the :class:`JobSettings` of a ``Job`` and checks it with :func:`check` in the words of
 ``octo-dist launch``'s flags (each field's metadata names its flag, bounds and the fix); ``render`` writes
-``to_json()`` into the script's last line; the job runtime (``supervisor``) reads it back with :func:`from_json` and
-the same :func:`check`, naming fields by their JSON path, so what a script carries is checked field by field before
-anything starts: a script edited by hand, cut short or written by another octo-dist version is refused in one line
-(exit 2), never half-run. Standard library only, Python 3.9: it ships in the
-job runtime's zipapp.
+``to_json()`` into the script's last line; the job runtime (``supervisor``) reads it back with
+``settingsread.from_json`` and the same :func:`check`, naming fields by their JSON path, so what a script carries is
+checked field by field before anything starts: a script edited by hand, cut short or written by another octo-dist
+version is refused in one line (exit 2), never half-run. Standard library only, Python 3.9: it ships in the job
+runtime's zipapp.
 
     {"schema": 2, "script_name": "job.sh",
      "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
@@ -81,6 +81,12 @@ def _field(
     return dataclasses.field(metadata={**meta, "flag": flag, "fix": fix, "expected": expected})
 
 
+def _path_field(flag: str, help: str):
+    """A path setting (``--save-dir runs/ft``): set by ``flag``, explained by ``help``, refused when it starts with
+    '-' (a script's command would read it as an option); see :func:`_field`."""
+    return _field(path=True, flag=flag, help=help)
+
+
 @dataclasses.dataclass(frozen=True)
 class Allocation:
     """Where the ranks run: what the scheduler was asked for."""
@@ -149,21 +155,18 @@ class Software:
         fix="--module hpcx/2.20",
         help="environment module to load, repeatable; replaces the defaults, '' loads none (default: {modules})",
     )
-    image: Text = _field(
-        path=True,
-        flag="--image",
-        help="Singularity image (.sif) every rank runs in (default: none, run from --venv)",
+    image: Text = _path_field(
+        "--image",
+        "Singularity image (.sif) every rank runs in (default: none, run from --venv)",
     )  # "" runs from ``venv``
-    venv: Text = _field(
-        path=True,
-        flag="--venv",
-        help="environment to run from without an image (default: {default})",
+    venv: Text = _path_field(
+        "--venv",
+        "environment to run from without an image (default: {default})",
     )
     # extra directories bound into the image when the node has them
-    binds: Texts = _field(
-        path=True,
-        flag="--bind",
-        help="extra directory to bind into the image, repeatable (default: {binds})",
+    binds: Texts = _path_field(
+        "--bind",
+        "extra directory to bind into the image, repeatable (default: {binds})",
     )
 
 
@@ -171,20 +174,17 @@ class Software:
 class Storage:
     """Where the job reads and writes, relative to the submit directory; the runtime makes them absolute."""
 
-    save_dir: Text = _field(
-        path=True,
-        flag="--save-dir",
-        help="checkpoint directory, bound into the image (default: {default})",
+    save_dir: Text = _path_field(
+        "--save-dir",
+        "checkpoint directory, bound into the image (default: {default})",
     )
-    data_dir: Text = _field(
-        path=True,
-        flag="--data-dir",
-        help="dataset directory for finetune, bound into the image (default: none)",
+    data_dir: Text = _path_field(
+        "--data-dir",
+        "dataset directory for finetune, bound into the image (default: none)",
     )  # "": no dataset
-    compile_cache: Text = _field(
-        path=True,
-        flag="--compile-cache",
-        help="JAX's persistent compilation cache, shared by the nodes and by "
+    compile_cache: Text = _path_field(
+        "--compile-cache",
+        "JAX's persistent compilation cache, shared by the nodes and by "
         "later jobs so a resubmission does not recompile; empty: off "
         "(default: {default})",
     )  # "": off
@@ -253,76 +253,19 @@ def _json_value(value):
     return [_json_value(v) for v in value] if isinstance(value, tuple) else value
 
 
-def from_json(text: str) -> JobSettings:
-    """The settings a job script carries, checked; SettingsError names the first bad field."""
-    if not isinstance(text, str):
-        raise _error("the job settings", "not text", "a JSON object")
-    if "\0" in text:
-        raise _error("the job settings", "a NUL byte", "JSON text without one")
-    try:
-        raw = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
-        raise _error("the job settings", f"not JSON ({str(e)[:120]})", "one JSON object") from None
-    return from_mapping(raw)
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number a job setting can hold")
-
-
-def from_mapping(raw: Any) -> JobSettings:
-    """A parsed JSON value -> JobSettings, every field checked against its type and bounds."""
-    if not isinstance(raw, dict):
-        raise _error("the job settings", _kind(raw), "a JSON object {...}")
-    schema = raw.get("schema")
-    # An int, as every int field: 2.0 == 2 (and True == 1) in Python, but neither is what a script carries.
-    if type(schema) is not int or schema != SCHEMA:
-        found = (
-            "no schema (an older octo-dist's script)" if schema is None else f"schema {schema!r}"
-        )
-        raise _error("the job settings", found, f"schema {SCHEMA}, the one this octo-dist reads")
-    values = {k: v for k, v in raw.items() if k != "schema"}
-    settings = _build(JobSettings, values, "")
-    check(settings)
-    return settings
-
-
-def _build(cls, values: Any, where: str):
-    if not isinstance(values, dict):
-        raise _error(where.rstrip(".") or "the job settings", _kind(values), "a JSON object {...}")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise _error(
-            f"{where}{unknown[0]}", "a key this octo-dist does not know", f"only {', '.join(names)}"
-        )
-    out = {}
-    for f in dataclasses.fields(cls):
-        name = f"{where}{f.name}"
-        if f.name not in values:
-            raise _error(name, "missing", "every setting octo-dist launch writes")
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            out[f.name] = _build(kind, values[f.name], f"{name}.")
-        else:
-            out[f.name] = _value(name, kind, values[f.name], f.metadata)
-    return cls(**out)
-
-
-def _value(name: str, kind, value: Any, meta: Mapping, flags: bool = False):
+def checked_value(name: str, kind, value: Any, meta: Mapping, flags: bool = False):
     """One setting checked against its type and metadata; ``name`` is its JSON path (``allocation.nodes``), or with
     ``flags`` the launch option that set it (``--nodes``), and the refusal speaks of that."""
     if kind is int:
         if (
             type(value) is not int
         ):  # bool is an int to Python, and 1e999 a float: neither is a count
-            raise _error(name, _kind(value), _range(meta))
+            raise settings_error(name, json_kind(value), _range(meta))
         if not meta["low"] <= value <= meta["high"]:
             if flags:
                 expected = meta.get("expected") or f"{name} from {meta['low']} to {meta['high']}"
                 raise JobSpecError(f"{name} {shown_number(value)}", expected, meta.get("fix", ""))
-            raise _error(name, str(value), _range(meta))
+            raise settings_error(name, str(value), _range(meta))
         return value
     if kind is str:
         return check_text(name, value, meta, flags)
@@ -335,10 +278,12 @@ def _value(name: str, kind, value: Any, meta: Mapping, flags: bool = False):
         out = []
         for i, pair in enumerate(_items(name, value)):
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-                raise _error(f"{name}[{i}]", _kind(pair), "a [NAME, VALUE] pair")
+                raise settings_error(f"{name}[{i}]", json_kind(pair), "a [NAME, VALUE] pair")
             var, val = (check_text(f"{name}[{i}]", v, meta) for v in pair)
             if not ENV_NAME.fullmatch(var):
-                raise _error(f"{name}[{i}]", f"variable name {var!r}", "letters, digits and '_'")
+                raise settings_error(
+                    f"{name}[{i}]", f"variable name {var!r}", "letters, digits and '_'"
+                )
             out.append((var, val))
         return tuple(out)
     raise TypeError(f"no reader for {name}: {kind}")  # a field type added without one: a bug here
@@ -347,9 +292,9 @@ def _value(name: str, kind, value: Any, meta: Mapping, flags: bool = False):
 def _items(name: str, value: Any) -> list:
     # A tuple where launch built the settings; a JSON list where a script carried them.
     if not isinstance(value, (list, tuple)):
-        raise _error(name, _kind(value), "a JSON list [...]")
+        raise settings_error(name, json_kind(value), "a JSON list [...]")
     if len(value) > MAX_ITEMS:
-        raise _error(name, f"{len(value)} entries", f"at most {MAX_ITEMS}")
+        raise settings_error(name, f"{len(value)} entries", f"at most {MAX_ITEMS}")
     return list(value)
 
 
@@ -358,10 +303,10 @@ def check_text(name: str, value: Any, meta: Mapping = {}, flags: bool = False) -
     starting with '-' (``meta["path"]``). With ``flags``, ``name`` is what the user gave it as (``"--save-dir"``,
     ``"argument 3 after --"``, or a description starting with "the") and the refusal gives a fix."""
     if not isinstance(value, str):
-        raise _error(name, _kind(value), "a JSON string")
+        raise settings_error(name, json_kind(value), "a JSON string")
     if len(value) > MAX_TEXT:
         if not flags:
-            raise _error(name, f"{len(value)} characters", f"at most {MAX_TEXT}")
+            raise settings_error(name, f"{len(value)} characters", f"at most {MAX_TEXT}")
         raise JobSpecError(
             f"{name} of {len(value)} characters ({value[:40]!r}...)",
             f"at most {MAX_TEXT} (the longest path a Linux system call takes)",
@@ -371,7 +316,9 @@ def check_text(name: str, value: Any, meta: Mapping = {}, flags: bool = False) -
     if bad:
         shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
         if not flags:
-            raise _error(name, f"{value[:60]!r} holding {shown}", "printable characters only")
+            raise settings_error(
+                name, f"{value[:60]!r} holding {shown}", "printable characters only"
+            )
         clean = "".join(c for c in value if c not in bad)
         raise JobSpecError(
             f"{name} {value!r} contains {shown}",
@@ -384,7 +331,7 @@ def check_text(name: str, value: Any, meta: Mapping = {}, flags: bool = False) -
             raise JobSpecError(
                 f"{name} {value!r}", f"one of {', '.join(meta['choices'])}", meta["fix"]
             )
-        raise _error(name, repr(value), f"one of {', '.join(meta['choices'])}")
+        raise settings_error(name, repr(value), f"one of {', '.join(meta['choices'])}")
     if meta.get("path") and value.startswith("-"):
         if flags:
             raise JobSpecError(
@@ -392,7 +339,7 @@ def check_text(name: str, value: Any, meta: Mapping = {}, flags: bool = False) -
                 "a path the script's commands cannot read as an option",
                 f"{name} ./{value}",
             )
-        raise _error(name, repr(value), "a path that does not start with '-'")
+        raise settings_error(name, repr(value), "a path that does not start with '-'")
     return value
 
 
@@ -405,18 +352,20 @@ def check(s: JobSettings, flags: bool = False) -> None:
     a = s.allocation
     if a.scheduler not in schedulers.SCHEDULERS:
         known = ", ".join(sorted(schedulers.SCHEDULERS))
-        raise _error("allocation.scheduler", repr(a.scheduler), f"one of {known}")
+        raise settings_error("allocation.scheduler", repr(a.scheduler), f"one of {known}")
     for f in dataclasses.fields(s):
         section = getattr(s, f.name)
         if dataclasses.is_dataclass(section):
             check_section(f.name, section, flags)
     for key in ("preflight", "train"):
         if not getattr(s.commands, key):
-            raise _error(f"commands.{key}", "an empty command", "a program and its arguments")
+            raise settings_error(
+                f"commands.{key}", "an empty command", "a program and its arguments"
+            )
     if not s.storage.save_dir:
-        raise _error("storage.save_dir", "''", "the checkpoint directory")
+        raise settings_error("storage.save_dir", "''", "the checkpoint directory")
     if not s.software.venv and not s.software.image:
-        raise _error("software", "neither an image nor a venv", "one of them")
+        raise settings_error("software", "neither an image nor a venv", "one of them")
 
 
 def check_section(where: str, section: Any, flags: bool = False) -> None:
@@ -428,14 +377,16 @@ def check_section(where: str, section: Any, flags: bool = False) -> None:
     for f in dataclasses.fields(section):
         flag = f.metadata.get("flag")
         name = flag if flags and flag else f"{where}.{f.name}"
-        _value(name, hints[f.name], getattr(section, f.name), f.metadata, flags and bool(flag))
+        checked_value(
+            name, hints[f.name], getattr(section, f.name), f.metadata, flags and bool(flag)
+        )
 
 
 def check_field(cls, name: str, value: Any) -> None:
     """One field of section ``cls`` in the words of its flag, before the section exists:
     ``check_field(Allocation, "cpus_per_rank", -1)`` -> ``JobSpecError("--cpus-per-rank -1; ...")``."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    _value(f.metadata["flag"], get_type_hints(cls)[name], value, f.metadata, True)
+    checked_value(f.metadata["flag"], get_type_hints(cls)[name], value, f.metadata, True)
 
 
 def _check_timing(t: Timing, flags: bool) -> None:
@@ -447,7 +398,7 @@ def _check_timing(t: Timing, flags: bool) -> None:
     if not flags:
         if type(margin) is not int or type(walltime_s) is not int:
             return  # the field's own check names it
-        raise _error(
+        raise settings_error(
             "timing",
             f"walltime_s {walltime_s} with stop_margin_s {margin}",
             f"at least {least} s between the start and the stop",
@@ -485,7 +436,7 @@ def shown_number(value: int) -> str:
     return f"{text[: len(text) - len(digits) + 20]}... ({len(digits):,} digits)"
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """How a JSON value reads to a person: ``"two"`` -> ``'two' (a string)``, ``None`` -> ``null``."""
     if value is None:
         return "null"
@@ -507,7 +458,7 @@ def _range(meta: Mapping) -> str:
     return f"a whole number from {meta['low']} to {meta['high']}"
 
 
-def _error(name: str, found: str, expected: str) -> SettingsError:
+def settings_error(name: str, found: str, expected: str) -> SettingsError:
     # "job setting timing.walltime_s: ..." for one setting; "the job settings: not JSON ..." for the whole
     what = name if name == "the job settings" else f"job setting {name}"
     return SettingsError(

@@ -171,25 +171,7 @@ def submit(
     for _ in range(chain):
         argv = command(scheduler, script, group, after)
         try:
-            proc = run(argv, timeout_s)
-        except FileNotFoundError:
-            raise failed(
-                f"no {argv[0]} here; expected to run on the cluster's login node. Fix: submit the "
-                f"written script there ({' '.join(argv)})"
-            ) from None
-        except outside.CommandTimeout as e:
-            said = f" (it said: {status.one_line(e.stderr, 500)})" if e.stderr.strip() else ""
-            raise failed(
-                f"{' '.join(argv)} did not answer within {timeout_s:g} s and was stopped{said}; expected a job "
-                f"id in seconds. Fix: check the scheduler (qstat/squeue), then submit the written script by hand"
-            ) from None
-        if proc.returncode != 0:
-            raise failed(
-                f"{' '.join(argv)} failed (exit {proc.returncode}): "
-                f"{status.one_line(proc.stderr.strip() or proc.stdout, 500)}"
-            )
-        try:
-            after = job_id(scheduler, proc.stdout)
+            after = _job_id_of(scheduler, argv, run, timeout_s)
         except SubmitError as e:
             raise failed(str(e)) from None
         out.append(
@@ -197,6 +179,33 @@ def submit(
         )
     _record(scheduler, script, submit_dir, out, (name, extends))
     return out
+
+
+def _job_id_of(
+    scheduler: str, argv: List[str], run: Callable[..., outside.Finished], timeout_s: float
+) -> str:
+    """Runs one submission (``["qsub", "-W", "depend=afterany:12344.pbs1", "job.sh"]``) and returns the job id
+    the scheduler answered; SubmitError in one line when it is missing, hangs, fails or answers without an id
+    (``submit`` adds the jobs submitted before it)."""
+    try:
+        proc = run(argv, timeout_s)
+    except FileNotFoundError:
+        raise SubmitError(
+            f"no {argv[0]} here; expected to run on the cluster's login node. Fix: submit the "
+            f"written script there ({' '.join(argv)})"
+        ) from None
+    except outside.CommandTimeout as e:
+        said = f" (it said: {status.one_line(e.stderr, 500)})" if e.stderr.strip() else ""
+        raise SubmitError(
+            f"{' '.join(argv)} did not answer within {timeout_s:g} s and was stopped{said}; expected a job "
+            f"id in seconds. Fix: check the scheduler (qstat/squeue), then submit the written script by hand"
+        ) from None
+    if proc.returncode != 0:
+        raise SubmitError(
+            f"{' '.join(argv)} failed (exit {proc.returncode}): "
+            f"{status.one_line(proc.stderr.strip() or proc.stdout, 500)}"
+        )
+    return job_id(scheduler, proc.stdout)
 
 
 def _save_dir(script: str) -> Optional[str]:

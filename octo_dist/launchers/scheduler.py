@@ -12,14 +12,8 @@ from octo_dist import savelayout
 from octo_dist.launchers.single import one_process
 from octo_dist.launchers.base import Launch, shown
 
-SCHEDULERS = {
-    "PBS_JOBID": "PBS",
-    "JOB_ID": "Grid Engine",
-    "SLURM_JOB_ID": "Slurm",
-    "LSB_JOBID": "LSF",
-}
-# Grid Engine's JOB_ID is a common name; only count it as a job with Grid Engine's own variables beside it.
-SGE_MARKERS = ("SGE_ROOT", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "SGE_TASK_ID", "NSLOTS")
+# Slurm's batch script or salloc shell is slurm.allocation's: it knows the tasks asked for.
+OUTSIDE_SLURM = tuple(v for v in savelayout.SCHEDULER_JOB_ID_VARS if v != "SLURM_JOB_ID")
 
 
 def job_id(environ: Mapping[str, str], launch: Optional[Launch] = None) -> Optional[str]:
@@ -34,17 +28,12 @@ def job_id(environ: Mapping[str, str], launch: Optional[Launch] = None) -> Optio
 
 def allocation(environ: Mapping[str, str]) -> Optional[Launch]:
     """A PBS, Grid Engine or LSF job script without a launcher: one process (Slurm's is ``slurm.allocation``)."""
-    for var in ("PBS_JOBID", "JOB_ID", "LSB_JOBID"):
-        if not environ.get(var):
-            continue
-        if var == "JOB_ID" and not any(m in environ for m in SGE_MARKERS):
-            continue
-        name = SCHEDULERS[var]
-        return one_process(
-            job_id=environ[var],
-            detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
-            variables=shown(
-                environ, var, "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "NSLOTS"
-            ),
-        )
-    return None
+    var = savelayout.scheduler_job_var(environ, OUTSIDE_SLURM)
+    if var is None:
+        return None
+    name = savelayout.SCHEDULER_JOB_ID_VARS[var]
+    return one_process(
+        job_id=environ[var],
+        detail=f"{name} job {environ[var]} without a launcher (the job script itself)",
+        variables=shown(environ, var, "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "NSLOTS"),
+    )

@@ -189,26 +189,22 @@ def _check_target(
 def _target_env(where: str, chain: list[Stage], profile: mf.Profile) -> list[ic.Finding]:
     """The profile and the manifest's path in the target's environment."""
     env = _env_of(chain, "ENV")
-    findings = []
-    if env.get(mf.PROFILE_ENV) != profile.name:
-        findings.append(
-            ic.Finding(
-                where,
-                f"ENV {mf.PROFILE_ENV}={env.get(mf.PROFILE_ENV)!r}",
-                repr(profile.name),
-                f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage",
-            )
-        )
-    if env.get(mf.MANIFEST_ENV) != ic.IMAGE_MANIFEST:
-        findings.append(
-            ic.Finding(
-                where,
-                f"ENV {mf.MANIFEST_ENV}={env.get(mf.MANIFEST_ENV)!r}",
-                repr(ic.IMAGE_MANIFEST),
-                f"COPY env/ to {ic.IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={ic.IMAGE_MANIFEST}`",
-            )
-        )
-    return findings
+    profile_fix = f"`ENV {mf.PROFILE_ENV}={profile.name}` in the {profile.name} stage"
+    manifest_fix = (
+        f"COPY env/ to {ic.IMAGE_PREFIX}/env and set `ENV {mf.MANIFEST_ENV}={ic.IMAGE_MANIFEST}`"
+    )
+    return [
+        *ic.unless_equal(
+            where, f"ENV {mf.PROFILE_ENV}", env.get(mf.PROFILE_ENV), profile.name, profile_fix
+        ),
+        *ic.unless_equal(
+            where,
+            f"ENV {mf.MANIFEST_ENV}",
+            env.get(mf.MANIFEST_ENV),
+            ic.IMAGE_MANIFEST,
+            manifest_fix,
+        ),
+    ]
 
 
 def _target_labels(
@@ -228,48 +224,21 @@ def _target_labels(
                     f"add `LABEL {label}=...`",
                 )
             )
-    if labels.get(ic.PROFILE_LABEL, profile.name) != profile.name:
-        findings.append(
-            ic.Finding(
-                where,
-                f"LABEL {ic.PROFILE_LABEL}={labels[ic.PROFILE_LABEL]!r}",
-                repr(profile.name),
-                f'LABEL {ic.PROFILE_LABEL}="{profile.name}"',
-            )
-        )
-    return findings
+    fix = f'LABEL {ic.PROFILE_LABEL}="{profile.name}"'
+    found = labels.get(ic.PROFILE_LABEL, profile.name)  # a missing label is reported above
+    return findings + ic.unless_equal(where, f"LABEL {ic.PROFILE_LABEL}", found, profile.name, fix)
 
 
 def _target_installs(
     where: str, df: Dockerfile, chain: list[Stage], profile: mf.Profile
 ) -> list[ic.Finding]:
     """The install script's RUN for the profile and, in a GPU image, the InfiniBand userland's."""
-    findings = []
-    if not ic.install_runs(target_runs(df, profile.name), profile.name):
-        findings.append(
-            ic.Finding(
-                where,
-                f"no RUN of `{ic.INSTALL_SCRIPT} {profile.name} ...` in its stages",
-                "the one install script, for this target's profile",
-                f"RUN {ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
-            )
-        )
-    if profile.gpu and not any(
-        ic.INFINIBAND_RUN.search(i.args)
-        for s in chain
-        for i in s.instructions
-        if i.keyword == "RUN"
-    ):
-        findings.append(
-            ic.Finding(
-                where,
-                "no RUN of `os-packages.sh runtime --infiniband` in its stages",
-                f"the InfiniBand userland ({', '.join(ic.INFINIBAND_PACKAGES)}) in a GPU image, "
-                "else NCCL runs over TCP sockets between nodes",
-                "RUN bash /tmp/os-packages.sh runtime --infiniband",
-            )
-        )
-    return findings
+    own = [i.args for s in chain for i in s.instructions if i.keyword == "RUN"]
+    fixes = (
+        f"RUN {ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
+        "RUN bash /tmp/os-packages.sh runtime --infiniband",
+    )
+    return ic.install_findings(where, (target_runs(df, profile.name), own), profile, fixes)
 
 
 def _target_user_and_command(where: str, chain: list[Stage]) -> list[ic.Finding]:

@@ -63,6 +63,12 @@ class Finding:
         return f"{self.where}: found {self.found}; expected {self.expected}\n  fix: {self.fix}"
 
 
+def unless_equal(where: str, what: str, found: Optional[str], want: str, fix: str) -> list[Finding]:
+    """``[]`` when a definition's ``what`` (``"ENV OCTO_DIST_PROFILE"``) holds ``want``; else the one finding that
+    shows both: ``found ENV OCTO_DIST_PROFILE='cuda11'; expected 'cuda12'``."""
+    return [] if found == want else [Finding(where, f"{what}={found!r}", repr(want), fix)]
+
+
 def logical_lines(text: str) -> list[str]:
     """Join ``\\`` continuations and drop comments and blank lines (comment lines inside a RUN included)."""
     out, cur = [], ""
@@ -84,6 +90,43 @@ def install_runs(commands: Iterable[str], profile: str) -> list[str]:
     """The commands that run ``containers/install.sh <profile> ...``."""
     pat = re.compile(r"(^|[\s/])" + re.escape(INSTALL_SCRIPT) + r"\s+" + re.escape(profile) + r"\s")
     return [c for c in commands if pat.search(c + " ")]
+
+
+def install_findings(
+    where: str,
+    runs: tuple[list[str], list[str]],
+    profile: mf.Profile,
+    fixes: tuple[str, str],
+    *,
+    require_git: bool = False,
+) -> list[Finding]:
+    """The two installs every image makes, among the commands a definition runs: the install script for
+    ``profile`` in ``runs[0]`` (with ``--require-git`` where the definition spells it out) and, in a GPU image, the
+    InfiniBand userland in ``runs[1]`` (a Dockerfile: the RUNs of every stage reaching the target, then of the
+    target's own stages, since a builder's OS packages never reach the image; %post: its lines, twice).
+    ``fixes``: the two lines to add, as the definition writes them (``"RUN containers/install.sh cuda11
+    /opt/octo-dist/venv --require-git"``, ``"RUN bash /tmp/os-packages.sh runtime --infiniband"``)."""
+    findings = []
+    installs = install_runs(runs[0], profile.name)
+    if not installs:
+        found = f"no `{INSTALL_SCRIPT} {profile.name} ...`"
+        findings.append(
+            Finding(where, found, f"the one install script, for {profile.name}", fixes[0])
+        )
+    elif require_git and not all("--require-git" in c for c in installs):
+        said = "--require-git (an image without octo is not an image)"
+        findings.append(Finding(where, installs[0], said, "add --require-git"))
+    if profile.gpu and not any(INFINIBAND_RUN.search(c) for c in runs[1]):
+        findings.append(
+            Finding(
+                where,
+                "no `os-packages.sh ... --infiniband`",
+                f"the InfiniBand userland ({', '.join(INFINIBAND_PACKAGES)}) in a GPU image, "
+                "else NCCL runs over TCP sockets between nodes",
+                fixes[1],
+            )
+        )
+    return findings
 
 
 def definition_file(profile: str) -> str:

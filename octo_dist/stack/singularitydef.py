@@ -107,38 +107,12 @@ def _definition_layout(w: str, d: Definition) -> list[ic.Finding]:
 
 def _definition_post(w: str, d: Definition, profile: mf.Profile) -> list[ic.Finding]:
     """%post runs the install script for the profile (``--require-git``) and, for a GPU, the InfiniBand packages."""
-    findings = []
-    post = shell_body(d.sections.get("post", []))
-    installs = ic.install_runs(post.splitlines(), profile.name)
-    if not installs:
-        findings.append(
-            ic.Finding(
-                f"{w} %post",
-                f"no `{ic.INSTALL_SCRIPT} {profile.name} ...`",
-                "the one install script, for the GPU profile",
-                f"{ic.IMAGE_PREFIX}/{ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
-            )
-        )
-    elif not all("--require-git" in c for c in installs):
-        findings.append(
-            ic.Finding(
-                f"{w} %post",
-                installs[0],
-                "--require-git (an image without octo is not an image)",
-                "add --require-git",
-            )
-        )
-    if profile.gpu and not ic.INFINIBAND_RUN.search(post):
-        findings.append(
-            ic.Finding(
-                f"{w} %post",
-                "no `os-packages.sh build --infiniband`",
-                f"the InfiniBand userland ({', '.join(ic.INFINIBAND_PACKAGES)}) in a GPU image, "
-                "else NCCL runs over TCP sockets between nodes",
-                f"bash {ic.IMAGE_PREFIX}/{ic.OS_PACKAGES_SCRIPT} build --infiniband",
-            )
-        )
-    return findings
+    post = shell_body(d.sections.get("post", [])).splitlines()
+    fixes = (
+        f"{ic.IMAGE_PREFIX}/{ic.INSTALL_SCRIPT} {profile.name} {ic.IMAGE_PREFIX}/venv --require-git",
+        f"bash {ic.IMAGE_PREFIX}/{ic.OS_PACKAGES_SCRIPT} build --infiniband",
+    )
+    return ic.install_findings(f"{w} %post", (post, post), profile, fixes, require_git=True)
 
 
 def _definition_environment(w: str, d: Definition, profile: mf.Profile) -> list[ic.Finding]:
@@ -151,15 +125,9 @@ def _definition_environment(w: str, d: Definition, profile: mf.Profile) -> list[
         ("PYTHONNOUSERSITE", "1"),
         (mf.MANIFEST_ENV, ic.IMAGE_MANIFEST),
     ):
-        if env.get(name, "").strip("\"'") != want:
-            findings.append(
-                ic.Finding(
-                    f"{w} %environment",
-                    f"{name}={env.get(name)!r}",
-                    repr(want),
-                    f"`export {name}={want}` in %environment",
-                )
-            )
+        found = env.get(name, "").strip("\"'")  # export X="1" holds 1
+        fix = f"`export {name}={want}` in %environment"
+        findings += ic.unless_equal(f"{w} %environment", name, found, want, fix)
     # --nv binds the host driver's libraries and points LD_LIBRARY_PATH at them; overwriting it here hides them.
     if "LD_LIBRARY_PATH" in env:
         findings.append(

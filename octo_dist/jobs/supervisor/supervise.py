@@ -36,9 +36,9 @@ from octo_dist.jobs.settings import (
     RANK0_WAIT_ENV,
     JobSettings,
     SettingsError,
-    from_json,
     rank0_wait_s,
 )
+from octo_dist.jobs.settingsread import from_json
 from octo_dist.jobs.supervisor import chainend, exitfile, prepare, ranks
 from octo_dist.jobs.supervisor.prepare import JobFailed, make_directory
 

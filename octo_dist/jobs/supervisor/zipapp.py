@@ -7,12 +7,11 @@ job-runtime -o FILE``) unless ``OCTO_DIST_RUNTIME`` names one, so the supervisor
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from octo_dist.jobs.filereplace import existing_kind, replacing
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding octo_dist/
 # What the runtime imports, and nothing else (each is standard library only).
@@ -22,6 +21,7 @@ MODULES = (
     "octo_dist/savelayout.py",
     "octo_dist/jobs/__init__.py",
     "octo_dist/jobs/settings.py",
+    "octo_dist/jobs/settingsread.py",
 )
 PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
 # Written so that any Python 3 parses it: an older one gets one line, not a SyntaxError from the modules it imports.
@@ -50,24 +50,6 @@ class NotAFile(Exception):
     """``-o`` names something that is not a regular file (``/dev/null``, a FIFO, a directory, a link)."""
 
 
-def existing_kind(path: str) -> str:
-    """What is at ``path`` now: "" (nothing), "file", or what else it is ("character device", "directory")."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return ""
-    kinds = (
-        (stat.S_ISREG, "file"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "special file")
-
-
 def build(path: str) -> str:
     """Writes the zipapp to ``path`` (atomically: jobs of a chain may write it at once); returns ``path``.
 
@@ -75,23 +57,12 @@ def build(path: str) -> str:
     kind = existing_kind(path)
     if kind not in ("", "file"):
         raise NotAFile(kind)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".octo-dist-runtime-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"#!/usr/bin/env python3\n")
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
-                for name in files():
-                    z.write(PACKAGE_ROOT / name, name)
-                z.writestr("__main__.py", MAIN)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with replacing(path, 0o755, binary=True) as f:
+        f.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
+            for name in files():
+                z.write(PACKAGE_ROOT / name, name)
+            z.writestr("__main__.py", MAIN)
     return path
 
 
