@@ -10,12 +10,29 @@ import json
 
 import pytest
 
+from helpers import wait_until
 from test_cluster_pbs import GROUP, VENV, pbs, workdir  # noqa: F401  (pbs: a pytest fixture, used by name)
 
 pytestmark = [pytest.mark.cluster]
-PROBE_TIMEOUT_S = (
-    300  # the job's commands and check-env --deep (a JAX import) on a loaded 2-core machine
-)
+
+
+def probe_ended(pbs, job_id: str, work) -> dict:  # noqa: F811
+    """The probe job's record once it has ended, waited for while the job writes under ``work`` (its log, its
+    report): its commands and check-env --deep (a JAX import) take minutes on a loaded 2-core machine."""
+
+    def ended():
+        record = pbs.job(job_id)
+        return record if record.get("job_state") == "F" else None
+
+    return wait_until(
+        ended,
+        watch=[work],
+        what=f"probe job {job_id} to end",
+        tail=pbs.logs,
+        poll_s=2,
+    )
+
+
 KILL_DELAY_S = 7  # set on the queue: the report must read the queue's own, not PBS's default
 
 
@@ -38,7 +55,7 @@ def test_the_probe_job_reports_a_cpu_node_and_launch_warns_from_it(pbs):  # noqa
         proc = pbs.run(argv, user=True, cwd=work, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         job_id = proc.stdout.split()[3].rstrip(":")
-        record = pbs.wait_ended(job_id, PROBE_TIMEOUT_S)
+        record = probe_ended(pbs, job_id, work)
         assert record.get("job_state") == "F" and record.get("Exit_status") == 0, (
             record,
             pbs.logs(),
@@ -118,7 +135,7 @@ def test_a_probe_pair_runs_validate_across_the_nodes(pbs):  # noqa: F811
     proc = pbs.run(argv, user=True, cwd=work, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = proc.stdout.split()[3].rstrip(":")
-    record = pbs.wait_ended(job_id, PROBE_TIMEOUT_S)
+    record = probe_ended(pbs, job_id, work)
     assert record.get("job_state") == "F" and record.get("Exit_status") == 0, (record, pbs.logs())
     rep = json.loads((work / "runs" / "probe" / "probe.json").read_text())
     facts = rep["facts"]

@@ -322,14 +322,16 @@ class GridEngine:
         return None
 
     def accounting(self, job_id: str) -> dict:
-        """``qacct -j ID`` as a dict (failed, exit_status, ...); {} until the job is accounted."""
+        """``qacct -j ID`` as a dict (failed, exit_status, ...); {} until the job is accounted. A job that has left
+        the queue may not be in the accounting file yet: qacct then says "error: no jobs running since startup"
+        (CI read that as the record {'no': 'jobs running since startup'}), or names no exit_status."""
         proc = self.run(["qacct", "-j", job_id], check=False)
         out = {}
         for line in proc.stdout.splitlines():
             key, _, value = line.partition(" ")
             if key and not key.startswith("="):
                 out.setdefault(key, value.strip())
-        return out
+        return out if "exit_status" in out else {}
 
     def wait_ended(self, job_id: str, timeout: float) -> dict:
         """Waits until the job has left the queue and is accounted; its accounting record."""
