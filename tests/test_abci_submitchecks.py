@@ -13,7 +13,7 @@ import pytest
 
 from helpers import pbs_launch
 from octo_dist import cli
-from octo_dist.jobs import footprint, submitchecks
+from octo_dist.jobs import finetunevalues, footprint, submitchecks
 
 FAKE_QSUB = f"""#!{sys.executable}
 import os, sys
@@ -124,12 +124,12 @@ def test_bad_values_of_the_fine_tunes_choices_are_refused(site, capsys, flag):
 
 
 def test_the_values_are_checked_without_the_fine_tunes_parser():
-    assert submitchecks.value_problem(["--step_fn", "pmap"]) == (
+    assert finetunevalues.value_problem(["--step_fn", "pmap"]) == (
         "--step_fn=pmap",
         "one of auto, jit, shard_map",
         "--step_fn=auto",
     )
-    assert submitchecks.value_problem(["--config.augment_on=device", "--step-fn=jit"]) is None
+    assert finetunevalues.value_problem(["--config.augment_on=device", "--step-fn=jit"]) is None
 
 
 def test_the_render_alone_still_writes_the_script(site, capsys):
@@ -188,9 +188,9 @@ def test_the_jobs_layers_value_lists_match_the_fine_tunes():
     from octo_dist.apps.finetune.frames import RESIZE_METHODS
     from octo_dist.engine import stepfns
 
-    assert submitchecks.RESIZE_METHODS == RESIZE_METHODS
-    assert submitchecks.AUGMENT_ON == stepfns.AUGMENT_ON
-    assert submitchecks.STEP_FNS == stepfns.STEP_FNS
+    assert finetunevalues.RESIZE_METHODS == RESIZE_METHODS
+    assert finetunevalues.AUGMENT_ON == stepfns.AUGMENT_ON
+    assert finetunevalues.STEP_FNS == stepfns.STEP_FNS
 
 
 def test_the_render_warns_of_a_shortfall_of_room(site):

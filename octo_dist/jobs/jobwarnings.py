@@ -5,80 +5,22 @@
 from __future__ import annotations
 
 import os
-import stat
 from typing import Callable, Mapping, Optional, Sequence
 
-from octo_dist.jobs import footprint, probesite
+from octo_dist.jobs import finetunevalues, footprint, probesite
+from octo_dist.jobs.supervisor import wandbkey
 from octo_dist.jobs.flagchecks import flag_given
 
 
 # The fine-tune configs shipped with octo-dist, which all leave pretrained_path unset (a placeholder): a job from one
 # of them without --config.pretrained_path fails when it starts. tests/test_finetune_fields.py keeps this in sync.
 PACKAGED_FINETUNE_CONFIGS = ("finetune_config.py", "finetune_smoke_config.py")
-WANDB_KEY_FILE = os.path.join(
-    ".config", "octo-dist", "wandb_api_key"
-)  # under $HOME, or $WANDB_KEY_FILE
-
-
-def wandb_key_found(environ: Mapping[str, str], read: Callable[[str], Optional[str]]) -> bool:
-    """Whether a job with ``--wandb-mode online`` will find a key where the job runtime looks (WANDB_API_KEY, the
-    key file, ``~/.netrc``'s api.wandb.ai): ``read(path)`` is the file's text, None when there is none."""
-    if environ.get("WANDB_API_KEY"):
-        return True
-    home = environ.get("HOME", os.path.expanduser("~"))
-    if read(environ.get("WANDB_KEY_FILE") or os.path.join(home, WANDB_KEY_FILE)) is not None:
-        return True
-    return "api.wandb.ai" in (read(os.path.join(home, ".netrc")) or "")
-
-
-def _read_small(path: str) -> Optional[str]:
-    """The first 64 KiB of ``path`` as text; None when it is not a regular file here (missing, a directory, a FIFO,
-    a socket). Opened without blocking: a plain open of a FIFO waits for a writer, for ever when none comes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, 1 << 16).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-# What a path is, when it is there but not a file: os.stat's file types, in the words a message uses.
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-
-
-def _what_is(path: str) -> str:
-    """``"does not exist"``, ``"is a FIFO, not a file"`` (or a directory, a socket, a device), or ``"is a file"``;
-    from ``os.stat`` alone, so nothing is opened."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "does not exist"
-    if stat.S_ISREG(mode):
-        return "is a file"
-    kind = next((word for test, word in _KINDS if test(mode)), "a device")
-    return f"is {kind}, not a file"
-
-
-def key_places(environ: Mapping[str, str]) -> str:
-    """Where the job runtime looks for a wandb key and what is there, for a message: ``"WANDB_API_KEY is unset,
-    /home/u/.config/octo-dist/wandb_api_key is a FIFO, not a file, and ~/.netrc has no api.wandb.ai entry"``."""
-    home = environ.get("HOME", os.path.expanduser("~"))
-    key_file = environ.get("WANDB_KEY_FILE") or os.path.join(home, WANDB_KEY_FILE)
-    netrc = _what_is(os.path.join(home, ".netrc"))
-    netrc = "has no api.wandb.ai entry" if netrc in ("is a file", "does not exist") else netrc
-    return f"WANDB_API_KEY is unset, {key_file} {_what_is(key_file)}, and ~/.netrc {netrc}"
 
 
 def finetune_warnings(
     job,
     environ: Optional[Mapping[str, str]] = None,
-    read: Callable[[str], Optional[str]] = _read_small,
+    read: Callable[[str], Optional[str]] = wandbkey.read_small,
 ) -> list:
     """What would make the job fail after its wait in the queue, though the script renders: a packaged fine-tune
     config without ``--config.pretrained_path``; ``--wandb-mode online`` with no key this host can see."""
@@ -101,10 +43,10 @@ def finetune_warnings(
                 "after -- finetune (make weights downloads it on a login node)"
             )
         out += value_warnings(given)
-    if job.settings.storage.wandb_mode == "online" and not wandb_key_found(environ, read):
+    if job.settings.storage.wandb_mode == "online" and not wandbkey.key_found(environ, read):
         out.append(
-            f"--wandb-mode online, but no wandb key here: {key_places(environ)}; the job fails at its start "
-            f"unless one is there when it runs. Fix: (umask 077; cat > ~/{WANDB_KEY_FILE}) and paste the key, or "
+            f"--wandb-mode online, but no wandb key here: {wandbkey.places(environ)}; the job fails at its start "
+            f"unless one is there when it runs. Fix: (umask 077; cat > ~/{wandbkey.KEY_FILE}) and paste the key, or "
             "wandb login, or --wandb-mode offline"
         )
     return out
@@ -113,11 +55,8 @@ def finetune_warnings(
 def value_warnings(args: Sequence[str]) -> list:
     """A fine-tune value only the job checks, at its start: ``--config.augment_on=hots`` ->
     ``["--config.augment_on=hots after -- finetune: ...; expected one of auto, device, host. Fix: ..."]``. The
-    accepted values are ``submitchecks``' tables (``--submit`` refuses what this warns of), read from there."""
-    # Imported here: submitchecks builds on this module (its refusals reuse the warnings' checks).
-    from octo_dist.jobs import submitchecks
-
-    bad = submitchecks.value_problem(args)
+    accepted values are ``finetunevalues``' tables (``--submit`` refuses what this warns of)."""
+    bad = finetunevalues.value_problem(args)
     if bad is None:
         return []
     found, expected, fix = bad

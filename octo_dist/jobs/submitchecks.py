@@ -14,36 +14,14 @@ Pure over the job, a Mapping environment and small file-system callables.
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional
 
-from octo_dist.jobs import footprint, jobwarnings
+from octo_dist.jobs import finetunevalues, footprint
+from octo_dist.jobs.finetunevalues import Problem, flag_value
+from octo_dist.jobs.supervisor import wandbkey
 
-# The fine-tune's accepted values (apps/finetune/frames.py RESIZE_METHODS, engine/stepfns.py AUGMENT_ON and
-# STEP_FNS; the jobs layer imports neither: tests/test_abci_submitchecks.py keeps them equal).
-AUGMENT_ON = ("auto", "device", "host")
-RESIZE_METHODS = ("lanczos3", "bilinear")
-STEP_FNS = ("auto", "jit", "shard_map")
-VALUE_FLAGS = (
-    ("--config.augment_on", AUGMENT_ON),
-    ("--config.resize_method", RESIZE_METHODS),
-    ("--step_fn", STEP_FNS),
-    ("--step-fn", STEP_FNS),
-)
 DATASET_INFO = "dataset_info.json"  # RLDS (tfds) writes it in <data dir>/<name>/<version>/
 OCTO_CONFIG = "config.json"  # an Octo checkpoint: config.json, dataset_statistics.json, <step>/ ...
-
-Problem = Tuple[str, str, str]
-
-
-def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
-    """The last value of ``flag`` in ``args``: ``--flag=value`` or ``--flag value``; None when not given."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-        elif arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-    return value
 
 
 def _listdir(path: str) -> List[str]:
@@ -131,25 +109,17 @@ def pretrained_problem(
     return None
 
 
-def value_problem(args: Sequence[str]) -> Optional[Problem]:
-    for flag, allowed in VALUE_FLAGS:
-        value = flag_value(args, flag)
-        if value is not None and value not in allowed:
-            return (f"{flag}={value}", f"one of {', '.join(allowed)}", f"{flag}={allowed[0]}")
-    return None
-
-
 def refusal(
     job,
     environ: Mapping[str, str],
-    read: Callable[[str], Optional[str]] = jobwarnings._read_small,
+    read: Callable[[str], Optional[str]] = wandbkey.read_small,
     free_of: Callable[[str], Optional[int]] = footprint.free_bytes,
 ) -> Optional[Problem]:
     """The first thing that would fail the submitted job at its start, as (found, expected, fix); None."""
     training, storage = job.header.training, job.settings.storage
-    if storage.wandb_mode == "online" and not jobwarnings.wandb_key_found(environ, read):
+    if storage.wandb_mode == "online" and not wandbkey.key_found(environ, read):
         return (
-            f"--wandb-mode online with no wandb key here ({jobwarnings.key_places(environ)})",
+            f"--wandb-mode online with no wandb key here ({wandbkey.places(environ)})",
             "a key the job finds when it starts",
             "export WANDB_API_KEY=..., or wandb login, or --wandb-mode offline",
         )
@@ -158,7 +128,11 @@ def refusal(
     args = [*training.lead_args, *training.user_args]
     pretrained = flag_value(args, "--config.pretrained_path")
     data_dir = storage.data_dir or flag_value(args, "--config.dataset_kwargs.data_dir") or ""
-    found = dataset_problem(data_dir) or pretrained_problem(pretrained) or value_problem(args)
+    found = (
+        dataset_problem(data_dir)
+        or pretrained_problem(pretrained)
+        or finetunevalues.value_problem(args)
+    )
     if found or not pretrained:
         return found
     fp = footprint.estimate(pretrained, job.settings.software.image)
