@@ -157,8 +157,8 @@ def test_ruff_finds_nothing(command):
 
 # --- function length ---------------------------------------------------------------------------------------------
 
-# A function longer than this is split into named steps: a reader follows each step in one screen.
-MAX_FUNCTION_LINES = 120
+# A function longer than this is split into named steps: a reader follows each step on one screen.
+MAX_FUNCTION_LINES = 60
 
 
 def long_functions(package_dir: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
@@ -197,7 +197,7 @@ def test_a_fabricated_long_function_is_reported(tmp_path):
     (package / "engine").mkdir(parents=True)
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     (package / "engine" / "long.py").write_text(
-        f"def just_fits():\n{body[: body.rindex('    x')]}\n"  # the def line and 119 of body: 120
+        f"def just_fits():\n{body[: body.rindex('    x')]}\n"  # the def line and all but one of body: the limit
         f"class Loop:\n    @staticmethod\n    def step():\n{body.replace('    x', '        x')}"
         f"\n\ndef too_long():\n{body}"
     )
@@ -207,60 +207,10 @@ def test_a_fabricated_long_function_is_reported(tmp_path):
     }
 
 
-# The job's settings and the applications are read most by people adding to them (a scheduler, a setting, a
-# command): there a function fits one screen. Their folders, under the package.
-STRICT_FOLDERS = ("jobs", "apps")
-MAX_STRICT_FUNCTION_LINES = 80
-
-
-def test_no_function_in_jobs_or_apps_is_longer_than_80_lines():
-    found = {
-        name: lines
-        for folder in STRICT_FOLDERS
-        for name, lines in long_functions(
-            REPO / PACKAGE / folder, MAX_STRICT_FUNCTION_LINES
-        ).items()
-    }
-    assert found == {}, (
-        f"over {MAX_STRICT_FUNCTION_LINES} lines in {PACKAGE}/{{{','.join(STRICT_FOLDERS)}}}, split them into "
-        "named steps: "
-        + ", ".join(f"{name} ({lines} lines)" for name, lines in sorted(found.items()))
-    )
-
-
-# Folders where every function already fits one screen: they stay so. The rest of the package follows as its long
-# functions are split (in jobs/ and apps/ the limit is 80 until then).
-ONE_SCREEN_FOLDERS = (
-    "engine",
-    "envcheck",
-    "launchers",
-    "policies",
-    "runtime",
-    "stack",
-    "apps/validate",
-)
-MAX_ONE_SCREEN_FUNCTION_LINES = 60
-
-
-def test_no_function_in_the_one_screen_folders_is_longer_than_60_lines():
-    found = {
-        name: lines
-        for folder in ONE_SCREEN_FOLDERS
-        for name, lines in long_functions(
-            REPO / PACKAGE / folder, MAX_ONE_SCREEN_FUNCTION_LINES
-        ).items()
-    }
-    assert found == {}, (
-        f"over {MAX_ONE_SCREEN_FUNCTION_LINES} lines in {PACKAGE}/{{{','.join(ONE_SCREEN_FOLDERS)}}}, split them "
-        "into named steps: "
-        + ", ".join(f"{name} ({lines} lines)" for name, lines in sorted(found.items()))
-    )
-
-
 # --- module length -----------------------------------------------------------------------------------------------
 
 # A module longer than this holds more than one concern: split it, one file per concern (no utils.py).
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 500
 
 
 def long_modules(package_dir: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
@@ -273,33 +223,29 @@ def long_modules(package_dir: Path, limit: int = MAX_MODULE_LINES) -> dict[str, 
     return found
 
 
-def test_no_module_is_longer_than_600_lines():
+def test_no_module_is_longer_than_500_lines():
     found = long_modules(REPO / PACKAGE)
     assert found == {}, f"over {MAX_MODULE_LINES} lines, split them by concern: " + ", ".join(
         f"{name} ({lines} lines)" for name, lines in sorted(found.items())
     )
 
 
-def test_a_fabricated_long_module_and_a_long_jobs_function_are_reported(tmp_path):
+def test_a_fabricated_long_module_is_reported(tmp_path):
     package = tmp_path / PACKAGE
     (package / "jobs").mkdir(parents=True)
     (package / "jobs" / "fits.py").write_text("x = 1\n" * MAX_MODULE_LINES)
     (package / "jobs" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert long_modules(package) == {f"{PACKAGE}/jobs/long.py": MAX_MODULE_LINES + 1}
-    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_STRICT_FUNCTION_LINES))
-    (package / "jobs" / "steps.py").write_text(f"def too_long():\n{body}")
-    assert long_functions(package / "jobs", MAX_STRICT_FUNCTION_LINES) == {
-        "jobs/steps.py:too_long": MAX_STRICT_FUNCTION_LINES + 1
-    }
 
 
 # ---- no import cycle: what runs when a module is imported (module-level imports; lazy ones inside functions are
 # how a module defers a heavy or optional import, and run after every module involved has loaded) ------------------
 
 
-def module_graph(package_dir: Path) -> dict:
+def module_graph(package_dir: Path, lazy: bool = False) -> dict:
     """``{"octo_dist.jobs.cli": {"octo_dist.jobs.spec", ...}}``: each module and the package modules its
-    module-level imports load (``from x import name`` counts ``x.name`` when that is a module)."""
+    module-level imports load (``from x import name`` counts ``x.name`` when that is a module); ``lazy``: the imports
+    inside its functions too."""
     root = package_dir.parent
     mods = {
         ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
@@ -309,7 +255,9 @@ def module_graph(package_dir: Path) -> dict:
     for mod, path in mods.items():
         is_pkg = path.name == "__init__.py"
         edges = set()
-        for node in ast.parse(path.read_text()).body:  # module level: what runs when it is imported
+        tree = ast.parse(path.read_text())
+        # module level: what runs when it is imported; lazy: every import the module names
+        for node in ast.walk(tree) if lazy else tree.body:
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -368,6 +316,13 @@ def test_no_module_level_import_cycle():
     assert len(graph) > 100 and not cycles(graph), cycles(graph)
 
 
+def test_no_import_cycle_through_a_function_level_import_either():
+    """A lazy import defers a load; two modules that need each other are still one concern split in two (the
+    render's warnings and --submit's refusals were, until their shared values got a module of their own)."""
+    graph = module_graph(REPO / PACKAGE, lazy=True)
+    assert len(graph) > 100 and not cycles(graph), cycles(graph)
+
+
 def test_a_fabricated_import_cycle_is_reported(tmp_path):
     pkg = tmp_path / PACKAGE / "jobs"
     pkg.mkdir(parents=True)
@@ -381,5 +336,10 @@ def test_a_fabricated_import_cycle_is_reported(tmp_path):
     assert cycles(module_graph(tmp_path / PACKAGE)) == [
         ["octo_dist.jobs.a", "octo_dist.jobs.b", "octo_dist.jobs.c"]
     ]
-    (pkg / "c.py").write_text("def later():\n    import octo_dist.jobs.a\n")  # lazy: no cycle
+    (pkg / "c.py").write_text(
+        "def later():\n    import octo_dist.jobs.a\n"
+    )  # lazy: no cycle at import time
     assert cycles(module_graph(tmp_path / PACKAGE)) == []
+    assert cycles(module_graph(tmp_path / PACKAGE, lazy=True)) == [
+        ["octo_dist.jobs.a", "octo_dist.jobs.b", "octo_dist.jobs.c"]
+    ]

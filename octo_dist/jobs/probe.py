@@ -17,7 +17,7 @@ import sys
 from typing import NamedTuple, Optional, Tuple
 
 from octo_dist import EXIT_USAGE
-from octo_dist.jobs import probesite
+from octo_dist.jobs import jobrecord, probesite
 from octo_dist.jobs.cli import write_script
 from octo_dist.jobs import submit as submit_mod
 from octo_dist.jobs.schedulers import pbs
@@ -229,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
     except submit_mod.SubmitError as e:
         print(f"octo-dist probe: error: {e}", file=sys.stderr)
         return e.exit_status
+    # The probe's script carries no job settings for submit to find its save directory in: recorded here, so that
+    # `octo-dist jobs --save-dir` knows the job.
+    jobrecord.record("pbs", args.output, args.save_dir, cwd, [(j.job_id, j.log) for j in jobs])
     report = os.path.join(args.save_dir, probesite.TEXT)
     print(
         f"submitted probe job {jobs[0].job_id}: log {jobs[0].log}; report {report} "
