@@ -70,17 +70,19 @@ def parse_command_line(argv: Sequence[str]) -> tuple:
     if problem:
         raise ValueError(problem)
     startup, argv = commandline.split_startup(argv)
-    problem = flagsonce.repeated(argv)
-    if problem:
-        raise ValueError(problem)
     try:
-        return commandline.parse_flags(argv), startup
+        flags = commandline.parse_flags(argv)
     except ImportError:
         raise
     except (
         Exception
     ) as e:  # absl's flags.Error, ml_collections' KeyError for an unknown field, ConfigError
         raise ValueError(flagerrors.one_line(e, argv, _config_fields(argv))) from None
+    # After absl's own reading: a flag it does not know (launch's `-o` after `-- finetune`) is said as unknown first.
+    problem = flagsonce.repeated(argv)
+    if problem:
+        raise ValueError(problem)
+    return flags, startup
 
 
 def parse_flags(argv: Sequence[str]):
