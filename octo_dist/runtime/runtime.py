@@ -34,6 +34,7 @@ from octo_dist.stack import builds, cudaplugin
 from octo_dist.launchers import coordcheck, coordinator, onevalue
 from octo_dist.launchers.base import Launch
 from octo_dist.runtime import mpi
+from octo_dist.runtime.leaving import shutdown as shutdown
 from octo_dist.runtime.startguard import EXIT_STARTUP as EXIT_STARTUP
 from octo_dist.runtime.startguard import WATCHDOG_MARGIN_S, startup_guard
 from octo_dist.problems import Problem
@@ -398,13 +399,6 @@ def _check_jax_sees_the_launch(jax, launch: Launch, count: int, gpu: bool) -> No
         )
 
 
-def shutdown() -> None:
-    """Leave the distributed runtime (waits for every rank, as jax.distributed.shutdown does; a no-op for one)."""
-    import jax
-
-    jax.distributed.shutdown()
-
-
 def end_job(code: int) -> None:
     """End every rank now without a traceback (the caller printed its one line): MPI_Abort when MPI is up, else exit
     this process, which mpirun notices and ends the others for."""
@@ -439,15 +433,15 @@ def running(rt: Runtime) -> Iterator[Runtime]:
     except SystemExit as e:
         if e.code not in (0, None) and rt.process_count > 1:
             abort(e, rt.process_index, rt.process_count)
-        shutdown()
+        shutdown(rt.process_index)
         raise
     except BaseException as e:
         if rt.process_count > 1:
             abort(e, rt.process_index, rt.process_count)
-        shutdown()
+        shutdown(rt.process_index)
         raise
     else:
-        shutdown()
+        shutdown(rt.process_index)
 
 
 def argv_options(parser) -> None:
