@@ -215,12 +215,24 @@ def test_run_dir_is_stable_across_launches_and_names_format_from_the_config(tmp_
         fc.run_dir(cfg, "ft_{lr}")
 
 
+def test_a_url_save_dir_gets_the_saved_model_alone():
+    """gs://: Octo's save_pretrained writes the model there; the checkpoints, the lock and the summary need a file
+    system, so the engine and the summary get no layout (before, summary.json went to a local "gs:" directory)."""
+    job = fc.FinetuneJob(config={}, name="x", layout=fc.layout({"save_dir": "gs://b/runs"}, "x"))
+    assert job.run_dir == "gs://b/runs/octo_finetune/x" and job.local_layout is None
+    local = fc.FinetuneJob(config={}, name="x", layout=fc.layout({"save_dir": "/r"}, "x"))
+    assert (
+        local.local_layout is local.layout
+        and local.layout.train_state == "/r/octo_finetune/x/train_state"
+    )
+
+
 def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path, monkeypatch):
     from octo_dist.engine.checkpoint import CheckpointError
 
     monkeypatch.chdir(tmp_path)
     raw = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), save_dir="runs")
-    state = Path(fc.parse(raw, REACHABLE).train_state_dir)
+    state = Path(fc.parse(raw, REACHABLE).local_layout.train_state)
     (state / "3").mkdir(parents=True)
     (state / "6.orbax-checkpoint-tmp-17").mkdir()  # half-written: not a step
     with pytest.raises(
@@ -249,9 +261,9 @@ def test_the_config_is_read_directly_and_frozen_once_checked(tmp_path, monkeypat
     assert job.name == "ft_8" and job.run_dir == str(
         tmp_path / "runs" / "octo_finetune_smoke" / "ft_8"
     )
-    assert job.train_state_dir == job.run_dir + "/train_state"
+    assert job.local_layout.train_state == job.run_dir + "/train_state"
     assert (
-        job.resume.start == 0 and job.resume.directory == job.train_state_dir
+        job.resume.start == 0 and job.resume.directory == job.local_layout.train_state
     )  # nothing saved yet
     assert job.fingerprint() == {
         "batch_size": 8,

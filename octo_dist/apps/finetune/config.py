@@ -107,12 +107,12 @@ def layout(config: Mapping, name: str) -> Optional[savelayout.RunLayout]:
         return None
     wandb = config.get("wandb") or {}
     save_dir = str(config["save_dir"])
-    parts = [str(wandb.get("project") or DEFAULT_PROJECT)]
-    if wandb.get("group"):
-        parts.append(str(wandb["group"]))
-    parts.append(format_name(name, config))
-    save_dir = save_dir if is_url(save_dir) else os.path.abspath(save_dir)
-    return savelayout.RunLayout(save_dir, os.path.join(*parts), savelayout.TRAIN_STATE)
+    return savelayout.RunLayout.finetune(
+        save_dir if is_url(save_dir) else os.path.abspath(save_dir),
+        str(wandb.get("project") or DEFAULT_PROJECT),
+        str(wandb["group"]) if wandb.get("group") else None,
+        format_name(name, config),
+    )
 
 
 def run_dir(config: Mapping, name: str) -> Optional[str]:
@@ -150,12 +150,13 @@ class FinetuneJob:
         return self.layout.run_dir if self.layout else None
 
     @property
-    def train_state_dir(self) -> Optional[str]:
-        """Where the engine's resumable checkpoints go: ``<run dir>/train_state``; None without a save_dir or when
-        it is a URL (orbax checkpoints and the run's lock need a file system)."""
-        if self.layout is None or is_url(self.layout.train_state):
+    def local_layout(self) -> Optional[savelayout.RunLayout]:
+        """The layout whose files octo-dist writes itself (the engine's checkpoints and lock in ``train_state``, the
+        run's summary): ``layout``, or None without a save_dir or when it is a URL (they need a file system; Octo's
+        ``save_pretrained`` still writes the model to ``run_dir``)."""
+        if self.layout is None or is_url(self.layout.save_dir):
             return None
-        return self.layout.train_state
+        return self.layout
 
     def plain_config(self) -> dict:
         """The config as plain data (lists, not the frozen tuples)."""
@@ -209,7 +210,10 @@ def parse(
         compile_cache=compile_cache,
         runtime=dict(runtime or {}),
     )
+    local = job.local_layout
     decision = checkpoint.decide(
-        job.train_state_dir, resume, elsewhere="pick another --name or --config.save_dir"
+        local.train_state if local else None,
+        resume,
+        elsewhere="pick another --name or --config.save_dir",
     )
     return dataclasses.replace(job, resume=decision)

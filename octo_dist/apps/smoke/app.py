@@ -175,7 +175,7 @@ def _train_config(args, resume, layout: Optional[savelayout.RunLayout]):
         seed=args.seed,
         step_fn=args.step_fn,
         # The engine's checkpoints and the run's lock: smoke's are the save directory itself (RunLayout's tree).
-        save_dir=layout.train_state if layout else None,
+        layout=layout,
         save_every=args.save_every,
         resume=resume,  # checkpoint.decide's, made in main before start-up
     )
@@ -185,11 +185,9 @@ def _report(job: harness.Job, args, rec: dict, result, timing, layout) -> int:
     """Rank 0's verdict, the run's summary and ``--record``; fails when the ranks' parameters differ."""
     rt = job.runtime
     harness.say(job, verdict(rec))
-    run_dir = (
-        layout.run_dir if layout else None
-    )  # summary.json and loss.png: RunLayout.summary, .loss_plot
+    # summary.json and loss.png where the layout names them (RunLayout.summary, .loss_plot)
     summary = harness.summary(
-        job, "smoke", result, timing, args.global_batch, run_dir, digests=rec["digests"]
+        job, "smoke", result, timing, args.global_batch, layout, digests=rec["digests"]
     )
     rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
