@@ -17,6 +17,7 @@ from octo_dist.apps.finetune import checks, commandline, configfile, model, mode
 from octo_dist.apps.finetune import config as fc
 from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
+from octo_dist.engine import train
 
 FINETUNE = str(REPO / "scripts" / "finetune.py")
 OCTO_DIST = [sys.executable, "-m", "octo_dist"]
@@ -262,9 +263,20 @@ def test_the_config_is_read_directly_and_frozen_once_checked(tmp_path, monkeypat
         tmp_path / "runs" / "octo_finetune_smoke" / "ft_8"
     )
     assert job.local_layout.train_state == job.run_dir + "/train_state"
+    resume = job.training.resume
     assert (
-        job.resume.start == 0 and job.resume.directory == job.local_layout.train_state
+        resume.start == 0 and resume.directory == job.local_layout.train_state
     )  # nothing saved yet
+    # The engine's input, the dataclass smoke builds too: the config's save_interval is the engine's save_every.
+    assert job.training == train.TrainConfig(
+        steps=6,
+        seed=42,
+        step_fn="shard_map",
+        layout=job.local_layout,
+        save_every=3,
+        resume=resume,
+        log_every=1,  # the config's log_interval
+    )
     assert job.fingerprint() == {
         "batch_size": 8,
         "seed": 42,

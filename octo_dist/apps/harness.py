@@ -227,10 +227,11 @@ def summary(
     result,
     timing: Timing,
     global_batch: int,
-    layout: Optional[savelayout.RunLayout],
+    config,
     digests: Optional[Sequence[str]] = None,
 ):
-    """Rank 0 prints the run summary and, with the run's ``layout``, writes its summary.json and loss.png.
+    """Rank 0 prints the run summary and, where the run's ``config`` (the ``train.TrainConfig`` it trained with) has
+    a layout, writes its summary.json and loss.png.
 
     ``digests``: every rank's parameter digest (``parameter_digests``), recorded in summary.json."""
     from octo_dist.apps import summary as summary_mod
@@ -265,8 +266,8 @@ def summary(
     )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)
-        if layout is not None:
-            _write_summary(layout, s, result)
+        if config.layout is not None:
+            _write_summary(config.layout, s, result)
     return s
 
 

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """The engine's one input for a run, built the same way by both jobs before start-up (smoke's
+    ``apps/smoke/app.train_config`` from its flags, finetune's ``apps/finetune/config.train_config`` from its
+    config) and handed through the harness to :func:`fit` and the run summary."""
+
     steps: int
     seed: int = 0
     step_fn: str = "auto"  # shard_map over CPU devices, else jit (parallel.resolve_step_fn)

@@ -129,7 +129,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         local_batch,
         rt.process_index,
         rt.process_count,
-        start_step=cfg.resume.start,
+        start_step=cfg.training.resume.start,
         stored=resized,
     )
     startclock.done("dataset")
@@ -141,7 +141,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         made.policy,
         made.ahead.tx,
         source,
-        _train_config(cfg),
+        cfg.training,
         tracker=ScheduleTracker(tracker, made.ahead.lr_schedule),
         params=made.params,
         fingerprint=cfg.fingerprint(),
@@ -211,7 +211,7 @@ def _open_run(
         with open(layout.run_config, "w") as f:
             json.dump(plain, f, indent=1, default=_json_default)
     run_id = None
-    if layout and cfg.resume.step is not None and os.path.exists(layout.run_id_file):
+    if layout and cfg.training.resume.step is not None and os.path.exists(layout.run_id_file):
         with open(layout.run_id_file) as f:
             run_id = f.read().strip() or None  # the resumed run continues the same wandb run
     tracker = tracking.make_tracker(
@@ -237,22 +237,6 @@ def _open_run(
     return tracker
 
 
-def _train_config(cfg: config.FinetuneJob):
-    """The engine's settings for this job: steps, seed, checkpoints in the layout's ``train_state``, resume."""
-    from octo_dist.engine import train
-
-    c = cfg.config
-    return train.TrainConfig(
-        steps=c.num_steps,
-        seed=c.seed,
-        step_fn=cfg.step_fn,
-        layout=cfg.local_layout,
-        save_every=c.get("save_interval") or 0,  # 0: only at the end and on a stop signal
-        resume=cfg.resume,
-        log_every=c.get("log_interval") or 1,
-    )
-
-
 def _report(job: harness.Job, cfg: config.FinetuneJob, result, timing, local_batch: int) -> int:
     """Rank 0's closing lines and the run's summary; fails when the ranks' parameters differ."""
     rt, c, out_dir = job.runtime, cfg.config, cfg.run_dir
@@ -270,9 +254,7 @@ def _report(job: harness.Job, cfg: config.FinetuneJob, result, timing, local_bat
         + f"\n  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
         + ", ".join(digests),
     )
-    harness.summary(
-        job, "finetune", result, timing, c.batch_size, cfg.local_layout, digests=digests
-    )
+    harness.summary(job, "finetune", result, timing, c.batch_size, cfg.training, digests=digests)
     if not same:
         # Data parallelism keeps one set of parameters; ranks that disagree trained different models.
         harness.say(
