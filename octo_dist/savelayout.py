@@ -7,28 +7,33 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
 
     runs/ft/                                RunLayout.save_dir
       .octo-dist-jobs.json                  what octo-dist launch --submit submitted here (jobs/status.py)
-      .octo-dist-exit-12345.pbs1            .exit_file(job): job 12345.pbs1's exit status for the next job of a
-                                            chain (jobs/supervisor/exitfile.py): "0", a status ("3": it does not
-                                            train), "stopping SIGTERM: ..." (a stop cut short) or "143 resumable: ..."
+      .octo-dist-exit-12345.pbs1            exit_file(save_dir, job): job 12345.pbs1's exit status for the next job
+                                            of a chain (jobs/supervisor/exitfile.py): "0", a status ("3": it does
+                                            not train), "stopping SIGTERM: ..." (a stop cut short) or "143
+                                            resumable: ..."
       .octo-dist-exit-12345.pbs1.<pid>.tmp  for a moment: the exit file being written
-      .octo-dist-job-12345.pbs1/            .job_dir(job): while job 12345.pbs1 runs, removed at its end
-        .octo-dist-job                      .job_mark(job): "12345.pbs1\\n", made by this job, checked before removal
-        nodes                               .node_list(job): the scheduler's node list, where every node and the
+      .octo-dist-job-12345.pbs1/            job_dir(save_dir, job): while job 12345.pbs1 runs, removed at its end
+        .octo-dist-job                      JOB_MARK: "12345.pbs1\\n", made by this job, checked before removal
+        nodes                               NODE_LIST: the scheduler's node list, where every node and the
                                             image see it (the mpirun schedulers)
-        octo-dist-runtime.pyz               .runtime_copy(job): the job runtime the other nodes' ranks start from
+        octo-dist-runtime.pyz               RUNTIME_COPY: the job runtime the other nodes' ranks start from
                                             (an image job's zipapp, copied)
-        done/rank-<n>                       .rank_note(job, False, n): rank n exited 0 ("rank 3 on g0002")
-        failed/rank-<n>                     .rank_note(job, True, n): rank n failed ("rank 1 on g0001 exited ...")
-        stopped                             .stop_note(job): rank 0 stopped for a signal, saved step 1200 ("1200\\n")
+        done/rank-<n>                       rank_note(job_dir_path, False, n): rank n exited 0
+                                            ("rank 3 on g0002")
+        failed/rank-<n>                     rank_note(job_dir_path, True, n): rank n failed
+                                            ("rank 1 on g0001 exited ...")
+        stopped                             stop_note(job_dir_path): rank 0 stopped for a signal, saved step
+                                            1200 ("1200\\n")
       <run>/                                .run_dir
         finetune_config.json                .run_config: finetune's config as it ran (finetune only)
         wandb_run_id                        .run_id_file: the wandb run a resumed run continues (finetune only)
         summary.json                        .summary: the run's figures and its loss history across resumed jobs
-        summary.json.tmp                    for a moment: the summary being written
+        .summary.json.*.tmp                 for a moment: the summary being written (replaced whole)
         loss.png                            .loss_plot: the run's loss curve (where matplotlib is installed)
         <step>/                             Octo's save_pretrained (finetune only: with config.json and more)
         <state>/                            .train_state
-          .octo-dist.lock                   .lock: the run that uses it now (engine/savedir.py): host, pid, job id
+          .octo-dist.lock                   lock_file(train_state): the run that uses it now (engine/savedir.py):
+                                            host, pid, job id
           .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
           .octo-dist-probe.<host>.<pid>     for a moment at start: a rank's write probe (engine/savedir.py)
           <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py),
@@ -266,7 +271,7 @@ def size_text(n: float) -> str:
 
 def lock_file(train_state: str) -> str:
     """``"/runs/ft/octo_finetune/ft_256/train_state"`` -> ``".../train_state/.octo-dist.lock"``: the run's lock,
-    beside the checkpoints it guards (``RunLayout.lock``; the engine's ``savedir.RunLock`` takes it there)."""
+    beside the checkpoints it guards (in ``RunLayout.train_state``; the engine's ``savedir.RunLock`` takes it there)."""
     return os.path.join(train_state, LOCK)
 
 
@@ -284,16 +289,16 @@ class _InRunDir:
 @dataclasses.dataclass(frozen=True)
 class RunLayout:
     """One run's files in its save directory (the module docstring's tree), built once by the training program
-    (smoke, finetune) and read by every module that names a path in it::
+    (smoke, finetune) and handed to the engine, the summary and the jobs' readers::
 
-        layout = RunLayout("/groups/gxx00000/runs/ft", "octo_finetune/ft_256", TRAIN_STATE)
+        layout = RunLayout.finetune("/groups/gxx00000/runs/ft", "octo_finetune", None, "ft_256")
+        layout.run_dir          # "/groups/gxx00000/runs/ft/octo_finetune/ft_256"
         layout.train_state      # "/groups/gxx00000/runs/ft/octo_finetune/ft_256/train_state"
-        layout.lock             # ".../train_state/.octo-dist.lock"
-        layout.job_dir("12345.pbs1")    # "/groups/gxx00000/runs/ft/.octo-dist-job-12345.pbs1"
-        layout.exit_file("12345.pbs1")  # "/groups/gxx00000/runs/ft/.octo-dist-exit-12345.pbs1"
+        layout.summary          # ".../ft_256/summary.json"
+        RunLayout("/groups/gxx00000/runs/smoke").train_state   # smoke: the save directory itself
 
-    The job runtime knows only the save directory (``RunLayout(save_dir)``): the job's files live there, whatever
-    run the training program makes under it.
+    The job's own files (its directory, its exit status) are the save directory's, whatever run the training
+    program makes under it: ``job_dir(save_dir, job)``, ``exit_file(save_dir, job)``.
     """
 
     # The job's --save-dir, absolute (or a URL): "/groups/gxx00000/runs/ft".
@@ -310,10 +315,6 @@ class RunLayout:
     @property
     def train_state(self) -> str:
         return os.path.join(self.run_dir, self.state_path) if self.state_path else self.run_dir
-
-    @property
-    def lock(self) -> str:
-        return lock_file(self.train_state)
 
     # The run's own files, each one name in <run> (not fields: a class attribute without an annotation).
     run_config = _InRunDir(RUN_CONFIG)
@@ -337,10 +338,16 @@ class RunLayout:
         return sorted(steps)
 
     @classmethod
+    def finetune(cls, save_dir: str, project: str, group: Optional[str], name: str) -> "RunLayout":
+        """A fine-tune run's layout: ``<save_dir>/<project>/[<group>/]<name>``, its checkpoints in ``train_state``.
+        ``("/runs/ft", "octo_finetune", None, "ft_256")`` -> run_dir ``"/runs/ft/octo_finetune/ft_256"``."""
+        return cls(save_dir, os.path.join(project, *([group] if group else []), name), TRAIN_STATE)
+
+    @classmethod
     def found_in(cls, save_dir: str) -> list:
         """The runs a training program left in ``save_dir``, as it laid them out: smoke's (the save directory
         itself, when it holds a step) and each finetune run, ``<project>/[<group>/]<name>/train_state``
-        (``apps/finetune/config.layout``). Links are not followed; at most ``SCAN_LIMIT`` entries a directory."""
+        (``RunLayout.finetune``). Links are not followed; at most ``SCAN_LIMIT`` entries a directory."""
         found = [cls(save_dir)] if cls(save_dir).saved_steps() else []
         level = [""]
         for depth in (1, 2, 3):
@@ -354,24 +361,3 @@ class RunLayout:
                 if os.path.isdir(os.path.join(save_dir, run_path, TRAIN_STATE)):
                     found.append(cls(save_dir, run_path, TRAIN_STATE))
         return found
-
-    def job_dir(self, job: str) -> str:
-        return job_dir(self.save_dir, job)
-
-    def job_mark(self, job: str) -> str:
-        return os.path.join(self.job_dir(job), JOB_MARK)
-
-    def exit_file(self, job: str) -> str:
-        return exit_file(self.save_dir, checked_job_id("the job id", job))
-
-    def node_list(self, job: str) -> str:
-        return os.path.join(self.job_dir(job), NODE_LIST)
-
-    def runtime_copy(self, job: str) -> str:
-        return os.path.join(self.job_dir(job), RUNTIME_COPY)
-
-    def rank_note(self, job: str, failed: bool, rank: str) -> str:
-        return rank_note(self.job_dir(job), failed, rank)
-
-    def stop_note(self, job: str) -> str:
-        return stop_note(self.job_dir(job))

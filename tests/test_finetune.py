@@ -17,6 +17,7 @@ from octo_dist.apps.finetune import checks, commandline, configfile, model, mode
 from octo_dist.apps.finetune import config as fc
 from octo_dist.policies import octo_spec
 from octo_dist.apps.finetune import weights
+from octo_dist.engine import train
 
 FINETUNE = str(REPO / "scripts" / "finetune.py")
 OCTO_DIST = [sys.executable, "-m", "octo_dist"]
@@ -215,12 +216,24 @@ def test_run_dir_is_stable_across_launches_and_names_format_from_the_config(tmp_
         fc.run_dir(cfg, "ft_{lr}")
 
 
+def test_a_url_save_dir_gets_the_saved_model_alone():
+    """gs://: Octo's save_pretrained writes the model there; the checkpoints, the lock and the summary need a file
+    system, so the engine and the summary get no layout (before, summary.json went to a local "gs:" directory)."""
+    job = fc.FinetuneJob(config={}, name="x", layout=fc.layout({"save_dir": "gs://b/runs"}, "x"))
+    assert job.run_dir == "gs://b/runs/octo_finetune/x" and job.local_layout is None
+    local = fc.FinetuneJob(config={}, name="x", layout=fc.layout({"save_dir": "/r"}, "x"))
+    assert (
+        local.local_layout is local.layout
+        and local.layout.train_state == "/r/octo_finetune/x/train_state"
+    )
+
+
 def test_existing_checkpoints_without_resume_are_refused_up_front(tmp_path, monkeypatch):
     from octo_dist.engine.checkpoint import CheckpointError
 
     monkeypatch.chdir(tmp_path)
     raw = smoke_cfg(fake_dataset(tmp_path, "octo_dist_synthetic"), save_dir="runs")
-    state = Path(fc.parse(raw, REACHABLE).train_state_dir)
+    state = Path(fc.parse(raw, REACHABLE).local_layout.train_state)
     (state / "3").mkdir(parents=True)
     (state / "6.orbax-checkpoint-tmp-17").mkdir()  # half-written: not a step
     with pytest.raises(
@@ -249,10 +262,21 @@ def test_the_config_is_read_directly_and_frozen_once_checked(tmp_path, monkeypat
     assert job.name == "ft_8" and job.run_dir == str(
         tmp_path / "runs" / "octo_finetune_smoke" / "ft_8"
     )
-    assert job.train_state_dir == job.run_dir + "/train_state"
+    assert job.local_layout.train_state == job.run_dir + "/train_state"
+    resume = job.training.resume
     assert (
-        job.resume.start == 0 and job.resume.directory == job.train_state_dir
+        resume.start == 0 and resume.directory == job.local_layout.train_state
     )  # nothing saved yet
+    # The engine's input, the dataclass smoke builds too: the config's save_interval is the engine's save_every.
+    assert job.training == train.TrainConfig(
+        steps=6,
+        seed=42,
+        step_fn="shard_map",
+        layout=job.local_layout,
+        save_every=3,
+        resume=resume,
+        log_every=1,  # the config's log_interval
+    )
     assert job.fingerprint() == {
         "batch_size": 8,
         "seed": 42,

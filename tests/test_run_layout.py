@@ -27,9 +27,9 @@ JOB = "12345.pbs1"  # the picture's job id: the real job runs under it, so its n
 
 class Entry(NamedTuple):
     path: str  # under the save directory, with the picture's placeholders: "<run>/<state>/.octo-dist.lock"
-    member: Optional[
-        str
-    ]  # the RunLayout member that names it: 'lock', 'exit_file(job)'; None where none does
+    # what names it: a RunLayout member ('.run_dir', '.checkpoint(step)'), a savelayout function
+    # ('exit_file(save_dir, job)') or name ('JOB_MARK'); None where none does
+    member: Optional[str]
     is_dir: bool
     has_children: bool
 
@@ -53,10 +53,42 @@ def documented_tree() -> List[Entry]:
         path = "/".join([n.rstrip("/") for _, n in stack] + [name.rstrip("/")])
         if entries and stack and entries[-1].path == "/".join(n.rstrip("/") for _, n in stack):
             entries[-1] = entries[-1]._replace(has_children=True)
-        member = re.match(r"\.(\w+(?:\([^)]*\))?)", desc.strip())
-        entries.append(Entry(path, member.group(1) if member else None, name.endswith("/"), False))
+        member = re.match(r"\.?\w+(?:\([^)]*\))?", desc.strip())
+        if member and not (member.group(0).startswith(".") or member.group(0) in _NAMERS):
+            member = None  # a description's first word
+        entries.append(Entry(path, member.group(0) if member else None, name.endswith("/"), False))
         stack.append((indent, name))
     return entries
+
+
+# savelayout's functions and names the picture may name a path by (the rest of a description is prose)
+_NAMERS = {
+    "exit_file(save_dir, job)",
+    "job_dir(save_dir, job)",
+    "rank_note(job_dir_path, False, n)",
+    "rank_note(job_dir_path, True, n)",
+    "stop_note(job_dir_path)",
+    "lock_file(train_state)",
+    "JOB_MARK",
+    "NODE_LIST",
+    "RUNTIME_COPY",
+    "CHECKSUMS",
+}
+
+
+def named_path(member: str, layout: savelayout.RunLayout, path: str) -> str:
+    """Where what the picture names a path by points: a layout's member, a savelayout function of the layout's
+    save directory, train_state and the picture's job, or a name (the entry's own name: beside its parent)."""
+    if member.isupper():
+        return os.path.join(os.path.dirname(path), getattr(savelayout, member))
+    job_dir_path = savelayout.job_dir(layout.save_dir, JOB)
+    names = {
+        "save_dir": layout.save_dir,
+        "train_state": layout.train_state,
+        "job_dir_path": job_dir_path,
+    }
+    where = {**vars(savelayout), "layout": layout, "job": JOB, "step": 5, "n": "3", **names}
+    return eval(f"layout{member}" if member.startswith(".") else member, where)
 
 
 def concrete(path: str, run: str, state: str, step: str = "5") -> str:
@@ -98,18 +130,21 @@ def test_every_path_the_picture_names_is_where_run_layout_puts_it(program):
     assert {e.member.split("(")[0] for e in named} >= {
         "exit_file",
         "job_dir",
-        "job_mark",
-        "node_list",
+        "JOB_MARK",
+        "NODE_LIST",
         "rank_note",
         "stop_note",
-        "run_dir",
-        "train_state",
-        "lock",
-        "checkpoint",
+        ".run_dir",
+        ".train_state",
+        "lock_file",
+        ".checkpoint",
+        ".summary",
+        ".loss_plot",
     }
     for e in named:
-        got = eval(f"layout.{e.member}", {"layout": layout, "job": JOB, "step": 5, "n": "3"})
-        assert os.path.relpath(got, "/s") == (concrete(e.path, run, state) or "."), e
+        where = concrete(e.path, run, state) or "."
+        got = named_path(e.member, layout, os.path.join("/s", where))
+        assert os.path.relpath(got, "/s") == where, e
 
 
 def test_a_fine_tune_runs_lock_is_where_the_picture_draws_it(tmp_path):
@@ -117,7 +152,7 @@ def test_a_fine_tune_runs_lock_is_where_the_picture_draws_it(tmp_path):
     run directory (the lock then lands beside finetune_config.json, not in train_state) fails here."""
     cfg = {"save_dir": str(tmp_path), "wandb": {"project": "p", "group": "g"}}
     job = fc.FinetuneJob(config={}, name="ft", layout=fc.layout(cfg, "ft"))
-    lock = savedir.RunLock(job.train_state_dir).acquire()
+    lock = savedir.RunLock(job.local_layout.train_state).acquire()
     try:
         written = sorted(
             os.path.relpath(os.path.join(d, f), tmp_path)
@@ -126,9 +161,9 @@ def test_a_fine_tune_runs_lock_is_where_the_picture_draws_it(tmp_path):
         )
     finally:
         lock.release()
-    drawn = [e for e in documented_tree() if e.member == "lock"]
+    drawn = [e for e in documented_tree() if e.member == "lock_file(train_state)"]
     assert written == [concrete(drawn[0].path, "p/g/ft", "train_state")]
-    assert written == [os.path.relpath(job.layout.lock, tmp_path)]
+    assert written == [os.path.relpath(savelayout.lock_file(job.layout.train_state), tmp_path)]
 
 
 def undocumented(seen: set, run: str, state: str) -> list:
@@ -199,17 +234,20 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
     after = listing(save)
     seen |= after
     rel = lambda p: os.path.relpath(p, save)  # noqa: E731
+    job_dir = savelayout.job_dir(str(save), JOB)
+    lock = savelayout.lock_file(layout.train_state)
+    exit_file = savelayout.exit_file(str(save), JOB)
     missing = {
-        rel(layout.job_dir(JOB)),
-        rel(layout.job_mark(JOB)),
-        rel(layout.node_list(JOB)),
-        rel(layout.lock),
+        rel(job_dir),
+        rel(os.path.join(job_dir, savelayout.JOB_MARK)),
+        rel(os.path.join(job_dir, savelayout.NODE_LIST)),
+        rel(lock),
         rel(layout.checkpoint(pbsjob.SAVE_EVERY)),
     } - during
     assert not missing, (missing, sorted(during))
-    assert rel(layout.exit_file(JOB)) in after, sorted(after)
-    assert rel(layout.job_dir(JOB)) not in after and rel(layout.lock) not in after, sorted(after)
-    assert Path(layout.exit_file(JOB)).read_text().strip() == "0", pbsjob.log_tail(tmp_path)
+    assert rel(exit_file) in after, sorted(after)
+    assert rel(job_dir) not in after and rel(lock) not in after, sorted(after)
+    assert Path(exit_file).read_text().strip() == "0", pbsjob.log_tail(tmp_path)
     assert undocumented(seen, "", "") == [], sorted(seen)
 
 

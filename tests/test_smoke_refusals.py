@@ -83,6 +83,7 @@ def test_a_read_only_save_directory_is_refused_before_the_first_step(tmp_path):
 def test_the_jobs_offer_the_engines_step_functions_with_its_default():
     """One list of step functions (engine/stepfns.py, no JAX) for both command lines and the engine."""
     import argparse
+    import inspect
 
     from octo_dist.apps.finetune import commandline, config
     from octo_dist.apps.smoke import app as smoke
@@ -96,10 +97,35 @@ def test_the_jobs_offer_the_engines_step_functions_with_its_default():
     assert step_fn.choices is commandline.STEP_FNS is parallel.STEP_FNS is stepfns.STEP_FNS
     assert (
         step_fn.default
-        == config.FinetuneJob.__dataclass_fields__["step_fn"].default
+        == inspect.signature(config.parse).parameters["step_fn"].default
         == train.TrainConfig.step_fn
         == "auto"
     )
+
+
+def test_the_smoke_job_builds_the_engines_input_as_the_fine_tune_does():
+    """One dataclass into the engine (train.TrainConfig; finetune's is config.FinetuneJob.training): --save-every
+    is its save_every, 10 by default with a save directory, 0 (at the end only) without one."""
+    import argparse
+
+    from octo_dist import savelayout
+    from octo_dist.apps.smoke import app as smoke
+    from octo_dist.apps.smoke import flags
+    from octo_dist.engine import checkpoint, train
+
+    parser = argparse.ArgumentParser()
+    subs = parser.add_subparsers()
+    smoke.add_parser(subs)
+    layout = savelayout.RunLayout("/runs/smoke")
+    decided = checkpoint.Decision()
+    args = parser.parse_args(["smoke", "--steps", "7", "--seed", "3", "--save-dir", "/runs/smoke"])
+    assert smoke.train_config(args, layout, decided) == train.TrainConfig(
+        steps=7, seed=3, layout=layout, save_every=flags.DEFAULT_SAVE_EVERY, resume=decided
+    )
+    given = parser.parse_args(["smoke", "--save-every", "2", "--save-dir", "/runs/smoke"])
+    assert smoke.train_config(given, layout, decided).save_every == 2
+    bare = smoke.train_config(parser.parse_args(["smoke"]), None, decided)
+    assert (bare.save_every, bare.layout, bare.train_state) == (0, None, None)
 
 
 def test_np_without_the_equivalence_check_is_refused():

@@ -7,6 +7,7 @@ import pytest
 
 import helpers
 from helpers import REPO
+from octo_dist import savelayout
 from octo_dist.apps import summary
 
 
@@ -212,7 +213,7 @@ def test_a_job_that_left_no_summary_is_a_marked_gap_in_the_history(tmp_path):
     save = tmp_path / "run"
     (save).mkdir()
     (save / "summary.json").write_text(json.dumps(previous))
-    summary.write(save, third, {k: 0.5 for k in range(10, 14)})
+    summary.write(savelayout.RunLayout(str(save)), third, {k: 0.5 for k in range(10, 14)})
     written = json.loads((save / "summary.json").read_text())
     assert [j.get("unrecorded", "") != "" for j in written["jobs"]] == [False, True, False]
 
@@ -338,7 +339,9 @@ def test_the_summary_and_plot_replace_links_planted_in_the_run_directory_and_nev
     (save / "summary.json").symlink_to(victims["summary"])
     (save / "summary.json.tmp").symlink_to(victims["tmp"])
     (save / "loss.png").symlink_to(victims["plot"])
-    json_path, png_path = summary.write(save, one_job(0, 3, {0: 1.0, 1: 0.9, 2: 0.8}), {0: 1.0})
+    json_path, png_path = summary.write(
+        savelayout.RunLayout(str(save)), one_job(0, 3, {0: 1.0, 1: 0.9, 2: 0.8}), {0: 1.0}
+    )
     assert {n: v.read_bytes() for n, v in victims.items()} == dict.fromkeys(
         victims, b"someone else's file\n"
     )
@@ -370,7 +373,9 @@ def test_a_previous_summary_that_is_a_fifo_or_endless_is_not_read_and_a_new_hist
         previous.write_text(json.dumps({"command": "smoke", "jobs": [], "losses": {}}))
     assert summary.read_previous(previous) is None
     # A job that resumed at 4 still writes its own history, over whatever was planted.
-    json_path, _ = summary.write(save, one_job(4, 6, {4: 0.5, 5: 0.4}), {4: 0.5, 5: 0.4})
+    json_path, _ = summary.write(
+        savelayout.RunLayout(str(save)), one_job(4, 6, {4: 0.5, 5: 0.4}), {4: 0.5, 5: 0.4}
+    )
     assert [
         (j["start_step"], j["end_step"]) for j in json.loads(json_path.read_text())["jobs"]
     ] == [(4, 6)]

@@ -207,17 +207,16 @@ def parameter_digests(result) -> list:
 def note_stop(step: int, environ: Mapping[str, str] = os.environ) -> None:
     """Tells the job runtime which step a stop signal's checkpoint saved (``<job dir>/stopped``: "1200\\n"), for its
     last line; nothing outside a job. Rank 0 only, after the checkpoint is written."""
-    from pathlib import Path
-
     from octo_dist.apps import summary as summary_mod
 
     job_dir = environ.get(savelayout.JOB_DIR_ENV, "")
     if not job_dir:
         return
-    note = Path(savelayout.stop_note(job_dir))
     try:
         # A new file renamed over the name: never written through a link or into a FIFO planted there.
-        summary_mod.replace_file(note.parent, note.name, lambda f: f.write(f"{step}\n".encode()))
+        summary_mod.replace_file(
+            savelayout.stop_note(job_dir), lambda f: f.write(f"{step}\n".encode())
+        )
     except OSError as e:  # a courtesy: the checkpoint and the exit status do not depend on it
         log.warning("could not note the stop in %s: %s", job_dir, e.strerror)
 
@@ -228,10 +227,11 @@ def summary(
     result,
     timing: Timing,
     global_batch: int,
-    directory: Optional[str],
+    config,
     digests: Optional[Sequence[str]] = None,
 ):
-    """Rank 0 prints the run summary and, with a run directory, writes summary.json and loss.png there.
+    """Rank 0 prints the run summary and, where the run's ``config`` (the ``train.TrainConfig`` it trained with) has
+    a layout, writes its summary.json and loss.png.
 
     ``digests``: every rank's parameter digest (``parameter_digests``), recorded in summary.json."""
     from octo_dist.apps import summary as summary_mod
@@ -266,20 +266,20 @@ def summary(
     )
     if rt.is_main:
         print(summary_mod.lines(s), flush=True)
-        if directory:
-            _write_summary(directory, s, result)
+        if config.layout is not None:
+            _write_summary(config.layout, s, result)
     return s
 
 
-def _write_summary(directory: str, s, result) -> None:
-    """summary.json and loss.png in the run directory (rank 0)."""
+def _write_summary(layout: savelayout.RunLayout, s, result) -> None:
+    """The run's summary.json and loss.png (``layout.summary``, ``layout.loss_plot``; rank 0)."""
     from octo_dist.apps import summary as summary_mod
 
     # Stopped by a signal, the scheduler's kill may follow within seconds: summary.json (small, and it
     # holds the whole run's losses) but not the plot (matplotlib's import and drawing take seconds on a
     # network file system); the run's next job draws the whole curve again.
     plot = not result.stopped_by
-    json_path, png_path = summary_mod.write(directory, s, result.losses, with_plot=plot)
+    json_path, png_path = summary_mod.write(layout, s, result.losses, with_plot=plot)
     if plot:
         log.info("run summary in %s and %s", json_path, png_path)
     else:

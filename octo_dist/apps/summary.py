@@ -8,7 +8,8 @@
       input 6.3 ms of each step (4%): compute-bound
 
 :func:`summarize` is pure over the timestamps the harness took (process start, training start, the end of every
-step), so it is tested with numbers; :func:`write` puts the JSON and the plot in the run's directory.
+step), so it is tested with numbers; :func:`write` puts the JSON and the plot where the run's layout
+(``savelayout.RunLayout.summary``, ``.loss_plot``) names them.
 """
 
 from __future__ import annotations
@@ -309,17 +310,17 @@ def read_previous(path: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def replace_file(directory: Path, name: str, write: Callable[[IO[bytes]], None]) -> Path:
-    """``directory/name`` made whole by ``write(f)`` on a new file beside it, then renamed over the name: a reader
-    never sees half a file, and whatever was planted at the name (a link to someone's file, a link to
-    ``/dev/zero``) is replaced, never written through. The new file is created with O_EXCL under a name no one
-    could know in advance (``mkstemp``), so a link planted at a fixed temporary name is not followed either."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+def replace_file(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """``path`` made whole by ``write(f)`` on a new file beside it, then renamed over it: a reader never sees half a
+    file, and whatever was planted at the name (a link to someone's file, a link to ``/dev/zero``) is replaced,
+    never written through. The new file is created with O_EXCL under a name no one could know in advance
+    (``mkstemp``), so a link planted at a fixed temporary name is not followed either."""
+    final = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600; the run's other files follow the umask
-        final = directory / name
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -342,17 +343,15 @@ def _umask(status: str = "/proc/self/status") -> int:
 
 
 def write(
-    directory: str | os.PathLike, s: RunSummary, losses: Mapping[int, float], with_plot: bool = True
+    layout: savelayout.RunLayout, s: RunSummary, losses: Mapping[int, float], with_plot: bool = True
 ) -> Tuple[Path, Path]:
-    """``directory/summary.json`` and ``directory/loss.png``: this job's figures, the run's history across resumed
+    """The run's ``layout.summary`` and ``layout.loss_plot``: this job's figures, the run's history across resumed
     and chained jobs (``jobs``, and ``losses`` by step) and its whole loss curve; returns both paths. ``with_plot``
     False: summary.json only (a job stopped by a signal; the next job draws the whole curve).
 
     Each file is written beside its name and renamed over it (:func:`replace_file`): never through a link."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    # the names RunLayout.summary / .loss_plot give: one place knows a run's files
-    jobs, run_losses = history(read_previous(directory / savelayout.SUMMARY), s, losses)
+    Path(layout.run_dir).mkdir(parents=True, exist_ok=True)
+    jobs, run_losses = history(read_previous(Path(layout.summary)), s, losses)
     text = json.dumps(
         {
             **s.as_json(),
@@ -361,12 +360,11 @@ def write(
         },
         indent=1,
     )
-    json_path = replace_file(directory, savelayout.SUMMARY, lambda f: f.write(text.encode()))
+    json_path = replace_file(layout.summary, lambda f: f.write(text.encode()))
     if not with_plot:
-        return json_path, directory / savelayout.LOSS_PLOT
+        return json_path, Path(layout.loss_plot)
     png_path = replace_file(
-        directory,
-        savelayout.LOSS_PLOT,
+        layout.loss_plot,
         lambda f: plot(
             run_losses,
             f,

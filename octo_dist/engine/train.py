@@ -1,6 +1,7 @@
 """The training loop every job shares (the smoke job, Octo fine-tuning): resume, steps, stop signals, checkpoints.
 
-    result = train.fit(policy, optimizer, data, train.TrainConfig(steps=100, save_dir="runs/x"), tracker=tracker)
+    layout = savelayout.RunLayout("/groups/gxx00000/runs/x")  # the run's files: checkpoints in layout.train_state
+    result = train.fit(policy, optimizer, data, train.TrainConfig(steps=100, layout=layout), tracker=tracker)
 
 Runs on every process after ``runtime.initialize``; the model only supplies ``init``/``loss`` (``policy.py``) and the
 data only this process's slice (``data.py``). Checkpoints hold the state (params, optimizer state, base RNG, step)
@@ -14,6 +15,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Optional
 
+from octo_dist import savelayout
 from octo_dist.engine import checkpoint
 from octo_dist.runtime import ranklog
 from octo_dist.runtime import startclock
@@ -24,16 +26,27 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """The engine's one input for a run, built the same way by both jobs before start-up (smoke's
+    ``apps/smoke/app.train_config`` from its flags, finetune's ``apps/finetune/config.train_config`` from its
+    config) and handed through the harness to :func:`fit` and the run summary."""
+
     steps: int
     seed: int = 0
     step_fn: str = "auto"  # shard_map over CPU devices, else jit (parallel.resolve_step_fn)
-    save_dir: Optional[str] = None
+    # The run's files (savelayout's tree): checkpoints and the run's lock in layout.train_state. None: no
+    # checkpoints (smoke without --save-dir, a fine-tune without a save_dir or with a URL's).
+    layout: Optional[savelayout.RunLayout] = None
     save_every: int = 0  # steps between checkpoints; 0 = only at the end and on a stop signal
-    # Where the run starts: checkpoint.decide(save_dir, --resume), made once before start-up; None: a new run
-    # (decided in fit, refused when save_dir already holds checkpoints).
+    # Where the run starts: checkpoint.decide(layout.train_state, --resume), made once before start-up; None: a
+    # new run (decided in fit, refused when the layout's train_state already holds checkpoints).
     resume: Optional[checkpoint.Decision] = None
     max_to_keep: int = 3
     log_every: int = 1
+
+    @property
+    def train_state(self) -> Optional[str]:
+        """Where the checkpoints and the lock go (``layout.train_state``), None without a layout."""
+        return self.layout.train_state if self.layout else None
 
 
 @dataclasses.dataclass
@@ -143,8 +156,8 @@ def _open_save_dir(cfg: TrainConfig):
 
     # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
     # there, and no other run holds it. Found now, not at the first save after hours of training.
-    decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.save_dir, False)
-    claim = savedir.prepare(cfg.save_dir)
+    decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.train_state, False)
+    claim = savedir.prepare(cfg.train_state)
     try:
         ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
     except BaseException:
@@ -202,7 +215,7 @@ def _check_room(cfg: TrainConfig, ckpt, state, start: int) -> None:
 
     kept_now = len(ckpt.kept_steps())
     savedir.check_space(
-        cfg.save_dir,
+        cfg.train_state,
         room.state_nbytes(state),
         room.copies_needed(cfg.max_to_keep, planned_saves(start, cfg), kept_now),
         kept_now,
@@ -351,6 +364,6 @@ def _finish(
             done,
             stopped_by,
         )
-    if run.cfg.save_dir and last_saved != done:
+    if run.cfg.layout and last_saved != done:
         run.save(done, state)
     return stopped_by

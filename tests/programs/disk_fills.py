@@ -10,6 +10,7 @@ import sys
 
 import optax
 
+from octo_dist import savelayout
 from octo_dist.apps import harness
 from octo_dist.engine import data, train
 from octo_dist.policies.tiny import TinyPolicy
@@ -37,7 +38,7 @@ def work(job: harness.Job) -> int:
             fill_the_disk()
 
     source = data.SyntheticData(data.Spec(), 8, rt.process_index, rt.process_count, rt.device_count)
-    cfg = train.TrainConfig(steps=12, save_dir=save_dir, save_every=2)
+    cfg = train.TrainConfig(steps=12, layout=savelayout.RunLayout(save_dir), save_every=2)
     tracker = tracking.NoopTracker("disk-fills")
     harness.fit(job, TinyPolicy(), optax.adam(1e-3), source, cfg, tracker=tracker, on_step=on_step)
     return 0

@@ -15,6 +15,7 @@ import time
 import jax
 import optax
 
+from octo_dist import savelayout
 from octo_dist.runtime import stopping, tracking
 from octo_dist.engine import data, parallel, train
 from octo_dist.policies.tiny import TinyPolicy
@@ -53,6 +54,8 @@ PARAMS = jax.device_get(
 
 
 def run(save_dir, stop_at=None):
+    # smoke's layout: the checkpoints in the save directory itself; None: no checkpoints
+    layout = savelayout.RunLayout(save_dir) if save_dir else None
     source = make_source(Logged)
     stop = stopping.StopSignal()
 
@@ -68,7 +71,7 @@ def run(save_dir, stop_at=None):
             TinyPolicy(),
             optax.adam(1e-3),
             source,
-            train.TrainConfig(steps=STEPS, save_dir=save_dir, log_every=1),
+            train.TrainConfig(steps=STEPS, layout=layout, log_every=1),
             tracker=Recording("fit-order"),
             on_step=on_step,
             stop=stop,

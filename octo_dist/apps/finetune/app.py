@@ -129,7 +129,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         local_batch,
         rt.process_index,
         rt.process_count,
-        start_step=cfg.resume.start,
+        start_step=cfg.training.resume.start,
         stored=resized,
     )
     startclock.done("dataset")
@@ -141,7 +141,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
         made.policy,
         made.ahead.tx,
         source,
-        _train_config(cfg),
+        cfg.training,
         tracker=ScheduleTracker(tracker, made.ahead.lr_schedule),
         params=made.params,
         fingerprint=cfg.fingerprint(),
@@ -150,7 +150,7 @@ def _finetune(job: harness.Job, cfg: config.FinetuneJob, environ: Mapping[str, s
     out_dir = cfg.run_dir
     if out_dir and result.end_step > result.start_step:
         model.save_pretrained(made, model_config, plain, result, out_dir)
-    return _report(job, c, result, timing, local_batch, out_dir)
+    return _report(job, cfg, result, timing, local_batch)
 
 
 def _import_the_stack(environ: Mapping[str, str]) -> None:
@@ -200,17 +200,18 @@ def _open_run(
 ) -> tracking.Tracker:
     """The run directory (its finetune_config.json, written by rank 0) and the tracker; a resumed run continues
     the wandb run whose id the directory keeps."""
-    c, layout, out_dir = cfg.config, cfg.layout, cfg.run_dir
-    if layout is None:
+    # A URL's run directory gets Octo's saved model alone: its other files need a file system.
+    c, layout, out_dir = cfg.config, cfg.local_layout, cfg.run_dir
+    if cfg.layout is None:
         log.warning(
             "save_dir not set (--config.save_dir=...): no checkpoints, nothing to resume from"
         )
-    elif rt.is_main:
+    elif layout is not None and rt.is_main:
         os.makedirs(layout.run_dir, exist_ok=True)
         with open(layout.run_config, "w") as f:
             json.dump(plain, f, indent=1, default=_json_default)
     run_id = None
-    if layout and cfg.resume.step is not None and os.path.exists(layout.run_id_file):
+    if layout and cfg.training.resume.step is not None and os.path.exists(layout.run_id_file):
         with open(layout.run_id_file) as f:
             run_id = f.read().strip() or None  # the resumed run continues the same wandb run
     tracker = tracking.make_tracker(
@@ -236,25 +237,9 @@ def _open_run(
     return tracker
 
 
-def _train_config(cfg: config.FinetuneJob):
-    """The engine's settings for this job: steps, seed, checkpoints under ``<run dir>/train_state``, resume."""
-    from octo_dist.engine import train
-
-    c = cfg.config
-    return train.TrainConfig(
-        steps=c.num_steps,
-        seed=c.seed,
-        step_fn=cfg.step_fn,
-        save_dir=cfg.train_state_dir,
-        save_every=c.get("save_interval") or 0,  # 0: only at the end and on a stop signal
-        resume=cfg.resume,
-        log_every=c.get("log_interval") or 1,
-    )
-
-
-def _report(job: harness.Job, c, result, timing, local_batch: int, out_dir) -> int:
+def _report(job: harness.Job, cfg: config.FinetuneJob, result, timing, local_batch: int) -> int:
     """Rank 0's closing lines and the run's summary; fails when the ranks' parameters differ."""
-    rt = job.runtime
+    rt, c, out_dir = job.runtime, cfg.config, cfg.run_dir
     losses = [result.losses[k] for k in sorted(result.losses)]
     digests = harness.parameter_digests(result)
     same = len(set(digests)) == 1
@@ -269,7 +254,7 @@ def _report(job: harness.Job, c, result, timing, local_batch: int, out_dir) -> i
         + f"\n  parameters {'identical on every rank' if same else 'DIFFER across ranks'}: "
         + ", ".join(digests),
     )
-    harness.summary(job, "finetune", result, timing, c.batch_size, out_dir, digests=digests)
+    harness.summary(job, "finetune", result, timing, c.batch_size, cfg.training, digests=digests)
     if not same:
         # Data parallelism keeps one set of parameters; ranks that disagree trained different models.
         harness.say(

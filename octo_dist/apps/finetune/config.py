@@ -2,7 +2,8 @@
 
     job = config.parse(flags.config, probe, name="ft_{batch_size}", resume=True)
     job.config.batch_size, job.config.dataset_kwargs.name   # the config, read directly (a FrozenConfigDict)
-    job.run_dir, job.resume.start                            # what the command line adds
+    job.run_dir, job.training.resume.start                   # what the command line adds
+    job.training                                             # the engine's input (train.TrainConfig), as smoke's
     job.config.augment_on                                    # "auto", "device" or "host": always set here
     job = config.for_platform(job, "gpu")                    # on the rank: "auto" resolved ("device" on GPUs)
 
@@ -23,7 +24,7 @@ from octo_dist.apps.finetune.checks import HfProbe, is_url, problems
 from octo_dist.apps.finetune.configfile import ConfigError
 from octo_dist.apps.finetune.frames import RESIZE_METHODS
 from octo_dist.apps.finetune.modelconfig import flat_keys
-from octo_dist.engine import checkpoint, stepfns
+from octo_dist.engine import checkpoint, stepfns, train
 
 
 DEFAULT_PROJECT = "octo_finetune"  # wandb.project when the config leaves it empty
@@ -107,12 +108,12 @@ def layout(config: Mapping, name: str) -> Optional[savelayout.RunLayout]:
         return None
     wandb = config.get("wandb") or {}
     save_dir = str(config["save_dir"])
-    parts = [str(wandb.get("project") or DEFAULT_PROJECT)]
-    if wandb.get("group"):
-        parts.append(str(wandb["group"]))
-    parts.append(format_name(name, config))
-    save_dir = save_dir if is_url(save_dir) else os.path.abspath(save_dir)
-    return savelayout.RunLayout(save_dir, os.path.join(*parts), savelayout.TRAIN_STATE)
+    return savelayout.RunLayout.finetune(
+        save_dir if is_url(save_dir) else os.path.abspath(save_dir),
+        str(wandb.get("project") or DEFAULT_PROJECT),
+        str(wandb["group"]) if wandb.get("group") else None,
+        format_name(name, config),
+    )
 
 
 def run_dir(config: Mapping, name: str) -> Optional[str]:
@@ -135,10 +136,11 @@ class FinetuneJob:
     # The run's files (run directory, train_state, lock) under --config.save_dir; None without one.
     layout: Optional[savelayout.RunLayout] = None
     debug: bool = False  # wandb disabled
-    # Where training starts (checkpoint.decide over <run dir>/train_state with --resume): decided here, once, from the
-    # verified steps; the data pipeline and train.fit both read it.
-    resume: checkpoint.Decision = checkpoint.Decision()
-    step_fn: str = "auto"
+    # The engine's input, the same dataclass smoke builds (:func:`train_config`): steps, seed, --step_fn, the local
+    # layout, save_every (the config's save_interval), log_every and where training starts (``resume``: decided in
+    # parse, once, from the verified steps; the data pipeline and train.fit both read it). None only on a job made
+    # for its config alone (the data pipeline's tests).
+    training: Optional[train.TrainConfig] = None
     compile_cache: Optional[str] = None
     runtime: Mapping[str, Any] = dataclasses.field(
         default_factory=dict
@@ -150,12 +152,13 @@ class FinetuneJob:
         return self.layout.run_dir if self.layout else None
 
     @property
-    def train_state_dir(self) -> Optional[str]:
-        """Where the engine's resumable checkpoints go: ``<run dir>/train_state``; None without a save_dir or when
-        it is a URL (orbax checkpoints and the run's lock need a file system)."""
-        if self.layout is None or is_url(self.layout.train_state):
+    def local_layout(self) -> Optional[savelayout.RunLayout]:
+        """The layout whose files octo-dist writes itself (the engine's checkpoints and lock in ``train_state``, the
+        run's summary): ``layout``, or None without a save_dir or when it is a URL (they need a file system; Octo's
+        ``save_pretrained`` still writes the model to ``run_dir``)."""
+        if self.layout is None or is_url(self.layout.save_dir):
             return None
-        return self.layout.train_state
+        return self.layout
 
     def plain_config(self) -> dict:
         """The config as plain data (lists, not the frozen tuples)."""
@@ -167,7 +170,7 @@ class FinetuneJob:
         return {
             "batch_size": c.batch_size,
             "seed": c.seed,
-            "step_fn": self.step_fn,
+            "step_fn": self.training.step_fn,
             "pretrained_path": str(c.get("pretrained_path") or None),
             "dataset": c.dataset_kwargs.name,
             "finetuning_mode": c.get("finetuning_mode", "full"),
@@ -205,11 +208,30 @@ def parse(
         name=format_name(name, plain),
         layout=layout(plain, name),
         debug=debug,
-        step_fn=step_fn,
         compile_cache=compile_cache,
         runtime=dict(runtime or {}),
     )
+    local = job.local_layout
     decision = checkpoint.decide(
-        job.train_state_dir, resume, elsewhere="pick another --name or --config.save_dir"
+        local.train_state if local else None,
+        resume,
+        elsewhere="pick another --name or --config.save_dir",
     )
-    return dataclasses.replace(job, resume=decision)
+    return dataclasses.replace(job, training=train_config(job.config, local, step_fn, decision))
+
+
+def train_config(
+    c: Mapping, local: Optional[savelayout.RunLayout], step_fn: str, resume: checkpoint.Decision
+) -> train.TrainConfig:
+    """The engine's input for the checked config ``c``: its num_steps, seed, save_interval (``save_every``, the
+    engine's name; 0 or unset: only at the end and on a stop signal) and log_interval, with the run's ``local``
+    layout, ``--step_fn`` and where training starts."""
+    return train.TrainConfig(
+        steps=c["num_steps"],
+        seed=c["seed"],
+        step_fn=step_fn,
+        layout=local,
+        save_every=c.get("save_interval") or 0,
+        resume=resume,
+        log_every=c.get("log_interval") or 1,
+    )

@@ -106,14 +106,9 @@ class Pace:
         self.last = now
 
 
-def train(
-    job: harness.Job,
-    args,
-    environ: Mapping[str, str],
-    resume=None,
-    layout: Optional[savelayout.RunLayout] = None,
-) -> int:
-    """The smoke job on this rank, inside the harness; ``layout``: the run's files (None without --save-dir)."""
+def train(job: harness.Job, args, environ: Mapping[str, str], training) -> int:
+    """The smoke job on this rank, inside the harness; ``training``: the engine's input (:func:`train_config`), made in
+    main before start-up."""
     import optax
 
     from octo_dist.engine import data
@@ -143,13 +138,13 @@ def train(
         policy,
         optax.adam(args.learning_rate),
         source,
-        _train_config(args, resume, layout),
+        training,
         tracker=tracker,
         fingerprint=fingerprint,
         on_step=Pace(args.step_time) if args.step_time else None,
     )
     rec = _record(rt, policy, args, source, result, tracker.run_id)
-    return _report(job, args, rec, result, timing, layout)
+    return _report(job, args, rec, result, timing, training)
 
 
 def _make_tracker(rt, args, environ: Mapping[str, str], fingerprint: dict):
@@ -166,30 +161,33 @@ def _make_tracker(rt, args, environ: Mapping[str, str], fingerprint: dict):
     )
 
 
-def _train_config(args, resume, layout: Optional[savelayout.RunLayout]):
-    """The engine's settings for this job: steps, seed, step function, checkpoints and where to resume."""
+def train_config(args, layout: Optional[savelayout.RunLayout], resume):
+    """The engine's input for this job, the same dataclass the fine-tune builds (``train.TrainConfig``): steps,
+    seed, step function, the run's ``layout`` (None without --save-dir), ``--save-every`` (default
+    ``flags.DEFAULT_SAVE_EVERY`` with a save directory, else 0: only at the end) and where to resume."""
     from octo_dist.engine import train
 
+    save_every = args.save_every
+    if save_every is None:
+        save_every = flags.DEFAULT_SAVE_EVERY if layout else 0
     return train.TrainConfig(
         steps=args.steps,
         seed=args.seed,
         step_fn=args.step_fn,
         # The engine's checkpoints and the run's lock: smoke's are the save directory itself (RunLayout's tree).
-        save_dir=layout.train_state if layout else None,
-        save_every=args.save_every,
+        layout=layout,
+        save_every=save_every,
         resume=resume,  # checkpoint.decide's, made in main before start-up
     )
 
 
-def _report(job: harness.Job, args, rec: dict, result, timing, layout) -> int:
+def _report(job: harness.Job, args, rec: dict, result, timing, training) -> int:
     """Rank 0's verdict, the run's summary and ``--record``; fails when the ranks' parameters differ."""
     rt = job.runtime
     harness.say(job, verdict(rec))
-    run_dir = (
-        layout.run_dir if layout else None
-    )  # summary.json and loss.png: RunLayout.summary, .loss_plot
+    # summary.json and loss.png where the layout names them (RunLayout.summary, .loss_plot)
     summary = harness.summary(
-        job, "smoke", result, timing, args.global_batch, run_dir, digests=rec["digests"]
+        job, "smoke", result, timing, args.global_batch, training, digests=rec["digests"]
     )
     rec["step_time_median_s"] = summary.median_step_s
     if rt.is_main and args.record:
@@ -264,8 +262,6 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
         # The same flags on every rank: each refuses alike before start-up, so no rank waits for another.
         print(f"octo-dist smoke: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    if args.save_every is None:
-        args.save_every = flags.DEFAULT_SAVE_EVERY if args.save_dir else 0
     if args.check_equivalence:
         from octo_dist.apps.smoke import equivalence
 
@@ -281,5 +277,6 @@ def main(args, environ: Mapping[str, str] = os.environ) -> int:
     except Problem as e:  # the same directory on every rank: each refuses alike before start-up
         print(f"octo-dist smoke: error: {e}", file=sys.stderr, flush=True)
         return e.exit_status
+    cfg = train_config(args, layout, resume)
     options = harness.Options.from_environment(runtime.from_args(args), args.compile_cache, environ)
-    return harness.run("smoke", options, lambda job: train(job, args, environ, resume, layout))
+    return harness.run("smoke", options, lambda job: train(job, args, environ, cfg))
