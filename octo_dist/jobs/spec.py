@@ -15,20 +15,16 @@ import re
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
-from octo_dist.jobs.allocation import placement, ranks_and_devices
+from octo_dist.jobs.allocation import placement, shown_defaults
 from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, PREFLIGHT, Checker
 from octo_dist.jobs.flagchecks import (
     JobSpecError,
     check_coordinator,
     check_path,
     check_printable,
-    shown_number,
 )
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.options import (
-    LaunchOptions,
-    scheduler_names,
-)
+from octo_dist.jobs.options import LaunchOptions, check_bounds, scheduler_names
 from octo_dist.jobs.training import Training, pretrained_bind, training
 from octo_dist.jobs.walltime import parse_walltime
 
@@ -95,23 +91,7 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     if gpus is None and rt:
         gpus = rt.gpus
         out["gpus_per_node"] = (gpus, f"from --resource-type {resource_type}")
-    ranks, devices = o.ranks_per_node, o.devices_per_rank
-    if gpus:
-        try:
-            ranks, devices = ranks_and_devices(gpus, ranks, devices)
-        except JobSpecError:
-            ranks, devices = None, None  # the render refuses them, saying why
-    # The reasons use --help's words: "(default: GPUs per node / ranks per node)".
-    if o.ranks_per_node is None:
-        why = "GPUs per node / --devices-per-process" if o.devices_per_rank else "one per GPU"
-        out["ranks_per_node"] = (ranks, why)
-    if o.devices_per_rank is None:
-        out["devices_per_rank"] = (devices, "GPUs per node / ranks per node")
-    if o.cpus_per_rank is None and rt:
-        cpus = 0 if ranks == 1 else rt.cores // rt.gpus * (devices or 1)
-        out["cpus_per_rank"] = (cpus, f"from --resource-type {resource_type}")
-    elif o.cpus_per_rank is None:
-        out["cpus_per_rank"] = (0, "none bound without a resource type")
+    out.update(shown_defaults(o, gpus, rt, resource_type))
     if o.output is None:
         out["output"] = (f"octo-dist-{scheduler}.sh", "after the scheduler")
     if o.bind is None and s.default_binds("GROUP"):
@@ -148,6 +128,7 @@ def build(
         )
     sched = schedulers.get(o.scheduler)
     site = o.site_values()
+    check_bounds(o)  # every count given, in the words settings.check gives those the job carries
     _check_chain(o)
     _check_texts(o, command_line)
     alloc = placement(o, sched)
@@ -226,22 +207,15 @@ def preflight_argv(devices_per_rank: int) -> tuple:
 
 
 MAX_CHAIN = (
-    50  # jobs in one --chain (submit.MAX_CHAIN): 50 wall times of 24 h are 50 days of training
-)
+    job_settings.MAX_CHAIN
+)  # submit.MAX_CHAIN reads it here; its bound is settings.BOUNDS["chain"]
 
 
 def _check_chain(o: LaunchOptions) -> None:
-    """``--chain N`` queues N jobs: only with ``--submit`` (writing a script never submits), 1 to MAX_CHAIN."""
+    """``--chain N`` queues N jobs (1 to MAX_CHAIN, ``check_bounds``): only with ``--submit`` (writing a script
+    never submits)."""
     if o.chain is None:
         return
-    if o.chain < 1:
-        raise JobSpecError(f"--chain {shown_number(o.chain)}", "1 or more jobs", "--chain 3")
-    if o.chain > MAX_CHAIN:
-        raise JobSpecError(
-            f"--chain {shown_number(o.chain)}",
-            f"at most {MAX_CHAIN} jobs in one chain",
-            f"--chain {MAX_CHAIN}, then another chain after it ends",
-        )
     if not o.submit and not o.dry_run:
         raise JobSpecError(
             f"--chain {o.chain} without --submit",
