@@ -11,6 +11,7 @@ from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.flagchecks import JobSpecError, shown_number
 from octo_dist.jobs.options import LaunchOptions
+from octo_dist.jobs.rankcores import default_cpus_per_rank
 from octo_dist.jobs.walltime import format_walltime, parse_walltime
 
 
@@ -129,18 +130,6 @@ def site_limits(o: LaunchOptions, resource_type: str, rt: schedulers.base.Resour
             )
 
 
-def default_cpus_per_rank(
-    rt: Optional[schedulers.base.ResourceType], ranks_per_node: int, devices_per_rank: int
-) -> int:
-    """The cores bound to each rank, for its input pipeline, when ``--cpus-per-rank`` is not given: its GPUs' share
-    of the node's cores (rt_HF: 96 cores / 8 GPUs x 1 GPU = 12; 2 GPUs a rank: 24), the ranks spread evenly over
-    the sockets. 0 (none bound) without a resource type, whose cores octo-dist does not know, and for one rank per
-    node, which has the node's cores to itself (a partial node's cores are the cgroup's)."""
-    if rt is None or ranks_per_node == 1:
-        return 0
-    return rt.cores // rt.gpus * devices_per_rank
-
-
 def shown_defaults(o: LaunchOptions, gpus: Optional[int], rt, resource_type: Optional[str]) -> dict:
     """What :func:`placement` takes for the ranks, GPUs and cores per rank left unset, for ``--show-defaults``, as
     ``{"cpus_per_rank": (12, "from --resource-type rt_HF")}``; a split the render refuses shows as None."""
@@ -177,7 +166,9 @@ def placement(o: LaunchOptions, sched) -> Placement:
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
         cpus_per_rank = default_cpus_per_rank(rt, ranks_per_node, devices_per_rank)
-    job_settings.check_field(job_settings.Allocation, "cpus_per_rank", cpus_per_rank)
+    # A given count was checked with the options (options.check_bounds); the default is checked here, before use.
+    cpus_bound = job_settings.BOUNDS["cpus_per_rank"]
+    job_settings.check_bound("--cpus-per-rank", cpus_per_rank, cpus_bound, flags=True)
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
         raise JobSpecError(
             f"--cpus-per-rank {shown_number(cpus_per_rank)} x {ranks_per_node} rank(s) on {resource_type}",

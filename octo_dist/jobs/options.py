@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, get_type_hints
 
 from octo_dist import problems
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs.rankcores import default_cpus_per_rank
 from octo_dist.launchers import outside
 
 WANDB_MODES = job_settings.WANDB_MODES
@@ -325,6 +326,39 @@ class LaunchOptions:
         return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
 
 
+def with_settings(base: type) -> type:
+    """``base`` with an option for each job setting declared with its launch group in its metadata
+    (``settings._field(..., group="training", default=...)``) that ``base`` does not take already: its flag, help,
+    bound, group and default are the setting's, its name the setting's (``spec`` passes ``o.NAME`` to it by name),
+    so a setting the job runtime reads is one field in ``settings.py``."""
+    taken = {f.name for f in dataclasses.fields(base)}
+    extra = []
+    for section in get_type_hints(job_settings.JobSettings).values():
+        hints = get_type_hints(section) if dataclasses.is_dataclass(section) else {}
+        for f in dataclasses.fields(section) if hints else ():
+            meta = f.metadata
+            if meta["group"] and f.name not in taken:
+                kind = {"type": hints[f.name]} if hints[f.name] in (int, str) else {}
+                opt = _opt(
+                    meta["default"],
+                    meta["help"],
+                    meta["group"],
+                    flag=meta["flag"],
+                    bound=meta["bound"],
+                    **kind,
+                )
+                extra.append((f.name, Optional[hints[f.name]], opt))
+    if not extra:
+        return base
+    namespace = {"__module__": base.__module__, "__doc__": base.__doc__}
+    return dataclasses.make_dataclass(
+        base.__name__, extra, bases=(base,), frozen=True, namespace=namespace
+    )
+
+
+LaunchOptions = with_settings(LaunchOptions)
+
+
 def check_bounds(o: LaunchOptions) -> None:
     """Every count given against its bound in the one table (``settings.BOUNDS``), in its flag's words, before
     anything is derived from it: ``--steps 0`` -> ``--steps 0; expected --steps from 1 to 2147483647. Fix: --steps
@@ -383,7 +417,8 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         if rt
         else "none, required",
         "cpus_per_rank": (
-            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {s.default_resource_type}"
+            f"the node's cores over its GPUs, {default_cpus_per_rank(rt, rt.gpus, 1)} on "
+            f"{s.default_resource_type}"
             if rt
             else "0, none bound"
         ),

@@ -6,11 +6,7 @@
 ``settingsread.from_json`` and the same :func:`check`, naming fields by their JSON path, so what a script carries is
 checked field by field before anything starts: a script edited by hand, cut short or written by another octo-dist
 version is refused in one line (exit 2), never half-run. Standard library only, Python 3.9: it ships in the job
-runtime's zipapp.
-
-    {"schema": 2, "script_name": "job.sh",
-     "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
-     "timing": {"walltime_s": 3600, "stop_margin_s": 300}, ...}
+runtime's zipapp. ``{"schema": 2, "script_name": "job.sh", "allocation": {"scheduler": "pbs", "nodes": 2, ...}, ...}``
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ MAX_WALLTIME_S = 366 * 24 * 3600  # schedulers cap jobs at days; a year is past 
 MIN_TRAINING_S = (
     30  # wall time minus stop margin: less leaves the ranks no time to start, let alone train
 )
-# Ranks checkpoint this long before the wall time unless --stop-margin says otherwise; an Octo checkpoint takes
-# well under it.
+# Ranks checkpoint this long before the wall time unless --stop-margin says otherwise (an Octo checkpoint: seconds)
 DEFAULT_STOP_MARGIN_S = 300
 MAX_TEXT = 4096  # PATH_MAX: the longest path, module name or argument a job script holds
 MAX_ITEMS = 1000  # the most entries of one list (training arguments, binds, modules, variables)
@@ -91,9 +86,7 @@ class Bound:
 BOUNDS = {
     "nodes": Bound(1, MAX_NODES, "--nodes 1 (or more)"),
     "ranks_per_node": Bound(1, MAX_RANKS_PER_NODE, "--ranks-per-node 8"),
-    "cpus_per_rank": Bound(
-        0, MAX_CPUS_PER_RANK, "--cpus-per-rank 0", "0 (no binding) to {high}"
-    ),  # 0: no binding
+    "cpus_per_rank": Bound(0, MAX_CPUS_PER_RANK, "--cpus-per-rank 0", "0 (no binding) to {high}"),
     "sockets": Bound(0, MAX_SOCKETS),  # 0: unknown (SLURM, Grid Engine); no flag sets it
     "walltime_s": Bound(1, MAX_WALLTIME_S, "--walltime 1:00:00"),
     "stop_margin_s": Bound(0, MAX_WALLTIME_S, "--stop-margin 300"),
@@ -120,18 +113,22 @@ def _field(
     flag: str = "",
     fix: str = "",
     help: str = "",
+    group: str = "",
+    default: Any = None,
 ):
     """A setting's metadata: its bound (a key of :data:`BOUNDS`, for a count), allowed values, whether it is a path;
     ``flag``: the ``octo-dist launch`` option that sets it, which names it in a refusal at render time (on the
     node, its JSON path does); ``fix``: the fix of a refusal of its choices (``"--wandb-mode offline"``); ``help``:
-    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``)."""
+    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``);
+    ``group`` and ``default``: its ``launch --help`` group and default, where the option is this field alone
+    (``options.with_settings`` makes it, ``spec`` passes its value by name)."""
     meta = {"bound": BOUNDS[bound] if bound else None, "choices": choices, "path": path}
-    return dataclasses.field(metadata={**meta, "help": help, "flag": flag, "fix": fix})
+    launch = {"group": group, "default": default}
+    return dataclasses.field(metadata={**meta, **launch, "help": help, "flag": flag, "fix": fix})
 
 
 def _path_field(flag: str, help: str):
-    """A path setting (``--save-dir runs/ft``): set by ``flag``, explained by ``help``, refused when it starts with
-    '-' (a script's command would read it as an option); see :func:`_field`."""
+    """A path setting (``--save-dir runs/ft``), refused when it starts with '-' (read as an option); see _field."""
     return _field(path=True, flag=flag, help=help)
 
 
@@ -239,9 +236,8 @@ class Storage:
 class Forwarding:
     """What the job exports, and which of its variables reach the ranks on every node."""
 
-    environment: Pairs = (
-        _field()
-    )  # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
+    # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
+    environment: Pairs = _field()
     coordinator: Text = _field(
         flag="--coordinator",
         help="HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
@@ -421,13 +417,6 @@ def check_section(where: str, section: Any, flags: bool = False) -> None:
         )
     if isinstance(section, Timing):
         _check_timing(section, flags)
-
-
-def check_field(cls, name: str, value: Any) -> None:
-    """One field of section ``cls`` in the words of its flag, before the section exists:
-    ``check_field(Allocation, "cpus_per_rank", -1)`` -> ``JobSpecError("--cpus-per-rank -1; ...")``."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    checked_value(f.metadata["flag"], get_type_hints(cls)[name], value, f.metadata, True)
 
 
 def _check_timing(t: Timing, flags: bool) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, get_type_hints
 
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
 from octo_dist.jobs.allocation import placement, shown_defaults
@@ -132,7 +132,10 @@ def build(
     _check_chain(o)
     _check_texts(o, command_line)
     alloc = placement(o, sched)
-    timing = job_settings.Timing(walltime_s=parse_walltime(o.walltime), stop_margin_s=o.stop_margin)
+    timing = _by_name(
+        job_settings.Timing,
+        _named(o, walltime_s=parse_walltime(o.walltime), stop_margin_s=o.stop_margin),
+    )
     job_settings.check_section("timing", timing, flags=True)
     _check_header_values(o, sched, site)
     image, binds = _paths(o, sched, image_exists, alloc.resource_type)
@@ -161,32 +164,49 @@ def build(
 def _settings(
     o: LaunchOptions, sched, alloc, timing, image: Optional[str], binds: tuple, train: Training
 ) -> job_settings.JobSettings:
-    """The job's settings from the choices and what ``build`` derived from them (placement, wall time, paths)."""
-    s = job_settings
-    return s.JobSettings(
-        script_name="job.sh",  # the name it is written under: render's
-        allocation=s.Allocation(
-            o.scheduler,
-            o.nodes,
-            alloc.ranks_per_node,
-            alloc.cpus_per_rank,
-            alloc.rt.sockets if alloc.rt else 0,
+    """The job's settings, each by its name: what ``build`` derived (placement, wall time, paths, the commands),
+    else the launch option of the same name (``o.save_dir``): a setting declared in ``settings.py`` with its launch
+    group (``options.with_settings``) reaches the job with no edit here."""
+    rt_environment = alloc.rt.environment if alloc.rt else ()
+    derived = {
+        "script_name": "job.sh",  # the name it is written under: render's
+        "ranks_per_node": alloc.ranks_per_node,
+        "cpus_per_rank": alloc.cpus_per_rank,
+        "sockets": alloc.rt.sockets if alloc.rt else 0,
+        **{f.name: getattr(timing, f.name) for f in dataclasses.fields(timing)},
+        "modules": _modules(o, sched, image),
+        "image": image or "",
+        "binds": binds,
+        "data_dir": o.data_dir or "",
+        "environment": tuple(
+            (n, v) for n, v, _ in rt_environment + COMMANDS[train.command].environment
         ),
-        timing=timing,
-        software=s.Software(_modules(o, sched, image), image or "", o.venv, binds),
-        storage=s.Storage(o.save_dir, o.data_dir or "", o.compile_cache, o.wandb_mode),
-        forwarding=s.Forwarding(
-            environment=tuple(
-                (n, v)
-                for n, v, _ in (alloc.rt.environment if alloc.rt else ())
-                + COMMANDS[train.command].environment
-            ),
-            coordinator=o.coordinator or "",
-            forward_prefixes=FORWARD_PREFIXES,
-            forward_names=FORWARD_NAMES,
-        ),
+        "coordinator": o.coordinator or "",
+        "forward_prefixes": FORWARD_PREFIXES,
+        "forward_names": FORWARD_NAMES,
         # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
-        commands=s.Commands(preflight=preflight_argv(alloc.devices_per_rank), train=train.argv),
+        "preflight": preflight_argv(alloc.devices_per_rank),
+        "train": train.argv,
+    }
+    return _by_name(job_settings.JobSettings, _named(o, **derived))
+
+
+def _named(o: LaunchOptions, **derived) -> Callable[[str], Any]:
+    """A setting's value by its name: derived by ``build``, else the launch option of that name; one that is
+    neither is a bug here, and AttributeError names it."""
+    return lambda name: derived[name] if name in derived else getattr(o, name)
+
+
+def _by_name(cls, value):
+    """``cls`` (a section, or ``JobSettings`` itself) with each field ``value(name)``, a section built likewise."""
+    hints = get_type_hints(cls)
+    return cls(
+        **{
+            f.name: _by_name(hints[f.name], value)
+            if dataclasses.is_dataclass(hints[f.name])
+            else value(f.name)
+            for f in dataclasses.fields(cls)
+        }
     )
 
 
