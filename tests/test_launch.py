@@ -315,7 +315,7 @@ REFUSALS = {
     ),
     "a negative stop margin": (
         ["sge", "--nodes", "1", "--gpus-per-node", "4", "--stop-margin", "-100"],
-        "a margin of 0 s or more",
+        "--stop-margin -100; expected --stop-margin from 0 to 31622400",
     ),
     "nodes past any machine": (
         ["pbs", "--nodes", "99999999999999999999", "--group", "g1"],

@@ -158,3 +158,56 @@ def test_every_setting_with_a_flag_is_the_launch_option_of_that_flag_with_its_he
         "--module",
         "--coordinator",
     } <= set(seen)
+
+
+def test_a_setting_the_job_runtime_reads_is_one_field_from_the_command_line_to_the_runtime(
+    monkeypatch, capsys
+):
+    """A setting the job runtime reads is one field of a section in ``settings.py`` (its flag, help, bound, launch
+    group and default) and the runtime's code that reads it: ``launch`` takes its flag, ``spec`` passes it by name,
+    the rendered script carries it and the runtime's reader (``settingsread``) gives it back, checked; a value past
+    its bound is refused by launch and by the runtime alike."""
+    # The bound a new count names, in the one table (beside the field, in settings.py).
+    bound = job_settings.Bound(1, 3600, "--heartbeat 60")
+    monkeypatch.setitem(job_settings.BOUNDS, "heartbeat_s", bound)
+
+    # 1. The one field ...
+    @dataclasses.dataclass(frozen=True)
+    class Timing(job_settings.Timing):
+        heartbeat_s: int = job_settings._field(
+            "heartbeat_s",
+            flag="--heartbeat",
+            help="seconds between the ranks' heartbeats (default: {default})",
+            group="training",
+            default=60,
+        )
+
+    monkeypatch.setattr(job_settings, "Timing", Timing)
+    # ... which LaunchOptions takes as import does (options.LaunchOptions = with_settings(...) at its end).
+    monkeypatch.setattr(
+        options_mod, "LaunchOptions", options_mod.with_settings(options_mod.LaunchOptions)
+    )
+
+    # 2. The runtime's code that uses it, given the settings the job's first node reads back.
+    def heartbeats(settings: job_settings.JobSettings) -> int:
+        return settings.timing.walltime_s // settings.timing.heartbeat_s
+
+    argv = ["launch", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--walltime", "1:00:00"]
+    assert cli.main([*argv, "--heartbeat", "45", "--dry-run"]) == 0, capsys.readouterr().err
+    script = capsys.readouterr().out
+    assert '"heartbeat_s": 45' in script, script  # the JSON the script hands to the runtime
+    settings = _settings_in(script)
+    assert settings.timing.heartbeat_s == 45 and heartbeats(settings) == 80
+    assert cli.main([*argv, "--dry-run"]) == 0  # left out: its launch default
+    assert _settings_in(capsys.readouterr().out).timing.heartbeat_s == 60
+
+    # Past its bound: launch refuses it in its flag's words, the runtime by its JSON path, both from the table.
+    assert cli.main([*argv, "--heartbeat", "0", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--heartbeat 0; expected --heartbeat from 1 to 3600. Fix: --heartbeat 60" in err, err
+    with pytest.raises(
+        job_settings.SettingsError, match="job setting timing.heartbeat_s: 7200; .* 1 to 3600"
+    ):
+        settingsread.from_json(
+            script.split(" supervise '")[1].split("'")[0].replace(": 45", ": 7200")
+        )

@@ -160,7 +160,9 @@ def test_chain_and_dry_run_are_refused_together_and_chain_must_be_positive(fake_
     assert cli.main(["launch", *HEADS["pbs"], "--dry-run", "--submit"]) == 2
     assert "--dry-run with --submit" in capsys.readouterr().err
     assert cli.main(["launch", *HEADS["pbs"], "--chain", "0"]) == 2
-    assert "--chain 0; expected 1 or more" in capsys.readouterr().err
+    assert (
+        f"--chain 0; expected 1 to {submit.MAX_CHAIN} jobs in one chain" in capsys.readouterr().err
+    )
     assert fake_scheduler() == []
 
 
@@ -306,7 +308,7 @@ def test_a_chain_longer_than_the_maximum_is_refused_before_anything_is_written(
 ):
     assert cli.main(["launch", *HEADS["pbs"], "-o", "job.sh", "--submit", "--chain", "100000"]) == 2
     err = capsys.readouterr().err
-    assert f"--chain 100000; expected at most {submit.MAX_CHAIN} jobs in one chain" in err, err
+    assert f"--chain 100000; expected 1 to {submit.MAX_CHAIN} jobs in one chain" in err, err
     assert not odd_scheduler.exists() and not (odd_scheduler.parent / "job.sh").exists()
     with pytest.raises(submit.SubmitError, match="a chain of 100000 jobs; expected 1 to"):
         submit.submit("pbs", "job.sh", name="x", group=None, chain=100000)

@@ -9,8 +9,9 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.flagchecks import JobSpecError, positive, shown_number
+from octo_dist.jobs.flagchecks import JobSpecError, shown_number
 from octo_dist.jobs.options import LaunchOptions
+from octo_dist.jobs.rankcores import default_cpus_per_rank
 from octo_dist.jobs.walltime import format_walltime, parse_walltime
 
 
@@ -33,8 +34,13 @@ def ranks_and_devices(
     8 GPUs: (None, None) -> (8, 1); (4, None) -> (4, 2); (None, 8) -> (1, 8); (3, None) and (4, 4) are refused:
     a GPU nobody binds sits idle for the whole job while the batch is counted as if it worked.
     """
-    positive("--devices-per-process", devices, "--devices-per-process 1")
-    positive("--ranks-per-node", ranks, f"--ranks-per-node {gpus_per_node}")
+    # Checked here too: --show-defaults works these out without the options' check (spec.derived_defaults).
+    for flag, value, key in (
+        ("--devices-per-process", devices, "devices_per_rank"),
+        ("--ranks-per-node", ranks, "ranks_per_node"),
+    ):
+        if value is not None:
+            job_settings.check_bound(flag, value, job_settings.BOUNDS[key], flags=True)
     if ranks is not None and ranks > gpus_per_node:
         raise JobSpecError(
             f"--ranks-per-node {shown_number(ranks)} with --gpus-per-node {gpus_per_node}",
@@ -124,27 +130,45 @@ def site_limits(o: LaunchOptions, resource_type: str, rt: schedulers.base.Resour
             )
 
 
+def shown_defaults(o: LaunchOptions, gpus: Optional[int], rt, resource_type: Optional[str]) -> dict:
+    """What :func:`placement` takes for the ranks, GPUs and cores per rank left unset, for ``--show-defaults``, as
+    ``{"cpus_per_rank": (12, "from --resource-type rt_HF")}``; a split the render refuses shows as None."""
+    out: dict = {}
+    ranks, devices = o.ranks_per_node, o.devices_per_rank
+    if gpus:
+        try:
+            ranks, devices = ranks_and_devices(gpus, ranks, devices)
+        except JobSpecError:
+            ranks, devices = None, None  # the render refuses them, saying why
+    # The reasons use --help's words: "(default: GPUs per node / ranks per node)".
+    if o.ranks_per_node is None:
+        why = "GPUs per node / --devices-per-process" if o.devices_per_rank else "one per GPU"
+        out["ranks_per_node"] = (ranks, why)
+    if o.devices_per_rank is None:
+        out["devices_per_rank"] = (devices, "GPUs per node / ranks per node")
+    if o.cpus_per_rank is None:
+        why = (
+            f"from --resource-type {resource_type}" if rt else "none bound without a resource type"
+        )
+        out["cpus_per_rank"] = (default_cpus_per_rank(rt, ranks, devices or 1), why)
+    return out
+
+
 def placement(o: LaunchOptions, sched) -> Placement:
     if o.nodes is None:
         raise JobSpecError(f"{o.scheduler} without --nodes", "the number of nodes", "--nodes 2")
-    job_settings.check_field(job_settings.Allocation, "nodes", o.nodes)
     gpus_per_node, resource_type, rt = _gpus_per_node(o, sched)
     if rt:
         site_limits(o, resource_type, rt)
-    positive(
-        "--gpus-per-node",
-        gpus_per_node,
-        f"--gpus-per-node {rt.gpus if rt else 8}",
-        job_settings.MAX_RANKS_PER_NODE,
-    )
     ranks_per_node, devices_per_rank = ranks_and_devices(
         gpus_per_node, o.ranks_per_node, o.devices_per_rank
     )
-    # CPU binding: each rank gets its own cores for its input pipeline, ranks spread evenly over the sockets.
     cpus_per_rank = o.cpus_per_rank
     if cpus_per_rank is None:
-        cpus_per_rank = rt.cores // rt.gpus * devices_per_rank if rt else 0
-    job_settings.check_field(job_settings.Allocation, "cpus_per_rank", cpus_per_rank)
+        cpus_per_rank = default_cpus_per_rank(rt, ranks_per_node, devices_per_rank)
+    # A given count was checked with the options (options.check_bounds); the default is checked here, before use.
+    cpus_bound = job_settings.BOUNDS["cpus_per_rank"]
+    job_settings.check_bound("--cpus-per-rank", cpus_per_rank, cpus_bound, flags=True)
     if rt and cpus_per_rank * ranks_per_node > rt.cores:
         raise JobSpecError(
             f"--cpus-per-rank {shown_number(cpus_per_rank)} x {ranks_per_node} rank(s) on {resource_type}",

@@ -8,14 +8,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, get_type_hints
 
 from octo_dist import problems
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import settings as job_settings
+from octo_dist.jobs.rankcores import default_cpus_per_rank
 from octo_dist.launchers import outside
 
 WANDB_MODES = job_settings.WANDB_MODES
+_BOUNDS = job_settings.BOUNDS
 DEFAULT_STOP_MARGIN_S = job_settings.DEFAULT_STOP_MARGIN_S
 DEFAULT_COMPILE_CACHE = (
     ".octo-dist/compile-cache"  # under the submit directory: shared by every node and every job
@@ -69,9 +71,11 @@ def _opt(
     in_header: bool = True,
     needs: str = "",
     old_flags: Tuple[str, ...] = (),
+    bound: Optional[job_settings.Bound] = None,
     **argparse_kwargs,
 ):
-    """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords.
+    """A LaunchOptions field: its default, its help line and argparse group, and extra ``add_argument`` keywords;
+    ``bound``: a count's, from the one table (``settings.BOUNDS["steps"]``), checked by :func:`check_bounds`.
 
     ``help`` may use ``{default}``, ``{scheduler}``, ``{resource_type}``, ``{modules}``, ``{resource_types}``: each
     scheduler's ``launch`` help is filled in with its own values (``launch_help``). ``needs``: a scheduler
@@ -90,6 +94,7 @@ def _opt(
             "in_header": in_header,
             "needs": needs,
             "old_flags": old_flags,  # earlier spellings: still accepted, with a note naming this one
+            "bound": bound,
             "argparse": argparse_kwargs,
         },
     )
@@ -99,7 +104,10 @@ def _setting(section, name: str, default, group: str, **argparse_kwargs):
     """A LaunchOptions field for a setting the job carries (``settings.Allocation``'s ``nodes``): its flag and help
     are the setting's own metadata, so the flag that sets it is the flag a refusal of its value names."""
     meta = next(f for f in dataclasses.fields(section) if f.name == name).metadata
-    return _opt(default, meta["help"], group, flag=meta["flag"], **argparse_kwargs)
+    # A count taken as given has the setting's bound; --walltime's text ("1:00:00") is read first, and its seconds
+    # are then checked with the timing.
+    bound = meta["bound"] if argparse_kwargs.get("type") is int else None
+    return _opt(default, meta["help"], group, flag=meta["flag"], bound=bound, **argparse_kwargs)
 
 
 class Renamed(GivenOnce):
@@ -132,7 +140,11 @@ class LaunchOptions:
         needs="resource_types",  # only ABCI 3.0's PBS has resource types here
     )
     gpus_per_node: Optional[int] = _opt(
-        None, "GPUs used on each node (default: {gpus_per_node})", "resources", type=int
+        None,
+        "GPUs used on each node (default: {gpus_per_node})",
+        "resources",
+        bound=_BOUNDS["gpus_per_node"],
+        type=int,
     )
     ranks_per_node: Optional[int] = _setting(
         job_settings.Allocation, "ranks_per_node", None, "resources", type=int
@@ -145,6 +157,7 @@ class LaunchOptions:
         # smoke's, finetune's and validate's spelling too: one name for one setting
         flag="--devices-per-process",
         old_flags=("--devices-per-rank",),
+        bound=_BOUNDS["devices_per_rank"],
         type=int,
     )
     cpus_per_rank: Optional[int] = _setting(
@@ -187,22 +200,29 @@ class LaunchOptions:
         "examples per GPU per step; the global batch is this x GPUs per node x "
         "nodes, however many GPUs each rank has (default: the command's own)",
         "training",
+        bound=_BOUNDS["per_gpu_batch"],
         type=int,
     )
     global_batch: Optional[int] = _opt(
         None,
         "examples per step over all GPUs, a multiple of their number (default: the command's own)",
         "training",
+        bound=_BOUNDS["global_batch"],
         type=int,
     )
     steps: Optional[int] = _opt(
-        None, "optimizer steps (default: the command's own)", "training", type=int
+        None,
+        "optimizer steps (default: the command's own)",
+        "training",
+        bound=_BOUNDS["steps"],
+        type=int,
     )
     keep_samples_from: Optional[int] = _opt(
         None,
         "--steps were planned for this global batch: scale them so the job "
         "sees as many examples (default: no scaling)",
         "training",
+        bound=_BOUNDS["keep_samples_from"],
         type=int,
         metavar="BATCH",
     )
@@ -265,6 +285,7 @@ class LaunchOptions:
         "trains only when the one before did not fail, and resumes from its checkpoints; "
         "at most 50 (default: one job)",
         "output",
+        bound=_BOUNDS["chain"],
         type=int,
         metavar="N",
         in_header=False,
@@ -303,6 +324,49 @@ class LaunchOptions:
         given = dict(self.site)
         own = schedulers.get(self.scheduler).options
         return {**{o.name: given.pop(o.name, o.default) for o in own}, **given}
+
+
+def with_settings(base: type) -> type:
+    """``base`` with an option for each job setting declared with its launch group in its metadata
+    (``settings._field(..., group="training", default=...)``) that ``base`` does not take already: its flag, help,
+    bound, group and default are the setting's, its name the setting's (``spec`` passes ``o.NAME`` to it by name),
+    so a setting the job runtime reads is one field in ``settings.py``."""
+    taken = {f.name for f in dataclasses.fields(base)}
+    extra = []
+    for section in get_type_hints(job_settings.JobSettings).values():
+        hints = get_type_hints(section) if dataclasses.is_dataclass(section) else {}
+        for f in dataclasses.fields(section) if hints else ():
+            meta = f.metadata
+            if meta["group"] and f.name not in taken:
+                kind = {"type": hints[f.name]} if hints[f.name] in (int, str) else {}
+                opt = _opt(
+                    meta["default"],
+                    meta["help"],
+                    meta["group"],
+                    flag=meta["flag"],
+                    bound=meta["bound"],
+                    **kind,
+                )
+                extra.append((f.name, Optional[hints[f.name]], opt))
+    if not extra:
+        return base
+    namespace = {"__module__": base.__module__, "__doc__": base.__doc__}
+    return dataclasses.make_dataclass(
+        base.__name__, extra, bases=(base,), frozen=True, namespace=namespace
+    )
+
+
+LaunchOptions = with_settings(LaunchOptions)
+
+
+def check_bounds(o: LaunchOptions) -> None:
+    """Every count given against its bound in the one table (``settings.BOUNDS``), in its flag's words, before
+    anything is derived from it: ``--steps 0`` -> ``--steps 0; expected --steps from 1 to 2147483647. Fix: --steps
+    1000``, the words the settings' own check (``settings.check(flags=True)``) gives a count the job carries."""
+    for f in option_fields():
+        value = getattr(o, f.name)
+        if f.metadata["bound"] is not None and value is not None:
+            job_settings.check_bound(flag_of(f), value, f.metadata["bound"], flags=True)
 
 
 def wandb_note(mode: str) -> str:
@@ -353,7 +417,8 @@ def launch_help(scheduler: str) -> Mapping[str, str]:
         if rt
         else "none, required",
         "cpus_per_rank": (
-            f"the node's cores over its GPUs, {rt.cores // rt.gpus} on {s.default_resource_type}"
+            f"the node's cores over its GPUs, {default_cpus_per_rank(rt, rt.gpus, 1)} on "
+            f"{s.default_resource_type}"
             if rt
             else "0, none bound"
         ),

@@ -6,11 +6,7 @@
 ``settingsread.from_json`` and the same :func:`check`, naming fields by their JSON path, so what a script carries is
 checked field by field before anything starts: a script edited by hand, cut short or written by another octo-dist
 version is refused in one line (exit 2), never half-run. Standard library only, Python 3.9: it ships in the job
-runtime's zipapp.
-
-    {"schema": 2, "script_name": "job.sh",
-     "allocation": {"scheduler": "pbs", "nodes": 2, "ranks_per_node": 8, "cpus_per_rank": 12, "sockets": 2},
-     "timing": {"walltime_s": 3600, "stop_margin_s": 300}, ...}
+runtime's zipapp. ``{"schema": 2, "script_name": "job.sh", "allocation": {"scheduler": "pbs", "nodes": 2, ...}, ...}``
 """
 
 from __future__ import annotations
@@ -36,11 +32,13 @@ MAX_WALLTIME_S = 366 * 24 * 3600  # schedulers cap jobs at days; a year is past 
 MIN_TRAINING_S = (
     30  # wall time minus stop margin: less leaves the ranks no time to start, let alone train
 )
-# Ranks checkpoint this long before the wall time unless --stop-margin says otherwise; an Octo checkpoint takes
-# well under it.
+# Ranks checkpoint this long before the wall time unless --stop-margin says otherwise (an Octo checkpoint: seconds)
 DEFAULT_STOP_MARGIN_S = 300
 MAX_TEXT = 4096  # PATH_MAX: the longest path, module name or argument a job script holds
 MAX_ITEMS = 1000  # the most entries of one list (training arguments, binds, modules, variables)
+# The largest batch, step count or sample count a flag takes: what every training program's int32 counters hold.
+MAX_COUNT = 2**31 - 1
+MAX_CHAIN = 50  # jobs in one --chain: 50 wall times of 24 h are 50 days of training
 WANDB_MODES = ("online", "offline", "disabled")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters no job setting holds: controls (NUL, newline, escape), format characters (bidi overrides), line and
@@ -61,29 +59,76 @@ class JobSpecError(SettingsError):
     ``--nodes 0; expected --nodes from 1 to 10000. Fix: --nodes 1 (or more)`` (one line)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The values a count may take, ``low <= value <= high``, and how a refusal at render words them: ``expected``
+    and ``fix`` with ``{flag}``, ``{low}``, ``{high}`` and ``{nearest}`` (the bound the value passed) filled in."""
+
+    low: int
+    high: int
+    fix: str = "{flag} {nearest}"
+    expected: str = "{flag} from {low} to {high}"
+
+    def refusal(self, flag: str, value: int) -> "JobSpecError":
+        """``--nodes 0`` -> ``--nodes 0; expected --nodes from 1 to 10000. Fix: --nodes 1 (or more)``."""
+        words = {"flag": flag, "low": self.low, "high": self.high}
+        nearest = min(max(value, self.low), self.high)
+        return JobSpecError(
+            f"{flag} {shown_number(value)}",
+            self.expected.format(**words),
+            self.fix.format(nearest=nearest, **words),
+        )
+
+
+# Every bound a count has, the one table: the job's settings name theirs in their metadata (checked at render in the
+# words of launch's flags and again on the node by JSON path); launch's own counts (GPUs, batch, steps, the chain)
+# name theirs in LaunchOptions' metadata, checked by ``options.check_bounds`` before anything is derived from them.
+BOUNDS = {
+    "nodes": Bound(1, MAX_NODES, "--nodes 1 (or more)"),
+    "ranks_per_node": Bound(1, MAX_RANKS_PER_NODE, "--ranks-per-node 8"),
+    "cpus_per_rank": Bound(0, MAX_CPUS_PER_RANK, "--cpus-per-rank 0", "0 (no binding) to {high}"),
+    "sockets": Bound(0, MAX_SOCKETS),  # 0: unknown (SLURM, Grid Engine); no flag sets it
+    "walltime_s": Bound(1, MAX_WALLTIME_S, "--walltime 1:00:00"),
+    "stop_margin_s": Bound(0, MAX_WALLTIME_S, "--stop-margin 300"),
+    "gpus_per_node": Bound(1, MAX_RANKS_PER_NODE, "--gpus-per-node 8"),
+    "devices_per_rank": Bound(1, MAX_COUNT, "--devices-per-process 1"),
+    "per_gpu_batch": Bound(1, MAX_COUNT, "--per-gpu-batch 32"),
+    "global_batch": Bound(1, MAX_COUNT, "--global-batch 256"),
+    "steps": Bound(1, MAX_COUNT, "--steps 1000"),
+    "keep_samples_from": Bound(1, MAX_COUNT, "--keep-samples-from 256"),
+    "chain": Bound(
+        1,
+        MAX_CHAIN,
+        "--chain {nearest} (a longer run: another chain once this one ends)",
+        "{low} to {high} jobs in one chain",
+    ),
+}
+
+
 def _field(
-    low: int = 0,
-    high: int = 0,
+    bound: str = "",
     *,
     choices: Tuple[str, ...] = (),
     path: bool = False,
     flag: str = "",
     fix: str = "",
-    expected: str = "",
     help: str = "",
+    group: str = "",
+    default: Any = None,
 ):
-    """A setting's metadata: its bounds (integers: ``low <= value <= high``), allowed values, whether it is a path;
+    """A setting's metadata: its bound (a key of :data:`BOUNDS`, for a count), allowed values, whether it is a path;
     ``flag``: the ``octo-dist launch`` option that sets it, which names it in a refusal at render time (on the
-    node, its JSON path does); ``fix``: that refusal's fix (``"--nodes 1 (or more)"``); ``expected``: its wording
-    of the bounds where ``"--nodes from 1 to 10000"`` would not say it (``"0 (no binding) to 1024"``); ``help``:
-    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``)."""
-    meta = {"low": low, "high": high, "choices": choices, "path": path, "help": help}
-    return dataclasses.field(metadata={**meta, "flag": flag, "fix": fix, "expected": expected})
+    node, its JSON path does); ``fix``: the fix of a refusal of its choices (``"--wandb-mode offline"``); ``help``:
+    the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``);
+    ``group`` and ``default``: its ``launch --help`` group and default, where the option is this field alone
+    (``options.with_settings`` makes it, ``spec`` passes its value by name)."""
+    meta = {"bound": BOUNDS[bound] if bound else None, "choices": choices, "path": path}
+    launch = {"group": group, "default": default}
+    return dataclasses.field(metadata={**meta, **launch, "help": help, "flag": flag, "fix": fix})
 
 
 def _path_field(flag: str, help: str):
-    """A path setting (``--save-dir runs/ft``): set by ``flag``, explained by ``help``, refused when it starts with
-    '-' (a script's command would read it as an option); see :func:`_field`."""
+    """A path setting (``--save-dir runs/ft``), refused when it starts with '-' (read as an option); see _field."""
     return _field(path=True, flag=flag, help=help)
 
 
@@ -92,43 +137,32 @@ class Allocation:
     """Where the ranks run: what the scheduler was asked for."""
 
     scheduler: Text = _field()  # "pbs": a registered scheduler's name
-    nodes: int = _field(
-        1, MAX_NODES, flag="--nodes", fix="--nodes 1 (or more)", help="number of nodes (required)"
-    )
+    nodes: int = _field("nodes", flag="--nodes", help="number of nodes (required)")
     ranks_per_node: int = _field(
-        1,
-        MAX_RANKS_PER_NODE,
+        "ranks_per_node",
         flag="--ranks-per-node",
-        fix="--ranks-per-node 8",
         help="processes per node (default: GPUs per node / --devices-per-process, one per GPU without it)",
     )
     cpus_per_rank: int = _field(  # 0: no binding
-        0,
-        MAX_CPUS_PER_RANK,
+        "cpus_per_rank",
         flag="--cpus-per-rank",
-        fix="--cpus-per-rank 0",
-        expected=f"0 (no binding) to {MAX_CPUS_PER_RANK}",
         help="CPU cores bound to each rank, for its input pipeline; 0 binds none (default: {cpus_per_rank})",
     )
-    sockets: int = _field(0, MAX_SOCKETS)  # 0: unknown (SLURM, Grid Engine)
+    sockets: int = _field("sockets")  # 0: unknown (SLURM, Grid Engine)
 
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
     walltime_s: int = _field(
-        1,
-        MAX_WALLTIME_S,
+        "walltime_s",
         flag="--walltime",
-        fix="--walltime 1:00:00",
         help="wall-time limit, H:MM:SS or D-H:MM:SS; two fields (30:00) are refused, since PBS, SLURM and Grid Engine "
         "read them as MM:SS (default: {default})",
     )
     # every rank checkpoints and stops this long before it
     stop_margin_s: int = _field(
-        0,
-        MAX_WALLTIME_S,
+        "stop_margin_s",
         flag="--stop-margin",
-        fix="--stop-margin 300",
         help="seconds before the wall time at which every rank checkpoints and "
         "stops (default: {default})",
     )
@@ -202,9 +236,8 @@ class Storage:
 class Forwarding:
     """What the job exports, and which of its variables reach the ranks on every node."""
 
-    environment: Pairs = (
-        _field()
-    )  # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
+    # (("NCCL_IB_HCA", "mlx5_ibn1,..."),): exported unless already set
+    environment: Pairs = _field()
     coordinator: Text = _field(
         flag="--coordinator",
         help="HOST:PORT of the coordinator (default: octo-dist agrees one when the job starts)",
@@ -257,16 +290,7 @@ def checked_value(name: str, kind, value: Any, meta: Mapping, flags: bool = Fals
     """One setting checked against its type and metadata; ``name`` is its JSON path (``allocation.nodes``), or with
     ``flags`` the launch option that set it (``--nodes``), and the refusal speaks of that."""
     if kind is int:
-        if (
-            type(value) is not int
-        ):  # bool is an int to Python, and 1e999 a float: neither is a count
-            raise settings_error(name, json_kind(value), _range(meta))
-        if not meta["low"] <= value <= meta["high"]:
-            if flags:
-                expected = meta.get("expected") or f"{name} from {meta['low']} to {meta['high']}"
-                raise JobSpecError(f"{name} {shown_number(value)}", expected, meta.get("fix", ""))
-            raise settings_error(name, str(value), _range(meta))
-        return value
+        return check_bound(name, value, meta["bound"], flags)
     if kind is str:
         return check_text(name, value, meta, flags)
     if kind == Texts:
@@ -287,6 +311,18 @@ def checked_value(name: str, kind, value: Any, meta: Mapping, flags: bool = Fals
             out.append((var, val))
         return tuple(out)
     raise TypeError(f"no reader for {name}: {kind}")  # a field type added without one: a bug here
+
+
+def check_bound(name: str, value: Any, bound: Bound, flags: bool = False) -> int:
+    """A count within its bound: ``name`` is its JSON path, or with ``flags`` the flag that gave it, and the refusal
+    is the bound's own in that flag's words (``Bound.refusal``), the same whichever check finds it."""
+    if type(value) is not int:  # bool is an int to Python, and 1e999 a float: neither is a count
+        raise settings_error(name, json_kind(value), _range(bound))
+    if bound.low <= value <= bound.high:
+        return value
+    if flags:
+        raise bound.refusal(name, value)
+    raise settings_error(name, str(value), _range(bound))
 
 
 def _items(name: str, value: Any) -> list:
@@ -369,10 +405,9 @@ def check(s: JobSettings, flags: bool = False) -> None:
 
 
 def check_section(where: str, section: Any, flags: bool = False) -> None:
-    """One section (``"timing"``, a :class:`Timing`): its rules, then each field; ``launch`` checks a section as
-    soon as it is decided, so what depends on it (the GPUs, from the nodes) is never computed from a bad value."""
-    if isinstance(section, Timing):
-        _check_timing(section, flags)
+    """One section (``"timing"``, a :class:`Timing`): each field, then the rules between them (a negative stop
+    margin is its bound's refusal, as ``options.check_bounds`` words it); ``launch`` checks a section as soon as it
+    is decided, so what depends on it (the GPUs, from the nodes) is never computed from a bad value."""
     hints = get_type_hints(type(section))
     for f in dataclasses.fields(section):
         flag = f.metadata.get("flag")
@@ -380,31 +415,24 @@ def check_section(where: str, section: Any, flags: bool = False) -> None:
         checked_value(
             name, hints[f.name], getattr(section, f.name), f.metadata, flags and bool(flag)
         )
-
-
-def check_field(cls, name: str, value: Any) -> None:
-    """One field of section ``cls`` in the words of its flag, before the section exists:
-    ``check_field(Allocation, "cpus_per_rank", -1)`` -> ``JobSpecError("--cpus-per-rank -1; ...")``."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    checked_value(f.metadata["flag"], get_type_hints(cls)[name], value, f.metadata, True)
+    if isinstance(section, Timing):
+        _check_timing(section, flags)
 
 
 def _check_timing(t: Timing, flags: bool) -> None:
     """The ranks need MIN_TRAINING_S between their start and the stop margin: 5:01 with a 300 s margin would leave
     them 1 s, and they would stop before the first step while a chain goes on."""
     least, margin, walltime_s = MIN_TRAINING_S, t.stop_margin_s, t.walltime_s
-    if 0 <= margin <= walltime_s - least:
+    if margin <= walltime_s - least:  # each within its bound already (check_section)
         return
     if not flags:
-        if type(margin) is not int or type(walltime_s) is not int:
-            return  # the field's own check names it
         raise settings_error(
             "timing",
             f"walltime_s {walltime_s} with stop_margin_s {margin}",
             f"at least {least} s between the start and the stop",
         )
     walltime = format_walltime(walltime_s)
-    if walltime_s < least and 0 <= margin:
+    if walltime_s < least:
         # No margin makes 10 s enough: the fix is a longer wall time, with the margin asked for (or the default).
         raise JobSpecError(
             f"--walltime {walltime} ({walltime_s} s)",
@@ -454,8 +482,8 @@ def json_kind(value: Any) -> str:
     return f"{shown} ({names.get(type(value), type(value).__name__)})"
 
 
-def _range(meta: Mapping) -> str:
-    return f"a whole number from {meta['low']} to {meta['high']}"
+def _range(bound: Bound) -> str:
+    return f"a whole number from {bound.low} to {bound.high}"
 
 
 def settings_error(name: str, found: str, expected: str) -> SettingsError:

@@ -12,23 +12,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, get_type_hints
 
 from octo_dist.jobs import imagefit, schedulers, sitedirectives
-from octo_dist.jobs.allocation import placement, ranks_and_devices
+from octo_dist.jobs.allocation import placement, shown_defaults
 from octo_dist.jobs.commands import COMMANDS, FORWARD_NAMES, FORWARD_PREFIXES, PREFLIGHT, Checker
 from octo_dist.jobs.flagchecks import (
     JobSpecError,
     check_coordinator,
     check_path,
     check_printable,
-    shown_number,
 )
 from octo_dist.jobs import settings as job_settings
-from octo_dist.jobs.options import (
-    LaunchOptions,
-    scheduler_names,
-)
+from octo_dist.jobs.options import LaunchOptions, check_bounds, scheduler_names
 from octo_dist.jobs.training import Training, pretrained_bind, training
 from octo_dist.jobs.walltime import parse_walltime
 
@@ -95,23 +91,7 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     if gpus is None and rt:
         gpus = rt.gpus
         out["gpus_per_node"] = (gpus, f"from --resource-type {resource_type}")
-    ranks, devices = o.ranks_per_node, o.devices_per_rank
-    if gpus:
-        try:
-            ranks, devices = ranks_and_devices(gpus, ranks, devices)
-        except JobSpecError:
-            ranks, devices = None, None  # the render refuses them, saying why
-    # The reasons use --help's words: "(default: GPUs per node / ranks per node)".
-    if o.ranks_per_node is None:
-        why = "GPUs per node / --devices-per-process" if o.devices_per_rank else "one per GPU"
-        out["ranks_per_node"] = (ranks, why)
-    if o.devices_per_rank is None:
-        out["devices_per_rank"] = (devices, "GPUs per node / ranks per node")
-    if o.cpus_per_rank is None and rt:
-        cpus = 0 if ranks == 1 else rt.cores // rt.gpus * (devices or 1)
-        out["cpus_per_rank"] = (cpus, f"from --resource-type {resource_type}")
-    elif o.cpus_per_rank is None:
-        out["cpus_per_rank"] = (0, "none bound without a resource type")
+    out.update(shown_defaults(o, gpus, rt, resource_type))
     if o.output is None:
         out["output"] = (f"octo-dist-{scheduler}.sh", "after the scheduler")
     if o.bind is None and s.default_binds("GROUP"):
@@ -148,10 +128,14 @@ def build(
         )
     sched = schedulers.get(o.scheduler)
     site = o.site_values()
+    check_bounds(o)  # every count given, in the words settings.check gives those the job carries
     _check_chain(o)
     _check_texts(o, command_line)
     alloc = placement(o, sched)
-    timing = job_settings.Timing(walltime_s=parse_walltime(o.walltime), stop_margin_s=o.stop_margin)
+    timing = _by_name(
+        job_settings.Timing,
+        _named(o, walltime_s=parse_walltime(o.walltime), stop_margin_s=o.stop_margin),
+    )
     job_settings.check_section("timing", timing, flags=True)
     _check_header_values(o, sched, site)
     image, binds = _paths(o, sched, image_exists, alloc.resource_type)
@@ -180,32 +164,49 @@ def build(
 def _settings(
     o: LaunchOptions, sched, alloc, timing, image: Optional[str], binds: tuple, train: Training
 ) -> job_settings.JobSettings:
-    """The job's settings from the choices and what ``build`` derived from them (placement, wall time, paths)."""
-    s = job_settings
-    return s.JobSettings(
-        script_name="job.sh",  # the name it is written under: render's
-        allocation=s.Allocation(
-            o.scheduler,
-            o.nodes,
-            alloc.ranks_per_node,
-            alloc.cpus_per_rank,
-            alloc.rt.sockets if alloc.rt else 0,
+    """The job's settings, each by its name: what ``build`` derived (placement, wall time, paths, the commands),
+    else the launch option of the same name (``o.save_dir``): a setting declared in ``settings.py`` with its launch
+    group (``options.with_settings``) reaches the job with no edit here."""
+    rt_environment = alloc.rt.environment if alloc.rt else ()
+    derived = {
+        "script_name": "job.sh",  # the name it is written under: render's
+        "ranks_per_node": alloc.ranks_per_node,
+        "cpus_per_rank": alloc.cpus_per_rank,
+        "sockets": alloc.rt.sockets if alloc.rt else 0,
+        **{f.name: getattr(timing, f.name) for f in dataclasses.fields(timing)},
+        "modules": _modules(o, sched, image),
+        "image": image or "",
+        "binds": binds,
+        "data_dir": o.data_dir or "",
+        "environment": tuple(
+            (n, v) for n, v, _ in rt_environment + COMMANDS[train.command].environment
         ),
-        timing=timing,
-        software=s.Software(_modules(o, sched, image), image or "", o.venv, binds),
-        storage=s.Storage(o.save_dir, o.data_dir or "", o.compile_cache, o.wandb_mode),
-        forwarding=s.Forwarding(
-            environment=tuple(
-                (n, v)
-                for n, v, _ in (alloc.rt.environment if alloc.rt else ())
-                + COMMANDS[train.command].environment
-            ),
-            coordinator=o.coordinator or "",
-            forward_prefixes=FORWARD_PREFIXES,
-            forward_names=FORWARD_NAMES,
-        ),
+        "coordinator": o.coordinator or "",
+        "forward_prefixes": FORWARD_PREFIXES,
+        "forward_names": FORWARD_NAMES,
         # + "--devices-per-process=2": the GPUs each rank binds, for the preflight's check
-        commands=s.Commands(preflight=preflight_argv(alloc.devices_per_rank), train=train.argv),
+        "preflight": preflight_argv(alloc.devices_per_rank),
+        "train": train.argv,
+    }
+    return _by_name(job_settings.JobSettings, _named(o, **derived))
+
+
+def _named(o: LaunchOptions, **derived) -> Callable[[str], Any]:
+    """A setting's value by its name: derived by ``build``, else the launch option of that name; one that is
+    neither is a bug here, and AttributeError names it."""
+    return lambda name: derived[name] if name in derived else getattr(o, name)
+
+
+def _by_name(cls, value):
+    """``cls`` (a section, or ``JobSettings`` itself) with each field ``value(name)``, a section built likewise."""
+    hints = get_type_hints(cls)
+    return cls(
+        **{
+            f.name: _by_name(hints[f.name], value)
+            if dataclasses.is_dataclass(hints[f.name])
+            else value(f.name)
+            for f in dataclasses.fields(cls)
+        }
     )
 
 
@@ -226,22 +227,15 @@ def preflight_argv(devices_per_rank: int) -> tuple:
 
 
 MAX_CHAIN = (
-    50  # jobs in one --chain (submit.MAX_CHAIN): 50 wall times of 24 h are 50 days of training
-)
+    job_settings.MAX_CHAIN
+)  # submit.MAX_CHAIN reads it here; its bound is settings.BOUNDS["chain"]
 
 
 def _check_chain(o: LaunchOptions) -> None:
-    """``--chain N`` queues N jobs: only with ``--submit`` (writing a script never submits), 1 to MAX_CHAIN."""
+    """``--chain N`` queues N jobs (1 to MAX_CHAIN, ``check_bounds``): only with ``--submit`` (writing a script
+    never submits)."""
     if o.chain is None:
         return
-    if o.chain < 1:
-        raise JobSpecError(f"--chain {shown_number(o.chain)}", "1 or more jobs", "--chain 3")
-    if o.chain > MAX_CHAIN:
-        raise JobSpecError(
-            f"--chain {shown_number(o.chain)}",
-            f"at most {MAX_CHAIN} jobs in one chain",
-            f"--chain {MAX_CHAIN}, then another chain after it ends",
-        )
     if not o.submit and not o.dry_run:
         raise JobSpecError(
             f"--chain {o.chain} without --submit",

@@ -19,7 +19,7 @@ from octo_dist.jobs.commands import (
     Command,
     config_file_first,
 )
-from octo_dist.jobs.flagchecks import MAX_COUNT, JobSpecError, flag_given, positive
+from octo_dist.jobs.flagchecks import JobSpecError, flag_given
 from octo_dist.jobs.options import LaunchOptions, flag_of, option_fields
 
 
@@ -46,11 +46,8 @@ class Training(NamedTuple):
 def _batch_and_steps(
     o: LaunchOptions, gpus: int, nodes_x_gpus: str
 ) -> Tuple[Optional[int], Optional[int]]:
-    """(global batch, steps): the batch counted in GPUs, not ranks (a rank with 2 GPUs takes 2 GPUs' share)."""
-    positive("--per-gpu-batch", o.per_gpu_batch, "--per-gpu-batch 32", MAX_COUNT)
-    positive("--global-batch", o.global_batch, "--global-batch 256", MAX_COUNT)
-    positive("--steps", o.steps, "--steps 1000", MAX_COUNT)
-    positive("--keep-samples-from", o.keep_samples_from, "--keep-samples-from 256", MAX_COUNT)
+    """(global batch, steps): the batch counted in GPUs, not ranks (a rank with 2 GPUs takes 2 GPUs' share); each
+    within its bound already (``options.check_bounds``)."""
     global_batch, steps = o.global_batch, o.steps
     if o.per_gpu_batch is not None and global_batch is not None:
         raise JobSpecError(

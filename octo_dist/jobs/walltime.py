@@ -12,6 +12,10 @@ from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs.settings import format_walltime as format_walltime
 from octo_dist.jobs.flagchecks import JobSpecError
 
+MOST_S = job_settings.BOUNDS[
+    "walltime_s"
+].high  # the longest wall time any job takes (a year), in seconds
+
 
 WALLTIME_RE = re.compile(r"(?:(\d+)-)?(\d+):([0-5]\d)(?::([0-5]\d))?")
 # Two fields, "30:00": PBS (walltime=[[HH:]MM:]SS), SLURM (--time=MM:SS) and Grid Engine (h_rt=[[H:]M:]S) all read
@@ -44,7 +48,7 @@ def walltime_fix(text: str) -> str:
         total = ((hours * 60) + minutes) * 60 + seconds
         if days and not total:
             return f"{days}-00:00:00"
-        if 0 < days * 86400 + total <= job_settings.MAX_WALLTIME_S:
+        if 0 < days * 86400 + total <= MOST_S:
             return format_walltime(days * 86400 + total)
     if text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0:
         return bare_number_readings(int(text))
@@ -57,9 +61,9 @@ def bare_number_readings(n: int) -> str:
     schedulers disagree (PBS and Grid Engine read seconds, SLURM minutes) and people mean hours as often: the fix
     names every reading rather than picking one for the reader."""
     readings = []
-    if n * 3600 <= job_settings.MAX_WALLTIME_S:
+    if n * 3600 <= MOST_S:
         readings.append(f"{_short(n * 3600)} ({n} hours)")
-    if n * 60 <= job_settings.MAX_WALLTIME_S:
+    if n * 60 <= MOST_S:
         readings.append(f"{_short(n * 60)} ({n} minutes, as SLURM reads a bare number)")
     readings.append(f"{_short(n)} ({n} seconds, as PBS and Grid Engine read it)")
     return ", ".join(readings[:-1]) + " or " + readings[-1] if len(readings) > 1 else readings[0]
@@ -89,10 +93,10 @@ def parse_walltime(text: str, label: str = "--walltime") -> int:
         )
     days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    if total > job_settings.MAX_WALLTIME_S:
+    if total > MOST_S:
         raise JobSpecError(
             f"{label} {text} ({total} s)",
-            f"at most {job_settings.MAX_WALLTIME_S // 86400} days",
+            f"at most {MOST_S // 86400} days",
             "--walltime 7-00:00:00 (ABCI 3.0 allows up to 168 hours on rt_HF)",
         )
     return total
