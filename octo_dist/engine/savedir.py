@@ -11,7 +11,7 @@ Without these, an unwritable directory is found at the first save (with ``--save
 a full disk leaves a half-written step, and two jobs on one directory delete each other's half-written steps
 (orbax removes ``*.orbax-checkpoint-tmp-*`` on start) and prune each other's checkpoints.
 
-The lock is a file, ``<directory>/.octo-dist.lock`` (``RunLayout.lock``: the directory is the run's
+The lock is a file, ``<directory>/.octo-dist.lock`` (``savelayout.lock_file``: the directory is the run's
 ``RunLayout.train_state``, where its checkpoints go), created atomically (``link(2)`` of a complete file, which
 also works on NFS) by process 0 and holding who owns it::
 
@@ -212,7 +212,7 @@ class RunLock:
         stale_after_s: float = STALE_AFTER_S,
         heartbeat_s: float = HEARTBEAT_S,
     ):
-        # RunLayout.lock: beside the checkpoints it guards
+        # savelayout.lock_file: beside the checkpoints it guards
         self.path = Path(savelayout.lock_file(str(directory)))
         self.holder = {
             "host": host or socket.gethostname(),

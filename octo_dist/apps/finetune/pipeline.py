@@ -147,8 +147,8 @@ class OctoData:
     meanwhile, from the batch's shapes (:meth:`batch_spec`). ``example`` waits for it.
 
     Args:
-      start_step: where training will start (``job_config.resume.start``, decided before start-up); its shuffle and
-        augmentation seeds follow it.
+      start_step: where training will start (``job_config.training.resume.start``, decided before start-up); its
+        shuffle and augmentation seeds follow it.
       build: makes the dataset of trajectories, ``dataset_statistics`` attached (default: Octo's, for the job
         config). ``transform``: the frame transforms, over a dataset of frames (default: :func:`frame_transform` for
         the config: octo-dist's, or the fork's for what they do not do). ``process``: one batch -> what the
