@@ -461,14 +461,7 @@ def _hint_or_submit(
 
 
 def _check_submit(options: options_mod.LaunchOptions) -> None:
-    if options.chain is not None and options.chain < 1:
-        raise spec_mod.JobSpecError(f"--chain {options.chain}", "1 or more jobs", "--chain 3")
-    if options.chain is not None and options.chain > submit_mod.MAX_CHAIN:
-        raise spec_mod.JobSpecError(
-            f"--chain {options.chain}",
-            f"at most {submit_mod.MAX_CHAIN} jobs in one chain",
-            f"--chain {submit_mod.MAX_CHAIN}, then another chain after it ends",
-        )
+    # --chain's range is settings.BOUNDS["chain"], refused by spec.build before this runs.
     if options.dry_run and (options.submit or options.chain):
         raise spec_mod.JobSpecError(
             "--dry-run with --submit/--chain",

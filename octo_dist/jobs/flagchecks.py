@@ -16,7 +16,6 @@ __all__ = [
     "shown_number",
     "check_printable",
     "check_path",
-    "positive",
     "flag_given",
 ]
 
@@ -43,15 +42,6 @@ def check_path(label: str, value: Optional[str], bound: bool) -> None:
             "reads ':' as source:destination and ',' as a list",
             f"{label} with a path without them",
         )
-
-
-# The largest batch, step count or sample count a flag takes: what every training program's int32 counters hold.
-MAX_COUNT = 2**31 - 1
-
-
-def positive(name: str, value: Optional[int], fix: str, most: int = MAX_COUNT) -> None:
-    if value is not None and not 1 <= value <= most:
-        raise JobSpecError(f"{name} {shown_number(value)}", f"{name} from 1 to {most}", fix)
 
 
 def flag_given(args: Sequence[str], flag: str) -> bool:
