@@ -18,7 +18,7 @@ factor) checked pixel for pixel against the TensorFlow op it replaces (``tests/t
   (a crop with a large scale is also a crop towards the bottom right). :func:`draw` keeps that coupling: the
   distribution is dlimp's, not the one its docs suggest.
 * Octo (``apply_frame_transforms``) draws one seed per sample and applies it to every frame of the observation
-  window and to the task's goal image alike, adding the camera's index to the seed: within a sample, every frame
+  window and to the task's goal image alike, adding the camera's index to its seed: within a sample, every frame
   of one camera gets the same crop and colours; the cameras get independent draws. So here: one key per sample
   (``fold_in(key, global sample index)``: the same draws whatever the device count), one per camera
   (``fold_in(sample key, crc32(camera name))``), shared by the window and the goal image.

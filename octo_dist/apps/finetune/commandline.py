@@ -165,8 +165,8 @@ def parse_flags(argv: Sequence[str]):
     argv, own = split_own_fields(given)
     fv = flags.FlagValues()
     define_flags(fv, argv)
-    # "--config.augment_on --config.seed=1" took the seed as augment_on's value; which fields are booleans (which
-    # need no value) is known once ml_collections has loaded the config, while parsing: so checked after it,
+    # "--config.augment_on --config.seed=1" took "--config.seed=1" as augment_on's value; which fields are booleans
+    # (which need no value) is known once ml_collections has loaded the config, while parsing: so checked after it,
     # and before its own refusal ("invalid literal for int(): '--debug'") is shown.
     missing = functools.partial(missing_value, given, lambda name: name in fv and fv[name].boolean)
     with warnings.catch_warnings():

@@ -152,7 +152,7 @@ def missing_value(
 ) -> Optional[str]:
     """A ``--config.FIELD`` given without ``=`` whose next argument is another flag (or nothing): absl and
     ml_collections take that flag as the value, so ``--config.augment_on --config.seed=1`` set augment_on to
-    "--config.seed=1" and lost the seed. A boolean field (``is_boolean("config.FIELD")``) needs no value.
+    "--config.seed=1" and lost seed 1. A boolean field (``is_boolean("config.FIELD")``) needs no value.
 
     ``["prog", "--config.augment_on", "--debug"]`` -> "--config.augment_on without a value (the next argument,
     --debug, is a flag, not its value); give it as --config.augment_on=VALUE".
