@@ -16,21 +16,33 @@ from test_cluster_pbs import GROUP, VENV, pbs, workdir  # noqa: F401  (pbs: a py
 pytestmark = [pytest.mark.cluster]
 
 
-def probe_ended(pbs, job_id: str, work) -> dict:  # noqa: F811
-    """The probe job's record once it has ended, waited for while the job writes under ``work`` (its log, its
-    report): its commands and check-env --deep (a JAX import) take minutes on a loaded 2-core machine."""
+def probe(pbs, work, *flags: str) -> str:  # noqa: F811
+    """Submits ``octo-dist probe`` from ``work`` as the jobs' user (``flags`` added) and waits for its job to end,
+    while it writes under ``work`` (its log, its report: check-env --deep, a JAX import, takes minutes on a loaded
+    2-core machine); the job's id, once it has ended with exit 0."""
+    argv = [
+        str(VENV / "bin" / "octo-dist"),
+        "probe",
+        "--group",
+        GROUP,
+        "--venv",
+        str(VENV),
+        "--module",
+        "",
+    ]
+    proc = pbs.run([*argv, *flags, "--connect", "127.0.0.1:9"], user=True, cwd=work, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = proc.stdout.split()[3].rstrip(":")
 
     def ended():
         record = pbs.job(job_id)
         return record if record.get("job_state") == "F" else None
 
-    return wait_until(
-        ended,
-        watch=[work],
-        what=f"probe job {job_id} to end",
-        tail=pbs.logs,
-        poll_s=2,
+    record = wait_until(
+        ended, watch=[work], what=f"probe job {job_id} to end", tail=pbs.logs, poll_s=2
     )
+    assert record.get("Exit_status") == 0, (record, pbs.logs())
+    return job_id
 
 
 KILL_DELAY_S = 7  # set on the queue: the report must read the queue's own, not PBS's default
@@ -40,26 +52,7 @@ def test_the_probe_job_reports_a_cpu_node_and_launch_warns_from_it(pbs):  # noqa
     work = workdir(pbs, "probe")
     pbs.qmgr(f"set queue rt_HG kill_delay = {KILL_DELAY_S}")
     try:
-        argv = [
-            str(VENV / "bin" / "octo-dist"),
-            "probe",
-            "--group",
-            GROUP,
-            "--venv",
-            str(VENV),
-            "--module",
-            "",
-            "--connect",
-            "127.0.0.1:9",
-        ]
-        proc = pbs.run(argv, user=True, cwd=work, check=False)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        job_id = proc.stdout.split()[3].rstrip(":")
-        record = probe_ended(pbs, job_id, work)
-        assert record.get("job_state") == "F" and record.get("Exit_status") == 0, (
-            record,
-            pbs.logs(),
-        )
+        job_id = probe(pbs, work)
     finally:
         pbs.qmgr("unset queue rt_HG kill_delay")
     save = work / "runs" / "probe"
@@ -118,25 +111,7 @@ def test_a_probe_pair_runs_validate_across_the_nodes(pbs):  # noqa: F811
     """--nodes 2: an rt_HF pair on two hosts (place=scatter), octo-dist validate under mpirun across them (node002's
     rank a task of the job, through the site's rsh agent), its result in the report."""
     work = workdir(pbs, "probe-pair")
-    argv = [
-        str(VENV / "bin" / "octo-dist"),
-        "probe",
-        "--group",
-        GROUP,
-        "--venv",
-        str(VENV),
-        "--module",
-        "",
-        "--nodes",
-        "2",
-        "--connect",
-        "127.0.0.1:9",
-    ]
-    proc = pbs.run(argv, user=True, cwd=work, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = proc.stdout.split()[3].rstrip(":")
-    record = probe_ended(pbs, job_id, work)
-    assert record.get("job_state") == "F" and record.get("Exit_status") == 0, (record, pbs.logs())
+    probe(pbs, work, "--nodes", "2")
     rep = json.loads((work / "runs" / "probe" / "probe.json").read_text())
     facts = rep["facts"]
     assert rep["queue"] == "rt_HF" and rep["nodes"] == 2
