@@ -18,6 +18,7 @@ import pytest
 from octo_dist.stack import manifest as mf
 from octo_dist.envcheck import cudnn, rules
 from octo_dist.stack import builds
+from helpers import HANG_S
 
 REAL = mf.load_manifest()
 CUDA = REAL.profile("cuda11")
@@ -159,7 +160,7 @@ def run_check(site, bin_dir, manifest, *extra, env_extra=None, profile="cuda11")
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=HANG_S,
     )
     report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
     return proc.returncode, {c["id"]: c for c in (report or {"checks": []})["checks"]}, proc
@@ -391,7 +392,7 @@ def test_no_gpu_reports_the_gpu_checks_as_skipped_with_the_reason(cuda12_env):
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(site), PATH=f"{bin_dir}:{os.environ['PATH']}"),
-        timeout=120,
+        timeout=HANG_S,
     ).stdout
     assert "skip  gpu.*" in table and ", 1 skipped" in table, table
 
@@ -431,7 +432,7 @@ def test_real_cpu_venv_passes_with_git_deps_as_warnings():
         [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     report = json.loads(proc.stdout)
@@ -527,7 +528,7 @@ def test_deep_reports_the_backend_jax_really_ends_on():
         [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--deep", "--json"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
     assert checks["deep.backend"]["status"] == "ok"
@@ -574,7 +575,7 @@ def test_a_broken_manifest_is_a_one_line_usage_error(tmp_path, edit):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
@@ -588,7 +589,7 @@ def test_json_report_says_where_and_with_what_it_was_made():
         [sys.executable, "-m", "octo_dist", "check-env", "--profile", "cpu", "--json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     report = json.loads(proc.stdout)
     import octo_dist
@@ -617,7 +618,7 @@ def test_a_manifest_that_is_a_directory_is_a_one_line_usage_error(tmp_path, argv
         capture_output=True,
         text=True,
         env={**os.environ, **{k: v.format(dir=tmp_path) for k, v in env.items()}},
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import HANG_S, REPO
 from octo_dist.envcheck import installed
 from octo_dist.stack import builds
 
@@ -19,7 +19,7 @@ def check_env(*args, **kwargs) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "octo_dist", "check-env", *args],
         cwd=REPO,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         **kwargs,
     )
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 
 
 def octo_dist(*argv):
@@ -14,7 +14,7 @@ def octo_dist(*argv):
         [sys.executable, "-m", "octo_dist", *argv],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=REPO,
     )
@@ -71,7 +71,7 @@ def test_check_env_script_on_a_python_without_packaging_says_so_in_one_line():
         [sys.executable, "-S", str(REPO / "scripts" / "check_env.py"), "--profile", "cpu"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=REPO,
     )
@@ -99,7 +99,7 @@ def test_weights_refuses_a_source_that_is_no_hub_name_in_one_line(source, tmp_pa
         [sys.executable, "-m", "octo_dist", "weights", source],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -122,7 +122,7 @@ def test_an_older_python_gets_one_line_from_octo_dist_not_a_syntax_error():
         [sys.executable, "-c", code, "launch", "pbs"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         cwd=REPO,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

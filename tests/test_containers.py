@@ -17,6 +17,7 @@ import pytest
 
 from octo_dist.stack import digests, dockerfile, imagecontract, imagedefs, singularitydef
 from octo_dist.stack import manifest as mf
+from helpers import HANG_S
 
 REPO = mf.REPO_ROOT
 BIN = Path(sys.executable).parent
@@ -720,7 +721,7 @@ def run_install(src: Path, prefix: Path, *args: str, **env: str) -> subprocess.C
         env={**base, "PYTHON": sys.executable, **env},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_S,
     )
 
 

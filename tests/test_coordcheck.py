@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env, run_mpirun, tail
+from helpers import HANG_S, REPO, clean_env, run_mpirun, tail
 
 from octo_dist.launchers import coordcheck
 from octo_dist.launchers.coordinator import Coordinator, CoordinatorError
@@ -32,7 +32,7 @@ def held_port():
         yield int(proc.stdout.readline())
     finally:
         proc.kill()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_S)
 
 
 def test_a_port_held_by_another_process_is_refused_on_rank_0(held_port):
@@ -123,7 +123,7 @@ def start(rank: int, address: str) -> subprocess.CompletedProcess:
         text=True,
         env=env,
         cwd=REPO,
-        timeout=300,
+        timeout=HANG_S,
     )
 
 

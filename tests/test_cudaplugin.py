@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from octo_dist.stack import cudaplugin
+from helpers import HANG_S
 
 PLUGIN = "jax-cuda12-plugin 0.4.23"
 # JAX 0.4.23's message for the plugin's backend on a machine without a GPU, as raised by xla_bridge.backends().
@@ -103,7 +104,7 @@ def _run(site: Path, code: str, **env_extra) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "OMPI_", "PMI"))}
     env.update(PYTHONPATH=f"{site}{os.pathsep}{Path(__file__).resolve().parents[1]}", **env_extra)
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S
     )
 
 

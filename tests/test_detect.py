@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import REPO, clean_env, stdout_of
+from helpers import HANG_S, REPO, clean_env, stdout_of
 from test_coordcheck import HOLDER
 from test_launchers import DETECTED, ENVS, REFUSED
 
@@ -174,7 +174,7 @@ def test_detect_runs_on_python_3_9(name, code):
         text=True,
         env=clean_env(),
         cwd=REPO,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -235,7 +235,7 @@ def test_detect_under_a_real_mpirun(tmp_path, python):
         text=True,
         env=clean_env(),
         cwd=REPO,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stderr
     records = [json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1)]
@@ -270,13 +270,13 @@ def test_detect_checks_the_coordinator_it_would_use(tmp_path):
                 text=True,
                 env=clean_env(**base, OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_LOCAL_RANK=r),
                 cwd=REPO,
-                timeout=120,
+                timeout=HANG_S,
             )
             for r in ("0", "1")
         ]
     finally:
         holder.kill()
-        holder.wait(timeout=60)
+        holder.wait(timeout=HANG_S)
     assert runs[0].returncode == 2 and f"port {port} cannot be listened on" in runs[0].stderr
     assert runs[1].returncode == 0 and json.loads(runs[1].stdout)["coordinator_check"] == "ok"
 
@@ -304,7 +304,7 @@ def test_detect_refuses_under_mpirun_with_a_stale_torchrun_export(tmp_path):
         text=True,
         env=env,
         cwd=REPO,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode != 0
     ok, refused = (json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PROGRAMS, REPO, clean_env, tail
+from helpers import HANG_S, PROGRAMS, REPO, clean_env, tail
 
 from octo_dist.engine import room
 from octo_dist.engine.train import TrainConfig, planned_saves
@@ -136,7 +136,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
         text=True,
         env=clean_env(),
         cwd=REPO,
-        timeout=600,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, tail(proc.stderr)
     import json

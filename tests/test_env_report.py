@@ -117,7 +117,7 @@ def test_a_broken_manifest_is_one_line_and_exit_2(tmp_path):
         text=True,
         env=clean_env(),
         cwd=REPO,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert (
         proc.returncode == 2
@@ -136,7 +136,7 @@ def complete(*words):
         ["bash", "-c", probe, "octo-dist", "octo-dist", *words],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=True,
     ).stdout.split()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.apps.finetune import app as finetune
 from octo_dist.apps.finetune import checks, commandline, configfile, model, modelconfig, pipeline
 from octo_dist.apps.finetune import config as fc
@@ -417,7 +417,7 @@ def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
         [*OCTO_DIST, "finetune", "--help"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=tmp_path,
     )
@@ -446,7 +446,7 @@ def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
         [*OCTO_DIST, "finetune", "--config=finetune_smoke_config.py", "-h"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=tmp_path,
     )
@@ -456,7 +456,7 @@ def test_help_lists_every_flag_with_its_default_and_the_config_fields(tmp_path):
     )
     # octo-dist's own --help lists the subcommand.
     top = subprocess.run(
-        [*OCTO_DIST, "--help"], capture_output=True, text=True, timeout=120, env=clean_env()
+        [*OCTO_DIST, "--help"], capture_output=True, text=True, timeout=HANG_S, env=clean_env()
     )
     assert "finetune" in top.stdout
 
@@ -489,7 +489,7 @@ def test_a_config_name_that_does_not_exist_exits_2_naming_the_choices(tmp_path):
         [*OCTO_DIST, "finetune", "--config=finetune_cfg.py:full,multimodal"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=tmp_path,
     )
@@ -626,7 +626,7 @@ def test_the_script_refuses_an_unreachable_hf_path_before_any_rank_starts(tmp_pa
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=env,
         cwd=REPO,
     )
@@ -653,7 +653,7 @@ def test_every_rank_stops_with_the_message_under_mpirun(mpirun, tmp_path):
         "--config=finetune_smoke_config.py",
         f"--config.dataset_kwargs.data_dir={tmp_path / 'none'}",
         env=env,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode != 0
     assert (
@@ -709,7 +709,7 @@ def test_make_weights_command_fails_clearly_without_the_hub(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=env,
         cwd=REPO,
     )
@@ -814,7 +814,7 @@ def test_two_identical_runs_draw_the_same_batches(synthetic, tmp_path):
             ],
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=HANG_S,
             env=clean_env(),
             cwd=tmp_path,
         )
@@ -842,7 +842,7 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
     ]
     run_dir = tmp_path / "octo_finetune_smoke" / "smoke_8"
 
-    first = mpirun(2, *args, "--config.num_steps=2", timeout=900)
+    first = mpirun(2, *args, "--config.num_steps=2", timeout=HANG_S)
     assert first.returncode == 0, first.stderr[-4000:]
     assert (
         first.stdout.count(
@@ -879,12 +879,12 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
     assert set(summary["startup_beside"]) == {"first_batch", "init_compile"}
     assert f"parameters identical on every rank: {digests[0]}, {digests[1]}" in first.stdout
 
-    again = mpirun(2, *args, "--config.num_steps=2", timeout=300)
+    again = mpirun(2, *args, "--config.num_steps=2", timeout=HANG_S)
     assert again.returncode == 2
     assert "already holds checkpoints (latest: step 2) and --resume was not given" in again.stderr
     assert "rank 0/" not in again.stderr  # refused before start-up: nothing loaded or compiled
 
-    resumed = mpirun(2, *args, "--config.num_steps=4", "--resume", timeout=900)
+    resumed = mpirun(2, *args, "--config.num_steps=4", "--resume", timeout=HANG_S)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resumed from" in resumed.stderr and "steps 2 -> 4 of 4" in resumed.stdout
     assert (run_dir / "train_state" / "4").is_dir() and (run_dir / "4" / "default").is_dir()
@@ -922,7 +922,7 @@ def test_two_rank_finetune_logs_from_rank_0_checkpoints_and_resumes(mpirun, synt
         ],  # the learning rate is 0 at step 0
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=tmp_path,
     )

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.apps.finetune import app, arguments, flagerrors
 
 FINETUNE = [sys.executable, "-m", "octo_dist", "finetune"]
@@ -40,7 +40,7 @@ FIX = "Fix: octo-dist finetune --help lists the flags and config fields"
 )
 def test_a_bad_flag_is_one_line_and_exit_2(flag, line):
     proc = subprocess.run(
-        [*FINETUNE, flag], capture_output=True, text=True, timeout=180, env=clean_env(), cwd=REPO
+        [*FINETUNE, flag], capture_output=True, text=True, timeout=HANG_S, env=clean_env(), cwd=REPO
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr  # no traceback, no TensorFlow start-up lines

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.jobs import cli as jobs_cli
 
 SIF_HEADER = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0"
@@ -136,7 +136,7 @@ def test_on_a_bare_login_python_the_image_checks_the_flags(site):
             text=True,
             env=env,
             cwd=REPO,
-            timeout=300,
+            timeout=HANG_S,
         )
 
     typo = run(WEIGHTS, "--config.num_stepz=3")
@@ -158,7 +158,7 @@ def test_the_check_in_the_image_speaks_its_protocol(tmp_path):
             text=True,
             env=clean_env(),
             cwd=tmp_path,
-            timeout=300,
+            timeout=HANG_S,
         )
 
     bad = check("--config.num_stepz=3")

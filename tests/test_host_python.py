@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import HANG_S, REPO
 from octo_dist.stack import manifest as mf
 
 PYENV = Path("/root/.pyenv/versions")
@@ -26,7 +26,11 @@ def bare(python: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProc
     """``python -S -E -B``: no site-packages at all, no PYTHONPATH, no bytecode written: the standard library and
     the checkout (cwd)."""
     return subprocess.run(
-        [str(python), "-S", "-E", "-B", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [str(python), "-S", "-E", "-B", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
 
 
@@ -89,7 +93,7 @@ def test_host_side_modules_pass_vermin():
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -101,7 +105,7 @@ def test_vermin_is_live(tmp_path):
         [str(vermin), "-t=3.9-", "--no-tips", "--violations", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode != 0 and "tomllib" in proc.stdout
 
@@ -115,7 +119,7 @@ def test_make_images_check_needs_only_the_standard_library():
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -19,6 +19,7 @@ from octo_dist.jobs import render
 from octo_dist.jobs import settingsread
 from octo_dist.jobs.cli import parse
 from octo_dist.jobs.supervisor import zipapp
+from helpers import HANG_S
 
 
 def rendered() -> dict:
@@ -127,7 +128,7 @@ def test_bad_settings_are_one_line_exit_2_and_start_nothing(runtime, tmp_path, c
             cwd=work,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
         )
     assert proc.returncode == 2, proc.stderr
@@ -152,7 +153,7 @@ def _with_nul(runtime: Path, work: Path, home: Path, text: str) -> subprocess.Co
         cwd=work,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
     )
 
@@ -173,7 +174,7 @@ def test_an_older_python_gets_one_line_from_the_runtime_not_a_syntax_error(runti
         [sys.executable, "-c", code, str(runtime), "supervise", "{}"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("octo-dist job runtime: error: Python 3.8 (")
@@ -197,7 +198,7 @@ def test_an_empty_or_cut_short_runtime_fails_the_job_in_one_line(tmp_path, cut):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OCTO_DIST_RUNTIME": str(bad)},
     )
     assert proc.returncode == 2, proc.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from octo_dist import cli
 from octo_dist.jobs import jobrecord, status
+from helpers import HANG_S
 
 
 def fake_command(tools, name: str, stdout: str = "", stderr: str = "", code: int = 0) -> None:
@@ -365,7 +366,7 @@ def _jobs_in_a_process(tmp_path, *argv) -> "subprocess.CompletedProcess":
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         env={**os.environ},
     )
 

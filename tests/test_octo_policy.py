@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 
 pytest.importorskip("octo")
 pytestmark = pytest.mark.octo
@@ -83,7 +83,7 @@ def test_two_processes_reproduce_one_process_with_tiny_octo():
         ],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=REPO,
     )

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import HANG_S
 
 pytest.importorskip("orbax.checkpoint")
 
@@ -40,7 +41,7 @@ def _save(directory, steps):
     subprocess.run(
         [sys.executable, "-c", SAVE, str(directory), *map(str, steps)],
         check=True,
-        timeout=120,
+        timeout=HANG_S,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     return {

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.envcheck import installed, provenance
 from octo_dist.stack import manifest as mf
 
@@ -90,7 +90,7 @@ def test_env_names_the_commit_of_an_octo_on_pythonpath(tmp_path):
         text=True,
         env=env,
         cwd=REPO,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["name"]: r for r in json.loads(proc.stdout)["git"]}

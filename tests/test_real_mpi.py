@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 
 pytestmark = pytest.mark.mpi
 
@@ -61,7 +61,7 @@ def detect_records(launcher: list, tmp_path: Path) -> list:
         env=env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"),
         cwd=REPO,
         stdin=subprocess.DEVNULL,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((tmp_path / f"detect-{r}.json").read_text()) for r in (0, 1)]
@@ -114,7 +114,7 @@ def check_env_launch(launcher: list, tmp_path: Path, **extra: str) -> dict:
         ),
         cwd=tmp_path,
         stdin=subprocess.DEVNULL,
-        timeout=400,
+        timeout=HANG_S,
     )
     rank0 = tmp_path / "out.0"
     text = rank0.read_text() if rank0.exists() else proc.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env, settings_mapping
+from helpers import HANG_S, REPO, clean_env, settings_mapping
 from octo_dist import cli, savelayout
 from octo_dist.engine import savedir
 from octo_dist.jobs import schedulers
@@ -73,7 +73,7 @@ def runtime_job(tmp_path):
             env=full,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=HANG_S,
         )
 
     return run, outer
@@ -374,7 +374,7 @@ def test_a_toml_of_100000_nested_brackets_is_one_line(tmp_path):
         env=clean_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "not valid TOML" in proc.stderr
@@ -393,7 +393,7 @@ def test_a_fifo_as_an_input_file_is_refused_without_blocking(tmp_path, argv):
         env=clean_env(),
         capture_output=True,
         text=True,
-        timeout=120,  # a blocked open fails the test here rather than hanging it
+        timeout=HANG_S,  # a blocked open fails the test here rather than hanging it
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a" in proc.stderr, proc.stderr
@@ -408,7 +408,7 @@ def install_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
         env=clean_env(**env),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PROGRAMS, REPO, clean_env, read_only_namespace_prefix, run_captured
+from helpers import HANG_S, PROGRAMS, REPO, clean_env, read_only_namespace_prefix, run_captured
 
 from octo_dist.engine import room, savedir
 from octo_dist.engine.savedir import LOCK_NAME, RunLock, SaveDirError
@@ -192,7 +192,7 @@ def test_a_second_run_is_refused_naming_the_holder_then_takes_over_when_it_dies(
         )
     finally:
         holder.send_signal(signal.SIGKILL)  # a job killed at its wall time: its lock stays behind
-        holder.wait(timeout=60)
+        holder.wait(timeout=HANG_S)
     assert (d / LOCK_NAME).exists()
     with caplog.at_level(logging.WARNING, logger=savedir.__name__):
         lock = RunLock(d, "999.pbs1").acquire()
@@ -208,7 +208,7 @@ def test_a_second_run_is_refused_naming_the_holder_then_takes_over_when_it_dies(
 def test_a_lock_released_by_its_holder_is_free_again(tmp_path):
     d = tmp_path / "run"
     holder = hold_lock(d, tmp_path)
-    holder.communicate("", timeout=60)  # closes stdin: the holder releases and exits
+    holder.communicate("", timeout=HANG_S)  # closes stdin: the holder releases and exits
     assert holder.returncode == 0 and not (d / LOCK_NAME).exists()
     with RunLock(d) as lock:
         assert lock.taken_over is None
@@ -402,7 +402,7 @@ def test_smoke_with_a_fifo_at_the_lock_ends_in_one_line_and_exit_2(tmp_path):
     """The whole start, as a user meets it: before, `octo-dist smoke --save-dir D` never started its first step."""
     save = tmp_path / "run"
     plant(save, "fifo")
-    proc = helpers.run_smoke("--save-dir", str(save), "--steps", "2", cwd=tmp_path, timeout=300)
+    proc = helpers.run_smoke("--save-dir", str(save), "--steps", "2", cwd=tmp_path, timeout=HANG_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
     assert errors == [

@@ -16,6 +16,7 @@ import pytest
 from octo_dist.jobs import schedulers
 from octo_dist.jobs.schedulers import mpirun
 from octo_dist.jobs.supervisor import zipapp
+from helpers import HANG_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,7 @@ def test_a_new_scheduler_is_one_module_and_one_line_through_launch_render_and_th
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
         )
 
     # The real CLI offers the new scheduler and its own option, and checks directives in its grammar.
@@ -164,7 +165,7 @@ def test_a_new_scheduler_is_one_module_and_one_line_through_launch_render_and_th
         env={**env, "LSB_JOBID": "7", "LSB_DJOB_HOSTFILE": str(work / "hosts")},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert ran.returncode == 0, ran.stderr
     ranks = sorted((work / "ranks.log").read_text().splitlines())
@@ -196,7 +197,7 @@ def test_a_new_scheduler_submits_and_chains(with_lsf):
         cwd=with_lsf,  # not the checkout: its octo_dist/ would come first on sys.path
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
@@ -290,7 +291,7 @@ def job_runtime(*args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "octo_dist", "job-runtime", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         cwd=REPO,
     )
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from octo_dist.jobs.schedulers import mpirun
+from helpers import HANG_S
 
 
 @pytest.mark.parametrize(
@@ -63,5 +64,7 @@ def test_an_executable_fifo_named_mpirun_is_not_waited_on(tmp_path):
         f"print(mpirun.launcher_is_hydra({{'PATH': {str(bin_dir)!r}}}))"
     )
     # In a process of its own: a hang fails the test instead of hanging the suite.
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S
+    )
     assert proc.returncode == 0 and proc.stdout == "False\n", proc.stderr

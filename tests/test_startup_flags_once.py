@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist import cli
 from octo_dist.apps.finetune import arguments
 from octo_dist.apps.smoke import app as smoke
@@ -107,7 +107,7 @@ def test_the_command_itself_refuses_before_starting(command):
         text=True,
         env=clean_env(),
         cwd=REPO,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert f"error: --init-timeout 10.0 and --init-timeout 20.0 {REFUSED}" in proc.stderr, (

@@ -12,7 +12,7 @@ import sys
 import time
 
 import helpers
-from helpers import clean_env, tail
+from helpers import HANG_S, clean_env, tail
 
 from octo_dist import savelayout
 from octo_dist.engine import checksums
@@ -44,7 +44,7 @@ def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_nex
             assert time.monotonic() < deadline, "waited 300 s for the first checkpoint"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

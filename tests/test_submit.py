@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import with_growing_budget
+from helpers import HANG_S, with_growing_budget
 
 from octo_dist import cli
 from octo_dist.jobs.commands import FORWARD_NAMES, FORWARD_PREFIXES
@@ -324,7 +324,7 @@ def test_the_chains_maximum_is_in_launchs_help():
         [sys.executable, "-m", "octo_dist", "launch", "pbs", "--help"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         cwd=REPO,
     ).stdout
     assert f"at most {submit.MAX_CHAIN}" in " ".join(help_text.split())

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import PROGRAMS, REPO, clean_env, tail
+from helpers import HANG_S, PROGRAMS, REPO, clean_env, tail
 from octo_dist.apps.finetune import tfquiet
 
 
@@ -23,7 +23,7 @@ def test_the_fallback_warning_is_dropped_and_the_pipeline_is_unchanged(tmp_path)
         text=True,
         env=env,
         cwd=REPO,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, tail(proc.stderr)
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,6 +10,7 @@ import pytest
 from octo_dist.envcheck import launch as preflight
 from octo_dist.envcheck import transport
 from octo_dist.launchers import Launch
+from helpers import HANG_S
 
 HCAS = (
     "mlx5_ibn1",
@@ -219,7 +220,7 @@ def test_check_env_launch_json_prints_the_per_rank_records_on_rank_0(mpirun):
     import octo_dist
 
     proc = mpirun(
-        2, "-m", "octo_dist", "check-env", "--launch", "--profile", "cpu", "--json", timeout=600
+        2, "-m", "octo_dist", "check-env", "--launch", "--profile", "cpu", "--json", timeout=HANG_S
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     report = json.loads(proc.stdout)  # rank 0 alone writes to stdout

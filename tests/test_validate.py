@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import helpers
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.apps.validate import allreduce, app, nccl_log, scaling
 from octo_dist.apps.validate.report import FAIL, OK, SKIP
 
@@ -194,7 +194,7 @@ def test_visible_gpus():
     assert app.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}, listed) == []
 
 
-def validate(*argv, env=None, timeout=900):
+def validate(*argv, env=None, timeout=HANG_S):
     return subprocess.run(
         [sys.executable, "-m", "octo_dist", "validate", *argv],
         capture_output=True,
@@ -215,7 +215,7 @@ def validate(*argv, env=None, timeout=900):
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(argv, message):
-    proc = validate(*argv, timeout=120)
+    proc = validate(*argv, timeout=HANG_S)
     assert (
         proc.returncode == 2
         and message in proc.stderr
@@ -271,7 +271,7 @@ def test_under_a_real_2_rank_mpirun_rank_0_reports_allreduce_and_skips_nccl(mpir
         "3",
         "--report",
         str(report),
-        timeout=600,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(report.read_text())  # written by rank 0 alone; stdout is not parsed
@@ -302,7 +302,7 @@ def test_make_validate_gpu_runs_here_on_the_cpu():
         capture_output=True,
         text=True,
         env=env,
-        timeout=900,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)
