@@ -97,7 +97,7 @@ fact qstat-queue.json sh -c '"$0" -Qf -F json "$1" || "$0" -Qf "$1"' "$QSTAT" "$
 fact qstat-job.json sh -c '"$0" -f -F json "$1" || "$0" -f "$1"' "$QSTAT" "$PBS_JOBID"
 fact ompi-info.txt ompi_info --parsable --all
 fact singularity-compute.txt singularity --version
-fact quota.txt show_quota
+fact quota.txt show_quota -b G  # in GiB: its default, whole TiB, reads a 500 GiB quota as 0
 BIND=(--bind {q(s.save_dir)})  # the report's directory, wherever it is (/groups is not bound by default)
 [ -d {pbs.IB_DEVICES} ] && BIND+=(--bind {pbs.IB_DEVICES})  # as launch's jobs bind it
 fact image-infiniband.txt {run} ls -l /dev/infiniband
