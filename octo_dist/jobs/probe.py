@@ -90,7 +90,7 @@ fact nvidia-smi.txt nvidia-smi
 fact cgroup.txt cat /proc/self/cgroup
 fact host-infiniband.txt ls -l /dev/infiniband
 # PBS's own qstat (pbs.conf's PBS_EXEC), else the first on PATH
-QSTAT=$( (. "${{PBS_CONF_FILE:-/etc/pbs.conf}}" 2>/dev/null; [ -x "${{PBS_EXEC:-}}/bin/qstat" ] &&
+QSTAT=$( (. "${{PBS_CONF_FILE:-/etc/pbs.conf}}" 2>/dev/null; [ -x "${{PBS_EXEC:-/nowhere}}/bin/qstat" ] &&
   echo "$PBS_EXEC/bin/qstat") || command -v qstat || echo qstat)
 # -F json where this PBS has it, else its text (the report reads both)
 fact qstat-queue.json sh -c '"$0" -Qf -F json "$1" || "$0" -Qf "$1"' "$QSTAT" "$PBS_QUEUE"
