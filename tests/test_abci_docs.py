@@ -8,7 +8,7 @@ nodes; SingularityCE 4.1.5 / 4.3.x); containers (builds run on compute nodes).
 
 import re
 
-from helpers import REPO
+from helpers import REPO, pbs_launch
 
 README = (REPO / "README.md").read_text()
 ABCI = (REPO / "docs" / "abci.md").read_text()
@@ -84,17 +84,7 @@ def test_readme_bs_own_dataset_flag_is_one_the_fine_tune_takes(tmp_path, monkeyp
         in b
     )
     monkeypatch.chdir(tmp_path)
-    head = [
-        "launch",
-        "pbs",
-        "--nodes",
-        "1",
-        "--group",
-        "gxx00000",
-        "--venv",
-        str(tmp_path),
-        "--dry-run",
-    ]
+    head = pbs_launch("--venv", str(tmp_path), "--dry-run", group="gxx00000")
     weights = "--config.pretrained_path=weights/octo-small"
     assert cli.main([*head, "--", "finetune", weights, flag]) == 0, capsys.readouterr().err
     capsys.readouterr()

@@ -11,6 +11,7 @@ import subprocess
 from octo_dist.apps.probe import facts as F
 from octo_dist.apps.probe import write
 from octo_dist.jobs import probe, probesite
+from test_quota_show import ABCI_GIB
 
 # Recorded from PBS Professional 2022 (qstat -Qf -F json rt_HG; qstat -f -F json JOBID), cut to the fields read.
 QUEUE_JSON = json.dumps(
@@ -361,14 +362,7 @@ def test_the_report_is_written_by_a_bare_python_3_9_where_the_image_does_not_sta
 
 # ABCI 3.0 user guide, getting-started ("Checking Disk Quota"): `show_quota -b G` as printed there; system-overview:
 # the group area's initial capacity is 0 TB.
-SHOW_QUOTA = """Disk quotas for ABCI group grpname
-  Directory                          used(GiB)        limit(GiB)      used(nfiles)     limit(nfiles)
-  /groups/grpname                          312             32768            422372         200000000
-
-Disk quotas for user username
-  Directory                          used(GiB)        limit(GiB)      used(nfiles)     limit(nfiles)
-  /home/username                            32              2048            103221                 0
-"""
+SHOW_QUOTA = ABCI_GIB
 NEW_GROUP = SHOW_QUOTA.replace("      312             32768", "        0                 0")
 
 

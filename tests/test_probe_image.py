@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import HANG_S
 from octo_dist.jobs import probe, probesite
 from test_probe_facts import JOB_JSON, OMPI_TM, QUEUE_JSON, SHOW_QUOTA
 
@@ -85,13 +86,9 @@ def run_probe(
         "FAKE_SINGULARITY_LOG": str(log),
         "FAKE_IMAGE_BIN": IMAGE_BIN,
     }
+    job = ["bash", "probe.sh"]
     done = subprocess.run(
-        ["bash", str(tmp_path / "probe.sh")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        job, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert done.returncode == 0, done.stdout + done.stderr
     # set -u: a pbs.conf without PBS_EXEC (none here) beside another scheduler's /bin/qstat read as unbound

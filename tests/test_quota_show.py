@@ -23,15 +23,13 @@ Disk quotas for user username
   Directory                          used(GiB)        limit(GiB)      used(nfiles)     limit(nfiles)
   /home/username                            32              2048            103221                 0
 """
-# The guide's `show_quota` (whole TiB: a quota under 1 TiB reads 0, hence launch's -b G).
-ABCI_TIB = """Disk quotas for ABCI group grpname
-  Directory                          used(TiB)        limit(TiB)      used(nfiles)     limit(nfiles)
-  /groups/grpname                            0                32            422372         200000000
-
-Disk quotas for user username
-  Directory                          used(TiB)        limit(TiB)      used(nfiles)     limit(nfiles)
-  /home/username                             0                 2            103219                 0
-"""
+# The guide's `show_quota` (whole TiB: a quota under 1 TiB reads 0, hence launch's -b G): the same table, its
+# figures "0  32  422372  200000000" and "0  2  103219  0".
+ABCI_TIB = (
+    ABCI_GIB.replace("GiB", "TiB")
+    .replace("312             32768", "  0                32")
+    .replace("32              2048            103221", " 0                 2            103219")
+)
 GIB, TIB = 1 << 30, 1 << 40
 
 
