@@ -8,7 +8,7 @@ nodes; SingularityCE 4.1.5 / 4.3.x); containers (builds run on compute nodes).
 
 import re
 
-from helpers import REPO
+from helpers import REPO, pbs_launch
 
 README = (REPO / "README.md").read_text()
 ABCI = (REPO / "docs" / "abci.md").read_text()
@@ -63,3 +63,32 @@ def test_readme_b_walks_the_abci_path_in_abcis_order():
     )
     assert quota < build < b.index("make sif PROFILE=cuda12") < reservation
     assert "make sif PROFILE=cuda12" not in b.split("qsub -I", 1)[0]
+
+
+def test_readme_b_probes_before_the_first_job():
+    """The probe job settles what no ABCI document says before any real job spends GPU hours."""
+    b = section_b()
+    assert b.index("python3 -m octo_dist probe --group gxx00000") < b.index("--submit -- smoke")
+
+
+def test_readme_bs_own_dataset_flag_is_one_the_fine_tune_takes(tmp_path, monkeypatch, capsys):
+    """README (b) tells how to train on one's own dataset; launch checks the flag it names with the fine-tune's own
+    flags (this venv has absl), so a renamed config field fails here, not in the job."""
+    from octo_dist import cli
+
+    b = section_b()
+    flag = "--config.dataset_kwargs.name=my_dataset"
+    assert f"`{flag}`" in b and "after `-- finetune`" in b
+    assert (
+        "singularity exec\nocto-dist-cuda12.sif octo-dist launch pbs ... --dry-run -- finetune ...`"
+        in b
+    )
+    monkeypatch.chdir(tmp_path)
+    head = pbs_launch("--venv", str(tmp_path), "--dry-run", group="gxx00000")
+    weights = "--config.pretrained_path=weights/octo-small"
+    assert cli.main([*head, "--", "finetune", weights, flag]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert (
+        cli.main([*head, "--", "finetune", weights, "--config.dataset_kwargs.nam=my_dataset"]) == 2
+    )
+    assert "unknown config field" in capsys.readouterr().err

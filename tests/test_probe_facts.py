@@ -11,6 +11,7 @@ import subprocess
 from octo_dist.apps.probe import facts as F
 from octo_dist.apps.probe import write
 from octo_dist.jobs import probe, probesite
+from test_quota_show import ABCI_GIB
 
 # Recorded from PBS Professional 2022 (qstat -Qf -F json rt_HG; qstat -f -F json JOBID), cut to the fields read.
 QUEUE_JSON = json.dumps(
@@ -357,3 +358,31 @@ def test_the_report_is_written_by_a_bare_python_3_9_where_the_image_does_not_sta
     assert (
         json.loads((tmp_path / probesite.REPORT).read_text())["facts"]["kill_delay"]["seconds"] == 5
     )
+
+
+# ABCI 3.0 user guide, getting-started ("Checking Disk Quota"): `show_quota -b G` as printed there; system-overview:
+# the group area's initial capacity is 0 TB.
+SHOW_QUOTA = ABCI_GIB
+NEW_GROUP = SHOW_QUOTA.replace("      312             32768", "        0                 0")
+
+
+def test_the_quota_is_each_areas_use_and_limit_and_a_group_area_without_room_is_named():
+    got = F.quota(SHOW_QUOTA, 0)
+    assert got["areas"][0] == {
+        "directory": "/groups/grpname",
+        "used": 312 << 30,
+        "limit": 32768 << 30,
+        "free": (32768 - 312) << 30,
+    }
+    assert got["areas"][1]["directory"] == "/home/username" and "Disk quotas" in got["text"]
+    assert probesite.differences(site(quota=got), 1) == []
+    (diff,) = probesite.differences(site(quota=F.quota(NEW_GROUP, 0)), 1)
+    assert diff["fact"] == "quota" and diff["found"] == (
+        "/groups/grpname: 0 B free (show_quota: 0 B of 0 B used)"
+    )
+    assert "user portal" in diff["fix"] and "Octo-Small" in diff["expected"]
+    full_home = SHOW_QUOTA.replace("      32              2048", "    2048*             2048")
+    assert (
+        probesite.differences(site(quota=F.quota(full_home, 0)), 1) == []
+    )  # the group area is what counts
+    assert "/groups/grpname 312.0 GiB of 32.0 TiB used" in write.shown(got)

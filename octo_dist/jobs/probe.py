@@ -90,14 +90,14 @@ fact nvidia-smi.txt nvidia-smi
 fact cgroup.txt cat /proc/self/cgroup
 fact host-infiniband.txt ls -l /dev/infiniband
 # PBS's own qstat (pbs.conf's PBS_EXEC), else the first on PATH
-QSTAT=$( (. "${{PBS_CONF_FILE:-/etc/pbs.conf}}" 2>/dev/null; [ -x "${{PBS_EXEC:-}}/bin/qstat" ] &&
+QSTAT=$( (. "${{PBS_CONF_FILE:-/etc/pbs.conf}}" 2>/dev/null; [ -x "${{PBS_EXEC:-/nowhere}}/bin/qstat" ] &&
   echo "$PBS_EXEC/bin/qstat") || command -v qstat || echo qstat)
 # -F json where this PBS has it, else its text (the report reads both)
 fact qstat-queue.json sh -c '"$0" -Qf -F json "$1" || "$0" -Qf "$1"' "$QSTAT" "$PBS_QUEUE"
 fact qstat-job.json sh -c '"$0" -f -F json "$1" || "$0" -f "$1"' "$QSTAT" "$PBS_JOBID"
 fact ompi-info.txt ompi_info --parsable --all
 fact singularity-compute.txt singularity --version
-fact quota.txt show_quota
+fact quota.txt show_quota -b G  # in GiB: its default, whole TiB, reads a 500 GiB quota as 0
 BIND=(--bind {q(s.save_dir)})  # the report's directory, wherever it is (/groups is not bound by default)
 [ -d {pbs.IB_DEVICES} ] && BIND+=(--bind {pbs.IB_DEVICES})  # as launch's jobs bind it
 fact image-infiniband.txt {run} ls -l /dev/infiniband

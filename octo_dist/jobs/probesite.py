@@ -12,6 +12,9 @@ import json
 import os
 from typing import List, Mapping, Optional
 
+from octo_dist.jobs import footprint
+from octo_dist import savelayout
+
 REPORT = "probe.json"
 TEXT = "probe.txt"
 REPORT_ENV = "OCTO_DIST_PROBE_REPORT"  # a probe report elsewhere: "/groups/gxx/probe/probe.json"
@@ -25,6 +28,12 @@ MIN_KILL_DELAY_S = 30
 # The image's CUDA (env/stack.toml's cuda12 profile) needs a driver for CUDA 12.
 IMAGE_CUDA_MAJOR = 12
 MULTI_NODE, EVERY_JOB = "multi-node", "every job"
+# The group area (ABCI: /groups/<group>, 0 TB until raised in the user portal) holds the image, the weights, the
+# data and the checkpoints (README); the least a fine-tune there needs: Octo-Small's checkpoints and the image.
+GROUP_AREA = "/groups/"
+SMALLEST_RUN = footprint.estimate(
+    "hf://rail-berkeley/octo-small", ""
+)  # 4 x 309.0 MiB: named, so never None
 
 
 def _diff(fact: str, found: str, expected: str, fix: str, applies: str = EVERY_JOB) -> dict:
@@ -43,6 +52,7 @@ def differences(facts: Mapping[str, Mapping], nodes: int) -> List[dict]:
         _node_differences(facts, nodes)
         + _job_differences(facts, nodes)
         + _software_differences(facts)
+        + _quota_differences(facts)
     )
 
 
@@ -175,6 +185,28 @@ def _software_differences(facts: Mapping[str, Mapping]) -> List[dict]:
                 f"{net['target']} not reached ({net.get('error', '')})",
                 "compute nodes reach ports 80/443 (ABCI's external-networks page)",
                 "make weights on the login node, HF_HUB_OFFLINE=1, and --wandb-mode offline",
+            )
+        )
+    return out
+
+
+def _quota_differences(facts: Mapping[str, Mapping]) -> List[dict]:
+    """A group area (show_quota's ``/groups/...`` row) without room for the smallest fine-tune and its image."""
+    out = []
+    need = SMALLEST_RUN.need + footprint.IMAGE_BYTES
+    for area in facts.get("quota", {}).get("areas") or []:
+        if not str(area.get("directory", "")).startswith(GROUP_AREA) or area.get("free", 0) >= need:
+            continue
+        free, used, limit = (
+            savelayout.size_text(area.get(k, 0)) for k in ("free", "used", "limit")
+        )
+        out.append(
+            _diff(
+                "quota",
+                f"{area['directory']}: {free} free (show_quota: {used} of {limit} used)",
+                f"at least {savelayout.size_text(need)} in the group area for the image and "
+                f"{SMALLEST_RUN.said}",
+                "raise the group area's quota in the ABCI user portal (it starts at 0 TB), or free space there",
             )
         )
     return out

@@ -12,6 +12,7 @@ import os
 import re
 from typing import List, Mapping, Optional
 
+from octo_dist.jobs import footprint
 from octo_dist.jobs.schedulers import pbs
 
 # nvidia-smi's banner: "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |"
@@ -191,10 +192,16 @@ def check_env(text: str, rc: int) -> dict:
 
 
 def quota(text: str, rc: int) -> dict:
-    """``show_quota``'s table, kept as printed (its columns differ between sites); absent where there is none."""
+    """``show_quota -b G``'s tables (ABCI's user guide, "Checking Disk Quota") -> each area's use and limit in
+    bytes, ``{"areas": [{"directory": "/groups/grpname", "used": 335007449088, "limit": 35184372088832, "free":
+    34849364639744}], "text": <as printed>}``; absent where there is none."""
     if rc != 0:
         return absent(f"show_quota failed (exit {rc}): {text}")
-    return {"text": text.rstrip()[:4000]}
+    areas = [
+        {"directory": q.directory, "used": q.used, "limit": q.limit, "free": q.free}
+        for q in footprint.parse_quota(text)
+    ]
+    return {"areas": areas, "text": text.rstrip()[:4000]}
 
 
 def outbound(target: str, error: Optional[str]) -> dict:

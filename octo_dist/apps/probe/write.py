@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.apps.probe import facts as F
 from octo_dist.jobs import probesite
+from octo_dist import savelayout
 
 CONNECT_TIMEOUT_S = (
     5.0  # a TCP connect that a firewall drops never answers: reported, not waited for
@@ -34,7 +35,7 @@ RAW = {
     "singularity-login.txt": "singularity --version (login node, at submit)",
     "singularity-compute.txt": "singularity --version (compute node)",
     "check-env.json": "octo-dist check-env --deep --json (inside the image)",
-    "quota.txt": "show_quota",
+    "quota.txt": "show_quota -b G",
     "validate.txt": "mpirun ... octo-dist validate (across the nodes)",
 }
 
@@ -117,6 +118,11 @@ def shown(fact: Mapping) -> str:
     for key, value in fact.items():
         if key == "text" or key == "tail":
             value = "\n    " + str(value).replace("\n", "\n    ")
+        elif key == "areas":  # show_quota's rows: "/groups/grpname 312.0 GiB of 32.0 TiB used"
+            size = savelayout.size_text
+            value = "; ".join(
+                f"{a['directory']} {size(a['used'])} of {size(a['limit'])} used" for a in value
+            )
         parts.append(f"{key}={value}")
     return ", ".join(parts)
 
