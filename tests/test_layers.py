@@ -103,8 +103,16 @@ def test_the_package_has_one_directory_per_layer():
     assert dirs == set(ALLOWED)
     loose = {p.name for p in (REPO / PACKAGE).glob("*.py")}
     # problems.py: the one problem type every layer raises; savelayout.py: the names in a save directory, which the
-    # job runtime and the engine both write (standard library only, so any layer may import them).
-    assert loose == {"__init__.py", "__main__.py", "cli.py", "problems.py", "savelayout.py"}
+    # job runtime and the engine both write; subcommand.py: how each layer's `octo-dist COMMAND` parser is made
+    # (standard library only, so any layer may import them).
+    assert loose == {
+        "__init__.py",
+        "__main__.py",
+        "cli.py",
+        "problems.py",
+        "savelayout.py",
+        "subcommand.py",
+    }
 
 
 def test_no_import_breaks_a_layer_rule():
