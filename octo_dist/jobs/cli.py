@@ -93,7 +93,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         names += meta["old_flags"]
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
-        configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
+        configurable = meta["in_file"] and not options_mod.repeated(f)
         group(meta["group"]).add_argument(
             *names,
             dest=f.name,
@@ -130,13 +130,15 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     for f in options_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
         own = options_mod.offered(f, args.scheduler)
-        if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
+        if value is NOT_GIVEN or (
+            value is None and f.metadata["in_file"] and options_mod.repeated(f)
+        ):
             value, sources[f.name] = ((files or {}) if own else {}).get(
                 f.name, (f.default, defaults_mod.BUILT_IN)
             )
         else:
             given = (
-                f.name in defaults_mod.KEYS.values() or value != f.default
+                f.metadata["in_file"] or value != f.default
             )  # those can tell; the others show it
             sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
         values[f.name] = tuple(value) if isinstance(value, list) else value

@@ -69,6 +69,7 @@ def _opt(
     *,
     flag: Optional[str] = None,
     in_header: bool = True,
+    in_file: bool = False,
     needs: str = "",
     old_flags: Tuple[str, ...] = (),
     bound: Optional[job_settings.Bound] = None,
@@ -92,6 +93,7 @@ def _opt(
             "group": group,
             "flag": flag,
             "in_header": in_header,
+            "in_file": in_file,
             "needs": needs,
             "old_flags": old_flags,  # earlier spellings: still accepted, with a note naming this one
             "bound": bound,
@@ -137,6 +139,7 @@ class LaunchOptions:
         None,
         "{resource_types} (default: {resource_type})",
         "resources",
+        in_file=True,
         needs="resource_types",  # only ABCI 3.0's PBS has resource types here
     )
     gpus_per_node: Optional[int] = _opt(
@@ -163,11 +166,13 @@ class LaunchOptions:
     cpus_per_rank: Optional[int] = _setting(
         job_settings.Allocation, "cpus_per_rank", None, "resources", type=int
     )
-    walltime: str = _setting(job_settings.Timing, "walltime_s", "1:00:00", "resources")
+    walltime: str = _setting(
+        job_settings.Timing, "walltime_s", "1:00:00", "resources", in_file=True
+    )
     group: Optional[str] = _opt(
-        None, "{group_help}", "resources", action=GivenOnce
+        None, "{group_help}", "resources", action=GivenOnce, in_file=True
     )  # + the scheduler's group_flags
-    name: str = _opt("octo-dist", "job name (default: {default})", "resources")
+    name: str = _opt("octo-dist", "job name (default: {default})", "resources", in_file=True)
     directives: Optional[tuple] = _opt(
         None,
         "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
@@ -178,19 +183,22 @@ class LaunchOptions:
         metavar="TEXT",
     )
     modules: Optional[tuple] = _setting(
-        job_settings.Software, "modules", None, "resources", action="append"
+        job_settings.Software, "modules", None, "resources", action="append", in_file=True
     )
-    image: Optional[str] = _setting(job_settings.Software, "image", None, "environment")
+    image: Optional[str] = _setting(
+        job_settings.Software, "image", None, "environment", in_file=True
+    )
     skip_image_check: bool = _opt(
         False,
         "the image exists only on the cluster: do not look for it here; the script "
         "checks it when the job starts (default: off)",
         "environment",
         action="store_true",
+        in_file=True,
     )
-    venv: str = _setting(job_settings.Software, "venv", ".venv", "environment")
+    venv: str = _setting(job_settings.Software, "venv", ".venv", "environment", in_file=True)
     bind: Optional[tuple] = _setting(
-        job_settings.Software, "binds", None, "environment", action="append"
+        job_settings.Software, "binds", None, "environment", action="append", in_file=True
     )
     coordinator: Optional[str] = _setting(
         job_settings.Forwarding, "coordinator", None, "environment"
@@ -226,13 +234,22 @@ class LaunchOptions:
         type=int,
         metavar="BATCH",
     )
-    save_dir: str = _setting(job_settings.Storage, "save_dir", "runs/octo-dist", "training")
-    data_dir: Optional[str] = _setting(job_settings.Storage, "data_dir", None, "training")
+    save_dir: str = _setting(
+        job_settings.Storage, "save_dir", "runs/octo-dist", "training", in_file=True
+    )
+    data_dir: Optional[str] = _setting(
+        job_settings.Storage, "data_dir", None, "training", in_file=True
+    )
     compile_cache: str = _setting(
-        job_settings.Storage, "compile_cache", DEFAULT_COMPILE_CACHE, "training"
+        job_settings.Storage, "compile_cache", DEFAULT_COMPILE_CACHE, "training", in_file=True
     )
     wandb_mode: str = _setting(
-        job_settings.Storage, "wandb_mode", "disabled", "training", choices=WANDB_MODES
+        job_settings.Storage,
+        "wandb_mode",
+        "disabled",
+        "training",
+        choices=WANDB_MODES,
+        in_file=True,
     )
     resume: bool = _opt(
         True,
@@ -345,6 +362,7 @@ def with_settings(base: type) -> type:
                     meta["group"],
                     flag=meta["flag"],
                     bound=meta["bound"],
+                    in_file=meta["in_file"],
                     **kind,
                 )
                 extra.append((f.name, Optional[hints[f.name]], opt))
@@ -382,6 +400,17 @@ def wandb_note(mode: str) -> str:
 def option_fields() -> list:
     """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
     return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
+
+
+def file_keys() -> Mapping[str, dataclasses.Field]:
+    """A defaults file's keys, each the option it sets: every option declared ``in_file``, under its flag's name
+    (``{"group": <group>, "module": <modules>, "wandb-mode": <wandb_mode>, ...}``), a one-field setting's too."""
+    return {flag_of(f)[2:]: f for f in option_fields() if f.metadata["in_file"]}
+
+
+def repeated(field: dataclasses.Field) -> bool:
+    """Whether the option adds up over repeats (``--module a --module b``): a defaults file lists it space-separated."""
+    return field.metadata["argparse"].get("action") == "append"
 
 
 def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:
