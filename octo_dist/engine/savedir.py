@@ -71,7 +71,7 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
             f"save directory {directory} is a file, not a directory; expected a directory (or a path to create). "
             f"Fix: pass another --save-dir, or move the file away"
         )
-    probe = directory / f".octo-dist-probe.{socket.gethostname()}.{os.getpid()}"
+    probe = Path(savelayout.write_probe(str(directory), socket.gethostname(), os.getpid()))
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
@@ -273,7 +273,7 @@ class RunLock:
                 f"--save-dir; if that run is dead, remove {self.path}"
             )
         # Rename, then check it is still the lock judged stale: another run may have taken it over meanwhile.
-        aside = self.path.with_name(f"{LOCK_NAME}.stale.{self.holder['host']}.{os.getpid()}")
+        aside = Path(savelayout.stale_lock(str(self.path.parent), self.holder["host"], os.getpid()))
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:

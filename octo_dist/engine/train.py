@@ -201,7 +201,7 @@ def _first_state(eng, policy, first, cfg: TrainConfig, params, ckpt, resume_from
     check_resumable(meta, fingerprint, ckpt.directory)
     log.info(
         "resumed from %s: step %d of %d",
-        ckpt.directory / str(resume_from),
+        checkpoint.step_path(ckpt.directory, resume_from),
         resume_from,
         cfg.steps,
     )

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from octo_dist import EXIT_USAGE, subcommand
+from octo_dist import EXIT_USAGE, savelayout, subcommand
 from octo_dist.jobs import chains as chains_mod
 from octo_dist.jobs import jobrecord, probesite
 from octo_dist.jobs import submit as submit_mod
@@ -129,7 +129,7 @@ def _status(chains: list, unknown: list) -> int:
     for submission, jobs in chains:
         print(_table(submission, jobs))
     submission = chains[-1][0]
-    save_dir = os.path.join(submission["submit_dir"], submission["save_dir"])
+    save_dir = savelayout.submitted_save_dir(submission["submit_dir"], submission["save_dir"])
     found = st.newest_checkpoint(save_dir)
     print(
         f"newest checkpoint: step {found[0]} ({found[1]})"

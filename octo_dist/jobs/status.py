@@ -251,7 +251,9 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
     ids = [str(j["id"]) for j in submission["jobs"]]
     scheduler = submission["scheduler"]
     known = QUERIES[scheduler](ids, run) if scheduler in QUERIES and ids else {}
-    save_dir = os.path.join(submission.get("submit_dir", ""), submission.get("save_dir", ""))
+    save_dir = savelayout.submitted_save_dir(
+        submission.get("submit_dir", ""), submission.get("save_dir", "")
+    )
     out = []
     for job in submission["jobs"]:
         job_id, log = str(job["id"]), str(job.get("log", ""))
