@@ -1,7 +1,8 @@
 """Checks on a save directory before any step is trained: every rank can write to it, it has room for the run's
 checkpoints, and no other run is using it.
 
-    claim = savedir.prepare("runs/x", state_bytes=room.state_nbytes(abstract_state))   # every rank
+    layout = savelayout.RunLayout("/groups/gxx00000/runs/x")
+    claim = savedir.prepare(layout, state_bytes=room.state_nbytes(abstract_state))   # every rank
     try:
         ...train, save...
     finally:
@@ -356,24 +357,25 @@ def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
 
 
 def prepare(
-    directory: Optional[str],
+    layout: Optional[savelayout.RunLayout],
     state_bytes: Optional[int] = None,
     *,
     environ: Mapping[str, str] = os.environ,
     copies: int = room.COPIES,
 ):
-    """Collective: every rank probes ``directory``; process 0 also checks its free space (when ``state_bytes`` is
-    given) and takes the run lock. Every rank raises the same ``SaveDirError`` if any check failed on any rank.
+    """Collective: every rank probes the run's ``layout.train_state`` (where its checkpoints and lock go); process 0
+    also checks its free space (when ``state_bytes`` is given) and takes the run lock. Every rank raises the same
+    ``SaveDirError`` if any check failed on any rank; None (a run without checkpoints) claims nothing.
 
     Returns the claim to ``release()`` at the end of the run (``RunLock`` on process 0, ``NoClaim`` elsewhere)."""
-    if not directory:
+    if layout is None:
         return NoClaim()
     import jax
 
     from octo_dist.runtime import collectives
 
     rank = jax.process_index()
-    directory = Path(directory).absolute()
+    directory = Path(layout.train_state).absolute()
     problem = probe_writable(directory, f"rank {rank} on {socket.gethostname()}")
     claim: Any = NoClaim()
     if rank == 0 and problem is None:

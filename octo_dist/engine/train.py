@@ -157,7 +157,7 @@ def _open_save_dir(cfg: TrainConfig):
     # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
     # there, and no other run holds it. Found now, not at the first save after hours of training.
     decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.train_state, False)
-    claim = savedir.prepare(cfg.train_state)
+    claim = savedir.prepare(cfg.layout)
     try:
         ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
     except BaseException:
