@@ -216,8 +216,8 @@ def output_path(options: options_mod.LaunchOptions) -> str:
     """Where ``-o`` writes: a new file or a regular file to replace. Refuses, before anything is opened, a
     directory, a missing parent, a link (never followed out), a device, FIFO or socket (``/dev/null`` would be
     chmod'ed, a FIFO would block), with the fix."""
-    out = options.output or f"octo-dist-{options.scheduler}.sh"
-    default = f"octo-dist-{options.scheduler}.sh"
+    out = options.script_path()
+    default = options_mod.default_script(options.scheduler)
     kind = existing_kind(out)
     if kind == "directory":
         raise spec_mod.JobSpecError(
@@ -378,11 +378,10 @@ def run(args: argparse.Namespace) -> int:
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         return _said(e)
-    scheduler = job.settings.allocation.scheduler
     for warning in warnings(job, warning):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     # --dry-run with -o shows the script as -o would name it ("sbatch job.sh"), not the default name
-    text = render(job, os.path.basename(out or options.output or f"octo-dist-{scheduler}.sh"))
+    text = render(job, os.path.basename(out or options.script_path()))
     try:
         syntax_check(text)
         replaced = None if out is None else _write(out, text)

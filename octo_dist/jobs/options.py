@@ -24,6 +24,11 @@ DEFAULT_COMPILE_CACHE = (
 )
 
 
+def default_script(scheduler: str) -> str:
+    """``-o``'s default: ``"pbs"`` -> ``"octo-dist-pbs.sh"``."""
+    return f"octo-dist-{scheduler}.sh"
+
+
 def scheduler_names() -> Tuple[str, ...]:
     """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
     return tuple(schedulers.SCHEDULERS)
@@ -334,6 +339,15 @@ class LaunchOptions:
             if given.get(opt.name) not in (None, opt.default, ()):
                 out.append((opt.option, given[opt.name]))
         return out
+
+    def chosen_resource_type(self) -> Optional[str]:
+        """``--resource-type``, else the scheduler's default (ABCI 3.0's PBS: ``"rt_HF"``); None for a scheduler
+        without resource types. The one place that default is taken: placement, --show-defaults, the image."""
+        return self.resource_type or schedulers.get(self.scheduler).default_resource_type
+
+    def script_path(self) -> str:
+        """``-o``, else ``octo-dist-{scheduler}.sh`` (``"octo-dist-pbs.sh"``): where the script is written."""
+        return self.output or default_script(self.scheduler)
 
     def site_values(self) -> dict:
         """Every option of the scheduler's own, given or its default: ``{"pe": "mpi", "queue": None}``; and any
