@@ -117,6 +117,12 @@ def _setting(section, name: str, default, group: str, **argparse_kwargs):
     return _opt(default, meta["help"], group, flag=meta["flag"], bound=bound, **argparse_kwargs)
 
 
+def _count(bound: str, help: str, group: str, **kwargs):
+    """A launch-only count (``--steps``, ``--chain``): None when not given (the command's or the scheduler's own
+    default), else a whole number within ``settings.BOUNDS[bound]``, the one table, checked by :func:`check_bounds`."""
+    return _opt(None, help, group, bound=_BOUNDS[bound], type=int, **kwargs)
+
+
 class Renamed(GivenOnce):
     """Stores the value, once (:class:`GivenOnce`); an option given by an earlier name (any option string but the
     first) gets a note naming the current one, on stderr: ``octo-dist launch pbs: note: --devices-per-rank is now
@@ -147,26 +153,22 @@ class LaunchOptions:
         in_file=True,
         needs="resource_types",  # only ABCI 3.0's PBS has resource types here
     )
-    gpus_per_node: Optional[int] = _opt(
-        None,
+    gpus_per_node: Optional[int] = _count(
+        "gpus_per_node",
         "GPUs used on each node (default: {gpus_per_node})",
         "resources",
-        bound=_BOUNDS["gpus_per_node"],
-        type=int,
     )
     ranks_per_node: Optional[int] = _setting(
         job_settings.Allocation, "ranks_per_node", None, "resources", type=int
     )
-    devices_per_rank: Optional[int] = _opt(
-        None,
+    devices_per_rank: Optional[int] = _count(
+        "devices_per_rank",
         "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
         "(default: GPUs per node / ranks per node)",
         "resources",
         # smoke's, finetune's and validate's spelling too: one name for one setting
         flag="--devices-per-process",
         old_flags=("--devices-per-rank",),
-        bound=_BOUNDS["devices_per_rank"],
-        type=int,
     )
     cpus_per_rank: Optional[int] = _setting(
         job_settings.Allocation, "cpus_per_rank", None, "resources", type=int
@@ -208,35 +210,27 @@ class LaunchOptions:
     coordinator: Optional[str] = _setting(
         job_settings.Forwarding, "coordinator", None, "environment"
     )
-    per_gpu_batch: Optional[int] = _opt(
-        None,
+    per_gpu_batch: Optional[int] = _count(
+        "per_gpu_batch",
         "examples per GPU per step; the global batch is this x GPUs per node x "
         "nodes, however many GPUs each rank has (default: the command's own)",
         "training",
-        bound=_BOUNDS["per_gpu_batch"],
-        type=int,
     )
-    global_batch: Optional[int] = _opt(
-        None,
+    global_batch: Optional[int] = _count(
+        "global_batch",
         "examples per step over all GPUs, a multiple of their number (default: the command's own)",
         "training",
-        bound=_BOUNDS["global_batch"],
-        type=int,
     )
-    steps: Optional[int] = _opt(
-        None,
+    steps: Optional[int] = _count(
+        "steps",
         "optimizer steps (default: the command's own)",
         "training",
-        bound=_BOUNDS["steps"],
-        type=int,
     )
-    keep_samples_from: Optional[int] = _opt(
-        None,
+    keep_samples_from: Optional[int] = _count(
+        "keep_samples_from",
         "--steps were planned for this global batch: scale them so the job "
         "sees as many examples (default: no scaling)",
         "training",
-        bound=_BOUNDS["keep_samples_from"],
-        type=int,
         metavar="BATCH",
     )
     save_dir: str = _setting(
@@ -301,14 +295,12 @@ class LaunchOptions:
         action="store_true",
         in_header=False,
     )
-    chain: Optional[int] = _opt(
-        None,
+    chain: Optional[int] = _count(
+        "chain",
         "submit N jobs, each held until the one before has ended ({depend}); a job "
         "trains only when the one before did not fail, and resumes from its checkpoints; "
         "at most 50 (default: one job)",
         "output",
-        bound=_BOUNDS["chain"],
-        type=int,
         metavar="N",
         in_header=False,
     )
