@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from octo_dist import savelayout
+from octo_dist import problems, savelayout
 from octo_dist.engine import room
 from octo_dist.engine.checkpoint import CheckpointError
 
@@ -140,18 +140,8 @@ def describe_holder(holder: Mapping[str, Any]) -> str:
     )
 
 
-_KINDS = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def _not_a_lock(path: Path, mode: int) -> SaveDirError:
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    kind = f"a {problems.file_kind(mode)}"
     if stat.S_ISLNK(mode):
         try:
             kind += f" to {os.readlink(path)}"

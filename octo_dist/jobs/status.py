@@ -24,7 +24,7 @@ import re
 import stat
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from octo_dist import savelayout
+from octo_dist import problems, savelayout
 from octo_dist.jobs.supervisor import chainend, exitfile
 from octo_dist.launchers import outside
 from octo_dist.jobs.jobrecord import JobsError
@@ -343,15 +343,8 @@ def log_tail(path: str, lines: int) -> str:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a directory"
-                if stat.S_ISDIR(mode)
-                else "a device"
-            )
             raise JobsError(
-                f"the job's log {outside.shown(path, 200)} is {kind}, not a file",
+                f"the job's log {outside.shown(path, 200)} is a {problems.file_kind(mode)}, not a file",
                 "the file the scheduler writes the job's output to",
                 "look where your site puts job logs",
             )
