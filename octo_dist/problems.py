@@ -12,9 +12,21 @@ node's bare Python.
 
 from __future__ import annotations
 
+import stat
 from typing import Optional
 
 from octo_dist import EXIT_FAILED, EXIT_USAGE
+
+# What a path is, by its mode, in the words a problem's ``found`` uses ("the run lock ... is a FIFO"): os.stat's types.
+FILE_KINDS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISLNK, "symbolic link"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
 class Problem(Exception):
@@ -71,6 +83,12 @@ def line(found: str, expected: str = "", fix: str = "") -> str:
     if fix:
         text += f". Fix: {fix}"
     return text
+
+
+def file_kind(mode: int) -> str:
+    """What a path is by its ``st_mode``, as a message names it: ``"file"``, ``"directory"``, ``"FIFO"``,
+    ``"character device"`` (``/dev/null``); ``"special file"`` for any other."""
+    return next((name for test, name in FILE_KINDS if test(mode)), "special file")
 
 
 def exit_status(error: BaseException) -> Optional[int]:

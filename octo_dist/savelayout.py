@@ -6,7 +6,7 @@ the run's directory under it, ``RunLayout.run_path``: smoke's is the save direct
 the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune's ``<run>/train_state``::
 
     runs/ft/                                RunLayout.save_dir
-      .octo-dist-jobs.json                  what octo-dist launch --submit submitted here (jobs/status.py)
+      .octo-dist-jobs.json                  jobs_record(save_dir): what octo-dist launch --submit submitted here
       .octo-dist-exit-12345.pbs1            exit_file(save_dir, job): job 12345.pbs1's exit status for the next job
                                             of a chain (jobs/supervisor/exitfile.py): "0", a status ("3": it does
                                             not train), "stopping SIGTERM: ..." (a stop cut short) or "143
@@ -14,10 +14,10 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
       .octo-dist-exit-12345.pbs1.<pid>.tmp  for a moment: the exit file being written
       .octo-dist-job-12345.pbs1/            job_dir(save_dir, job): while job 12345.pbs1 runs, removed at its end
         .octo-dist-job                      JOB_MARK: "12345.pbs1\\n", made by this job, checked before removal
-        nodes                               NODE_LIST: the scheduler's node list, where every node and the
-                                            image see it (the mpirun schedulers)
-        octo-dist-runtime.pyz               RUNTIME_COPY: the job runtime the other nodes' ranks start from
-                                            (an image job's zipapp, copied)
+        nodes                               NODE_LIST, node_list(job_dir_path): the scheduler's node list, where
+                                            every node and the image see it (the mpirun schedulers)
+        octo-dist-runtime.pyz               RUNTIME_COPY, runtime_copy(job_dir_path): the job runtime the other
+                                            nodes' ranks start from (an image job's zipapp, copied)
         done/rank-<n>                       rank_note(job_dir_path, False, n): rank n exited 0
                                             ("rank 3 on g0002")
         failed/rank-<n>                     rank_note(job_dir_path, True, n): rank n failed
@@ -35,10 +35,15 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
           .octo-dist.lock                   lock_file(train_state): the run that uses it now (engine/savedir.py):
                                             host, pid, job id
           .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
-          .octo-dist-probe.<host>.<pid>     for a moment at start: a rank's write probe (engine/savedir.py)
-          <step>/                           .checkpoint(step): an orbax checkpoint and its manifest (checkpoint.py),
-            checksums.json                  CHECKSUMS, written last: .saved_steps() counts the step from then
-          <step>.damaged/                   a checkpoint that failed verification, set aside
+          .octo-dist.lock.stale.<h>.<pid>   stale_lock(train_state, host, pid), for a moment: a dead run's lock
+                                            being taken over (engine/savedir.py)
+          .octo-dist-probe.<host>.<pid>     write_probe(train_state, host, pid), for a moment at start: a rank's
+                                            write probe (engine/savedir.py)
+          <step>/                           .checkpoint(step), checkpoint_dir(train_state, step): an orbax
+                                            checkpoint and its manifest (engine/checkpoint.py)
+            checksums.json                  CHECKSUMS, checksums_file(step_dir), written last: .saved_steps()
+                                            counts the step from then
+          <step>.damaged/                   damaged_dir(step_dir): a checkpoint that failed verification, set aside
           <step>.orbax-checkpoint-tmp-*/    one being written (removed on restart when half-written)
 
 Standard library only: the job runtime's zipapp carries it, and a login node's bare Python reads it.
@@ -73,6 +78,12 @@ RUNTIME_COPY = "octo-dist-runtime.pyz"
 DONE = "done"
 FAILED = "failed"
 STOPPED = "stopped"
+# A rank's note in done/ or failed/: "rank-3"; "rank-unknown" from a rank whose launcher named none.
+RANK_NOTE = re.compile(r"rank-(.+)")
+WRITE_PROBE = ".octo-dist-probe"  # + ".<host>.<pid>": a rank's write probe, for a moment at start
+DAMAGED = (
+    ".damaged"  # "10.damaged", "10.damaged.2": a checkpoint that failed verification, set aside
+)
 # The job's directory, absolute, as the rank guard passes it to the training program
 # ("/groups/gxx00000/runs/a/.octo-dist-job-12345.pbs1"); unset outside a job, where nothing is noted.
 JOB_DIR_ENV = "OCTO_DIST_JOB_DIR"
@@ -220,9 +231,43 @@ def exit_file(save_dir: str, job: str) -> str:
     return os.path.join(save_dir, f"{EXIT_FILE_PREFIX}{job}")
 
 
+def jobs_record(save_dir: str) -> str:
+    """``"runs/ft"`` -> ``"runs/ft/.octo-dist-jobs.json"``: what launch --submit submitted for this save directory."""
+    return os.path.join(save_dir, JOBS_RECORD)
+
+
+def submitted_save_dir(submit_dir: str, save_dir: str) -> str:
+    """The save directory a job was submitted with, as the job sees it (it starts where qsub/sbatch ran):
+    ``("/home/u/proj", "runs/ft")`` -> ``"/home/u/proj/runs/ft"``; an absolute ``save_dir`` is itself."""
+    return os.path.join(submit_dir, save_dir)
+
+
+def node_list(job_dir_path: str) -> str:
+    """``".../.octo-dist-job-12345.pbs1"`` -> ``".../nodes"``: the scheduler's node list, where every node sees it."""
+    return os.path.join(job_dir_path, NODE_LIST)
+
+
+def runtime_copy(job_dir_path: str) -> str:
+    """``".../.octo-dist-job-12345.pbs1/octo-dist-runtime.pyz"``: the job runtime the other nodes' ranks start from."""
+    return os.path.join(job_dir_path, RUNTIME_COPY)
+
+
+def rank_notes_dir(job_dir_path: str, failed: bool) -> str:
+    """Where the ranks leave their notes in a job's directory: ``.../failed`` or ``.../done``."""
+    return os.path.join(job_dir_path, FAILED if failed else DONE)
+
+
 def rank_note(job_dir_path: str, failed: bool, rank: str) -> str:
     """Where rank ``rank`` leaves its note in a job's directory: ``.../failed/rank-1`` or ``.../done/rank-1``."""
-    return os.path.join(job_dir_path, FAILED if failed else DONE, f"rank-{rank}")
+    return os.path.join(rank_notes_dir(job_dir_path, failed), f"rank-{rank}")
+
+
+def rank_notes(job_dir_path: str, failed: bool) -> dict:
+    """The notes the ranks left in ``done/`` (or ``failed/``), by rank as the note names it: ``{"0":
+    ".../done/rank-0", "unknown": ".../done/rank-unknown"}``; {} when there are none (or the directory cannot be
+    read). Other names there are not notes."""
+    found = (RANK_NOTE.fullmatch(name) for name in _names(rank_notes_dir(job_dir_path, failed)))
+    return {m.group(1): rank_note(job_dir_path, failed, m.group(1)) for m in found if m}
 
 
 def stop_note(job_dir_path: str) -> str:
@@ -267,6 +312,34 @@ def size_text(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def stale_lock(train_state: str, host: str, pid: int) -> str:
+    """``(".../train_state", "g0001", 4242)`` -> ``".../train_state/.octo-dist.lock.stale.g0001.4242"``: where a run
+    moves a dead run's lock while it checks that it is still the one it judged stale."""
+    return os.path.join(train_state, f"{LOCK}.stale.{host}.{pid}")
+
+
+def write_probe(directory: str, host: str, pid: int) -> str:
+    """``("/runs/x", "g0001", 4242)`` -> ``"/runs/x/.octo-dist-probe.g0001.4242"``: the file a rank writes and
+    removes at start to learn that it can write there (engine/savedir.py)."""
+    return os.path.join(directory, f"{WRITE_PROBE}.{host}.{pid}")
+
+
+def checkpoint_dir(train_state: str, step: int) -> str:
+    """``("/runs/ft/.../train_state", 5)`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""
+    return os.path.join(train_state, str(int(step)))
+
+
+def checksums_file(step_dir: str) -> str:
+    """``".../train_state/5"`` -> ``".../train_state/5/checksums.json"``: written last, once the step is whole."""
+    return os.path.join(step_dir, CHECKSUMS)
+
+
+def damaged_dir(step_dir: str, n: int = 1) -> str:
+    """Where a checkpoint that failed verification is set aside: ``(".../5", 1)`` -> ``".../5.damaged"``, the
+    ``n``-th of that step ``".../5.damaged.2"`` (out of orbax's sight: not a step's name)."""
+    return f"{step_dir}{DAMAGED}" + (f".{n}" if n > 1 else "")
 
 
 def lock_file(train_state: str) -> str:
@@ -324,7 +397,7 @@ class RunLayout:
 
     def checkpoint(self, step: int) -> str:
         """``5`` -> ``".../train_state/5"``: the orbax checkpoint of step 5."""
-        return os.path.join(self.train_state, str(int(step)))
+        return checkpoint_dir(self.train_state, step)
 
     def saved_steps(self) -> list:
         """The steps saved whole in ``train_state``, oldest first: directories named by ASCII digits ("1200", not
@@ -332,7 +405,7 @@ class RunLayout:
         steps = []
         for name in _names(self.train_state):
             if re.fullmatch(r"[0-9]{1,18}", name) and os.path.isfile(
-                os.path.join(self.train_state, name, CHECKSUMS)
+                checksums_file(os.path.join(self.train_state, name))
             ):
                 steps.append(int(name))
         return sorted(steps)

@@ -145,3 +145,33 @@ def test_no_help_shows_docstring_markup():
         if "``" in line or ":mod:" in line or ":func:" in line
     }
     assert sub.choices and not marked, marked
+
+
+DESCRIBED_BY_THEIR_DOCSTRING = (
+    "check-env",
+    "env",
+    "smoke",
+    "jobs",
+    "job-runtime",
+    "weights",
+    "validate",
+    "detect",
+)
+
+
+@pytest.mark.parametrize("name", DESCRIBED_BY_THEIR_DOCSTRING)
+def test_a_command_is_described_once_by_its_module_docstring(name):
+    """`octo-dist NAME --help` shows its module's docstring as written (octo_dist/subcommand.py): the first example
+    line keeps its indentation ("    octo-dist env --json ..."), and no second description string drifts from it."""
+    import argparse
+    import importlib
+
+    from octo_dist import cli
+
+    doc = importlib.import_module(cli.SUBCOMMANDS[name]).__doc__
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[name]
+    example = next(line for line in doc.splitlines() if line.startswith("    "))
+    assert parser.description == doc
+    assert example.rstrip() in parser.format_help().splitlines(), (name, example)
+    assert callable(parser.get_default("func")), name

@@ -394,4 +394,6 @@ def test_a_log_that_is_dev_zero_is_not_read_without_end(tools, tmp_path):
     (tmp_path / "runs" / "ft" / jobrecord.RECORD).write_text(json.dumps(record))
     fake_command(tools, "squeue", stdout="101|RUNNING|None|nobody|octo-dist\n")
     proc = _jobs_in_a_process(tmp_path, "log")
-    assert proc.returncode == 2 and "/dev/zero is a device, not a file" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "/dev/zero is a character device, not a file" in proc.stderr, (
+        proc.stderr
+    )

@@ -161,12 +161,13 @@ def test_every_setting_with_a_flag_is_the_launch_option_of_that_flag_with_its_he
 
 
 def test_a_setting_the_job_runtime_reads_is_one_field_from_the_command_line_to_the_runtime(
-    monkeypatch, capsys
+    monkeypatch, capsys, tmp_path
 ):
     """A setting the job runtime reads is one field of a section in ``settings.py`` (its flag, help, bound, launch
     group and default) and the runtime's code that reads it: ``launch`` takes its flag, ``spec`` passes it by name,
     the rendered script carries it and the runtime's reader (``settingsread``) gives it back, checked; a value past
-    its bound is refused by launch and by the runtime alike."""
+    its bound is refused by launch and by the runtime alike. Declared ``in_file``, a defaults file sets it too, under
+    its flag's name, checked as the flag is."""
     # The bound a new count names, in the one table (beside the field, in settings.py).
     bound = job_settings.Bound(1, 3600, "--heartbeat 60")
     monkeypatch.setitem(job_settings.BOUNDS, "heartbeat_s", bound)
@@ -180,6 +181,7 @@ def test_a_setting_the_job_runtime_reads_is_one_field_from_the_command_line_to_t
             help="seconds between the ranks' heartbeats (default: {default})",
             group="training",
             default=60,
+            in_file=True,
         )
 
     monkeypatch.setattr(job_settings, "Timing", Timing)
@@ -211,3 +213,18 @@ def test_a_setting_the_job_runtime_reads_is_one_field_from_the_command_line_to_t
         settingsread.from_json(
             script.split(" supervise '")[1].split("'")[0].replace(": 45", ": 7200")
         )
+
+    # A defaults file sets it under its flag's name (the project's octo-dist.ini here); the command line wins.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-file"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "octo-dist.ini").write_text("[launch]\nheartbeat = 30\n")
+    assert cli.main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
+    assert _settings_in(capsys.readouterr().out).timing.heartbeat_s == 30
+    assert cli.main([*argv, "--heartbeat", "45", "--dry-run"]) == 0
+    assert _settings_in(capsys.readouterr().out).timing.heartbeat_s == 45
+    (tmp_path / "octo-dist.ini").write_text("[launch]\nheartbeat = soon\n")
+    assert cli.main([*argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "line 2 [launch]: heartbeat = 'soon'; expected a whole number. Fix: heartbeat = 60" in err
+    ), err

@@ -103,8 +103,16 @@ def test_the_package_has_one_directory_per_layer():
     assert dirs == set(ALLOWED)
     loose = {p.name for p in (REPO / PACKAGE).glob("*.py")}
     # problems.py: the one problem type every layer raises; savelayout.py: the names in a save directory, which the
-    # job runtime and the engine both write (standard library only, so any layer may import them).
-    assert loose == {"__init__.py", "__main__.py", "cli.py", "problems.py", "savelayout.py"}
+    # job runtime and the engine both write; subcommand.py: how each layer's `octo-dist COMMAND` parser is made
+    # (standard library only, so any layer may import them).
+    assert loose == {
+        "__init__.py",
+        "__main__.py",
+        "cli.py",
+        "problems.py",
+        "savelayout.py",
+        "subcommand.py",
+    }
 
 
 def test_no_import_breaks_a_layer_rule():
@@ -342,4 +350,106 @@ def test_a_fabricated_import_cycle_is_reported(tmp_path):
     assert cycles(module_graph(tmp_path / PACKAGE)) == []
     assert cycles(module_graph(tmp_path / PACKAGE, lazy=True)) == [
         ["octo_dist.jobs.a", "octo_dist.jobs.b", "octo_dist.jobs.c"]
+    ]
+
+
+# ---- a run's files have one name-giver: savelayout.py builds every path to them ---------------------------------
+
+# The calls that build a path from parts ("/" between paths counts too).
+PATH_BUILDERS = {"join", "joinpath", "with_name", "Path", "PurePath"}
+
+
+def run_file_names(savelayout_source: str) -> dict:
+    """savelayout's names of a run's files: its module-level text constants that are not variables' names or prose
+    (``*_ENV``, ``*_SAYS``): ``{"SUMMARY": "summary.json", "JOB_DIR_PREFIX": ".octo-dist-job-", ...}``."""
+    names = {}
+    for node in ast.parse(savelayout_source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id.isupper()
+                    and isinstance(node.value.value, str)
+                    and not target.id.endswith(("_ENV", "_SAYS"))
+                ):
+                    names[target.id] = node.value.value
+    return names
+
+
+def _names_a_run_file(node: ast.AST, names: dict, aliases: set) -> bool:
+    """``savelayout.SUMMARY``, a module's own alias of one (``RECORD = savelayout.JOBS_RECORD``), or text that is
+    one or starts with one (``"summary.json"``, ``f".octo-dist-probe.{host}"``)."""
+    if isinstance(node, ast.Attribute) and node.attr in names:
+        return isinstance(node.value, ast.Name) and node.value.id == "savelayout"
+    if isinstance(node, ast.Name):
+        return node.id in aliases
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[
+            0
+        ]  # f"{LOCK_NAME}.stale.{host}" starts with a name; f".octo-dist-probe.{h}" with text
+        node = first.value if isinstance(first, ast.FormattedValue) else first
+        return _names_a_run_file(node, names, aliases)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return any(
+            node.value == v or (v.startswith(".") and node.value.startswith(v))
+            for v in names.values()
+        )
+    return False
+
+
+def run_file_paths(package_dir: Path) -> list:
+    """``"octo_dist/jobs/x.py:12"`` for each place outside savelayout.py that builds a path from a run's file name
+    (``os.path.join(save_dir, savelayout.JOBS_RECORD)``, ``directory / ".octo-dist-probe.h.1"``)."""
+    names = run_file_names((package_dir / "savelayout.py").read_text())
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if path.name == "savelayout.py" and path.parent == package_dir:
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {
+            t.id
+            for node in tree.body
+            if isinstance(node, ast.Assign) and _names_a_run_file(node.value, names, set())
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                parts = node.args if called in PATH_BUILDERS else []
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                parts = [node.left, node.right]
+            else:
+                continue
+            if any(_names_a_run_file(p, names, aliases) for p in parts):
+                found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno}")
+    return found
+
+
+def test_only_savelayout_builds_the_paths_of_a_runs_files():
+    """Principle 18: a run's files (the jobs' record, a job's directory and notes, checkpoints, the summary, the
+    lock) are named and joined in octo_dist/savelayout.py; every other module asks it (``savelayout.node_list``)."""
+    assert run_file_paths(REPO / PACKAGE) == []
+
+
+def test_a_fabricated_run_file_path_is_reported(tmp_path):
+    package = tmp_path / PACKAGE
+    (package / "jobs").mkdir(parents=True)
+    (package / "savelayout.py").write_text('NODE_LIST = "nodes"\nJOB_ID_ENV = "OCTO_DIST_JOB_ID"\n')
+    (package / "jobs" / "ok.py").write_text(
+        "import os\nfrom octo_dist import savelayout\n\n\ndef f(d):\n    return savelayout.node_list(d), "
+        "os.path.join(d, os.environ[savelayout.JOB_ID_ENV])\n"
+    )
+    (package / "jobs" / "joins.py").write_text(
+        "import os\nfrom pathlib import Path\nfrom octo_dist import savelayout\nLIST = savelayout.NODE_LIST\n\n\n"
+        "def f(d):\n"
+        "    a = os.path.join(d, savelayout.NODE_LIST)\n"
+        "    b = Path(d) / LIST\n"
+        '    return a, b, Path(d).joinpath(f"nodes")\n'
+    )
+    assert run_file_paths(package) == [
+        f"{PACKAGE}/jobs/joins.py:8",
+        f"{PACKAGE}/jobs/joins.py:9",
+        f"{PACKAGE}/jobs/joins.py:10",
     ]

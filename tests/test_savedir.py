@@ -21,6 +21,7 @@ import pytest
 import helpers
 from helpers import HANG_S, PROGRAMS, REPO, clean_env, read_only_namespace_prefix, run_captured
 
+from octo_dist import savelayout
 from octo_dist.engine import room, savedir
 from octo_dist.engine.savedir import LOCK_NAME, RunLock, SaveDirError
 
@@ -40,8 +41,8 @@ def test_a_read_only_directory_is_refused_before_training_even_for_root(tmp_path
     ro = tmp_path / "ro"
     ro.mkdir()
     code = (
-        "import sys\nfrom octo_dist.engine import savedir\n"
-        "try:\n    savedir.prepare(sys.argv[1], state_bytes=1 << 20)\n"
+        "import sys\nfrom octo_dist import savelayout\nfrom octo_dist.engine import savedir\n"
+        "try:\n    savedir.prepare(savelayout.RunLayout(sys.argv[1]), state_bytes=1 << 20)\n"
         "except savedir.SaveDirError as e:\n    print(e); sys.exit(2)\n"
     )
     for target in (ro, ro / "run1"):  # the directory itself, and a new one to be created inside it
@@ -296,15 +297,16 @@ def test_job_id_from_the_scheduler():
 def test_prepare_in_one_process_locks_and_a_second_prepare_is_refused(tmp_path):
     pytest.importorskip("jax")
     d = tmp_path / "run"
-    claim = savedir.prepare(str(d), state_bytes=MiB, environ={"PBS_JOBID": "1.pbs1"})
+    layout = savelayout.RunLayout(str(d))
+    claim = savedir.prepare(layout, state_bytes=MiB, environ={"PBS_JOBID": "1.pbs1"})
     try:
         assert isinstance(claim, RunLock)
         with pytest.raises(SaveDirError, match="job 1.pbs1"):
-            savedir.prepare(str(d), state_bytes=MiB)
+            savedir.prepare(layout, state_bytes=MiB)
     finally:
         claim.release()
     with pytest.raises(SaveDirError, match="expected at least"):
-        savedir.prepare(str(d), state_bytes=1 << 60)
+        savedir.prepare(layout, state_bytes=1 << 60)
     assert not (d / LOCK_NAME).exists()  # the space check failed before any lock was taken
     assert isinstance(savedir.prepare(None), savedir.NoClaim)
 

@@ -90,7 +90,7 @@ def test_a_key_file_that_is_a_directory_is_named_as_one(home):
 
 def test_a_key_file_named_dev_zero_is_a_device_and_the_fix_leaves_it_alone(home):
     outcome, text = wandb_key(home, WANDB_KEY_FILE="/dev/zero")
-    assert outcome == "refused" and "/dev/zero is a device, not a file" in text, text
+    assert outcome == "refused" and "/dev/zero is a character device, not a file" in text, text
     assert f"(umask 077; cat >{key_path(home)}) and paste the key" in text, text
     assert (
         "then unset WANDB_KEY_FILE (it names /dev/zero)" in text and "mv /dev/zero" not in text
@@ -100,7 +100,7 @@ def test_a_key_file_named_dev_zero_is_a_device_and_the_fix_leaves_it_alone(home)
 def test_a_netrc_linked_to_dev_zero_is_not_read(home):
     (home / ".netrc").symlink_to("/dev/zero")
     outcome, text = wandb_key(home)
-    assert outcome == "refused" and "~/.netrc is a device, not a file" in text, text
+    assert outcome == "refused" and "~/.netrc is a character device, not a file" in text, text
 
 
 def test_a_key_file_nobody_may_read_is_refused_by_its_mode(home):

@@ -29,14 +29,15 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from octo_dist import savelayout
 from octo_dist.engine import room
-from octo_dist.engine.checksums import MANIFEST, recorded_bytes, verify, write_manifest
+from octo_dist.engine.checksums import MANIFEST, manifest_of, recorded_bytes, verify, write_manifest
 from octo_dist.problems import Refusal
 
 log = logging.getLogger(__name__)
 
 STATE, META = "state", "meta"
-DAMAGED_SUFFIX = ".damaged"
+DAMAGED_SUFFIX = savelayout.DAMAGED  # "10.damaged": a step set aside
 
 
 class CheckpointError(Refusal, RuntimeError):
@@ -77,6 +78,11 @@ def _reason(error: BaseException) -> str:
 # --- which steps a directory holds ---------------------------------------------------------------------------
 
 
+def step_path(directory: Path, step: int) -> Path:
+    """``(D, 10)`` -> ``D/10``: step 10's checkpoint in ``directory``, as savelayout names it (``checkpoint_dir``)."""
+    return Path(savelayout.checkpoint_dir(str(directory), step))
+
+
 def step_dirs(directory: Path) -> Dict[int, Path]:
     """Finalised orbax step directories: ``{5: D/5, 10: D/10}`` (``10.orbax-checkpoint-tmp-…`` and
     ``10.damaged`` are not steps)."""
@@ -92,11 +98,11 @@ def step_dirs(directory: Path) -> Dict[int, Path]:
 
 def set_aside(step_dir: Path) -> Path:
     """Rename a damaged step out of orbax's sight (``10`` -> ``10.damaged``, ``10.damaged.2``...) and return where."""
-    target = step_dir.with_name(step_dir.name + DAMAGED_SUFFIX)
     n = 1
+    target = Path(savelayout.damaged_dir(str(step_dir), n))
     while target.exists():
         n += 1
-        target = step_dir.with_name(f"{step_dir.name}{DAMAGED_SUFFIX}.{n}")
+        target = Path(savelayout.damaged_dir(str(step_dir), n))
     step_dir.rename(target)
     return target
 
@@ -172,7 +178,7 @@ def decide(directory, requested, elsewhere: str = "choose another save directory
     )
     recorded = tuple(
         sorted(
-            s for s in steps if step is not None and s <= step and (steps[s] / MANIFEST).is_file()
+            s for s in steps if step is not None and s <= step and manifest_of(steps[s]).is_file()
         )
     )
     return Decision(str(d), step, tuple(damaged + newer), recorded)
@@ -209,7 +215,7 @@ def set_steps_aside(directory: Path, decision: Decision) -> list:
     Returns ``[[step, why, moved_to], ...]``."""
     moved = []
     for step, why in decision.set_aside:
-        step_dir = directory / str(step)
+        step_dir = step_path(directory, step)
         if not step_dir.is_dir():
             continue  # another rank's opening (or a rerun) moved it already
         try:
@@ -373,7 +379,7 @@ class Checkpoints:
           CheckpointWriteError: the file system filled up (ENOSPC, EDQUOT) during the save; the partial step was
             removed and the newest verified one kept; the message says how much room the run needs.
         """
-        step_dir = self.directory / str(step)
+        step_dir = step_path(self.directory, step)
         try:
             self._manager.save(step, {STATE: state, META: dict(meta)}, force=True)
             self._manager.wait_until_finished()  # ends in orbax's barrier: every process's files are in place
@@ -406,14 +412,14 @@ class Checkpoints:
         removed = []
         if self._main:
             for partial in sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp-*")) + [
-                self.directory / str(step)
+                step_path(self.directory, step)
             ]:
-                if partial.is_dir() and not (partial / MANIFEST).is_file():
+                if partial.is_dir() and not manifest_of(partial).is_file():
                     shutil.rmtree(partial, ignore_errors=True)
                     removed.append(partial.name)
         newest = self._latest
         # One checkpoint's size: the newest verified step's files as recorded, else the bound for this state.
-        one = recorded_bytes(self.directory / str(newest)) if newest is not None else None
+        one = recorded_bytes(step_path(self.directory, newest)) if newest is not None else None
         one = one or room.checkpoint_nbytes(room.state_nbytes(state))
         # The run at its fullest: the checkpoints it keeps (all so far when max_to_keep is None) plus this one.
         copies = (self.max_to_keep or len(self._trusted)) + 1
@@ -437,12 +443,12 @@ class Checkpoints:
         import jax
 
         if step not in self._verified:
-            problem = self._agree(lambda: verify(self.directory / str(step), step))
+            problem = self._agree(lambda: verify(step_path(self.directory, step), step))
             if problem is not None:
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} is damaged: {problem}; expected files matching its "
-                    f"{MANIFEST}. Fix: move {self.directory / str(step)} aside and rerun with --resume (the newest "
-                    f"verified step is used)"
+                    f"{MANIFEST}. Fix: move {step_path(self.directory, step)} aside and rerun with --resume "
+                    f"(the newest verified step is used)"
                 )
             self._verified.add(step)
         restore_args = self._ocp.checkpoint_utils.construct_restore_args(

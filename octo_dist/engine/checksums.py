@@ -19,15 +19,22 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
-MANIFEST = "checksums.json"
+from octo_dist import savelayout
+
+MANIFEST = savelayout.CHECKSUMS  # "checksums.json", in the step's directory
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20
+
+
+def manifest_of(step_dir: Path) -> Path:
+    """``D/10`` -> ``D/10/checksums.json``: the step's record, where savelayout puts it (``checksums_file``)."""
+    return Path(savelayout.checksums_file(str(step_dir)))
 
 
 def recorded_bytes(step_dir: Path) -> Optional[int]:
     """The bytes a verified step's ``checksums.json`` records (its files' sizes), or None when unreadable."""
     try:
-        record = json.loads((step_dir / MANIFEST).read_text())
+        record = json.loads(manifest_of(step_dir).read_text())
         return sum(int(f["size"]) for f in record["files"].values()) or None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -59,8 +66,8 @@ def write_manifest(step_dir: Path, step: int) -> Path:
         "algorithm": "sha256",
         "files": file_digests(step_dir),
     }
-    final = step_dir / MANIFEST
-    tmp = step_dir / f"{MANIFEST}.{os.getpid()}.tmp"
+    final = manifest_of(step_dir)
+    tmp = Path(f"{final}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=0, sort_keys=True)
         f.flush()
@@ -90,7 +97,7 @@ def verify(step_dir: Path, step: Optional[int] = None) -> Optional[str]:
     is wrong, as a phrase: ``"state/params.patch.kernel/0.0.0.0 is missing"``."""
     if not step_dir.is_dir():
         return f"{step_dir} is not a directory"
-    manifest = step_dir / MANIFEST
+    manifest = manifest_of(step_dir)
     if not manifest.is_file():
         return (
             f"it has no {MANIFEST} (the save did not finish: the job was killed while writing it, or it was "

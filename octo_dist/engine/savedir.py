@@ -1,7 +1,8 @@
 """Checks on a save directory before any step is trained: every rank can write to it, it has room for the run's
 checkpoints, and no other run is using it.
 
-    claim = savedir.prepare("runs/x", state_bytes=room.state_nbytes(abstract_state))   # every rank
+    layout = savelayout.RunLayout("/groups/gxx00000/runs/x")
+    claim = savedir.prepare(layout, state_bytes=room.state_nbytes(abstract_state))   # every rank
     try:
         ...train, save...
     finally:
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from octo_dist import savelayout
+from octo_dist import problems, savelayout
 from octo_dist.engine import room
 from octo_dist.engine.checkpoint import CheckpointError
 
@@ -71,7 +72,7 @@ def probe_writable(directory: Path, who: str) -> Optional[str]:
             f"save directory {directory} is a file, not a directory; expected a directory (or a path to create). "
             f"Fix: pass another --save-dir, or move the file away"
         )
-    probe = directory / f".octo-dist-probe.{socket.gethostname()}.{os.getpid()}"
+    probe = Path(savelayout.write_probe(str(directory), socket.gethostname(), os.getpid()))
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as f:
@@ -139,18 +140,8 @@ def describe_holder(holder: Mapping[str, Any]) -> str:
     )
 
 
-_KINDS = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def _not_a_lock(path: Path, mode: int) -> SaveDirError:
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    kind = f"a {problems.file_kind(mode)}"
     if stat.S_ISLNK(mode):
         try:
             kind += f" to {os.readlink(path)}"
@@ -273,7 +264,7 @@ class RunLock:
                 f"--save-dir; if that run is dead, remove {self.path}"
             )
         # Rename, then check it is still the lock judged stale: another run may have taken it over meanwhile.
-        aside = self.path.with_name(f"{LOCK_NAME}.stale.{self.holder['host']}.{os.getpid()}")
+        aside = Path(savelayout.stale_lock(str(self.path.parent), self.holder["host"], os.getpid()))
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
@@ -356,24 +347,25 @@ def first_problem(reports: Sequence[Mapping[str, Any]]) -> Optional[str]:
 
 
 def prepare(
-    directory: Optional[str],
+    layout: Optional[savelayout.RunLayout],
     state_bytes: Optional[int] = None,
     *,
     environ: Mapping[str, str] = os.environ,
     copies: int = room.COPIES,
 ):
-    """Collective: every rank probes ``directory``; process 0 also checks its free space (when ``state_bytes`` is
-    given) and takes the run lock. Every rank raises the same ``SaveDirError`` if any check failed on any rank.
+    """Collective: every rank probes the run's ``layout.train_state`` (where its checkpoints and lock go); process 0
+    also checks its free space (when ``state_bytes`` is given) and takes the run lock. Every rank raises the same
+    ``SaveDirError`` if any check failed on any rank; None (a run without checkpoints) claims nothing.
 
     Returns the claim to ``release()`` at the end of the run (``RunLock`` on process 0, ``NoClaim`` elsewhere)."""
-    if not directory:
+    if layout is None:
         return NoClaim()
     import jax
 
     from octo_dist.runtime import collectives
 
     rank = jax.process_index()
-    directory = Path(directory).absolute()
+    directory = Path(layout.train_state).absolute()
     problem = probe_writable(directory, f"rank {rank} on {socket.gethostname()}")
     claim: Any = NoClaim()
     if rank == 0 and problem is None:

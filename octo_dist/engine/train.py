@@ -157,7 +157,7 @@ def _open_save_dir(cfg: TrainConfig):
     # Before orbax touches the directory (it removes *-tmp-* directories when it opens one): every rank can write
     # there, and no other run holds it. Found now, not at the first save after hours of training.
     decision = cfg.resume if cfg.resume is not None else checkpoint.decide(cfg.train_state, False)
-    claim = savedir.prepare(cfg.train_state)
+    claim = savedir.prepare(cfg.layout)
     try:
         ckpt = checkpoint.open_checkpoints(decision, cfg.max_to_keep)
     except BaseException:
@@ -201,7 +201,7 @@ def _first_state(eng, policy, first, cfg: TrainConfig, params, ckpt, resume_from
     check_resumable(meta, fingerprint, ckpt.directory)
     log.info(
         "resumed from %s: step %d of %d",
-        ckpt.directory / str(resume_from),
+        checkpoint.step_path(ckpt.directory, resume_from),
         resume_from,
         cfg.steps,
     )

@@ -1,4 +1,10 @@
-"""`octo-dist check-env` (also `make check-env`, `scripts/check_env.py`)."""
+"""octo-dist check-env (also make check-env, scripts/check_env.py): this environment against env/stack.toml.
+
+    octo-dist check-env                  # the installed stack against the profile's pins, without importing jax
+    octo-dist check-env --deep --json    # and JAX in a subprocess (its backend, its CUDA archs), as JSON
+
+Exit 0: nothing fails; 1: something fails; 2: usage error.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,11 @@ import os
 import sys
 from typing import Mapping, Optional, Sequence
 
+from octo_dist import subcommand
 from octo_dist.envcheck import report
 from octo_dist.problems import Problem
+
+HELP = "check this environment against env/stack.toml (fast, no jax import)"
 
 
 def profile_name(requested: Optional[str], dists: Mapping, environ: Mapping[str, str]) -> str:
@@ -55,11 +64,7 @@ def _print(text: str) -> None:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "check-env",
-        help="check this environment against env/stack.toml (fast, no jax import)",
-        description="Exit 0: nothing fails; 1: something fails; 2: usage error.",
-    )
+    p = subcommand.parser(sub, "check-env", HELP, __doc__, run)
     p.add_argument(
         "--profile",
         help="cuda11, cuda12, cpu, ... (default: $OCTO_DIST_PROFILE, else the JAX build's: cuda11 for jaxlib "
@@ -101,7 +106,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from octo_dist.runtime import runtime
 
     runtime.argv_options(p)
-    p.set_defaults(func=run)
     return p
 
 

@@ -1,13 +1,13 @@
-"""``octo-dist env``: one report to paste into a bug report (as ``jax.print_environment_info()`` or ``ds_report``).
+"""octo-dist env: a report of this environment to paste into a bug report (as jax.print_environment_info() or
+DeepSpeed's ds_report).
 
     octo-dist env            # text
     octo-dist env --json     # {"octo_dist_version": "0.1.0", "schema": 1, "host": ..., "python": ..., "stack": [...]}
 
 It says what this process runs on: octo-dist, Python and the OS; every pin of the profile next to what is installed;
 JAX's own environment report (from a subprocess, so a broken jax cannot take this report down with it); the GPUs and
-driver from ``nvidia-smi``; ``mpirun --version``; whether it runs in a container and which image (``container``);
-and the scheduler's and launcher's variables, with anything that looks like a secret masked. Nothing here changes
-the environment.
+driver from nvidia-smi; mpirun --version; whether it runs in a container and which image; and the scheduler's and
+launcher's variables, with anything that looks like a secret masked. Nothing here changes the environment.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import subprocess
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
-from octo_dist import EXIT_OK, EXIT_USAGE
+from octo_dist import EXIT_OK, EXIT_USAGE, subcommand
 from octo_dist.envcheck import cli, container, installed, provenance, report
 from octo_dist.stack import manifest as mf
+
+HELP = "a report of this environment to paste into a bug report"
 
 # Variables a job's behaviour depends on: the scheduler's, the launcher's, and the settings octo-dist, NCCL, XLA,
 # JAX, TensorFlow, wandb and Hugging Face read. "SLURM_STEP_NODELIST=node[001-002]", "OMPI_COMM_WORLD_RANK=1" ...
@@ -198,13 +200,7 @@ def as_text(r: Mapping) -> str:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "env",
-        help="a report of this environment to paste into a bug report",
-        description="octo-dist, Python, OS, the pinned stack against what is installed, JAX's "
-        "environment info, GPUs and driver, mpirun, and the job's variables (secrets "
-        "masked).",
-    )
+    p = subcommand.parser(sub, "env", HELP, __doc__, main)
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     p.add_argument("--profile", help="the stack to compare with (default: as check-env picks it)")
     p.add_argument(
@@ -215,7 +211,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="skip JAX's own report (a subprocess that imports jax) (default: off)",
     )
-    p.set_defaults(func=main)
     return p
 
 

@@ -82,7 +82,7 @@ def _gpus_per_node(o: LaunchOptions, sched) -> Tuple[int, Optional[str], Any]:
                 "--gpus-per-node 8 (or what your nodes have)",
             )
         return gpus_per_node, None, None
-    resource_type = o.resource_type or sched.default_resource_type
+    resource_type = o.chosen_resource_type()
     rt = sched.resource_types.get(resource_type)
     if rt is None:
         known = ", ".join(f"{k} ({v.about})" for k, v in sched.resource_types.items())

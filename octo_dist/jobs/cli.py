@@ -93,7 +93,7 @@ def _add_options(parser: argparse.ArgumentParser, scheduler: str) -> None:
         names += meta["old_flags"]
         default = "none" if f.default is None else f.default
         # NOT_GIVEN tells a flag left out (a defaults file may set it) from one given with the built-in value.
-        configurable = f.name in defaults_mod.KEYS.values() and f.name not in defaults_mod.LISTS
+        configurable = meta["in_file"] and not options_mod.repeated(f)
         group(meta["group"]).add_argument(
             *names,
             dest=f.name,
@@ -130,13 +130,15 @@ def options_from_args(args: argparse.Namespace, files: Optional[Mapping[str, tup
     for f in options_mod.option_fields():
         value = getattr(args, f.name, NOT_GIVEN)
         own = options_mod.offered(f, args.scheduler)
-        if value is NOT_GIVEN or (value is None and f.name in defaults_mod.LISTS):
+        if value is NOT_GIVEN or (
+            value is None and f.metadata["in_file"] and options_mod.repeated(f)
+        ):
             value, sources[f.name] = ((files or {}) if own else {}).get(
                 f.name, (f.default, defaults_mod.BUILT_IN)
             )
         else:
             given = (
-                f.name in defaults_mod.KEYS.values() or value != f.default
+                f.metadata["in_file"] or value != f.default
             )  # those can tell; the others show it
             sources[f.name] = defaults_mod.COMMAND_LINE if given else defaults_mod.BUILT_IN
         values[f.name] = tuple(value) if isinstance(value, list) else value
@@ -214,8 +216,8 @@ def output_path(options: options_mod.LaunchOptions) -> str:
     """Where ``-o`` writes: a new file or a regular file to replace. Refuses, before anything is opened, a
     directory, a missing parent, a link (never followed out), a device, FIFO or socket (``/dev/null`` would be
     chmod'ed, a FIFO would block), with the fix."""
-    out = options.output or f"octo-dist-{options.scheduler}.sh"
-    default = f"octo-dist-{options.scheduler}.sh"
+    out = options.script_path()
+    default = options_mod.default_script(options.scheduler)
     kind = existing_kind(out)
     if kind == "directory":
         raise spec_mod.JobSpecError(
@@ -376,11 +378,10 @@ def run(args: argparse.Namespace) -> int:
         out = None if options.dry_run else output_path(options)
     except spec_mod.JobSpecError as e:
         return _said(e)
-    scheduler = job.settings.allocation.scheduler
     for warning in warnings(job, warning):
         print(f"octo-dist launch: warning: {warning}", file=sys.stderr)
     # --dry-run with -o shows the script as -o would name it ("sbatch job.sh"), not the default name
-    text = render(job, os.path.basename(out or options.output or f"octo-dist-{scheduler}.sh"))
+    text = render(job, os.path.basename(out or options.script_path()))
     try:
         syntax_check(text)
         replaced = None if out is None else _write(out, text)

@@ -24,6 +24,7 @@ Pure: ``resolve`` takes the files' texts; ``files`` says where they are for an e
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import difflib
 import os
 import re
@@ -31,9 +32,8 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.problems import Refusal
 from octo_dist.jobs import schedulers
-from octo_dist.jobs import walltime
+from octo_dist.jobs import options, walltime
 from octo_dist.jobs.flagchecks import JobSpecError
-from octo_dist.jobs.settings import WANDB_MODES
 from octo_dist.launchers import outside
 
 USER_FILE = os.path.join("octo-dist", "launch.ini")
@@ -42,24 +42,8 @@ BUILT_IN = "built in"
 FILE_LIMIT = 64 << 10  # bytes: a defaults file is a dozen lines; anything near this is not one
 COMMAND_LINE = "command line"
 
-# key in the file -> LaunchOptions field; lists are written space-separated.
-KEYS = {
-    "group": "group",
-    "image": "image",
-    "skip-image-check": "skip_image_check",
-    "module": "modules",
-    "venv": "venv",
-    "bind": "bind",
-    "save-dir": "save_dir",
-    "data-dir": "data_dir",
-    "compile-cache": "compile_cache",
-    "wandb-mode": "wandb_mode",
-    "resource-type": "resource_type",
-    "walltime": "walltime",
-    "name": "name",
-}
-LISTS = ("modules", "bind")
-BOOLS = ("skip_image_check",)
+# The keys a file may set are the options declared ``in_file`` (options.file_keys: "group", "module", "wandb-mode",
+# a one-field setting's own), under their flags' names; repeatable ones (--module) are written space-separated.
 
 
 def site_keys() -> Dict[str, Tuple[str, bool]]:
@@ -107,26 +91,34 @@ def _where(path: str, text: str, section: str, key: str) -> str:
     return f"{path}{f' line {n}' if n else ''} [{section}]"
 
 
-def _value(where: str, key: str, field: str, value: str) -> object:
-    """A key's value checked as the command line checks its flag, the error naming the file and line."""
-    if field in BOOLS:
+def _value(where: str, key: str, option: Optional[dataclasses.Field], value: str) -> object:
+    """A key's value checked as the command line checks its flag (a switch, the wall time's text, its choices, a
+    whole number), the error naming the file and line; a scheduler's own option (``option`` None) as written."""
+    declared = option.metadata["argparse"] if option else {}
+    if declared.get("action") == "store_true":
         if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
             raise DefaultsError(
                 f"{where}: {key} = {value!r}; expected true or false. Fix: {key} = true"
             )
         return value.lower() in ("true", "yes", "1")
-    if field == "walltime":
+    if option is not None and option.name == "walltime":
         try:
             walltime.parse_walltime(value, label=f"{key} =")
         except JobSpecError as e:
             fix = e.fix.replace("--walltime ", f"{key} = ", 1)
             raise DefaultsError(f"{where}: {e.found}; expected {e.expected}. Fix: {fix}") from None
-    if field == "wandb_mode" and value not in WANDB_MODES:
-        close = difflib.get_close_matches(value, WANDB_MODES, n=1) or ["offline"]
+    choices = declared.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1) or [choices[0]]
         raise DefaultsError(
-            f"{where}: {key} = {value!r}; expected one of {', '.join(WANDB_MODES)}. "
-            f"Fix: {key} = {close[0]}"
+            f"{where}: {key} = {value!r}; expected one of {', '.join(choices)}. Fix: {key} = {close[0]}"
         )
+    if declared.get("type") is int:
+        if not re.fullmatch(r"[0-9]{1,18}", value.strip()):
+            raise DefaultsError(
+                f"{where}: {key} = {value!r}; expected a whole number. Fix: {key} = {option.default or 1}"
+            )
+        return int(value)
     return value
 
 
@@ -141,8 +133,10 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
         ) from None
     out: Dict[str, object] = {}
     site = site_keys()
-    keys = {**KEYS, **{k: name for k, (name, _) in site.items()}}
-    lists = LISTS + tuple(name for name, repeat in site.values() if repeat)
+    own = options.file_keys()
+    keys = {**{k: f.name for k, f in own.items()}, **{k: name for k, (name, _) in site.items()}}
+    lists = tuple(f.name for f in own.values() if options.repeated(f))
+    lists += tuple(name for name, repeat in site.values() if repeat)
     for section in ("launch", f"launch.{scheduler}"):
         if not parser.has_section(section):
             continue
@@ -163,7 +157,7 @@ def _parse(path: str, text: str, scheduler: str) -> Dict[str, object]:
             if field in lists:
                 out[field] = tuple(value.split())
             else:
-                out[field] = _value(where, key, field, value)
+                out[field] = _value(where, key, own.get(key), value)
     # "[launch.lsf]" where no LSF scheduler is registered would be read by nothing: name it, as a typo would be.
     known = {"launch", *(f"launch.{name}" for name in schedulers.SCHEDULERS)}
     unknown = [s for s in parser.sections() if s not in known]

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import tempfile
 from typing import IO, Iterator
+
+from octo_dist import problems
 
 
 @contextlib.contextmanager
@@ -50,13 +51,4 @@ def existing_kind(path: str) -> str:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return ""
-    kinds = (
-        (stat.S_ISREG, "file"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "special file")
+    return problems.file_kind(mode)

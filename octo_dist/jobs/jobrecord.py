@@ -62,7 +62,7 @@ def save_dir_of_script(text: str) -> Optional[str]:
 
 def record_path(save_dir: str, submit_dir: str) -> str:
     """``("runs/ft", "/home/u/proj")`` -> ``"/home/u/proj/runs/ft/.octo-dist-jobs.json"``."""
-    return os.path.join(submit_dir, save_dir, RECORD)
+    return savelayout.jobs_record(savelayout.submitted_save_dir(submit_dir, save_dir))
 
 
 def read_records(path: str) -> List[dict]:
@@ -233,7 +233,7 @@ def find(save_dir: str, home: Optional[str] = None) -> str:
     Raises:
       JobsError: none is found, or the index holds several for that name (each is named, with its absolute path).
     """
-    here = os.path.join(save_dir, RECORD)
+    here = savelayout.jobs_record(save_dir)
     if os.path.lexists(here):
         return here
     wanted = os.path.abspath(save_dir)
@@ -244,7 +244,7 @@ def find(save_dir: str, home: Optional[str] = None) -> str:
             if os.path.lexists(e["record"]):
                 matches.append(absolute)
     if len(matches) == 1:
-        return os.path.join(matches[0], RECORD)
+        return savelayout.jobs_record(matches[0])
     if matches:
         raise JobsError(
             f"--save-dir {save_dir} names {len(matches)} save directories you submitted jobs for: "

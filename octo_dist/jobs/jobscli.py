@@ -1,7 +1,5 @@
-"""``octo-dist jobs [status|log|cancel]``: what ``launch --submit`` / ``--chain`` started, read from the save
-directory's record (``status.RECORD``): each job's state, the step reached and the newest saved checkpoint, the log
-of the running job, and cancelling what is still queued or running: only jobs the scheduler says are the caller's
-and carry the recorded job name (the record is a file in a shared directory; the scheduler's word decides).
+"""octo-dist jobs [status|log|cancel|extend]: the jobs octo-dist launch --submit or --chain N submitted for a save
+directory, read from what launch recorded there at submission.
 
     $ octo-dist jobs --save-dir runs/ft
     chain of 3 (slurm, submitted 2026-12-06T04:20:00Z, job.sh):
@@ -9,6 +7,11 @@ and carry the recorded job name (the record is a file in a shared directory; the
       101  running                               log octo-dist-101.out
       102  held     waits for the job before it  log octo-dist-102.out
     newest checkpoint: step 1200 (runs/ft/1200)
+
+status (the default) lists each job's state, the step reached and the newest saved checkpoint; log shows the end of
+the running job's log; cancel ends every job of the chain still queued or running that the scheduler says is yours
+and carries the recorded job name (the record is a file in a shared directory: the scheduler's word decides);
+extend adds --add N jobs after the chain's last one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import argparse
 import os
 import sys
 
-from octo_dist import EXIT_USAGE
+from octo_dist import EXIT_USAGE, savelayout, subcommand
 from octo_dist.jobs import chains as chains_mod
 from octo_dist.jobs import jobrecord, probesite
 from octo_dist.jobs import submit as submit_mod
@@ -26,18 +29,11 @@ from octo_dist.launchers import outside
 from octo_dist.problems import Problem
 
 DEFAULT_SAVE_DIR = "runs/octo-dist"  # launch's --save-dir default
+HELP = "status, log and cancel of the jobs launch --submit/--chain started"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "jobs",
-        help="status, log and cancel of the jobs launch --submit/--chain started",
-        description="The jobs octo-dist launch --submit or --chain N submitted for a save directory (recorded "
-        "there at submission): status (default) lists each job's state, the step reached and the newest saved "
-        "checkpoint; log shows the end of the running job's log; cancel ends every job of the chain still "
-        "queued or running that the scheduler says is yours and carries the recorded job name; extend adds "
-        "--add N jobs after the chain's last one.",
-    )
+    p = subcommand.parser(sub, "jobs", HELP, __doc__, run)
     p.add_argument(
         "action",
         nargs="?",
@@ -66,7 +62,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="extend: jobs to add after the last job of the chain, which must be queued or running "
         "(default: %(default)s)",
     )
-    p.set_defaults(func=run)
     return p
 
 
@@ -134,7 +129,7 @@ def _status(chains: list, unknown: list) -> int:
     for submission, jobs in chains:
         print(_table(submission, jobs))
     submission = chains[-1][0]
-    save_dir = os.path.join(submission["submit_dir"], submission["save_dir"])
+    save_dir = savelayout.submitted_save_dir(submission["submit_dir"], submission["save_dir"])
     found = st.newest_checkpoint(save_dir)
     print(
         f"newest checkpoint: step {found[0]} ({found[1]})"

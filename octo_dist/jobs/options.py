@@ -24,6 +24,11 @@ DEFAULT_COMPILE_CACHE = (
 )
 
 
+def default_script(scheduler: str) -> str:
+    """``-o``'s default: ``"pbs"`` -> ``"octo-dist-pbs.sh"``."""
+    return f"octo-dist-{scheduler}.sh"
+
+
 def scheduler_names() -> Tuple[str, ...]:
     """The registered schedulers, ``launch``'s sub-commands: ``("pbs", "sge", "slurm")`` and any registered since."""
     return tuple(schedulers.SCHEDULERS)
@@ -69,6 +74,7 @@ def _opt(
     *,
     flag: Optional[str] = None,
     in_header: bool = True,
+    in_file: bool = False,
     needs: str = "",
     old_flags: Tuple[str, ...] = (),
     bound: Optional[job_settings.Bound] = None,
@@ -92,6 +98,7 @@ def _opt(
             "group": group,
             "flag": flag,
             "in_header": in_header,
+            "in_file": in_file,
             "needs": needs,
             "old_flags": old_flags,  # earlier spellings: still accepted, with a note naming this one
             "bound": bound,
@@ -108,6 +115,12 @@ def _setting(section, name: str, default, group: str, **argparse_kwargs):
     # are then checked with the timing.
     bound = meta["bound"] if argparse_kwargs.get("type") is int else None
     return _opt(default, meta["help"], group, flag=meta["flag"], bound=bound, **argparse_kwargs)
+
+
+def _count(bound: str, help: str, group: str, **kwargs):
+    """A launch-only count (``--steps``, ``--chain``): None when not given (the command's or the scheduler's own
+    default), else a whole number within ``settings.BOUNDS[bound]``, the one table, checked by :func:`check_bounds`."""
+    return _opt(None, help, group, bound=_BOUNDS[bound], type=int, **kwargs)
 
 
 class Renamed(GivenOnce):
@@ -137,37 +150,36 @@ class LaunchOptions:
         None,
         "{resource_types} (default: {resource_type})",
         "resources",
+        in_file=True,
         needs="resource_types",  # only ABCI 3.0's PBS has resource types here
     )
-    gpus_per_node: Optional[int] = _opt(
-        None,
+    gpus_per_node: Optional[int] = _count(
+        "gpus_per_node",
         "GPUs used on each node (default: {gpus_per_node})",
         "resources",
-        bound=_BOUNDS["gpus_per_node"],
-        type=int,
     )
     ranks_per_node: Optional[int] = _setting(
         job_settings.Allocation, "ranks_per_node", None, "resources", type=int
     )
-    devices_per_rank: Optional[int] = _opt(
-        None,
+    devices_per_rank: Optional[int] = _count(
+        "devices_per_rank",
         "GPUs each rank uses; ranks per node x this must equal --gpus-per-node, so no GPU sits idle "
         "(default: GPUs per node / ranks per node)",
         "resources",
         # smoke's, finetune's and validate's spelling too: one name for one setting
         flag="--devices-per-process",
         old_flags=("--devices-per-rank",),
-        bound=_BOUNDS["devices_per_rank"],
-        type=int,
     )
     cpus_per_rank: Optional[int] = _setting(
         job_settings.Allocation, "cpus_per_rank", None, "resources", type=int
     )
-    walltime: str = _setting(job_settings.Timing, "walltime_s", "1:00:00", "resources")
+    walltime: str = _setting(
+        job_settings.Timing, "walltime_s", "1:00:00", "resources", in_file=True
+    )
     group: Optional[str] = _opt(
-        None, "{group_help}", "resources", action=GivenOnce
+        None, "{group_help}", "resources", action=GivenOnce, in_file=True
     )  # + the scheduler's group_flags
-    name: str = _opt("octo-dist", "job name (default: {default})", "resources")
+    name: str = _opt("octo-dist", "job name (default: {default})", "resources", in_file=True)
     directives: Optional[tuple] = _opt(
         None,
         "a line for the header as it is, repeatable: '{prefix} ...' in this scheduler's syntax; one that sets "
@@ -178,61 +190,65 @@ class LaunchOptions:
         metavar="TEXT",
     )
     modules: Optional[tuple] = _setting(
-        job_settings.Software, "modules", None, "resources", action="append"
+        job_settings.Software, "modules", None, "resources", action="append", in_file=True
     )
-    image: Optional[str] = _setting(job_settings.Software, "image", None, "environment")
+    image: Optional[str] = _setting(
+        job_settings.Software, "image", None, "environment", in_file=True
+    )
     skip_image_check: bool = _opt(
         False,
         "the image exists only on the cluster: do not look for it here; the script "
         "checks it when the job starts (default: off)",
         "environment",
         action="store_true",
+        in_file=True,
     )
-    venv: str = _setting(job_settings.Software, "venv", ".venv", "environment")
+    venv: str = _setting(job_settings.Software, "venv", ".venv", "environment", in_file=True)
     bind: Optional[tuple] = _setting(
-        job_settings.Software, "binds", None, "environment", action="append"
+        job_settings.Software, "binds", None, "environment", action="append", in_file=True
     )
     coordinator: Optional[str] = _setting(
         job_settings.Forwarding, "coordinator", None, "environment"
     )
-    per_gpu_batch: Optional[int] = _opt(
-        None,
+    per_gpu_batch: Optional[int] = _count(
+        "per_gpu_batch",
         "examples per GPU per step; the global batch is this x GPUs per node x "
         "nodes, however many GPUs each rank has (default: the command's own)",
         "training",
-        bound=_BOUNDS["per_gpu_batch"],
-        type=int,
     )
-    global_batch: Optional[int] = _opt(
-        None,
+    global_batch: Optional[int] = _count(
+        "global_batch",
         "examples per step over all GPUs, a multiple of their number (default: the command's own)",
         "training",
-        bound=_BOUNDS["global_batch"],
-        type=int,
     )
-    steps: Optional[int] = _opt(
-        None,
+    steps: Optional[int] = _count(
+        "steps",
         "optimizer steps (default: the command's own)",
         "training",
-        bound=_BOUNDS["steps"],
-        type=int,
     )
-    keep_samples_from: Optional[int] = _opt(
-        None,
+    keep_samples_from: Optional[int] = _count(
+        "keep_samples_from",
         "--steps were planned for this global batch: scale them so the job "
         "sees as many examples (default: no scaling)",
         "training",
-        bound=_BOUNDS["keep_samples_from"],
-        type=int,
         metavar="BATCH",
     )
-    save_dir: str = _setting(job_settings.Storage, "save_dir", "runs/octo-dist", "training")
-    data_dir: Optional[str] = _setting(job_settings.Storage, "data_dir", None, "training")
+    save_dir: str = _setting(
+        job_settings.Storage, "save_dir", "runs/octo-dist", "training", in_file=True
+    )
+    data_dir: Optional[str] = _setting(
+        job_settings.Storage, "data_dir", None, "training", in_file=True
+    )
     compile_cache: str = _setting(
-        job_settings.Storage, "compile_cache", DEFAULT_COMPILE_CACHE, "training"
+        job_settings.Storage, "compile_cache", DEFAULT_COMPILE_CACHE, "training", in_file=True
     )
     wandb_mode: str = _setting(
-        job_settings.Storage, "wandb_mode", "disabled", "training", choices=WANDB_MODES
+        job_settings.Storage,
+        "wandb_mode",
+        "disabled",
+        "training",
+        choices=WANDB_MODES,
+        in_file=True,
     )
     resume: bool = _opt(
         True,
@@ -279,14 +295,12 @@ class LaunchOptions:
         action="store_true",
         in_header=False,
     )
-    chain: Optional[int] = _opt(
-        None,
+    chain: Optional[int] = _count(
+        "chain",
         "submit N jobs, each held until the one before has ended ({depend}); a job "
         "trains only when the one before did not fail, and resumes from its checkpoints; "
         "at most 50 (default: one job)",
         "output",
-        bound=_BOUNDS["chain"],
-        type=int,
         metavar="N",
         in_header=False,
     )
@@ -318,6 +332,15 @@ class LaunchOptions:
                 out.append((opt.option, given[opt.name]))
         return out
 
+    def chosen_resource_type(self) -> Optional[str]:
+        """``--resource-type``, else the scheduler's default (ABCI 3.0's PBS: ``"rt_HF"``); None for a scheduler
+        without resource types. The one place that default is taken: placement, --show-defaults, the image."""
+        return self.resource_type or schedulers.get(self.scheduler).default_resource_type
+
+    def script_path(self) -> str:
+        """``-o``, else ``octo-dist-{scheduler}.sh`` (``"octo-dist-pbs.sh"``): where the script is written."""
+        return self.output or default_script(self.scheduler)
+
     def site_values(self) -> dict:
         """Every option of the scheduler's own, given or its default: ``{"pe": "mpi", "queue": None}``; and any
         other scheduler's given (a refusal names it)."""
@@ -345,6 +368,7 @@ def with_settings(base: type) -> type:
                     meta["group"],
                     flag=meta["flag"],
                     bound=meta["bound"],
+                    in_file=meta["in_file"],
                     **kind,
                 )
                 extra.append((f.name, Optional[hints[f.name]], opt))
@@ -382,6 +406,17 @@ def wandb_note(mode: str) -> str:
 def option_fields() -> list:
     """The fields of LaunchOptions that are command-line options (not the scheduler or the training command)."""
     return [f for f in dataclasses.fields(LaunchOptions) if "help" in f.metadata]
+
+
+def file_keys() -> Mapping[str, dataclasses.Field]:
+    """A defaults file's keys, each the option it sets: every option declared ``in_file``, under its flag's name
+    (``{"group": <group>, "module": <modules>, "wandb-mode": <wandb_mode>, ...}``), a one-field setting's too."""
+    return {flag_of(f)[2:]: f for f in option_fields() if f.metadata["in_file"]}
+
+
+def repeated(field: dataclasses.Field) -> bool:
+    """Whether the option adds up over repeats (``--module a --module b``): a defaults file lists it space-separated."""
+    return field.metadata["argparse"].get("action") == "append"
 
 
 def flag_of(field: dataclasses.Field, scheduler: Optional[str] = None) -> str:

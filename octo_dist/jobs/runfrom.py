@@ -44,9 +44,7 @@ def default_image(
     sched = schedulers.get(o.scheduler)
     if o.image or o.venv != DEFAULT_VENV or not sched.runs_from_image:
         return None
-    name = (
-        f"octo-dist-{imagefit.needed_profile(o.resource_type or sched.default_resource_type)}.sif"
-    )
+    name = f"octo-dist-{imagefit.needed_profile(o.chosen_resource_type())}.sif"
     return os.path.abspath(name) if is_file(name) else None
 
 

@@ -115,15 +115,17 @@ def _field(
     help: str = "",
     group: str = "",
     default: Any = None,
+    in_file: bool = False,
 ):
     """A setting's metadata: its bound (a key of :data:`BOUNDS`, for a count), allowed values, whether it is a path;
     ``flag``: the ``octo-dist launch`` option that sets it, which names it in a refusal at render time (on the
     node, its JSON path does); ``fix``: the fix of a refusal of its choices (``"--wandb-mode offline"``); ``help``:
     the flag's ``launch --help`` line (``{default}`` and each scheduler's values filled in by ``options``);
     ``group`` and ``default``: its ``launch --help`` group and default, where the option is this field alone
-    (``options.with_settings`` makes it, ``spec`` passes its value by name)."""
+    (``options.with_settings`` makes it, ``spec`` passes its value by name); ``in_file``: a defaults file may set
+    that option too (``heartbeat = 45`` in launch.ini)."""
     meta = {"bound": BOUNDS[bound] if bound else None, "choices": choices, "path": path}
-    launch = {"group": group, "default": default}
+    launch = {"group": group, "default": default, "in_file": in_file}
     return dataclasses.field(metadata={**meta, **launch, "help": help, "flag": flag, "fix": fix})
 
 

@@ -83,7 +83,7 @@ def derived_defaults(o: "LaunchOptions") -> dict:
     out: dict = {}
     scheduler = o.scheduler
     s = schedulers.get(scheduler)
-    resource_type = o.resource_type or s.default_resource_type
+    resource_type = o.chosen_resource_type()
     rt = s.resource_types.get(resource_type) if resource_type else None
     if o.resource_type is None and resource_type:
         out["resource_type"] = (resource_type, f"{scheduler}'s default")
@@ -93,13 +93,12 @@ def derived_defaults(o: "LaunchOptions") -> dict:
         out["gpus_per_node"] = (gpus, f"from --resource-type {resource_type}")
     out.update(shown_defaults(o, gpus, rt, resource_type))
     if o.output is None:
-        out["output"] = (f"octo-dist-{scheduler}.sh", "after the scheduler")
+        out["output"] = (o.script_path(), "after the scheduler")
     if o.bind is None and s.default_binds("GROUP"):
         binds = " ".join(s.default_binds("GROUP"))
         out["bind"] = (s.default_binds(o.group), f"{binds} with --group")
     if o.modules is None:
-        modules = s.default_modules + (s.image_modules if o.image else ())
-        out["modules"] = (modules, f"{scheduler}'s default")
+        out["modules"] = (_modules(o, s, o.image), f"{scheduler}'s default")
     return out
 
 

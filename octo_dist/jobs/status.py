@@ -24,7 +24,7 @@ import re
 import stat
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from octo_dist import savelayout
+from octo_dist import problems, savelayout
 from octo_dist.jobs.supervisor import chainend, exitfile
 from octo_dist.launchers import outside
 from octo_dist.jobs.jobrecord import JobsError
@@ -251,7 +251,9 @@ def states(submission: Mapping, run: Runner = outside.run_command) -> List[JobSt
     ids = [str(j["id"]) for j in submission["jobs"]]
     scheduler = submission["scheduler"]
     known = QUERIES[scheduler](ids, run) if scheduler in QUERIES and ids else {}
-    save_dir = os.path.join(submission.get("submit_dir", ""), submission.get("save_dir", ""))
+    save_dir = savelayout.submitted_save_dir(
+        submission.get("submit_dir", ""), submission.get("save_dir", "")
+    )
     out = []
     for job in submission["jobs"]:
         job_id, log = str(job["id"]), str(job.get("log", ""))
@@ -341,15 +343,8 @@ def log_tail(path: str, lines: int) -> str:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a directory"
-                if stat.S_ISDIR(mode)
-                else "a device"
-            )
             raise JobsError(
-                f"the job's log {outside.shown(path, 200)} is {kind}, not a file",
+                f"the job's log {outside.shown(path, 200)} is a {problems.file_kind(mode)}, not a file",
                 "the file the scheduler writes the job's output to",
                 "look where your site puts job logs",
             )

@@ -16,6 +16,7 @@ import re
 import shutil
 from typing import Callable, List, Optional
 
+from octo_dist import savelayout
 from octo_dist.jobs import schedulers
 from octo_dist.jobs import spec as spec_mod
 from octo_dist.jobs import walltime
@@ -221,7 +222,7 @@ def _save_dir(script: str) -> Optional[str]:
 def _check_save_dir(save_dir: str, submit_dir: str) -> None:
     """The save directory exists as a directory (made here when missing), so the jobs can be recorded in it; a
     file of that name would make every job fail at its start and leave them unrecorded."""
-    path = os.path.join(submit_dir, save_dir)
+    path = savelayout.submitted_save_dir(submit_dir, save_dir)
     try:
         os.makedirs(path, exist_ok=True)
         if not os.path.isdir(path):

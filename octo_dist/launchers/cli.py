@@ -19,12 +19,16 @@ import sys
 from typing import Dict, Mapping, Optional
 
 import octo_dist
-from octo_dist import launchers
+from octo_dist import launchers, subcommand
 from octo_dist.launchers import coordcheck, coordinator, hostlists, outside
 from octo_dist.launchers.base import LauncherError, refuse
 from octo_dist.problems import Problem
 
 SCHEMA = 1  # bump when a field changes meaning or goes away; adding fields keeps it
+HELP = (
+    "show what this process's launcher says (rank, world, local rank, nodes, "
+    "coordinator), without starting JAX or MPI"
+)
 
 
 # bytes: Linux caps a process's arguments and environment together near 2 MiB; /dev/zero must not be read whole
@@ -246,13 +250,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "detect",
-        help="show what this process's launcher says (rank, world, local rank, nodes, "
-        "coordinator), without starting JAX or MPI",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand.parser(sub, "detect", HELP, __doc__, run)
     p.add_argument("--json", action="store_true", help="print one JSON object (schema %d)" % SCHEMA)
     p.add_argument(
         "--launcher",
@@ -268,4 +266,3 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--output", metavar="PATH", help="also write the JSON record here; {rank} becomes this rank"
     )
-    p.set_defaults(func=run)

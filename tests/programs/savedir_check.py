@@ -8,13 +8,14 @@ import json
 import sys
 from pathlib import Path
 
+from octo_dist import savelayout
 from octo_dist.runtime import runtime
 from octo_dist.engine import savedir
 
 save_dir, out_dir = sys.argv[1], Path(sys.argv[2])
 with runtime.distributed(timeout_s=120) as rt:
     try:
-        claim = savedir.prepare(save_dir, state_bytes=1 << 20)
+        claim = savedir.prepare(savelayout.RunLayout(save_dir), state_bytes=1 << 20)
     except savedir.SaveDirError as e:
         outcome = {"rank": rt.process_index, "error": str(e)}
     else:

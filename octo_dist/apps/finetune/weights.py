@@ -1,14 +1,13 @@
-"""Pretrained Octo weights on disk, for compute nodes without internet.
+"""octo-dist weights: pretrained Octo weights on disk, for compute nodes without internet.
 
     octo-dist weights hf://rail-berkeley/octo-small weights/octo-small     # what `make weights` runs
 
-``OctoModel.load_pretrained("hf://...")`` calls ``huggingface_hub.snapshot_download`` on every rank at start-up;
-on an ABCI compute node that fails (no route out), after the job has waited for its nodes. Run this once on a login
-node, then pass ``--config.pretrained_path=weights/octo-small``. The model's config names more Hugging Face
-repositories it reads at start-up (Octo-Small: ``t5-base``'s tokenizer and encoder config); their small files are
-put in the default HF cache, where ``transformers`` looks (set ``HF_HUB_OFFLINE=1`` in the job).
-:func:`probe` is the check the fine-tune job runs
-before starting: an ``hf://`` path is usable when it is in the local Hugging Face cache or the Hub answers.
+Downloads hf://owner/name into a local directory on a login node, checks it is an Octo checkpoint, and caches the
+tokenizer and encoder config files its config names (Octo-Small: t5-base's) into ~/.cache/huggingface, where
+transformers looks. Progress is shown per file; an interrupted download resumes where it stopped when the same
+command runs again. Then fine-tune with --config.pretrained_path=weights/octo-small and HF_HUB_OFFLINE=1 in the job:
+OctoModel.load_pretrained("hf://...") downloads on every rank at start-up, which fails on an ABCI compute node (no
+route out) after the job has waited for its nodes.
 """
 
 from __future__ import annotations
@@ -29,8 +28,12 @@ from octo_dist.apps.finetune.checks import (
     hf_dependencies,
     hf_repo,
 )
+from octo_dist import subcommand
 from octo_dist.problems import Problem
 
+HELP = (
+    "download pretrained Octo weights (and the tokenizer files they load) for offline compute nodes"
+)
 PROBE_TIMEOUT_S = 10.0
 # What AutoTokenizer / AutoConfig.from_pretrained read (t5-base: config.json, spiece.model, tokenizer.json).
 DEPENDENCY_FILES = ["*.json", "*.model", "*.txt"]
@@ -78,7 +81,8 @@ def _short(e: BaseException) -> str:
 
 
 def probe(repo: str, timeout_s: float = PROBE_TIMEOUT_S, environ=os.environ) -> Optional[str]:
-    """None when ``repo`` ("rail-berkeley/octo-small") is in the local HF cache or the Hub answers; else why not."""
+    """The check the fine-tune job runs before starting on an ``hf://`` path: None when ``repo``
+    ("rail-berkeley/octo-small") is in the local HF cache or the Hub answers; else why not."""
     import huggingface_hub
 
     try:
@@ -140,14 +144,7 @@ def download(
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "weights",
-        help="download pretrained Octo weights (and the tokenizer files they load) for offline compute nodes",
-        description="Download hf://owner/name into a local directory on a login node, check it is an Octo "
-        "checkpoint, and cache the tokenizer and encoder config files its config names (into ~/.cache/huggingface, "
-        "where transformers looks). Progress is shown per file; an interrupted download resumes where it stopped "
-        "when the same command runs again. Then fine-tune with --config.pretrained_path=DIR and HF_HUB_OFFLINE=1.",
-    )
+    p = subcommand.parser(sub, "weights", HELP, __doc__, main)
     p.add_argument(
         "source",
         nargs="?",
@@ -155,7 +152,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help=f"hf://owner/name (default: {DEFAULT_HF_MODEL})",
     )
     p.add_argument("local_dir", nargs="?", help="where to put it (default: weights/<name>)")
-    p.set_defaults(func=main)
     return p
 
 

@@ -19,25 +19,20 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE, savelayout
+from octo_dist import EXIT_FAILED, EXIT_OK, EXIT_USAGE, savelayout, subcommand
 from octo_dist.apps import harness
 from octo_dist.apps.smoke import flags
 from octo_dist.runtime import runtime
 from octo_dist.problems import Problem, Refusal
 
 log = logging.getLogger(__name__)
+HELP = "data-parallel smoke training on synthetic Octo-shaped data (run under mpirun)"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "smoke",
-        help="data-parallel smoke training on synthetic Octo-shaped data (run under mpirun)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand.parser(sub, "smoke", HELP, __doc__, main)
     flags.add_flags(p)
     runtime.argv_options(p)
-    p.set_defaults(func=main)
     return p
 
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import Mapping, Optional, Sequence
 
-from octo_dist import EXIT_USAGE
+from octo_dist import EXIT_USAGE, subcommand
 from octo_dist.apps.smoke.flags import MODELS  # the scaling step runs smoke: its --model is smoke's
 from octo_dist.apps.validate import report
 from octo_dist.apps.validate.report import FAIL, OK, SKIP, Step
@@ -33,16 +33,14 @@ from octo_dist.problems import Problem
 from octo_dist.runtime import runtime
 
 NCCL_LOG_NAME = "nccl.%h.%p.log"  # NCCL expands %h (host) and %p (pid): one file per rank
+HELP = (
+    "first run on a GPU node: check-env --deep, 1 GPU vs all GPUs, NCCL across "
+    "nodes under mpirun (short report, non-zero on any problem)"
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "validate",
-        help="first run on a GPU node: check-env --deep, 1 GPU vs all GPUs, NCCL across "
-        "nodes under mpirun (short report, non-zero on any problem)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand.parser(sub, "validate", HELP, __doc__, main)
     p.add_argument(
         "--profile",
         help="stack profile for check-env (default: $OCTO_DIST_PROFILE, else from the jaxlib build)",
@@ -74,7 +72,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--report", help="rank 0 also writes the JSON report to this file (default: none)"
     )
     runtime.argv_options(p)
-    p.set_defaults(func=main)
     return p
 
 

@@ -210,7 +210,7 @@ class MpirunScheduler(Scheduler):
 
     def launcher(self, settings, ctx):
         a = settings.allocation
-        node_list = os.path.join(ctx.job_dir, savelayout.NODE_LIST)
+        node_list = savelayout.node_list(ctx.job_dir)
         shutil.copyfile(ctx.env[self.hostfile_var], node_list)
         exports = {NODE_LIST_ENV: node_list}
         for name, value in KEEPALIVE.items():

@@ -35,7 +35,7 @@ CANCEL_TIMEOUT_S = 60
 def read_record(save_dir: str) -> list:
     """The submissions recorded in ``save_dir``; [] when there is none or it is not a regular file of JSON."""
     try:
-        fd = os.open(os.path.join(save_dir, savelayout.JOBS_RECORD), os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(savelayout.jobs_record(save_dir), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return []
     try:

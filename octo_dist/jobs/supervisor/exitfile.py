@@ -22,6 +22,8 @@ import re
 import stat
 from typing import Optional, Tuple
 
+from octo_dist import problems
+
 MAX_BYTES = 4096  # an exit file octo-dist writes is one line of under 300 bytes
 SHOWN = 80  # characters of a file's text an error shows
 RESUMES = "a chained job resumes from the newest verified checkpoint"
@@ -149,8 +151,7 @@ def load(path: str) -> Optional[ExitLine]:
         if stat.S_ISDIR(mode):
             return ExitLine(FOREIGN, None, "a directory, not a file")
         if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-            return ExitLine(FOREIGN, None, f"{kind}, not a file")
+            return ExitLine(FOREIGN, None, f"a {problems.file_kind(mode)}, not a file")
         with os.fdopen(os.dup(fd), "rb") as f:
             return parse(f.read(MAX_BYTES + 1))
     finally:

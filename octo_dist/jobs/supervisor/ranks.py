@@ -84,9 +84,8 @@ def launcher_preexec(shielded) -> Callable[[], None]:
 
 def first_failure(job_dir: str) -> str:
     """The oldest note: the rank that failed first, not one the launcher ended after it."""
-    failed = os.path.join(job_dir, savelayout.FAILED)
     try:
-        notes = [os.path.join(failed, n) for n in os.listdir(failed)]
+        notes = list(savelayout.rank_notes(job_dir, failed=True).values())
         notes.sort(key=lambda p: (os.stat(p).st_mtime_ns, p))
         with open(notes[0]) as f:
             return f.read().strip()
@@ -96,12 +95,8 @@ def first_failure(job_dir: str) -> str:
 
 def missing_ranks(job_dir: str, ranks: int) -> List[int]:
     """The ranks of ``range(ranks)`` that left no note saying they finished."""
-    done = os.path.join(job_dir, savelayout.DONE)
-    try:
-        finished = set(os.listdir(done))
-    except OSError:
-        finished = set()
-    return [r for r in range(ranks) if f"rank-{r}" not in finished]
+    finished = savelayout.rank_notes(job_dir, failed=False)
+    return [r for r in range(ranks) if str(r) not in finished]
 
 
 class Launcher:
@@ -220,8 +215,8 @@ class Launcher:
         """Runs ``argv`` (the launcher's line) once; its status, the first failed rank's when one failed.
         ``tick`` is called every ``POLL_S`` while it runs (the supervisor's own timer)."""
         job = self.job
-        for sub in (savelayout.FAILED, savelayout.DONE):
-            shutil.rmtree(os.path.join(job.job_dir, sub), ignore_errors=True)
+        for failed in (True, False):
+            shutil.rmtree(savelayout.rank_notes_dir(job.job_dir, failed), ignore_errors=True)
         # Its own process group in the job's session, SIGTERM blocked under mpirun (see the module's docstring).
         self.argv0 = argv[0]
         shielded = SHIELDED if job.scheduler.stop_reaches_every_process else ()
@@ -312,13 +307,8 @@ class Launcher:
         ):  # the launcher's own death is said as such (_end_orphans)
             return ""
         job_dir = self.job.job_dir
-        noted = set()
-        for sub in (savelayout.DONE, savelayout.FAILED):
-            try:
-                noted |= set(os.listdir(os.path.join(job_dir, sub)))
-            except OSError:
-                pass
-        silent = [r for r in range(self.job.s.ranks) if f"rank-{r}" not in noted]
+        noted = {**savelayout.rank_notes(job_dir, False), **savelayout.rank_notes(job_dir, True)}
+        silent = [r for r in range(self.job.s.ranks) if str(r) not in noted]
         last = failure.rsplit(" ", 1)[-1] if failure else str(status)
         # A signal's status: a rank's note ("... exited with status 137") or, where no rank noted anything, the
         # launcher's own. A launcher that failed with none (a preflight's exit 3) and no notes at all may never have

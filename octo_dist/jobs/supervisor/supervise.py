@@ -136,7 +136,7 @@ class Supervisor:
         if (
             len(command) == 2
         ):  # a zipapp: a copy the other nodes see, which a later job cannot replace under us
-            copy = os.path.join(self.job_dir, savelayout.RUNTIME_COPY)
+            copy = savelayout.runtime_copy(self.job_dir)
             shutil.copyfile(command[1], copy)
             command[1] = copy
         self.guard = [*command, "octo-dist-rank", self.job_dir]

@@ -15,6 +15,8 @@ import os
 import stat
 from typing import Callable, Mapping, Optional
 
+from octo_dist import problems
+
 KEY_FILE_ENV = "WANDB_KEY_FILE"
 KEY_FILE = os.path.join(
     ".config", "octo-dist", "wandb_api_key"
@@ -59,14 +61,6 @@ def read_small(path: str) -> Optional[str]:
         os.close(fd)
 
 
-# What a path is, when it is there but not a file: os.stat's file types, in the words a message uses.
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a device"),
-    (stat.S_ISBLK, "a device"),
-)
 IS_A_FILE = "is a file"
 
 
@@ -82,8 +76,7 @@ def what_is(path: str) -> str:
     except OSError as e:
         return f"cannot be reached ({e.strerror or e})"
     if not stat.S_ISREG(mode):
-        kind = next((word for test, word in _KINDS if test(mode)), "not a regular file")
-        return f"is {kind}, not a file"
+        return f"is a {problems.file_kind(mode)}, not a file"
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
     except OSError as e:

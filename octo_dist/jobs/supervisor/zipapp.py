@@ -1,8 +1,11 @@
-"""``octo-dist job-runtime -o FILE``: the job runtime (this package and the schedulers) as one zipapp, for a host
-that has only the image: ``python3 FILE supervise SETTINGS`` needs nothing else installed.
+"""octo-dist job-runtime -o FILE: the job runtime (the supervisor a job script hands over to: this package's job
+side and its schedulers) as one zipapp file, for a host that has only the image.
 
-The rendered script of an image job writes it from the image itself (``singularity exec IMAGE octo-dist
-job-runtime -o FILE``) unless ``OCTO_DIST_RUNTIME`` names one, so the supervisor is always the image's own version.
+    octo-dist job-runtime -o octo-dist-runtime.pyz
+    python3 octo-dist-runtime.pyz supervise SETTINGS      # runs a job rendered by octo-dist launch; nothing else needed
+
+The rendered script of an image job writes it from the image by itself (singularity exec IMAGE octo-dist job-runtime
+-o FILE), so the supervisor is always the image's own version; OCTO_DIST_RUNTIME=FILE makes it use this one.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from octo_dist import subcommand
 from octo_dist.jobs.filereplace import existing_kind, replacing
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory holding octo_dist/
@@ -24,6 +28,7 @@ MODULES = (
     "octo_dist/jobs/settingsread.py",
 )
 PACKAGES = ("octo_dist/jobs/supervisor", "octo_dist/jobs/schedulers")
+HELP = "write the job runtime (the supervisor a job script hands over to) as one zipapp file"
 # Written so that any Python 3 parses it: an older one gets one line, not a SyntaxError from the modules it imports.
 MAIN = """import sys
 if sys.version_info < (3, 9):
@@ -67,17 +72,10 @@ def build(path: str) -> str:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "job-runtime",
-        help="write the job runtime (the supervisor a job script hands over to) as one zipapp file",
-        description="Write the job runtime as a zipapp: `python3 FILE supervise SETTINGS` runs a job rendered by "
-        "`octo-dist launch` on a host with only the image (the script writes it from the image by itself; "
-        "OCTO_DIST_RUNTIME=FILE makes it use this one).",
-    )
+    p = subcommand.parser(subparsers, "job-runtime", HELP, __doc__, _run)
     p.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="the file to write (required)"
     )
-    p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
