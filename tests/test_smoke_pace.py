@@ -2,6 +2,7 @@
 ones a full-speed run ends with, and a stop signal is still seen between steps."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import helpers
 from helpers import HANG_S
@@ -47,8 +48,10 @@ def smoke(tmp_path, name, *flags):
 
 
 def test_a_paced_run_ends_with_the_full_speed_runs_parameters(tmp_path):
-    fast = smoke(tmp_path, "fast")
-    paced = smoke(tmp_path, "paced", "--step-time", "1")
+    # Side by side: each run is one process, mostly JAX's start-up and compilation (one core each).
+    with ThreadPoolExecutor(2) as pool:
+        runs = [("fast",), ("paced", "--step-time", "1")]
+        fast, paced = pool.map(lambda run: smoke(tmp_path, *run), runs)
     assert paced["digests"] == fast["digests"] and paced["losses"] == fast["losses"]
     # What the sleep guarantees, not a speed: the summary times a step from one metrics read to the next, and the
     # pace from just after the read, so an interval is 1 s plus the difference of two reads' own times (a tiny
