@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 
 BENCH = REPO / "bench"
 
@@ -15,7 +15,7 @@ def run(*args, cwd):
         [sys.executable, *map(str, args)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,  # only ends a hang: two JAX start-ups took 40 s of 120 at a load of 12-22
         env=clean_env(),
         cwd=cwd,
     )
@@ -95,14 +95,24 @@ def test_the_step_profile_counts_each_steps_fetches_copies_and_work_beside_it(tm
     from step_profile import breakdown
 
     (tmp_path / "loop.py").write_text(LOOP)
-    got = {}
-    for way, step in (("jit", "train_step"), ("compiled", "compiled")):
-        out = tmp_path / f"{way}.json"
-        proc = run(
-            BENCH / "step_profile.py", out, "--step", step, tmp_path / "loop.py", way, cwd=tmp_path
+    # Both profiles side by side (each one process, mostly JAX's import: one core each), then read.
+    ways = {"jit": "train_step", "compiled": "compiled"}
+    procs = {
+        way: subprocess.Popen(
+            [sys.executable, BENCH / "step_profile.py", tmp_path / f"{way}.json", "--step", step]
+            + [tmp_path / "loop.py", way],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+            cwd=tmp_path,
         )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got[way] = breakdown(json.loads(out.read_text()))
+        for way, step in ways.items()
+    }
+    got = {}
+    for way, proc in procs.items():
+        _, err = proc.communicate(timeout=HANG_S)
+        assert proc.returncode == 0, err[-3000:]
+        got[way] = breakdown(json.loads((tmp_path / f"{way}.json").read_text()))
     fork, ours = got["jit"], got["compiled"]
     # 7 steps, the first two skipped: 4 intervals between the steps left
     assert (fork["steps"], ours["steps"]) == (4, 4)

@@ -146,31 +146,60 @@ def test_make_smoke_runs_two_ranks_and_matches_one_process():
     assert "equivalence: OK: 20 steps, 2 processes x 1 device match 1 process x 2 devices" in out
 
 
+# The 2-rank runs below: STEPS steps of the jit step (the GPUs' step function; make smoke above checks the CPU's
+# shard_map), each stopped run paced (--step-time PACE_S) so that its signal lands between steps long before STEPS
+# however fast the machine, a checkpoint every SAVE_EVERY steps. The pace changes no parameter (test_smoke_pace.py).
+STEPS = 40
+SAVE_EVERY = 2
+PACE_S = "0.5"
+RUN = ("--steps", str(STEPS), "--step-fn", "jit")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    """The record of the run every run below is compared with, run once for the file: 2 ranks x STEPS steps under
+    mpirun, started as an image without an MPI library starts them: OCTO_DIST_NO_MPI4PY=1 beside an mpi4py whose
+    import raises and leaves a mark (the coordinator comes from the launcher's environment). ``["imported"]``: the
+    mark was left."""
+    if not (Path(sys.executable).parent / "mpirun").exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    fake = tmp / "site" / "mpi4py"
+    fake.mkdir(parents=True)
+    mark = tmp / "imported"
+    (fake / "__init__.py").write_text(
+        f"open({str(mark)!r}, 'a').write('x')\nraise RuntimeError('cannot load MPI library')\n"
+    )
+    env = clean_env(OCTO_DIST_NO_MPI4PY="1", PYTHONPATH=f"{tmp / 'site'}:{REPO}")
+    record = tmp / "full.json"
+    proc = mpirun_wrapped(tmp, "", *RUN, "--record", str(record), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + str(rank_errors(tmp))
+    return dict(json.loads(record.read_text()), imported=mark.exists())
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_the_jit_step_the_gpus_run_is_equivalent_too(tmp_path):
-    # On the CPU --step-fn auto is shard_map (make smoke above checks it); auto on GPUs is jit, with one all-reduce
-    # per parameter leaf that XLA combines: the same check with it, across processes over gloo.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            *SMOKE,
-            "--check-equivalence",
-            "--np",
-            "2",
-            "--step-fn",
-            "jit",
-            "--steps",
-            "4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        env=clean_env(),
-    )
+def test_the_jit_step_the_gpus_run_is_equivalent_too(uninterrupted, tmp_path):
+    # The 2-process run above against the reference --check-equivalence runs (its command and environment: 1
+    # process x 2 forced devices), compared as it compares: with one all-reduce per parameter leaf, which XLA
+    # combines, across processes over gloo.
+    parser = argparse.ArgumentParser(prog="octo-dist")
+    smoke.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["smoke", "--model", "tiny", *RUN])
+    reference, _ = equivalence.commands(args, tmp_path)
+    env, _ = equivalence.environments(2, clean_env())
+    proc = helpers.run(reference, cwd=REPO, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "equivalence: OK: 4 steps" in proc.stdout
+    ref = json.loads((tmp_path / "reference.json").read_text())
+    assert ref["devices"] == 2 and len(ref["losses"]) == STEPS
+    assert equivalence.compare(ref, uninterrupted, 2, args.tolerance) == []
+
+
+@pytest.mark.mpi
+def test_octo_dist_no_mpi4py_means_mpi4py_is_never_imported(uninterrupted):
+    # The run above trained every step without touching the mpi4py that cannot be imported.
+    assert uninterrupted["end_step"] == STEPS and uninterrupted["ranks"] == 2
+    assert not uninterrupted["imported"]
 
 
 def wait_for(path: Path, proc, timeout=HANG_S):
@@ -192,104 +221,66 @@ def ranks_of(proc) -> list:
     ]
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_sigterm_checkpoints_and_resume_reproduces_the_uninterrupted_run(tmp_path):
-    # Enough steps (and a save every 4) that the signal lands well before the end on a fast machine.
-    steps = "120"
-    full = mpirun_smoke(2, "--steps", steps, "--record", str(tmp_path / "full.json"))
-    code, out, err = finish(full)
-    assert code == 0, err[-3000:]
-
-    ckpt = tmp_path / "ckpt"
-    job = mpirun_smoke(
-        2,
-        "--steps",
-        steps,
-        "--save-dir",
-        str(ckpt),
-        "--save-every",
-        "4",
-        "--record",
-        str(tmp_path / "part.json"),
-    )
-    wait_for(ckpt / "4", job)
-    # What PBS and SLURM do at wall time: SIGTERM to every process of the job.
-    for p in ranks_of(job):
-        p.send_signal(signal.SIGTERM)
+def stopped(ckpt: Path, record: Path, after: int, stop, *flags: str) -> tuple:
+    """(record, stdout) of a paced 2-rank run into ``ckpt`` (``flags``: --resume), ``stop(job)`` called once its
+    first checkpoint past step ``after`` is complete; the run must end 0 stopped before STEPS."""
+    every = ("--save-every", str(SAVE_EVERY), "--step-time", PACE_S)
+    job = mpirun_smoke(2, *RUN, "--save-dir", str(ckpt), *every, "--record", str(record), *flags)
+    wait_for(ckpt / str(after - after % SAVE_EVERY + SAVE_EVERY), job)
+    stop(job)
     code, out, err = finish(job)
     assert code == 0, err[-3000:]
-    part = json.loads((tmp_path / "part.json").read_text())
-    stop = part["end_step"]
-    assert part["stopped_by"] == "SIGTERM" and 4 <= stop < 120, part
-    assert (ckpt / str(stop)).is_dir()
-    assert "stopped by SIGTERM (checkpoint saved)" in out
+    part = json.loads(record.read_text())
+    assert after <= part["start_step"] < part["end_step"] < STEPS, part
+    return part, out
 
-    resumed = mpirun_smoke(
-        2,
-        "--steps",
-        steps,
-        "--save-dir",
-        str(ckpt),
-        "--resume",
-        "--record",
-        str(tmp_path / "resumed.json"),
-    )
-    code, out, err = finish(resumed)
-    assert code == 0, err[-3000:]
-    again = json.loads((tmp_path / "resumed.json").read_text())
-    whole = json.loads((tmp_path / "full.json").read_text())
-    assert again["start_step"] == stop and again["end_step"] == 120
-    for k, loss in again["losses"].items():
-        assert loss == pytest.approx(whole["losses"][k], rel=1e-6), k
+
+def same_as(part: dict, whole: dict) -> None:
     for k, loss in part["losses"].items():
         assert loss == pytest.approx(whole["losses"][k], rel=1e-6), k
-    # Optimizer state, RNG and data position all came back: the final parameters are the same bits.
-    assert again["digests"][0] == whole["digests"][0]
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_sigusr1_to_mpirun_sge_notify_stops_every_rank_and_a_half_written_checkpoint_is_ignored(
-    tmp_path,
+def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_reproduce_the_uninterrupted_one(
+    uninterrupted, tmp_path
 ):
+    # The first job is stopped as PBS and SLURM stop one at wall time: SIGTERM to every process of the job.
     ckpt = tmp_path / "ckpt"
-    job = mpirun_smoke(
-        2,
-        "--steps",
-        "400",
-        "--save-dir",
-        str(ckpt),
-        "--save-every",
-        "3",
-        "--record",
-        str(tmp_path / "part.json"),
-    )
-    wait_for(ckpt / "3", job)
-    job.send_signal(signal.SIGUSR1)  # to mpirun itself, which forwards it to every rank
-    code, out, err = finish(job)
-    assert code == 0, err[-3000:]
-    stop = json.loads((tmp_path / "part.json").read_text())["end_step"]
+    sigterm = lambda job: [p.send_signal(signal.SIGTERM) for p in ranks_of(job)]  # noqa: E731
+    first, out = stopped(ckpt, tmp_path / "first.json", 0, sigterm)
+    stop = first["end_step"]
+    assert first["stopped_by"] == "SIGTERM" and (ckpt / str(stop)).is_dir(), first
+    assert "stopped by SIGTERM (checkpoint saved)" in out
+    # It resumes, and is stopped as Grid Engine's notify does: SIGUSR1 to mpirun, which forwards it to every rank.
+    sigusr1 = lambda job: job.send_signal(signal.SIGUSR1)  # noqa: E731
+    second, out = stopped(ckpt, tmp_path / "second.json", stop, sigusr1, "--resume")
+    assert second["start_step"] == stop and second["stopped_by"] == "SIGUSR1", second
     assert "stopped by SIGUSR1" in out
+    stop = second["end_step"]
 
     # A kill mid-write leaves orbax's temporary directory: fabricate one past the last complete checkpoint.
     torn = ckpt / f"{stop + 5}.orbax-checkpoint-tmp-1796280000000000"
     (torn / "state").mkdir(parents=True)
     (torn / "state" / "garbage").write_text("half written")
     before = sorted(p.name for p in ckpt.iterdir() if p.name.isdigit())
-
     # Without --resume the directory is left alone: refused before anything is compiled or written.
-    code, out, err = finish(mpirun_smoke(2, "--steps", "400", "--save-dir", str(ckpt)))
+    code, out, err = finish(mpirun_smoke(2, *RUN, "--save-dir", str(ckpt)))
     assert code == EXIT_USAGE, err[-3000:]
     assert f"already holds checkpoints (latest: step {stop})" in err and "add --resume" in err
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == before
 
+    record = tmp_path / "last.json"
     code, out, err = finish(
-        mpirun_smoke(2, "--steps", str(stop + 2), "--save-dir", str(ckpt), "--resume")
+        mpirun_smoke(2, *RUN, "--save-dir", str(ckpt), "--resume", "--record", str(record))
     )
     assert code == 0, err[-3000:]
-    assert f"steps {stop} -> {stop + 2} of {stop + 2}" in out
-    assert not torn.exists()
+    assert f"steps {stop} -> {STEPS} of {STEPS}" in out and not torn.exists()
+    last = json.loads(record.read_text())
+    for part in (first, second, last):
+        same_as(part, uninterrupted)
+    # Optimizer state, RNG and data position all came back: the final parameters are the same bits.
+    assert last["digests"][0] == uninterrupted["digests"][0]
 
 
 @pytest.mark.mpi
@@ -372,25 +363,6 @@ def test_a_rank_stuck_in_mpi_init_ends_at_the_start_up_timeout_naming_what_it_wa
         "rank 1/2: the coordinator agreement through mpi4py (MPI_Init, broadcast) did not complete within 30 s"
         in err
     ), err
-
-
-@pytest.mark.mpi
-def test_octo_dist_no_mpi4py_means_mpi4py_is_never_imported(tmp_path):
-    # An image without an MPI library: importing mpi4py raises there. Fabricate that mpi4py, leaving a mark when
-    # imported; with OCTO_DIST_NO_MPI4PY=1 the job must train without touching it (coordinator from the launcher's
-    # environment: both ranks on this node).
-    fake = tmp_path / "site" / "mpi4py"
-    fake.mkdir(parents=True)
-    mark = tmp_path / "imported"
-    (fake / "__init__.py").write_text(
-        f"open({str(mark)!r}, 'a').write('x')\nraise RuntimeError('cannot load MPI library')\n"
-    )
-    env = clean_env(OCTO_DIST_NO_MPI4PY="1", PYTHONPATH=f"{tmp_path / 'site'}:{REPO}")
-    record = tmp_path / "rec.json"
-    proc = mpirun_wrapped(tmp_path, "", "--steps", "2", "--record", str(record), env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + str(rank_errors(tmp_path))
-    assert json.loads(record.read_text())["end_step"] == 2
-    assert not mark.exists()
 
 
 def test_the_start_up_timeout_is_a_positive_number_from_the_flag_or_the_environment():

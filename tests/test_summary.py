@@ -1,6 +1,7 @@
 """The run summary: figures from timestamps (pure), and what `octo-dist smoke --save-dir D` leaves in D."""
 
 import json
+import shutil
 import struct
 
 import pytest
@@ -135,14 +136,21 @@ def png_size(path):
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.slow
-def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
-    save = tmp_path / "run"
-    proc = helpers.run_smoke(
-        "--steps", "6", "--save-dir", str(save), "--record", str(tmp_path / "record.json"), cwd=REPO
-    )
+@pytest.fixture(scope="module")
+def first_job(tmp_path_factory):
+    """(save directory, record, stdout) of one ``smoke --steps 6 --save-dir D --save-every 3`` run for the file: what
+    it leaves is checked below, and the resumed job continues a copy of it."""
+    work = tmp_path_factory.mktemp("first-job")
+    save, record = work / "run", work / "record.json"
+    flags = ("--steps", "6", "--save-dir", str(save), "--save-every", "3", "--record", str(record))
+    proc = helpers.run_smoke(*flags, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "record.json").read_text())
+    return save, json.loads(record.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(first_job):
+    save, record, stdout = first_job
     got = json.loads((save / "summary.json").read_text())
     assert got["schema"] == summary.SCHEMA and got["command"] == "smoke"
     assert (got["processes"], got["devices"], got["global_batch"]) == (1, record["devices"], 8)
@@ -155,7 +163,7 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
         got["bound"] in ("data-bound", "input-heavy", "compute-bound")
         and 0 < got["median_input_s"] < 1
     )
-    assert f"input {got['median_input_s'] * 1000:.1f} ms of each step" in proc.stdout
+    assert f"input {got['median_input_s'] * 1000:.1f} ms of each step" in stdout
     # The start-up profile: the smoke job's phases in order (no pretrained model to load), together the time to
     # the first step (within 10%); nothing ran beside them (the fine-tune's first batch and compilation do).
     smoke_phases = ["imports", "checks", "distributed", "dataset", "setup", "parameters", "compile"]
@@ -163,17 +171,16 @@ def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(tmp_path):
     assert all(v >= 0 for v in got["startup"].values()) and got["startup"]["imports"] > 0
     assert sum(got["startup"].values()) == pytest.approx(got["time_to_first_step_s"], rel=0.1)
     assert got["slowest_rank"] == 0 and got["slowest_startup"] == got["startup"]
-    assert got["startup_beside"] is None and "; beside: " not in proc.stdout
-    assert "\n  start-up: imports " in proc.stdout and ", first step " in proc.stdout
+    assert got["startup_beside"] is None and "; beside: " not in stdout
+    assert "\n  start-up: imports " in stdout and ", first step " in stdout
     assert got["examples_per_s"] == pytest.approx(8 / got["median_step_s"])
     assert 0 < got["fit_to_first_step_s"] <= got["time_to_first_step_s"] <= got["wall_s"]
     # one compile time: summary.json's is the start-up profile's phase, the one the log line prints
     assert got["schema"] == 3 and got["compile_s"] == got["startup"]["compile"]
-    assert f"(compile {got['compile_s']:.1f} s)" in proc.stdout
+    assert f"(compile {got['compile_s']:.1f} s)" in stdout
     assert png_size(save / "loss.png") == summary.PLOT_SIZE_PX
     assert (
-        "octo-dist smoke: run summary: wall " in proc.stdout
-        and "examples/s (global batch 8)" in proc.stdout
+        "octo-dist smoke: run summary: wall " in stdout and "examples/s (global batch 8)" in stdout
     )
 
 
@@ -252,18 +259,14 @@ def test_a_long_run_plot_is_smoothed_log_scaled_and_marks_each_job(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(tmp_path):
+def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(first_job, tmp_path):
+    # The second job resumes a copy of the first job's save directory (its checkpoints at steps 3 and 6).
     save = tmp_path / "run"
-
-    def smoke(steps, *extra):
-        proc = helpers.run_smoke(
-            "--steps", str(steps), "--save-dir", str(save), "--save-every", "3", *extra, cwd=REPO
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads((save / "summary.json").read_text())
-
-    first = smoke(6)
-    resumed = smoke(9, "--resume")
+    shutil.copytree(first_job[0], save)
+    first = json.loads((save / "summary.json").read_text())
+    proc = helpers.run_smoke("--steps", "9", "--save-dir", str(save), "--resume", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads((save / "summary.json").read_text())
     assert [(j["start_step"], j["end_step"]) for j in resumed["jobs"]] == [(0, 6), (6, 9)]
     assert (resumed["start_step"], resumed["end_step"]) == (6, 9)  # the top level is this job's
     assert sorted(map(int, resumed["losses"])) == list(range(9))

@@ -2,8 +2,9 @@
 rank 0's build fabricated: ``slow`` takes longer than a collective's set-up may wait (gloo's 30 s), counted from
 the moment rank 1 starts waiting; ``fails`` raises a bug's error; ``refused`` a refusal (the same on every rank).
 ``slow1`` and ``fails1`` are rank 1's build, after rank 0's: slower than that from rank 0's end, or failing.
+Modes joined by commas apply together: ``slow,slow1`` makes each rank wait for the other in turn in one run.
 
-    mpirun -np 2 python tests/programs/rank_zero_first.py slow|fails|refused|slow1|fails1 DIR
+    mpirun -np 2 python tests/programs/rank_zero_first.py slow|fails|refused|slow1|fails1[,MODE...] DIR
 
 After the data, a real collective (every rank's first batch to every rank). Each rank prints one JSON line.
 """
@@ -16,7 +17,7 @@ import time
 from octo_dist.apps import harness
 from octo_dist.problems import Refusal
 
-MODE, DIR = sys.argv[1], sys.argv[2]
+MODES, DIR = set(sys.argv[1].split(",")), sys.argv[2]
 # gloo's set-up waits 30 s for the other rank's address ("GetKeyValue() timed out ... 29.99s"); rank 0 finishes well
 # after rank 1 has waited that long.
 COLLECTIVE_LIMIT_S = 30
@@ -44,15 +45,15 @@ def beyond_the_limit_from(path: str) -> None:
 def build(rank: int):
     import tensorflow as tf
 
-    if rank == 0 and MODE == "slow":
+    if rank == 0 and "slow" in MODES:
         beyond_the_limit_from(WAITING)
-    if rank == 1 and MODE == "slow1":
+    if rank == 1 and "slow1" in MODES:
         beyond_the_limit_from(BUILT)
-    if rank == 1 and MODE == "fails1":
+    if rank == 1 and "fails1" in MODES:
         raise ValueError("fabricated read failure on rank 1: bridge/1.0.0 shard 5 is unreadable")
-    if rank == 0 and MODE == "fails":
+    if rank == 0 and "fails" in MODES:
         raise ValueError("fabricated statistics failure: bridge/1.0.0 shard 3 is truncated")
-    if rank == 0 and MODE == "refused":
+    if rank == 0 and "refused" in MODES:
         raise Refusal("--config.dataset_kwargs.name='nope'", "a dataset in the data directory")
     trajectories = tf.data.Dataset.range(24).batch(4).map(lambda x: {"action": x})
     trajectories.dataset_statistics = {"action": {"mean": [float(rank)]}}

@@ -1,4 +1,4 @@
-"""Run by tests/test_parallel.py in one process with forced host devices, on jax 0.4.20 (the production pin) and
+"""Run by tests/test_engine.py in one process with forced host devices, on jax 0.4.20 (the production pin) and
 0.4.22: prints one JSON object of what it observed.
 
 usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 python sharding.py
@@ -22,10 +22,12 @@ ndev = jax.device_count()
 tx = optax.adam(1e-3)
 
 
-def run(devices, step_fn, steps=2, ahead=False):
-    """Losses of ``steps`` steps on ``devices``; the engine and last state are kept for the checks below.
+def run(devices, step_fn, steps=2, ahead=False, params=None):
+    """(losses of ``steps`` steps on ``devices``, the engine, the last state, the first parameters on the host).
     ``ahead``: the step compiled first, in a thread, from the state's and batch's shapes only (what train.fit and
-    the fine-tune job do while parameters are made and data loads), then called."""
+    the fine-tune job do while parameters are made and data loads), then called. ``params``: the parameters to
+    start from, as a fine-tune hands init_state pretrained ones (None: ``policy.init``, a compilation of the whole
+    model)."""
     eng = parallel.Engine(parallel.make_mesh(devices), policy.loss, tx, step_fn=step_fn)
     src = data.SyntheticData(data.Spec(), 2 * ndev, 0, 1, len(devices))
     first = eng.global_batch(src.batch(0))
@@ -36,7 +38,8 @@ def run(devices, step_fn, steps=2, ahead=False):
         compiling = startclock.Background(
             "compile", eng.compile, eng.abstract_state(policy, shapes), shapes
         )
-    state = eng.init_state(policy, first)
+    state = eng.init_state(policy, first, params=params)
+    start = jax.device_get(state.params) if params is None else params  # before the step donates it
     if ahead:
         compiling.result()
         out.setdefault("compiled_ahead", {})[step_fn] = eng.compiled
@@ -53,20 +56,25 @@ def run(devices, step_fn, steps=2, ahead=False):
     )
     # Progress on stderr, one line a run: the test waits while these come (a loaded machine compiles slowly).
     print(f"sharding.py: {step_fn} on {len(devices)} device(s) done", file=sys.stderr, flush=True)
-    return got, eng, state
+    return got, eng, state, start
 
 
 # The same global batches on 1 device and on every device, with jit and with shard_map: the same losses.
 # (Without dropout: shard_map draws masks per device, so with dropout its losses depend on the device count.)
+# policy.init runs twice, on 1 device (jit_one) and on every device (jit_many), whose losses are compared; every
+# other run starts from one of their parameters (the step compiled ahead from jit_many's, compared with it bit for bit).
 policy = TinyPolicy(dropout=0.0)
+jit_one, _, _, one = run(jax.devices()[:1], "jit")
 out["losses"] = {
-    "jit_one": run(jax.devices()[:1], "jit")[0],
-    "shard_map_one": run(jax.devices()[:1], "shard_map")[0],  # one device: no all-reduce at all
-    "shard_map_many": run(jax.devices(), "shard_map")[0],
+    "jit_one": jit_one,
+    "shard_map_one": run(jax.devices()[:1], "shard_map", params=one)[
+        0
+    ],  # one device: no all-reduce
+    "shard_map_many": run(jax.devices(), "shard_map", params=one)[0],
 }
-out["losses"]["jit_many"], eng, state = run(jax.devices(), "jit")
-out["losses"]["jit_ahead"] = run(jax.devices(), "jit", ahead=True)[0]
-out["losses"]["shard_map_ahead"] = run(jax.devices(), "shard_map", ahead=True)[0]
+out["losses"]["jit_many"], eng, state, many = run(jax.devices(), "jit")
+out["losses"]["jit_ahead"] = run(jax.devices(), "jit", ahead=True, params=many)[0]
+out["losses"]["shard_map_ahead"] = run(jax.devices(), "shard_map", ahead=True, params=one)[0]
 out["compile_beside_s"] = startclock.besides().get("compile")
 
 # Batch sizes at NDEV-1, NDEV, NDEV+1: the odd ones are refused before anything is compiled.
