@@ -388,6 +388,18 @@ def test_octo_dist_no_mpi4py_is_read_as_a_switch():
     )
 
 
+def _python(program: str) -> subprocess.CompletedProcess:
+    """``program`` run by this Python from the checkout, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        env=clean_env(),
+        cwd=REPO,
+    )
+
+
 @pytest.mark.parametrize(
     "busy, code",
     [
@@ -404,14 +416,7 @@ def test_the_watchdog_ends_a_process_even_while_the_gil_is_held(busy, code):
         "dog = watchdog.Watchdog(2, 'octo-dist: error: {stage} did not complete within 2 s', exit_code=1)\n"
         "dog.stage('the test stage')\n" + busy + "\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        env=clean_env(),
-        cwd=REPO,
-    )  # a watchdog that never fired would hit this timeout
+    proc = _python(program)  # a watchdog that never fired would hang until HANG_S
     assert proc.returncode == code
     assert "octo-dist: error: the test stage did not complete within 2 s" in proc.stderr
 
@@ -422,14 +427,7 @@ def test_a_cancelled_watchdog_never_fires():
         "dog = watchdog.Watchdog(1, 'fired: {stage}', exit_code=1)\ndog.cancel()\n"
         "time.sleep(1 + watchdog.GRACE_S + 3)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        env=clean_env(),
-        cwd=REPO,
-    )
+    proc = _python(program)
     assert proc.returncode == 0 and "fired" not in proc.stderr
 
 
