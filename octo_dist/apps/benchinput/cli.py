@@ -428,12 +428,11 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
 
 def scaled_decode(src, stored: Mapping, sizes: Mapping, out=print, count: int = 8) -> dict:
     """Camera -> the ratio (2, 4 or 8) libjpeg could decode its JPEGs at, for the cameras stored at least that many
-    times the model's size (``frames.decode_ratio_for``); for each, a line with what that decode changes in the
+    times the model's size (``decodescale.ratio_for``); for each, a line with what that decode changes in the
     pixels of ``count`` of its frames (:mod:`.decodescale`), so the opt-in row is read with its cost in pixels."""
     from octo_dist.apps.benchinput import decodescale
-    from octo_dist.apps.finetune import frames
 
-    ratios = {c: frames.decode_ratio_for(stored[c], sizes[c]) for c in stored if c in sizes}
+    ratios = {c: decodescale.ratio_for(stored[c], sizes[c]) for c in stored if c in sizes}
     ratios = {c: r for c, r in ratios.items() if r > 1}
     for camera, ratio in ratios.items():
         images = decodescale.encoded_frames(src.make(), camera, count)
