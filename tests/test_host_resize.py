@@ -82,3 +82,30 @@ def test_the_host_grows_by_products_and_shrinks_with_tensorflows_kernel_in_a_dat
 
 def test_the_frame_transforms_resize_with_the_products_by_default():
     assert frames.FrameTransforms.from_config({}).resize is frames.resize_host
+
+
+def test_weights_made_once_for_the_stored_size_are_the_same_and_other_sizes_still_resize():
+    np.testing.assert_array_equal(
+        frames.resize_weights(64, 256, "lanczos3").numpy(),
+        frames.resize_weights(tf.constant(64), 256, "lanczos3").numpy(),
+    )
+    stored, other = textured((64, 64, 3), 3), textured((48, 80, 3), 4)
+    encoded = [tf.io.encode_png(x) for x in (stored, other)]
+    dataset = tf.data.Dataset.from_tensor_slices(encoded).map(
+        lambda x: frames.resize_host(
+            tf.io.decode_image(x, expand_animations=False), (256, 256), expected=(64, 64)
+        )
+    )
+    for got, img in zip(dataset.as_numpy_iterator(), (stored, other)):
+        np.testing.assert_array_equal(got, frames.resize_products(tf.constant(img), (256, 256)))
+
+
+def test_the_frame_transforms_give_the_stored_size_to_the_resize():
+    config = {"frame_transform_kwargs": {"resize_size": {"primary": (256, 256)}}}
+    transforms = frames.FrameTransforms.from_config(config, decoded_size={"primary": (64, 64)})
+    img = textured((64, 64, 3), 5)
+    one = {"observation": {"image_primary": tf.io.encode_png(img)[None]}}
+    out = next(iter(transforms(tf.data.Dataset.from_tensors(one)).as_numpy_iterator()))
+    within_bound(
+        out["observation"]["image_primary"][0], frames.resize_image(img, (256, 256)).numpy()
+    )

@@ -90,7 +90,9 @@ def pipelines(
     ``decode_ratio``: camera -> 2, 4 or 8, for ``device-resize-scaled`` (none where it is empty)."""
     import tensorflow as tf
 
-    host = frames.FrameTransforms.from_config({**config, "augment_on": "host"})
+    host = frames.FrameTransforms.from_config(
+        {**config, "augment_on": "host"}, decoded_size=dict(stored or {})
+    )
     variants = dict(stage_variants(host))
     variants["every-resize"] = dataclasses.replace(host, skip_same_size=False)
     if stored:

@@ -29,6 +29,7 @@ which, from the config before any data is read, for the plan line, the pipeline 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Mapping, Optional, Tuple
 
@@ -57,13 +58,22 @@ def resize_image(image, size: Tuple[int, int], method: str = "lanczos3"):
 def resize_weights(n, m: int, method: str):
     """float32 [m, n]: the weight of input pixel j in output pixel o of ``tf.image.resize`` along an axis of ``n``
     pixels resized to ``m``: its own kernel's weights (the resize of an identity), so products with them are its
-    resize up to float32 rounding."""
+    resize up to float32 rounding. ``n`` known as the pipeline is built (an int): made then, once (0.1 ms)."""
     import tensorflow as tf
 
-    identity = tf.eye(n)[
-        :, None, :
-    ]  # one image of n x 1 pixels and n channels, channel j lit at pixel j
+    if isinstance(n, int):
+        return tf.constant(_weights_once(n, m, method))
+    # one image of n x 1 pixels and n channels, channel j lit at pixel j
+    identity = tf.eye(n)[:, None, :]
     return tf.image.resize(identity, tf.stack([m, 1]), method, antialias=True)[:, 0, :]
+
+
+@functools.lru_cache(maxsize=None)
+def _weights_once(n: int, m: int, method: str):
+    import tensorflow as tf
+
+    with tf.init_scope():  # eagerly, also while a tf.data function is traced
+        return resize_weights(tf.constant(n), m, method).numpy()
 
 
 def resize_products(image, size: Tuple[int, int], method: str = "lanczos3"):
@@ -73,28 +83,39 @@ def resize_products(image, size: Tuple[int, int], method: str = "lanczos3"):
     core, 64x64 -> 256x256 0.55 instead of 2.16 ms, 64 -> 128 0.33 instead of 0.65 (docs/measurements.md)."""
     import tensorflow as tf
 
-    (h, w, c), (out_h, out_w) = tf.unstack(tf.shape(image)), size
+    dynamic = tf.unstack(tf.shape(image))
+    (h, w, c), (out_h, out_w) = (
+        [s if s is not None else d for s, d in zip(image.shape, dynamic)],
+        size,
+    )
     x = tf.transpose(
         tf.cast(image, tf.float32), [0, 2, 1]
-    )  # [H, C, W]: width last, for the first product
+    )  # [H, C, W]: width last for the first product
     x = tf.matmul(tf.reshape(x, [-1, w]), resize_weights(w, out_w, method), transpose_b=True)
     x = tf.matmul(resize_weights(h, out_h, method), tf.reshape(x, [h, -1]))  # [h, C * w]
     x = tf.transpose(tf.reshape(x, [out_h, c, out_w]), [0, 2, 1])
     return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
 
 
-def resize_host(image, size: Tuple[int, int], method: str = "lanczos3"):
+def resize_host(image, size: Tuple[int, int], method: str = "lanczos3", expected=None):
     """The host's resize: :func:`resize_products` where the image has at most the target's pixels, else
     :func:`resize_image` (shrinking, TensorFlow's kernel reads only the taps it needs: 480x640 -> 256x256 5.1 ms,
-    the products 6.9)."""
+    the products 6.9). ``expected``: the (height, width) the dataset stores its frames at (features.json): an
+    image of that size gets weights made once, as the pipeline is built."""
     import tensorflow as tf
 
-    grows = tf.reduce_prod(tf.shape(image)[:2]) <= size[0] * size[1]
-    out = tf.cond(
-        grows,
-        lambda: resize_products(image, size, method),
-        lambda: resize_image(image, size, method),
-    )
+    shape = tf.shape(image)[:2]
+    if expected is not None and expected[0] * expected[1] <= size[0] * size[1]:
+        known = lambda: resize_products(tf.ensure_shape(image, (*expected, None)), size, method)  # noqa: E731
+        same = tf.reduce_all(shape == tf.constant(expected, tf.int32))
+        out = tf.cond(same, known, lambda: resize_host(image, size, method))
+    else:
+        grows = tf.reduce_prod(shape) <= size[0] * size[1]
+        out = tf.cond(
+            grows,
+            lambda: resize_products(image, size, method),
+            lambda: resize_image(image, size, method),
+        )
     return tf.ensure_shape(out, (*size, None))
 
 
@@ -204,6 +225,8 @@ class FrameTransforms:
       decode_ratio: camera name -> 2, 4 or 8: its JPEGs decoded at that fraction of their stored size by libjpeg
         (``tf.io.decode_jpeg(ratio=...)``), for cameras of ``stored_size`` at least that many times the model's
         size (``benchinput.decodescale.ratio_for``); an opt-in: its pixels are not the full decode's.
+      decoded_size: camera name -> (height, width) its frames are stored at, where the host resizes them: the
+        resize's weights for that size are made once (``resize_host(expected=...)``), not for each image.
     """
 
     resize_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
@@ -216,6 +239,7 @@ class FrameTransforms:
     resize: Callable = resize_host
     stored_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
     decode_ratio: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    decoded_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: Mapping, **overrides) -> "FrameTransforms":
@@ -276,7 +300,9 @@ class FrameTransforms:
             if self.skip_same_size:
                 # Padding (an empty string) is made at the target size and never resized.
                 return tf.cond(
-                    padding, lambda: padding_image(size), lambda: self._resized(decode(), size)
+                    padding,
+                    lambda: padding_image(size),
+                    lambda: self._resized(decode(), size, name),
                 )
             # The fork's way: padding made at the target size, then resized like any image.
             image = tf.cond(padding, lambda: padding_image(size), decode)
@@ -286,7 +312,7 @@ class FrameTransforms:
             raise ValueError(
                 f"image_{name} has dtype {encoded.dtype.name}; expected encoded images (string) or uint8"
             )
-        return image if size is None else self._resized(image, size)
+        return image if size is None else self._resized(image, size, name)
 
     @property
     def device_sizes(self) -> dict:
@@ -318,14 +344,17 @@ class FrameTransforms:
 
         return tf.cond(tf.strings.length(encoded) == 0, lambda: padding_image(size), decode)
 
-    def _resized(self, image, size: Tuple[int, int]):
+    def _resized(self, image, size: Tuple[int, int], name: str):
         import tensorflow as tf
 
         if "resize" not in self.stages:
             return tf.ensure_shape(tf.image.resize_with_crop_or_pad(image, *size), (*size, None))
+        resize = self.resize
+        if resize is resize_host and name in self.decoded_size:
+            resize = functools.partial(resize_host, expected=tuple(self.decoded_size[name]))
         if self.skip_same_size:
-            return resize_unless_same(image, size, self.resize_method, self.resize)
-        return self.resize(image, size, self.resize_method)
+            return resize_unless_same(image, size, self.resize_method, resize)
+        return resize(image, size, self.resize_method)
 
     def decoded(self, part: Mapping, window: bool) -> dict:
         """``part`` (an observation or a task dict) with every ``image_*`` decoded and resized; ``window``: its

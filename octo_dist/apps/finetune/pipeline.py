@@ -105,7 +105,10 @@ def frame_transform(
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
     missing = forks_transforms_for(plain_config, element_spec)
     if not missing:
-        return frames.FrameTransforms.from_config(plain_config, stored_size=dict(stored or {}))
+        # the stored sizes also where the host resizes: its resize's weights made once per camera
+        return frames.FrameTransforms.from_config(
+            plain_config, stored_size=dict(stored or {}), decoded_size=stored_sizes(plain_config)
+        )
     if stored:
         # resized_on_device read the config alone; a dataset whose frames hold depth images the config's
         # depth_obs_keys do not name would make the plan line say what the pipeline does not do.
