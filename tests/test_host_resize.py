@@ -10,29 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fork_augment import RESIZES, textured
 
 tf = pytest.importorskip("tensorflow")
 
 from octo_dist.apps.finetune import frames  # noqa: E402
 
-# Stored -> model sizes: the fork's 64x64 debug frames up to both cameras' sizes, odd sizes both ways, a shrink by 2
-# and a camera's 4:3 shrunk (where resize_host keeps TensorFlow's kernel).
-RESIZES = [
-    ((64, 64), (256, 256)),
-    ((64, 64), (128, 128)),
-    ((60, 80), (256, 256)),
-    ((200, 180), (256, 256)),
-    ((256, 256), (128, 128)),
-    ((480, 640), (256, 256)),
-]
-
-
-def textured(shape, seed) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    h, w, c = shape
-    blocks = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, c)).astype(np.float32)
-    img = np.kron(blocks, np.ones((8, 8, 1)))[:h, :w] + rng.normal(0, 20, shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
+# The resize tests' cases (fork_augment.RESIZES) and the fork's 64x64 debug frames up to the wrist camera's size:
+# where the image grows resize_host multiplies, where it shrinks it keeps TensorFlow's kernel.
+RESIZE_CASES = [*RESIZES, ((64, 64), (128, 128)), ((60, 80), (256, 256))]
 
 
 def images(shape, seed) -> list:
@@ -47,7 +33,7 @@ def within_bound(mine: np.ndarray, theirs: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("method", frames.RESIZE_METHODS)
-@pytest.mark.parametrize("stored, size", RESIZES)
+@pytest.mark.parametrize("stored, size", RESIZE_CASES)
 def test_the_products_give_tensorflows_resize_to_one_level(stored, size, method):
     for seed in range(2):
         for img in images((*stored, 3), seed):
