@@ -80,17 +80,14 @@ def resize_products(image, size: Tuple[int, int], method: str = "lanczos3"):
     """uint8 [H, W, C] -> uint8 [h, w, C]: :func:`resize_image` as two matrix products with its weights
     (:func:`resize_weights`): the same pixels to 1 uint8 level on at most ``RESIZE_SHARE`` of them
     (tests/test_host_resize.py). Where the image grows, a dense product is cheaper than TensorFlow's kernel: one
-    core, 64x64 -> 256x256 0.55 instead of 2.16 ms, 64 -> 128 0.33 instead of 0.65 (docs/measurements.md)."""
+    core, 64x64 -> 256x256 0.60 instead of 2.17 ms, 64 -> 128 0.27 instead of 0.57 (bench/host_resize.py)."""
     import tensorflow as tf
 
-    dynamic = tf.unstack(tf.shape(image))
-    (h, w, c), (out_h, out_w) = (
-        [s if s is not None else d for s, d in zip(image.shape, dynamic)],
-        size,
-    )
-    x = tf.transpose(
-        tf.cast(image, tf.float32), [0, 2, 1]
-    )  # [H, C, W]: width last for the first product
+    # static sizes where the graph knows them (then the weights are constants), else the image's at run time
+    h, w, c = [s if s is not None else d for s, d in zip(image.shape, tf.unstack(tf.shape(image)))]
+    out_h, out_w = size
+    # [H, C, W]: width last, for the first product
+    x = tf.transpose(tf.cast(image, tf.float32), [0, 2, 1])
     x = tf.matmul(tf.reshape(x, [-1, w]), resize_weights(w, out_w, method), transpose_b=True)
     x = tf.matmul(resize_weights(h, out_h, method), tf.reshape(x, [h, -1]))  # [h, C * w]
     x = tf.transpose(tf.reshape(x, [out_h, c, out_w]), [0, 2, 1])
@@ -100,13 +97,16 @@ def resize_products(image, size: Tuple[int, int], method: str = "lanczos3"):
 def resize_host(image, size: Tuple[int, int], method: str = "lanczos3", expected=None):
     """The host's resize: :func:`resize_products` where the image has at most the target's pixels, else
     :func:`resize_image` (shrinking, TensorFlow's kernel reads only the taps it needs: 480x640 -> 256x256 5.1 ms,
-    the products 6.9). ``expected``: the (height, width) the dataset stores its frames at (features.json): an
+    the products 9.9). ``expected``: the (height, width) the dataset stores its frames at (features.json): an
     image of that size gets weights made once, as the pipeline is built."""
     import tensorflow as tf
 
     shape = tf.shape(image)[:2]
     if expected is not None and expected[0] * expected[1] <= size[0] * size[1]:
-        known = lambda: resize_products(tf.ensure_shape(image, (*expected, None)), size, method)  # noqa: E731
+
+        def known():
+            return resize_products(tf.ensure_shape(image, (*expected, None)), size, method)
+
         same = tf.reduce_all(shape == tf.constant(expected, tf.int32))
         out = tf.cond(same, known, lambda: resize_host(image, size, method))
     else:
