@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import pytest
 
-from fork_augment import KWARGS, PRIMARY, WRIST
+from fork_augment import KWARGS, PRIMARY, RESIZES, WRIST, textured
 from helpers import REPO, clean_env
 
 jax = pytest.importorskip("jax")
@@ -588,26 +588,7 @@ def test_a_camera_the_dataset_never_fills_is_not_augmented_on_the_device():
 
 # --- the resize to the model's size on the device, against TensorFlow's (dlimp's resize_image) ----------------------
 
-# Stored -> model sizes: the fork's debug data resized up, 256x256 frames for a 128x128 wrist, a camera's native 4:3
-# shrunk and squeezed, odd sizes both ways. Measured over these (noise and blocky textures, 4 seeds): 1 level on at
-# most 0.049% of the pixels, never 2 (float32 sums in another order tip a value that rounds at .5).
-RESIZES = [
-    ((64, 64), (256, 256)),
-    ((256, 256), (128, 128)),
-    ((480, 640), (256, 256)),
-    ((200, 180), (256, 256)),
-    ((512, 512), (256, 256)),
-]
 RESIZE_LEVELS, RESIZE_SHARE = frames.RESIZE_LEVELS, frames.RESIZE_SHARE
-
-
-def textured(shape, seed) -> np.ndarray:
-    """uint8 blocks of 8x8 plus camera-like noise: edges where lanczos rings, flat areas where it does not."""
-    rng = np.random.default_rng(seed)
-    h, w, c = shape
-    blocks = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, c)).astype(np.float32)
-    img = np.kron(blocks, np.ones((8, 8, 1)))[:h, :w] + rng.normal(0, 20, shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
 
 
 @pytest.mark.parametrize("method", augment.RESIZE_METHODS)

@@ -14,7 +14,8 @@ import fork_augment
 
 tf = pytest.importorskip("tensorflow")
 
-from octo_dist.apps.finetune import frames  # noqa: E402
+from octo_dist.apps.benchinput import decodescale, measure  # noqa: E402
+from octo_dist.apps.finetune import frames, pipeline  # noqa: E402
 
 PRIMARY, WRIST = (256, 256), (128, 128)
 CONFIG = {
@@ -47,6 +48,13 @@ def plain_resize(image: np.ndarray, size, method: str = "lanczos3") -> np.ndarra
     """The oracle: ``tf.image.resize`` as dlimp's ``resize_image`` calls it (antialiased, rounded, clipped)."""
     out = tf.image.resize(image, size, method=method, antialias=True)
     return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8).numpy()
+
+
+def within_bound(mine: np.ndarray, theirs: np.ndarray) -> None:
+    """The resize's bound: 1 uint8 level on at most ``frames.RESIZE_SHARE`` of the values (the host resizes by
+    matrix products with TensorFlow's weights: float32 sums in another order tip a value that rounds at .5)."""
+    diff = np.abs(np.asarray(mine).astype(int) - np.asarray(theirs).astype(int))
+    assert diff.max() <= frames.RESIZE_LEVELS and (diff > 0).mean() <= frames.RESIZE_SHARE
 
 
 def frame(primary: list, wrist: list, goal: bytes = b"") -> dict:
@@ -176,12 +184,8 @@ def test_bilinear_is_an_opt_in_for_the_resizes_that_remain():
         host(augment=False, config={"resize_method": "bilinear"}), frame([image], [image])
     )
     bilinear = bilinear["observation"]
-    np.testing.assert_array_equal(
-        lanczos["image_primary"][0], plain_resize(decoded(image), PRIMARY)
-    )
-    np.testing.assert_array_equal(
-        bilinear["image_primary"][0], plain_resize(decoded(image), PRIMARY, "bilinear")
-    )
+    within_bound(lanczos["image_primary"][0], plain_resize(decoded(image), PRIMARY))
+    within_bound(bilinear["image_primary"][0], plain_resize(decoded(image), PRIMARY, "bilinear"))
     assert (bilinear["image_primary"] != lanczos["image_primary"]).any()
     with pytest.raises(ValueError, match="resize_method='bicubic'; expected one of"):
         host(config={"resize_method": "bicubic"})
@@ -230,7 +234,7 @@ def test_augment_image_follows_the_order_and_seed():
 def test_stage_variants_switch_the_stages_off_in_turn():
     primary = jpeg(photo(64, 64, 10))
     one = frame([primary, primary], [b"", b""])
-    variants = dict(frames.stage_variants(host()))
+    variants = dict(measure.stage_variants(host()))
     assert list(variants) == ["rest", "decode", "resize", "augment"]
     rest = transformed(variants["rest"], one)["observation"]["image_primary"]
     assert rest.dtype == object and rest[0] == primary
@@ -241,11 +245,11 @@ def test_stage_variants_switch_the_stages_off_in_turn():
 
 
 def test_what_the_fork_does_that_these_do_not_is_named():
-    assert frames.unsupported(CONFIG["frame_transform_kwargs"]) == []
-    assert frames.unsupported({"image_dropout_prob": 0.0, "depth_resize_size": {}}) == []
-    assert frames.unsupported({"image_dropout_prob": 0.5}) == ["image_dropout_prob=0.5"]
+    assert pipeline.unsupported(CONFIG["frame_transform_kwargs"]) == []
+    assert pipeline.unsupported({"image_dropout_prob": 0.0, "depth_resize_size": {}}) == []
+    assert pipeline.unsupported({"image_dropout_prob": 0.5}) == ["image_dropout_prob=0.5"]
     spec = {"observation": {"depth_primary": None, "image_primary": None}}
-    assert frames.unsupported({}, spec) == ["observation.depth_primary (depth images)"]
+    assert pipeline.unsupported({}, spec) == ["observation.depth_primary (depth images)"]
 
 
 def test_depth_cameras_of_the_config_choose_the_forks_transforms_before_any_data_is_read():
@@ -255,15 +259,15 @@ def test_depth_cameras_of_the_config_choose_the_forks_transforms_before_any_data
         "observation.depth_primary (depth images)",
         "observation.depth_wrist (depth images)",
     ]
-    assert frames.forks_transforms_for(depth) == reasons
+    assert pipeline.forks_transforms_for(depth) == reasons
     # the dataset's element spec names the same images once: each reason once
     spec = {"observation": {"depth_primary": None, "image_primary": None}}
-    assert frames.forks_transforms_for(depth, spec) == reasons
+    assert pipeline.forks_transforms_for(depth, spec) == reasons
     # so no camera is left to the device, whatever its stored size
-    assert frames.device_resized(depth, {"primary": (64, 64)}) == {}
+    assert pipeline.device_resized(depth, {"primary": (64, 64)}) == {}
     plain = {**depth, "dataset_kwargs": {}}
-    assert frames.forks_transforms_for(plain) == []
-    assert frames.device_resized(plain, {"primary": (64, 64)}) == {"primary": (64, 64)}
+    assert pipeline.forks_transforms_for(plain) == []
+    assert pipeline.device_resized(plain, {"primary": (64, 64)}) == {"primary": (64, 64)}
 
 
 def test_the_forks_own_frame_transforms_give_the_same_pixels():
@@ -291,7 +295,7 @@ def test_the_forks_own_frame_transforms_give_the_same_pixels():
     for part in ("observation", "task"):
         for key, value in fork_out[part].items():
             if key.startswith("image_"):
-                np.testing.assert_array_equal(ours[part][key], value)
+                within_bound(ours[part][key], value)
     image, seed = tf.constant(photo(*PRIMARY, 14)), tf.constant([5, 6])
     for name in ("primary", "wrist"):
         augment = kwargs["image_augment_kwargs"][name]
@@ -315,14 +319,12 @@ def test_the_fine_tunes_pipeline_uses_these_transforms_without_octo():
     source = pipeline.OctoData(job, None, 2, 0, 1, build=trajectories(primary), process=lambda b: b)
     batch = source.example
     assert batch["observation"]["image_primary"].shape == (2, 2, *PRIMARY, 3)
-    np.testing.assert_array_equal(
+    within_bound(
         batch["observation"]["image_primary"][0, 1], plain_resize(decoded(primary), PRIMARY)
     )
     assert batch["observation"]["image_wrist"].shape == (2, 2, *WRIST, 3)
     assert not batch["observation"]["image_wrist"].any()
-    np.testing.assert_array_equal(
-        batch["task"]["image_primary"][1], plain_resize(decoded(primary), PRIMARY)
-    )
+    within_bound(batch["task"]["image_primary"][1], plain_resize(decoded(primary), PRIMARY))
 
 
 @pytest.mark.parametrize(
@@ -406,11 +408,11 @@ def test_decoded_on_the_host_then_resized_on_the_device_is_the_hosts_resize_to_o
 
 
 def test_a_reduced_scale_decode_is_chosen_only_where_the_stored_frame_is_that_many_times_larger():
-    assert frames.decode_ratio_for((480, 640), (128, 128)) == 2
-    assert frames.decode_ratio_for((512, 512), (128, 128)) == 4
-    assert frames.decode_ratio_for((1024, 1024), (128, 128)) == 8
-    assert frames.decode_ratio_for((256, 256), (256, 256)) == 1
-    assert frames.decode_ratio_for((64, 64), (256, 256)) == 1
+    assert decodescale.ratio_for((480, 640), (128, 128)) == 2
+    assert decodescale.ratio_for((512, 512), (128, 128)) == 4
+    assert decodescale.ratio_for((1024, 1024), (128, 128)) == 8
+    assert decodescale.ratio_for((256, 256), (256, 256)) == 1
+    assert decodescale.ratio_for((64, 64), (256, 256)) == 1
     image = jpeg(photo(512, 512, 11))
     transforms = host(
         augment=False, stored_size={"primary": (512, 512)}, decode_ratio={"primary": 2}

@@ -234,29 +234,31 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(vd.MODELS),
         help="the model whose step the GPUs run, for their consumption (default: %(default)s)",
     )
-    p.add_argument(
-        "--utilisation",
-        type=float,
-        default=vd.DEFAULT_UTILISATION,
-        help="share of the H200's peak the step reaches (default: %(default)s)",
-    )
-    p.add_argument(
-        "--step-rate",
-        type=float,
-        help="measured samples/s per GPU of the train step (instead of the FLOP estimate)",
-    )
-    p.add_argument(
-        "--cores-per-node",
-        type=int,
-        default=vd.DEFAULT_CORES_PER_NODE,
-        help="CPU cores of a node for the verdict (default: %(default)s, ABCI 3.0's rt_HF)",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=vd.DEFAULT_GPUS_PER_NODE,
-        help="GPUs of a node for the verdict (default: %(default)s)",
-    )
+    # the node the verdict speaks of: flag, type, default, what it is
+    for flag, kind, default, text in (
+        (
+            "--utilisation",
+            float,
+            vd.DEFAULT_UTILISATION,
+            "share of the H200's peak the step reaches",
+        ),
+        (
+            "--step-rate",
+            float,
+            None,
+            "measured samples/s per GPU of the train step (instead of the FLOP estimate)",
+        ),
+        (
+            "--cores-per-node",
+            int,
+            vd.DEFAULT_CORES_PER_NODE,
+            "CPU cores of a node for the verdict; ABCI 3.0's rt_HF by default",
+        ),
+        ("--gpus-per-node", int, vd.DEFAULT_GPUS_PER_NODE, "GPUs of a node for the verdict"),
+    ):
+        if default is not None:
+            text += " (default: %(default)s)"
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.set_defaults(func=main)
 
 
@@ -428,12 +430,11 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
 
 def scaled_decode(src, stored: Mapping, sizes: Mapping, out=print, count: int = 8) -> dict:
     """Camera -> the ratio (2, 4 or 8) libjpeg could decode its JPEGs at, for the cameras stored at least that many
-    times the model's size (``frames.decode_ratio_for``); for each, a line with what that decode changes in the
+    times the model's size (``decodescale.ratio_for``); for each, a line with what that decode changes in the
     pixels of ``count`` of its frames (:mod:`.decodescale`), so the opt-in row is read with its cost in pixels."""
     from octo_dist.apps.benchinput import decodescale
-    from octo_dist.apps.finetune import frames
 
-    ratios = {c: frames.decode_ratio_for(stored[c], sizes[c]) for c in stored if c in sizes}
+    ratios = {c: decodescale.ratio_for(stored[c], sizes[c]) for c in stored if c in sizes}
     ratios = {c: r for c, r in ratios.items() if r > 1}
     for camera, ratio in ratios.items():
         images = decodescale.encoded_frames(src.make(), camera, count)

@@ -100,3 +100,12 @@ def _flat(images) -> Iterable[bytes]:
     import numpy as np
 
     return np.asarray(images, dtype=object).reshape(-1)
+
+
+def ratio_for(stored: Tuple[int, int], size: Tuple[int, int]) -> int:
+    """The largest of 8, 4, 2 by which a JPEG stored at ``stored`` can be decoded and still be at least ``size``
+    on both sides, else 1: ``(480, 640), (128, 128)`` -> 2; ``(512, 512), (128, 128)`` -> 4."""
+    for ratio in (8, 4, 2):
+        if stored[0] >= ratio * size[0] and stored[1] >= ratio * size[1]:
+            return ratio
+    return 1

@@ -10,7 +10,7 @@ is work for those batches). Before the rounds, each pipeline is warmed up (shuff
 
 The pipelines (:func:`pipelines`), each a shuffle of frames then the frame transforms then ``batch``:
 - ``rest``, ``decode``, ``resize``, ``augment``: octo-dist's frame transforms with the stages switched on one after
-  another (``frames.stage_variants``), augmentation on the host; ``resize`` is "augmentation on the device" (the
+  another (:func:`stage_variants`), augmentation on the host; ``resize`` is "augmentation on the device" (the
   host decodes and batches), ``augment`` is "augmentation on the host". Their differences are the split.
 - ``device-resize``: the host decodes at the stored size and batches; the step resizes and augments (what the
   train step does with ``frames.FrameTransforms.stored_size``).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.apps.benchinput import reader
 from octo_dist.apps.finetune import frames
@@ -90,8 +90,10 @@ def pipelines(
     ``decode_ratio``: camera -> 2, 4 or 8, for ``device-resize-scaled`` (none where it is empty)."""
     import tensorflow as tf
 
-    host = frames.FrameTransforms.from_config({**config, "augment_on": "host"})
-    variants = dict(frames.stage_variants(host))
+    host = frames.FrameTransforms.from_config(
+        {**config, "augment_on": "host"}, decoded_size=dict(stored or {})
+    )
+    variants = dict(stage_variants(host))
     variants["every-resize"] = dataclasses.replace(host, skip_same_size=False)
     if stored:
         variants["device-resize"] = dataclasses.replace(
@@ -164,3 +166,15 @@ def split(median: Mapping[str, float]) -> Dict[str, float]:
         out[name] = median[name] - before
         before = median[name]
     return out
+
+
+def stage_variants(
+    transforms: frames.FrameTransforms,
+) -> Sequence[Tuple[str, frames.FrameTransforms]]:
+    """The cumulative stages the input benchmark times, each with the ones before it: ``rest`` (read and batch,
+    images left encoded), ``decode`` (decoded, cropped or padded to the target size), ``resize``, ``augment``
+    (the whole transform; augmentation only where ``transforms.augment``)."""
+    return tuple(
+        (name, dataclasses.replace(transforms, stages=frozenset(frames.STAGES[:i])))
+        for i, name in enumerate(("rest", *frames.STAGES))
+    )

@@ -3,25 +3,25 @@
     transform = frames.FrameTransforms.from_config(job_config.plain_config())
     frames_ds = transform(frames_ds)          # a tf.data dataset of frames (one window each), as Octo's yields them
 
-The same output as Octo's ``apply_frame_transforms`` (``octo/data/dataset.py``: ``decode_and_resize``, then
-``augment``) for the same frames and augmentation seeds, without the work that changes nothing:
+The output of Octo's ``apply_frame_transforms`` (``octo/data/dataset.py``: ``decode_and_resize``, then
+``augment``) for the same frames and augmentation seeds (resized images to 1 uint8 level on at most
+``RESIZE_SHARE`` of the values), without the work that changes nothing, and cheaper where it changes something:
 
-- a resize to the size an image already has is skipped. The fork's lanczos3 resize to the same size gives the
-  same pixels (tests/test_frames.py checks it on random images), at 2.1-2.4 ms per 256x256 image;
+- a resize to the size an image already has is skipped (the fork's gives the same pixels at 2.1-2.4 ms);
 - a padding image (an absent camera: ``image_obs_keys={"wrist": None}``, a deleted goal image) is made at the
   target size, not made and then resized;
 - with ``augment_on = "device"`` (a top-level config field; default ``"host"``) the host only decodes: the train
   step augments the batch (:mod:`octo_dist.engine.augment`), and resizes the cameras whose frames are stored at
-  another size than the model's (:func:`device_resized`: the host leaves them at their stored size);
-- ``resize_method = "bilinear"`` (top-level config field; default ``"lanczos3"``, the fork's) where a resize
-  remains: about 3x cheaper per image, slightly softer.
+  another size than the model's (``pipeline.device_resized``: the host leaves them at their stored size);
+- a resize that grows an image (the fork's 64x64 debug frames to 256x256) is two matrix products with
+  ``tf.image.resize``'s own weights (:func:`resize_host`), 3-4x less CPU, the same pixels to the resize's bound;
+- ``resize_method = "bilinear"`` (top-level config field; default ``"lanczos3"``, the fork's): softer.
 
-One map over each frame (Octo's makes two: decode and resize, then augment). TensorFlow only: no Octo or dlimp
-import, so it runs (and is tested) where they are not installed. Octo's seed per camera is ``seed + i`` over a
-Python ``set`` of the camera names, whose order changes from process to process (string hashing); here ``i``
+One map over each frame (Octo's makes two). TensorFlow only: no Octo or dlimp import. Octo's seed per camera is
+``seed + i`` over a Python ``set`` of the camera names (its order changes from process to process); here ``i``
 follows the sorted names, one of the orders Octo's draws.
 
-What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (:func:`forks_transforms_for` says
+What this does not do, and so leaves to Octo's ``apply_frame_transforms`` (``pipeline.forks_transforms_for`` says
 which, from the config before any data is read, for the plan line, the pipeline and the step alike): depth images
 (``dataset_kwargs.depth_obs_keys``), image dropout (``image_dropout_prob`` > 0).
 """
@@ -29,19 +29,16 @@ which, from the config before any data is read, for the plan line, the pipeline 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 from octo_dist.engine import stepfns
 
 # the config's "augment_on" once resolved for the platform (config.for_platform): who augments the images
 AUGMENT_ON = stepfns.PLACED
-RESIZE_METHODS = (
-    "lanczos3",
-    "bilinear",
-)  # the config's "resize_method" (config.RESIZE_METHODS); the fork's: lanczos3
-# The frame transform kwargs this module takes; any other (depth_resize_size, image_dropout_prob > 0) is Octo's.
-HANDLED_KWARGS = ("resize_size", "image_augment_kwargs", "num_parallel_calls")
+# the config's "resize_method" (config.RESIZE_METHODS); the fork's: lanczos3
+RESIZE_METHODS = ("lanczos3", "bilinear")
 # The resize equivalence bound: the device's resize against TensorFlow's (tests/test_augment.py), and what a
 # reduced-scale JPEG decode would have to meet to replace decode + lanczos3 (benchinput.decodescale): at most 1
 # uint8 level off, on at most 0.2% of the values (measured: 0.049% at most, docs/measurements.md).
@@ -56,6 +53,70 @@ def resize_image(image, size: Tuple[int, int], method: str = "lanczos3"):
 
     out = tf.image.resize(image, size, method=method, antialias=True)
     return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
+
+
+def resize_weights(n, m: int, method: str):
+    """float32 [m, n]: the weight of input pixel j in output pixel o of ``tf.image.resize`` along an axis of ``n``
+    pixels resized to ``m``: its own kernel's weights (the resize of an identity), so products with them are its
+    resize up to float32 rounding. ``n`` known as the pipeline is built (an int): made then, once (0.1 ms)."""
+    import tensorflow as tf
+
+    if isinstance(n, int):
+        return tf.constant(_weights_once(n, m, method))
+    # one image of n x 1 pixels and n channels, channel j lit at pixel j
+    identity = tf.eye(n)[:, None, :]
+    return tf.image.resize(identity, tf.stack([m, 1]), method, antialias=True)[:, 0, :]
+
+
+@functools.lru_cache(maxsize=None)
+def _weights_once(n: int, m: int, method: str):
+    import tensorflow as tf
+
+    with tf.init_scope():  # eagerly, also while a tf.data function is traced
+        return resize_weights(tf.constant(n), m, method).numpy()
+
+
+def resize_products(image, size: Tuple[int, int], method: str = "lanczos3"):
+    """uint8 [H, W, C] -> uint8 [h, w, C]: :func:`resize_image` as two matrix products with its weights
+    (:func:`resize_weights`): the same pixels to 1 uint8 level on at most ``RESIZE_SHARE`` of them
+    (tests/test_host_resize.py). Where the image grows, a dense product is cheaper than TensorFlow's kernel: one
+    core, 64x64 -> 256x256 0.60 instead of 2.17 ms, 64 -> 128 0.27 instead of 0.57 (bench/host_resize.py)."""
+    import tensorflow as tf
+
+    # static sizes where the graph knows them (then the weights are constants), else the image's at run time
+    h, w, c = [s if s is not None else d for s, d in zip(image.shape, tf.unstack(tf.shape(image)))]
+    out_h, out_w = size
+    # [H, C, W]: width last, for the first product
+    x = tf.transpose(tf.cast(image, tf.float32), [0, 2, 1])
+    x = tf.matmul(tf.reshape(x, [-1, w]), resize_weights(w, out_w, method), transpose_b=True)
+    x = tf.matmul(resize_weights(h, out_h, method), tf.reshape(x, [h, -1]))  # [h, C * w]
+    x = tf.transpose(tf.reshape(x, [out_h, c, out_w]), [0, 2, 1])
+    return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
+
+
+def resize_host(image, size: Tuple[int, int], method: str = "lanczos3", expected=None):
+    """The host's resize: :func:`resize_products` where the image has at most the target's pixels, else
+    :func:`resize_image` (shrinking, TensorFlow's kernel reads only the taps it needs: 480x640 -> 256x256 5.1 ms,
+    the products 9.9). ``expected``: the (height, width) the dataset stores its frames at (features.json): an
+    image of that size gets weights made once, as the pipeline is built."""
+    import tensorflow as tf
+
+    shape = tf.shape(image)[:2]
+    if expected is not None and expected[0] * expected[1] <= size[0] * size[1]:
+
+        def known():
+            return resize_products(tf.ensure_shape(image, (*expected, None)), size, method)
+
+        same = tf.reduce_all(shape == tf.constant(expected, tf.int32))
+        out = tf.cond(same, known, lambda: resize_host(image, size, method))
+    else:
+        grows = tf.reduce_prod(shape) <= size[0] * size[1]
+        out = tf.cond(
+            grows,
+            lambda: resize_products(image, size, method),
+            lambda: resize_image(image, size, method),
+        )
+    return tf.ensure_shape(out, (*size, None))
 
 
 def resize_unless_same(image, size: Tuple[int, int], method: str = "lanczos3", resize=resize_image):
@@ -141,44 +202,6 @@ def augment_image(image, seed, augment_kwargs: Mapping):
     return tf.image.convert_image_dtype(image, dtype, saturate=True)
 
 
-def unsupported(frame_transform_kwargs: Mapping, element_spec: Optional[Mapping] = None) -> list:
-    """Why :class:`FrameTransforms` cannot stand in for Octo's ``apply_frame_transforms`` here ([] when it can):
-    ``{"image_dropout_prob": 0.5}`` -> ``["image_dropout_prob=0.5 (image dropout)"]``."""
-    out = []
-    for key, value in frame_transform_kwargs.items():
-        if key in HANDLED_KWARGS:
-            continue
-        if key == "image_dropout_prob" and not value:
-            # Octo's dropout at 0 keeps every image: rands > 0 for uniform draws in [0, 1) fails only on an exact 0.
-            continue
-        if key in ("image_dropout_keep_key", "depth_resize_size") and not value:
-            continue
-        out.append(f"{key}={value!r}")
-    for part in ("observation", "task"):
-        keys = (element_spec or {}).get(part, {})
-        out += [f"{part}.{k} (depth images)" for k in keys if k.startswith("depth_")]
-    return out
-
-
-def depth_images(config: Mapping) -> list:
-    """The depth images Octo's ``make_dataset_from_rlds`` makes for ``config``, before any data is read: one per
-    camera of ``dataset_kwargs.depth_obs_keys``, a camera without a feature included (its depth images are
-    padding): ``{"primary": "depth_0", "wrist": None}`` -> ``["observation.depth_primary (depth images)",
-    "observation.depth_wrist (depth images)"]``."""
-    keys = (config.get("dataset_kwargs") or {}).get("depth_obs_keys") or {}
-    return [f"observation.depth_{name} (depth images)" for name in sorted(keys)]
-
-
-def forks_transforms_for(config: Mapping, element_spec: Optional[Mapping] = None) -> list:
-    """Why the fine-tune runs the fork's ``apply_frame_transforms`` for ``config`` instead of
-    :class:`FrameTransforms` ([] where these do what it asks): its ``frame_transform_kwargs``
-    (:func:`unsupported`), the depth images its ``depth_obs_keys`` make (:func:`depth_images`) and, once the
-    dataset exists, those of ``element_spec``. The one decision the plan line, the pipeline and the train step
-    follow: the fork's transforms resize on the host, so no camera is left to the device where this is not []."""
-    out = unsupported(config.get("frame_transform_kwargs") or {}, element_spec)
-    return out + [d for d in depth_images(config) if d not in out]
-
-
 @dataclasses.dataclass(frozen=True)
 class FrameTransforms:
     """The frame transforms for one config: decode, resize where the size differs, augment where the host does.
@@ -195,13 +218,15 @@ class FrameTransforms:
         augmentation as ``augment`` says): without "decode" the images stay encoded; without "resize" a decoded
         image is cropped or padded to its target size (a copy, so batches keep their shapes) instead of resized.
       num_parallel_calls: the map's parallelism (tf.data.AUTOTUNE when None).
-      resize: the resize function (``resize_image``).
+      resize: the resize function (:func:`resize_host`; :func:`resize_image` is TensorFlow's own).
       stored_size: camera name -> (height, width) its frames are stored at (the dataset's features.json). A camera
         named here is left at that size for the device to resize (``octo_dist.engine.augment.resize_batch``): the
         host only decodes, and makes its padding images at that size, so a batch has one shape per camera.
       decode_ratio: camera name -> 2, 4 or 8: its JPEGs decoded at that fraction of their stored size by libjpeg
         (``tf.io.decode_jpeg(ratio=...)``), for cameras of ``stored_size`` at least that many times the model's
-        size (:func:`decode_ratio_for`); an opt-in: its pixels are not the full decode's (docs/measurements.md).
+        size (``benchinput.decodescale.ratio_for``); an opt-in: its pixels are not the full decode's.
+      decoded_size: camera name -> (height, width) its frames are stored at, where the host resizes them: the
+        resize's weights for that size are made once (``resize_host(expected=...)``), not for each image.
     """
 
     resize_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
@@ -211,9 +236,10 @@ class FrameTransforms:
     skip_same_size: bool = True
     stages: frozenset = frozenset(STAGES)
     num_parallel_calls: Optional[int] = None
-    resize: Callable = resize_image
+    resize: Callable = resize_host
     stored_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
     decode_ratio: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    decoded_size: Mapping[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: Mapping, **overrides) -> "FrameTransforms":
@@ -259,41 +285,34 @@ class FrameTransforms:
         import tensorflow as tf
 
         size = self.size_of(name)
+
+        def decode():
+            return tf.io.decode_image(encoded, expand_animations=False, dtype=tf.uint8)
+
+        if encoded.dtype == tf.string and "decode" not in self.stages:
+            return encoded
         if encoded.dtype == tf.string and name in self.stored_size and size is not None:
-            return (
-                encoded if "decode" not in self.stages else self._decoded_as_stored(encoded, name)
-            )
+            return self._decoded_as_stored(encoded, name)
         if encoded.dtype == tf.string:
-            if "decode" not in self.stages:
-                return encoded
+            padding = tf.strings.length(encoded) == 0
             if size is None:
-                return tf.cond(
-                    tf.strings.length(encoded) == 0,
-                    lambda: padding_image(None),
-                    lambda: tf.io.decode_image(encoded, expand_animations=False, dtype=tf.uint8),
-                )
+                return tf.cond(padding, lambda: padding_image(None), decode)
             if self.skip_same_size:
                 # Padding (an empty string) is made at the target size and never resized.
                 return tf.cond(
-                    tf.strings.length(encoded) == 0,
+                    padding,
                     lambda: padding_image(size),
-                    lambda: self._resized(
-                        tf.io.decode_image(encoded, expand_animations=False, dtype=tf.uint8), size
-                    ),
+                    lambda: self._resized(decode(), size, name),
                 )
             # The fork's way: padding made at the target size, then resized like any image.
-            image = tf.cond(
-                tf.strings.length(encoded) == 0,
-                lambda: padding_image(size),
-                lambda: tf.io.decode_image(encoded, expand_animations=False, dtype=tf.uint8),
-            )
+            image = tf.cond(padding, lambda: padding_image(size), decode)
         elif encoded.dtype == tf.uint8:
             image = encoded
         else:
             raise ValueError(
                 f"image_{name} has dtype {encoded.dtype.name}; expected encoded images (string) or uint8"
             )
-        return image if size is None else self._resized(image, size)
+        return image if size is None else self._resized(image, size, name)
 
     @property
     def device_sizes(self) -> dict:
@@ -325,14 +344,17 @@ class FrameTransforms:
 
         return tf.cond(tf.strings.length(encoded) == 0, lambda: padding_image(size), decode)
 
-    def _resized(self, image, size: Tuple[int, int]):
+    def _resized(self, image, size: Tuple[int, int], name: str):
         import tensorflow as tf
 
         if "resize" not in self.stages:
             return tf.ensure_shape(tf.image.resize_with_crop_or_pad(image, *size), (*size, None))
+        resize = self.resize
+        if resize is resize_host and name in self.decoded_size:
+            resize = functools.partial(resize_host, expected=tuple(self.decoded_size[name]))
         if self.skip_same_size:
-            return resize_unless_same(image, size, self.resize_method, self.resize)
-        return self.resize(image, size, self.resize_method)
+            return resize_unless_same(image, size, self.resize_method, resize)
+        return resize(image, size, self.resize_method)
 
     def decoded(self, part: Mapping, window: bool) -> dict:
         """``part`` (an observation or a task dict) with every ``image_*`` decoded and resized; ``window``: its
@@ -404,52 +426,3 @@ class FrameTransforms:
         return dataset.map(
             self.frame, num_parallel_calls=tf.data.AUTOTUNE if calls is None else calls
         )
-
-
-def device_resized(config: Mapping, stored: Mapping[str, Tuple[int, int]]) -> dict:
-    """Camera -> the size its frames are stored at, for the cameras the train step resizes to the model's size.
-
-    ``stored``: camera -> (height, width) from the dataset's features.json (:func:`stored_camera_sizes`). A camera
-    is resized on the device where the device augments (``config["augment_on"] == "device"``, resolved), the config
-    gives it a model size (``resize_size``) and its stored size differs from it; the frame transforms are this
-    module's (:func:`forks_transforms_for` is empty). Any other camera is left out: the host resizes it as before, or,
-    stored at the model's size, nothing resizes it at all. ``{"primary": (256, 256), "wrist": (256, 256)}`` with
-    resize sizes 256x256 and 128x128 -> ``{"wrist": (256, 256)}``."""
-    if config.get("augment_on") != "device":
-        return {}
-    if forks_transforms_for(config):
-        return {}  # the fork's apply_frame_transforms resizes on the host
-    sizes = FrameTransforms.for_sizes(config)
-    out = {}
-    for name, size in stored.items():
-        size = (int(size[0]), int(size[1]))
-        if sizes.size_of(name) not in (None, size):
-            out[name] = size
-    return out
-
-
-def stored_camera_sizes(config: Mapping, by_feature: Mapping[str, Tuple[int, int]]) -> dict:
-    """Camera -> its frames' stored size, from features.json's sizes by feature (``{"image_0": (256, 256)}``) and
-    the config's ``dataset_kwargs.image_obs_keys`` (``{"primary": "image_0", "wrist": None}`` -> ``{"primary":
-    (256, 256)}``); a camera without a feature, or whose feature has no fixed size, is left out."""
-    keys = (config.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
-    return {name: tuple(by_feature[f]) for name, f in keys.items() if f in by_feature}
-
-
-def decode_ratio_for(stored: Tuple[int, int], size: Tuple[int, int]) -> int:
-    """The largest of 8, 4, 2 by which a JPEG stored at ``stored`` can be decoded and still be at least ``size``
-    on both sides, else 1: ``(480, 640), (128, 128)`` -> 2; ``(512, 512), (128, 128)`` -> 4."""
-    for ratio in (8, 4, 2):
-        if stored[0] >= ratio * size[0] and stored[1] >= ratio * size[1]:
-            return ratio
-    return 1
-
-
-def stage_variants(transforms: FrameTransforms) -> Sequence[Tuple[str, FrameTransforms]]:
-    """The cumulative stages the input benchmark times, each with the ones before it: ``rest`` (read and batch,
-    images left encoded), ``decode`` (decoded, cropped or padded to the target size), ``resize``, ``augment``
-    (the whole transform; augmentation only where ``transforms.augment``)."""
-    return tuple(
-        (name, dataclasses.replace(transforms, stages=frozenset(STAGES[:i])))
-        for i, name in enumerate(("rest", *STAGES))
-    )

@@ -15,11 +15,14 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Tuple
 
 from octo_dist.apps.finetune import config, frames
 
 log = logging.getLogger(__name__)
+# The frame transform kwargs frames.FrameTransforms takes; any other (depth_resize_size, image_dropout_prob > 0) is
+# Octo's.
+HANDLED_KWARGS = ("resize_size", "image_augment_kwargs", "num_parallel_calls")
 
 
 def data_seed(seed: int, process_index: int, start_step: int) -> int:
@@ -66,16 +69,16 @@ def stored_sizes(plain_config: Mapping) -> dict:
     except (Problem, OSError, ValueError) as e:
         log.info("frames resized on the host: their stored sizes are not readable (%s)", e)
         return {}
-    return frames.stored_camera_sizes(plain_config, by_feature)
+    return stored_camera_sizes(plain_config, by_feature)
 
 
 def resized_on_device(plain_config: Mapping) -> dict:
     """Camera -> the size its frames are stored at, for the cameras the train step resizes
-    (:func:`frames.device_resized` of :func:`stored_sizes`): the host decodes them and leaves the resize to the
+    (:func:`device_resized` of :func:`stored_sizes`): the host decodes them and leaves the resize to the
     device. ``plain_config``'s ``augment_on`` resolved for the rank (``config.for_platform``)."""
     if config.augment_on(plain_config) != "device":
         return {}  # read no file where the host resizes anyway
-    return frames.device_resized(plain_config, stored_sizes(plain_config))
+    return device_resized(plain_config, stored_sizes(plain_config))
 
 
 def frame_transform(
@@ -100,9 +103,12 @@ def frame_transform(
         )
     plain_config = {**plain_config, "augment_on": where}
     kwargs = dict(plain_config.get("frame_transform_kwargs") or {})
-    missing = frames.forks_transforms_for(plain_config, element_spec)
+    missing = forks_transforms_for(plain_config, element_spec)
     if not missing:
-        return frames.FrameTransforms.from_config(plain_config, stored_size=dict(stored or {}))
+        # the stored sizes also where the host resizes: its resize's weights made once per camera
+        return frames.FrameTransforms.from_config(
+            plain_config, stored_size=dict(stored or {}), decoded_size=stored_sizes(plain_config)
+        )
     if stored:
         # resized_on_device read the config alone; a dataset whose frames hold depth images the config's
         # depth_obs_keys do not name would make the plan line say what the pipeline does not do.
@@ -314,3 +320,71 @@ class OctoData:
             )
         yield self.example
         yield from stream
+
+
+def unsupported(frame_transform_kwargs: Mapping, element_spec: Optional[Mapping] = None) -> list:
+    """Why :class:`frames.FrameTransforms` cannot stand in for Octo's ``apply_frame_transforms`` here ([] when it can):
+    ``{"image_dropout_prob": 0.5}`` -> ``["image_dropout_prob=0.5 (image dropout)"]``."""
+    out = []
+    for key, value in frame_transform_kwargs.items():
+        if key in HANDLED_KWARGS:
+            continue
+        if key == "image_dropout_prob" and not value:
+            # Octo's dropout at 0 keeps every image: rands > 0 for uniform draws in [0, 1) fails only on an exact 0.
+            continue
+        if key in ("image_dropout_keep_key", "depth_resize_size") and not value:
+            continue
+        out.append(f"{key}={value!r}")
+    for part in ("observation", "task"):
+        keys = (element_spec or {}).get(part, {})
+        out += [f"{part}.{k} (depth images)" for k in keys if k.startswith("depth_")]
+    return out
+
+
+def depth_images(config: Mapping) -> list:
+    """The depth images Octo's ``make_dataset_from_rlds`` makes for ``config``, before any data is read: one per
+    camera of ``dataset_kwargs.depth_obs_keys``, a camera without a feature included (its depth images are
+    padding): ``{"primary": "depth_0", "wrist": None}`` -> ``["observation.depth_primary (depth images)",
+    "observation.depth_wrist (depth images)"]``."""
+    keys = (config.get("dataset_kwargs") or {}).get("depth_obs_keys") or {}
+    return [f"observation.depth_{name} (depth images)" for name in sorted(keys)]
+
+
+def forks_transforms_for(config: Mapping, element_spec: Optional[Mapping] = None) -> list:
+    """Why the fine-tune runs the fork's ``apply_frame_transforms`` for ``config`` instead of
+    :class:`frames.FrameTransforms` ([] where these do what it asks): its ``frame_transform_kwargs``
+    (:func:`unsupported`), the depth images its ``depth_obs_keys`` make (:func:`depth_images`) and, once the
+    dataset exists, those of ``element_spec``. The one decision the plan line, the pipeline and the train step
+    follow: the fork's transforms resize on the host, so no camera is left to the device where this is not []."""
+    out = unsupported(config.get("frame_transform_kwargs") or {}, element_spec)
+    return out + [d for d in depth_images(config) if d not in out]
+
+
+def device_resized(config: Mapping, stored: Mapping[str, Tuple[int, int]]) -> dict:
+    """Camera -> the size its frames are stored at, for the cameras the train step resizes to the model's size.
+
+    ``stored``: camera -> (height, width) from the dataset's features.json (:func:`stored_camera_sizes`). A camera
+    is resized on the device where the device augments (``config["augment_on"] == "device"``, resolved), the config
+    gives it a model size (``resize_size``) and its stored size differs from it; the frame transforms are this
+    module's (:func:`forks_transforms_for` is empty). Any other camera is left out: the host resizes it as before, or,
+    stored at the model's size, nothing resizes it at all. ``{"primary": (256, 256), "wrist": (256, 256)}`` with
+    resize sizes 256x256 and 128x128 -> ``{"wrist": (256, 256)}``."""
+    if config.get("augment_on") != "device":
+        return {}
+    if forks_transforms_for(config):
+        return {}  # the fork's apply_frame_transforms resizes on the host
+    sizes = frames.FrameTransforms.for_sizes(config)
+    out = {}
+    for name, size in stored.items():
+        size = (int(size[0]), int(size[1]))
+        if sizes.size_of(name) not in (None, size):
+            out[name] = size
+    return out
+
+
+def stored_camera_sizes(config: Mapping, by_feature: Mapping[str, Tuple[int, int]]) -> dict:
+    """Camera -> its frames' stored size, from features.json's sizes by feature (``{"image_0": (256, 256)}``) and
+    the config's ``dataset_kwargs.image_obs_keys`` (``{"primary": "image_0", "wrist": None}`` -> ``{"primary":
+    (256, 256)}``); a camera without a feature, or whose feature has no fixed size, is left out."""
+    keys = (config.get("dataset_kwargs") or {}).get("image_obs_keys") or {}
+    return {name: tuple(by_feature[f]) for name, f in keys.items() if f in by_feature}
