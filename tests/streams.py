@@ -11,9 +11,9 @@ is the rest's, a new test file included: no list to edit. The real schedulers' s
 (OCTO_DIST_CLUSTER_LONG=1: cancels, lost nodes, minutes each and mostly waiting).
 
 The PBS stream's own tests and test_qdel_stops.py are the longest pair; the Slurm stream's jobs run one rank per
-node, the shortest, so it takes the small files. Measured alone (2 cores, load average 4-5): test_checkpoint_integrity
-48 s, test_disk_full 36 s, test_augment 34 s, test_bench_input 18 s, test_chain_exit_file, test_rank_guard_orphans and
-test_stop_signal_burst 4 s together.
+node, the shortest, so it takes the small files. Measured alone (2 cores): the Slurm cluster tests 392 + 37 s (load
+average 1-2); test_checkpoint_integrity 48 s, test_disk_full 36 s, test_augment 34 s, test_bench_input 18 s,
+test_chain_exit_file, test_rank_guard_orphans and test_stop_signal_burst 4 s together (load average 4-5).
 """
 
 from __future__ import annotations
