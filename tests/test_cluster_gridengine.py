@@ -2,10 +2,11 @@
 
 ``tests/cluster/gridengine.py`` starts ``sge_qmaster`` on node001 and ``sge_execd`` on node001 and node002 (a queue
 with 2 slots per host, a PE ``mpi`` with ``control_slaves TRUE`` and ``allocation_rule 2``; 1 slot and
-``allocation_rule 1`` for the qdel and lost-node scenarios). Every job is rendered and submitted by ``octo-dist
-launch sge ... --submit`` run on node001 (the real ``qsub``); the ranks run from this checkout's venv under
-``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4), which starts node002's ranks through ``qrsh -inherit``
-(Grid Engine's tight integration; no ssh, no agent of ours). Results come from rank 0's record
+``allocation_rule 1`` for the chain, qdel and lost-node scenarios: two ranks per node are only the 2 x 2 job's
+property, and each rank costs two JAX start-ups, preflight and training, per job). Every job is rendered and
+submitted by ``octo-dist launch sge ... --submit`` run on node001 (the real ``qsub``); the ranks run from this
+checkout's venv under ``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4), which starts node002's ranks through ``qrsh
+-inherit`` (Grid Engine's tight integration; no ssh, no agent of ours). Results come from rank 0's record
 (``--record``), the run's ``summary.json``, the job's log (rank 0 alone prints) and ``qacct``; never from
 interleaved output of several ranks.
 """
@@ -27,7 +28,7 @@ from helpers import HANG_S, wait_until
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 VENV = Path(sys.executable).parent.parent
-STEPS = 10
+STEPS = 4  # two checkpoints (SAVE_EVERY): the 2 x 2 job's cost is its eight JAX start-ups, not its steps
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
@@ -64,8 +65,8 @@ def ge(tmp_path):
 
 @pytest.fixture
 def ge_one_per_node(tmp_path):
-    """1 slot per host: the qdel and lost-node scenarios, where losing node002 is the point and two JAX start-ups
-    cost half of four on a busy machine."""
+    """1 slot per host: the chain, qdel and lost-node scenarios, where a stop, a resume or losing node002 is the point
+    and two JAX start-ups cost half of four on a busy machine."""
     yield from engine(tmp_path, 1)
 
 
@@ -251,14 +252,16 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
     assert "4 rank(s) on 2 host(s)" in text, text[-4000:]
 
 
-def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_path):
+def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per_node, tmp_path):
     """Each job asks its ranks to stop 300 s before h_rt (6 min): they checkpoint and the job ends 0 before Grid
-    Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint.
+    Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank per
+    node: the 2 x 2 job through qrsh -inherit is the test above's.
 
     600 steps at 0.1 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
     midway; the second does the rest (or is stopped at its own 60 s: either way it resumed). The stop gets 300 s
     (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
     not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
+    ge = ge_one_per_node
     work = workdir(tmp_path)
     first, second = launch(
         ge,
@@ -270,6 +273,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge, tmp_pa
         steps=600,
         chain=2,
         step_time=LONG_STEP_TIME,
+        ranks_per_node=1,
     )
     script = (work / "job.sh").read_text()
     assert "#$ -l h_rt=00:06:00\n" in script and "#$ -notify\n" in script
