@@ -11,9 +11,11 @@ is the rest's, a new test file included: no list to edit. The real schedulers' s
 (OCTO_DIST_CLUSTER_LONG=1: cancels, lost nodes, minutes each and mostly waiting).
 
 The PBS stream's own tests and test_qdel_stops.py are the longest pair; the Slurm stream's jobs run one rank per
-node, the shortest, so it takes the small files. Measured alone (2 cores): the Slurm cluster tests 392 + 37 s (load
-average 1-2); test_checkpoint_integrity 48 s, test_disk_full 36 s, test_augment 34 s, test_bench_input 18 s,
-test_chain_exit_file, test_rank_guard_orphans and test_stop_signal_burst 4 s together (load average 4-5).
+node, so it takes the small files. A fresh-clone CI on 2 cores (nothing else running; load average 8-21 from its
+own streams and the image build) ended the streams at: the rest 1587 s, PBS 898 + 581 s, the cluster one 1096 + 317
+s, Slurm 890 + 444 s, Grid Engine 707 + 499 s (cluster tests + the files beside them); the rest then gave
+test_run_layout, test_engine_ahead and test_bench_fork (202 s there) to Grid Engine, test_decode_scale and
+test_convert_frames (about 90 s) to Slurm.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ STREAMS = (
             "test_stop_signal_burst.py",
             "test_bench_input.py",
             "test_augment.py",
+            "test_decode_scale.py",
+            "test_convert_frames.py",
         ),
         ".cluster/slurm.log",
     ),
@@ -83,7 +87,14 @@ STREAMS = (
         "the real Grid Engine tests",
         "2",
         ("test_cluster_gridengine*.py",),
-        ("test_engine.py", "test_inherited_signals.py", "test_stop_signals.py"),
+        (
+            "test_engine.py",
+            "test_inherited_signals.py",
+            "test_stop_signals.py",
+            "test_run_layout.py",
+            "test_engine_ahead.py",
+            "test_bench_fork.py",
+        ),
         ".cluster/gridengine.log",
     ),
     Stream(
