@@ -16,13 +16,11 @@ from test_cluster_pbs import GROUP, VENV, pbs, workdir  # noqa: F401  (pbs: a py
 pytestmark = [pytest.mark.cluster]
 
 
-def probe(pbs, work, *flags: str) -> str:  # noqa: F811
-    """Submits ``octo-dist probe`` from ``work`` as the jobs' user (``flags`` added) and waits for its job to end,
-    while it writes under ``work`` (its log, its report: check-env --deep, a JAX import, takes minutes on a loaded
-    2-core machine); the job's id, once it has ended with exit 0."""
-    argv = [
+def on_the_site(*command: str) -> list[str]:
+    """``octo-dist COMMAND`` with the imitation's group, the venv the jobs run from and no module to load."""
+    return [
         str(VENV / "bin" / "octo-dist"),
-        "probe",
+        *command,
         "--group",
         GROUP,
         "--venv",
@@ -30,7 +28,14 @@ def probe(pbs, work, *flags: str) -> str:  # noqa: F811
         "--module",
         "",
     ]
-    proc = pbs.run([*argv, *flags, "--connect", "127.0.0.1:9"], user=True, cwd=work, check=False)
+
+
+def probe(pbs, work, *flags: str) -> str:  # noqa: F811
+    """Submits ``octo-dist probe`` from ``work`` as the jobs' user (``flags`` added) and waits for its job to end,
+    while it writes under ``work`` (its log, its report: check-env --deep, a JAX import, takes minutes on a loaded
+    2-core machine); the job's id, once it has ended with exit 0."""
+    argv = [*on_the_site("probe"), *flags, "--connect", "127.0.0.1:9"]
+    proc = pbs.run(argv, user=True, cwd=work, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = proc.stdout.split()[3].rstrip(":")
 
@@ -88,20 +93,7 @@ def test_the_probe_job_reports_a_cpu_node_and_launch_warns_from_it(pbs):  # noqa
         check=False,
     )
     assert jobs.returncode == 0 and job_id in jobs.stdout, jobs.stdout + jobs.stderr
-    launch = [
-        str(VENV / "bin" / "octo-dist"),
-        "launch",
-        "pbs",
-        "--group",
-        GROUP,
-        "--venv",
-        str(VENV),
-        "--module",
-        "",
-        "--nodes",
-        "1",
-        "--dry-run",
-    ]
+    launch = [*on_the_site("launch", "pbs"), "--nodes", "1", "--dry-run"]
     rendered = pbs.run(launch, user=True, cwd=work, check=False)
     assert rendered.returncode == 0, rendered.stderr
     assert f"warning: kill_delay: the probe job {job_id}" in rendered.stderr, rendered.stderr
