@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,8 +163,29 @@ def run(stream: Stream | None, out, procs: list) -> int:
             start_new_session=True,
         )
         procs.append(proc)
-        status = proc.wait() or status
+        status = waited(proc, stream.name if stream else "rest", argv) or status
     return status
+
+
+TIMES: list[
+    str
+] = []  # a line per command run: its stream, wall and CPU seconds (what balancing reads)
+
+
+def waited(proc: subprocess.Popen, name: str, argv: list[str]) -> int:
+    """Wait for ``proc`` and note its wall and CPU time: user + system of the pytest and every process it waited
+    for (a launcher waits for its ranks), so a stream that mostly sleeps shows it, e.g.
+    ``pbs -m cluster: 898 s wall, 212 s cpu``."""
+    start = time.monotonic()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    args = argv[3:]  # after `python -m pytest`
+    marker = args[args.index("-m") + 1]
+    TIMES.append(
+        f"{name} -m {marker!r}: {time.monotonic() - start:.0f} s wall,"
+        f" {usage.ru_utime + usage.ru_stime:.0f} s cpu"
+    )
+    return proc.returncode
 
 
 def run_all(procs: list) -> int:
@@ -188,6 +210,8 @@ def run_all(procs: list) -> int:
         )
         log = REPO / s.log
         sys.stdout.write(log.read_text(errors="replace") if log.exists() else "(no log)\n")
+    print("---- each command's time (wall, and CPU of it and what it waited for) ----")
+    print("\n".join(TIMES))
     print(
         f"---- exit status: {', '.join(f'{k} {v}' for k, v in statuses.items())} ----", flush=True
     )

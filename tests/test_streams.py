@@ -1,5 +1,9 @@
 """tests/streams.py, which `make test` runs as root: every test file in exactly one stream, a new one in the rest."""
 
+import re
+import subprocess
+import sys
+
 import streams
 from helpers import REPO
 
@@ -44,3 +48,18 @@ def test_a_file_no_stream_names_is_the_rests(monkeypatch, tmp_path):
     assert "--ignore=tests/test_engine.py" in rest[1]  # taken beside the Grid Engine tests
     slurm = next(s for s in streams.STREAMS if s.name == "slurm")
     assert "tests/test_cluster_slurm_new.py" in streams.commands(slurm)[0][1]
+
+
+def test_each_command_is_noted_with_its_exit_status_wall_and_cpu_seconds(monkeypatch):
+    monkeypatch.setattr(streams, "TIMES", [])
+    # a child that spends CPU in a grandchild it waits for, then fails: both count, the status is kept
+    spin = "import time; t = time.process_time(); exec('while time.process_time() - t < 1.2: pass')"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}]); sys.exit(3)"
+    argv = [sys.executable, "-c", code, "-m", "not cluster"]
+    proc = subprocess.Popen(argv)
+    assert streams.waited(proc, "slurm", argv) == 3 and proc.returncode == 3
+    (line,) = streams.TIMES
+    name, wall, cpu = re.fullmatch(
+        r"(\S+ -m 'not cluster'): (\d+) s wall, (\d+) s cpu", line
+    ).groups()
+    assert name == "slurm -m 'not cluster'" and int(cpu) >= 1 and int(wall) >= int(cpu) - 1
