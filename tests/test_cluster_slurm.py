@@ -35,10 +35,10 @@ GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
 SAVE_EVERY = 20
 LONG = 10**6  # steps of a run that only a fault or scancel ends
 # The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 100 steps
-# after the step-20 checkpoint last at least 75 s, over twice the 30 s in which Slurm sends the time-limit signal
-# once the test has moved the limit (STOP_MARGIN_S), so the first job is always stopped midway. Both jobs of the
-# chain run at this pace: together they spend 120 x 0.75 = 90 s sleeping.
-CHAIN_STEP_TIME = 0.75
+# after the step-20 checkpoint last at least 60 s, twice the 30 s in which Slurm sends the time-limit signal once
+# the test has moved the limit (STOP_MARGIN_S), so the first job is always stopped midway. Both jobs of the chain
+# run at this pace: together they spend 120 x 0.6 = 72 s sleeping.
+CHAIN_STEP_TIME = 0.6
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
 # A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
