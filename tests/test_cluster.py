@@ -49,6 +49,9 @@ STOP_STEP_TIME = 3.0
 # runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
 LOST_STEP_TIME = 0.5  # the pace of a job that only a lost node ends (smoke --step-time)
+# Its checkpoints: one every 5 s, the first 5 s into training. A checkpoint of the tiny model costs a rank about
+# 0.37 s of CPU: one a second (every 2 steps) kept each rank checkpointing a third of the time.
+LOST_SAVE_EVERY = 10
 # Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
@@ -174,6 +177,7 @@ def render(
     save_dir: str = "runs/smoke",
     train: list | None = None,
     step_time: float = 0,
+    save_every: int = SAVE_EVERY,
 ) -> Path:
     """``octo-dist launch SCHEDULER ... -o job.sh`` from the submit directory, as a user does on the login node;
     ``train`` is the command after ``--`` (default: the smoke job, recording to ``record.json``)."""
@@ -185,7 +189,7 @@ def render(
             "smoke",
             "--model",
             "tiny",
-            f"--save-every={SAVE_EVERY}",
+            f"--save-every={save_every}",
             f"--record={work / 'record.json'}",
             *([f"--step-time={step_time}"] if step_time else []),
         ]
@@ -498,52 +502,52 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     )
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "link-cut", "sigstop"])
-def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(
-    fault, cluster, sif, spool, tmp_path
+def test_a_hung_rank_on_node002_ends_the_job_fast_and_keeps_its_checkpoints(
+    cluster, sif, spool, tmp_path
 ):
+    """node002's rank SIGSTOPped (hung: its node and network fine) in the image: its rank guard names it, the job
+    ends within LOST_NODE_BOUND_S and fails, and the checkpoints from before the fault are intact.
+
+    A SIGKILLed rank and a cut link take the same path here as from a venv (the job runtime, the image's own
+    zipapp of the same supervisor, runs on the host; the rank guard, checked here, in the image): they are checked
+    with the venv under each scheduler (test_cluster_pbs.py, test_cluster_slurm.py, test_cluster_gridengine.py)."""
     work, home = workdir(tmp_path)
     # One rank per node: losing node002 is the point, and two start-ups are half the cost of four. Paced (a sleep
     # after each step, the same parameters): the job waits for the fault instead of training and checkpointing flat
     # out, and its 200 steps last minutes, whatever the load, before the fault comes.
-    script = render("pbs", work, sif, steps=200, ranks_per_node=1, step_time=LOST_STEP_TIME)
-    job = submit(cluster, script, work, home, spool, fault, "103.pbs1", ranks_per_node=1)
+    script = render(
+        "pbs",
+        work,
+        sif,
+        steps=200,
+        ranks_per_node=1,
+        step_time=LOST_STEP_TIME,
+        save_every=LOST_SAVE_EVERY,
+    )
+    job = submit(cluster, script, work, home, spool, "sigstop", "103.pbs1", ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
-    wait_for(save_dir / str(SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
+    wait_for(save_dir / str(LOST_SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
     before = checkpoints(save_dir)
-    seen = (
-        len(job.output()),
-        len(job.errors()),
-    )  # the preflight table already names node002: read what follows
-    if fault == "link-cut":
-        cluster.cut_link("node002")
-    else:  # sigstop: node002's rank hangs (stopped), its node and network fine
-        sig = signal.SIGSTOP if fault == "sigstop" else signal.SIGKILL
-        assert cluster.kill_ranks("node002", sig), "no rank processes found on node002"
+    # the preflight table already names node002: read what follows
+    seen = (len(job.output()), len(job.errors()))
+    assert cluster.kill_ranks("node002", signal.SIGSTOP), "no rank processes found on node002"
     t0 = time.monotonic()
     rc = job.wait(LOST_NODE_BOUND_S)
     took = time.monotonic() - t0
     if rc is None:
         job.kill()
-    assert rc is not None, (
-        f"{fault}: the job was still running {took:.0f} s after the fault\n" + tail(job)
-    )
-    assert rc != 0, f"{fault}: the job exited 0 after losing node002\n" + tail(job)
+    assert rc is not None, f"the job was still running {took:.0f} s after the fault\n" + tail(job)
+    assert rc != 0, "the job exited 0 after losing node002\n" + tail(job)
     said = job.output()[seen[0] :] + job.errors()[seen[1] :]
-    assert "node002" in said or "rank 1 " in said, (
-        f"{fault}: nothing after the fault names node002 or rank 1\n" + tail(job)
-    )
-    if (
-        fault == "sigstop"
-    ):  # a hung rank, named with its node by its rank guard (JAX's timeout names rank 0)
-        assert "rank 1 on node002 hung" in said, (took, tail(job))
+    # A hung rank, named with its node by its rank guard (JAX's timeout names rank 0).
+    assert "rank 1 on node002 hung" in said, (took, tail(job))
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)
     assert changed_since(before, after) == {}, "a checkpoint written before the fault changed"
     newest = max((k.split("/")[0] for k in before), key=int)
     assert any(k.startswith(newest + "/") for k in after), f"checkpoint {newest} is gone"
-    report(f"fault {fault} on node002: the job ended {took:.0f} s after it", job)
+    report(f"fault sigstop on node002: the job ended {took:.0f} s after it", job)
 
 
 def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, spool, tmp_path):

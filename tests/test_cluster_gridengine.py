@@ -32,9 +32,13 @@ STEPS = 4  # two checkpoints (SAVE_EVERY): the 2 x 2 job's cost is its eight JAX
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
+CHAIN_STEPS = 240  # the h_rt chain's: 60 s at LONG_STEP_TIME
 # A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
-# scenario lasts as long, and the tests beside it keep the machine's cores.
-LONG_STEP_TIME = 0.1
+# scenario lasts as long, and the tests beside it keep the machine's cores. It checkpoints every 5 s, its first 5 s
+# into training: a checkpoint of the tiny model costs a rank about 0.37 s of CPU, so one every 2 steps of 0.1 s kept
+# each rank checkpointing flat out until the stop or the fault.
+LONG_STEP_TIME = 0.25
+LONG_SAVE_EVERY = 20
 # A lost node: from the link cut to the job script's last line. What it takes: Open MPI's keepalive over qrsh (25 s),
 # the supervisor's FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
 # the property, not a budget for the machine: past it the job holds its nodes until h_rt. A constant, not read from
@@ -78,6 +82,7 @@ def launch(
     chain=None,
     step_time: float = 0,
     ranks_per_node: int = 2,
+    save_every: int = SAVE_EVERY,
 ):
     """``octo-dist launch sge ... --submit`` on node001 from the submit directory; the job ids it printed."""
     argv = [
@@ -107,7 +112,7 @@ def launch(
         "smoke",
         "--model",
         "tiny",
-        f"--save-every={SAVE_EVERY}",
+        f"--save-every={save_every}",
         f"--record={work / 'record.json'}",
         *([f"--step-time={step_time}"] if step_time else []),
     ]
@@ -150,6 +155,22 @@ def wait_for(path: Path, ge: gridengine.GridEngine, work: Path, job_id: str) -> 
         return False
 
     wait_until(there, watch=[work], what=str(path), tail=lambda: log(work, job_id)[-4000:])
+
+
+def launch_until_stopped(ge: gridengine.GridEngine, work: Path) -> tuple[str, Path]:
+    """``(job id, save directory)`` of a paced 1-rank-per-node job that only a stop or a fault ends, once it has
+    written its first checkpoint."""
+    (job,) = launch(
+        ge,
+        work,
+        steps=LONG_STEPS,
+        step_time=LONG_STEP_TIME,
+        ranks_per_node=1,
+        save_every=LONG_SAVE_EVERY,
+    )
+    save_dir = work / "runs" / "smoke"
+    wait_for(save_dir / str(LONG_SAVE_EVERY), ge, work, job)
+    return job, save_dir
 
 
 def workdir(tmp_path: Path) -> Path:
@@ -257,7 +278,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank per
     node: the 2 x 2 job through qrsh -inherit is the test above's.
 
-    600 steps at 0.1 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
+    240 steps at 0.25 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
     midway; the second does the rest (or is stopped at its own 60 s: either way it resumed). The stop gets 300 s
     (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
     not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
@@ -270,10 +291,11 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
         "0:06:00",
         "--stop-margin",
         "300",
-        steps=600,
+        steps=CHAIN_STEPS,
         chain=2,
         step_time=LONG_STEP_TIME,
         ranks_per_node=1,
+        save_every=LONG_SAVE_EVERY,
     )
     script = (work / "job.sh").read_text()
     assert "#$ -l h_rt=00:06:00\n" in script and "#$ -notify\n" in script
@@ -282,7 +304,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
     assert record["failed"] == "0" and record["exit_status"] == "0", (record, text[-4000:])
     assert "SIGUSR1 after" in text and "stop requested by SIGUSR1" in text, text[-4000:]
     stopped_at = json.loads((work / "record.json").read_text())
-    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < 600, stopped_at
+    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < CHAIN_STEPS, stopped_at
     assert (work / "runs" / "smoke" / str(stopped_at["end_step"])).is_dir()
 
     record = ended(ge, work, second)
@@ -299,15 +321,13 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge_one_per_node,
     and stop, nothing of the job is left on either node."""
     ge = ge_one_per_node
     work = workdir(tmp_path)
-    (job,) = launch(ge, work, steps=LONG_STEPS, step_time=LONG_STEP_TIME, ranks_per_node=1)
-    save_dir = work / "runs" / "smoke"
-    wait_for(save_dir / str(SAVE_EVERY), ge, work, job)
+    job, save_dir = launch_until_stopped(ge, work)
     ge.run(["qdel", job])
     ended(ge, work, job)
     text = log(work, job)
     assert "SIGUSR2 after" in text, text[-4000:]
     steps = sorted(int(p.name) for p in save_dir.iterdir() if p.name.isdigit())
-    assert steps and steps[-1] >= SAVE_EVERY, steps
+    assert steps and steps[-1] >= LONG_SAVE_EVERY, steps
     # Gone once the kill after the notify time has come (HANG_S only ends a hang).
     wait_until(
         lambda: not any(rank_processes(ge, n) for n in ge.cluster.nodes),
@@ -322,9 +342,7 @@ def test_a_lost_node_ends_the_job_naming_it(ge_one_per_node, tmp_path):
     rank, 1 of 2)."""
     ge = ge_one_per_node
     work = workdir(tmp_path)
-    (job,) = launch(ge, work, steps=LONG_STEPS, step_time=LONG_STEP_TIME, ranks_per_node=1)
-    save_dir = work / "runs" / "smoke"
-    wait_for(save_dir / str(SAVE_EVERY), ge, work, job)
+    job, save_dir = launch_until_stopped(ge, work)
     seen = len(log(work, job))  # the preflight already names node002: read what follows
     ge.cluster.cut_link("node002")
     t0 = time.monotonic()

@@ -21,12 +21,18 @@ def jobs(ge, work, *argv):
 def test_a_chains_status_log_and_cancel_under_real_grid_engine(ge_one_per_node, tmp_path):  # noqa: F811
     ge, work = ge_one_per_node, grid.workdir(tmp_path)
     first, second = grid.launch(
-        ge, work, steps=grid.LONG_STEPS, chain=2, step_time=grid.LONG_STEP_TIME, ranks_per_node=1
+        ge,
+        work,
+        steps=grid.LONG_STEPS,
+        chain=2,
+        step_time=grid.LONG_STEP_TIME,
+        ranks_per_node=1,
+        save_every=grid.LONG_SAVE_EVERY,
     )
     out, rows = chain_running(
         lambda: jobs(ge, work),
         first,
-        work / "runs" / "smoke" / "2",
+        work / "runs" / "smoke" / str(grid.LONG_SAVE_EVERY),
         [work],
         lambda: grid.log(work, first)[-4000:],
     )

@@ -40,7 +40,11 @@ GROUP = "gxx00000"  # -P: an ABCI group
 STEPS = 10
 SAVE_EVERY = 2
 LONG = 10**6  # steps of a run that only a stop ends
-LONG_STEP_TIME = 0.1  # such a run sleeps between steps: the tests beside it keep the cores
+# Such a run sleeps between steps (the tests beside it keep the cores) and checkpoints every 5 s, its first 5 s into
+# training: a checkpoint of the tiny model costs a rank about 0.37 s of CPU (100 of them: 37 s), so one every 2
+# steps of 0.1 s kept each rank checkpointing flat out until the stop or the fault.
+LONG_STEP_TIME = 0.25
+LONG_SAVE_EVERY = 20
 # Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank. OCTO_DIST_LOG_ALL_RANKS=1
 # makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
 SUBMIT_VARS = {
@@ -55,7 +59,7 @@ DIRECTIVE_MARK = "from-a-directive"
 # past which a job that does not end is a job held until its wall time. A constant, not FAILED_GRACE_S read from the
 # runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
-# The queue's kill delay in the qdel scenario: long enough for a stop of 0.1 s steps on a loaded machine, and not
+# The queue's kill delay in the qdel scenario: long enough for a stop of 0.25 s steps on a loaded machine, and not
 # PBS's default (10 s), so the job's start line shows it read the queue's own.
 QDEL_KILL_DELAY_S = 45
 
@@ -479,9 +483,9 @@ def test_qdel_mid_run_stops_every_rank_and_leaves_nothing_of_the_job(pbs, compil
             workdir(pbs, "qdel"),
             steps=LONG,
             step_time=LONG_STEP_TIME,
-            save_every=1,
+            save_every=LONG_SAVE_EVERY,
         )
-        job.wait_for(job.save_dir / "1")
+        job.wait_for(job.save_dir / str(LONG_SAVE_EVERY))
         pbs.run(["qdel", job.id], user=True)
         final = job.wait()
     finally:
@@ -547,7 +551,7 @@ def mend_link(node: str) -> None:
 @pytest.mark.cluster_long
 @pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
 def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, compile_cache):
-    """A 2-node job as rendered, paced; after its step-2 checkpoint node002's rank is SIGKILLed, or node002's link
+    """A 2-node job as rendered, paced; after its first checkpoint node002's rank is SIGKILLed, or node002's link
     cut (packets dropped, no RST: mpirun and the ranks on node001 hear nothing more). The job ends well before its
     wall time, fails (PBS's Exit_status non-zero), its log names node002 or rank 1 after the fault, the checkpoints
     written before it are intact and verify, and nothing of the job is left on either node."""
@@ -559,8 +563,9 @@ def test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints(fault, pbs, com
         "1:00:00",
         steps=LONG,
         step_time=LONG_STEP_TIME,
+        save_every=LONG_SAVE_EVERY,
     )
-    job.wait_for(job.save_dir / str(SAVE_EVERY) / MANIFEST)
+    job.wait_for(job.save_dir / str(LONG_SAVE_EVERY) / MANIFEST)
     before = checkpoints(job.save_dir)
     seen = len(job.log())  # the preflight already names node002: read what follows
     t0 = time.monotonic()

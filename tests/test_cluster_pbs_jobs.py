@@ -11,6 +11,7 @@ import pytest
 from helpers import chain_running
 from test_cluster_pbs import (  # noqa: F401  (pytest fixtures, used by name)
     LONG,
+    LONG_SAVE_EVERY,
     LONG_STEP_TIME,
     VENV,
     compile_cache,
@@ -30,10 +31,19 @@ def jobs(p, work, *argv):
 
 def test_a_chains_status_log_and_cancel_under_pbs(pbs, compile_cache):  # noqa: F811
     work = workdir(pbs, "jobs-chain")
-    job = launch(pbs, compile_cache, work, chain=2, steps=LONG, step_time=LONG_STEP_TIME)
+    job = launch(
+        pbs,
+        compile_cache,
+        work,
+        chain=2,
+        steps=LONG,
+        step_time=LONG_STEP_TIME,
+        save_every=LONG_SAVE_EVERY,
+    )
     first, second = job.ids
+    checkpoint = work / "runs" / "smoke" / str(LONG_SAVE_EVERY)
     out, rows = chain_running(
-        lambda: jobs(pbs, work), first, work / "runs" / "smoke" / "2", [work, *job.logs], job.tail
+        lambda: jobs(pbs, work), first, checkpoint, [work, *job.logs], job.tail
     )
     assert out.startswith("chain of 2 (pbs, submitted "), out
     assert rows[second] == "held" and f"{second}  held" in out, out

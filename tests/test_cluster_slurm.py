@@ -30,20 +30,26 @@ from helpers import HANG_S, REPO, SubmittedJobs, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 300
+STEPS = 120
 GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
-SAVE_EVERY = 50
+SAVE_EVERY = 20
 LONG = 10**6  # steps of a run that only a fault or scancel ends
-# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 250 steps
-# after step 50 last at least 112 s, longer than the 90 s Slurm may take to send the time-limit signal, so the
-# first job is always stopped midway.
-CHAIN_STEP_TIME = 0.45
+# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 100 steps
+# after the step-20 checkpoint last at least 60 s, twice the 30 s in which Slurm sends the time-limit signal once
+# the test has moved the limit (STOP_MARGIN_S), so the first job is always stopped midway. Both jobs of the chain
+# run at this pace: together they spend 120 x 0.6 = 72 s sleeping.
+CHAIN_STEP_TIME = 0.6
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
 # A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
-# long, and the tests beside it keep the machine's cores.
-LONG_STEP_TIME = 0.1
-STOP_MARGIN_S = 60
+# long, and the tests beside it keep the machine's cores. Its first checkpoint (step 20) comes after 5 s, and one
+# every 5 s after it (a checkpoint of the tiny model costs a rank about 0.37 s of CPU).
+LONG_STEP_TIME = 0.25
+# The chained job's --stop-margin, hence its `#SBATCH --signal=B:USR1@180`. The test moves the time limit to the
+# whole minute that puts the signal's time (limit - 180 s) in the past and the limit itself 120-180 s ahead, so
+# Slurm sends the signal at its next time-limit check (every 30 s) and the ranks have 90 s or more to stop before
+# the limit. (A 60 s margin with the limit 60-120 s ahead would leave the signal up to 90 s away.)
+STOP_MARGIN_S = 180
 # A lost node: from the fault to the job's end (under CI load: 1-34 s). What it takes: the supervisor's node probe
 # (NODE_PROBE_S, 15 s) or a rank's failure, its FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded
 # 2-core machine. The bound is the property, not a budget for the machine: without the supervisor, srun waits for
@@ -222,13 +228,11 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
     job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
-    # The time limit brought forward to now + the stop margin (Slurm counts it in minutes), as an admin's
-    # `scontrol update` does: Slurm's own --signal=B:USR1@<margin> then comes within its 30 s check period, while
-    # the ranks are past their first checkpoint whatever the machine's load.
-    elapsed = int(slurm.job(first)["RunTime"].split(":")[-2]) * 60 + int(
-        slurm.job(first)["RunTime"].split(":")[-1]
-    )
-    minutes = -(-(elapsed + STOP_MARGIN_S) // 60)
+    # The time limit brought forward, as an admin's `scontrol update` does (Slurm counts it in minutes): three
+    # minutes after the whole minutes run, e.g. RunTime 0:47 -> TimeLimit 3 (180 s). The signal's time, limit -
+    # STOP_MARGIN_S (0 s here), is past, so Slurm's own --signal=B:USR1@180 comes at its next check (within 30 s),
+    # while the ranks are past their first checkpoint whatever the machine's load; the limit itself is 121-180 s on.
+    minutes = int(slurm.job(first)["RunTime"].split(":")[-2]) + 3
     slurm.client("node001", ["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"])
     final = job.wait(0)
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))

@@ -13,6 +13,7 @@ from helpers import HANG_S, chain_running, clean_env
 from test_cluster_slurm import (  # noqa: F401  (pytest fixtures, used by name)
     LONG,
     LONG_STEP_TIME,
+    SAVE_EVERY,
     compile_cache,
     launch,
     slurm,
@@ -42,7 +43,7 @@ def test_a_chains_status_log_and_cancel_under_real_slurm(slurm, tmp_path, compil
     out, rows = chain_running(
         lambda: jobs(slurm, tmp_path),
         first,
-        tmp_path / "submit" / "runs" / "smoke" / "50",
+        tmp_path / "submit" / "runs" / "smoke" / str(SAVE_EVERY),
         [job.work, *job.logs],
         job.tail,
     )
