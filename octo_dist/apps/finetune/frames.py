@@ -399,8 +399,9 @@ class FrameTransforms:
 
     def decoded_batch(self, batch: Mapping) -> dict:
         """A batch whose cameras of ``stored_size`` are still encoded (``decode_per_batch``) -> decoded, each image
-        as the frame map decodes it (:meth:`_decoded_as_stored`), in one branch for a camera's whole batch where
-        every image is present (no padding) and of the stored size: no ``tf.cond`` per image."""
+        as the frame map decodes it (:meth:`_decoded_as_stored`): where every image of a camera's batch is present
+        (no padding) and of its stored size, decoded with no ``tf.cond`` per image; else image by image, in a loop
+        (``tf.map_fn``: a graph of one image's ops, not of every image's, so tf.data builds it in no time)."""
         import tensorflow as tf
 
         out = dict(batch)
@@ -408,31 +409,33 @@ class FrameTransforms:
             out[part] = dict(batch[part])
             for key in self._stored_keys(batch[part]):
                 name, encoded = key[len("image_") :], batch[part][key]
-                size, flat = self.shipped_size(name), tf.unstack(tf.reshape(encoded, [-1]))
+                size, flat = self.shipped_size(name), tf.reshape(encoded, [-1])
+
+                def each(flat=flat, name=name, size=size):
+                    return tf.map_fn(
+                        lambda x: self._decoded_as_stored(x, name),
+                        flat,
+                        fn_output_signature=tf.TensorSpec((*size, None), tf.uint8),
+                    )
+
                 decoded = tf.cond(
-                    tf.reduce_all(tf.strings.length(encoded) > 0),
-                    lambda flat=flat, name=name: self._present_decoded(flat, name),
-                    lambda flat=flat, name=name: tf.stack(
-                        [self._decoded_as_stored(x, name) for x in flat]
-                    ),
+                    tf.reduce_all(tf.strings.length(flat) > 0),
+                    lambda flat=flat, name=name, each=each: self._present_decoded(flat, name, each),
+                    each,
                 )
                 out[part][key] = tf.reshape(decoded, [*encoded.shape, *size, -1])
         return out
 
-    def _present_decoded(self, flat: list, name: str):
-        """uint8 [N, h, w, C]: the encoded images ``flat`` of camera ``name`` (none of them padding) decoded, and
-        resized to its shipped size where one differs (as :meth:`_decoded_as_stored`)."""
+    def _present_decoded(self, flat, name: str, each):
+        """uint8 [N, h, w, C]: the encoded images ``flat`` of camera ``name`` (none of them padding) decoded; where
+        one is not of the stored size, ``each()`` (image by image, resized where it differs)."""
         import tensorflow as tf
 
         size = self.shipped_size(name)
-        images = [self._decode_stored(x, name) for x in flat]
+        images = [self._decode_stored(x, name) for x in tf.unstack(flat)]
         same = tf.reduce_all([tf.reduce_all(tf.shape(x)[:2] == size) for x in images])
         return tf.cond(
-            same,
-            lambda: tf.stack([tf.ensure_shape(x, (*size, None)) for x in images]),
-            lambda: tf.stack(
-                [resize_unless_same(x, size, self.resize_method, self.resize) for x in images]
-            ),
+            same, lambda: tf.stack([tf.ensure_shape(x, (*size, None)) for x in images]), each
         )
 
     def __call__(self, dataset):
