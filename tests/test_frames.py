@@ -421,3 +421,49 @@ def test_a_reduced_scale_decode_is_chosen_only_where_the_stored_frame_is_that_ma
     out = transformed(transforms, frame([image, image], [jpeg(photo(*WRIST, 12))] * 2, b""))
     assert out["observation"]["image_primary"].shape == (2, 256, 256, 3)
     assert out["task"]["image_primary"].shape == (256, 256, 3)
+
+
+@pytest.mark.parametrize(
+    "wrist, goal",
+    [
+        ([160, 160], 64),  # every image present and at its stored size: one branch a camera's batch
+        ([160, 0], 64),  # a padding image in the wrist camera's batch: image by image
+        (
+            [160, 120],
+            0,
+        ),  # a wrist frame of another size (resized to the stored one) and no goal image
+    ],
+)
+def test_decoding_after_batching_gives_the_frame_maps_pixels(wrist, goal):
+    primary = [jpeg(photo(64, 80, 20)), jpeg(photo(64, 80, 21))]
+    wrists = [jpeg(photo(n, n, 22 + i)) if n else b"" for i, n in enumerate(wrist)]
+    goal_image = jpeg(photo(goal, 80, 24)) if goal else b""
+    frames_ds = tf.data.Dataset.from_tensors(frame(primary, wrists, goal_image)).repeat(3)
+    stored = {"primary": (64, 80), "wrist": (160, 160)}
+    transforms = host(augment=False, stored_size=stored)
+    assert transforms.host_augments is False
+    batched = next(iter(transforms.batched(frames_ds, 3).as_numpy_iterator()))
+    per_frame = next(iter(transforms(frames_ds).batch(3).as_numpy_iterator()))
+    for part, key in [
+        ("observation", "image_primary"),
+        ("observation", "image_wrist"),
+        ("task", "image_primary"),
+    ]:
+        np.testing.assert_array_equal(batched[part][key], per_frame[part][key])
+    assert batched["observation"]["image_wrist"].shape == (3, 2, 160, 160, 3)
+    np.testing.assert_array_equal(
+        batched["observation"]["image_primary"][0, 1], decoded(primary[1])
+    )
+    np.testing.assert_array_equal(
+        batched["observation"]["proprio"], per_frame["observation"]["proprio"]
+    )
+
+
+def test_the_host_augmenting_decodes_frame_by_frame_before_batching():
+    stored = {"primary": (64, 80)}
+    one = frame([jpeg(photo(64, 80, 25))] * 2, [jpeg(photo(*WRIST, 26))] * 2, b"")
+    frames_ds = tf.data.Dataset.from_tensors(one).repeat(2)
+    augmenting = host(augment=True, stored_size=stored)
+    assert augmenting.host_augments
+    out = next(iter(augmenting.batched(frames_ds, 2).as_numpy_iterator()))
+    assert out["observation"]["image_primary"].shape == (2, 2, 64, 80, 3)

@@ -31,7 +31,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from octo_dist.apps.benchinput import reader
-from octo_dist.apps.finetune import frames
+from octo_dist.apps.finetune import frames, pipeline
 
 STAGE_NAMES = ("rest", "decode", "resize", "augment")
 
@@ -58,7 +58,6 @@ def source(data_dir: str, config: Mapping) -> Source:
             fork_transforms=None,
             why_no_fork=f"octo not importable ({e})",
         )
-    from octo_dist.apps.finetune import pipeline
 
     plain = {**config, "dataset_kwargs": {**config["dataset_kwargs"], "data_dir": data_dir}}
 
@@ -110,7 +109,7 @@ def pipelines(
         tf.random.set_seed(seed)  # each pipeline's augmentation draws from the same seed
         shuffled = src.make().shuffle(shuffle, seed=seed)
         shuffled.is_flattened = True
-        out[name] = transform(shuffled).batch(batch_size, drop_remainder=True).prefetch(2)
+        out[name] = pipeline.batched(transform, shuffled, batch_size).prefetch(2)
     return out
 
 

@@ -125,6 +125,15 @@ def frame_transform(
     return functools.partial(apply_frame_transforms, **kwargs, train=True)
 
 
+def batched(transform: Callable, frames_ds, batch_size: int):
+    """``frames_ds`` through the frame transforms, in batches of ``batch_size`` (``drop_remainder``): octo-dist's
+    decode the cameras left at their stored size after batching (``frames.FrameTransforms.batched``); the fork's
+    transforms map frame by frame."""
+    if isinstance(transform, frames.FrameTransforms):
+        return transform.batched(frames_ds, batch_size)
+    return transform(frames_ds).batch(batch_size, drop_remainder=True)
+
+
 def process_batch(batch: dict, text_processor) -> dict:
     """The fork's ``process_batch``: encode (or drop) the language instruction, drop the dataset name (strings)."""
     from octo.utils.train_utils import process_text
@@ -231,8 +240,8 @@ class OctoData:
         spec = self._pipeline.element_spec
         leaves = tf.nest.flatten(spec)
         if any(None in s.shape[1:] for s in leaves):
-            one = next(iter(self._transform(self._frames.take(1)).as_numpy_iterator()))
-            shapes = [np.shape(x) for x in tf.nest.flatten(one)]
+            one = next(iter(batched(self._transform, self._frames.take(1), 1).as_numpy_iterator()))
+            shapes = [np.shape(x)[1:] for x in tf.nest.flatten(one)]
         else:
             shapes = [tuple(s.shape[1:]) for s in leaves]
 
@@ -295,11 +304,7 @@ class OctoData:
             self.config.config.shuffle_buffer_size, seed=seed
         )
         shuffled.is_flattened = True
-        return (
-            self._transform(shuffled)
-            .batch(self.local_batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE)
-        )
+        return batched(self._transform, shuffled, self.local_batch_size).prefetch(tf.data.AUTOTUNE)
 
     def _batches_of(self, pipeline) -> Iterator[dict]:
         for batch in pipeline.as_numpy_iterator():
