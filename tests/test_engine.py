@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import HANG_S, JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
+from test_smoke import COMPILE_FAST
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 from octo_dist.runtime import compile_cache
@@ -18,7 +19,8 @@ NDEV = 4
 def sharding_runs(tmp_path_factory):
     runs = VersionRuns(
         PROGRAMS / "sharding.py",
-        clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV}"),
+        # every comparison is within one program, compiled alike: fast (test_smoke.COMPILE_FAST)
+        clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV} {COMPILE_FAST}"),
         tmp_path_factory.mktemp("sharding"),
     )
     yield runs
@@ -214,7 +216,7 @@ def test_the_next_batch_is_made_before_the_previous_steps_metrics_are_read(tmp_p
         [sys.executable, str(PROGRAMS / "fit_order.py"), str(tmp_path / "ckpt")],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=clean_env(XLA_FLAGS=COMPILE_FAST),
         timeout=HANG_S,
         cwd=REPO,
     )

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import helpers
+import test_stop_signals
 from helpers import REPO
 
 SIGNAL_TESTS = (
@@ -22,12 +23,10 @@ SIGNAL_TESTS = (
     "tests/test_launch.py::test_a_stop_signal_ignored_on_entry_still_stops_the_job",
     "tests/test_stop_signals.py",
 )
-# The 2-rank smoke job runs once here, as its INT case: SIGINT is the signal an inherited ignore keeps (the runtime
-# leaves it ignored), so that case is the one the job's start through helpers fixes. Its USR1 case starts the same job
-# the same way; the TERM in its burst is re-armed by the runtime, which the re-arming tests run here check.
-SKIPPED = (
-    "tests/test_stop_signals.py::test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop[USR1]",
-)
+# The 2-rank smoke job runs here and only here (test_stop_signals.JOB_RUN_ENV), as test_stop_signals.py's one case,
+# INT: SIGINT is the signal an inherited ignore keeps (the runtime leaves it ignored), so that case is the one the
+# job's start through helpers fixes. The SIGTERM-first case (test_smoke.py's first stop) starts the same job the same
+# way; the TERM is re-armed by the runtime, which the re-arming tests run here check.
 IGNORED = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -65,6 +64,9 @@ def test_helpers_give_the_defaults_back_under_a_parent_that_ignores_them():
 def test_the_signal_tests_pass_with_sigint_and_sigterm_ignored_on_entry(tmp_path):
     report = tmp_path / "report.xml"
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env[test_stop_signals.JOB_RUN_ENV] = (
+        "1"  # the 2-rank job runs here, under the inherited ignore, and only here
+    )
     proc = subprocess.run(
         [
             sys.executable,
@@ -76,7 +78,6 @@ def test_the_signal_tests_pass_with_sigint_and_sigterm_ignored_on_entry(tmp_path
             f"--basetemp={tmp_path / 'child'}",
             f"--junitxml={report}",
             *SIGNAL_TESTS,
-            *(f"--deselect={t}" for t in SKIPPED),
         ],
         cwd=REPO,
         env=env,

@@ -44,8 +44,12 @@ def _manifest(url: str, commit: str) -> mf.Manifest:
 def test_git_dependency_is_installed_at_the_pinned_commit_not_the_tip(local_repo, tmp_path):
     repo, first = local_repo
     env = tmp_path / "venv"
-    venv.create(env, with_pip=True, system_site_packages=True)
+    # No pip of its own where the base Python has one (ensurepip takes seconds): that pip, seen through the system
+    # site packages, installs into this venv (the direct_url.json below is looked for there).
+    venv.create(env, system_site_packages=True)
     python = str(env / "bin" / "python")
+    if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
+        subprocess.run([python, "-m", "ensurepip"], capture_output=True, check=True)
     # pip 23 needs a host in file URLs: file://localhost/path
     skipped = install.install_git(_manifest(f"file://localhost{repo}", first), python, require=True)
     assert skipped == []

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,19 +26,29 @@ def rank_json(out: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def each_rank_slow(tmp_path_factory):
-    """One run for both waits (each is over 30 s of waiting by nature; the run's start-up is paid once): rank 0's
-    build ends 40 s after rank 1 began waiting for it ("slow"), then rank 1's ends 40 s after rank 0's ("slow1")."""
+def each_rank_slow(tmp_path_factory) -> dict:
+    """Both waits, each over 30 s of waiting by nature, in two runs side by side (mostly asleep: the wall time of
+    one wait, the start-up of two): in ``"slow"`` rank 0's build ends 40 s after rank 1 began waiting for it, in
+    ``"slow1"`` rank 1's ends 40 s after rank 0's. Mode -> the finished run."""
     exe = Path(sys.executable).parent / "mpirun"
     if not exe.exists():
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
-    work = tmp_path_factory.mktemp("slow")
-    proc = helpers.run_mpirun(
-        exe, 2, [PROGRAM, "slow,slow1", str(work)], out_dir=work / "ranks", timeout=HANG_S
-    )
-    (out0, err0), (out1, err1) = proc.ranks
-    assert proc.returncode == 0, tail(err0, 3000) + tail(err1, 3000)
-    return proc
+
+    def run(mode: str):
+        work = tmp_path_factory.mktemp(mode)
+        return helpers.run_mpirun(
+            exe, 2, [PROGRAM, mode, str(work)], out_dir=work / "ranks", timeout=HANG_S
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = dict(zip(MODES, pool.map(run, MODES)))
+    for proc in runs.values():
+        (out0, err0), (out1, err1) = proc.ranks
+        assert proc.returncode == 0, tail(err0, 3000) + tail(err1, 3000)
+    return runs
+
+
+MODES = ("slow", "slow1")
 
 
 @pytest.mark.mpi
@@ -47,7 +58,7 @@ def test_rank_1_outwaits_a_rank_0_slower_than_a_collectives_set_up_and_says_what
 ):
     """Before: rank 1 waited in ``sync_global_devices``, whose gloo set-up gives up after 30 s ("GetKeyValue() timed
     out"): rank 0's statistics pass of minutes ended the job. Rank 0 here finishes 40 s after rank 1 began waiting."""
-    (out0, _), (out1, err1) = each_rank_slow.ranks
+    (out0, _), (out1, err1) = each_rank_slow["slow"].ranks
     ranks = [rank_json(out0), rank_json(out1)]
     assert [r["builds"] for r in ranks] == [1, 1]
     # The collective after the wait ran: both ranks hold both first batches.
@@ -63,7 +74,7 @@ def test_rank_1_outwaits_a_rank_0_slower_than_a_collectives_set_up_and_says_what
 def test_rank_0_waits_for_rank_1_to_build_before_its_next_collective(each_rank_slow):
     """Rank 1 builds after rank 0 (from the statistics rank 0 cached); before, rank 0 went straight on to its next
     collective and gave up there after 30 s when rank 1's build took longer. Here it ends 40 s after rank 0's."""
-    (out0, err0), (out1, _) = each_rank_slow.ranks
+    (out0, err0), (out1, _) = each_rank_slow["slow1"].ranks
     assert rank_json(out0)["first_batches"] == rank_json(out1)["first_batches"]
     waits = re.findall(r"rank 0: waiting for rank 1 to build the dataset.*: (\d+) s so far", err0)
     assert waits and int(waits[-1]) >= 30, err0

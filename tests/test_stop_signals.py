@@ -6,6 +6,7 @@ process of the job and then again); the second must not turn a clean stop (check
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 import helpers
 from helpers import RANK_OUTPUT, REPO, clean_env
+from test_smoke import COMPILE_FAST, signal_all
 
 # Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
 # handler (close()), waiting until the test has sent its further signals; writes what it saw to files.
@@ -179,15 +181,10 @@ def test_sigint_inherited_ignored_stays_ignored_without_a_word(tmp_path):
     assert "ignored when this process started" not in err, err
 
 
-def signal_all(procs, *signals) -> None:
-    import psutil
-
-    for s in signals:
-        for p in procs:
-            try:
-                p.send_signal(s)
-            except psutil.NoSuchProcess:  # already exited: nothing left to disturb
-                pass
+# The 2-rank job below runs where this file runs inside test_inherited_signals.py's child pytest, which sets this to 1:
+# there it starts under SIGINT and SIGTERM ignored on entry (what the case exists for), and a plain run of the file in
+# the same suite would start the same job a second time.
+JOB_RUN_ENV = "OCTO_DIST_TEST_SIGNAL_JOB"
 
 
 @pytest.mark.mpi
@@ -195,16 +192,24 @@ def signal_all(procs, *signals) -> None:
 @pytest.mark.parametrize(
     "first, burst",
     [
-        (signal.SIGUSR1, (signal.SIGTERM, signal.SIGUSR1)),
         # Before: SIGINT raised KeyboardInterrupt in both ranks, MPI_ABORT, exit 1 and no stop checkpoint.
         (signal.SIGINT, (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)),
     ],
-    ids=["USR1", "INT"],
+    ids=["INT"],
 )
 def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path, first, burst):
     """``first`` to every rank, then (once rank 0 says it is stopping) ``burst`` to every rank, and again and again
     from its verdict until every rank has exited: the job still saves a verified checkpoint, prints its verdict and
-    exits 0."""
+    exits 0. SIGTERM first and SIGTERM again is the first stop of test_smoke.py's
+    test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_..., in a job it starts anyway; SIGUSR1 first and SIGTERM,
+    SIGUSR1 and SIGUSR2 after it is test_signals_after_the_first_are_ignored_through_shutdown above. This case, other
+    signals after the first in a real job, is the one an inherited ignore of SIGINT breaks: test_inherited_signals.py
+    runs it so."""
+    if os.environ.get(JOB_RUN_ENV) != "1":
+        pytest.skip(
+            f"run by test_inherited_signals.py with SIGINT and SIGTERM ignored on entry ({JOB_RUN_ENV}=1 there); "
+            f"to run it here: {JOB_RUN_ENV}=1 pytest tests/test_stop_signals.py"
+        )
     psutil = pytest.importorskip("psutil")
     from octo_dist.engine import checksums
 
@@ -239,7 +244,7 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
     ]
     job = helpers.popen(
         cmd,
-        env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks)),
+        env=clean_env(OCTO_DIST_TEST_RANK_DIR=str(ranks), XLA_FLAGS=COMPILE_FAST),
         cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
@@ -284,8 +289,6 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         _, mpirun_err = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
-            import os
-
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     rank_err = "".join((ranks / f"{r}.err").read_text() for r in (0, 1))

@@ -13,6 +13,7 @@ import time
 
 import helpers
 from helpers import HANG_S, clean_env, tail
+from test_smoke import COMPILE_FAST
 
 from octo_dist import savelayout
 from octo_dist.engine import checksums
@@ -25,7 +26,9 @@ def test_a_stopped_run_notes_its_step_and_summary_and_leaves_the_plot_to_the_nex
     save, job_dir, rc = tmp_path / "run", tmp_path / "job", tmp_path / "matplotlibrc"
     job_dir.mkdir()
     os.mkfifo(rc)
-    env = clean_env(**{savelayout.JOB_DIR_ENV: str(job_dir), "MATPLOTLIBRC": str(rc)})
+    env = clean_env(
+        **{savelayout.JOB_DIR_ENV: str(job_dir), "MATPLOTLIBRC": str(rc)}, XLA_FLAGS=COMPILE_FAST
+    )
     args = ["smoke", "--model", "tiny", "--steps", "100000", "--save-every", "2"]
     proc = helpers.popen(
         [sys.executable, "-m", "octo_dist", *args, "--save-dir", str(save)],

@@ -1,13 +1,15 @@
 """The run summary: figures from timestamps (pure), and what `octo-dist smoke --save-dir D` leaves in D."""
 
 import json
+import re
 import shutil
 import struct
 
 import pytest
 
 import helpers
-from helpers import REPO
+from helpers import SMOKE, clean_env
+from test_smoke import COMPILE_FAST
 from octo_dist import savelayout
 from octo_dist.apps import summary
 
@@ -138,19 +140,26 @@ def png_size(path):
 
 @pytest.fixture(scope="module")
 def first_job(tmp_path_factory):
-    """(save directory, record, stdout) of one ``smoke --steps 6 --save-dir D --save-every 3`` run for the file: what
-    it leaves is checked below, and the resumed job continues a copy of it."""
+    """(save directory, record, stdout, stderr) of one ``smoke --steps 6 --save-dir D --save-every 3`` run for the
+    file, its stderr a pipe as in a batch job: what it leaves and says is checked below, and the resumed job
+    continues a copy of it."""
     work = tmp_path_factory.mktemp("first-job")
     save, record = work / "run", work / "record.json"
     flags = ("--steps", "6", "--save-dir", str(save), "--save-every", "3", "--record", str(record))
-    proc = helpers.run_smoke(*flags, cwd=REPO)
+    proc = smoke(*flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return save, json.loads(record.read_text()), proc.stdout
+    return save, json.loads(record.read_text()), proc.stdout, proc.stderr
+
+
+def smoke(*flags: str):
+    """One smoke process, compiled fast (test_smoke.COMPILE_FAST): this file checks what the runs write, not their
+    code's speed."""
+    return helpers.run_captured([*SMOKE, *flags], env=clean_env(XLA_FLAGS=COMPILE_FAST))
 
 
 @pytest.mark.slow
 def test_smoke_with_a_save_dir_leaves_summary_json_and_loss_png(first_job):
-    save, record, stdout = first_job
+    save, record, stdout, _ = first_job
     got = json.loads((save / "summary.json").read_text())
     assert got["schema"] == summary.SCHEMA and got["command"] == "smoke"
     assert (got["processes"], got["devices"], got["global_batch"]) == (1, record["devices"], 8)
@@ -259,12 +268,22 @@ def test_a_long_run_plot_is_smoothed_log_scaled_and_marks_each_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_runs_last_line_says_its_last_loss(first_job):
+    """Training's progress in a batch job's log (ranklog.StepLines, test_step_lines.py): no carriage return, and the
+    final line's loss is the recorded loss of the last step (the bar used to end a step behind the summary)."""
+    _, record, _, stderr = first_job
+    assert "\r" not in stderr
+    last = [ln for ln in stderr.splitlines() if re.search(r"train: step \d+/6", ln)][-1]
+    assert f"train: step 6/6, loss {record['losses']['5']:.4f} at step 5 " in last, last
+
+
+@pytest.mark.slow
 def test_smoke_resumed_keeps_the_first_jobs_losses_in_summary_json(first_job, tmp_path):
     # The second job resumes a copy of the first job's save directory (its checkpoints at steps 3 and 6).
     save = tmp_path / "run"
     shutil.copytree(first_job[0], save)
     first = json.loads((save / "summary.json").read_text())
-    proc = helpers.run_smoke("--steps", "9", "--save-dir", str(save), "--resume", cwd=REPO)
+    proc = smoke("--steps", "9", "--save-dir", str(save), "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = json.loads((save / "summary.json").read_text())
     assert [(j["start_step"], j["end_step"]) for j in resumed["jobs"]] == [(0, 6), (6, 9)]

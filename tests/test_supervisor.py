@@ -467,15 +467,29 @@ def test_a_directory_that_cannot_be_made_is_one_line_and_starts_no_rank(
 
 
 def test_a_stopped_rank_ends_the_job_within_a_minute_naming_it_and_its_node(job, tmp_path, capfd):
+    # The job's own limit (3 s; the default 20 is stopped_limit's, below) reaches the guard through the launcher.
     make, log = job
     started = time.monotonic()
-    assert make(FAKE_STOP_TRAIN="1").main() == rankguard.HUNG_STATUS
+    limit = {rankguard.STOPPED_LIMIT_ENV: "3"}
+    assert make(FAKE_STOP_TRAIN="1", **limit).main() == rankguard.HUNG_STATUS
     took = time.monotonic() - started
     err = capfd.readouterr().err
     host = socket.gethostname()
-    assert f"rank 1 on {host} hung: stopped (SIGSTOP) for 20 s, ended with status 137" in err, err
+    assert f"rank 1 on {host} hung: stopped (SIGSTOP) for 3 s, ended with status 137" in err, err
     assert "training exited with 137" in err and took < 60, (took, err)
     assert exit_file(tmp_path) == "137"
+
+
+def test_the_stopped_rank_limit_is_the_jobs_setting_or_20_s_and_a_bad_one_is_said():
+    assert rankguard.stopped_limit({}) == (20, "")
+    assert rankguard.stopped_limit({rankguard.STOPPED_LIMIT_ENV: "60"}) == (60, "")
+    for bad in ("0", "-5", "1.5", "abc", ""):
+        limit, said = rankguard.stopped_limit({rankguard.STOPPED_LIMIT_ENV: bad})
+        assert (
+            limit == 20
+            and f"OCTO_DIST_STOPPED_RANK_LIMIT_S={bad!r}; expected a whole number" in said
+        )
+        assert "stopped for 20 s. Fix: export OCTO_DIST_STOPPED_RANK_LIMIT_S=60" in said
 
 
 def test_a_rank_stopped_for_a_moment_is_left_alone(tmp_path, monkeypatch):

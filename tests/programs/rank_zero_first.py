@@ -2,7 +2,8 @@
 rank 0's build fabricated: ``slow`` takes longer than a collective's set-up may wait (gloo's 30 s), counted from
 the moment rank 1 starts waiting; ``fails`` raises a bug's error; ``refused`` a refusal (the same on every rank).
 ``slow1`` and ``fails1`` are rank 1's build, after rank 0's: slower than that from rank 0's end, or failing.
-Modes joined by commas apply together: ``slow,slow1`` makes each rank wait for the other in turn in one run.
+Modes joined by commas apply together: ``slow,slow1`` makes each rank wait for the other in turn in one run
+(the test runs ``slow`` and ``slow1`` side by side instead: one wait's wall time).
 
     mpirun -np 2 python tests/programs/rank_zero_first.py slow|fails|refused|slow1|fails1[,MODE...] DIR
 
@@ -43,8 +44,6 @@ def beyond_the_limit_from(path: str) -> None:
 
 
 def build(rank: int):
-    import tensorflow as tf
-
     if rank == 0 and "slow" in MODES:
         beyond_the_limit_from(WAITING)
     if rank == 1 and "slow1" in MODES:
@@ -55,6 +54,8 @@ def build(rank: int):
         raise ValueError("fabricated statistics failure: bridge/1.0.0 shard 3 is truncated")
     if rank == 0 and "refused" in MODES:
         raise Refusal("--config.dataset_kwargs.name='nope'", "a dataset in the data directory")
+    import tensorflow as tf  # after the failures: a failing build never pays TensorFlow's import
+
     trajectories = tf.data.Dataset.range(24).batch(4).map(lambda x: {"action": x})
     trajectories.dataset_statistics = {"action": {"mean": [float(rank)]}}
     if rank == 0:

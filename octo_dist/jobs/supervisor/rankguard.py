@@ -8,7 +8,9 @@ A rank stopped on its node (SIGSTOP, a debugger's attach gone wrong) holds every
 until JAX's coordination service gives up (about 100 s, and it names rank 0, which hosts the service). The guard
 looks at its rank's processes once a second (the rank, or under ``singularity exec`` the runtime's starter and the
 training process below it): one stopped for ``STOPPED_LIMIT`` checks in a row while the guard itself ran, they are
-all ended and the rank noted as hung, naming its node, so the job ends within a minute naming the right rank. A
+all ended and the rank noted as hung, naming its node, so the job ends within a minute naming the right rank.
+``OCTO_DIST_STOPPED_RANK_LIMIT_S`` in the job's environment sets that limit in seconds (one check a second, default
+20): raise it where a debugger is attached to a rank on purpose, lower it to end a stopped rank sooner. A
 scheduler's suspend (qmod -s, scontrol suspend) stops the guard too: its checks do not run meanwhile and are not
 counted.
 
@@ -34,6 +36,7 @@ from octo_dist import savelayout
 # Forwarded to the rank as they come; each rank treats them as "checkpoint and stop".
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOPPED_LIMIT = 20  # checks, one a second, that find the rank stopped before it is ended as hung
+STOPPED_LIMIT_ENV = "OCTO_DIST_STOPPED_RANK_LIMIT_S"  # the job's own limit in seconds: "60"
 CHECK_S = 1.0
 RESCAN_CHECKS = 10  # a full scan of /proc for the rank's processes every this many checks
 HUNG_STATUS = 137  # as a SIGKILLed rank reports it
@@ -155,17 +158,38 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     return preexec
 
 
+def stopped_limit(env: Mapping[str, str]) -> Tuple[int, str]:
+    """(checks a rank may be found stopped in a row, "" or a warning): ``$OCTO_DIST_STOPPED_RANK_LIMIT_S`` ("60" ->
+    60), else ``STOPPED_LIMIT``. A value that is not a whole number of seconds >= 1 keeps the default and says so:
+    the guard never stops a rank from starting over its own setting."""
+    raw = env.get(STOPPED_LIMIT_ENV)
+    if raw is None:
+        return STOPPED_LIMIT, ""
+    if raw.strip().isascii() and raw.strip().isdigit() and int(raw) >= 1:
+        return int(raw), ""
+    return STOPPED_LIMIT, (
+        f"octo-dist job: {STOPPED_LIMIT_ENV}={raw!r}; expected a whole number of seconds >= 1; the rank guard "
+        f"ends a rank stopped for {STOPPED_LIMIT} s. Fix: export {STOPPED_LIMIT_ENV}={STOPPED_LIMIT * 3}"
+    )
+
+
 def wait_watching(
-    proc: subprocess.Popen, rank: str, host: str, parent: Optional[int] = None
+    proc: subprocess.Popen,
+    rank: str,
+    host: str,
+    parent: Optional[int] = None,
+    limit: Optional[int] = None,
 ) -> Tuple[int, str]:
     """(the rank's exit status, "" or why it was ended as hung): a rank one of whose processes is found stopped
-    (state T or t) ``STOPPED_LIMIT`` checks in a row is killed, every process of it (``HUNG_STATUS``).
+    (state T or t) ``limit`` (default ``STOPPED_LIMIT``) checks in a row is killed, every process of it
+    (``HUNG_STATUS``).
 
     A check reads the stat files of the processes found last time; /proc is scanned again every
     ``RESCAN_CHECKS`` checks, and whenever one looks stopped (a scan costs about 20 us per process of the node).
 
     ``parent``: the launcher's pid (the guard's parent when it started); once the guard's parent is another (the
     launcher died, the guard was handed to init), every process of the rank is killed (``ORPHANED_STATUS``)."""
+    limit = STOPPED_LIMIT if limit is None else limit
     stopped, checks, tree = 0, 0, []
     while True:
         try:
@@ -180,7 +204,7 @@ def wait_watching(
         if not tree or any(state in ("T", "t") for _, state, _ in tree):
             tree = process_tree(proc.pid)
         stopped = stopped + 1 if any(state in ("T", "t") for _, state, _ in tree) else 0
-        if stopped < STOPPED_LIMIT:
+        if stopped < limit:
             continue
         end_tree(proc, tree)
         return HUNG_STATUS, f"hung: stopped (SIGSTOP) for {stopped} s, ended"
@@ -234,7 +258,10 @@ def main(job_dir: str, command: Sequence[str]) -> int:
     for signum in pending:
         forward(signum, None)
     rank, host = rank_of(os.environ), socket.gethostname()
-    status, hung = wait_watching(procs[0], rank, host, parent)
+    limit, warning = stopped_limit(os.environ)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    status, hung = wait_watching(procs[0], rank, host, parent, limit)
     if status == ORPHANED_STATUS and hung.startswith("lost"):
         # The supervisor may have ended too (its launcher killed): the job's log is this one's stderr as well.
         try:
