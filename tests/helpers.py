@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
 # `octo-dist smoke` of the tiny model, run by this Python from the checkout.
@@ -664,3 +666,19 @@ def changed_since(before: dict, after: dict) -> dict:
         for k, v in before.items()
         if k.split("/")[0] in steps_after and after.get(k) != v
     }
+
+
+# Jobs that a test compares with each other, every one compiled alike: LLVM at -O0, which takes a third of the CPU
+# its default optimisation does (a tiny-model smoke process: 4-5 s instead of 11-12 s, most of it compiling the
+# initialisation and the step). make smoke, what a user runs, keeps XLA's defaults.
+COMPILE_FAST = "--xla_backend_optimization_level=0"
+
+
+def signal_all(procs, *signals) -> None:
+    """Each signal to every process in turn (psutil.Process); one already gone is skipped."""
+    for s in signals:
+        for p in procs:
+            try:
+                p.send_signal(s)
+            except psutil.NoSuchProcess:  # already exited: nothing left to disturb
+                pass

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import HANG_S, JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
-from test_smoke import COMPILE_FAST
+from helpers import COMPILE_FAST
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 from octo_dist.runtime import compile_cache
@@ -19,7 +19,7 @@ NDEV = 4
 def sharding_runs(tmp_path_factory):
     runs = VersionRuns(
         PROGRAMS / "sharding.py",
-        # every comparison is within one program, compiled alike: fast (test_smoke.COMPILE_FAST)
+        # every comparison is within one program, compiled alike: fast (helpers.COMPILE_FAST)
         clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV} {COMPILE_FAST}"),
         tmp_path_factory.mktemp("sharding"),
     )

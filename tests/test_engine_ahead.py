@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from helpers import HANG_S, PROGRAMS, REPO, clean_env, json_lines
-from test_smoke import COMPILE_FAST
+from helpers import COMPILE_FAST
 
 
 def test_batches_augmented_ahead_give_the_losses_of_batches_augmented_in_the_step():
@@ -16,7 +16,7 @@ def test_batches_augmented_ahead_give_the_losses_of_batches_augmented_in_the_ste
         [sys.executable, str(PROGRAMS / "fit_ahead.py")],
         capture_output=True,
         text=True,
-        # fit and the steps by hand compiled alike, fast (test_smoke.COMPILE_FAST)
+        # fit and the steps by hand compiled alike, fast (helpers.COMPILE_FAST)
         env=clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=2 " + COMPILE_FAST),
         timeout=HANG_S,
         cwd=REPO,

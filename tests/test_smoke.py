@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import helpers
-from helpers import HANG_S, REPO, clean_env
+from helpers import COMPILE_FAST, HANG_S, REPO, clean_env, signal_all
 from octo_dist import EXIT_USAGE
 from octo_dist.apps.smoke import equivalence
 from octo_dist.apps.smoke import app as smoke
@@ -22,10 +22,6 @@ from octo_dist.engine import checkpoint, checksums, train
 from octo_dist.engine.checkpoint import CheckpointError
 
 SMOKE = ["-m", "octo_dist", "smoke", "--model", "tiny"]
-# The 2-rank jobs below compare runs with each other, every one compiled alike: LLVM at -O0, which takes a third of
-# the CPU its default optimisation does (a tiny-model smoke process: 4-5 s instead of 11-12 s, most of it compiling
-# the initialisation and the step). make smoke, what a user runs, keeps XLA's defaults.
-COMPILE_FAST = "--xla_backend_optimization_level=0"
 
 
 # --- pure -----------------------------------------------------------------------------------------------
@@ -267,15 +263,6 @@ def alive(proc) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def signal_all(procs, *signals) -> None:
-    for s in signals:
-        for p in procs:
-            try:
-                p.send_signal(s)
-            except psutil.NoSuchProcess:  # already exited: nothing left to disturb
-                pass
 
 
 def same_as(part: dict, whole: dict) -> None:

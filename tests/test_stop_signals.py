@@ -17,7 +17,7 @@ import pytest
 
 import helpers
 from helpers import RANK_OUTPUT, REPO, clean_env
-from test_smoke import COMPILE_FAST, signal_all
+from helpers import COMPILE_FAST, signal_all
 
 # Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
 # handler (close()), waiting until the test has sent its further signals; writes what it saw to files.

@@ -13,7 +13,7 @@ import time
 
 import helpers
 from helpers import HANG_S, clean_env, tail
-from test_smoke import COMPILE_FAST
+from helpers import COMPILE_FAST
 
 from octo_dist import savelayout
 from octo_dist.engine import checksums

@@ -8,8 +8,7 @@ import struct
 import pytest
 
 import helpers
-from helpers import SMOKE, clean_env
-from test_smoke import COMPILE_FAST
+from helpers import COMPILE_FAST, SMOKE, clean_env
 from octo_dist import savelayout
 from octo_dist.apps import summary
 
@@ -152,7 +151,7 @@ def first_job(tmp_path_factory):
 
 
 def smoke(*flags: str):
-    """One smoke process, compiled fast (test_smoke.COMPILE_FAST): this file checks what the runs write, not their
+    """One smoke process, compiled fast (helpers.COMPILE_FAST): this file checks what the runs write, not their
     code's speed."""
     return helpers.run_captured([*SMOKE, *flags], env=clean_env(XLA_FLAGS=COMPILE_FAST))
 
