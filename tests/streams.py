@@ -15,7 +15,12 @@ node, so it takes the small files. A fresh-clone CI on 2 cores (nothing else run
 own streams and the image build) ended the streams at: the rest 1587 s, PBS 898 + 581 s, the cluster one 1096 + 317
 s, Slurm 890 + 444 s, Grid Engine 707 + 499 s (cluster tests + the files beside them); the rest then gave
 test_run_layout, test_engine_ahead and test_bench_fork (202 s there) to Grid Engine, test_decode_scale and
-test_convert_frames (about 90 s) to Slurm.
+test_convert_frames (about 90 s) to Slurm. The next CI, beside other work (load 16-25), printed each command's time
+(CPU: the pytest and what it waited for; a namespace cluster's ranks run under its daemons and are not counted):
+the rest 2118 s wall / 537 s CPU; Grid Engine 945 + 988 s (378 s CPU beside); Slurm 1059 + 859; PBS 1249 + 830; the
+cluster one 1407 + 582. Then test_engine, test_stop_signals and test_inherited_signals, beside Grid Engine's, became
+about 190 s of CPU cheaper, and it took test_rank_zero_first (mostly waiting ranks, 112 s alone) and
+test_stop_status_first from the rest.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ STREAMS = (
             "test_run_layout.py",
             "test_engine_ahead.py",
             "test_bench_fork.py",
+            "test_rank_zero_first.py",
+            "test_stop_status_first.py",
         ),
         ".cluster/gridengine.log",
     ),
