@@ -20,7 +20,9 @@ test_convert_frames (about 90 s) to Slurm. The next CI, beside other work (load 
 the rest 2118 s wall / 537 s CPU; Grid Engine 945 + 988 s (378 s CPU beside); Slurm 1059 + 859; PBS 1249 + 830; the
 cluster one 1407 + 582. Then test_engine, test_stop_signals and test_inherited_signals, beside Grid Engine's, became
 about 190 s of CPU cheaper, and it took test_rank_zero_first (mostly waiting ranks, 112 s alone) and
-test_stop_status_first from the rest.
+test_stop_status_first from the rest. A quiet fresh-clone CI then took 1577 s (venvs 105 s): the rest 1381 s wall /
+377 s CPU, PBS 956 + 516 s, the cluster one 1048 + 351, Slurm 897 + 505, Grid Engine 796 + 392. Swapping Grid
+Engine's and PBS's files beside made it longer (the rest 1458 s; test_qdel_stops still running at 1625 s).
 """
 
 from __future__ import annotations
