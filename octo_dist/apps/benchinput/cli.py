@@ -401,8 +401,10 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
     datasets = measure.pipelines(
         src, config, args.batch_size, args.shuffle_buffer, stored=stored, decode_ratio=ratios
     )
+    held: list = []  # the iterators, torn down after the table (measure.rounds)
     times = measure.rounds(
         datasets,
+        held=held,
         batch_size=args.batch_size,
         batches=args.batches,
         rounds=args.rounds,
@@ -425,6 +427,8 @@ def run(args, config, chosen, sizes, gpu_rate, basis, how, model, out=print) -> 
         sizes=sizes,
     ):
         out(line)
+    sys.stdout.flush()  # the table before the pipelines' teardown, piped or not
+    held.clear()
     return 0
 
 
