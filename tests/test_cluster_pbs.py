@@ -31,7 +31,15 @@ import pytest
 
 from cluster import pbs as sim_pbs
 from cluster import sim
-from helpers import HANG_S, MANIFEST, SubmittedJobs, changed_since, checkpoints, wait_until
+from helpers import (
+    COMPILE_FAST,
+    HANG_S,
+    MANIFEST,
+    SubmittedJobs,
+    changed_since,
+    checkpoints,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -45,13 +53,19 @@ LONG = 10**6  # steps of a run that only a stop ends
 # steps of 0.1 s kept each rank checkpointing flat out until the stop or the fault.
 LONG_STEP_TIME = 0.25
 LONG_SAVE_EVERY = 20
-# Exported in the submit shell: the README says NCCL_*, OCTO_DIST_* ... reach every rank. OCTO_DIST_LOG_ALL_RANKS=1
-# makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
+# Exported in the submit shell: the README says NCCL_*, XLA_*, OCTO_DIST_* ... reach every rank.
+# OCTO_DIST_LOG_ALL_RANKS=1 makes it visible in the job's log: INFO lines from every rank, not only rank 0's.
+# XLA_FLAGS compiles the ranks' programs fast (helpers.COMPILE_FAST): these jobs test PBS and the job runtime, not
+# what XLA makes of the step.
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
     "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell",
     "OCTO_DIST_LOG_ALL_RANKS": "1",
+    "XLA_FLAGS": COMPILE_FAST,
 }
+# Set by a directive of the two-node job's script ("#PBS -v NAME=from-a-directive") and, to another value, in the
+# submit shell: the script's wins, in the job and in the job chained after it.
+DIRECTIVE_VAR = "OCTO_DIST_CLUSTER_DIRECTIVE"
 DIRECTIVE_MARK = "from-a-directive"
 # A lost node: from the fault to the job's end. What it takes: a rank noticing (a SIGKILLed one at once; with the link
 # cut, JAX's coordination service timing out node002's rank), the runtime's FAILED_GRACE_S (20 s) for mpirun to end
@@ -59,9 +73,6 @@ DIRECTIVE_MARK = "from-a-directive"
 # past which a job that does not end is a job held until its wall time. A constant, not FAILED_GRACE_S read from the
 # runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
-# The queue's kill delay in the qdel scenario: long enough for a stop of 0.25 s steps on a loaded machine, and not
-# PBS's default (10 s), so the job's start line shows it read the queue's own.
-QDEL_KILL_DELAY_S = 45
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +331,10 @@ def launch(
     step_time: float = 0,
     chain: int = 0,
     cpus_per_rank: int = 1,
+    shell: dict = SUBMIT_VARS,
 ) -> Submitted:
-    """``octo-dist launch pbs ... --submit`` by the jobs' user on node001, in ``work`` (in its home)."""
+    """``octo-dist launch pbs ... --submit`` by the jobs' user on node001, in ``work`` (in its home), with ``shell``
+    exported."""
     argv = [
         str(VENV / "bin" / "octo-dist"), "launch", "pbs", "--nodes", str(nodes), "--gpus-per-node",
         str(ranks_per_node), "--cpus-per-rank", str(cpus_per_rank), "--group", GROUP, "--module", "",
@@ -331,7 +344,7 @@ def launch(
         "--", "smoke", "--model", "tiny", f"--save-every={save_every}", f"--record={work / 'record.json'}",
         *([f"--step-time={step_time}"] if step_time else []),
     ]  # fmt: skip
-    proc = p.run(argv, user=True, cwd=work, env=SUBMIT_VARS, check=False)
+    proc = p.run(argv, user=True, cwd=work, env=shell, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Submitted(p, work, proc.stdout)
 
@@ -366,13 +379,28 @@ def verified_steps(save_dir: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(pbs, compile_cache) -> dict:
-    """The venv job on 2 nodes x 1 rank, each rank given 2 CPUs, rendered without any --resource, submitted with
-    NCCL_*/OCTO_DIST_* exported: run once to the end; what PBS, the ranks and the save directory said."""
-    job = launch(pbs, compile_cache, workdir(pbs, "two-nodes"), cpus_per_rank=2)
+def one_node(pbs, compile_cache) -> Submitted:
+    """The venv job on 1 node x 2 ranks, submitted, not waited for: it runs beside the two-node jobs (the imitation
+    places it on node001's CPUs left free), as on a site's shared nodes."""
+    return launch(pbs, compile_cache, workdir(pbs, "one-node"), nodes=1, ranks_per_node=2)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(pbs, compile_cache, one_node) -> dict:  # one_node: submitted first, to run beside
+    """The venv job on 2 nodes x 1 rank, each rank given 2 CPUs, rendered without any --resource but a ``#PBS -v``
+    directive, submitted as a chain of 2 with NCCL_*/XLA_*/OCTO_DIST_* exported: the first job run once to the end;
+    what PBS, the ranks and the save directory said. The chained job (``job``'s second) is the chain test's."""
+    job = launch(
+        pbs, compile_cache, workdir(pbs, "two-nodes"), "--directive",
+        f"#PBS -v {DIRECTIVE_VAR}={DIRECTIVE_MARK}", cpus_per_rank=2, chain=2,
+        shell={**SUBMIT_VARS, DIRECTIVE_VAR: "from-the-submit-shell"},
+    )  # fmt: skip
+    queued = pbs.job(job.ids[1])  # while the first job runs
     final = job.wait()
     rec = job.work / "record.json"
     return {
+        "job": job,
+        "queued": queued,
         "final": final,
         "record": json.loads(rec.read_text()) if rec.exists() else None,
         "script": (job.work / "job.sh").read_text(),
@@ -456,8 +484,8 @@ def test_ranks_get_the_cpus_they_are_given(two_nodes):
     )
 
 
-def test_a_1_node_job_of_2_ranks_trains_and_exits_0(pbs, compile_cache):
-    job = launch(pbs, compile_cache, workdir(pbs, "one-node"), nodes=1, ranks_per_node=2)
+def test_a_1_node_job_of_2_ranks_trains_and_exits_0(pbs, one_node):
+    job = one_node
     final = job.wait()
     assert final["job_state"] == "F" and final.get("Exit_status") == 0, job.tail()
     assert hosts_of(final["exec_host"]) == ["node001"], brief(final)
@@ -467,74 +495,24 @@ def test_a_1_node_job_of_2_ranks_trains_and_exits_0(pbs, compile_cache):
     assert sim_pbs.escapes(final) == [] and pbs.carrying(job.id) == [], job.tail()
 
 
-# ---- qdel, --chain with the script's own directives (long) ------------------------------------------------------
-
-
-@pytest.mark.cluster_long
-def test_qdel_mid_run_stops_every_rank_and_leaves_nothing_of_the_job(pbs, compile_cache):
-    """A paced 2-node job qdel'led once it has a checkpoint, in a queue with a kill delay of its own: the job read
-    it, every rank stops and checkpoints within it, nothing of the job is left on either node, PBS reports 271 and
-    the exit file says 0."""
-    pbs.qmgr(f"set queue rt_HF kill_delay = {QDEL_KILL_DELAY_S}")
-    try:
-        job = launch(
-            pbs,
-            compile_cache,
-            workdir(pbs, "qdel"),
-            steps=LONG,
-            step_time=LONG_STEP_TIME,
-            save_every=LONG_SAVE_EVERY,
-        )
-        job.wait_for(job.save_dir / str(LONG_SAVE_EVERY))
-        pbs.run(["qdel", job.id], user=True)
-        final = job.wait()
-    finally:
-        pbs.qmgr("unset queue rt_HF kill_delay")
-    left = pbs.carrying(job.id)
-    rec = job.work / "record.json"
-    rec = json.loads(rec.read_text()) if rec.exists() else {}
-    exit_file = job.save_dir / f".octo-dist-exit-{job.id}"
-    said = (
-        f"qdel: {json.dumps(brief(final))}; left: {left}; rank 0's record: "
-        f"{ {k: rec.get(k) for k in ('stopped_by', 'end_step')} }; checkpoints {steps_in(job.save_dir)}; "
-        f"exit file: {exit_file.read_text().strip() if exit_file.exists() else None}\n{job.tail()}"
-    )
-    require(final.get("job_state") == "F", said)
-    assert sim_pbs.escapes(final) == [] and left == [], (
-        "processes of the job that PBS could not end: " + said
-    )
-    assert final.get("Exit_status") == 271, said
-    assert rec.get("stopped_by") and rec.get("end_step") in verified_steps(job.save_dir), said
-    assert exit_file.exists() and exit_file.read_text().strip() == "0", said
-    assert not (job.save_dir / ".octo-dist.lock").exists(), said
-    assert (
-        f"a qdel gives this job {QDEL_KILL_DELAY_S}s from SIGTERM to SIGKILL (queue rt_HF's kill_delay)"
-        in job.log()
-    ), said
-
-
-@pytest.mark.cluster_long
-def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs(
-    pbs, compile_cache
-):
-    job = launch(
-        pbs, compile_cache, workdir(pbs, "chain"), "--directive",
-        f"#PBS -v OCTO_DIST_CLUSTER_MARK={DIRECTIVE_MARK}", steps=4, chain=2,
-    )  # fmt: skip
+def test_a_chained_job_keeps_the_scripts_directives_and_starts_ranks_through_pbs(pbs, two_nodes):
+    """The two-node job's chained job: held for the first (``-W depend``), then given the script's ``#PBS -v`` (a
+    command line's -v replaces the script's list: the submission must repeat it), over the submit shell's value of
+    the same variable, on both its ranks, started through PBS on both hosts."""
+    job, queued = two_nodes["job"], two_nodes["queued"]
     first, second = job.ids
-    listed = pbs.job(second).get("Variable_List", {})
-    assert (
-        pbs.job(second).get("depend", "").startswith(f"afterany:{first}")
-        or pbs.job(second)["job_state"] != "H"
+    assert queued.get("depend", "").startswith(f"afterany:{first}") or queued["job_state"] != "H", (
+        queued
     )
-    for i in (0, 1):
-        final = job.wait(i)
-        require(final.get("Exit_status") == 0, job.tail(i))
+    require(two_nodes["final"].get("Exit_status") == 0, two_nodes["tail"])
+    final = job.wait(1)
+    require(final.get("Exit_status") == 0, job.tail(1))
+    listed = final.get("Variable_List", {})
     ranks = training_ranks(pbs, second)
-    seen = {f"{e['_host']} rank {e['_rank']}": e.get("OCTO_DIST_CLUSTER_MARK") for e in ranks}
-    assert listed.get("OCTO_DIST_CLUSTER_MARK") == DIRECTIVE_MARK, (
-        f"the script says '#PBS -v OCTO_DIST_CLUSTER_MARK={DIRECTIVE_MARK}'; the chained job {second}'s "
-        f"Variable_List is {listed}; its training ranks saw OCTO_DIST_CLUSTER_MARK={seen}"
+    seen = {f"{e['_host']} rank {e['_rank']}": e.get(DIRECTIVE_VAR) for e in ranks}
+    assert listed.get(DIRECTIVE_VAR) == DIRECTIVE_MARK, (
+        f"the script says '#PBS -v {DIRECTIVE_VAR}={DIRECTIVE_MARK}'; the chained job {second}'s "
+        f"Variable_List is {listed}; its training ranks saw {DIRECTIVE_VAR}={seen}"
     )
     assert sorted(e["_host"] for e in ranks) == ["node001", "node002"], job.tail(1)
     assert all(v == DIRECTIVE_MARK for v in seen.values()), seen

@@ -7,6 +7,16 @@ starts a job, with PBS's variables and a node file of one host (two slots). Its 
 ``/usr/bin/mpirun.mpich``), put first on PATH as ``module load hpcx`` does. The training is ``smoke --model tiny``
 paced at one step a second, a checkpoint every 4 steps.
 
+Each scenario runs under the launchers whose handling of the signals changes what happens (``octo_dist/jobs/
+supervisor/ranks.py`` says how each passes SIGTERM and SIGKILL on): the qdel whose stop fits the kill delay under all
+three (prterun and Open MPI 4.1's mpirun each end the ranks their own way on a SIGTERM, 0.5 s or 2 s later; Hydra
+forwards it, its proxy and ranks outside the job's session). The stop that outlasts the kill delay under Open MPI
+4.1 (hpcx's family; Open MPI 5's prterun, its SIGTERM blocked alike, waits for the SIGKILL alike) and MPICH (the
+SIGKILL reaches mpiexec only: Hydra's proxy must end its ranks). ``kill -9`` of ``mpirun`` under Open MPI 5 (the
+guards' parent is mpirun itself, as under Open MPI 4.1) and MPICH (their parent is Hydra's proxy, which outlives
+mpiexec). The ranks compile fast (``helpers.COMPILE_FAST``): what is tested is how the job stops, not what XLA
+makes of the step.
+
 The qdel is PBS's (measured against OpenPBS 23.06): SIGTERM to every process whose session is the job's, at once,
 then the queue's kill delay, then SIGKILL to every process still in it. A process that left the session (Hydra's
 proxy and ranks call setsid) is invisible to that qdel: the test still finds every process the job started (they
@@ -29,7 +39,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import PBS_JOB, launch_job
+from helpers import COMPILE_FAST, PBS_JOB, launch_job
 
 from octo_dist.engine import checkpoint as ck
 from octo_dist.engine import checksums
@@ -116,6 +126,7 @@ def pbs_env(
         PBS_JOBNAME="octo-dist",
         PBS_QUEUE="rt_HF",
         NCPUS="2",
+        XLA_FLAGS=COMPILE_FAST,
         **{MARK: f"octo-dist-test-{job_id}-{os.getpid()}"},
         **extra,
     )
@@ -295,7 +306,10 @@ def test_a_qdel_after_a_checkpoint_ends_in_a_verified_stop_checkpoint(
     assert chain_goes_on(save, "71.pbs5") == []
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+# Not Open MPI 5: its prterun, SIGTERM blocked as Open MPI 4.1's mpirun's is, runs until the SIGKILL with everything
+# else in the session, as that one does; that it does not kill the ranks 0.5 s after the qdel, the qdel whose stop
+# fits checks.
+@pytest.mark.parametrize("family", ["openmpi4.1", "mpich"])
 def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     tmp_path, compile_cache, family
 ):
@@ -325,7 +339,9 @@ def test_a_qdel_whose_stop_outlasts_the_kill_delay_leaves_the_chain_resumable(
     assert steps[-1] >= 2 and ck.decide(str(save), True).step == steps[-1], (steps, said)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+# Not Open MPI 4.1: as under Open MPI 5, mpirun is its local ranks' guards' parent, and the supervisor (the same
+# code for both) kills its process group.
+@pytest.mark.parametrize("family", ["openmpi5", "mpich"])
 def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
     tmp_path, compile_cache, family
 ):
@@ -342,16 +358,14 @@ def test_kill_9_of_mpirun_ends_every_rank_and_leaves_a_resumable_chain(
         assert len(mpirun) == 1, members
         os.kill(mpirun[0], signal.SIGKILL)
         job.wait(timeout=helpers.HANG_S)
-        left = left_after(env)  # every guard looks at its parent once a second
+        # Every guard looks at its parent once a second. Nothing carrying the job's mark is left: no rank trains on
+        # to write a checkpoint into the ended job (what a wait for one more checkpoint showed before).
+        left = left_after(env)
         steps_then = verified_steps(save)
-        time.sleep(
-            3 * 1.0 * SAVE_EVERY
-        )  # what a rank left running would take to save another checkpoint
-        steps_later = verified_steps(save)
     log = log_tail(tmp_path)
     said = f"members {json.dumps(members, indent=1)}\n--- job.log ---\n{log}"
     assert not left, f"still running after mpirun was killed: {left}\n{said}"
-    assert steps_later == steps_then and SAVE_EVERY in steps_then, said
+    assert SAVE_EVERY in steps_then, said
     assert job.returncode == 137, said
     assert f"the launcher (mpirun, pid {mpirun[0]}) was killed by SIGKILL" in log, said
     exit_text = (save / ".octo-dist-exit-72.pbs5").read_text()

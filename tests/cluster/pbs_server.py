@@ -97,12 +97,14 @@ def _net(pid: int) -> str:
 
 def outside_sessions(job_id: str, sessions: set, holders: dict) -> list:
     """Live processes of the job (its PBS_JOBID) in none of its sessions, on this cluster's nodes (another
-    cluster's job may have the same id): [(pid, session)]."""
+    cluster's job may have the same id): [(pid, session)]. Asked every tick of a running job: the node comes
+    first (one readlink), the environment (the whole of it read) only of a process on a node of this cluster, not
+    of each of the machine's hundreds."""
     nets = {_net(p) for p in holders.values()}
     return [
         (pid, sid)
         for pid, sid in live_pids()
-        if sid not in sessions and carries(pid, job_id) and _net(pid) in nets
+        if sid not in sessions and _net(pid) in nets and carries(pid, job_id)
     ]
 
 
