@@ -10,7 +10,8 @@ Singularity binds.
 Every job is rendered by ``octo-dist launch ... -o job.sh`` in a working directory outside the checkout and run
 unchanged (``bash job.sh`` on node001). Results come from rank 0's record (``--record``), rank 0's stdout and the
 per-rank environment files the singularity stand-in writes; never from interleaved output. Few, short runs: each
-costs two multi-process JAX start-ups (preflight, training).
+rank costs two JAX start-ups (preflight, training), so only the SLURM job runs two ranks on a node; the others run
+one, and the PBS job stopped and resumed is compared with an uninterrupted run of its layout under this host's mpirun.
 """
 
 from __future__ import annotations
@@ -36,22 +37,26 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Enough steps for a checkpoint (step 2), a stop after it and a resumed rest; the reference's cost is its start-up and
 # compilation, not its steps (10 steps: 17.1 s of CPU, 4 steps: 16.6 s), the jobs' is their checkpoints.
 STEPS = 6
-GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
+GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks, 8 on 2 nodes x 1 rank
 SAVE_EVERY = 2
 # The PBS job stopped by SIGTERM once its step-2 checkpoint is there: its 4 steps after it sleep this long each
 # (smoke --step-time: the same parameters at any pace), so the stop always comes before the last step.
 STOP_STEP_TIME = 3.0
 # A lost node: from the fault to the job's end (1-40 s measured here). What it takes: a rank noticing (a SIGKILLed
-# one at once, a stopped one after the rank guard's STOPPED_LIMIT checks, 20 s), the supervisor's FAILED_GRACE_S
-# (20 s) for mpirun to end by itself, its END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
-# the property, not a budget for the machine: a job still running at it holds its nodes until the wall time (or until
-# JAX's coordination service gives up, which names rank 0, not the lost rank). A constant, not read from the
-# runtime: a runtime whose grace grew must fail here.
+# one at once, a stopped one after the rank guard's STOPPED_LIMIT checks, 20 s by default), the supervisor's
+# FAILED_GRACE_S (20 s) for mpirun to end by itself, its END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core
+# machine. The bound is the property, not a budget for the machine: a job still running at it holds its nodes until
+# the wall time (or until JAX's coordination service gives up, which names rank 0, not the lost rank). A constant,
+# not read from the runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
 LOST_STEP_TIME = 0.5  # the pace of a job that only a lost node ends (smoke --step-time)
 # Its checkpoints: one every 5 s, the first 5 s into training. A checkpoint of the tiny model costs a rank about
 # 0.37 s of CPU: one a second (every 2 steps) kept each rank checkpointing a third of the time.
 LOST_SAVE_EVERY = 10
+# The hung rank's job sets the rank guard's limit in the submit shell (OCTO_DIST_STOPPED_RANK_LIMIT_S, forwarded to
+# node002 by prefix): a rank stopped 5 s in a row, not the default 20 s, is hung (15 s less of waiting). Load cannot
+# stop a process, so no running rank reaches it; node002's guard naming "5 s" shows the job's setting reached it.
+STOPPED_LIMIT_S = 5
 # Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
@@ -119,39 +124,46 @@ def spool(cluster):
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory) -> dict:
-    """1 process x 4 devices, same global batches: what every 2 x 2 run must match.
-
-    Mostly initialising and compiling for 4 devices: 90 s beside 5 other processes on 2 cores, over 300 s at a load
-    of 15 to 33 while the cluster streams run; waited for as long as it takes (HANG_S only ends a hang)."""
-    out = tmp_path_factory.mktemp("reference") / "reference.json"
-    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+def run_reference(out: Path, env: dict, launcher: tuple = (), *flags: str) -> dict:
+    """``[launcher] python -m octo_dist smoke --model tiny --steps STEPS --global-batch GLOBAL_BATCH --record out
+    [flags]`` on this host, waited for as long as it takes (HANG_S only ends a hang): its record."""
+    smoke = ["-m", "octo_dist", "smoke", "--model", "tiny", "--steps", str(STEPS)]
+    smoke += ["--global-batch", str(GLOBAL_BATCH), "--record", str(out), *flags]
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octo_dist",
-            "smoke",
-            "--launcher",
-            "single",
-            "--model",
-            "tiny",
-            "--steps",
-            str(STEPS),
-            "--global-batch",
-            str(GLOBAL_BATCH),
-            "--record",
-            str(out),
-        ],
+        [*launcher, sys.executable, *smoke],
         capture_output=True,
         text=True,
         env=env,
         cwd=out.parent,
         timeout=HANG_S,
+        stdin=subprocess.DEVNULL,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> dict:
+    """1 process x 4 devices, same global batches: what every 2 x 2 run must match.
+
+    Mostly initialising and compiling for 4 devices: 90 s beside 5 other processes on 2 cores, over 300 s at a load
+    of 15 to 33 while the cluster streams run."""
+    out = tmp_path_factory.mktemp("reference") / "reference.json"
+    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    return run_reference(out, env, (), "--launcher", "single")
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_2x1(cluster_ready, tmp_path_factory) -> dict:
+    """2 processes x 1 device under this venv's mpirun on this host, trained to the end without a stop: what the
+    PBS job of 1 rank per node, stopped and resumed, must equal bit for bit (the same layout, the same collectives;
+    two JAX start-ups instead of a third 2-node job's four)."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
+    out = tmp_path_factory.mktemp("uninterrupted") / "record.json"
+    env = clean_env(XLA_FLAGS=SUBMIT_VARS["XLA_FLAGS"])  # the job's ranks get the submit shell's
+    return run_reference(out, env, (str(mpirun), "--oversubscribe", "-np", "2"))
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
@@ -386,9 +398,10 @@ def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
+def slurm_2x2(cluster_ready, sif, tmp_path_factory) -> dict:
     """The SLURM job in the image, submitted with the real ``sbatch`` to real Slurm (``cluster/slurm.py``) and run
-    once to the end: the run the PBS and Grid Engine jobs must equal."""
+    once to the end: the one job here of two ranks on a node (the real srun's task layout, which
+    ``tests/test_cluster_slurm.py``'s jobs of one rank per node leave to it)."""
     reason = sim_slurm.unavailable()
     if reason:
         pytest.skip(reason)
@@ -426,79 +439,67 @@ def uninterrupted(cluster_ready, sif, tmp_path_factory) -> dict:
         }
 
 
-def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(uninterrupted, reference):
-    job = uninterrupted["job"]
-    assert uninterrupted["final"]["JobState"] == "COMPLETED", uninterrupted["tail"]
-    record = uninterrupted["record"]
-    line = check_smoke_run(job, record, reference, uninterrupted["cluster"])
+def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(slurm_2x2, reference):
+    job = slurm_2x2["job"]
+    assert slurm_2x2["final"]["JobState"] == "COMPLETED", slurm_2x2["tail"]
+    record = slurm_2x2["record"]
+    line = check_smoke_run(job, record, reference, slurm_2x2["cluster"])
     job.proc = subprocess.CompletedProcess([], 0)  # for report(): Slurm said COMPLETED, exit 0:0
     report("SLURM 22.05 (sbatch, srun), 2 nodes x 2 ranks, in the image", job, line)
     assert record["end_step"] == STEPS and not record["stopped_by"]
     # The real srun started every task (preflight, then training) on its node with its own SLURM_PROCID, in the
     # image, with the submit shell's settings (sbatch and srun pass the whole environment).
-    tasks = sorted((e["_host"], e["SLURM_PROCID"]) for e in uninterrupted["envs"])
+    tasks = sorted((e["_host"], e["SLURM_PROCID"]) for e in slurm_2x2["envs"])
     assert tasks == sorted(
         2 * [("node001", "0"), ("node001", "1"), ("node002", "2"), ("node002", "3")]
     ), tasks
-    assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in uninterrupted["envs"])
-    assert all(e.get("NCCL_DEBUG") == "WARN" for e in uninterrupted["envs"])
+    assert all(e["PATH"].startswith("/opt/octo-dist/venv/bin:") for e in slurm_2x2["envs"])
+    assert all(e.get("NCCL_DEBUG") == "WARN" for e in slurm_2x2["envs"])
 
 
 def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
-    cluster, sif, spool, tmp_path, reference, uninterrupted
+    cluster, sif, spool, tmp_path, uninterrupted_2x1
 ):
+    """One rank per node: what is checked (node002's ranks see what was forwarded and only that, a SIGTERM stops
+    every rank with a checkpoint, the next job resumes from it bit for bit) does not need two ranks on a node, which
+    the SLURM job checks; two jobs of 2 ranks are eight JAX start-ups (preflight, training) instead of sixteen."""
     work, home = workdir(tmp_path)
-    script = render("pbs", work, sif, step_time=STOP_STEP_TIME)
-    first = submit(
-        cluster,
-        script,
-        work,
-        home,
-        spool,
-        "pbs-1",
-        "101.pbs1",
-        {**SUBMIT_VARS, **LOCAL_ONLY},
-    )
+    script = render("pbs", work, sif, step_time=STOP_STEP_TIME, ranks_per_node=1)
+    submitted = {**SUBMIT_VARS, **LOCAL_ONLY}
+    first = submit(cluster, script, work, home, spool, "pbs-1", "101.pbs1", submitted, 1)
     wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
     first.signal(signal.SIGTERM)
     assert finish(first) == 0, tail(first)
     stopped = json.loads((work / "record.json").read_text())
     assert stopped["stopped_by"] and stopped["end_step"] < STEPS, stopped
-    assert sorted(stopped["hosts"]) == ["node001", "node001", "node002", "node002"]
+    assert sorted(stopped["hosts"]) == ["node001", "node002"], stopped["hosts"]
+    table = preflight(first)
+    assert "2 rank(s) on 2 host(s)" in table[0], table
 
-    # Every rank on node002 saw the submit shell's settings, and only what was forwarded.
+    # node002's ranks (the preflight's and the training's) saw the submit shell's settings, and only what was
+    # forwarded.
     remote = [e for e in sim.rank_envs(cluster) if e["_host"] == "node002"]
     assert len(remote) >= 2, [e["_host"] for e in sim.rank_envs(cluster)]
     for e in remote:
         assert {k: e.get(k) for k in SUBMIT_VARS} == SUBMIT_VARS
         assert "SUBMIT_SHELL_ONLY" not in e
 
-    second = submit(
-        cluster,
-        script,
-        work,
-        home,
-        spool,
-        "pbs-2",
-        "102.pbs1",
-        {**SUBMIT_VARS, **LOCAL_ONLY},
-    )
+    second = submit(cluster, script, work, home, spool, "pbs-2", "102.pbs1", submitted, 1)
     assert finish(second) == 0, tail(second)
     resumed = json.loads((work / "record.json").read_text())
     assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
-    line = check_smoke_run(
-        second,
-        {**resumed, "losses": {**stopped["losses"], **resumed["losses"]}},
-        reference,
-        cluster,
+    # Bit for bit the uninterrupted run of the same layout: every step's loss and the parameters on both ranks.
+    losses = {**stopped["losses"], **resumed["losses"]}
+    assert losses == uninterrupted_2x1["losses"], (losses, uninterrupted_2x1["losses"])
+    assert set(resumed["digests"]) == set(uninterrupted_2x1["digests"]), (
+        resumed["digests"],
+        uninterrupted_2x1["digests"],
     )
+    assert len(set(uninterrupted_2x1["digests"])) == 1, uninterrupted_2x1["digests"]
     report(
-        f"PBS, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed",
+        f"PBS, 2 nodes x 1 rank, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed",
         second,
-        line,
-    )
-    assert (
-        uninterrupted["record"] and resumed["digests"][0] == uninterrupted["record"]["digests"][0]
+        f"resumed to step {STEPS}: losses and parameters identical to an uninterrupted 2-rank run",
     )
 
 
@@ -524,7 +525,8 @@ def test_a_hung_rank_on_node002_ends_the_job_fast_and_keeps_its_checkpoints(
         step_time=LOST_STEP_TIME,
         save_every=LOST_SAVE_EVERY,
     )
-    job = submit(cluster, script, work, home, spool, "sigstop", "103.pbs1", ranks_per_node=1)
+    limit = {"OCTO_DIST_STOPPED_RANK_LIMIT_S": str(STOPPED_LIMIT_S)}
+    job = submit(cluster, script, work, home, spool, "sigstop", "103.pbs1", limit, ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(LOST_SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
     before = checkpoints(save_dir)
@@ -539,8 +541,9 @@ def test_a_hung_rank_on_node002_ends_the_job_fast_and_keeps_its_checkpoints(
     assert rc is not None, f"the job was still running {took:.0f} s after the fault\n" + tail(job)
     assert rc != 0, "the job exited 0 after losing node002\n" + tail(job)
     said = job.output()[seen[0] :] + job.errors()[seen[1] :]
-    # A hung rank, named with its node by its rank guard (JAX's timeout names rank 0).
-    assert "rank 1 on node002 hung" in said, (took, tail(job))
+    # A hung rank, named with its node by its rank guard (JAX's timeout names rank 0), after the job's own limit.
+    hung = f"rank 1 on node002 hung: stopped (SIGSTOP) for {STOPPED_LIMIT_S} s"
+    assert hung in said, (took, tail(job))
     # Intact: every file of every checkpoint from before the fault that is still there (max_to_keep may retire old
     # ones), and the newest of them is still there.
     after = checkpoints(save_dir)

@@ -881,7 +881,11 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
     env = real_job_env(
         tmp_path, PBS_NODEFILE=str(hosts), PBS_JOBID="77.pbs1", PBS_O_WORKDIR=str(tmp_path)
     )
-    script = smoke_script(tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny")
+    # Paced (a step at most every 0.5 s, the same parameters): the ranks wait for the SIGTERM instead of training flat
+    # out on the 2 cores the test shares, and a stop still comes within a step.
+    script = smoke_script(
+        tmp_path, "pbs", "--steps", "100000", "--", "smoke", "--model", "tiny", "--step-time", "0.5"
+    )
     started = time.monotonic()
     proc = helpers.start_script(Path("/"), env, str(script))
     lines, training = [], threading.Event()
