@@ -1,5 +1,6 @@
 """`octo-dist env` (a report to paste into a bug report) and `octo-dist completion` (generated from the parsers)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -126,10 +127,16 @@ def test_a_broken_manifest_is_one_line_and_exit_2(tmp_path):
     )
 
 
+@functools.lru_cache(maxsize=None)
+def bash_script() -> str:
+    """``octo-dist completion bash``, printed once for the file: it is made from the parsers, the same every time
+    (one Python start instead of one per completion asked below)."""
+    return stdout_of([sys.executable, "-m", "octo_dist", "completion", "bash"])
+
+
 def complete(*words):
-    script = stdout_of([sys.executable, "-m", "octo_dist", "completion", "bash"])
     probe = (
-        script
+        bash_script()
         + '\nCOMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _octo_dist; echo "${COMPREPLY[*]}"\n'
     )
     return subprocess.run(

@@ -7,6 +7,8 @@ lanczos3 path) of the decoded image. Where Octo and dlimp are importable, their 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -170,23 +172,21 @@ def test_padding_images_are_zeros_at_the_target_size_and_never_resized():
     ]:
         assert image.shape == size and image.dtype == np.uint8 and not image.any()
     assert int(counting.calls.numpy()) == 2  # the two real 64x64 primary images only
-    # A camera without a target size: Octo's 1x1 padding image.
-    out = transformed(
-        host(augment=False, config={"frame_transform_kwargs": {}}), frame([primary], [b""])
-    )
-    assert out["observation"]["image_wrist"].shape == (1, 1, 1, 3)
+    # A camera without a target size: Octo's 1x1 padding image (one image, eagerly: no pipeline to build for it).
+    no_size = host(augment=False, config={"frame_transform_kwargs": {}})
+    assert no_size.image(tf.constant(b""), "wrist").shape == (1, 1, 3)
 
 
 def test_bilinear_is_an_opt_in_for_the_resizes_that_remain():
+    # The default's (lanczos3's) pixels in a pipeline:
+    # test_the_fine_tunes_pipeline_uses_these_transforms_without_octo.
     image = jpeg(photo(100, 100, 6))
-    lanczos = transformed(host(augment=False), frame([image], [image]))["observation"]
     bilinear = transformed(
         host(augment=False, config={"resize_method": "bilinear"}), frame([image], [image])
     )
-    bilinear = bilinear["observation"]
-    within_bound(lanczos["image_primary"][0], plain_resize(decoded(image), PRIMARY))
-    within_bound(bilinear["image_primary"][0], plain_resize(decoded(image), PRIMARY, "bilinear"))
-    assert (bilinear["image_primary"] != lanczos["image_primary"]).any()
+    bilinear = bilinear["observation"]["image_primary"][0]
+    within_bound(bilinear, plain_resize(decoded(image), PRIMARY, "bilinear"))
+    assert (bilinear != plain_resize(decoded(image), PRIMARY)).any()
     with pytest.raises(ValueError, match="resize_method='bicubic'; expected one of"):
         host(config={"resize_method": "bicubic"})
 
@@ -196,11 +196,11 @@ def test_the_host_augments_only_when_augment_on_is_host():
     one = frame([primary, primary], [wrist, b""], goal=primary)
     tf.random.set_seed(1)
     on_host = transformed(host(), one)
-    on_device = transformed(host(config={"augment_on": "device"}), one)
+    # augmented on the device: the host's transforms are those that never augment
+    assert host(config={"augment_on": "device"}) == host(augment=False)
+    assert not host(config={"augment_on": "device"}).host_augments and host().host_augments
     plain = transformed(host(augment=False), one)
-    for key in ("image_primary", "image_wrist"):
-        np.testing.assert_array_equal(on_device["observation"][key], plain["observation"][key])
-    np.testing.assert_array_equal(on_device["task"]["image_primary"], decoded(primary))
+    np.testing.assert_array_equal(plain["task"]["image_primary"], decoded(primary))
     aug = on_host["observation"]
     assert (aug["image_primary"] != plain["observation"]["image_primary"]).any()
     assert (aug["image_wrist"][0] != plain["observation"]["image_wrist"][0]).any()
@@ -423,40 +423,45 @@ def test_a_reduced_scale_decode_is_chosen_only_where_the_stored_frame_is_that_ma
     assert out["task"]["image_primary"].shape == (256, 256, 3)
 
 
-@pytest.mark.parametrize(
-    "wrist, goal",
-    [
-        ([160, 160], 64),  # every image present and at its stored size: one branch a camera's batch
-        ([160, 0], 64),  # a padding image in the wrist camera's batch: image by image
-        (
-            [160, 120],
-            0,
-        ),  # a wrist frame of another size (resized to the stored one) and no goal image
-    ],
-)
-def test_decoding_after_batching_gives_the_frame_maps_pixels(wrist, goal):
+# Each a batch of its own (3 copies of one frame), through one pipeline: (the wrist camera's two frames' sizes, 0:
+# padding; the goal image's height, 0: none).
+BATCH_CASES = [
+    ([160, 160], 64),  # every image present and at its stored size: one branch a camera's batch
+    ([160, 0], 64),  # a padding image in the wrist camera's batch: image by image
+    ([160, 120], 0),  # a wrist frame of another size (resized to the stored one) and no goal image
+]
+
+
+def test_decoding_after_batching_gives_the_frame_maps_pixels():
     primary = [jpeg(photo(64, 80, 20)), jpeg(photo(64, 80, 21))]
-    wrists = [jpeg(photo(n, n, 22 + i)) if n else b"" for i, n in enumerate(wrist)]
-    goal_image = jpeg(photo(goal, 80, 24)) if goal else b""
-    frames_ds = tf.data.Dataset.from_tensors(frame(primary, wrists, goal_image)).repeat(3)
+    cases = []
+    for wrist, goal in BATCH_CASES:
+        wrists = [jpeg(photo(n, n, 22 + i)) if n else b"" for i, n in enumerate(wrist)]
+        goal_image = jpeg(photo(goal, 80, 24)) if goal else b""
+        cases.append(tf.data.Dataset.from_tensors(frame(primary, wrists, goal_image)).repeat(3))
+    frames_ds = functools.reduce(lambda a, b: a.concatenate(b), cases)
     stored = {"primary": (64, 80), "wrist": (160, 160)}
     transforms = host(augment=False, stored_size=stored)
     assert transforms.host_augments is False
-    batched = next(iter(transforms.batched(frames_ds, 3).as_numpy_iterator()))
-    per_frame = next(iter(transforms(frames_ds).batch(3).as_numpy_iterator()))
-    for part, key in [
-        ("observation", "image_primary"),
-        ("observation", "image_wrist"),
-        ("task", "image_primary"),
-    ]:
-        np.testing.assert_array_equal(batched[part][key], per_frame[part][key])
-    assert batched["observation"]["image_wrist"].shape == (3, 2, 160, 160, 3)
-    np.testing.assert_array_equal(
-        batched["observation"]["image_primary"][0, 1], decoded(primary[1])
-    )
-    np.testing.assert_array_equal(
-        batched["observation"]["proprio"], per_frame["observation"]["proprio"]
-    )
+    batches = list(transforms.batched(frames_ds, 3).as_numpy_iterator())
+    per_frame = list(transforms(frames_ds).batch(3).as_numpy_iterator())
+    assert len(batches) == len(per_frame) == len(BATCH_CASES)
+    for case, batched, expected in zip(BATCH_CASES, batches, per_frame):
+        for part, key in [
+            ("observation", "image_primary"),
+            ("observation", "image_wrist"),
+            ("task", "image_primary"),
+        ]:
+            np.testing.assert_array_equal(
+                batched[part][key], expected[part][key], err_msg=str(case)
+            )
+        assert batched["observation"]["image_wrist"].shape == (3, 2, 160, 160, 3)
+        np.testing.assert_array_equal(
+            batched["observation"]["image_primary"][0, 1], decoded(primary[1])
+        )
+        np.testing.assert_array_equal(
+            batched["observation"]["proprio"], expected["observation"]["proprio"]
+        )
 
 
 def test_the_host_augmenting_decodes_frame_by_frame_before_batching():

@@ -149,11 +149,13 @@ def test_make_smoke_runs_two_ranks_and_matches_one_process():
 
 # The 2-rank runs below: STEPS steps of the jit step (the GPUs' step function; make smoke above checks the CPU's
 # shard_map), each stopped run paced (--step-time PACE_S) so that its signal lands between steps long before STEPS
-# however fast the machine, a checkpoint every SAVE_EVERY steps. The run that resumes to the end is paced too
-# (LAST_PACE_S): its parameters, the same bits as the full-speed run's, show that the pace changes none.
-STEPS = 40
+# however fast the machine, a checkpoint every SAVE_EVERY steps: the two stops share (STEPS - 4) x PACE_S = 20 s for
+# the test to see each awaited checkpoint and signal. The run that resumes to the end is paced too (LAST_PACE_S):
+# its parameters, the same bits as the full-speed run's, show that the pace changes none. A step costs CPU (about
+# 55 ms a rank), a pace's sleep none: few steps, a long pace.
+STEPS = 24
 SAVE_EVERY = 2
-PACE_S = "0.5"
+PACE_S = "1.0"
 LAST_PACE_S = 0.25
 RUN = ("--steps", str(STEPS), "--step-fn", "jit")
 
@@ -302,7 +304,8 @@ def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_rep
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == before
 
     record = tmp_path / "last.json"
-    paced = ("--step-time", str(LAST_PACE_S))
+    # a checkpoint at the end only (each costs about 0.4 s of CPU a rank): the resumes above read the stop's
+    paced = ("--step-time", str(LAST_PACE_S), "--save-every", "0")
     code, out, err = finish(
         mpirun_smoke(2, *RUN, "--save-dir", str(ckpt), "--resume", "--record", str(record), *paced)
     )
@@ -318,6 +321,14 @@ def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_rep
     # pace from just after the read, so an interval is the pace plus the difference of two reads' own times (a tiny
     # model's: milliseconds); 0.05 s leaves that room.
     assert last["step_time_median_s"] >= LAST_PACE_S - 0.05, last["step_time_median_s"]
+    # The run's history in summary.json (tests/test_summary.py's subject) across the three jobs: each job's steps,
+    # the top level the last job's, every step's loss, the first job's losses kept as it recorded them.
+    run = json.loads((ckpt / "summary.json").read_text())
+    starts = [0, first["end_step"], second["end_step"], STEPS]
+    assert [(j["start_step"], j["end_step"]) for j in run["jobs"]] == list(zip(starts, starts[1:]))
+    assert (run["start_step"], run["end_step"]) == (second["end_step"], STEPS)
+    assert sorted(map(int, run["losses"])) == list(range(STEPS))
+    assert all(run["losses"][k] == v for k, v in first["losses"].items())
 
 
 @pytest.mark.mpi
@@ -446,10 +457,9 @@ def _python(program: str) -> subprocess.CompletedProcess:
     "busy, code",
     [
         ("time.sleep(120)", 1),  # the thread fires: exit 1 with the message
-        (
-            "sum(range(10 ** 13))",
-            -signal.SIGKILL,
-        ),  # a C call holding the GIL (as MPI_Init does): the child fires
+        # a C call holding the GIL (as MPI_Init does): the child fires. libc's sleep through ctypes.PyDLL, which
+        # keeps the GIL, blocks as MPI_Init waiting for its peers does, without a busy loop's 7 s of CPU.
+        ("import ctypes; ctypes.PyDLL(None).sleep(120)", -signal.SIGKILL),
     ],
 )
 def test_the_watchdog_ends_a_process_even_while_the_gil_is_held(busy, code):
