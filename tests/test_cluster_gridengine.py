@@ -2,13 +2,14 @@
 
 ``tests/cluster/gridengine.py`` starts ``sge_qmaster`` on node001 and ``sge_execd`` on node001 and node002 (a queue
 with 2 slots per host, a PE ``mpi`` with ``control_slaves TRUE`` and ``allocation_rule 2``; 1 slot and
-``allocation_rule 1`` for the chain, qdel and lost-node scenarios: two ranks per node are only the 2 x 2 job's
-property, and each rank costs two JAX start-ups, preflight and training, per job). Every job is rendered and
-submitted by ``octo-dist launch sge ... --submit`` run on node001 (the real ``qsub``); the ranks run from this
-checkout's venv under ``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4), which starts node002's ranks through ``qrsh
--inherit`` (Grid Engine's tight integration; no ssh, no agent of ours). Results come from rank 0's record
-(``--record``), the run's ``summary.json``, the job's log (rank 0 alone prints) and ``qacct``; never from
-interleaved output of several ranks.
+``allocation_rule 1`` for the chains (h_rt's, and the one ``octo-dist jobs`` reads and qdels) and the lost node:
+two ranks per node are only the 2 x 2 job's property, and each rank costs two JAX start-ups, preflight and
+training, per job). Every job is rendered and submitted by ``octo-dist launch sge ... --submit`` run on node001
+(the real ``qsub``); the ranks run from this checkout's venv under ``/usr/bin/mpirun`` (Debian's Open MPI 4.1.4),
+which starts node002's ranks through ``qrsh -inherit`` (Grid Engine's tight integration; no ssh, no agent of ours).
+Results come from rank 0's record (``--record``), the run's ``summary.json``, the job's log (rank 0 alone prints)
+and ``qacct``; never from interleaved output of several ranks. Five jobs train here: the 2 x 2 one, the h_rt
+chain's two, the chain ``octo-dist jobs`` reads and qdels (its second job never starts), and the lost node's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from cluster import gridengine, sim
-from helpers import HANG_S, wait_until
+from helpers import HANG_S, chain_running, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -32,13 +33,13 @@ STEPS = 4  # two checkpoints (SAVE_EVERY): the 2 x 2 job's cost is its eight JAX
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
-CHAIN_STEPS = 240  # the h_rt chain's: 60 s at LONG_STEP_TIME
+CHAIN_STEPS = 120  # the h_rt chain's: 60 s at LONG_STEP_TIME
 # A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
 # scenario lasts as long, and the tests beside it keep the machine's cores. It checkpoints every 5 s, its first 5 s
-# into training: a checkpoint of the tiny model costs a rank about 0.37 s of CPU, so one every 2 steps of 0.1 s kept
-# each rank checkpointing flat out until the stop or the fault.
-LONG_STEP_TIME = 0.25
-LONG_SAVE_EVERY = 20
+# into training (a checkpoint of the tiny model costs a rank about 0.37 s of CPU); each rank computes two steps a
+# second.
+LONG_STEP_TIME = 0.5
+LONG_SAVE_EVERY = 10
 # A lost node: from the link cut to the job script's last line. What it takes: Open MPI's keepalive over qrsh (25 s),
 # the supervisor's FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded 2-core machine. The bound is
 # the property, not a budget for the machine: past it the job holds its nodes until h_rt. A constant, not read from
@@ -278,7 +279,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank per
     node: the 2 x 2 job through qrsh -inherit is the test above's.
 
-    240 steps at 0.25 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
+    120 steps at 0.5 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
     midway; the second does the rest (or is stopped at its own 60 s: either way it resumed). The stop gets 300 s
     (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
     not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
@@ -315,16 +316,48 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
     assert resumed["end_step"] > resumed["start_step"] and len(set(resumed["digests"])) == 1
 
 
-@pytest.mark.cluster_long
-def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge_one_per_node, tmp_path):
-    """qdel of a -notify job: SIGUSR2 first (the queue's notify time, 30 s, before the kill): the ranks checkpoint
-    and stop, nothing of the job is left on either node."""
-    ge = ge_one_per_node
-    work = workdir(tmp_path)
-    job, save_dir = launch_until_stopped(ge, work)
-    ge.run(["qdel", job])
-    ended(ge, work, job)
-    text = log(work, job)
+def jobs(ge: gridengine.GridEngine, work: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``octo-dist jobs --save-dir runs/smoke ...`` on node001, in the submit directory."""
+    argv = [str(VENV / "bin" / "octo-dist"), "jobs", "--save-dir", "runs/smoke", *argv]
+    return ge.run(argv, cwd=work, check=False)
+
+
+def test_jobs_shows_a_chain_and_its_qdel_stops_the_ranks_keeping_the_checkpoints(
+    ge_one_per_node, tmp_path
+):
+    """``octo-dist jobs`` on a chain of two submitted on node001: its states (the first running, the second held
+    for it), the running job's log, and cancelling the rest of the chain with qdel. The running job is -notify:
+    SIGUSR2 first (the queue's notify time, 30 s, before the kill), so its ranks checkpoint and stop, and nothing
+    of the job is left on either node."""
+    ge, work = ge_one_per_node, workdir(tmp_path)
+    first, second = launch(
+        ge,
+        work,
+        steps=LONG_STEPS,
+        chain=2,
+        step_time=LONG_STEP_TIME,
+        ranks_per_node=1,
+        save_every=LONG_SAVE_EVERY,
+    )
+    save_dir = work / "runs" / "smoke"
+    out, rows = chain_running(
+        lambda: jobs(ge, work),
+        first,
+        save_dir / str(LONG_SAVE_EVERY),
+        [work],
+        lambda: log(work, first)[-4000:],
+    )
+    assert out.startswith("chain of 2 (sge, submitted "), out
+    assert rows[second] == "held" and "waits for the job before it" in out
+    tail = jobs(ge, work, "log")
+    assert tail.returncode == 0 and tail.stdout.startswith(
+        f"job {first} (running), {work / f'octo-dist.o{first}'}:"
+    )
+    cancel = jobs(ge, work, "cancel")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout == f"cancelled {first}, {second} (qdel {first} {second})\n"
+    ended(ge, work, first)
+    text = log(work, first)
     assert "SIGUSR2 after" in text, text[-4000:]
     steps = sorted(int(p.name) for p in save_dir.iterdir() if p.name.isdigit())
     assert steps and steps[-1] >= LONG_SAVE_EVERY, steps
@@ -333,6 +366,13 @@ def test_qdel_mid_run_stops_the_ranks_and_keeps_the_checkpoints(ge_one_per_node,
         lambda: not any(rank_processes(ge, n) for n in ge.cluster.nodes),
         what="the job's ranks to end after qdel",
         tail=lambda: str({n: rank_processes(ge, n) for n in ge.cluster.nodes}),
+    )
+    wait_until(
+        lambda: ge.job_state(second) is None, what=f"job {second} to leave the queue after qdel"
+    )
+    assert (
+        jobs(ge, work, "cancel").stdout
+        == "nothing to cancel: no job of the chain is queued or running\n"
     )
 
 

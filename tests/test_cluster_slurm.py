@@ -8,10 +8,12 @@ parameter digest and host) and from ``scontrol show job`` (no ``sacct`` without 
 interleaved output. ``tests/cluster/slurm.py`` says how the daemons run.
 
 The trained jobs here run one rank per node: what they check (both nodes, identical parameters, Slurm's time-limit
-signal, the chained job's bit-identical resume, scancel, a lost node) does not need two ranks on a node, and each
-rank costs two JAX start-ups (preflight, training) per job. Two ranks per node under the real srun are checked by
-``test_detect_under_the_real_srun_matches_slurms_own_variables`` below (the task layout, no JAX) and by
-``tests/test_cluster.py::test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image`` (a 2 x 2 job trained to the end).
+signal, the chained job's bit-identical resume, ``octo-dist jobs`` and its scancel, a lost node) does not need two
+ranks on a node, and each rank costs two JAX start-ups (preflight, training) per job. Two ranks per node under the
+real srun are checked by ``test_detect_under_the_real_srun_matches_slurms_own_variables`` below (the task layout, no
+JAX) and by ``tests/test_cluster.py::test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image`` (a 2 x 2 job trained to
+the end). Five jobs train here: the uninterrupted one, the time-limit chain's two, the chain ``octo-dist jobs``
+reads and cancels (its second job never starts), and the lost node's.
 """
 
 from __future__ import annotations
@@ -26,25 +28,27 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import HANG_S, REPO, SubmittedJobs, clean_env, wait_until
+from helpers import HANG_S, REPO, SubmittedJobs, chain_running, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 120
+STEPS = 60
 GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
-SAVE_EVERY = 20
+SAVE_EVERY = 10  # six checkpoints a run, the first after 10 steps (a checkpoint costs a rank about 0.37 s of CPU)
 LONG = 10**6  # steps of a run that only a fault or scancel ends
-# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace): its 100 steps
-# after the step-20 checkpoint last at least 60 s, twice the 30 s in which Slurm sends the time-limit signal once
-# the test has moved the limit (STOP_MARGIN_S), so the first job is always stopped midway. Both jobs of the chain
-# run at this pace: together they spend 120 x 0.6 = 72 s sleeping.
-CHAIN_STEP_TIME = 0.6
+# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace). The test moves
+# the time limit once the first checkpoint (step 10) is written; Slurm sends the time-limit signal at its next
+# time-limit check, within 30 s (STOP_MARGIN_S; a run under load 10 saw it 32 s after the checkpoint, the test's
+# own polling and scontrol included). The 50 steps left then last at least 50 s (a loaded machine makes each step
+# longer, never shorter), so the first job is always stopped midway. Both jobs of the chain run at this pace:
+# together they spend 60 x 1.0 = 60 s sleeping.
+CHAIN_STEP_TIME = 1.0
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
 # A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
-# long, and the tests beside it keep the machine's cores. Its first checkpoint (step 20) comes after 5 s, and one
-# every 5 s after it (a checkpoint of the tiny model costs a rank about 0.37 s of CPU).
-LONG_STEP_TIME = 0.25
+# long, and the tests beside it keep the machine's cores. Its first checkpoint (step 10) comes after 5 s, and one
+# every 5 s after it; each rank computes two steps a second.
+LONG_STEP_TIME = 0.5
 # The chained job's --stop-margin, hence its `#SBATCH --signal=B:USR1@180`. The test moves the time limit to the
 # whole minute that puts the signal's time (limit - 180 s) in the past and the limit itself 120-180 s ahead, so
 # Slurm sends the signal at its next time-limit check (every 30 s) and the ranks have 90 s or more to stop before
@@ -87,8 +91,10 @@ def sif(slurm_ready, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory) -> Path:
-    """One JAX compilation cache for every job of the session (as a site shares one between jobs): only the first
-    job compiles."""
+    """One JAX compilation cache directory for every job of the session, passed as a site passes one
+    (--compile-cache). On the CPU JAX writes nothing there: it caches only under XLA's other runtime
+    (--xla_cpu_use_xla_runtime=true), which cannot compile these two-process steps ("op was not bufferized"), so
+    every job compiles its step."""
     return tmp_path_factory.mktemp("compile-cache")
 
 
@@ -280,40 +286,74 @@ def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) ->
     return job
 
 
-@pytest.mark.cluster_long
-def test_scancel_ends_the_running_job_on_both_nodes(slurm, tmp_path, compile_cache):
-    job = launch_until_stopped(slurm, tmp_path, compile_cache)
-    assert any(p.startswith("node002:") and "octo-dist" in p for p in job_processes(slurm.cluster))
-    slurm.client("node001", ["scancel", job.id])
-    final = job.wait()
-    assert final["JobState"] == "CANCELLED", (final, job.tail())
+def jobs(slurm: sim_slurm.Slurm, tmp_path: Path, *argv: str):
+    """``octo-dist jobs --save-dir runs/smoke ...`` on the login node, in the submit directory."""
+    home = tmp_path / "home"
+    env = sim.base_env(slurm.cluster, home, {})
+    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
+    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    argv = [sys.executable, "-m", "octo_dist", "jobs", "--save-dir", "runs/smoke", *argv]
+    return slurm.client(
+        "node001", argv, env=env, cwd=str(tmp_path / "submit"), check=False, timeout=HANG_S
+    )
+
+
+def test_jobs_shows_a_chain_and_its_scancel_ends_the_running_job_on_both_nodes(
+    slurm, tmp_path, compile_cache
+):
+    """``octo-dist jobs`` on a chain of two submitted on the login node: its states (the first running, the second
+    held for it), the running job's log, and cancelling the rest of the chain (the real scancel), after which
+    nothing of the job is left on either node; from the record launch --submit left in the save directory."""
+    job = launch(
+        slurm, tmp_path, compile_cache, "--chain", "2", steps=LONG, step_time=LONG_STEP_TIME
+    )
+    first, second = job.ids
+    out, rows = chain_running(
+        lambda: jobs(slurm, tmp_path),
+        first,
+        tmp_path / "submit" / "runs" / "smoke" / str(SAVE_EVERY),
+        [job.work, *job.logs],
+        job.tail,
+    )
+    assert out.startswith("chain of 2 (slurm, submitted "), out
+    assert rows[second] == "held" and f"{second}  held     waits for the job before it" in out
+    running = job_processes(slurm.cluster)
+    assert any(p.startswith("node002:") and "octo-dist" in p for p in running), running
+    log = jobs(slurm, tmp_path, "log", "--lines", "200")
+    assert log.returncode == 0 and log.stdout.startswith(
+        f"job {first} (running), {job.logs[0]}:"
+    ), log.stderr
+    cancel = jobs(slurm, tmp_path, "cancel")
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout == f"cancelled {first}, {second} (scancel {first} {second})\n"
+    for i in (0, 1):
+        assert job.wait(i)["JobState"] == "CANCELLED", job.tail(i)
     # Slurm's KillWait (30 s) after the SIGTERM: then nothing of the job may be left (HANG_S only ends a hang).
     wait_until(
         lambda: job_processes(slurm.cluster) == [],
         what="the job's processes to end after scancel",
         tail=lambda: "\n".join(job_processes(slurm.cluster)),
     )
-
-
-def kill_node(slurm: sim_slurm.Slurm, node: str) -> None:
-    """node's slurmd and every rank on it SIGKILLed (slurmstepd stays: it is the rest of the node)."""
-    daemon = slurm.daemons[f"slurmd-{node}"]
-    daemon.kill()
-    daemon.wait()
-    assert slurm.cluster.kill_ranks(node), f"no rank processes found on {node}"
+    after = jobs(slurm, tmp_path)
+    assert [ln.split()[1] for ln in after.stdout.splitlines()[1:3]] != ["running", "held"], (
+        after.stdout
+    )
+    assert (
+        jobs(slurm, tmp_path, "cancel").stdout
+        == "nothing to cancel: no job of the chain is queued or running\n"
+    )
 
 
 @pytest.mark.cluster_long
-@pytest.mark.parametrize("fault", ["sigkill", "link-cut"])
-def test_a_lost_node_ends_the_job_naming_it_and_slurm_says_failed(
-    fault, slurm, tmp_path, compile_cache
-):
+def test_a_lost_node_ends_the_job_naming_it_and_slurm_says_failed(slurm, tmp_path, compile_cache):
+    """node002's link cut mid-run: the supervisor's node probe (srun has no keepalive) ends the job within
+    LOST_NODE_BOUND_S, naming node002, and Slurm records it failed. The other way to lose a node, its daemon and
+    ranks SIGKILLed (a rank's failure noted by its guard ends the launcher, whichever the scheduler), is
+    tests/test_cluster_pbs.py's test_a_lost_node_ends_the_job_fast_and_keeps_its_checkpoints[sigkill]; a launcher
+    that hangs after a rank failed is ended in tests/test_launch_injection.py."""
     job = launch_until_stopped(slurm, tmp_path, compile_cache)
     seen = len(job.log())  # the preflight already names node002: read what follows the fault
-    if fault == "link-cut":
-        slurm.cluster.cut_link("node002")
-    else:
-        kill_node(slurm, "node002")
+    slurm.cluster.cut_link("node002")
     t0 = time.monotonic()
     state = slurm.job(job.id)
     while state.get("JobState") == "RUNNING" and time.monotonic() - t0 < LOST_NODE_BOUND_S:
@@ -321,17 +361,17 @@ def test_a_lost_node_ends_the_job_naming_it_and_slurm_says_failed(
         state = slurm.job(job.id)
     took = time.monotonic() - t0
     assert state.get("JobState") != "RUNNING", (
-        f"{fault}: job {job.id} still RUNNING {took:.0f} s after the fault (a job that holds its nodes until "
-        f"Slurm's own timeouts)\n" + job.tail()
+        f"job {job.id} still RUNNING {took:.0f} s after the link cut (a job that holds its nodes until Slurm's "
+        f"own timeouts)\n" + job.tail()
     )
     # The batch script has ended: Slurm records it as failed (COMPLETING while it cannot reach node002 to clean
     # up, with the script's exit status; FAILED or NODE_FAIL once done).
     assert state["JobState"] in ("FAILED", "NODE_FAIL", "COMPLETING"), state
     assert state["ExitCode"] != "0:0", state
     said = job.log()[seen:]
-    assert "node002" in said, f"{fault}: nothing after the fault names node002\n" + job.tail()
+    assert "node002" in said, "nothing after the link cut names node002\n" + job.tail()
     report(
-        f"lost node ({fault}): job {job.id} ended {took:.0f} s after the fault, Slurm: JobState="
+        f"lost node (link-cut): job {job.id} ended {took:.0f} s after the fault, Slurm: JobState="
         f"{state['JobState']} ExitCode={state['ExitCode']}; the job said: "
         + " | ".join(ln for ln in said.splitlines() if "node002" in ln)[:600]
     )
