@@ -66,7 +66,7 @@ STREAMS = (
         "the cluster tests",
         None,
         (),
-        ("test_launch.py", "test_launch_injection.py", "test_checkpoint_integrity.py"),
+        ("test_launch.py", "test_launch_injection.py"),
         ".cluster/suite.log",
     ),
     Stream(
@@ -112,7 +112,13 @@ STREAMS = (
         "the PBS tests, against its imitation",
         "3",
         ("test_cluster_pbs*.py",),
-        ("test_qdel_stops.py",),
+        (
+            "test_qdel_stops.py",
+            "test_checkpoint_integrity.py",
+            "test_frames.py",
+            "test_device_resize.py",
+            "test_summary.py",
+        ),
         ".cluster/pbs.log",
     ),
 )
