@@ -33,7 +33,9 @@ STEPS = 4  # two checkpoints (SAVE_EVERY): the 2 x 2 job's cost is its eight JAX
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
-CHAIN_STEPS = 120  # the h_rt chain's: 60 s at LONG_STEP_TIME
+CHAIN_STEPS = (
+    400  # the h_rt chain's: 200 s at LONG_STEP_TIME, longer than a job's 180 s before its stop
+)
 # A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
 # scenario lasts as long, and the tests beside it keep the machine's cores. It checkpoints every 5 s, its first 5 s
 # into training (a checkpoint of the tiny model costs a rank about 0.37 s of CPU); each rank computes two steps a
@@ -275,12 +277,13 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
 
 
 def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per_node, tmp_path):
-    """Each job asks its ranks to stop 300 s before h_rt (6 min): they checkpoint and the job ends 0 before Grid
+    """Each job asks its ranks to stop 300 s before h_rt (8 min): they checkpoint and the job ends 0 before Grid
     Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank per
     node: the 2 x 2 job through qrsh -inherit is the test above's.
 
-    120 steps at 0.5 s each outlast the first job's 60 s whatever its start-up took, so it is always stopped
-    midway; the second does the rest (or is stopped at its own 60 s: either way it resumed). The stop gets 300 s
+    400 steps at 0.5 s each outlast the first job's 180 s whatever its start-up took, so it is always stopped
+    midway; the second does the rest (or is stopped at its own 180 s: either way it resumed). 180 s, not 60: under
+    load a job's ranks took 57 s to their first step, and a stop before it leaves nothing to resume. The stop gets 300 s
     (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
     not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
     ge = ge_one_per_node
@@ -289,7 +292,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
         ge,
         work,
         "--walltime",
-        "0:06:00",
+        "0:08:00",
         "--stop-margin",
         "300",
         steps=CHAIN_STEPS,
@@ -299,7 +302,7 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
         save_every=LONG_SAVE_EVERY,
     )
     script = (work / "job.sh").read_text()
-    assert "#$ -l h_rt=00:06:00\n" in script and "#$ -notify\n" in script
+    assert "#$ -l h_rt=00:08:00\n" in script and "#$ -notify\n" in script
     record = ended(ge, work, first)
     text = log(work, first)
     assert record["failed"] == "0" and record["exit_status"] == "0", (record, text[-4000:])
