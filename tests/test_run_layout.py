@@ -206,8 +206,10 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
     ``savelayout.NODE_LIST`` -> "hosts") fails here ("missing" and "undocumented"), and so does a smoke run whose
     checkpoints go into a train_state of its own while the picture says they are the run's directory."""
     pbsjob.render(tmp_path, compile_cache)
-    # The ranks compile fast (helpers.COMPILE_FAST; XLA_ variables reach every rank): the files are the point.
-    env = pbsjob.pbs_env(tmp_path, "openmpi5", JOB, XLA_FLAGS=COMPILE_FAST)
+    # The ranks compile fast (pbs_env sets helpers.COMPILE_FAST; XLA_ variables reach every rank): the files are
+    # the point.
+    env = pbsjob.pbs_env(tmp_path, "openmpi5", JOB)
+    assert env["XLA_FLAGS"] == COMPILE_FAST
     save = tmp_path / "runs" / "q"
     layout = savelayout.RunLayout(str(save))
     job = pbsjob.start(tmp_path, env)
