@@ -23,6 +23,10 @@ about 190 s of CPU cheaper, and it took test_rank_zero_first (mostly waiting ran
 test_stop_status_first from the rest. A quiet fresh-clone CI then took 1577 s (venvs 105 s): the rest 1381 s wall /
 377 s CPU, PBS 956 + 516 s, the cluster one 1048 + 351, Slurm 897 + 505, Grid Engine 796 + 392. Swapping Grid
 Engine's and PBS's files beside made it longer (the rest 1458 s; test_qdel_stops still running at 1625 s).
+Then the cluster tests ran fewer jobs (PBS's stream 693 -> 289 s of CPU alone), and PBS's stream took
+test_checkpoint_integrity from the cluster one and test_frames, test_device_resize and test_summary from the rest:
+a quiet fresh-clone CI took 1150 s (venvs 83 s): the rest 1015 s wall / 284 s CPU, the cluster one 879 + 187, Slurm
+543 + 465, Grid Engine 579 + 317 (its h_rt chain 120 s longer since), PBS 432 + 498.
 """
 
 from __future__ import annotations
