@@ -101,8 +101,19 @@ def commands(args, record_dir: Path, python: str = sys.executable) -> tuple[list
     return ref, dist
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def shared_xla_flags(xla_flags: str) -> str:
+    """The caller's XLA flags both runs get alike, so that the two sides are compiled the same way: all but a forced
+    device count, which the reference sets itself and each rank must not have. ``"--xla_force_host_platform_
+    device_count=8 --xla_backend_optimization_level=0"`` -> ``"--xla_backend_optimization_level=0"``."""
+    return " ".join(f for f in xla_flags.split() if f.split("=", 1)[0] != DEVICE_COUNT_FLAG)
+
+
 def environments(np_: int, base: Mapping[str, str] = os.environ) -> tuple[dict, dict]:
-    """Both runs on the CPU; the reference with N forced host devices, the ranks with 1 each."""
+    """Both runs on the CPU, with the caller's XLA flags (:func:`shared_xla_flags`); the reference with N forced
+    host devices, the ranks with 1 each."""
     env = {
         k: v
         for k, v in base.items()
@@ -112,7 +123,10 @@ def environments(np_: int, base: Mapping[str, str] = os.environ) -> tuple[dict, 
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Open MPI refuses to run as root without both (containers and CI run as root).
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    ref = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={np_}")
+    shared = shared_xla_flags(base.get("XLA_FLAGS", ""))
+    if shared:
+        env["XLA_FLAGS"] = shared
+    ref = dict(env, XLA_FLAGS=f"{DEVICE_COUNT_FLAG}={np_} {shared}".strip())
     return ref, env
 
 
