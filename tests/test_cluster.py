@@ -372,6 +372,33 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
     }, inside
 
 
+def test_an_image_built_twice_at_once_is_used_once_and_kept(tmp_path):
+    """Two streams building the same key: the one renaming second finds the other's image there (the rename fails,
+    dest not empty), drops its copy and uses it; clearing old images keeps a fresh one of that key."""
+    cache = tmp_path / ".cluster"
+    dest = cache / "image-k1"
+    for d, mark in ((dest, "first"), (cache / "building-k1-2", "second")):
+        d.mkdir(parents=True)
+        (d / "environment.sh").write_text(mark)
+    assert sim_image.install(cache / "building-k1-2", dest) is False
+    assert not (cache / "building-k1-2").exists()
+    assert (dest / "environment.sh").read_text() == "first"
+    # a half-built image is never taken for one: the rename's error stands
+    half = cache / f"building-k2-{os.getpid()}"
+    half.mkdir()
+    (cache / "image-k2").mkdir()
+    (cache / "image-k2" / "partial").write_text("")
+    with pytest.raises(OSError):
+        sim_image.install(half, cache / "image-k2")
+    # another key's image and a dead builder's directory go; this key's image and a live builder's stay
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (cache / f"building-k1-{dead.pid}").mkdir()
+    sim_image.remove_stale(dest)
+    assert sorted(p.name for p in cache.iterdir()) == [half.name, "image-k1"]
+    assert sim_image.install(half, cache / "image-k3") is True
+
+
 def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
     crashed = sim.Cluster(tmp_path / "crashed").up()
     holder = crashed.pid("node002")
