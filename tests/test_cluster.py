@@ -30,7 +30,16 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import MANIFEST, HANG_S, REPO, changed_since, checkpoints, clean_env, wait_until
+from helpers import (
+    COMPILE_FAST,
+    MANIFEST,
+    HANG_S,
+    REPO,
+    changed_since,
+    checkpoints,
+    clean_env,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -57,11 +66,13 @@ LOST_SAVE_EVERY = 10
 # node002 by prefix): a rank stopped 5 s in a row, not the default 20 s, is hung (15 s less of waiting). Load cannot
 # stop a process, so no running rank reaches it; node002's guard naming "5 s" shows the job's setting reached it.
 STOPPED_LIMIT_S = 5
-# Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix).
+# Exported in the submit shell; the ranks on node002 must see them (forwarded by prefix). XLA_FLAGS compiles the
+# ranks' programs fast (helpers.COMPILE_FAST: about half a tiny smoke's CPU): these jobs test the scheduler, the image
+# and the job runtime, not what XLA makes of the model; every run a job is compared with gets the same flags.
 SUBMIT_VARS = {
     "NCCL_DEBUG": "WARN",
     "NCCL_SOCKET_IFNAME": "eth0",
-    "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
+    "XLA_FLAGS": f"--xla_cpu_enable_fast_math=false {COMPILE_FAST}",
     "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell",
     "JAX_ENABLE_CHECKS": "0",
 }
@@ -149,7 +160,10 @@ def reference(tmp_path_factory) -> dict:
     Mostly initialising and compiling for 4 devices: 90 s beside 5 other processes on 2 cores, over 300 s at a load
     of 15 to 33 while the cluster streams run."""
     out = tmp_path_factory.mktemp("reference") / "reference.json"
-    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    # compiled as the jobs' ranks are (the submit shell's XLA_FLAGS), on 4 devices
+    env = clean_env(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=4 {SUBMIT_VARS['XLA_FLAGS']}"
+    )
     return run_reference(out, env, (), "--launcher", "single")
 
 
@@ -372,6 +386,33 @@ def test_the_simulated_cluster_is_what_the_runs_assume(cluster, sif, tmp_path, s
     }, inside
 
 
+def test_an_image_built_twice_at_once_is_used_once_and_kept(tmp_path):
+    """Two streams building the same key: the one renaming second finds the other's image there (the rename fails,
+    dest not empty), drops its copy and uses it; clearing old images keeps a fresh one of that key."""
+    cache = tmp_path / ".cluster"
+    dest = cache / "image-k1"
+    for d, mark in ((dest, "first"), (cache / "building-k1-2", "second")):
+        d.mkdir(parents=True)
+        (d / "environment.sh").write_text(mark)
+    assert sim_image.install(cache / "building-k1-2", dest) is False
+    assert not (cache / "building-k1-2").exists()
+    assert (dest / "environment.sh").read_text() == "first"
+    # a half-built image is never taken for one: the rename's error stands
+    half = cache / f"building-k2-{os.getpid()}"
+    half.mkdir()
+    (cache / "image-k2").mkdir()
+    (cache / "image-k2" / "partial").write_text("")
+    with pytest.raises(OSError):
+        sim_image.install(half, cache / "image-k2")
+    # another key's image and a dead builder's directory go; this key's image and a live builder's stay
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (cache / f"building-k1-{dead.pid}").mkdir()
+    sim_image.remove_stale(dest)
+    assert sorted(p.name for p in cache.iterdir()) == [half.name, "image-k1"]
+    assert sim_image.install(half, cache / "image-k3") is True
+
+
 def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
     crashed = sim.Cluster(tmp_path / "crashed").up()
     holder = crashed.pid("node002")
@@ -408,7 +449,9 @@ def slurm_2x2(cluster_ready, sif, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("slurm")
     with sim.Cluster(tmp / "cluster") as c, sim_slurm.Slurm(c) as s:
         work, home = workdir(tmp)
-        script = render("slurm", work, sif)
+        # One checkpoint, at the end (--save-every=0): what this job shows is srun's layout and the equivalence;
+        # checkpoints every SAVE_EVERY steps and a resume from one are the PBS job's.
+        script = render("slurm", work, sif, save_every=0)
         env = sim.base_env(c, home, {**SUBMIT_VARS, **LOCAL_ONLY})
         env.update(s.env({"PATH": env["PATH"], "HOME": str(home)}))
         started = time.monotonic()
@@ -525,7 +568,7 @@ def test_a_hung_rank_on_node002_ends_the_job_fast_and_keeps_its_checkpoints(
         step_time=LOST_STEP_TIME,
         save_every=LOST_SAVE_EVERY,
     )
-    limit = {"OCTO_DIST_STOPPED_RANK_LIMIT_S": str(STOPPED_LIMIT_S)}
+    limit = {"OCTO_DIST_STOPPED_RANK_LIMIT_S": str(STOPPED_LIMIT_S), "XLA_FLAGS": COMPILE_FAST}
     job = submit(cluster, script, work, home, spool, "sigstop", "103.pbs1", limit, ranks_per_node=1)
     save_dir = work / "runs" / "smoke"
     wait_for(save_dir / str(LOST_SAVE_EVERY) / MANIFEST, job)  # the first checkpoint, complete
@@ -561,7 +604,9 @@ def test_a_manual_mpirun_into_the_image_on_one_node_of_a_pbs_job(cluster, sif, s
         f"mpirun -np 2 singularity exec {sif} octo-dist smoke --model tiny --steps 2 --global-batch 4 "
         f"--wandb-mode disabled --record {work}/record.json\n"
     )
-    job = submit(cluster, work / "by-hand.sh", work, home, spool, "by-hand", "104.pbs1")
+    # compiled fast (XLA_FLAGS reaches both ranks: one node, mpirun's environment, Singularity's)
+    fast = {"XLA_FLAGS": COMPILE_FAST}
+    job = submit(cluster, work / "by-hand.sh", work, home, spool, "by-hand", "104.pbs1", fast)
     assert finish(job) == 0, tail(job)
     record = json.loads((work / "record.json").read_text())
     assert record["hosts"] == ["node001", "node001"] and len(set(record["digests"])) == 1, record

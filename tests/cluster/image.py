@@ -23,6 +23,7 @@ input builds a new one and removes the old.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -116,17 +117,57 @@ def environment_script() -> str:
 
 
 def build(log=sys.stderr) -> Path:
-    """The image directory (reused when up to date); what a fake ``.sif`` names."""
+    """The image directory (reused when up to date); what a fake ``.sif`` names.
+
+    Several pytest processes (the CI's streams) may ask at once: one builds under ``CACHE/build.lock`` while the
+    others wait for it and then find its image; one that still finds the image there when it comes to rename its own
+    (a builder that never took the lock) drops its copy and uses that one (:func:`install`)."""
     key = input_key()
     dest = CACHE / f"image-{key}"
     if (dest / "environment.sh").is_file():
         return dest
     CACHE.mkdir(exist_ok=True)
-    for old in CACHE.glob("image-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    work = CACHE / f"building-{key}-{os.getpid()}"
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if (dest / "environment.sh").is_file():  # built by the process that held the lock before
+            return dest
+        remove_stale(dest)
+        work = CACHE / f"building-{key}-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        _assemble(work)
+        if install(work, dest):
+            print(f"cluster: built the simulated image in {dest}", file=log)
+    return dest
+
+
+def remove_stale(dest: Path) -> None:
+    """Beside ``dest``: every other key's image, and what a builder that died left (``building-<key>-<pid>`` of a
+    pid gone); never ``dest``, which another process may be using."""
+    for old in dest.parent.glob("image-*"):
+        if old.name != dest.name:
+            shutil.rmtree(old, ignore_errors=True)
+    for half in dest.parent.glob("building-*"):
+        pid = half.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(half, ignore_errors=True)
+
+
+def install(work: Path, dest: Path) -> bool:
+    """``work`` renamed to ``dest``: True; False when ``dest`` already holds a complete image (another builder's,
+    renamed first: the rename fails, dest not empty), whose copy in ``work`` is then removed."""
+    try:
+        work.rename(dest)
+        return True
+    except OSError:
+        if not (dest / "environment.sh").is_file():
+            raise
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    return False
+
+
+def _assemble(work: Path) -> None:
+    """The build context copied into ``work``, ``%post`` run there inside the stand-in, ``environment.sh``."""
     for name in CONTEXT:
         src = REPO / name
         if src.is_dir():
@@ -148,18 +189,9 @@ def build(log=sys.stderr) -> Path:
         "rm -rf /opt/octo-dist/octo_dist /opt/octo-dist/scripts /opt/octo-dist/build /opt/octo-dist/*.egg-info\n"
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
+    argv = [BASE_PYTHON, "-I", str(HERE / "container.py"), "exec", "--build", str(work)]
     res = subprocess.run(
-        [
-            BASE_PYTHON,
-            "-I",
-            str(HERE / "container.py"),
-            "exec",
-            "--build",
-            str(work),
-            "/bin/bash",
-            "-c",
-            post,
-        ],
+        [*argv, "/bin/bash", "-c", post],
         cwd=work,
         env=env,
         capture_output=True,
@@ -172,9 +204,6 @@ def build(log=sys.stderr) -> Path:
             f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
         )
     (work / "environment.sh").write_text(environment_script())
-    work.rename(dest)
-    print(f"cluster: built the simulated image in {dest}", file=log)
-    return dest
 
 
 def image_dir_of(sif: Path) -> Path:
