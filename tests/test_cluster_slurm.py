@@ -28,21 +28,26 @@ import pytest
 from cluster import image as sim_image
 from cluster import sim
 from cluster import slurm as sim_slurm
-from helpers import HANG_S, REPO, SubmittedJobs, chain_running, clean_env, wait_until
+from helpers import COMPILE_FAST, HANG_S, REPO, SubmittedJobs, chain_running, clean_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 60
+STEPS = 30
 GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
-SAVE_EVERY = 10  # six checkpoints a run, the first after 10 steps (a checkpoint costs a rank about 0.37 s of CPU)
+SAVE_EVERY = 10  # a checkpoint every 10 steps (one costs a rank about 0.37 s of CPU)
 LONG = 10**6  # steps of a run that only a fault or scancel ends
-# The stopped and resumed run's pace (smoke --step-time; the parameters are the same at any pace). The test moves
-# the time limit once the first checkpoint (step 10) is written; Slurm sends the time-limit signal at its next
-# time-limit check, within 30 s (STOP_MARGIN_S; a run under load 10 saw it 32 s after the checkpoint, the test's
-# own polling and scontrol included). The 50 steps left then last at least 50 s (a loaded machine makes each step
-# longer, never shorter), so the first job is always stopped midway. Both jobs of the chain run at this pace:
-# together they spend 60 x 1.0 = 60 s sleeping.
-CHAIN_STEP_TIME = 1.0
+# The time-limit chain. The test moves the time limit once every rank of the first job catches SIGUSR1 (its stop
+# handler installed: harness.run, right after start-up, before the parameters and the compilation); Slurm sends the
+# signal at its next time-limit check (within SLURM_CHECK_S), and the ranks stop within two steps of it. The steps
+# after the trigger outlast that: 30 s, the test's own latency from seeing the handlers to its `scontrol update` (a
+# poll and about five commands, their time measured on the same cluster just before the submission) and the two
+# steps. The pace is derived from these with a floor (30 steps x 1.5 s: 42 s before the last two steps = 30 s + 1 s
+# poll + 2 s of slurmctld and srun + 9 s for the commands); the parameters and compilation after the trigger only
+# add to it, and a loaded machine makes a step longer, never shorter. Both jobs of the chain run at the pace:
+# together they sleep 30 x 1.5 = 45 s. Where the signal lands varies: mid-training (step 5 at a load of 8), or in
+# the compilation beside two CPU hogs (the ranks stop after step 2, harness.run's stop at the first step).
+CHAIN_STEP_TIME_S = 1.5
+SLURM_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: its time-limit (and --signal) checks, apart
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
 # A run that only a fault or scancel ends sleeps between steps instead of training flat out: the scenario lasts as
@@ -61,8 +66,15 @@ STOP_MARGIN_S = 180
 # its nodes until Slurm's timeouts. A constant, not read from the runtime: a runtime whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
 VENV = Path(sys.executable).parent.parent
-# Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task.
-SUBMIT_VARS = {"NCCL_DEBUG": "WARN", "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell"}
+# Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task (and the
+# job forwards XLA_ to the ranks by prefix). XLA_FLAGS compiles every rank's programs fast (helpers.COMPILE_FAST,
+# about half a rank's CPU): these jobs test Slurm and the job runtime, not XLA's optimiser, and every job here,
+# the uninterrupted run the chain is compared with included, is submitted with it, so both sides compile alike.
+SUBMIT_VARS = {
+    "NCCL_DEBUG": "WARN",
+    "OCTO_DIST_CLUSTER_MARK": "from-the-submit-shell",
+    "XLA_FLAGS": COMPILE_FAST,
+}
 REPORT = (
     sim_image.CACHE / "cluster-slurm.txt"
 )  # what each run measured, for a reader (`make cluster-smoke` style)
@@ -217,9 +229,41 @@ def test_submitted_job_completes_on_both_nodes_with_identical_parameters(uninter
     assert rec["end_step"] == STEPS and not rec["stopped_by"], rec
 
 
+def chain_step_time(latency: float) -> float:
+    """The chain's pace (smoke --step-time) for commands that take ``latency`` s: the steps after the trigger outlast
+    a poll (1 s), five commands each up to three times as slow as measured (load may grow), Slurm's next check and
+    2 s of slurmctld's loop and srun's forwarding, with two steps to spare; never below CHAIN_STEP_TIME_S."""
+    needed = 1 + 5 * 3 * latency + SLURM_CHECK_S + 2
+    return max(CHAIN_STEP_TIME_S, round(needed / (STEPS - 2), 2))
+
+
+def wait_for_stop_handlers(job: Submitted) -> None:
+    """Until a training process on each node catches SIGUSR1 (``sim_slurm.stop_handlers``); job 0 ending fails."""
+    nodes = job.slurm.cluster.nodes
+
+    def ready() -> bool:
+        seen = sim_slurm.stop_handlers(job.slurm.cluster)
+        if sorted(k.split(":")[0] for k, v in seen.items() if v) == nodes:
+            return True
+        record = job.record_of(job.id)
+        assert not job.has_ended(record), (
+            f"job {job.id} ended before its ranks caught SIGUSR1: {record}\n{job.tail()}"
+        )
+        return False
+
+    wait_until(
+        ready,
+        watch=[job.work, job.logs[0]],
+        what=f"a training process of job {job.id} catching SIGUSR1 on each of {nodes}",
+        tail=job.tail,
+    )
+
+
 def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_identically(
     slurm, tmp_path, compile_cache, uninterrupted
 ):
+    latency = slurm.latency()
+    step_time = chain_step_time(latency)
     job = launch(
         slurm,
         tmp_path,
@@ -229,21 +273,22 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
         "2",
         "--stop-margin",
         str(STOP_MARGIN_S),
-        step_time=CHAIN_STEP_TIME,
+        step_time=step_time,
     )
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
-    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
+    wait_for_stop_handlers(job)
     # The time limit brought forward, as an admin's `scontrol update` does (Slurm counts it in minutes): three
     # minutes after the whole minutes run, e.g. RunTime 0:47 -> TimeLimit 3 (180 s). The signal's time, limit -
     # STOP_MARGIN_S (0 s here), is past, so Slurm's own --signal=B:USR1@180 comes at its next check (within 30 s),
-    # while the ranks are past their first checkpoint whatever the machine's load; the limit itself is 121-180 s on.
+    # while the ranks train (or build and compile: they stop after their first step); the limit is 121-180 s on.
     minutes = int(slurm.job(first)["RunTime"].split(":")[-2]) + 3
     slurm.client("node001", ["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"])
     final = job.wait(0)
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
     stopped = job.record()
-    assert stopped["stopped_by"] and 0 < stopped["end_step"] < STEPS, (stopped, job.tail(0))
+    paced = f"(--step-time {step_time}: commands took {latency:.2f} s)"
+    assert stopped["stopped_by"] and 0 < stopped["end_step"] < STEPS, (stopped, paced, job.tail(0))
     hosts(stopped)
     assert "SIGUSR1" in job.log(0), job.tail(
         0
@@ -260,23 +305,7 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
         resumed["digests"],
         uninterrupted["record"]["digests"],
     )
-
-
-def job_processes(cluster: sim.Cluster) -> list[str]:
-    """The job's programs still running on the nodes (Slurm's own daemons excepted): 'node002: octo-dist smoke'."""
-    out = []
-    for node in cluster.nodes:
-        for pid in cluster.processes_on(node):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            name = " ".join(c.decode(errors="replace") for c in cmd[:3])
-            if not any(
-                d in name for d in ("slurmd", "slurmctld", "munged", "runuser", "slurmstepd")
-            ):
-                out.append(f"{node}: {name}")
-    return out
+    report(f"time-limit chain: stopped after step {stopped['end_step']} of {STEPS} {paced}")
 
 
 def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) -> Submitted:
@@ -308,16 +337,19 @@ def test_jobs_shows_a_chain_and_its_scancel_ends_the_running_job_on_both_nodes(
         slurm, tmp_path, compile_cache, "--chain", "2", steps=LONG, step_time=LONG_STEP_TIME
     )
     first, second = job.ids
+    checkpoint = job.work / "runs" / "smoke" / str(SAVE_EVERY)
+    # Waited for with scontrol first: `octo-dist jobs` (a Python start on every poll) is asked once it can answer.
+    job.wait_for(checkpoint)
     out, rows = chain_running(
         lambda: jobs(slurm, tmp_path),
         first,
-        tmp_path / "submit" / "runs" / "smoke" / str(SAVE_EVERY),
+        checkpoint,
         [job.work, *job.logs],
         job.tail,
     )
     assert out.startswith("chain of 2 (slurm, submitted "), out
     assert rows[second] == "held" and f"{second}  held     waits for the job before it" in out
-    running = job_processes(slurm.cluster)
+    running = sim_slurm.job_processes(slurm.cluster)
     assert any(p.startswith("node002:") and "octo-dist" in p for p in running), running
     log = jobs(slurm, tmp_path, "log", "--lines", "200")
     assert log.returncode == 0 and log.stdout.startswith(
@@ -330,9 +362,9 @@ def test_jobs_shows_a_chain_and_its_scancel_ends_the_running_job_on_both_nodes(
         assert job.wait(i)["JobState"] == "CANCELLED", job.tail(i)
     # Slurm's KillWait (30 s) after the SIGTERM: then nothing of the job may be left (HANG_S only ends a hang).
     wait_until(
-        lambda: job_processes(slurm.cluster) == [],
+        lambda: sim_slurm.job_processes(slurm.cluster) == [],
         what="the job's processes to end after scancel",
-        tail=lambda: "\n".join(job_processes(slurm.cluster)),
+        tail=lambda: "\n".join(sim_slurm.job_processes(slurm.cluster)),
     )
     after = jobs(slurm, tmp_path)
     assert [ln.split()[1] for ln in after.stdout.splitlines()[1:3]] != ["running", "held"], (

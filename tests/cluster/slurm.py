@@ -31,7 +31,9 @@ How it runs:
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -313,6 +315,16 @@ class Slurm:
                 fields[key] = value
         return fields
 
+    def latency(self) -> float:
+        """The slowest of three ``scontrol ping`` on the login node, in seconds: what one Slurm command takes on
+        this machine now (0.05 s quiet, seconds at a load of 20)."""
+        took = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            self.client(self.controller, ["scontrol", "ping"])
+            took.append(time.monotonic() - t0)
+        return max(took)
+
     def wait_job(self, job_id: str, timeout: float) -> dict:
         """The job's record once it has ended (a state in ``ENDED``), or the last one seen after ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -323,3 +335,43 @@ class Slurm:
             if time.monotonic() > deadline:
                 return record
             time.sleep(1)
+
+
+# ---- what a job left running on the nodes -------------------------------------------------------------------------
+
+
+def job_processes(cluster: sim.Cluster) -> list[str]:
+    """The job's programs still running on the nodes (Slurm's own daemons excepted): 'node002: octo-dist smoke'."""
+    out = []
+    for node in cluster.nodes:
+        for pid in cluster.processes_on(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            name = " ".join(c.decode(errors="replace") for c in cmd[:3])
+            if not any(
+                d in name for d in ("slurmd", "slurmctld", "munged", "runuser", "slurmstepd")
+            ):
+                out.append(f"{node}: {name}")
+    return out
+
+
+def stop_handlers(cluster: sim.Cluster) -> dict:
+    """Each training process on the nodes (``.../bin/octo-dist smoke``; not its rank guard, not the preflight):
+    ``{"node001:1234": True}`` when it catches SIGUSR1, from ``SigCgt`` in /proc/PID/status (e.g.
+    ``0000000100004a02``: bit 9 is SIGUSR1). Python catches SIGINT alone until the harness installs the stop
+    handler (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), so SIGUSR1 caught means a stop signal now stops the run with a
+    checkpoint; before it, SIGUSR1's default action would end the rank."""
+    out = {}
+    for node in cluster.nodes:
+        for pid in cluster.processes_on(node):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:  # ended since it was listed
+                continue
+            if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
+                caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+                out[f"{node}:{pid}"] = bool(caught >> (signal.SIGUSR1 - 1) & 1)
+    return out
