@@ -15,6 +15,7 @@ chain's two, the chain ``octo-dist jobs`` reads and qdels (its second job never 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from cluster import gridengine, sim
-from helpers import HANG_S, chain_running, wait_until
+from helpers import COMPILE_FAST, HANG_S, chain_running, wait_until
+from octo_dist.jobs.settings import MIN_TRAINING_S, format_walltime
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -33,9 +35,22 @@ STEPS = 4  # two checkpoints (SAVE_EVERY): the 2 x 2 job's cost is its eight JAX
 GLOBAL_BATCH = 16  # 4 per rank on 2 nodes x 2 ranks
 SAVE_EVERY = 2
 LONG_STEPS = 1_000_000  # a run that only ends by being stopped
-CHAIN_STEPS = (
-    400  # the h_rt chain's: 200 s at LONG_STEP_TIME, longer than a job's 180 s before its stop
-)
+# Every job's ranks compile fast (helpers.COMPILE_FAST), from a directive of the job's script: Grid Engine passes
+# nothing of the submitting shell (no -V), and the job's runtime forwards XLA_* to every rank. These jobs test Grid
+# Engine and the job's runtime, not what XLA makes of the step; no result here is compared with a run compiled
+# otherwise.
+XLA_DIRECTIVE = f"#$ -v XLA_FLAGS={COMPILE_FAST}"
+# The h_rt chain's first job is stopped by its own timer STOP_MULTIPLE times what one training process's start-up
+# (a 1-step smoke on node001) took just before, and never sooner than the product's own least MIN_TRAINING_S (30 s).
+# What the window must outlast is the job's start-up up to its ranks' stop handler: the preflight's ranks, then the
+# training's through jax.distributed.initialize (about two start-ups, the ranks of each side by side); a stop
+# before that (during the preflight: "not training") leaves nothing to resume. The multiple leaves twice that for a
+# machine that gets busier after the measurement.
+STOP_MULTIPLE = 4
+# The stop gets 300 s (a quiet machine needs seconds): beside two busy processes and four other test streams on 2
+# cores, 120 s was not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first. A margin
+# only a slow stop waits for: the job ends as soon as its ranks have saved.
+CHAIN_STOP_MARGIN_S = 300
 # A run that only a stop or a fault ends sleeps between steps (smoke --step-time) instead of training flat out: the
 # scenario lasts as long, and the tests beside it keep the machine's cores. It checkpoints every 5 s, its first 5 s
 # into training (a checkpoint of the tiny model costs a rank about 0.37 s of CPU); each rank computes two steps a
@@ -108,6 +123,8 @@ def launch(
         "disabled",
         "-o",
         "job.sh",
+        "--directive",
+        XLA_DIRECTIVE,
         *extra,
         "--submit",
         *(["--chain", str(chain)] if chain else []),
@@ -276,39 +293,60 @@ def test_submitted_job_runs_2_nodes_x_2_ranks_through_qrsh_inherit(ge, tmp_path)
     assert "4 rank(s) on 2 host(s)" in text, text[-4000:]
 
 
-def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per_node, tmp_path):
-    """Each job asks its ranks to stop 300 s before h_rt (8 min): they checkpoint and the job ends 0 before Grid
-    Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank per
-    node: the 2 x 2 job through qrsh -inherit is the test above's.
+def startup_s(ge: gridengine.GridEngine, work: Path) -> float:
+    """Seconds one training process took on node001 from its start to its end: a 1-step tiny smoke compiled as the
+    jobs' ranks are, without a save directory (no checkpoint, summary or loss plot: what the chain's stop window must
+    outlast is the start-up), for the h_rt chain's window: what the machine does now."""
+    argv = [str(VENV / "bin" / "octo-dist"), "smoke", "--model", "tiny", "--steps", "1"]
+    argv += ["--global-batch", "4", "--wandb-mode", "disabled"]
+    t0 = time.monotonic()
+    proc = ge.run(
+        argv, cwd=work, env={"XLA_FLAGS": COMPILE_FAST, "OCTO_DIST_NO_MPI4PY": "1"}, check=False
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return took
 
-    400 steps at 0.5 s each outlast the first job's 180 s whatever its start-up took, so it is always stopped
-    midway; the second does the rest (or is stopped at its own 180 s: either way it resumed). 180 s, not 60: under
-    load a job's ranks took 57 s to their first step, and a stop before it leaves nothing to resume. The stop gets 300 s
-    (a quiet machine needs seconds): beside two busy processes and four other test streams on 2 cores, 120 s was
-    not enough to agree the stop and write a tiny checkpoint, and h_rt's kill came first."""
+
+def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per_node, tmp_path):
+    """Each job asks its ranks to stop CHAIN_STOP_MARGIN_S before h_rt: they checkpoint and the job ends 0 before
+    Grid Engine's kill; the second job (qsub -hold_jid) starts after it and resumes from that checkpoint. One rank
+    per node: the 2 x 2 job through qrsh -inherit is the test above's.
+
+    The window before the stop (h_rt minus the margin) is STOP_MULTIPLE times a training process's start-up just
+    measured on node001, at least MIN_TRAINING_S. No checkpoint every N steps (--save-every 0): the one on disk is
+    the stop's. The chain's steps at LONG_STEP_TIME outlast the window whatever the start-up took, so the first job
+    is always stopped midway; the second does the rest (or is stopped at its own window: either way it resumed)."""
     ge = ge_one_per_node
     work = workdir(tmp_path)
+    window_s = max(MIN_TRAINING_S, math.ceil(STOP_MULTIPLE * startup_s(ge, work)))
+    walltime = format_walltime(window_s + CHAIN_STOP_MARGIN_S)
+    # Paced steps are never shorter than LONG_STEP_TIME: the window holds fewer than window_s / LONG_STEP_TIME of
+    # them, and 10 more (5 s) cover the steps the ranks take while they agree the stop. The second job does what the
+    # first job's start-up left over: about as long as that start-up (e.g. h_rt 00:06:17 after a 19 s start-up at a
+    # load of 8: 164 steps, the first job stopped after step 112 at 77 s, the second did the 52 left).
+    chain_steps = math.ceil(window_s / LONG_STEP_TIME) + 10
     first, second = launch(
         ge,
         work,
         "--walltime",
-        "0:08:00",
+        walltime,
         "--stop-margin",
-        "300",
-        steps=CHAIN_STEPS,
+        str(CHAIN_STOP_MARGIN_S),
+        steps=chain_steps,
         chain=2,
         step_time=LONG_STEP_TIME,
         ranks_per_node=1,
-        save_every=LONG_SAVE_EVERY,
+        save_every=0,
     )
     script = (work / "job.sh").read_text()
-    assert "#$ -l h_rt=00:08:00\n" in script and "#$ -notify\n" in script
+    assert f"#$ -l h_rt={walltime}\n" in script and "#$ -notify\n" in script
     record = ended(ge, work, first)
     text = log(work, first)
     assert record["failed"] == "0" and record["exit_status"] == "0", (record, text[-4000:])
     assert "SIGUSR1 after" in text and "stop requested by SIGUSR1" in text, text[-4000:]
     stopped_at = json.loads((work / "record.json").read_text())
-    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < CHAIN_STEPS, stopped_at
+    assert stopped_at["stopped_by"] and 0 < stopped_at["end_step"] < chain_steps, stopped_at
     assert (work / "runs" / "smoke" / str(stopped_at["end_step"])).is_dir()
 
     record = ended(ge, work, second)

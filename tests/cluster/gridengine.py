@@ -179,7 +179,9 @@ class GridEngine:
             "load_report_time": "00:00:05",
             "max_unheard": "00:01:00",
             "mailer": "/bin/true",
-            "reporting_params": "accounting=true reporting=false flush_time=00:00:05 joblog=false "
+            # The accounting file is flushed each second: a test reads a job's record (qacct) once it has left the
+            # queue, and waited up to flush_time for it.
+            "reporting_params": "accounting=true reporting=false flush_time=00:00:01 joblog=false "
             "sharelog=00:00:00",
         }
         lines = []
