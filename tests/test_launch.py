@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import HANG_S, REPO, clean_env
+from helpers import COMPILE_FAST, HANG_S, REPO, clean_env
 from octo_dist import cli
 from octo_dist.jobs import examples, render, spec, training, walltime
 from octo_dist.jobs.cli import parse
@@ -760,6 +760,9 @@ def real_job_env(tmp_path: Path, **scheduler_vars: str) -> dict:
     }
     env.update(PATH=f"{VENV_BIN}:/usr/bin:/bin", **scheduler_vars)
     env.pop("PYTHONPATH", None)  # the ranks run the venv's octo-dist, as on a cluster
+    # The ranks compile fast (helpers.COMPILE_FAST; the job forwards XLA_ variables to every rank): these jobs test
+    # the script, its launcher and how the job stops, not what XLA's optimiser does.
+    env["XLA_FLAGS"] = COMPILE_FAST
     # The preflight refuses to train in an environment that fails check-env: that is its job. A venv holding a local,
     # unpinned octo/dlimp (a developer's checkout) fails only the git.* checks; they are not what is tested here.
     check = subprocess.run(
