@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import helpers
-from helpers import COMPILE_FAST, HANG_S, PROGRAMS, REPO, clean_env, signal_all
+from helpers import COMPILE_FAST, HANG_S, REPO, clean_env, signal_all
 from octo_dist import EXIT_USAGE
 from octo_dist.apps.smoke import equivalence
 from octo_dist.apps.smoke import app as smoke
@@ -129,17 +129,15 @@ def finish(proc, timeout=HANG_S):
 @pytest.mark.slow
 def test_make_smoke_runs_two_ranks_and_matches_one_process():
     # What a new user runs first; the env already exists here, so make only runs the job. Its reference run and its
-    # ranks are compiled alike, fast (helpers.COMPILE_FAST, through tests/programs/compile_fast: the job sets their
-    # XLA_FLAGS itself): what is tested is the recipe, the two runs and their comparison, not XLA's optimiser.
-    env = clean_env(OCTO_DIST_TEST_XLA_FLAGS=COMPILE_FAST)
-    env["PYTHONPATH"] = f"{PROGRAMS / 'compile_fast'}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    # ranks are compiled alike, fast (helpers.COMPILE_FAST: --check-equivalence gives both sides the caller's XLA
+    # flags): what is tested is the recipe, the two runs and their comparison, not XLA's optimiser.
     proc = helpers.run(
         ["make", "--no-print-directory", "smoke", "SMOKE_ARGS=--model tiny"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=HANG_S,
-        env=env,
+        env=clean_env(XLA_FLAGS=COMPILE_FAST),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
