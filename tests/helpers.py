@@ -135,10 +135,12 @@ def run_captured(
     )
 
 
-def run_smoke(*flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``octo-dist smoke --model tiny FLAGS...`` in one process, from this checkout, with a clean environment; its
-    output captured as text."""
-    return run_captured([*SMOKE, *flags], cwd=cwd, timeout=timeout)
+def run_smoke(
+    *flags: str, cwd: Path, timeout: float = 600, env: Optional[dict] = None
+) -> subprocess.CompletedProcess:
+    """``octo-dist smoke --model tiny FLAGS...`` in one process, from this checkout, with ``env`` (a clean
+    environment); its output captured as text."""
+    return run_captured([*SMOKE, *flags], cwd=cwd, env=env, timeout=timeout)
 
 
 def read_only_namespace_prefix(directory: Path) -> list:

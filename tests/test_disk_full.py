@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import HANG_S, PROGRAMS, REPO, clean_env, tail
+from helpers import COMPILE_FAST, HANG_S, PROGRAMS, REPO, clean_env, tail
 
 from octo_dist.engine import room
 from octo_dist.engine.train import TrainConfig, planned_saves
@@ -71,8 +71,13 @@ def small_fs(tmp_path):
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+# The runs here compile fast (helpers.COMPILE_FAST): what is tested is the room check and the full disk, not XLA's
+# optimiser.
+FAST = clean_env(XLA_FLAGS=COMPILE_FAST)
+
+
 def smoke(save_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return helpers.run_smoke("--save-dir", str(save_dir), *extra, cwd=REPO)
+    return helpers.run_smoke("--save-dir", str(save_dir), *extra, cwd=REPO, env=FAST)
 
 
 @pytest.mark.slow
@@ -134,7 +139,7 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
         [sys.executable, "-c", FILL, str(directory), str(filler)],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=FAST,
         cwd=REPO,
         timeout=HANG_S,
     )
@@ -177,7 +182,9 @@ def test_a_disk_that_fills_under_mpirun_ends_the_job_in_one_line_keeping_the_ver
 
     fs = small_fs(12)  # passes the room check (4 x ~2 MiB) until the filler takes it
     directory = fs / "run"
-    proc = mpirun(2, str(PROGRAMS / "disk_fills.py"), str(directory), str(fs / "another-job.bin"))
+    proc = mpirun(
+        2, str(PROGRAMS / "disk_fills.py"), str(directory), str(fs / "another-job.bin"), env=FAST
+    )
     out0, err0 = proc.ranks[0]
     assert proc.returncode == 2, (proc.returncode, tail(err0), tail(proc.ranks[1][1]))
     errors = [ln for ln in err0.splitlines() if "error:" in ln]

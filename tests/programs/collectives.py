@@ -1,7 +1,8 @@
 """Run by tests/test_step_collectives.py in one process with 2 forced CPU devices, on jax 0.4.20 and 0.4.22: prints
 one JSON object with the all-reduces (bytes each) in the compiled HLO of the default step and of each named step.
 
-usage: XLA_FLAGS=--xla_force_host_platform_device_count=2 JAX_PLATFORMS=cpu python collectives.py
+usage: XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0" JAX_PLATFORMS=cpu \
+    python collectives.py
 """
 
 import json
