@@ -26,7 +26,10 @@ Engine's and PBS's files beside made it longer (the rest 1458 s; test_qdel_stops
 Then the cluster tests ran fewer jobs (PBS's stream 693 -> 289 s of CPU alone), and PBS's stream took
 test_checkpoint_integrity from the cluster one and test_frames, test_device_resize and test_summary from the rest:
 a quiet fresh-clone CI took 1150 s (venvs 83 s): the rest 1015 s wall / 284 s CPU, the cluster one 879 + 187, Slurm
-543 + 465, Grid Engine 579 + 317 (its h_rt chain 120 s longer since), PBS 432 + 498.
+543 + 465, Grid Engine 579 + 317 (its h_rt chain 120 s longer since), PBS 432 + 498. Then every cluster job, and
+every run one is compared with, compiled fast (helpers.COMPILE_FAST), and the chains' stop windows came from
+start-ups measured just before: a quiet fresh-clone CI took 806 s (venvs 78 s): the rest 726 s, the cluster one
+415 + 229, Slurm 327 + 334, Grid Engine 412 + 275, PBS 378 + 320.
 """
 
 from __future__ import annotations
