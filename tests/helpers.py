@@ -237,6 +237,14 @@ def tail(text: str, n: int = 2000) -> str:
     return text[-n:] if len(text) > n else text
 
 
+def last_json_line(argv: Sequence[str], env: dict) -> dict:
+    """``argv`` (a Python program that prints its result as one JSON line last) run as :func:`run_captured` runs
+    it; it must exit 0. Its last line, parsed: ``{"saved": true}``."""
+    proc = run_captured(argv, env=env)
+    assert proc.returncode == 0, tail(proc.stderr, 3000)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_mpirun(
     exe: Path,
     np: int,
@@ -365,6 +373,13 @@ class VersionRuns:
     def close(self) -> None:
         for proc, _, _ in self._running.values():
             _kill_group(proc)
+
+
+def fast_version_runs(program: str, devices: int, out_dir: Path) -> VersionRuns:
+    """``tests/programs/<program>`` under every pinned JAX version on ``devices`` forced host devices, compiled fast
+    (:data:`COMPILE_FAST`): for programs whose comparisons are within one run, compiled alike."""
+    env = clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {COMPILE_FAST}")
+    return VersionRuns(PROGRAMS / program, env, out_dir)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

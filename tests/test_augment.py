@@ -18,14 +18,13 @@ level on at most 0.1% of the pixels, never 2 (measured over 80 draws: 1 level on
 import functools
 import inspect
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from fork_augment import KWARGS, PRIMARY, RESIZES, WRIST, textured
-from helpers import REPO, clean_env
+from helpers import clean_env, last_json_line
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -522,16 +521,8 @@ def step_run():
     program = (
         f"import numpy as np\nKWARGS = {KWARGS!r}\n{inspect.getsource(octo_batch)}\n{STEP_PROGRAM}"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        env=clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    env = clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    return last_json_line([sys.executable, "-c", program], env)
 
 
 RUNS = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import COMPILE_FAST, HANG_S, PROGRAMS, REPO, clean_env, tail
+from helpers import COMPILE_FAST, PROGRAMS, REPO, clean_env, tail
 
 from octo_dist.engine import room
 from octo_dist.engine.train import TrainConfig, planned_saves
@@ -135,18 +135,9 @@ def test_a_disk_that_fills_mid_run_keeps_the_newest_verified_checkpoint_and_says
 
     fs = small_fs(8)
     directory, filler = fs / "run", fs / "another-job.bin"
-    proc = subprocess.run(
-        [sys.executable, "-c", FILL, str(directory), str(filler)],
-        capture_output=True,
-        text=True,
-        env=FAST,
-        cwd=REPO,
-        timeout=HANG_S,
+    outcome = helpers.last_json_line(
+        [sys.executable, "-c", FILL, str(directory), str(filler)], FAST
     )
-    assert proc.returncode == 0, tail(proc.stderr)
-    import json
-
-    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     message = outcome.get("error")
     assert message, outcome
     assert "\n" not in message and message.startswith(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HANG_S, JAX020_PYTHON, PROGRAMS, REPO, VersionRuns, clean_env, json_lines
-from helpers import COMPILE_FAST
+from helpers import HANG_S, JAX020_PYTHON, PROGRAMS, REPO, clean_env, json_lines
+from helpers import COMPILE_FAST, fast_version_runs
 from octo_dist.engine import data
 from octo_dist.engine import parallel
 from octo_dist.runtime import compile_cache
@@ -17,12 +17,8 @@ NDEV = 4
 
 @pytest.fixture(scope="module")
 def sharding_runs(tmp_path_factory):
-    runs = VersionRuns(
-        PROGRAMS / "sharding.py",
-        # every comparison is within one program, compiled alike: fast (helpers.COMPILE_FAST)
-        clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={NDEV} {COMPILE_FAST}"),
-        tmp_path_factory.mktemp("sharding"),
-    )
+    # every comparison is within one program, compiled alike: fast (helpers.COMPILE_FAST)
+    runs = fast_version_runs("sharding.py", NDEV, tmp_path_factory.mktemp("sharding"))
     yield runs
     runs.close()
 

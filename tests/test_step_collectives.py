@@ -6,21 +6,17 @@ all-reduce there is a gloo TCP round trip between processes, so the default must
 
 import pytest
 
-from helpers import COMPILE_FAST, PROGRAMS, VersionRuns, clean_env
+from helpers import fast_version_runs
 from octo_dist.engine import hlo
 from octo_dist.engine import parallel as engine
 
 
 @pytest.fixture(scope="module")
 def collective_runs(tmp_path_factory):
-    runs = VersionRuns(
-        PROGRAMS / "collectives.py",
-        # Compiled fast (helpers.COMPILE_FAST): LLVM's optimisation level changes the machine code, not the HLO the
-        # all-reduces are counted in (the same program printed the same counts at both levels on both versions;
-        # a third of the CPU).
-        clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {COMPILE_FAST}"),
-        tmp_path_factory.mktemp("collectives"),
-    )
+    # Compiled fast (helpers.COMPILE_FAST): LLVM's optimisation level changes the machine code, not the HLO the
+    # all-reduces are counted in (the same program printed the same counts at both levels on both versions; a third
+    # of the CPU).
+    runs = fast_version_runs("collectives.py", 2, tmp_path_factory.mktemp("collectives"))
     yield runs
     runs.close()
 
