@@ -413,6 +413,43 @@ def test_an_image_built_twice_at_once_is_used_once_and_kept(tmp_path):
     assert sim_image.install(half, cache / "image-k3") is True
 
 
+# One CI stream's image build, with the cache elsewhere: prints the image directory it was given.
+BUILD = """
+import sys
+from pathlib import Path
+from cluster import image
+image.CACHE = Path(sys.argv[1])
+print(image.build())
+"""
+
+
+def test_two_processes_building_at_once_get_the_same_image_without_an_error(
+    cluster_ready, tmp_path
+):
+    """What the CI's streams do on a fresh clone: two pytest processes ask for the image at the same moment. Before
+    the lock, both built and the second rename failed (dest not empty), ending that stream's first image test."""
+    cache = tmp_path / ".cluster"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD, str(cache)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=HANG_S) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0] == f"{cache / f'image-{sim_image.input_key()}'}\n", outs
+    assert sum(err.count("built the simulated image") for _, err in outs) == 1, outs
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "build.lock",
+        f"image-{sim_image.input_key()}",
+    ]
+
+
 def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
     crashed = sim.Cluster(tmp_path / "crashed").up()
     holder = crashed.pid("node002")
