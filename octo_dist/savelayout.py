@@ -34,7 +34,7 @@ the run's lock, ``RunLayout.train_state``: smoke's is ``<run>`` itself, finetune
         <state>/                            .train_state
           .octo-dist.lock                   lock_file(train_state): the run that uses it now (engine/savedir.py):
                                             host, pid, job id
-          .octo-dist.lock.<host>.<pid>.tmp  for a moment: the lock being taken
+          .octo-dist.lock.<host>.*.tmp      for a moment: the lock being taken (a random name: mkstemp's)
           .octo-dist.lock.stale.<h>.<pid>   stale_lock(train_state, host, pid), for a moment: a dead run's lock
                                             being taken over (engine/savedir.py)
           .octo-dist-probe.<host>.<pid>     write_probe(train_state, host, pid), for a moment at start: a rank's
