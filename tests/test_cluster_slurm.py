@@ -41,12 +41,12 @@ LONG = 10**6  # steps of a run that only a fault or scancel ends
 # signal at its next time-limit check (within SLURM_CHECK_S), and the ranks stop within two steps of it. The steps
 # after the trigger outlast that: 30 s, the test's own latency from seeing the handlers to its `scontrol update` (a
 # poll and about five commands, their time measured on the same cluster just before the submission) and the two
-# steps. The pace is derived from these with a floor (30 steps x 1.5 s: 42 s before the last two steps = 30 s + 1 s
-# poll + 2 s of slurmctld and srun + 9 s for the commands); the parameters and compilation after the trigger only
-# add to it, and a loaded machine makes a step longer, never shorter. Both jobs of the chain run at the pace:
-# together they sleep 30 x 1.5 = 45 s. Where the signal lands varies: mid-training (step 5 at a load of 8), or in
+# steps. The pace is derived from these with a floor (30 steps x 1.25 s: 35 s before the last two steps = 30 s + 1 s
+# poll + 2 s of slurmctld and srun + 2 s for the commands, five of 0.13 s at three times that); the parameters and
+# compilation after the trigger only add to it, and a loaded machine makes a step longer, never shorter. Both jobs
+# of the chain run at the pace: together they sleep 30 x 1.25 = 37.5 s or more. Where the signal lands varies: mid-training (step 5 at a load of 8), or in
 # the compilation beside two CPU hogs (the ranks stop after step 2, harness.run's stop at the first step).
-CHAIN_STEP_TIME_S = 1.5
+CHAIN_STEP_TIME_S = 1.25
 SLURM_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: its time-limit (and --signal) checks, apart
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
