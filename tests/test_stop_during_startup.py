@@ -39,29 +39,34 @@ def rank_env(rank: int, port: int) -> dict:
     )
 
 
-def start_rank(rank: int, port: int, flags) -> subprocess.Popen:
-    return helpers.popen(
-        [*SMOKE, *flags],
-        env=rank_env(rank, port),
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+class Rank:
+    """One rank of ``octo-dist smoke`` with ``flags``, its output in ``<out>/<rank>.out`` and ``.err`` (files, not
+    pipes: the test polls the process, and a full pipe would stall it)."""
 
-
-def wait_until(proc: subprocess.Popen, what: str, there) -> None:
-    """Until ``there()``; the process exiting first fails the test with its output. HANG_S only ends a hang."""
-    deadline = time.monotonic() + HANG_S
-    while not there():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(
-                f"exited ({proc.returncode}) before {what}: {helpers.tail(out)}{helpers.tail(err)}"
+    def __init__(self, rank: int, port: int, flags, out: Path):
+        self.out, self.err = out / f"{rank}.out", out / f"{rank}.err"
+        with open(self.out, "w") as stdout, open(self.err, "w") as stderr:
+            self.proc = helpers.popen(
+                [*SMOKE, *flags],
+                env=rank_env(rank, port),
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
             )
-        assert time.monotonic() < deadline, f"waited {HANG_S} s for {what}"
-        time.sleep(0.02)
+
+    def output(self) -> str:
+        return helpers.tail(self.out.read_text()) + helpers.tail(self.err.read_text())
+
+    def wait_until(self, what: str, there) -> None:
+        """Until ``there(pid)``; the process exiting first fails the test with its output. HANG_S ends a hang."""
+        deadline = time.monotonic() + HANG_S
+        while not there(self.proc.pid):
+            assert self.proc.poll() is None, (
+                f"exited ({self.proc.returncode}) before {what}: {self.output()}"
+            )
+            assert time.monotonic() < deadline, f"waited {HANG_S} s for {what}: {self.output()}"
+            time.sleep(0.02)
 
 
 def listens(pid: int, port: int) -> bool:
@@ -83,19 +88,22 @@ def catches(pid: int, sig: int) -> bool:
     return bool(caught and int(caught.group(1), 16) >> (sig - 1) & 1)
 
 
-def finish(procs) -> list:
-    """Every process's ``(returncode, stdout, stderr)``; any still running after HANG_S is killed."""
-    out = []
+def finish(ranks) -> list:
+    """Every rank's ``(returncode, stdout, stderr)``. One that fails ends the others (a rank killed in start-up
+    leaves the other waiting out its start-up timeout); any still running after HANG_S is killed."""
+    procs = [r.proc for r in ranks]
+    deadline = time.monotonic() + HANG_S
     try:
-        for p in procs:
-            o, e = p.communicate(timeout=HANG_S)
-            out.append((p.returncode, o, e))
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
-    return out
+            p.wait()
+    return [(r.proc.returncode, r.out.read_text(), r.err.read_text()) for r in ranks]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=lambda s: s.name)
@@ -105,33 +113,26 @@ def test_a_stop_signal_while_rank_0_waits_for_rank_1_stops_the_run_with_a_checkp
     last one on disk, and rank 0's log names the signal.
 
     Broken by hand: with the stop handler installed after ``runtime.initialize`` (the harness before this test),
-    rank 0 ended by the signal's default action (returncode -10 for SIGUSR1, -15 for SIGTERM) and rank 1 failed
-    its start-up."""
+    rank 0 ended by the signal's default action (returncode -10 for SIGUSR1, -15 for SIGTERM)."""
     port, ckpt, rec = coord.free_port(), tmp_path / "ckpt", tmp_path / "rec.json"
     flags = ["--steps", str(STEPS), "--save-dir", str(ckpt), "--record", str(rec)]
-    flags += ["--init-timeout", "300"]
-    rank0 = start_rank(0, port, flags)
-    procs = [rank0]
+    ranks = [Rank(0, port, flags, tmp_path)]
     try:
-        wait_until(
-            rank0,
-            f"rank 0 listened on the coordinator's port {port}",
-            lambda: listens(rank0.pid, port),
+        ranks[0].wait_until(
+            f"it listened on the coordinator's port {port}", lambda pid: listens(pid, port)
         )
-        rank0.send_signal(sig)
-        procs.append(start_rank(1, port, flags))
+        ranks[0].proc.send_signal(sig)
+        ranks.append(Rank(1, port, flags, tmp_path))
     finally:
-        (code0, out0, err0), *rest = finish(procs)
-    assert rest, (code0, helpers.tail(err0))
-    code1, _, err1 = rest[0]
-    assert (code0, code1) == (0, 0), (code0, code1, helpers.tail(err0), helpers.tail(err1))
+        (code0, out0, err0), *rest = finish(ranks)
+    assert code0 == 0, (code0, helpers.tail(err0))
+    assert rest[0][0] == 0, (rest[0][0], helpers.tail(rest[0][2]))
     record = json.loads(rec.read_text())
     end = record["end_step"]
     assert record["stopped_by"] == sig.name and 1 <= end < STEPS, record
     assert checksums.verify(ckpt / str(end), end) is None
-    assert (
-        f"{sig.name} came during start-up: the ranks agree on the stop in their first step" in err0
-    ), helpers.tail(err0)
+    said = f"{sig.name} came during start-up: the ranks agree on the stop in their first step"
+    assert said in err0, helpers.tail(err0)
     assert f"stopping after step {end} on {sig.name}: saving a checkpoint" in err0, helpers.tail(
         err0
     )
@@ -141,29 +142,26 @@ def test_a_stop_signal_while_rank_0_waits_for_rank_1_stops_the_run_with_a_checkp
 def alone_with_a_stop(budget: float, tmp_path: Path):
     """Rank 1 of 2, alone (nothing ever listens on the coordinator's port), its start-up timeout ``budget`` seconds,
     given SIGUSR1 once its stop handler is in: ``(returncode, stdout, stderr)``."""
-    flags = [
-        "--steps",
-        "3",
-        "--save-dir",
-        str(tmp_path / f"ckpt-{budget:g}"),
-        "--init-timeout",
-        str(budget),
-    ]
-    proc = start_rank(1, coord.free_port(), flags)
+    out = tmp_path / f"budget-{budget:g}"
+    out.mkdir()
+    flags = ["--steps", "3", "--save-dir", str(out / "ckpt"), "--init-timeout", str(budget)]
+    rank = Rank(1, coord.free_port(), flags, out)
     try:
-        wait_until(proc, "its stop handler was in", lambda: catches(proc.pid, signal.SIGUSR1))
-        proc.send_signal(signal.SIGUSR1)
+        rank.wait_until("its stop handler was in", lambda pid: catches(pid, signal.SIGUSR1))
+        rank.proc.send_signal(signal.SIGUSR1)
     finally:
-        ((code, out, err),) = finish([proc])
-    return code, out, err
+        ((code, stdout, stderr),) = finish([rank])
+    return code, stdout, stderr
 
 
 def test_a_start_up_that_fails_after_a_stop_signal_reports_its_failure_not_a_stop(tmp_path):
     """Rank 1 alone waits for a coordinator that never comes, a stop signal arrives, then start-up gives up: the
     rank's report is its start-up failure (exit 1, the coordinator named), not a stop, and no checkpoint is made.
+    The budget grows where the imports before the wait spent it (helpers.with_growing_budget).
 
-    Broken by hand: on the harness before this test the signal ended rank 1 (returncode -10) before start-up could
-    say why it failed. The budget grows where the imports before the wait spent it (helpers.with_growing_budget)."""
+    Broken by hand: the harness before this test installed no stop handler before start-up ended (here: failed),
+    so the test fails waiting for it; a signal in that time ended the rank by its default action (returncode
+    -10)."""
     budget, (code, out, err) = with_growing_budget(
         lambda s: alone_with_a_stop(s, tmp_path), lambda r: "did not accept connections" in r[2]
     )
@@ -175,4 +173,4 @@ def test_a_start_up_that_fails_after_a_stop_signal_reports_its_failure_not_a_sto
         re.M,
     ), helpers.tail(err)
     assert "stopped by" not in out + err and "came during start-up" not in err, helpers.tail(err)
-    assert not any((tmp_path / f"ckpt-{budget:g}").glob("*/" + checksums.MANIFEST))
+    assert not list((tmp_path / f"budget-{budget:g}").glob("ckpt/*/" + checksums.MANIFEST))
