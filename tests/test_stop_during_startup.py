@@ -81,7 +81,7 @@ def listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` has a socket listening on TCP ``port`` (JAX's coordination service on rank 0)."""
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.NoSuchProcess:
+    except psutil.Error:  # exited (the caller says how)
         return False
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
@@ -94,6 +94,14 @@ def catches(pid: int, sig: int) -> bool:
         return False
     caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M)
     return bool(caught and int(caught.group(1), 16) >> (sig - 1) & 1)
+
+
+def has_children(pid: int) -> bool:
+    """Whether process ``pid`` has started a child (a rank in start-up: its watchdog's)."""
+    try:
+        return bool(psutil.Process(pid).children())
+    except psutil.Error:  # exited (the caller says how)
+        return False
 
 
 def finish(ranks) -> list:
@@ -201,9 +209,7 @@ def group_signalled(budget: float, tmp_path: Path):
         flags = ["--steps", "3", "--save-dir", str(out / "ckpt"), "--init-timeout", str(budget)]
         rank = Rank(1, port, flags, out, session=True)
         try:
-            rank.wait_until(
-                "its start-up watchdog's child ran", lambda pid: psutil.Process(pid).children()
-            )
+            rank.wait_until("its start-up watchdog's child ran", has_children)
             os.killpg(rank.proc.pid, signal.SIGUSR1)
             coordinator.listen(1)
         finally:
