@@ -33,14 +33,17 @@ rank in ``jax.distributed.initialize`` (seconds, up to the start-up timeout): in
 the job runtime's SIGUSR1 or Grid Engine's SIGUSR2 in that wait ended the rank by the signal's default action (exit
 138, 140, 143), a crashed rank to a chain, ``octo-dist jobs`` and the exit file. Recorded, it is honoured at the
 first step like any other. Two consequences. The warning about an inherited ignore waits for the rank's logging,
-set up after start-up (``StopSignal(report=False)``, then :meth:`StopSignal.report`). And ``jax.distributed.
-initialize`` ends by starting TSL's preemption notifier, whose C handler takes SIGTERM over (it only logs "SIGTERM
-caught at ..."; measured, jax 0.4.22: a SIGTERM then left ``pending`` at 0) while Python's table still names this
-handler, so the harness takes the signals back right after start-up (:meth:`StopSignal.reinstall`). What is not
-covered: Python's own start-up and the command's flag checks before ``harness.run`` (about a second), and from the
-notifier's start to ``reinstall`` (JAX's first backend touch: milliseconds on the CPU, the CUDA plugin's start on
-GPUs), where a SIGTERM is still swallowed by TSL. A stop signal during start-up never hides a start-up that fails:
-that failure is the rank's report and exit status (nothing was trained, so nothing is saved).
+set up after start-up (``StopSignal(report=False)``, then :meth:`StopSignal.report`). And
+``jax.distributed.initialize`` ends by starting TSL's preemption notifier, whose C handler takes SIGTERM over (it
+only logs "SIGTERM caught at ..."; measured, jax 0.4.22: a SIGTERM then left ``pending`` at 0) while Python's table
+still names this handler, so the harness takes the signals back right after start-up (:meth:`StopSignal.reinstall`).
+What is not covered: Python's own start-up and the command's flag checks before ``harness.run`` (about a second),
+from the notifier's start to ``reinstall`` (JAX's first backend touch: milliseconds on the CPU, the CUDA plugin's
+start on GPUs), where a SIGTERM is still swallowed by TSL, and a signal for the rank's whole process group or
+session (Slurm's, PBS's qdel), which also reaches the start-up watchdog's child process and ends it, so the rank
+fails at its next start-up stage (``runtime/watchdog.py``; tests/test_stop_during_startup.py marks it). A stop
+signal during start-up never hides a start-up that fails: that failure is the rank's report and exit status
+(nothing was trained, so nothing is saved).
 """
 
 from __future__ import annotations
