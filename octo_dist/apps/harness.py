@@ -99,7 +99,12 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
     # about a signal inherited ignored waits for the rank's logging, set up once the rank knows its number.
     stop = stopping.StopSignal(report=False)
     try:
-        code, rt = _start_up(command, options)
+        # Held back until the handler is this one again: start-up's threads and processes never get a stop signal
+        # (the watchdog's child would die of one sent to the job step), nor TSL's handler in between.
+        with stop.held():
+            code, rt = _start_up(command, options)
+            if rt is not None:
+                stop.reinstall()  # SIGTERM back from jax.distributed.initialize's preemption notifier
     except BaseException:
         stop.close()
         raise
@@ -107,7 +112,6 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
         # Refused or failed: said as such, a stop signal before it or not (nothing was trained, nothing to save).
         stop.close()
         return code
-    stop.reinstall()  # SIGTERM back from jax.distributed.initialize's preemption notifier
     startclock.done("distributed")
     with runtime.running(rt):
         ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)

@@ -32,25 +32,27 @@ A training rank installs the handler before its start-up (``octo_dist.apps.harne
 rank in ``jax.distributed.initialize`` (seconds, up to the start-up timeout): installed after it, a qdel's SIGTERM,
 the job runtime's SIGUSR1 or Grid Engine's SIGUSR2 in that wait ended the rank by the signal's default action (exit
 138, 140, 143), a crashed rank to a chain, ``octo-dist jobs`` and the exit file. Recorded, it is honoured at the
-first step like any other. Two consequences. The warning about an inherited ignore waits for the rank's logging,
-set up after start-up (``StopSignal(report=False)``, then :meth:`StopSignal.report`). And
+first step like any other. Three consequences. The warning about an inherited ignore waits for the rank's
+logging, set up after start-up (``StopSignal(report=False)``, then :meth:`StopSignal.report`).
 ``jax.distributed.initialize`` ends by starting TSL's preemption notifier, whose C handler takes SIGTERM over (it
 only logs "SIGTERM caught at ..."; measured, jax 0.4.22: a SIGTERM then left ``pending`` at 0) while Python's table
 still names this handler, so the harness takes the signals back right after start-up (:meth:`StopSignal.reinstall`).
-What is not covered: Python's own start-up and the command's flag checks before ``harness.run`` (about a second),
-from the notifier's start to ``reinstall`` (JAX's first backend touch: milliseconds on the CPU, the CUDA plugin's
-start on GPUs), where a SIGTERM is still swallowed by TSL, and a signal for the rank's whole process group or
-session (Slurm's, PBS's qdel), which also reaches the start-up watchdog's child process and ends it, so the rank
-fails at its next start-up stage (``runtime/watchdog.py``; tests/test_stop_during_startup.py marks it). A stop
-signal during start-up never hides a start-up that fails: that failure is the rank's report and exit status
-(nothing was trained, so nothing is saved).
+And start-up starts threads and a process of its own (JAX's; the start-up watchdog's child, which a signal for the
+whole job step or session reaches too: Slurm's, PBS's qdel, and which died of it, the rank then failing at its next
+stage with a BrokenPipeError): so the signals are held back through start-up (:meth:`StopSignal.held`, blocked in
+the main thread and inherited by everything started meanwhile; the smoke job runs no other thread before it) and
+handled when it ends, by this handler, never by TSL's (a process started meanwhile keeps them blocked: the
+watchdog's child, which ends when the rank's pipe closes). What is not covered: Python's own start-up and the
+command's flag checks before ``harness.run`` (about a second). A stop signal during start-up never hides a start-up
+that fails: that failure is the rank's report and exit status (nothing was trained, so nothing is saved).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 # SIGINT too: Ctrl-C at a terminal, ``kill -INT``, the job runtime's rank guard forwarding one; before, it raised
 # KeyboardInterrupt wherever the rank was, which aborted the whole job (MPI_ABORT, exit 1: a chain stops) and lost
@@ -99,6 +101,16 @@ class StopSignal:
                 "runner?): octo-dist stops on it anyway, with a checkpoint",
                 " ".join(self.name(s) for s in unreported),
             )
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Blocks the handled signals in this thread, and so in every thread and process started meanwhile, then
+        puts the mask found back: a signal that came meanwhile is handled then, by the handler set by then."""
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, list(self._previous))
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def reinstall(self) -> None:
         """Takes the signals back from a C handler installed over this one since (``jax.distributed.initialize``'s
