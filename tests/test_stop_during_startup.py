@@ -130,7 +130,9 @@ def test_a_stop_signal_while_rank_0_waits_for_rank_1_stops_the_run_with_a_checkp
     before start-up and says so once, through the rank's logging (set up after start-up).
 
     Broken by hand: with the stop handler installed after ``runtime.initialize`` (the harness before this test),
-    rank 0 ended by the signal's default action (returncode -10 for SIGUSR1, -15 for SIGTERM)."""
+    rank 0 ended by the signal's default action (returncode -10 for SIGUSR1, -15 for SIGTERM); without
+    ``StopSignal.reinstall`` after start-up, the SIGTERM held back until then went to the preemption notifier's
+    handler, which ``jax.distributed.initialize`` installs, and the run trained all its steps."""
     port, ckpt, rec = coord.free_port(), tmp_path / "ckpt", tmp_path / "rec.json"
     flags = ["--steps", str(STEPS), "--save-dir", str(ckpt), "--record", str(rec)]
     ranks = [Rank(0, port, flags, tmp_path, ignored=(signal.SIGUSR2,))]
