@@ -7,9 +7,10 @@
    instead of ending the rank by the signal's default action (exit 138: a crashed rank to a chain);
 2. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback,
    with the exit status its :class:`octo_dist.problems.Problem` means (2 for a malformed setting or
-   environment, 1 for a start-up that failed), a stop signal before it or not; then the stop signal taken back
-   from ``jax.distributed.initialize``, which ends by installing TSL's own SIGTERM handler (its preemption
-   notifier, which would swallow the signal);
+   environment, 1 for a start-up that failed), a stop signal before it or not. The stop signals are held back
+   (blocked) through it, so that its threads and the watchdog's child process never get one, and taken back from
+   ``jax.distributed.initialize`` before they are let through: it ends by installing TSL's own SIGTERM handler
+   (its preemption notifier, which would swallow the signal);
 3. rank-aware logging (then the stop handler's warning about a signal inherited ignored), and the persistent
    compilation cache;
 4. the job's own work; any :class:`~octo_dist.problems.Problem` it raises is one line and its exit status. A refusal
