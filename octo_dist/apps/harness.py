@@ -2,13 +2,17 @@
 
     return harness.run("smoke", options, lambda job: train(job, args))
 
-1. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback,
+1. the stop signal, before start-up: start-up waits for every rank (seconds, up to its timeout), and a scheduler's
+   signal then, or during model building or compilation, stops the job at its first step with a checkpoint
+   instead of ending the rank by the signal's default action (exit 138: a crashed rank to a chain);
+2. start-up (``runtime.initialize``): a launcher, coordinator or start-up error is one line, not a traceback,
    with the exit status its :class:`octo_dist.problems.Problem` means (2 for a malformed setting or
-   environment, 1 for a start-up that failed);
-2. the stop signal, right after start-up: ``jax.distributed.initialize`` installs TSL's own SIGTERM handler (its
-   preemption notifier), which would swallow the signal; from here a scheduler's signal during model building or
-   compilation stops the job at its first step;
-3. rank-aware logging, and the persistent compilation cache;
+   environment, 1 for a start-up that failed), a stop signal before it or not. The stop signals are held back
+   (blocked) through it, so that its threads and the watchdog's child process never get one, and taken back from
+   ``jax.distributed.initialize`` before they are let through: it ends by installing TSL's own SIGTERM handler
+   (its preemption notifier, which would swallow the signal);
+3. rank-aware logging (then the stop handler's warning about a signal inherited ignored), and the persistent
+   compilation cache;
 4. the job's own work; any :class:`~octo_dist.problems.Problem` it raises is one line and its exit status. A refusal
    (batch that does not divide, checkpoints that cannot be resumed, the job's own) is the same on every rank:
    printed once by rank 0, clean shutdown. A problem seen by one rank alone (``same_on_every_rank=False``: a full
@@ -25,7 +29,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from octo_dist import EXIT_USAGE, savelayout
 from octo_dist.problems import Problem
@@ -87,52 +91,85 @@ def run(command: str, options: Options, work: Callable[[Job], int]) -> int:
       options: start-up options (:class:`Options`).
       work: the job itself; returns its exit code.
     """
+    from octo_dist.runtime import ranklog
+    from octo_dist.runtime import stopping
+
+    # Flags parsed and the job's configuration checked (the command's main).
+    startclock.done("checks")
+    # Before start-up, which waits for every rank: a stop signal there is honoured at the first step. Its warning
+    # about a signal inherited ignored waits for the rank's logging, set up once the rank knows its number.
+    stop = stopping.StopSignal(report=False)
+    try:
+        # Held back until the handler is this one again: start-up's threads and processes never get a stop signal
+        # (the watchdog's child would die of one sent to the job step), nor TSL's handler in between.
+        with stop.held():
+            code, rt = _start_up(command, options)
+            if rt is not None:
+                stop.reinstall()  # SIGTERM back from jax.distributed.initialize's preemption notifier
+    except BaseException:
+        stop.close()
+        raise
+    if rt is None:
+        # Refused or failed: said as such, a stop signal before it or not (nothing was trained, nothing to save).
+        stop.close()
+        return code
+    startclock.done("distributed")
+    with runtime.running(rt):
+        ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
+        stop.report()
+        if stop.pending:
+            log.warning(
+                "%s came during start-up: the ranks agree on the stop in their first step, then save a "
+                "checkpoint and exit 0",
+                stop.name(stop.pending),
+            )
+        try:
+            return _work(command, options, Job(rt, stop), work)
+        finally:
+            stop.close()
+
+
+def _start_up(command: str, options: Options) -> Tuple[int, Optional[runtime.Runtime]]:
+    """``(0, runtime.Runtime)``, or ``(exit status, None)`` once the refusal or the start-up failure is printed."""
     from octo_dist.runtime import compile_cache
 
-    startclock.done(
-        "checks"
-    )  # flags parsed and the job's configuration checked (the command's main)
     refused = compile_cache.problem(options.compile_cache)
     if refused:  # found before start-up, the same on every rank
         print(f"octo-dist {command}: error: {refused}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return EXIT_USAGE, None
     try:
-        rt = runtime.initialize(**options.runtime)
-    except (
-        Problem
-    ) as e:  # a launcher, coordinator or setting refused (2), or a start-up that failed (1)
+        return 0, runtime.initialize(**options.runtime)
+    except Problem as e:
+        # A launcher, coordinator or setting refused (2), or a start-up that failed (1).
         print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_status
-    startclock.done("distributed")
-    with runtime.running(rt):
-        from octo_dist.runtime import ranklog
-        from octo_dist.runtime import stopping
+        return e.exit_status, None
 
-        # Logging first: installing the stop handler may log (a stop signal this process inherited ignored).
-        ranklog.setup(rt.process_index, rt.process_count, all_ranks=options.log_all_ranks)
-        stop = stopping.StopSignal()
-        try:
-            compile_cache.enable(
-                compile_cache.resolve(
-                    options.compile_cache, rt.platform, options.runtime.get("environ", os.environ)
-                )
-            )
-            try:
-                return work(Job(rt, stop))
-            except Problem as e:
-                if e.same_on_every_rank:
-                    # The same flags and shared directories on every rank: refuse together, shut down cleanly.
-                    if rt.is_main:
-                        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-                    return e.exit_status
-                # Seen by this process alone (a full disk under its write): the others may wait in a collective
-                # (orbax's barrier), so with several ranks this one ends the job (one line, no traceback).
+
+def _work(command: str, options: Options, job: Job, work: Callable[[Job], int]) -> int:
+    """The compilation cache, then ``work``; a :class:`~octo_dist.problems.Problem` it raises is one line and its
+    exit status."""
+    from octo_dist.runtime import compile_cache
+
+    rt = job.runtime
+    compile_cache.enable(
+        compile_cache.resolve(
+            options.compile_cache, rt.platform, options.runtime.get("environ", os.environ)
+        )
+    )
+    try:
+        return work(job)
+    except Problem as e:
+        if e.same_on_every_rank:
+            # The same flags and shared directories on every rank: refuse together, shut down cleanly.
+            if rt.is_main:
                 print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
-                if rt.process_count > 1:
-                    runtime.end_job(e.exit_status)
-                return e.exit_status
-        finally:
-            stop.close()
+            return e.exit_status
+        # Seen by this process alone (a full disk under its write): the others may wait in a collective
+        # (orbax's barrier), so with several ranks this one ends the job (one line, no traceback).
+        print(f"octo-dist {command}: error: {e}", file=sys.stderr, flush=True)
+        if rt.process_count > 1:
+            runtime.end_job(e.exit_status)
+        return e.exit_status
 
 
 @dataclasses.dataclass

@@ -27,13 +27,32 @@ them: whatever came in between is dropped by the kernel, silently.
 A stop signal already ignored when the handler is installed was ignored by whatever started this process (a
 launcher run with ``&`` from a script, ``nohup``, some CI runners; an ignore survives fork and exec): the handler
 replaces the ignore, so the signal stops the run with a checkpoint all the same, and the process says so once.
+
+A training rank installs the handler before its start-up (``octo_dist.apps.harness.run``), which waits for every
+rank in ``jax.distributed.initialize`` (seconds, up to the start-up timeout): installed after it, a qdel's SIGTERM,
+the job runtime's SIGUSR1 or Grid Engine's SIGUSR2 in that wait ended the rank by the signal's default action (exit
+138, 140, 143), a crashed rank to a chain, ``octo-dist jobs`` and the exit file. Recorded, it is honoured at the
+first step like any other. Three consequences. The warning about an inherited ignore waits for the rank's
+logging, set up after start-up (``StopSignal(report=False)``, then :meth:`StopSignal.report`).
+``jax.distributed.initialize`` ends by starting TSL's preemption notifier, whose C handler takes SIGTERM over (it
+only logs "SIGTERM caught at ..."; measured, jax 0.4.22: a SIGTERM then left ``pending`` at 0) while Python's table
+still names this handler, so the harness takes the signals back right after start-up (:meth:`StopSignal.reinstall`).
+And start-up starts threads and a process of its own (JAX's; the start-up watchdog's child, which a signal for the
+whole job step or session reaches too: Slurm's, PBS's qdel, and which died of it, the rank then failing at its next
+stage with a BrokenPipeError): so the signals are held back through start-up (:meth:`StopSignal.held`, blocked in
+the main thread and inherited by everything started meanwhile; the smoke job runs no other thread before it) and
+handled when it ends, by this handler, never by TSL's (a process started meanwhile keeps them blocked: the
+watchdog's child, which ends when the rank's pipe closes). What is not covered: Python's own start-up and the
+command's flag checks before ``harness.run`` (about a second). A stop signal during start-up never hides a start-up
+that fails: that failure is the rank's report and exit status (nothing was trained, so nothing is saved).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 # SIGINT too: Ctrl-C at a terminal, ``kill -INT``, the job runtime's rank guard forwarding one; before, it raised
 # KeyboardInterrupt wherever the rank was, which aborted the whole job (MPI_ABORT, exit 1: a chain stops) and lost
@@ -51,7 +70,9 @@ _ignored_here: set = set()  # the signals a handler below ignored after a stop: 
 class StopSignal:
     """Records SIGINT/SIGTERM/SIGUSR1/SIGUSR2 instead of dying; ``pending`` goes into every train step."""
 
-    def __init__(self, signals: Iterable[int] = SIGNALS):
+    def __init__(self, signals: Iterable[int] = SIGNALS, *, report: bool = True):
+        """``report=False``: the warning about an inherited ignore waits for :meth:`report` (a process whose
+        logging is not set up yet: a training rank before its start-up)."""
         self.received: Optional[int] = None
         signals = [
             s
@@ -67,6 +88,11 @@ class StopSignal:
         self.rearmed = tuple(
             s for s, h in self._previous.items() if h == signal.SIG_IGN and s not in _ignored_here
         )
+        if report:
+            self.report()
+
+    def report(self) -> None:
+        """Logs the stop signals this handler re-armed (``rearmed``) that no handler of this process named yet."""
         unreported = [s for s in self.rearmed if s not in _reported]
         if unreported:
             _reported.update(unreported)
@@ -75,6 +101,23 @@ class StopSignal:
                 "runner?): octo-dist stops on it anyway, with a checkpoint",
                 " ".join(self.name(s) for s in unreported),
             )
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Blocks the handled signals in this thread, and so in every thread and process started meanwhile, then
+        puts the mask found back: a signal that came meanwhile is handled then, by the handler set by then."""
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, list(self._previous))
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+    def reinstall(self) -> None:
+        """Takes the signals back from a C handler installed over this one since (``jax.distributed.initialize``'s
+        preemption notifier takes SIGTERM). ``signal.getsignal`` cannot tell: Python's own table still names this
+        handler, so every signal is set again."""
+        for s in self._previous:
+            signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
