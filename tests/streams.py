@@ -73,7 +73,7 @@ STREAMS = (
         "the cluster tests",
         None,
         (),
-        ("test_launch.py", "test_launch_injection.py"),
+        ("test_launch.py", "test_launch_injection.py", "test_stop_during_startup.py"),
         ".cluster/suite.log",
     ),
     Stream(

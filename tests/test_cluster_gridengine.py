@@ -45,11 +45,11 @@ XLA_DIRECTIVE = f"#$ -v XLA_FLAGS={COMPILE_FAST}"
 # The h_rt chain's first job is stopped by its own timer STOP_MULTIPLE times what one training process's start-up
 # (a 1-step smoke on node001, from its start to its exit) took just before, and never sooner than the product's own
 # least MIN_TRAINING_S (30 s). What the window must outlast is the job's start-up up to its ranks' stop handler: the
-# preflight's ranks, then the training's through jax.distributed.initialize (their parameters and compilation come
-# after it: a stop then is honoured at the first step); a stop before that (during the preflight: "not training")
-# leaves nothing to resume. Measured, the smoke and the job's first step after the job's start: quiet, 4.3 s and
-# 5-7 s; beside a busy process and another scheduler's chain, 9 s and 13.5 s, then 15 s and 10.5 s; beside four busy
-# processes, 12 s and 8 s. The stop handler comes before the parameters and the compilation, seconds before that
+# preflight's ranks, then the training ranks' Python start (harness.run installs the handler before
+# jax.distributed.initialize, the parameters and the compilation: a stop then is honoured at the first step); a stop
+# before that (during the preflight: "not training") leaves nothing to resume. Measured, the smoke and the job's
+# first step after the job's start: quiet, 4.3 s and 5-7 s; beside a busy process and another scheduler's chain, 9 s
+# and 13.5 s, then 15 s and 10.5 s; beside four busy processes, 12 s and 8 s. The handler comes seconds before that
 # first step. Twice the smoke, at least 30 s, leaves room for a machine that gets busier after the measurement.
 STOP_MULTIPLE = 2
 # The stop gets 300 s (a quiet machine needs seconds): beside two busy processes and four other test streams on 2

@@ -37,15 +37,16 @@ GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
 SAVE_EVERY = 10  # a checkpoint every 10 steps (one costs a rank about 0.37 s of CPU)
 LONG = 10**6  # steps of a run that only a fault or scancel ends
 # The time-limit chain. The test moves the time limit once every rank of the first job catches SIGUSR1 (its stop
-# handler installed: harness.run, right after start-up, before the parameters and the compilation); Slurm sends the
-# signal at its next time-limit check (within SLURM_CHECK_S), and the ranks stop within two steps of it. The steps
-# after the trigger outlast that: 30 s, the test's own latency from seeing the handlers to its `scontrol update` (a
-# poll and about five commands, their time measured on the same cluster just before the submission) and the two
-# steps. The pace is derived from these with a floor (30 steps x 1.25 s: 35 s before the last two steps = 30 s + 1 s
-# poll + 2 s of slurmctld and srun + 2 s for the commands, five of 0.13 s at three times that); the parameters and
-# compilation after the trigger only add to it, and a loaded machine makes a step longer, never shorter. Both jobs
-# of the chain run at the pace: together they sleep 30 x 1.25 = 37.5 s or more. Where the signal lands varies: mid-training (step 5 at a load of 8), or in
-# the compilation beside two CPU hogs (the ranks stop after step 2, harness.run's stop at the first step).
+# handler installed: harness.run, before start-up, the parameters and the compilation); Slurm sends the signal at its
+# next time-limit check (within SLURM_CHECK_S), and the ranks stop within two steps of it. The steps after the
+# trigger outlast that: 30 s, the test's own latency from seeing the handlers to its `scontrol update` (a poll and
+# about five commands, their time measured on the same cluster just before the submission) and the two steps. The
+# pace is derived from these with a floor (30 steps x 1.25 s: 35 s before the last two steps = 30 s + 1 s poll + 2 s
+# of slurmctld and srun + 2 s for the commands, five of 0.13 s at three times that); the start-up, parameters and
+# compilation after the trigger only add to it, and a loaded machine makes a step longer, never shorter. Both jobs of
+# the chain run at the pace: together they sleep 30 x 1.25 = 37.5 s or more. Where the signal lands varies:
+# mid-training (step 5 at a load of 8), or in the start-up or compilation beside two CPU hogs (the ranks stop after
+# step 2, harness.run's stop at the first step).
 CHAIN_STEP_TIME_S = 1.25
 SLURM_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: its time-limit (and --signal) checks, apart
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
