@@ -111,6 +111,7 @@ STREAMS = (
             "test_bench_fork.py",
             "test_rank_zero_first.py",
             "test_stop_status_first.py",
+            "test_watchdog_child.py",
         ),
         ".cluster/gridengine.log",
     ),

@@ -27,6 +27,10 @@ GRACE_S = 5.0  # the child's SIGKILL comes this long after the thread's exit, wh
 # The child: stdin is the pipe of stage names; argv: pid, seconds, message with a {stage} field.
 _CHILD = r"""
 import os, select, signal, sys, time
+# A stop signal for the whole job step or session (Slurm's, PBS's qdel) reaches this child too: it is the rank's to
+# handle; this child ends when the rank's pipe closes.
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, signal.SIG_IGN)
 pid, deadline, message = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3]
 stage, buf = "start-up", b""
 while True:
@@ -75,15 +79,27 @@ class Watchdog:
         """Name what this process is about to wait for (one line)."""
         self._stage = what.replace("\n", " ")
         if self._child is not None:
-            self._child.stdin.write(self._stage.encode() + b"\n")
-            self._child.stdin.flush()
+            try:
+                self._child.stdin.write(self._stage.encode() + b"\n")
+                self._child.stdin.flush()
+            except BrokenPipeError:
+                # The child is gone (killed from outside): the thread still keeps the deadline; only its backup
+                # for a C call that holds the GIL is lost. Not a reason to end the rank with a traceback.
+                self._drop_child()
 
     def cancel(self) -> None:
         self._timer.cancel()
-        if self._child is not None:
-            self._child.stdin.close()
-            self._child.wait()
-            self._child = None
+        self._drop_child()
+
+    def _drop_child(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        try:
+            child.stdin.close()
+        except BrokenPipeError:  # a stage written but not read: the child is gone
+            pass
+        child.wait()
 
     def __enter__(self) -> "Watchdog":
         return self
