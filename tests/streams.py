@@ -29,7 +29,10 @@ a quiet fresh-clone CI took 1150 s (venvs 83 s): the rest 1015 s wall / 284 s CP
 543 + 465, Grid Engine 579 + 317 (its h_rt chain 120 s longer since), PBS 432 + 498. Then every cluster job, and
 every run one is compared with, compiled fast (helpers.COMPILE_FAST), and the chains' stop windows came from
 start-ups measured just before: a quiet fresh-clone CI took 806 s (venvs 78 s): the rest 726 s, the cluster one
-415 + 229, Slurm 327 + 334, Grid Engine 412 + 275, PBS 378 + 320.
+415 + 229, Slurm 327 + 334, Grid Engine 412 + 275, PBS 378 + 320. Then test_stop_during_startup went beside the
+cluster tests and test_watchdog_child beside Grid Engine's: a quiet fresh-clone CI took 917 s (venvs 88 s; the rest
+829 s, the cluster one 552 + 254, Slurm 370 + 399, Grid Engine 446 + 334, PBS 446 + 365), on a machine slower than
+before.
 """
 
 from __future__ import annotations
