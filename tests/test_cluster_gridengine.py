@@ -358,9 +358,8 @@ def test_stop_before_h_rt_then_the_chained_job_resumes_after_hold_jid(ge_one_per
     ge.run(["qdel", second])
     ended(ge, work, second)
     text = log(work, second)
-    assert "SIGUSR2 after" in text, text[
-        -4000:
-    ]  # -notify's, before the kill: the ranks checkpoint and stop
+    # -notify's SIGUSR2, before the kill: the ranks checkpoint and stop.
+    assert "SIGUSR2 after" in text, text[-4000:]
     resumed = json.loads((work / "record.json").read_text())
     assert resumed["start_step"] == stopped_at["end_step"], (stopped_at, resumed)
     assert resumed["end_step"] >= after and resumed["stopped_by"], resumed
