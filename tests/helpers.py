@@ -97,6 +97,21 @@ def restore_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFAULT_SIGNALS)
 
 
+def signal_set(status: str, field: str) -> frozenset:
+    """The signals a mask of /proc/PID/status's text names: ``("...SigIgn:\t0000000000004002...", "SigIgn")`` ->
+    ``{SIGINT, SIGTERM}`` (bit ``n - 1`` is signal ``n``). ``field``: ``SigIgn``, ``SigCgt``, ``SigBlk``."""
+    mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+    return frozenset(n for n in range(1, 65) if mask >> (n - 1) & 1)
+
+
+def process_signals(pid: int, field: str) -> frozenset:
+    """:func:`signal_set` of process ``pid`` now; empty once it has ended."""
+    try:
+        return signal_set(Path(f"/proc/{pid}/status").read_text(), field)
+    except OSError:
+        return frozenset()
+
+
 def ignoring(*signals: int):
     """``preexec_fn`` for a test of an inherited ignore: the defaults, then ``signals`` ignored, as a process run with
     ``&`` from a script (SIGINT) or under ``trap '' TERM`` starts."""

@@ -86,16 +86,6 @@ def listens(pid: int, port: int) -> bool:
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
-def catches(pid: int, sig: int) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc/PID/status, bit ``sig - 1``)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M)
-    return bool(caught and int(caught.group(1), 16) >> (sig - 1) & 1)
-
-
 def has_children(pid: int) -> bool:
     """Whether process ``pid`` has started a child (a rank in start-up: its watchdog's)."""
     try:
@@ -170,7 +160,10 @@ def alone_with_a_stop(budget: float, tmp_path: Path):
     flags = ["--steps", "3", "--save-dir", str(out / "ckpt"), "--init-timeout", str(budget)]
     rank = Rank(1, coord.free_port(), flags, out)
     try:
-        rank.wait_until("its stop handler was in", lambda pid: catches(pid, signal.SIGUSR1))
+        rank.wait_until(
+            "its stop handler was in",
+            lambda pid: signal.SIGUSR1 in helpers.process_signals(pid, "SigCgt"),
+        )
         rank.proc.send_signal(signal.SIGUSR1)
     finally:
         ((code, stdout, stderr),) = finish([rank])

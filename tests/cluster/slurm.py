@@ -31,7 +31,6 @@ How it runs:
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import HANG_S, restore_signals
+from helpers import HANG_S, restore_signals, signal_set
 
 from . import sim
 
@@ -372,6 +371,5 @@ def stop_handlers(cluster: sim.Cluster) -> dict:
             except OSError:  # ended since it was listed
                 continue
             if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
-                caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
-                out[f"{node}:{pid}"] = bool(caught >> (signal.SIGUSR1 - 1) & 1)
+                out[f"{node}:{pid}"] = signal.SIGUSR1 in signal_set(status, "SigCgt")
     return out
