@@ -60,8 +60,11 @@ class Stream:
     cluster: tuple[
         str, ...
     ]  # globs under tests/ for its -m cluster run; () : every cluster file no other claims
-    beside: tuple[str, ...]  # files under tests/ run after them (-m "not cluster")
+    beside: tuple[str, ...]  # files under tests/ run beside them (-m "not cluster")
     log: str
+    # Its files beside first, then its cluster tests: the streams' multi-node jobs, each several JAX start-ups at
+    # once, do not all compete for the cores at the start (see the module's docstring).
+    cluster_last: bool = False
 
     @property
     def long(
@@ -117,6 +120,7 @@ STREAMS = (
             "test_watchdog_child.py",
         ),
         ".cluster/gridengine.log",
+        cluster_last=True,
     ),
     Stream(
         "pbs",
@@ -131,6 +135,7 @@ STREAMS = (
             "test_summary.py",
         ),
         ".cluster/pbs.log",
+        cluster_last=True,
     ),
 )
 PYTEST = [sys.executable, "-m", "pytest"]
@@ -155,7 +160,7 @@ def commands(stream: Stream | None) -> list[tuple[dict, list[str]]]:
         cluster = [f for g in stream.cluster for f in claimed(g)]
     else:  # every cluster test the real schedulers' streams do not run
         cluster = ignoring([f for s in STREAMS for g in s.cluster for f in claimed(g)])
-    return [
+    ordered = [
         (env, [*STREAM_PYTEST, "-m", "cluster", "--durations=15", *cluster]),
         (
             {},
@@ -163,6 +168,7 @@ def commands(stream: Stream | None) -> list[tuple[dict, list[str]]]:
             + [f"tests/{f}" for f in stream.beside],
         ),
     ]
+    return ordered[::-1] if stream.cluster_last else ordered
 
 
 def ignoring(files: list[str]) -> list[str]:

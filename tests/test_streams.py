@@ -31,7 +31,7 @@ def test_every_test_file_runs_once_per_marker_and_a_new_file_lands_in_the_rest(t
         assert all((REPO / "tests" / f).is_file() for f in s.beside), s.beside
         assert all(streams.claimed(g) for g in s.cluster), s.cluster
     # the real schedulers' streams: a cluster of their own each, the long scenarios on
-    envs = [streams.commands(s)[0][0] for s in streams.STREAMS]
+    envs = [env for s in streams.STREAMS for env, argv in streams.commands(s) if "cluster" in argv]
     instances = [e.get("OCTOSIM_INSTANCE") for e in envs]
     assert len(set(instances)) == len(instances)
     assert [e.get("OCTO_DIST_CLUSTER_LONG") for e in envs if e] == ["1"] * 3
