@@ -135,27 +135,43 @@ def spool(cluster):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def run_reference(out: Path, env: dict, launcher: tuple = (), *flags: str) -> dict:
+class ReferenceRun:
     """``[launcher] python -m octo_dist smoke --model tiny --steps STEPS --global-batch GLOBAL_BATCH --record out
-    [flags]`` on this host, waited for as long as it takes (HANG_S only ends a hang): its record."""
-    smoke = ["-m", "octo_dist", "smoke", "--model", "tiny", "--steps", str(STEPS)]
-    smoke += ["--global-batch", str(GLOBAL_BATCH), "--record", str(out), *flags]
-    res = subprocess.run(
-        [*launcher, sys.executable, *smoke],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=out.parent,
-        timeout=HANG_S,
-        stdin=subprocess.DEVNULL,
-    )
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    return json.loads(out.read_text())
+    [flags]`` on this host, started in the background when made: it computes while the job it is compared with is
+    submitted, queued and started (a session's first test that needs it waits for the sum otherwise). Its record
+    from :meth:`result`, waited for as long as it takes (HANG_S only ends a hang)."""
+
+    def __init__(self, out: Path, env: dict, launcher: tuple = (), *flags: str):
+        smoke = ["-m", "octo_dist", "smoke", "--model", "tiny", "--steps", str(STEPS)]
+        smoke += ["--global-batch", str(GLOBAL_BATCH), "--record", str(out), *flags]
+        self.out, self.log = out, out.with_suffix(".log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [*launcher, sys.executable, *smoke],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=out.parent,
+                stdin=subprocess.DEVNULL,
+            )
+        self.record: dict | None = None
+
+    def result(self) -> dict:
+        if self.record is None:
+            code = self.proc.wait(timeout=HANG_S)
+            assert code == 0, self.log.read_text(errors="replace")[-5000:]
+            self.record = json.loads(self.out.read_text())
+        return self.record
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory) -> dict:
-    """1 process x 4 devices, same global batches: what every 2 x 2 run must match.
+def reference(tmp_path_factory):
+    """1 process x 4 devices, same global batches: what every 2 x 2 run must match (a :class:`ReferenceRun`).
 
     Mostly initialising and compiling for 4 devices: 90 s beside 5 other processes on 2 cores, over 300 s at a load
     of 15 to 33 while the cluster streams run."""
@@ -164,20 +180,24 @@ def reference(tmp_path_factory) -> dict:
     env = clean_env(
         XLA_FLAGS=f"--xla_force_host_platform_device_count=4 {SUBMIT_VARS['XLA_FLAGS']}"
     )
-    return run_reference(out, env, (), "--launcher", "single")
+    run = ReferenceRun(out, env, (), "--launcher", "single")
+    yield run
+    run.close()
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_2x1(cluster_ready, tmp_path_factory) -> dict:
+def uninterrupted_2x1(cluster_ready, tmp_path_factory):
     """2 processes x 1 device under this venv's mpirun on this host, trained to the end without a stop: what the
     PBS job of 1 rank per node, stopped and resumed, must equal bit for bit (the same layout, the same collectives;
-    two JAX start-ups instead of a third 2-node job's four)."""
+    two JAX start-ups instead of a third 2-node job's four). A :class:`ReferenceRun`."""
     mpirun = Path(sys.executable).parent / "mpirun"
     if not mpirun.exists():
         pytest.skip("no mpirun in this venv (the cpu profile has one: make env)")
     out = tmp_path_factory.mktemp("uninterrupted") / "record.json"
     env = clean_env(XLA_FLAGS=SUBMIT_VARS["XLA_FLAGS"])  # the job's ranks get the submit shell's
-    return run_reference(out, env, (str(mpirun), "--oversubscribe", "-np", "2"))
+    run = ReferenceRun(out, env, (str(mpirun), "--oversubscribe", "-np", "2"))
+    yield run
+    run.close()
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
@@ -476,13 +496,18 @@ def test_cleanup_removes_an_earlier_crashed_run(cluster_ready, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def slurm_2x2(cluster_ready, sif, tmp_path_factory) -> dict:
-    """The SLURM job in the image, submitted with the real ``sbatch`` to real Slurm (``cluster/slurm.py``) and run
-    once to the end: the one job here of two ranks on a node (the real srun's task layout, which
-    ``tests/test_cluster_slurm.py``'s jobs of one rank per node leave to it)."""
+def slurm_usable():
     reason = sim_slurm.unavailable()
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_2x2(cluster_ready, slurm_usable, sif, tmp_path_factory, reference) -> dict:
+    """The SLURM job in the image, submitted with the real ``sbatch`` to real Slurm (``cluster/slurm.py``) and run
+    once to the end: the one job here of two ranks on a node (the real srun's task layout, which
+    ``tests/test_cluster_slurm.py``'s jobs of one rank per node leave to it). The reference it is compared with
+    runs beside it (``reference``, started first)."""
     tmp = tmp_path_factory.mktemp("slurm")
     with sim.Cluster(tmp / "cluster") as c, sim_slurm.Slurm(c) as s:
         work, home = workdir(tmp)
@@ -523,7 +548,7 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(slurm_2x2, reference):
     job = slurm_2x2["job"]
     assert slurm_2x2["final"]["JobState"] == "COMPLETED", slurm_2x2["tail"]
     record = slurm_2x2["record"]
-    line = check_smoke_run(job, record, reference, slurm_2x2["cluster"])
+    line = check_smoke_run(job, record, reference.result(), slurm_2x2["cluster"])
     job.proc = subprocess.CompletedProcess([], 0)  # for report(): Slurm said COMPLETED, exit 0:0
     report("SLURM 22.05 (sbatch, srun), 2 nodes x 2 ranks, in the image", job, line)
     assert record["end_step"] == STEPS and not record["stopped_by"]
@@ -538,7 +563,7 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(slurm_2x2, reference):
 
 
 def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
-    cluster, sif, spool, tmp_path, uninterrupted_2x1
+    uninterrupted_2x1, cluster, sif, spool, tmp_path
 ):
     """One rank per node: what is checked (node002's ranks see what was forwarded and only that, a SIGTERM stops
     every rank with a checkpoint, the next job resumes from it bit for bit) does not need two ranks on a node, which
@@ -568,14 +593,16 @@ def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_iden
     assert finish(second) == 0, tail(second)
     resumed = json.loads((work / "record.json").read_text())
     assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
-    # Bit for bit the uninterrupted run of the same layout: every step's loss and the parameters on both ranks.
+    # Bit for bit the uninterrupted run of the same layout (run beside the jobs, started first): every step's loss
+    # and the parameters on both ranks.
+    uninterrupted = uninterrupted_2x1.result()
     losses = {**stopped["losses"], **resumed["losses"]}
-    assert losses == uninterrupted_2x1["losses"], (losses, uninterrupted_2x1["losses"])
-    assert set(resumed["digests"]) == set(uninterrupted_2x1["digests"]), (
+    assert losses == uninterrupted["losses"], (losses, uninterrupted["losses"])
+    assert set(resumed["digests"]) == set(uninterrupted["digests"]), (
         resumed["digests"],
-        uninterrupted_2x1["digests"],
+        uninterrupted["digests"],
     )
-    assert len(set(uninterrupted_2x1["digests"])) == 1, uninterrupted_2x1["digests"]
+    assert len(set(uninterrupted["digests"])) == 1, uninterrupted["digests"]
     report(
         f"PBS, 2 nodes x 1 rank, SIGTERM at step {stopped['end_step']} (exit 0 on every rank), then resumed",
         second,

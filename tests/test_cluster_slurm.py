@@ -7,13 +7,14 @@ are Slurm's own, and so is ``--chain``'s dependency. Results come from rank 0's 
 parameter digest and host) and from ``scontrol show job`` (no ``sacct`` without ``slurmdbd``); never from
 interleaved output. ``tests/cluster/slurm.py`` says how the daemons run.
 
-The trained jobs here run one rank per node: what they check (both nodes, identical parameters, Slurm's time-limit
-signal, the chained job's bit-identical resume, ``octo-dist jobs`` and its scancel, a lost node) does not need two
+The trained jobs here run one rank per node: what they check (both nodes, identical parameters, the job script's
+stop signal, the chained job's bit-identical resume, ``octo-dist jobs`` and its scancel, a lost node) does not need two
 ranks on a node, and each rank costs two JAX start-ups (preflight, training) per job. Two ranks per node under the
 real srun are checked by ``test_detect_under_the_real_srun_matches_slurms_own_variables`` below (the task layout, no
 JAX) and by ``tests/test_cluster.py::test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image`` (a 2 x 2 job trained to
-the end). Five jobs train here: the uninterrupted one, the time-limit chain's two, the chain ``octo-dist jobs``
-reads and cancels (its second job never starts), and the lost node's.
+the end). Five jobs train here: the uninterrupted one, the stop chain's two, the chain ``octo-dist jobs``
+reads and cancels (its second job never starts), and the lost node's. Slurm's time limit and its --signal are
+checked by a job without JAX, the rendered job's #SBATCH lines around a stand-in for its runtime.
 """
 
 from __future__ import annotations
@@ -36,18 +37,15 @@ STEPS = 30
 GLOBAL_BATCH = 8  # 4 per rank on 2 nodes x 1 rank
 SAVE_EVERY = 10  # a checkpoint every 10 steps (one costs a rank about 0.37 s of CPU)
 LONG = 10**6  # steps of a run that only a fault or scancel ends
-# The time-limit chain. The test moves the time limit once every rank of the first job catches SIGUSR1 (its stop
-# handler installed: harness.run, before start-up, the parameters and the compilation); Slurm sends the signal at its
-# next time-limit check (within SLURM_CHECK_S), and the ranks stop within two steps of it. The steps after the
-# trigger outlast that: 30 s, the test's own latency from seeing the handlers to its `scontrol update` (a poll and
-# about five commands, their time measured on the same cluster just before the submission) and the two steps. The
-# pace is derived from these with a floor (30 steps x 1.25 s: 35 s before the last two steps = 30 s + 1 s poll + 2 s
-# of slurmctld and srun + 2 s for the commands, five of 0.13 s at three times that); the start-up, parameters and
-# compilation after the trigger only add to it, and a loaded machine makes a step longer, never shorter. Both jobs of
-# the chain run at the pace: together they sleep 30 x 1.25 = 37.5 s or more. Where the signal lands varies:
-# mid-training (step 5 at a load of 8), or in the start-up or compilation beside two CPU hogs (the ranks stop after
-# step 2, harness.run's stop at the first step).
-CHAIN_STEP_TIME_S = 1.25
+# The stop chain. Its first job is sent SIGUSR1 as Slurm's time limit sends it (--signal=B:USR1: the job script's
+# process alone, scancel --batch) once it has saved step SAVE_EVERY, and the ranks stop within two steps of it; the
+# steps after that checkpoint outlast a poll (1 s), the scancel (its time measured on the same cluster just before,
+# at three times that: load may grow) and 2 s of slurmctld, slurmd and the job's forwarding, with two steps to spare
+# (STEPS - SAVE_EVERY - 2 = 18 steps): quiet, 3.4 s or 0.19 s a step, never below CHAIN_STEP_TIME_S (a quiet run
+# stopped 1.75 s after its checkpoint, at step 17; 0.3 s leaves 6 s). That Slurm sends the signal before the time
+# limit, when the script asks it to, is the next test's (a job without JAX: the wait for Slurm's time-limit check, up
+# to SLURM_CHECK_S, is then no JAX job's).
+CHAIN_STEP_TIME_S = 0.3
 SLURM_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: its time-limit (and --signal) checks, apart
 # The uninterrupted run's pace: it waits instead of computing flat out, so the tests beside it keep the cores.
 REFERENCE_STEP_TIME = 0.1
@@ -55,10 +53,10 @@ REFERENCE_STEP_TIME = 0.1
 # long, and the tests beside it keep the machine's cores. Its first checkpoint (step 10) comes after 5 s, and one
 # every 5 s after it; each rank computes two steps a second.
 LONG_STEP_TIME = 0.5
-# The chained job's --stop-margin, hence its `#SBATCH --signal=B:USR1@180`. The test moves the time limit to the
+# The rendered job's --stop-margin, hence its `#SBATCH --signal=B:USR1@180`. The test moves the time limit to the
 # whole minute that puts the signal's time (limit - 180 s) in the past and the limit itself 120-180 s ahead, so
-# Slurm sends the signal at its next time-limit check (every 30 s) and the ranks have 90 s or more to stop before
-# the limit. (A 60 s margin with the limit 60-120 s ahead would leave the signal up to 90 s away.)
+# Slurm sends the signal at its next time-limit check (every SLURM_CHECK_S), 90 s or more before the limit. (A 60 s
+# margin with the limit 60-120 s ahead would leave the signal up to 90 s away.)
 STOP_MARGIN_S = 180
 # A lost node: from the fault to the job's end (under CI load: 1-34 s). What it takes: the supervisor's node probe
 # (NODE_PROBE_S, 15 s) or a rank's failure, its FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded
@@ -231,69 +229,37 @@ def test_submitted_job_completes_on_both_nodes_with_identical_parameters(uninter
 
 
 def chain_step_time(latency: float) -> float:
-    """The chain's pace (smoke --step-time) for commands that take ``latency`` s: the steps after the trigger outlast
-    a poll (1 s), five commands each up to three times as slow as measured (load may grow), Slurm's next check and
-    2 s of slurmctld's loop and srun's forwarding, with two steps to spare; never below CHAIN_STEP_TIME_S."""
-    needed = 1 + 5 * 3 * latency + SLURM_CHECK_S + 2
-    return max(CHAIN_STEP_TIME_S, round(needed / (STEPS - 2), 2))
+    """The stop chain's pace (smoke --step-time) for Slurm commands that take ``latency`` s: the steps after the
+    checkpoint that triggers the stop outlast a poll (1 s), the scancel at three times its measured time and 2 s of
+    Slurm's and the job's forwarding, with two steps to spare; never below CHAIN_STEP_TIME_S."""
+    needed = 1 + 3 * latency + 2
+    return max(CHAIN_STEP_TIME_S, round(needed / (STEPS - SAVE_EVERY - 2), 2))
 
 
-def wait_for_stop_handlers(job: Submitted) -> None:
-    """Until a training process on each node catches SIGUSR1 (``sim_slurm.stop_handlers``); job 0 ending fails."""
-    nodes = job.slurm.cluster.nodes
-
-    def ready() -> bool:
-        seen = sim_slurm.stop_handlers(job.slurm.cluster)
-        if sorted(k.split(":")[0] for k, v in seen.items() if v) == nodes:
-            return True
-        record = job.record_of(job.id)
-        assert not job.has_ended(record), (
-            f"job {job.id} ended before its ranks caught SIGUSR1: {record}\n{job.tail()}"
-        )
-        return False
-
-    wait_until(
-        ready,
-        watch=[job.work, job.logs[0]],
-        what=f"a training process of job {job.id} catching SIGUSR1 on each of {nodes}",
-        tail=job.tail,
-    )
-
-
-def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_identically(
+def test_slurms_usr1_to_the_job_script_stops_every_rank_and_the_chained_job_resumes_bit_identically(
     slurm, tmp_path, compile_cache, uninterrupted
 ):
+    """The job script's SIGUSR1, as the time limit's --signal=B:USR1 sends it (scancel --batch: the script's process
+    alone), once the first job has saved step SAVE_EVERY: every rank checkpoints and the job ends 0; the second job
+    of the chain (afterany) resumes from that checkpoint and ends equal, bit for bit, to the uninterrupted run."""
     latency = slurm.latency()
     step_time = chain_step_time(latency)
-    job = launch(
-        slurm,
-        tmp_path,
-        compile_cache,
-        "--submit",
-        "--chain",
-        "2",
-        "--stop-margin",
-        str(STOP_MARGIN_S),
-        step_time=step_time,
-    )
+    job = launch(slurm, tmp_path, compile_cache, "--chain", "2", step_time=step_time)
     first, second = job.ids
     assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
-    wait_for_stop_handlers(job)
-    # The time limit brought forward, as an admin's `scontrol update` does (Slurm counts it in minutes): three
-    # minutes after the whole minutes run, e.g. RunTime 0:47 -> TimeLimit 3 (180 s). The signal's time, limit -
-    # STOP_MARGIN_S (0 s here), is past, so Slurm's own --signal=B:USR1@180 comes at its next check (within 30 s),
-    # while the ranks train (or build and compile: they stop after their first step); the limit is 121-180 s on.
-    minutes = int(slurm.job(first)["RunTime"].split(":")[-2]) + 3
-    slurm.client("node001", ["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"])
+    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
+    slurm.client("node001", ["scancel", "--batch", "--signal=USR1", first])
     final = job.wait(0)
     assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
     stopped = job.record()
     paced = f"(--step-time {step_time}: commands took {latency:.2f} s)"
-    assert stopped["stopped_by"] and 0 < stopped["end_step"] < STEPS, (stopped, paced, job.tail(0))
+    assert stopped["stopped_by"] and SAVE_EVERY < stopped["end_step"] < STEPS, (
+        stopped,
+        paced,
+        job.tail(0),
+    )
     hosts(stopped)
-    assert "SIGUSR1" in job.log(0), job.tail(
-        0
-    )  # the script's own note: "SIGUSR1 after Ns: asking every rank..."
+    assert "SIGUSR1 after" in job.log(0), job.tail(0)  # "SIGUSR1 after Ns: asking every rank..."
 
     resumed_final = job.wait(1)
     assert resumed_final["JobState"] == "COMPLETED", (resumed_final, job.tail(1))
@@ -306,7 +272,70 @@ def test_the_time_limit_signal_stops_every_rank_and_the_chained_job_resumes_bit_
         resumed["digests"],
         uninterrupted["record"]["digests"],
     )
-    report(f"time-limit chain: stopped after step {stopped['end_step']} of {STEPS} {paced}")
+    report(f"stop chain: stopped after step {stopped['end_step']} of {STEPS} {paced}")
+
+
+# What stands in for the job's runtime in the time-limit test: it notes its start, then the time SIGUSR1 came, and
+# exits 0 (no JAX: what is tested is Slurm's delivery, as the rendered directives ask for it).
+SIGNAL_NOTE = """exec {python} -c '
+import pathlib, signal, sys, time
+def stop(*_):
+    pathlib.Path("{work}/usr1").write_text(repr(time.time()))
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, stop)
+pathlib.Path("{work}/started").write_text(repr(time.time()))
+while True:
+    time.sleep(1)
+'
+"""
+
+
+def test_the_time_limit_sends_the_job_script_usr1_before_the_limit(slurm, tmp_path):
+    """The rendered job's own #SBATCH lines (--time, --signal=B:USR1@STOP_MARGIN_S) under the real sbatch: once the
+    time limit is brought forward (as an admin's `scontrol update` does; Slurm counts it in minutes) so that the
+    signal's time is past and the limit 121-180 s ahead, Slurm sends SIGUSR1 to the job script's process at its next
+    time-limit check, before the limit: the job ends by it (0:0), not by the limit. The rendered script `exec`s the
+    job's runtime, which the stop chain above shows stopping every rank on that signal."""
+    work, home = tmp_path / "submit", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    argv = [sys.executable, "-m", "octo_dist", "launch", "slurm", "--nodes", "2"]
+    argv += ["--ranks-per-node", "1", "--gpus-per-node", "1", "--walltime", "0:30:00"]
+    argv += ["--venv", str(VENV), "--global-batch", str(GLOBAL_BATCH), "--steps", str(STEPS)]
+    argv += ["--save-dir", "runs/smoke", "--stop-margin", str(STOP_MARGIN_S), "-o", "job.sh"]
+    env = sim.base_env(slurm.cluster, home, {})
+    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
+    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=HANG_S)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rendered = (work / "job.sh").read_text().splitlines()
+    assert any(line.startswith("exec ") for line in rendered), (
+        rendered
+    )  # the runtime is the script's process
+    header = [line for line in rendered if line.startswith(("#!", "#SBATCH"))]
+    assert "#SBATCH --time=00:30:00" in header, header
+    assert f"#SBATCH --signal=B:USR1@{STOP_MARGIN_S}" in header, header
+    script = work / "note-usr1.sh"
+    body = SIGNAL_NOTE.format(python=sys.executable, work=work)
+    script.write_text("\n".join(header) + "\n" + body)
+    submitted = slurm.client(
+        "node001", ["sbatch", "--parsable", str(script)], env=env, cwd=str(work)
+    )
+    job_id = submitted.stdout.strip()
+    wait_until(lambda: (work / "started").exists(), watch=[work], what=f"job {job_id} to start")
+    minutes = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 3
+    slurm.client("node001", ["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"])
+    final = wait_until(
+        lambda: (r := slurm.job(job_id)).get("JobState") in ENDED and r,
+        watch=[work],
+        what=f"job {job_id} to end",
+        tail=lambda: slurm.logs(),
+        on_hang=lambda: slurm.client("node001", ["scancel", job_id], check=False),
+    )
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, slurm.logs())
+    limit = float((work / "started").read_text()) + minutes * 60
+    came = float((work / "usr1").read_text())
+    assert came < limit - 60, (came, limit)  # 90 s or more before the limit: at Slurm's next check
 
 
 def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) -> Submitted:

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from helpers import HANG_S, restore_signals, signal_set
+from helpers import HANG_S, restore_signals
 
 from . import sim
 
@@ -353,23 +352,4 @@ def job_processes(cluster: sim.Cluster) -> list[str]:
                 d in name for d in ("slurmd", "slurmctld", "munged", "runuser", "slurmstepd")
             ):
                 out.append(f"{node}: {name}")
-    return out
-
-
-def stop_handlers(cluster: sim.Cluster) -> dict:
-    """Each training process on the nodes (``.../bin/octo-dist smoke``; not its rank guard, not the preflight):
-    ``{"node001:1234": True}`` when it catches SIGUSR1, from ``SigCgt`` in /proc/PID/status (e.g.
-    ``0000000100004a02``: bit 9 is SIGUSR1). Python catches SIGINT alone until the harness installs the stop
-    handler (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), so SIGUSR1 caught means a stop signal now stops the run with a
-    checkpoint; before it, SIGUSR1's default action would end the rank."""
-    out = {}
-    for node in cluster.nodes:
-        for pid in cluster.processes_on(node):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:  # ended since it was listed
-                continue
-            if any(part.endswith(b"octo-dist") for part in cmd[:2]) and b"smoke" in cmd:
-                out[f"{node}:{pid}"] = signal.SIGUSR1 in signal_set(status, "SigCgt")
     return out
