@@ -32,7 +32,11 @@ start-ups measured just before: a quiet fresh-clone CI took 806 s (venvs 78 s): 
 415 + 229, Slurm 327 + 334, Grid Engine 412 + 275, PBS 378 + 320. Then test_stop_during_startup went beside the
 cluster tests and test_watchdog_child beside Grid Engine's: a quiet fresh-clone CI took 917 s (venvs 88 s; the rest
 829 s, the cluster one 552 + 254, Slurm 370 + 399, Grid Engine 446 + 334, PBS 446 + 365), on a machine slower than
-before.
+before. Its load average was 15-20 while the four cluster streams started their multi-node jobs at once, and a
+2-rank job's start-up took 5-8 times its time alone (a compilation of 22 s instead of 3). Grid Engine's and PBS's
+streams then ran their files beside first (``cluster_last``): the longest test went from 149 to 112 s, the CI took
+951 s; Open MPI 4.1's 2 x 2 job (21 s alone, 81-151 s in CI) then went to the Slurm stream's first half, and
+test_decode_scale and test_convert_frames from there to the cluster one's files beside.
 """
 
 from __future__ import annotations
@@ -79,14 +83,22 @@ STREAMS = (
         "the cluster tests",
         None,
         (),
-        ("test_launch.py", "test_launch_injection.py", "test_stop_during_startup.py"),
+        (
+            "test_launch.py",
+            "test_launch_injection.py",
+            "test_stop_during_startup.py",
+            "test_decode_scale.py",
+            "test_convert_frames.py",
+        ),
         ".cluster/suite.log",
     ),
     Stream(
         "slurm",
         "the real Slurm tests",
         "1",
-        ("test_cluster_slurm*.py",),
+        # Open MPI 4.1's 2 x 2 job in the image: eight JAX start-ups, in the first half of the run, while the Grid
+        # Engine and PBS streams run their files beside (81-151 s later, beside their cluster tests).
+        ("test_cluster_slurm*.py", "test_cluster_mpi41.py"),
         (
             "test_runtime.py",
             "test_validate.py",
@@ -98,8 +110,6 @@ STREAMS = (
             "test_stop_signal_burst.py",
             "test_bench_input.py",
             "test_augment.py",
-            "test_decode_scale.py",
-            "test_convert_frames.py",
         ),
         ".cluster/slurm.log",
     ),
