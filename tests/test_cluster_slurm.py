@@ -20,6 +20,7 @@ checked by a job without JAX, the rendered job's #SBATCH lines around a stand-in
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,7 +130,23 @@ class Submitted(SubmittedJobs):
         self.slurm.client("node001", ["scancel", job_id], check=False)
 
 
-def launch(
+def login_env(slurm: sim_slurm.Slurm, home: Path, submitted: dict) -> dict:
+    """The login shell: the site's PATH (singularity), Slurm's config, the checkout importable for `python -m`, and
+    ``submitted`` exported."""
+    env = sim.base_env(slurm.cluster, home, submitted)
+    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
+    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    return env
+
+
+def launch(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path, *extra: str, **job) -> Submitted:
+    """``octo-dist launch slurm --nodes 2 --ranks-per-node 1 ... --submit`` in a submit directory on node001 (the
+    login node); ``job``: :func:`render`'s."""
+    res = render(slurm, tmp_path, cache, "--submit", *extra, **job)
+    return Submitted(slurm, tmp_path / "submit", res.stdout)
+
+
+def render(
     slurm: sim_slurm.Slurm,
     tmp_path: Path,
     cache: Path,
@@ -139,9 +156,9 @@ def launch(
     image: Path | None = None,
     train: list | None = None,
     step_time: float = 0,
-) -> Submitted:
-    """``octo-dist launch slurm --nodes 2 --ranks-per-node 1 ... --submit`` in a submit directory on node001 (the
-    login node)."""
+) -> subprocess.CompletedProcess:
+    """``octo-dist launch slurm --nodes 2 --ranks-per-node 1 ... -o job.sh [extra]`` in a submit directory on
+    node001 (the login node), the shell's SUBMIT_VARS exported."""
     work, home = tmp_path / "submit", tmp_path / "home"
     work.mkdir(exist_ok=True)
     home.mkdir(exist_ok=True)
@@ -182,18 +199,14 @@ def launch(
         str(cache),
         "-o",
         "job.sh",
-        "--submit",
         *extra,
         "--",
         *train,
     ]
-    # The login shell: the site's PATH (singularity), Slurm's config, the checkout importable for `python -m`.
-    env = sim.base_env(slurm.cluster, home, SUBMIT_VARS)
-    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
-    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    env = login_env(slurm, home, SUBMIT_VARS)
     res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=HANG_S)
     assert res.returncode == 0, res.stdout + res.stderr
-    return Submitted(slurm, work, res.stdout)
+    return res
 
 
 def hosts(rec: dict) -> None:
@@ -290,24 +303,15 @@ while True:
 """
 
 
-def test_the_time_limit_sends_the_job_script_usr1_before_the_limit(slurm, tmp_path):
+def test_the_time_limit_sends_the_job_script_usr1_before_the_limit(slurm, tmp_path, compile_cache):
     """The rendered job's own #SBATCH lines (--time, --signal=B:USR1@STOP_MARGIN_S) under the real sbatch: once the
     time limit is brought forward (as an admin's `scontrol update` does; Slurm counts it in minutes) so that the
     signal's time is past and the limit 121-180 s ahead, Slurm sends SIGUSR1 to the job script's process at its next
     time-limit check, before the limit: the job ends by it (0:0), not by the limit. The rendered script `exec`s the
     job's runtime, which the stop chain above shows stopping every rank on that signal."""
-    work, home = tmp_path / "submit", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    argv = [sys.executable, "-m", "octo_dist", "launch", "slurm", "--nodes", "2"]
-    argv += ["--ranks-per-node", "1", "--gpus-per-node", "1", "--walltime", "0:30:00"]
-    argv += ["--venv", str(VENV), "--global-batch", str(GLOBAL_BATCH), "--steps", str(STEPS)]
-    argv += ["--save-dir", "runs/smoke", "--stop-margin", str(STOP_MARGIN_S), "-o", "job.sh"]
-    env = sim.base_env(slurm.cluster, home, {})
-    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
-    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
-    res = slurm.client("node001", argv, env=env, cwd=str(work), check=False, timeout=HANG_S)
-    assert res.returncode == 0, res.stdout + res.stderr
+    render(slurm, tmp_path, compile_cache, "--stop-margin", str(STOP_MARGIN_S))
+    work = tmp_path / "submit"
+    env = login_env(slurm, tmp_path / "home", {})
     rendered = (work / "job.sh").read_text().splitlines()
     assert any(line.startswith("exec ") for line in rendered), (
         rendered
@@ -347,10 +351,7 @@ def launch_until_stopped(slurm: sim_slurm.Slurm, tmp_path: Path, cache: Path) ->
 
 def jobs(slurm: sim_slurm.Slurm, tmp_path: Path, *argv: str):
     """``octo-dist jobs --save-dir runs/smoke ...`` on the login node, in the submit directory."""
-    home = tmp_path / "home"
-    env = sim.base_env(slurm.cluster, home, {})
-    env.update(slurm.env({"PATH": env["PATH"], "HOME": str(home)}))
-    env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
+    env = login_env(slurm, tmp_path / "home", {})
     argv = [sys.executable, "-m", "octo_dist", "jobs", "--save-dir", "runs/smoke", *argv]
     return slurm.client(
         "node001", argv, env=env, cwd=str(tmp_path / "submit"), check=False, timeout=HANG_S
