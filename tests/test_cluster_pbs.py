@@ -259,20 +259,36 @@ def test_the_imitation_runs_a_chain_after_its_predecessor(pbs):
 
 def test_the_imitation_ends_a_job_at_its_wall_time_as_a_qdel_does(pbs):
     """-l walltime: SIGTERM to the job's sessions at the limit (the script's trap runs), then as a qdel; -V gives the
-    job the whole submitting environment."""
-    work = workdir(pbs, "imitation-walltime")
-    script = f"""#!/bin/bash
-#PBS -l walltime=00:00:02
+    job the whole submitting environment.
+
+    The limit counts from the job's start, so a busy machine can reach it before the shell has read its ``trap`` line
+    (a CI run's job ended 271 with no trap run). The script notes when its trap is armed; a job whose limit came
+    first says nothing of the property, and another runs with the wall time doubled."""
+    for attempt in range(WALLTIME_ATTEMPTS):
+        walltime = 2 * 2**attempt
+        work = workdir(pbs, f"imitation-walltime-{walltime}")
+        script = f"""#!/bin/bash
+#PBS -l walltime=00:00:{walltime:02d}
 trap 'echo "term $WHOLE_ENV" > {work}/term' TERM
+echo armed > {work}/armed
 sleep 600 &
 wait
 """
-    job = qsub(pbs, work, script, "-V", env={"WHOLE_ENV": "came-with-V"})
-    record = ended(pbs, job)
-    assert record["Exit_status"] == 271, record
-    assert "walltime" in record["comment"], record
-    assert wait_file(work / "term") == "term came-with-V\n"
+        job = qsub(pbs, work, script, "-V", env={"WHOLE_ENV": "came-with-V"})
+        record = ended(pbs, job)
+        assert record["Exit_status"] == 271, record
+        assert "walltime" in record["comment"], record
+        if (work / "armed").exists():
+            break
+    else:
+        pytest.fail(f"the wall time came before the job's trap line {WALLTIME_ATTEMPTS} times, the last at {walltime} s")
+    # the trap writes before the shell exits, and the job ends once its last process has: no waiting
+    assert (work / "term").exists(), f"the armed trap did not run before the job ended: {record}"
+    assert (work / "term").read_text() == "term came-with-V\n"
     assert pbs.carrying(job) == [] and sim_pbs.escapes(record) == [], record
+
+
+WALLTIME_ATTEMPTS = 4  # 2, 4, 8 and 16 s: a job shell that has not read its third line in 16 s is a hang
 
 
 # ---- the rendered job ----------------------------------------------------------------------------------------------
