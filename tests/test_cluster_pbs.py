@@ -281,14 +281,17 @@ wait
         if (work / "armed").exists():
             break
     else:
-        pytest.fail(f"the wall time came before the job's trap line {WALLTIME_ATTEMPTS} times, the last at {walltime} s")
+        pytest.fail(
+            f"the wall time came before the job's trap line {WALLTIME_ATTEMPTS} times, the last at {walltime} s"
+        )
     # the trap writes before the shell exits, and the job ends once its last process has: no waiting
     assert (work / "term").exists(), f"the armed trap did not run before the job ended: {record}"
     assert (work / "term").read_text() == "term came-with-V\n"
     assert pbs.carrying(job) == [] and sim_pbs.escapes(record) == [], record
 
 
-WALLTIME_ATTEMPTS = 4  # 2, 4, 8 and 16 s: a job shell that has not read its third line in 16 s is a hang
+# 2, 4, 8 and 16 s: a job shell that has not read its third line in 16 s is a hang
+WALLTIME_ATTEMPTS = 4
 
 
 # ---- the rendered job ----------------------------------------------------------------------------------------------

@@ -40,8 +40,10 @@ while not (out / "sent").exists():
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 120) -> str:
+    """``path``'s text once it has some: the programs here write with ``write_text``, which creates the file before
+    it writes, and a CI run read one in between ('')."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (path.exists() and path.stat().st_size):
         if proc.poll() is not None:
             raise AssertionError(
                 f"the process exited ({proc.returncode}) while the test waited for {what}: "
