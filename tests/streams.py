@@ -36,7 +36,11 @@ before. Its load average was 15-20 while the four cluster streams started their 
 2-rank job's start-up took 5-8 times its time alone (a compilation of 22 s instead of 3). Grid Engine's and PBS's
 streams then ran their files beside first (``cluster_last``): the longest test went from 149 to 112 s, the CI took
 951 s; Open MPI 4.1's 2 x 2 job (21 s alone, 81-151 s in CI) then went to the Slurm stream's first half, and
-test_decode_scale and test_convert_frames from there to the cluster one's files beside.
+test_decode_scale and test_convert_frames from there to the cluster one's files beside. Two quiet fresh-clone CIs
+took 1118 and 1069 s (the rest 909 and 900 s, PBS 732 + 272 and 652 + 320, the cluster one 420 + 432 and 375 + 499,
+Slurm 459 + 395 and 468 + 409, Grid Engine 496 + 320 and 490 + 359); the Open MPI 4.1 job took 80 and 124 s at the
+end of Slurm's cluster tests. It went to the end of Grid Engine's stream, where the other streams have ended, and
+test_summary from PBS's files beside to Slurm's.
 """
 
 from __future__ import annotations
@@ -96,9 +100,7 @@ STREAMS = (
         "slurm",
         "the real Slurm tests",
         "1",
-        # Open MPI 4.1's 2 x 2 job in the image: eight JAX start-ups, in the first half of the run, while the Grid
-        # Engine and PBS streams run their files beside (81-151 s later, beside their cluster tests).
-        ("test_cluster_slurm*.py", "test_cluster_mpi41.py"),
+        ("test_cluster_slurm*.py",),
         (
             "test_runtime.py",
             "test_validate.py",
@@ -110,6 +112,7 @@ STREAMS = (
             "test_stop_signal_burst.py",
             "test_bench_input.py",
             "test_augment.py",
+            "test_summary.py",
         ),
         ".cluster/slurm.log",
     ),
@@ -117,7 +120,9 @@ STREAMS = (
         "gridengine",
         "the real Grid Engine tests",
         "2",
-        ("test_cluster_gridengine*.py",),
+        # Open MPI 4.1's 2 x 2 job in the image (eight JAX start-ups) last of all, when the other streams have
+        # ended: 21 s alone, 81-151 s anywhere earlier.
+        ("test_cluster_gridengine*.py", "test_cluster_mpi41.py"),
         (
             "test_engine.py",
             "test_inherited_signals.py",
@@ -142,7 +147,6 @@ STREAMS = (
             "test_checkpoint_integrity.py",
             "test_frames.py",
             "test_device_resize.py",
-            "test_summary.py",
         ),
         ".cluster/pbs.log",
         cluster_last=True,
