@@ -121,7 +121,7 @@ STREAMS = (
         "the real Grid Engine tests",
         "2",
         # Open MPI 4.1's 2 x 2 job in the image (eight JAX start-ups) last of all, when the other streams have
-        # ended: 21 s alone, 81-151 s anywhere earlier.
+        # ended: 21 s alone, 80-151 s anywhere earlier.
         ("test_cluster_gridengine*.py", "test_cluster_mpi41.py"),
         (
             "test_engine.py",

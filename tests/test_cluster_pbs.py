@@ -39,6 +39,7 @@ from helpers import (
     changed_since,
     checkpoints,
     wait_until,
+    with_growing_budget,
 )
 
 pytestmark = [pytest.mark.cluster]
@@ -263,9 +264,9 @@ def test_the_imitation_ends_a_job_at_its_wall_time_as_a_qdel_does(pbs):
 
     The limit counts from the job's start, so a busy machine can reach it before the shell has read its ``trap`` line
     (a CI run's job ended 271 with no trap run). The script notes when its trap is armed; a job whose limit came
-    first says nothing of the property, and another runs with the wall time doubled."""
-    for attempt in range(WALLTIME_ATTEMPTS):
-        walltime = 2 * 2**attempt
+    first says nothing of the property, and another runs with the wall time doubled (helpers.with_growing_budget)."""
+
+    def job_of(walltime: int) -> tuple:
         work = workdir(pbs, f"imitation-walltime-{walltime}")
         script = f"""#!/bin/bash
 #PBS -l walltime=00:00:{walltime:02d}
@@ -275,23 +276,21 @@ sleep 600 &
 wait
 """
         job = qsub(pbs, work, script, "-V", env={"WHOLE_ENV": "came-with-V"})
-        record = ended(pbs, job)
-        assert record["Exit_status"] == 271, record
-        assert "walltime" in record["comment"], record
-        if (work / "armed").exists():
-            break
-    else:
-        pytest.fail(
-            f"the wall time came before the job's trap line {WALLTIME_ATTEMPTS} times, the last at {walltime} s"
-        )
+        return work, job, ended(pbs, job)
+
+    # 2 to 16 s: a job shell that has not read its third line in 16 s is a hang
+    walltime, (work, job, record) = with_growing_budget(
+        job_of, lambda result: (result[0] / "armed").exists(), budgets=(2, 4, 8, 16)
+    )
+    assert (work / "armed").exists(), (
+        f"the wall time came before the job's trap line at every limit up to {walltime} s"
+    )
+    assert record["Exit_status"] == 271, record
+    assert "walltime" in record["comment"], record
     # the trap writes before the shell exits, and the job ends once its last process has: no waiting
     assert (work / "term").exists(), f"the armed trap did not run before the job ended: {record}"
     assert (work / "term").read_text() == "term came-with-V\n"
     assert pbs.carrying(job) == [] and sim_pbs.escapes(record) == [], record
-
-
-# 2, 4, 8 and 16 s: a job shell that has not read its third line in 16 s is a hang
-WALLTIME_ATTEMPTS = 4
 
 
 # ---- the rendered job ----------------------------------------------------------------------------------------------

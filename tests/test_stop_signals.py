@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import helpers
-from helpers import RANK_OUTPUT, REPO, clean_env
+from helpers import HANG_S, RANK_OUTPUT, REPO, clean_env
 from helpers import COMPILE_FAST, signal_all
 
 # Installs the handler, "trains" until a stop signal, then shuts down the way train.fit does when it owns the
@@ -39,9 +39,9 @@ while not (out / "sent").exists():
 """
 
 
-def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = 120) -> str:
+def wait_for_file(path: Path, proc: subprocess.Popen, what: str, timeout: float = HANG_S) -> str:
     """``path``'s text once it has some: the programs here write with ``write_text``, which creates the file before
-    it writes, and a CI run read one in between ('')."""
+    it writes, and a CI run read one in between (''). HANG_S only ends a hang."""
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.stat().st_size):
         if proc.poll() is not None:
