@@ -562,34 +562,60 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(slurm_2x2, reference):
     assert all(e.get("NCCL_DEBUG") == "WARN" for e in slurm_2x2["envs"])
 
 
-def test_pbs_job_in_the_image_forwards_env_stops_on_sigterm_and_resumes_bit_identical(
-    uninterrupted_2x1, cluster, sif, spool, tmp_path
-):
-    """One rank per node: what is checked (node002's ranks see what was forwarded and only that, a SIGTERM stops
-    every rank with a checkpoint, the next job resumes from it bit for bit) does not need two ranks on a node, which
-    the SLURM job checks; two jobs of 2 ranks are eight JAX start-ups (preflight, training) instead of sixteen."""
-    work, home = workdir(tmp_path)
+@pytest.fixture(scope="module")
+def pbs_stopped(cluster_ready, sif, uninterrupted_2x1, tmp_path_factory) -> dict:
+    """The PBS job in the image, stopped by SIGTERM (as qdel and the wall time stop one) once its step-2 checkpoint
+    is complete, on a cluster of its own, down once the job has ended: the next job resumes from its submit
+    directory on another (a chained job gets other nodes, or the same ones afresh).
+
+    One rank per node: what is checked (node002's ranks see what was forwarded and only that, a SIGTERM stops every
+    rank with a checkpoint, the next job resumes from it bit for bit) does not need two ranks on a node, which the
+    SLURM job checks; two jobs of 2 ranks are eight JAX start-ups (preflight, training) instead of sixteen. The
+    uninterrupted run the chain must equal (``uninterrupted_2x1``) starts first and runs beside both jobs."""
+    tmp = tmp_path_factory.mktemp("pbs-chain")
+    work, home = workdir(tmp)
     script = render("pbs", work, sif, step_time=STOP_STEP_TIME, ranks_per_node=1)
-    submitted = {**SUBMIT_VARS, **LOCAL_ONLY}
-    first = submit(cluster, script, work, home, spool, "pbs-1", "101.pbs1", submitted, 1)
-    wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
-    first.signal(signal.SIGTERM)
-    assert finish(first) == 0, tail(first)
-    stopped = json.loads((work / "record.json").read_text())
+    sim.SPOOL.mkdir(parents=True, exist_ok=True)
+    try:
+        with sim.Cluster(tmp / "cluster") as c:
+            first = submit(c, script, work, home, sim.SPOOL, "pbs-1", "101.pbs1", SUBMITTED, 1)
+            wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
+            first.signal(signal.SIGTERM)
+            code = finish(first)
+            envs = sim.rank_envs(c)
+    finally:
+        shutil.rmtree(sim.SPOOL, ignore_errors=True)
+    record = work / "record.json"
+    record = json.loads(record.read_text()) if record.exists() else None
+    return dict(work=work, home=home, script=script, job=first, code=code, envs=envs, record=record)
+
+
+SUBMITTED = {**SUBMIT_VARS, **LOCAL_ONLY}  # the submit shell's exports, forwarded or not
+
+
+def test_a_pbs_job_in_the_image_forwards_the_submit_env_and_sigterm_stops_every_rank(pbs_stopped):
+    first, stopped = pbs_stopped, pbs_stopped["record"]
+    assert first["code"] == 0, tail(first["job"])
     assert stopped["stopped_by"] and stopped["end_step"] < STEPS, stopped
     assert sorted(stopped["hosts"]) == ["node001", "node002"], stopped["hosts"]
-    table = preflight(first)
+    table = preflight(first["job"])
     assert "2 rank(s) on 2 host(s)" in table[0], table
-
     # node002's ranks (the preflight's and the training's) saw the submit shell's settings, and only what was
     # forwarded.
-    remote = [e for e in sim.rank_envs(cluster) if e["_host"] == "node002"]
-    assert len(remote) >= 2, [e["_host"] for e in sim.rank_envs(cluster)]
+    remote = [e for e in first["envs"] if e["_host"] == "node002"]
+    assert len(remote) >= 2, [e["_host"] for e in first["envs"]]
     for e in remote:
         assert {k: e.get(k) for k in SUBMIT_VARS} == SUBMIT_VARS
         assert "SUBMIT_SHELL_ONLY" not in e
 
-    second = submit(cluster, script, work, home, spool, "pbs-2", "102.pbs1", submitted, 1)
+
+def test_the_next_pbs_job_resumes_the_stopped_one_bit_identical_to_an_uninterrupted_run(
+    pbs_stopped, uninterrupted_2x1, cluster, spool
+):
+    first, stopped = pbs_stopped, pbs_stopped["record"]
+    assert first["code"] == 0, tail(first["job"])
+    work, home, script = first["work"], first["home"], first["script"]
+    second = submit(cluster, script, work, home, spool, "pbs-2", "102.pbs1", SUBMITTED, 1)
     assert finish(second) == 0, tail(second)
     resumed = json.loads((work / "record.json").read_text())
     assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed

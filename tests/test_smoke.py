@@ -274,26 +274,61 @@ def same_as(part: dict, whole: dict) -> None:
         assert loss == pytest.approx(whole["losses"][k], rel=1e-6), k
 
 
+# The chain: three jobs into one save directory, each a test of its own (one stop each, then the resume to the end),
+# the jobs in module fixtures so that a test needs only the jobs before it.
+
+
+@pytest.fixture(scope="module")
+def sigterm_stop(tmp_path_factory) -> dict:
+    """The first job, stopped as PBS and SLURM stop one at wall time: SIGTERM to every process of the job, and again
+    while it saves and shuts down (:func:`sigterm_and_again`), once its step-2 checkpoint is complete."""
+    ckpt = tmp_path_factory.mktemp("chain") / "ckpt"
+    record, out, err = stopped(ckpt, ckpt.parent / "first.json", 0, sigterm_and_again)
+    return {"ckpt": ckpt, "record": record, "out": out, "err": err}
+
+
+@pytest.fixture(scope="module")
+def sigusr1_stop(sigterm_stop) -> dict:
+    """The second: resumed from the first's stop, and stopped as Grid Engine's notify stops one: SIGUSR1 to mpirun,
+    which forwards it to every rank."""
+    ckpt = sigterm_stop["ckpt"]
+    sigusr1 = lambda job: job.send_signal(signal.SIGUSR1)  # noqa: E731
+    after = sigterm_stop["record"]["end_step"]
+    record, out, err = stopped(ckpt, ckpt.parent / "second.json", after, sigusr1, "--resume")
+    return {"ckpt": ckpt, "record": record, "out": out, "err": err}
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_reproduce_the_uninterrupted_one(
-    uninterrupted, tmp_path
+def test_sigterm_to_every_rank_and_again_while_it_saves_stops_the_job_with_a_verified_checkpoint(
+    sigterm_stop,
 ):
-    # The first job is stopped as PBS and SLURM stop one at wall time: SIGTERM to every process of the job; the
-    # signals that follow while it saves and shuts down change nothing: exit 0, a verified checkpoint, no traceback.
-    ckpt = tmp_path / "ckpt"
-    first, out, err = stopped(ckpt, tmp_path / "first.json", 0, sigterm_and_again)
+    # Exit 0 (stopped(): before STEPS), the stop step's checkpoint verified, no traceback: the signals after the
+    # first change nothing.
+    first, ckpt = sigterm_stop["record"], sigterm_stop["ckpt"]
     stop = first["end_step"]
     assert first["stopped_by"] == "SIGTERM" and checksums.verify(ckpt / str(stop), stop) is None
-    assert "stopped by SIGTERM (checkpoint saved)" in out
+    assert "stopped by SIGTERM (checkpoint saved)" in sigterm_stop["out"]
+    err = sigterm_stop["err"]
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
-    # It resumes, and is stopped as Grid Engine's notify does: SIGUSR1 to mpirun, which forwards it to every rank.
-    sigusr1 = lambda job: job.send_signal(signal.SIGUSR1)  # noqa: E731
-    second, out, _ = stopped(ckpt, tmp_path / "second.json", stop, sigusr1, "--resume")
-    assert second["start_step"] == stop and second["stopped_by"] == "SIGUSR1", second
-    assert "stopped by SIGUSR1" in out
-    stop = second["end_step"]
 
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigusr1_to_mpirun_stops_every_rank_of_the_resumed_job(sigterm_stop, sigusr1_stop):
+    second = sigusr1_stop["record"]
+    assert second["start_step"] == sigterm_stop["record"]["end_step"], second
+    assert second["stopped_by"] == "SIGUSR1", second
+    assert "stopped by SIGUSR1" in sigusr1_stop["out"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_resume_of_a_resume_reproduces_the_uninterrupted_run_and_its_history_spans_the_three_jobs(
+    uninterrupted, sigterm_stop, sigusr1_stop
+):
+    first, second = sigterm_stop["record"], sigusr1_stop["record"]
+    ckpt, stop = sigterm_stop["ckpt"], second["end_step"]
     # A kill mid-write leaves orbax's temporary directory: fabricate one past the last complete checkpoint.
     torn = ckpt / f"{stop + 5}.orbax-checkpoint-tmp-1796280000000000"
     (torn / "state").mkdir(parents=True)
@@ -305,7 +340,7 @@ def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_rep
     assert f"already holds checkpoints (latest: step {stop})" in err and "add --resume" in err
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == before
 
-    record = tmp_path / "last.json"
+    record = ckpt.parent / "last.json"
     # a checkpoint at the end only (each costs about 0.4 s of CPU a rank): the resumes above read the stop's
     paced = ("--step-time", str(LAST_PACE_S), "--save-every", "0")
     code, out, err = finish(
@@ -316,8 +351,8 @@ def test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_and_the_resumed_runs_rep
     last = json.loads(record.read_text())
     for part in (first, second, last):
         same_as(part, uninterrupted)
-    # Optimizer state, RNG and data position all came back, and the pace changed nothing: the final parameters of
-    # the paced, resumed run are the full-speed run's bits.
+    # Optimizer state, RNG and data position all came back, through two resumes, and the pace changed nothing: the
+    # final parameters of the paced run resumed from a resumed one are the full-speed run's bits.
     assert last["digests"][0] == uninterrupted["digests"][0]
     # What the sleep guarantees, not a speed: the summary times a step from one metrics read to the next, and the
     # pace from just after the read, so an interval is the pace plus the difference of two reads' own times (a tiny

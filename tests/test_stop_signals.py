@@ -202,8 +202,8 @@ JOB_RUN_ENV = "OCTO_DIST_TEST_SIGNAL_JOB"
 def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path, first, burst):
     """``first`` to every rank, then (once rank 0 says it is stopping) ``burst`` to every rank, and again and again
     from its verdict until every rank has exited: the job still saves a verified checkpoint, prints its verdict and
-    exits 0. SIGTERM first and SIGTERM again is the first stop of test_smoke.py's
-    test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_..., in a job it starts anyway; SIGUSR1 first and SIGTERM,
+    exits 0. SIGTERM first and SIGTERM again is the first stop of test_smoke.py's chain
+    (test_sigterm_to_every_rank_and_again_while_it_saves_...), in a job it starts anyway; SIGUSR1 first and SIGTERM,
     SIGUSR1 and SIGUSR2 after it is test_signals_after_the_first_are_ignored_through_shutdown above. This case, other
     signals after the first in a real job, is the one an inherited ignore of SIGINT breaks: test_inherited_signals.py
     runs it so."""

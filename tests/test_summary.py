@@ -1,7 +1,8 @@
 """The run summary: figures from timestamps (pure), and what `octo-dist smoke --save-dir D` leaves in D.
 
 A real job chain's history in summary.json (a stopped job, a resumed and stopped one, one resumed to the end) is
-checked on test_smoke.py's chain (test_sigterm_then_sigusr1_to_mpirun_stop_every_rank_...), which runs it anyway."""
+checked on test_smoke.py's chain (test_the_resume_of_a_resume_reproduces_the_uninterrupted_run_...), which runs it
+anyway."""
 
 import json
 import re
