@@ -7,7 +7,7 @@ forcibly terminate it"; its containers page builds images inside ``qsub -I -P GR
 import os
 import subprocess
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 from octo_dist.jobs import buildsite
 
 
@@ -55,7 +55,7 @@ def test_make_sif_stops_before_building_on_a_login_node(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert proc.returncode != 0 and "make sif: error: make sif on " in proc.stderr, proc.stderr
     assert "-q rt_HC" in proc.stderr and not called.exists()
@@ -78,7 +78,7 @@ def test_make_sif_with_a_profile_that_has_no_image_is_refused(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
         ).stderr
 
     for wrong in ("cpu", "cuda13"):

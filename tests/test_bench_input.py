@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import clean_env
+from helpers import HANG_S, clean_env
 from octo_dist.apps.benchinput import verdict as vd
 
 OCTO_DIST = [sys.executable, "-m", "octo_dist"]
@@ -142,7 +142,7 @@ def test_the_benchmark_prints_ours_and_the_forks_the_split_and_verdicts_that_fol
         + ["--cores", str(len(os.sched_getaffinity(0)))],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_S,
         env=clean_env(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -234,7 +234,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, flags, expected):
         [*OCTO_DIST, "bench-input", str(tmp_path), *flags],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         env=clean_env(),
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -251,7 +251,7 @@ def test_a_config_that_is_not_a_python_config_file_is_one_line_and_exit_2(tmp_pa
         [*OCTO_DIST, "bench-input", str(tmp_path), f"--config={tmp_path / name}"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         env=clean_env(),
     )
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import clean_env
+from helpers import HANG_S, clean_env
 
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -50,7 +50,7 @@ def convert(*argv, cwd=None):
         [*OCTO_DIST, "convert-frames", *map(str, argv)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         env=clean_env(),
         cwd=cwd,
     )
@@ -248,7 +248,7 @@ def test_ctrl_c_ends_in_one_line_and_leaves_nothing_that_looks_like_a_copy(sourc
         time.sleep(0.02)
     assert proc.poll() is None, "the copy ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("octo-dist convert-frames: interrupted"), err

@@ -13,8 +13,8 @@ import pytest
 
 from helpers import HANG_S, REPO, clean_env, run_mpirun, tail
 
-from octo_dist.launchers import coordcheck
-from octo_dist.launchers.coordinator import Coordinator, CoordinatorError
+from octo_dist.launchers import coordcheck, coordinator
+from octo_dist.launchers.coordinator import PORT_BASE, PORT_SPAN, Coordinator, CoordinatorError
 
 HOLDER = (
     "import socket, sys, time\n"
@@ -47,10 +47,23 @@ def test_a_port_held_by_another_process_is_refused_on_rank_0(held_port):
     assert coordcheck.check(c, rank=1) is None  # only rank 0 listens
 
 
+def test_a_free_port_is_below_the_ephemeral_range_and_a_held_one_is_passed_over():
+    # The kernel gives outgoing connections their ports from the ephemeral range (32768-60999 by default): rank 0's
+    # broadcast port from there can be taken before the coordination service listens on it.
+    picked = [coordinator.free_port() for _ in range(32)]
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN <= 32768 for p in picked), picked
+    with socket.socket() as held:
+        held.bind(("", picked[0]))
+        held.listen(1)
+        other = coordinator.free_port()
+        assert other != picked[0]
+        assert coordinator.free_port(iter([picked[0], other]).__next__) == other
+        # Every pick held: the kernel's free port, never the held one.
+        assert coordinator.free_port(lambda: picked[0]) not in (picked[0], 0)
+
+
 def test_a_free_port_passes_and_ipv6_loopback_resolves():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = coordinator.free_port()
     assert coordcheck.check(Coordinator(f"127.0.0.1:{port}", "COORDINATOR_ADDRESS"), rank=0) is None
     if not socket.has_ipv6:
         pytest.skip("no IPv6 on this machine")

@@ -16,7 +16,7 @@ import pytest
 
 import helpers
 import test_stop_signals
-from helpers import REPO
+from helpers import HANG_S, REPO
 
 SIGNAL_TESTS = (
     "tests/test_launch.py::test_a_stop_signal_reaches_the_launcher_as_sigusr1",
@@ -79,7 +79,8 @@ def test_the_signal_tests_pass_with_sigint_and_sigterm_ignored_on_entry(tmp_path
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=2
+        * HANG_S,  # only ends a hang: the child pytest waits HANG_S at most for each of its steps
         preexec_fn=helpers.ignoring(*IGNORED),
     )
     assert proc.returncode == 0, helpers.tail(proc.stdout, 6000) + helpers.tail(proc.stderr)

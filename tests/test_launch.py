@@ -911,7 +911,7 @@ def test_pbs_script_stops_the_smoke_job_with_a_checkpoint_on_sigterm(tmp_path):
         assert proc.poll() is None, f"the job ended before {first} appeared:\n" + "".join(lines)
         signalled = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(300) == 0, "".join(lines)
+        assert proc.wait(HANG_S) == 0, "".join(lines)
     finally:
         kill_session(proc.pid)
     reader.join(10)

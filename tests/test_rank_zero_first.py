@@ -163,13 +163,13 @@ def test_the_wait_limit_is_refused_unless_a_positive_number_of_seconds(raw):
 
 
 STORE_PROGRAM = """
-import json, socket
+import json
 import jax
+from octo_dist.launchers.coordinator import free_port
 
-with socket.socket() as s:  # a free port for a one-process coordination service
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-jax.distributed.initialize(f"localhost:{port}", 1, 0)
+# a free port for a one-process coordination service, below the ephemeral range (none of the suite's connections
+# can take it before the service listens)
+jax.distributed.initialize(f"localhost:{free_port()}", 1, 0)
 from octo_dist.runtime import rankwait
 
 store = rankwait.CoordinationStore()
@@ -191,7 +191,7 @@ def test_the_coordination_store_reads_set_keys_and_times_out_on_both_pinned_jax_
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, tail(proc.stderr, 3000)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, clean_env
+from helpers import HANG_S, REPO, clean_env
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 KINDS = ("run", "static", "output", "rendered", "recorded", "code")
@@ -221,7 +221,7 @@ def run_block(block: Block, cwd: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, (
         f"{block} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
@@ -327,7 +327,7 @@ def test_the_abci_script_shown_is_what_the_submit_command_writes(tmp_path):
     env.pop("XDG_CONFIG_HOME", None)
     octo_dist = os.path.join(os.path.dirname(sys.executable), "octo-dist")
     proc = subprocess.run(
-        [octo_dist, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+        [octo_dist, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert proc.returncode == 0, proc.stderr
     name = argv[argv.index("-o") + 1]
@@ -412,7 +412,7 @@ def test_the_root_section_quotes_what_mpirun_says(tmp_path):
     mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
     env = {k: v for k, v in clean_env().items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
     refused = subprocess.run(
-        [mpirun, "-np", "1", "true"], env=env, capture_output=True, text=True, timeout=120
+        [mpirun, "-np", "1", "true"], env=env, capture_output=True, text=True, timeout=HANG_S
     )
     first = (
         (refused.stdout + refused.stderr).strip().splitlines()[0]
@@ -420,7 +420,7 @@ def test_the_root_section_quotes_what_mpirun_says(tmp_path):
     assert first.rstrip(".") in section, first
     allowed = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     ran = subprocess.run(
-        [mpirun, "-np", "1", "true"], env=allowed, capture_output=True, text=True, timeout=120
+        [mpirun, "-np", "1", "true"], env=allowed, capture_output=True, text=True, timeout=HANG_S
     )
     assert ran.returncode == 0, ran.stderr
     assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun" in section

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,17 +20,13 @@ import pytest
 
 from helpers import HANG_S, REPO, clean_env
 
+from octo_dist.launchers import coordinator
+
 pytestmark = pytest.mark.mpi
 
 HYDRA = shutil.which("mpiexec.hydra")
 OMPI41 = Path("/usr/bin/mpirun")
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ompi41_version() -> str:
@@ -89,7 +84,7 @@ def test_detect_under_open_mpi_4_1(tmp_path):
 
 def check_env_launch(launcher: list, tmp_path: Path, **extra: str) -> dict:
     """``check-env --launch --json`` on 2 ranks; rank 0's stdout alone (its own file) holds every rank's record."""
-    port = free_port()
+    port = coordinator.free_port()
     proc = subprocess.run(
         [
             *launcher,

@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Optional
 import pytest
 
 from helpers import wait_until
-from helpers import COMPILE_FAST
+from helpers import COMPILE_FAST, HANG_S
 
 import test_qdel_stops as pbsjob  # the PBS job the qdel tests run: rendered by octo-dist launch, run with bash
 
@@ -256,7 +256,7 @@ def test_what_a_real_job_writes_is_the_picture(tmp_path, compile_cache):
         during = listing(save)
         seen |= during
         pbsjob.qdel(job.pid)
-        job.wait(timeout=60)
+        job.wait(timeout=HANG_S)
     finally:
         pbsjob.end(job, env)
     after = listing(save)

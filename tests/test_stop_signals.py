@@ -259,7 +259,6 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
             ckpt / "3" / checksums.MANIFEST,
             job,
             "the first verified checkpoint (training under way)",
-            300,
         )
         procs = []
         for p in psutil.Process(job.pid).children(recursive=True):
@@ -271,24 +270,24 @@ def test_a_second_signal_while_the_smoke_job_stops_keeps_the_clean_stop(tmp_path
         assert len(procs) == 2, procs
         for p in procs:
             p.send_signal(first)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + HANG_S  # only ends a hang
         while "stopping after step" not in (ranks / "0.err").read_text():
             assert job.poll() is None and time.monotonic() < deadline, (
-                f"waited 300 s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
+                f"waited {HANG_S} s for rank 0 to log that it is stopping: {(ranks / '0.err').read_text()[-3000:]}"
             )
             time.sleep(0.02)
         signal_all(procs, *burst)  # while it saves
         while "octo-dist smoke:" not in (ranks / "0.out").read_text():
             assert job.poll() is None and time.monotonic() < deadline, (
-                f"waited 300 s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
+                f"waited {HANG_S} s for rank 0's verdict: {(ranks / '0.err').read_text()[-3000:]}"
             )
             time.sleep(0.02)
         # Then through the whole shutdown (the runtime's, the interpreter's), until every rank has exited.
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
-            assert time.monotonic() < deadline, "waited 300 s for the ranks to exit"
+            assert time.monotonic() < deadline, f"waited {HANG_S} s for the ranks to exit"
             signal_all(procs, *burst)
             time.sleep(0.02)
-        _, mpirun_err = job.communicate(timeout=300)
+        _, mpirun_err = job.communicate(timeout=HANG_S)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

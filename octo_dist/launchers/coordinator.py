@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import re
 import socket
 import zlib
@@ -171,7 +172,20 @@ def from_environment(
     return None
 
 
-def free_port() -> int:
+def free_port(pick: Callable[[], int] = lambda: PORT_BASE + random.randrange(PORT_SPAN)) -> int:
+    """A port nothing on this host holds now, for rank 0 to broadcast: from ``pick`` (PORT_BASE..32767, below the
+    ephemeral range, as derived ports are), the first that can be bound. A port the kernel hands out (``bind(("",
+    0))``) is in the ephemeral range: any outgoing connection may be given it before the coordination service
+    listens on it (a loaded test machine saw 127.0.0.1:39777 taken in that gap). After 64 held ones (a site whose
+    ephemeral range covers these), the kernel's pick: free now, if not certain to stay free."""
+    for _ in range(64):
+        port = pick()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:  # EADDRINUSE: held, or another job's derived port
+                continue
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
