@@ -40,7 +40,9 @@ test_decode_scale and test_convert_frames from there to the cluster one's files 
 took 1118 and 1069 s (the rest 909 and 900 s, PBS 732 + 272 and 652 + 320, the cluster one 420 + 432 and 375 + 499,
 Slurm 459 + 395 and 468 + 409, Grid Engine 496 + 320 and 490 + 359); the Open MPI 4.1 job took 80 and 124 s at the
 end of Slurm's cluster tests. It went to the end of Grid Engine's stream, where the other streams have ended, and
-test_summary from PBS's files beside to Slurm's.
+test_summary from PBS's files beside to Slurm's. Three quiet fresh-clone CIs after that took 1109, 1073 and 1183 s
+(the rest 992, 890 and 1078 s: the machine's own speed varies that much); their longest tests were 113, 109 and
+130 s, a different one each time among about ten single jobs of 4 JAX start-ups (20 s alone, 85-130 s here).
 """
 
 from __future__ import annotations
