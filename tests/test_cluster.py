@@ -16,6 +16,7 @@ one, and the PBS job stopped and resumed is compared with an uninterrupted run o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,6 +79,7 @@ SUBMIT_VARS = {
 }
 # Set in the submit shell under no forwarded prefix: node001's ranks inherit it from mpirun, node002's must not.
 LOCAL_ONLY = {"SUBMIT_SHELL_ONLY": "1"}
+SUBMITTED = {**SUBMIT_VARS, **LOCAL_ONLY}  # the submit shell's exports, forwarded or not
 REPORT = sim_image.CACHE / "cluster-smoke.txt"
 
 # ---- fixtures: the image, the cluster, one reference run ----------------------------------------------------------
@@ -125,14 +127,21 @@ def cluster(cluster_ready, tmp_path):
     c.down()
 
 
+@contextlib.contextmanager
+def spooled():
+    """The scheduler's spool, removed afterwards: outside the working directory, $HOME and /tmp, so no container
+    binds it (not in the clone either: a clone under /tmp is bound into every container, as Singularity binds /tmp)."""
+    sim.SPOOL.mkdir(parents=True, exist_ok=True)
+    try:
+        yield sim.SPOOL
+    finally:
+        shutil.rmtree(sim.SPOOL, ignore_errors=True)
+
+
 @pytest.fixture
 def spool(cluster):
-    """The scheduler's spool: outside the working directory, $HOME and /tmp, so no container binds it (not in the
-    clone either: a clone under /tmp is bound into every container, as Singularity binds /tmp)."""
-    path = sim.SPOOL
-    path.mkdir(parents=True, exist_ok=True)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with spooled() as path:
+        yield path
 
 
 class ReferenceRun:
@@ -565,7 +574,7 @@ def test_slurm_job_runs_2_nodes_x_2_ranks_in_the_image(slurm_2x2, reference):
 @pytest.fixture(scope="module")
 def pbs_stopped(cluster_ready, sif, uninterrupted_2x1, tmp_path_factory) -> dict:
     """The PBS job in the image, stopped by SIGTERM (as qdel and the wall time stop one) once its step-2 checkpoint
-    is complete, on a cluster of its own, down once the job has ended: the next job resumes from its submit
+    directory is there, on a cluster of its own, down once the job has ended: the next job resumes from its submit
     directory on another (a chained job gets other nodes, or the same ones afresh).
 
     One rank per node: what is checked (node002's ranks see what was forwarded and only that, a SIGTERM stops every
@@ -575,22 +584,15 @@ def pbs_stopped(cluster_ready, sif, uninterrupted_2x1, tmp_path_factory) -> dict
     tmp = tmp_path_factory.mktemp("pbs-chain")
     work, home = workdir(tmp)
     script = render("pbs", work, sif, step_time=STOP_STEP_TIME, ranks_per_node=1)
-    sim.SPOOL.mkdir(parents=True, exist_ok=True)
-    try:
-        with sim.Cluster(tmp / "cluster") as c:
-            first = submit(c, script, work, home, sim.SPOOL, "pbs-1", "101.pbs1", SUBMITTED, 1)
-            wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
-            first.signal(signal.SIGTERM)
-            code = finish(first)
-            envs = sim.rank_envs(c)
-    finally:
-        shutil.rmtree(sim.SPOOL, ignore_errors=True)
+    with sim.Cluster(tmp / "cluster") as c, spooled() as spool:
+        first = submit(c, script, work, home, spool, "pbs-1", "101.pbs1", SUBMITTED, 1)
+        wait_for(work / "runs" / "smoke" / str(SAVE_EVERY), first)
+        first.signal(signal.SIGTERM)
+        code = finish(first)
+        envs = sim.rank_envs(c)
     record = work / "record.json"
     record = json.loads(record.read_text()) if record.exists() else None
     return dict(work=work, home=home, script=script, job=first, code=code, envs=envs, record=record)
-
-
-SUBMITTED = {**SUBMIT_VARS, **LOCAL_ONLY}  # the submit shell's exports, forwarded or not
 
 
 def test_a_pbs_job_in_the_image_forwards_the_submit_env_and_sigterm_stops_every_rank(pbs_stopped):

@@ -92,8 +92,8 @@ def test_the_signal_tests_pass_with_sigint_and_sigterm_ignored_on_entry(tmp_path
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=2
-        * HANG_S,  # only ends a hang: the child waits HANG_S at most for each of its steps
+        # only ends a hang: the child waits HANG_S at most for each of its steps
+        timeout=2 * HANG_S,
         preexec_fn=helpers.ignoring(*IGNORED),
     )
     assert proc.returncode == 0, helpers.tail(proc.stdout, 6000) + helpers.tail(proc.stderr)

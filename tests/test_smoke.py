@@ -281,7 +281,7 @@ def same_as(part: dict, whole: dict) -> None:
 @pytest.fixture(scope="module")
 def sigterm_stop(tmp_path_factory) -> dict:
     """The first job, stopped as PBS and SLURM stop one at wall time: SIGTERM to every process of the job, and again
-    while it saves and shuts down (:func:`sigterm_and_again`), once its step-2 checkpoint is complete."""
+    while it saves and shuts down (:func:`sigterm_and_again`), once its step-2 checkpoint directory is there."""
     ckpt = tmp_path_factory.mktemp("chain") / "ckpt"
     record, out, err = stopped(ckpt, ckpt.parent / "first.json", 0, sigterm_and_again)
     return {"ckpt": ckpt, "record": record, "out": out, "err": err}
