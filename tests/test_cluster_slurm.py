@@ -249,45 +249,6 @@ def chain_step_time(latency: float) -> float:
     return max(CHAIN_STEP_TIME_S, round(needed / (STEPS - SAVE_EVERY - 2), 2))
 
 
-def test_slurms_usr1_to_the_job_script_stops_every_rank_and_the_chained_job_resumes_bit_identically(
-    slurm, tmp_path, compile_cache, uninterrupted
-):
-    """The job script's SIGUSR1, as the time limit's --signal=B:USR1 sends it (scancel --batch: the script's process
-    alone), once the first job has saved step SAVE_EVERY: every rank checkpoints and the job ends 0; the second job
-    of the chain (afterany) resumes from that checkpoint and ends equal, bit for bit, to the uninterrupted run."""
-    latency = slurm.latency()
-    step_time = chain_step_time(latency)
-    job = launch(slurm, tmp_path, compile_cache, "--chain", "2", step_time=step_time)
-    first, second = job.ids
-    assert slurm.job(second)["Dependency"] == f"afterany:{first}(unfulfilled)", slurm.job(second)
-    job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
-    slurm.client("node001", ["scancel", "--batch", "--signal=USR1", first])
-    final = job.wait(0)
-    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
-    stopped = job.record()
-    paced = f"(--step-time {step_time}: commands took {latency:.2f} s)"
-    assert stopped["stopped_by"] and SAVE_EVERY < stopped["end_step"] < STEPS, (
-        stopped,
-        paced,
-        job.tail(0),
-    )
-    hosts(stopped)
-    assert "SIGUSR1 after" in job.log(0), job.tail(0)  # "SIGUSR1 after Ns: asking every rank..."
-
-    resumed_final = job.wait(1)
-    assert resumed_final["JobState"] == "COMPLETED", (resumed_final, job.tail(1))
-    resumed = job.record()
-    assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
-    hosts(resumed)
-    assert uninterrupted["record"], uninterrupted["tail"]
-    assert resumed["digests"] == uninterrupted["record"]["digests"], (
-        "the stopped and resumed run differs from the uninterrupted one",
-        resumed["digests"],
-        uninterrupted["record"]["digests"],
-    )
-    report(f"stop chain: stopped after step {stopped['end_step']} of {STEPS} {paced}")
-
-
 # What stands in for the job's runtime in the time-limit test: it notes its start, then the time SIGUSR1 came, and
 # exits 0 (no JAX: what is tested is Slurm's delivery, as the rendered directives ask for it).
 SIGNAL_NOTE = """exec {python} -c '
@@ -308,7 +269,7 @@ def test_the_time_limit_sends_the_job_script_usr1_before_the_limit(slurm, tmp_pa
     time limit is brought forward (as an admin's `scontrol update` does; Slurm counts it in minutes) so that the
     signal's time is past and the limit 121-180 s ahead, Slurm sends SIGUSR1 to the job script's process at its next
     time-limit check, before the limit: the job ends by it (0:0), not by the limit. The rendered script `exec`s the
-    job's runtime, which the stop chain above shows stopping every rank on that signal."""
+    job's runtime, which the stop chain below shows stopping every rank on that signal."""
     render(slurm, tmp_path, compile_cache, "--stop-margin", str(STOP_MARGIN_S))
     work = tmp_path / "submit"
     env = login_env(slurm, tmp_path / "home", {})
@@ -528,3 +489,76 @@ def test_a_new_set_up_removes_what_a_crashed_run_left(slurm_ready, tmp_path):
             p.wait()
     # (Not the namespaces: another test process may set up its cluster as soon as the lock is free.)
     assert not sim_slurm.RUN.exists()
+
+
+# ---- the stop chain: the last tests of this file, both on one cluster of their own --------------------------------
+
+
+@pytest.fixture(scope="module")
+def usr1_chain(slurm_ready, tmp_path_factory, compile_cache, uninterrupted) -> dict:
+    """A chain of two (``--chain 2``: afterany) on a cluster of its own, its first job stopped by the job script's
+    SIGUSR1 as the time limit's ``--signal=B:USR1`` sends it (``scancel --batch``: the script's process alone) once
+    it has saved step SAVE_EVERY, and ended; the second is then Slurm's to start. The cluster stays up for both
+    tests (its slurmctld runs the second job) and goes down at the end of this file: one cluster at a time, so
+    these tests come last. ``uninterrupted`` is asked for first: its own cluster is up and down before this one."""
+    tmp = tmp_path_factory.mktemp("slurm-usr1-chain")
+    with sim.Cluster(tmp / "cluster") as c, sim_slurm.Slurm(c) as s:
+        latency = s.latency()
+        step_time = chain_step_time(latency)
+        job = launch(s, tmp, compile_cache, "--chain", "2", step_time=step_time)
+        dependency = s.job(job.ids[1])["Dependency"]
+        job.wait_for(job.work / "runs" / "smoke" / str(SAVE_EVERY))
+        s.client("node001", ["scancel", "--batch", "--signal=USR1", job.ids[0]])
+        final = job.wait(0)
+        # Rank 0's record of the first job: read before the second one ends and writes its own there.
+        stopped = job.record() if final["JobState"] == "COMPLETED" else None
+        yield dict(
+            slurm=s,
+            job=job,
+            dependency=dependency,
+            final=final,
+            stopped=stopped,
+            paced=f"(--step-time {step_time}: commands took {latency:.2f} s)",
+        )
+
+
+def test_slurms_usr1_to_the_job_script_stops_every_rank_of_the_first_job_of_a_chain(usr1_chain):
+    """Every rank checkpoints and the job ends 0 (Slurm: COMPLETED), between its checkpoint and its last step; the
+    second job of the chain waits for it (afterany)."""
+    job = usr1_chain["job"]
+    first = job.ids[0]
+    assert usr1_chain["dependency"] == f"afterany:{first}(unfulfilled)", usr1_chain["dependency"]
+    final, stopped = usr1_chain["final"], usr1_chain["stopped"]
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", (final, job.tail(0))
+    assert stopped["stopped_by"] and SAVE_EVERY < stopped["end_step"] < STEPS, (
+        stopped,
+        usr1_chain["paced"],
+        job.tail(0),
+    )
+    hosts(stopped)
+    assert "SIGUSR1 after" in job.log(0), job.tail(0)  # "SIGUSR1 after Ns: asking every rank..."
+
+
+def test_the_chained_job_resumes_the_stopped_one_bit_identical_to_the_uninterrupted_run(
+    usr1_chain, uninterrupted
+):
+    """The second job of the chain resumes from the first one's checkpoint and ends equal, bit for bit, to the
+    uninterrupted run."""
+    job, stopped = usr1_chain["job"], usr1_chain["stopped"]
+    assert stopped, (
+        "the first job of the chain did not complete",
+        usr1_chain["final"],
+        job.tail(0),
+    )
+    resumed_final = job.wait(1)
+    assert resumed_final["JobState"] == "COMPLETED", (resumed_final, job.tail(1))
+    resumed = job.record()
+    assert resumed["start_step"] == stopped["end_step"] and resumed["end_step"] == STEPS, resumed
+    hosts(resumed)
+    assert uninterrupted["record"], uninterrupted["tail"]
+    assert resumed["digests"] == uninterrupted["record"]["digests"], (
+        "the stopped and resumed run differs from the uninterrupted one",
+        resumed["digests"],
+        uninterrupted["record"]["digests"],
+    )
+    report(f"stop chain: stopped after step {stopped['end_step']} of {STEPS} {usr1_chain['paced']}")
