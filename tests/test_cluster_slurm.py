@@ -59,11 +59,13 @@ LONG_STEP_TIME = 0.5
 # Slurm sends the signal at its next time-limit check (every SLURM_CHECK_S), 90 s or more before the limit. (A 60 s
 # margin with the limit 60-120 s ahead would leave the signal up to 90 s away.)
 STOP_MARGIN_S = 180
-# A lost node: from the fault to the job's end (under CI load: 1-34 s). What it takes: the supervisor's node probe
-# (NODE_PROBE_S, 15 s) or a rank's failure, its FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after a SIGTERM, on a loaded
-# 2-core machine. The bound is the property, not a budget for the machine: without the supervisor, srun waits for
-# Slurm's SlurmdTimeout (300 s) before it gives the lost node up; a job still running at the bound is one that holds
-# its nodes until Slurm's timeouts. A constant, not read from the runtime: a runtime whose grace grew must fail here.
+# A lost node: from the fault to the job's end (under CI load: 1-34 s; 89 s once a probe in flight at the cut hung,
+# before such a probe was ended after PROBE_TIMEOUT_S). What it takes: the supervisor's node probe (NODE_PROBE_S, 15
+# s; a probe in flight at the cut, 30 s more) or a rank's failure, its FAILED_GRACE_S (20 s), END_WAIT_S (10 s) after
+# a SIGTERM, on a loaded 2-core machine. The bound is the property, not a budget for the machine: without the
+# supervisor, srun waits for Slurm's SlurmdTimeout (300 s) before it gives the lost node up; a job still running at
+# the bound is one that holds its nodes until Slurm's timeouts. A constant, not read from the runtime: a runtime
+# whose grace grew must fail here.
 LOST_NODE_BOUND_S = 150
 VENV = Path(sys.executable).parent.parent
 # Exported in the submit shell: sbatch passes the whole environment to the job, and srun to every task (and the

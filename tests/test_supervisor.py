@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import settings_mapping
+from helpers import HANG_S, settings_mapping
 
 from octo_dist.jobs import settings as job_settings
 from octo_dist.jobs import settingsread
@@ -403,6 +403,65 @@ def test_a_lost_node_fails_a_job_whose_launcher_exits_0(job, tmp_path, capfd):
         "the launcher exited 0 but rank(s) 1 never finished" in err
         and "preflight failed (exit 1)" in err
     ), err
+
+
+# Stands in for srun as the job's node probe runs it: the first probe hangs (node002's link cut while it ran: the
+# real srun waits for ever), its pid noted; every later one fails naming node002, as the real srun then does.
+FAKE_PROBE_SRUN = """#!/bin/sh
+if mkdir "$FAKE_DIR/probed" 2>/dev/null; then
+  echo $$ > "$FAKE_DIR/hung-pid"
+  exec sleep 3600
+fi
+echo "srun: error: Task launch for StepId=1.2 failed on node node002: Communication connection failure" >&2
+echo "srun: error: Application launch failed: Communication connection failure" >&2
+exit 1
+"""
+
+
+def test_a_node_probe_that_hangs_is_killed_and_the_next_names_the_lost_node(tmp_path, monkeypatch):
+    """A SLURM job's probe in flight when node002's link is cut never ends (measured under real Slurm 22.05: over
+    200 s), and no probe ran after it until its 120 s timeout. Now it is killed after PROBE_TIMEOUT_S and the next
+    one, at once, names node002: the launcher is ended."""
+    from types import SimpleNamespace
+
+    from octo_dist.jobs import schedulers
+
+    # 1 s, then 2, 4... for each probe without an answer: a loaded machine slow to start one only adds a probe.
+    monkeypatch.setattr(ranks, "PROBE_TIMEOUT_S", 1)
+    monkeypatch.setattr(ranks, "NODE_PROBE_S", 0.05)
+    (tmp_path / "srun").write_text(FAKE_PROBE_SRUN)
+    (tmp_path / "srun").chmod(0o755)
+    notes = []
+    job = SimpleNamespace(
+        scheduler=schedulers.get("slurm"),
+        note=notes.append,
+        s=SimpleNamespace(allocation=SimpleNamespace(nodes=2)),
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "FAKE_DIR": str(tmp_path)},
+    )
+    launcher = ranks.Launcher(job)
+    launcher.proc = subprocess.Popen(
+        ["sleep", "3600"]
+    )  # the job's srun, which the lost node's probe ends
+    finished = threading.Event()
+    threading.Thread(target=lambda: (launcher.proc.wait(), finished.set()), daemon=True).start()
+    probing = threading.Thread(target=launcher._probe_nodes, args=(finished,), daemon=True)
+    probing.start()
+    try:
+        probing.join(
+            HANG_S
+        )  # only a hang: a probe that never names the node loops until the launcher ends
+    finally:
+        launcher.proc.kill()
+    probing.join()
+    assert launcher.proc.wait() == -signal.SIGTERM, notes
+    assert notes[0] == (
+        "a node probe had no answer after 1s (a node that stopped answering while it ran?): probing again"
+    ), notes
+    assert notes[-1].startswith(
+        "node node002 cannot be reached by SLURM: ending the job step (srun: error: Task launch for StepId=1.2"
+    ), notes
+    hung = int((tmp_path / "hung-pid").read_text())
+    assert not Path(f"/proc/{hung}").exists(), "the probe that hung was left running"
 
 
 def test_the_previous_job_of_a_chain_that_failed_stops_this_one(job, tmp_path, capfd):

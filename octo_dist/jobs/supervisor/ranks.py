@@ -3,7 +3,8 @@
 A rank that fails leaves a note (``rankguard``); a launcher still running ``FAILED_GRACE_S`` after the first one
 (mpirun waiting for a node it lost) is ended, so a dead job never holds its nodes until the wall time; a launcher
 that exits 0 while some rank never said it finished fails the job, naming the ranks that are missing. Where the
-scheduler has a node probe (SLURM: srun has no keepalive), a node it cannot reach ends the launcher, named.
+scheduler has a node probe (SLURM: srun has no keepalive), a node it cannot reach ends the launcher, named; a probe
+that hangs itself (its node lost while it ran) is killed after ``PROBE_TIMEOUT_S`` and run again at once.
 
 The launcher runs in a process group of its own inside the job's session: a signal for the job's process group
 (Grid Engine's -notify, Ctrl-C) reaches the ranks once, through the supervisor, while PBS, which tracks a job by its
@@ -49,6 +50,12 @@ DONE_GRACE_S = 3
 NODE_PROBE_S = (
     15  # between two probes of the nodes (schedulers without a launcher keepalive: SLURM)
 )
+# A probe still running this long is killed and the next starts at once: srun, the probe too, has no keepalive and
+# waits for ever for its task on a node whose link was cut while it ran (measured under real Slurm 22.05: over 200
+# s; a probe started after the cut failed naming the node in 12 s, MessageTimeout 10 s). The next such probe gets
+# twice as long, up to PROBE_TIMEOUT_MAX_S, for a site whose MessageTimeout makes a failing probe slower.
+PROBE_TIMEOUT_S = 30
+PROBE_TIMEOUT_MAX_S = 120
 POLL_S = 0.5
 # Blocked in the launcher where the scheduler's stop reaches every process of the job (the scheduler's
 # stop_reaches_every_process: PBS's qdel), see the module's docstring.
@@ -180,7 +187,9 @@ class Launcher:
         fails naming none (a busy controller) only leaves a note."""
         scheduler, note = self.job.scheduler, self.job.note
         probe = scheduler.node_probe(self.job.s.allocation.nodes)
-        while probe and not finished.wait(NODE_PROBE_S):
+        pause, timeout = NODE_PROBE_S, PROBE_TIMEOUT_S
+        while probe and not finished.wait(pause):
+            pause = NODE_PROBE_S
             try:
                 done = subprocess.run(
                     list(probe),
@@ -189,11 +198,20 @@ class Launcher:
                     stderr=subprocess.PIPE,
                     text=True,
                     env=self.job.env,
-                    timeout=120,
+                    timeout=timeout,
                 )
+            except subprocess.TimeoutExpired:
+                # run() has killed it: a node may have stopped answering while it ran. Probe again now.
+                note(
+                    f"a node probe had no answer after {timeout:g}s (a node that stopped answering while it ran?): "
+                    "probing again"
+                )
+                pause, timeout = 0, min(2 * timeout, PROBE_TIMEOUT_MAX_S)
+                continue
             except (OSError, subprocess.SubprocessError) as e:
                 note(f"a node probe failed, not ending the job: {e}")
                 continue
+            timeout = PROBE_TIMEOUT_S
             if done.returncode == 0 or finished.is_set():
                 continue
             said = " ".join(done.stderr.split("\n")).strip()
