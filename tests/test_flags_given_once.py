@@ -79,14 +79,3 @@ def test_the_same_value_twice_is_one_value_and_flags_that_add_up_still_do():
         + ["--size", "image_0=64", "--size", "wrist_image=32"]
     )
     assert args.name == "a" and args.size == ["image_0=64", "wrist_image=32"]
-
-
-def test_the_command_line_refuses_before_running(capsys):
-    with pytest.raises(SystemExit) as ended:
-        cli.main(["detect", "--launcher", "openmpi", "--launcher", "slurm"])
-    err = capsys.readouterr().err
-    assert ended.value.code == 2
-    assert (
-        "octo-dist detect: error: --launcher openmpi and --launcher slurm set the same flag twice; expected one "
-        "value. Fix: keep one of them (--launcher openmpi, or --launcher slurm)"
-    ) in err, err

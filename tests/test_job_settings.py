@@ -48,7 +48,6 @@ DELETE = object()
 CASES = {
     "not JSON": ("nodes=2", "not JSON"),
     "a list": ("[]", "a list"),
-    "an empty object": ("{}", "no schema"),
     "an older script's flat settings": (json.dumps({"scheduler": "sge", "nodes": 2}), "no schema"),
     "a newer schema": (spoiled("schema", 3), "schema 3"),
     "an unknown scheduler": (spoiled("allocation.scheduler", "lsf"), "one of pbs, sge, slurm"),

@@ -170,7 +170,7 @@ def test_no_record_is_one_line_with_the_fix(scheduler, capsys, tmp_path):
     )
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe", b"[1, 2]", b"{"])
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"{"])
 def test_a_damaged_record_is_one_line(scheduler, capsys, tmp_path, content):
     (tmp_path / "runs" / "ft").mkdir(parents=True)
     (tmp_path / "runs" / "ft" / jobrecord.RECORD).write_bytes(content)

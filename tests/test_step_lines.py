@@ -30,10 +30,3 @@ def test_step_lines_every_interval_and_at_the_end():
         "train: step 19/20, loss 0.1800 at step 18 (0.10 steps/s)",
         "train: step 20/20, loss 0.1900 at step 19 (0.10 steps/s)",
     ], said
-
-
-def test_a_log_file_gets_rank_0s_step_lines_a_terminal_the_bar():
-    assert isinstance(
-        ranklog.progress(range(3), 0, total=3), ranklog.StepLines
-    )  # pytest's stderr: no tty
-    assert ranklog.progress(range(3), 1, total=3) == range(3)
