@@ -42,7 +42,11 @@ Slurm 459 + 395 and 468 + 409, Grid Engine 496 + 320 and 490 + 359); the Open MP
 end of Slurm's cluster tests. It went to the end of Grid Engine's stream, where the other streams have ended, and
 test_summary from PBS's files beside to Slurm's. Three quiet fresh-clone CIs after that took 1109, 1073 and 1183 s
 (the rest 992, 890 and 1078 s: the machine's own speed varies that much); their longest tests were 113, 109 and
-130 s, a different one each time among about ten single jobs of 4 JAX start-ups (20 s alone, 85-130 s here).
+130 s, a different one each time among about ten single jobs of 4 JAX start-ups (20 s alone, 85-130 s here). On
+the next machine, faster (the rest 837-860 s), the Slurm stop chain (99 s) became two tests, and a Slurm job's node
+probe no longer hangs when a node is lost while it runs (the lost-node test took 145 s once: its job ended 89 s after
+the fault): quiet fresh-clone CIs took 1015, 964 and 1048 s, their longest tests 99, 145 (that probe) and 106 s (the
+lost-node test: a job to its first checkpoint, then 37 s to its end); beside two busy processes 1480 s, green.
 """
 
 from __future__ import annotations
