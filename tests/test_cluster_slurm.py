@@ -515,7 +515,6 @@ def usr1_chain(slurm_ready, tmp_path_factory, compile_cache, uninterrupted) -> d
         # Rank 0's record of the first job: read before the second one ends and writes its own there.
         stopped = job.record() if final["JobState"] == "COMPLETED" else None
         yield dict(
-            slurm=s,
             job=job,
             dependency=dependency,
             final=final,

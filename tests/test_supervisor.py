@@ -418,18 +418,15 @@ exit 1
 """
 
 
-def test_a_node_probe_that_hangs_is_killed_and_the_next_names_the_lost_node(tmp_path, monkeypatch):
-    """A SLURM job's probe in flight when node002's link is cut never ends (measured under real Slurm 22.05: over
-    200 s), and no probe ran after it until its 120 s timeout. Now it is killed after PROBE_TIMEOUT_S and the next
-    one, at once, names node002: the launcher is ended."""
+def probing(tmp_path: Path, srun: str, launcher: list) -> tuple:
+    """``(launcher's exit status, the notes)``: ``Launcher._probe_nodes`` of a 2-node SLURM job whose ``srun`` is
+    ``srun`` (a script) and whose launcher runs ``launcher``; the probing ends when the launcher has ended, as in
+    ``Launcher.run``. HANG_S only ends a hang: probes that never name a node go on until the launcher ends."""
     from types import SimpleNamespace
 
     from octo_dist.jobs import schedulers
 
-    # 1 s, then 2, 4... for each probe without an answer: a loaded machine slow to start one only adds a probe.
-    monkeypatch.setattr(ranks, "PROBE_TIMEOUT_S", 1)
-    monkeypatch.setattr(ranks, "NODE_PROBE_S", 0.05)
-    (tmp_path / "srun").write_text(FAKE_PROBE_SRUN)
+    (tmp_path / "srun").write_text(srun)
     (tmp_path / "srun").chmod(0o755)
     notes = []
     job = SimpleNamespace(
@@ -438,28 +435,53 @@ def test_a_node_probe_that_hangs_is_killed_and_the_next_names_the_lost_node(tmp_
         s=SimpleNamespace(allocation=SimpleNamespace(nodes=2)),
         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "FAKE_DIR": str(tmp_path)},
     )
-    launcher = ranks.Launcher(job)
-    # The job's srun, which the probe that names node002 ends; its end ends the probing, as Launcher.run's does.
-    launcher.proc = subprocess.Popen(["sleep", "3600"])
+    runner = ranks.Launcher(job)
+    runner.proc = subprocess.Popen(launcher)
     finished = threading.Event()
-    threading.Thread(target=lambda: (launcher.proc.wait(), finished.set()), daemon=True).start()
-    probing = threading.Thread(target=launcher._probe_nodes, args=(finished,), daemon=True)
-    probing.start()
-    # HANG_S only ends a hang: probes that never name the node go on until the launcher ends.
-    probing.join(HANG_S)
-    launcher.proc.kill()
-    probing.join()
-    assert launcher.proc.wait() == -signal.SIGTERM, notes
+    threading.Thread(target=lambda: (runner.proc.wait(), finished.set()), daemon=True).start()
+    thread = threading.Thread(target=runner._probe_nodes, args=(finished,), daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    runner.proc.kill()
+    thread.join()
+    return runner.proc.wait(), notes
+
+
+def probes_left(tmp_path: Path) -> list:
+    """The stand-in probes (their pids noted) still running."""
+    pids = [int(pid) for pid in (tmp_path / "probe-pids").read_text().split()]
+    return [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_a_node_probe_that_hangs_is_killed_and_the_next_names_the_lost_node(tmp_path, monkeypatch):
+    """A SLURM job's probe in flight when node002's link is cut never ends (measured under real Slurm 22.05: over
+    200 s), and no probe ran after it until its 120 s timeout. Now it is killed after PROBE_TIMEOUT_S and the next
+    one, at once, names node002: the launcher (the job's srun) is ended."""
+    # 1 s, then 2, 4... for each probe without an answer: a loaded machine slow to start one only adds a probe.
+    monkeypatch.setattr(ranks, "PROBE_TIMEOUT_S", 1)
+    monkeypatch.setattr(ranks, "NODE_PROBE_S", 0.05)
+    status, notes = probing(tmp_path, FAKE_PROBE_SRUN, ["sleep", "3600"])
+    assert status == -signal.SIGTERM, notes
     assert notes[0] == (
         "a node probe had no answer after 1s (a node that stopped answering while it ran?): probing again"
     ), notes
     assert notes[-1].startswith(
         "node node002 cannot be reached by SLURM: ending the job step (srun: error: Task launch for StepId=1.2"
     ), notes
-    pids = [int(pid) for pid in (tmp_path / "probe-pids").read_text().split()]
-    assert len(pids) >= 2 and not [p for p in pids if Path(f"/proc/{p}").exists()], (
-        "a probe was left running"
-    )
+    assert len((tmp_path / "probe-pids").read_text().split()) >= 2 and not probes_left(tmp_path)
+
+
+def test_a_probe_still_hanging_when_the_launcher_ended_only_ends_the_probing(tmp_path, monkeypatch):
+    """The job's launcher ended by itself while a probe hung: the probe is killed at its timeout and nothing more
+    is said or probed (a note then would come after the job's own last lines)."""
+    monkeypatch.setattr(ranks, "PROBE_TIMEOUT_S", 2)
+    monkeypatch.setattr(ranks, "NODE_PROBE_S", 0.05)
+    hangs = '#!/bin/sh\necho $$ >> "$FAKE_DIR/probe-pids"\nexec sleep 3600\n'
+    # The launcher ends once the probe has started (its pid noted), however slowly the machine starts it.
+    ends = ["sh", "-c", 'while [ ! -s "$0/probe-pids" ]; do sleep 0.05; done', str(tmp_path)]
+    status, notes = probing(tmp_path, hangs, ends)
+    assert status == 0 and notes == [], notes
+    assert len((tmp_path / "probe-pids").read_text().split()) == 1 and not probes_left(tmp_path)
 
 
 def test_the_previous_job_of_a_chain_that_failed_stops_this_one(job, tmp_path, capfd):

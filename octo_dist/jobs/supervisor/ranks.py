@@ -201,7 +201,10 @@ class Launcher:
                     timeout=timeout,
                 )
             except subprocess.TimeoutExpired:
-                # run() has killed it: a node may have stopped answering while it ran. Probe again now.
+                # run() has killed it: a node may have stopped answering while it ran. Probe again now, unless the
+                # launcher has ended meanwhile (nothing is left to probe for).
+                if finished.is_set():
+                    return
                 note(
                     f"a node probe had no answer after {timeout:g}s (a node that stopped answering while it ran?): "
                     "probing again"
